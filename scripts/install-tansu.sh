@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs the tansu Kafka-protocol broker (0.6.0) used by the end-to-end tests.
+# Idempotent and cached outside the clone: a second run returns at once.
+# Why tansu: no Apache Kafka is installable on our machines (see docs/ARCHITECTURE.md, "Brokers").
+set -euo pipefail
+CACHE="${FERRY_CACHE:-$HOME/.cache/ferry}"
+ROOT="$CACHE/tansu-0.6.0"
+BIN="$ROOT/bin/tansu"
+if [ -x "$BIN" ]; then
+  echo "tansu: cached at $BIN"
+  exit 0
+fi
+mkdir -p "$ROOT"
+echo "tansu: building 0.6.0 from crates.io into $ROOT (about 11 minutes on 2 cores, once)"
+# Without `dynostore` no storage engine is compiled and the broker fails at start (TESTBED.md).
+cargo install tansu@0.6.0 --locked --features dynostore --root "$ROOT.partial"
+mkdir -p "$ROOT/bin"
+mv "$ROOT.partial/bin/tansu" "$BIN"
+rm -rf "$ROOT.partial"
+"$BIN" --version || true
+echo "tansu: installed at $BIN"

@@ -1,0 +1,210 @@
+//! `ferry bench runtime`: tasks per second and command-to-Accepted latency through a real
+//! broker, beside that broker's raw produce-to-consume rate and round trip in the same run.
+
+use std::collections::HashMap;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Args, Subcommand, ValueEnum};
+use ferry_runtime::testkind::{TestHandler, TestTaskSpec};
+use ferry_runtime::{Client, EmbeddedBroker, EventType, KafkaConfig, SubmitOptions, TaskKind, Topics, Worker, WorkerOptions};
+use futures::StreamExt;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Offset, TopicPartitionList};
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// The task runtime against the broker's own limit.
+    Runtime(RuntimeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RuntimeArgs {
+    /// Which broker to measure through.
+    #[arg(long, value_enum, default_value = "embedded")]
+    pub broker: BrokerChoice,
+    /// Bootstrap of an external broker (with --broker external).
+    #[arg(long)]
+    pub bootstrap: Option<String>,
+    /// Tasks to run.
+    #[arg(long, default_value_t = 2000)]
+    pub tasks: usize,
+    /// Raw messages for the broker baseline.
+    #[arg(long, default_value_t = 50_000)]
+    pub messages: usize,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum BrokerChoice {
+    /// librdkafka's in-process mock cluster.
+    Embedded,
+    /// A broker you started (e.g. tansu or Kafka), topics already created.
+    External,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    broker: String,
+    machine: String,
+    raw_messages: usize,
+    raw_messages_per_s: f64,
+    raw_round_trip_p50_ms: f64,
+    raw_round_trip_p99_ms: f64,
+    tasks: usize,
+    tasks_per_s: f64,
+    records_per_task: usize,
+    accepted_p50_ms: f64,
+    accepted_p99_ms: f64,
+    succeeded_p50_ms: f64,
+    succeeded_p99_ms: f64,
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+pub async fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
+    let BenchCommand::Runtime(a) = cmd;
+    let topics = Topics::standard();
+    let bench_topic = "ferry.bench.raw";
+    let (_broker, bootstrap) = match a.broker {
+        BrokerChoice::Embedded => {
+            let b = EmbeddedBroker::start(3, &topics)?;
+            b.create_topic(bench_topic, 6, 3)?;
+            let s = b.bootstrap();
+            (Some(b), s)
+        }
+        BrokerChoice::External => (None, a.bootstrap.clone().ok_or_else(|| anyhow::anyhow!("--bootstrap is required with --broker external"))?),
+    };
+    let kafka = KafkaConfig::plaintext(bootstrap);
+    let (rate, rtt) = raw_baseline(&kafka, bench_topic, a.messages).await?;
+    let mut rtt = rtt;
+
+    let shutdown = CancellationToken::new();
+    let mut opts = WorkerOptions::new(kafka.clone());
+    opts.topics = topics.clone();
+    let worker = tokio::spawn(Worker::new(opts, TestHandler::default()).run(shutdown.clone()));
+    let client = Client::new(kafka.clone(), topics.clone())?;
+    let mut events = client.events(false).await?;
+    // Warm-up: the group join and the first fetches are not part of the steady state.
+    let warm = client.submit(TaskKind::Test, "warm", &TestTaskSpec::steps(1), SubmitOptions::default()).await?;
+    events.until(warm, Duration::from_secs(60), |e| e.event == EventType::Succeeded).await?;
+
+    let spec = TestTaskSpec::steps(3);
+    let mut sent: HashMap<String, Instant> = HashMap::new();
+    let start = Instant::now();
+    for i in 0..a.tasks {
+        let id = client.submit(TaskKind::Test, &format!("bench-{}", i % 256), &spec, SubmitOptions::default()).await?;
+        sent.insert(id.to_string(), Instant::now());
+    }
+    let mut accepted = Vec::new();
+    let mut succeeded = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(600);
+    while succeeded.len() < a.tasks {
+        let Some(ev) = tokio::time::timeout_at(deadline, events.next()).await? else { break };
+        let Some(t0) = sent.get(&ev.task_id) else { continue };
+        let ms = t0.elapsed().as_secs_f64() * 1000.0;
+        match ev.event {
+            EventType::Accepted => accepted.push(ms),
+            EventType::Succeeded => succeeded.push(ms),
+            e if e.is_final() => anyhow::bail!("task {} ended {e:?}", ev.task_id),
+            _ => {}
+        }
+    }
+    let took = start.elapsed().as_secs_f64();
+    shutdown.cancel();
+    worker.await??;
+    let report = Report {
+        broker: format!("{:?}", a.broker).to_lowercase(),
+        machine: format!("{} cores", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)),
+        raw_messages: a.messages,
+        raw_messages_per_s: rate,
+        raw_round_trip_p50_ms: pct(&mut rtt, 0.5),
+        raw_round_trip_p99_ms: pct(&mut rtt, 0.99),
+        tasks: a.tasks,
+        tasks_per_s: a.tasks as f64 / took,
+        // Command + (snapshot + event) x 8 events of a 3-step task.
+        records_per_task: 17,
+        accepted_p50_ms: pct(&mut accepted, 0.5),
+        accepted_p99_ms: pct(&mut accepted, 0.99),
+        succeeded_p50_ms: pct(&mut succeeded, 0.5),
+        succeeded_p99_ms: pct(&mut succeeded, 0.99),
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!("broker                    {}", report.broker);
+        println!("raw produce->consume      {:.0} msg/s ({} messages)", report.raw_messages_per_s, report.raw_messages);
+        println!("raw round trip            p50 {:.2} ms  p99 {:.2} ms", report.raw_round_trip_p50_ms, report.raw_round_trip_p99_ms);
+        println!("3-step no-op tasks        {:.0} tasks/s ({} tasks, {} records each = {:.0} records/s)", report.tasks_per_s, report.tasks, report.records_per_task, report.tasks_per_s * report.records_per_task as f64);
+        println!("command -> Accepted       p50 {:.2} ms  p99 {:.2} ms", report.accepted_p50_ms, report.accepted_p99_ms);
+        println!("command -> Succeeded      p50 {:.2} ms  p99 {:.2} ms", report.succeeded_p50_ms, report.succeeded_p99_ms);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Messages/s produced and consumed through the broker, and single-message round trips.
+async fn raw_baseline(kafka: &KafkaConfig, topic: &str, n: usize) -> anyhow::Result<(f64, Vec<f64>)> {
+    let producer: FutureProducer = kafka.producer().create()?;
+    let consumer: StreamConsumer = kafka.reader().create()?;
+    let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(30))?;
+    let mut tpl = TopicPartitionList::new();
+    for p in md.topics().iter().flat_map(|t| t.partitions()) {
+        let hi = consumer.fetch_watermarks(topic, p.id(), Duration::from_secs(30))?.1;
+        tpl.add_partition_offset(topic, p.id(), Offset::Offset(hi))?;
+    }
+    consumer.assign(&tpl)?;
+    let payload = vec![7u8; 200];
+    let start = Instant::now();
+    let produce = async {
+        let mut acks = futures::stream::FuturesUnordered::new();
+        for i in 0..n {
+            let key = (i % 256).to_string();
+            let f = producer.send_result(FutureRecord::to(topic).key(&key).payload(&payload));
+            match f {
+                Ok(f) => acks.push(f),
+                Err((e, _)) => anyhow::bail!("produce: {e}"),
+            }
+            if acks.len() >= 10_000 {
+                acks.next().await;
+            }
+        }
+        while acks.next().await.is_some() {}
+        Ok(())
+    };
+    let consume = async {
+        let mut stream = consumer.stream();
+        let mut got = 0;
+        while got < n {
+            stream.next().await.ok_or_else(|| anyhow::anyhow!("consumer ended"))??;
+            got += 1;
+        }
+        Ok::<_, anyhow::Error>(())
+    };
+    let (p, c) = tokio::join!(produce, consume);
+    p?;
+    c?;
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    let mut rtt = Vec::new();
+    let mut stream = consumer.stream();
+    for _ in 0..300 {
+        let t0 = Instant::now();
+        producer
+            .send(FutureRecord::to(topic).key("rtt").payload(&payload), Duration::from_secs(10))
+            .await
+            .map_err(|(e, _)| e)?;
+        stream.next().await.ok_or_else(|| anyhow::anyhow!("consumer ended"))??;
+        rtt.push(t0.elapsed().as_secs_f64() * 1000.0);
+    }
+    Ok((rate, rtt))
+}

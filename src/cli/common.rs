@@ -1,0 +1,90 @@
+//! Shared CLI pieces: broker connection flags, spec files, output formats, signals.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use ferry_runtime::{KafkaConfig, Topics};
+use tokio_util::sync::CancellationToken;
+
+/// How to reach Kafka; every flag also reads an environment variable.
+#[derive(Debug, Args, Clone)]
+pub struct Conn {
+    /// Bootstrap servers; defaults to the running `ferry dev` broker.
+    #[arg(long, global = true, env = "FERRY_BROKERS")]
+    pub brokers: Option<String>,
+    /// Prefix of every topic name (isolates installations sharing a cluster).
+    #[arg(long, global = true, env = "FERRY_TOPIC_PREFIX", default_value = "")]
+    pub topic_prefix: String,
+    /// PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL.
+    #[arg(long, global = true, env = "FERRY_KAFKA_SECURITY_PROTOCOL")]
+    pub security_protocol: Option<String>,
+    /// SCRAM-SHA-512, SCRAM-SHA-256 or PLAIN.
+    #[arg(long, global = true, env = "FERRY_KAFKA_SASL_MECHANISM")]
+    pub sasl_mechanism: Option<String>,
+    /// SASL user.
+    #[arg(long, global = true, env = "FERRY_KAFKA_SASL_USERNAME")]
+    pub sasl_username: Option<String>,
+    /// SASL password (prefer the environment variable).
+    #[arg(long, global = true, env = "FERRY_KAFKA_SASL_PASSWORD", hide_env_values = true)]
+    pub sasl_password: Option<String>,
+    /// CA bundle for TLS.
+    #[arg(long, global = true, env = "FERRY_KAFKA_SSL_CA_LOCATION")]
+    pub ssl_ca_location: Option<PathBuf>,
+}
+
+impl Conn {
+    pub fn kafka(&self) -> anyhow::Result<KafkaConfig> {
+        let bootstrap = match &self.brokers {
+            Some(b) => b.clone(),
+            None => {
+                let f = super::state_dir().join("dev/bootstrap");
+                std::fs::read_to_string(&f)
+                    .map(|s| s.trim().to_owned())
+                    .with_context(|| format!("no --brokers given and no running `ferry dev` ({} not readable)", f.display()))?
+            }
+        };
+        Ok(KafkaConfig {
+            bootstrap,
+            security_protocol: self.security_protocol.clone(),
+            sasl_mechanism: self.sasl_mechanism.clone(),
+            sasl_username: self.sasl_username.clone(),
+            sasl_password: self.sasl_password.clone(),
+            ssl_ca_location: self.ssl_ca_location.as_ref().map(|p| p.display().to_string()),
+            extra: Vec::new(),
+        })
+    }
+
+    pub fn topics(&self) -> Topics {
+        Topics::with_prefix(&self.topic_prefix)
+    }
+
+    pub fn client(&self) -> anyhow::Result<ferry_runtime::Client> {
+        Ok(ferry_runtime::Client::new(self.kafka()?, self.topics())?)
+    }
+}
+
+/// How results are printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum Output {
+    /// Aligned columns for people.
+    #[default]
+    Table,
+    /// One JSON document, for scripts.
+    Json,
+    /// YAML.
+    Yaml,
+}
+
+/// Cancels `token` on SIGINT or SIGTERM.
+pub fn cancel_on_signal(token: CancellationToken) {
+    tokio::spawn(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        eprintln!("shutting down: finishing running steps (a second signal does not hurry it)");
+        token.cancel();
+    });
+}

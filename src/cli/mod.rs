@@ -1,0 +1,123 @@
+//! Command-line definition and dispatch.
+
+pub mod bench;
+pub mod common;
+pub mod dev;
+pub mod submit;
+pub mod tasks;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use ferry_runtime::TaskKind;
+use tokio_util::sync::CancellationToken;
+
+
+/// Ferry: Kafka-driven orchestration workers for fleets of Kubernetes clusters.
+#[derive(Debug, Parser)]
+#[command(name = "ferry", version, about, propagate_version = true)]
+pub struct Cli {
+    #[command(flatten)]
+    pub conn: common::Conn,
+    /// More log output (-v info, -vv debug); RUST_LOG overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run Ferry on an embedded default: in-process Kafka, the workers, until interrupted.
+    Dev(dev::DevArgs),
+    /// Run the worker of one task kind against a Kafka cluster.
+    Worker(WorkerArgs),
+    /// Submit a command from a spec file; prints the task id.
+    Submit(submit::SubmitArgs),
+    /// Track tasks: get, list, cancel, revert.
+    #[command(subcommand)]
+    Tasks(tasks::TasksCommand),
+    /// Benchmarks (figures go to docs/BENCHMARKS.md).
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+    /// The Kubernetes test bed.
+    #[command(subcommand)]
+    Testbed(TestbedCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    /// The task kind this worker serves.
+    pub kind: TaskKind,
+    /// Serve /healthz, /readyz and /metrics here.
+    #[arg(long, env = "FERRY_HTTP", default_value = "127.0.0.1:0")]
+    pub http: SocketAddr,
+    /// Consumer group (default ferry-<kind>).
+    #[arg(long)]
+    pub group: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TestbedCommand {
+    /// Build or fetch the control-plane binaries (cached; idempotent).
+    Install,
+}
+
+pub fn init_tracing(verbose: u8) {
+    let default = match verbose {
+        0 => "warn,ferry=info,ferry_runtime=info",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| default.into());
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Dev(a) => dev::run(a).await,
+        Command::Worker(a) => run_worker(&cli.conn, a).await,
+        Command::Submit(a) => submit::run(&cli.conn, a).await,
+        Command::Tasks(c) => tasks::run(&cli.conn, c).await,
+        Command::Bench(c) => bench::run(c).await,
+        Command::Testbed(TestbedCommand::Install) => testbed_install(),
+    }
+}
+
+async fn run_worker(conn: &common::Conn, a: WorkerArgs) -> anyhow::Result<ExitCode> {
+    let mut opts = ferry_runtime::WorkerOptions::new(conn.kafka()?);
+    opts.topics = conn.topics();
+    opts.http = Some(a.http);
+    opts.group_id = a.group;
+    let shutdown = CancellationToken::new();
+    common::cancel_on_signal(shutdown.clone());
+    match a.kind {
+        TaskKind::Test => {
+            let w = ferry_runtime::Worker::new(opts, ferry_runtime::testkind::TestHandler::default());
+            w.run_with(shutdown, |h| {
+                if let Some(addr) = h.http {
+                    eprintln!("probes: http://{addr}/healthz /readyz /metrics");
+                }
+            })
+            .await?;
+        }
+        other => anyhow::bail!("the {other} worker is not built yet; available: test"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs the project's install script (compiled in, so it works from any directory).
+fn testbed_install() -> anyhow::Result<ExitCode> {
+    let script = include_str!("../../scripts/install-testbed.sh");
+    let status = std::process::Command::new("bash").arg("-c").arg(script).status()?;
+    Ok(if status.success() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// Where `ferry dev` keeps its state (bootstrap address, kubeconfigs).
+pub fn state_dir() -> PathBuf {
+    std::env::var_os("FERRY_STATE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| ".".into())).join(".local/state/ferry"))
+}

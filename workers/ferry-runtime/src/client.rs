@@ -1,0 +1,345 @@
+//! The producer side for services, the CLI and tests: submit commands, cancel and revert
+//! tasks, read snapshots and follow progress events.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use apache_avro::AvroSchema;
+use futures::StreamExt;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Message, Offset, TopicPartitionList};
+use serde::Serialize;
+
+use crate::ids::TaskId;
+use crate::kafka::KafkaConfig;
+use crate::kind::TaskKind;
+use crate::protocol::{Bytes, CommandAction, CommandEnvelope, ProgressEvent, TaskSnapshot, now_ms};
+use crate::publisher::TRACEPARENT;
+use crate::state_view::{StateView, ViewError};
+use crate::topics::Topics;
+use crate::wire::{Registry, WireError};
+
+/// Why a client call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Kafka refused.
+    #[error("{what}: {source}")]
+    Kafka {
+        /// The operation.
+        what: String,
+        /// Cause.
+        #[source]
+        source: KafkaError,
+    },
+    /// Encoding failed.
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    /// Reading the task-state topic failed.
+    #[error(transparent)]
+    View(#[from] ViewError),
+    /// No snapshot of the task exists.
+    #[error("no task {0} on the task-state topic")]
+    UnknownTask(TaskId),
+    /// The wait ran out.
+    #[error("task {task} did not reach the awaited event within {waited:?}")]
+    Timeout {
+        /// The task.
+        task: TaskId,
+        /// How long we waited.
+        waited: Duration,
+    },
+}
+
+fn kafka(what: impl Into<String>) -> impl FnOnce(KafkaError) -> ClientError {
+    let what = what.into();
+    move |source| ClientError::Kafka { what, source }
+}
+
+/// Options of one submission.
+#[derive(Debug, Clone, Default)]
+pub struct SubmitOptions {
+    /// Same key, same task: the id is derived from it.
+    pub idempotency_key: Option<String>,
+    /// Deadline of the forward run, from now.
+    pub deadline: Option<Duration>,
+    /// On failure keep finished steps instead of reverting.
+    pub keep_partial: bool,
+    /// W3C trace context of the caller.
+    pub trace_parent: Option<String>,
+}
+
+/// A Kafka client for Ferry's topics.
+pub struct Client {
+    kafka: KafkaConfig,
+    topics: Topics,
+    registry: Arc<Registry>,
+    producer: FutureProducer,
+    requested_by: String,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").field("kafka", &self.kafka).finish()
+    }
+}
+
+impl Client {
+    /// A client of `topics` on the brokers of `kafka`.
+    pub fn new(kafka: KafkaConfig, topics: Topics) -> Result<Self, ClientError> {
+        let producer = kafka.producer().create().map_err(self::kafka("creating the producer"))?;
+        let requested_by = std::env::var("USER").unwrap_or_else(|_| "ferry-cli".into());
+        Ok(Self { kafka, topics, registry: Arc::new(Registry::embedded()), producer, requested_by })
+    }
+
+    /// The topics.
+    pub fn topics(&self) -> &Topics {
+        &self.topics
+    }
+
+    /// The schema registry.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Submits a Start command with a typed spec; returns the task id.
+    pub async fn submit<S: Serialize + AvroSchema>(
+        &self,
+        kind: TaskKind,
+        subject: &str,
+        spec: &S,
+        opts: SubmitOptions,
+    ) -> Result<TaskId, ClientError> {
+        let bytes = self.registry.encode(spec)?;
+        self.submit_encoded(kind, subject, bytes, opts).await
+    }
+
+    /// Submits a Start command whose spec is already Confluent-framed.
+    pub async fn submit_encoded(&self, kind: TaskKind, subject: &str, spec: Vec<u8>, opts: SubmitOptions) -> Result<TaskId, ClientError> {
+        let id = match &opts.idempotency_key {
+            Some(k) => TaskId::for_idempotency_key(kind, k),
+            None => TaskId::new(),
+        };
+        let env = CommandEnvelope {
+            task_id: id.to_string(),
+            kind,
+            action: CommandAction::Start,
+            subject: subject.to_owned(),
+            idempotency_key: opts.idempotency_key.clone(),
+            requested_by: self.requested_by.clone(),
+            created_at_ms: now_ms(),
+            deadline_ms: opts.deadline.map(|d| now_ms() + d.as_millis() as i64),
+            keep_partial: opts.keep_partial,
+            reason: None,
+            spec: Bytes(spec),
+        };
+        self.send(&env, opts.trace_parent.as_deref()).await?;
+        Ok(id)
+    }
+
+    /// Sends an envelope to its kind's command topic, keyed by its subject.
+    pub async fn send(&self, env: &CommandEnvelope, trace_parent: Option<&str>) -> Result<(), ClientError> {
+        let bytes = self.registry.encode(env)?;
+        let mut headers = OwnedHeaders::new();
+        if let Some(t) = trace_parent {
+            headers = headers.insert(Header { key: TRACEPARENT, value: Some(t) });
+        }
+        self.send_raw(&self.topics.command(env.kind).name, Some(env.subject.as_bytes()), &bytes, headers).await
+    }
+
+    /// Sends arbitrary bytes to a topic (tests of bad input, replays).
+    pub async fn send_raw(&self, topic: &str, key: Option<&[u8]>, payload: &[u8], headers: OwnedHeaders) -> Result<(), ClientError> {
+        let mut record = FutureRecord::to(topic).payload(payload).headers(headers);
+        if let Some(k) = key {
+            record = record.key(k);
+        }
+        self.producer
+            .send(record, Duration::from_secs(30))
+            .await
+            .map(|_| ())
+            .map_err(|(e, _)| ClientError::Kafka { what: format!("producing to {topic}"), source: e })
+    }
+
+    /// Sends Cancel or Revert for a task whose kind and subject are known.
+    pub async fn control(&self, kind: TaskKind, subject: &str, id: TaskId, action: CommandAction, reason: Option<String>) -> Result<(), ClientError> {
+        let env = CommandEnvelope {
+            task_id: id.to_string(),
+            kind,
+            action,
+            subject: subject.to_owned(),
+            idempotency_key: None,
+            requested_by: self.requested_by.clone(),
+            created_at_ms: now_ms(),
+            deadline_ms: None,
+            keep_partial: false,
+            reason,
+            spec: Bytes::default(),
+        };
+        self.send(&env, None).await
+    }
+
+    /// Cancels a task, looking up its kind and subject on the task-state topic.
+    pub async fn cancel(&self, id: TaskId) -> Result<TaskSnapshot, ClientError> {
+        let snap = self.snapshot(id).await?.ok_or(ClientError::UnknownTask(id))?;
+        self.control(snap.kind, &snap.subject, id, CommandAction::Cancel, None).await?;
+        Ok(snap)
+    }
+
+    /// Reverts a task, looking up its kind and subject on the task-state topic.
+    pub async fn revert(&self, id: TaskId) -> Result<TaskSnapshot, ClientError> {
+        let snap = self.snapshot(id).await?.ok_or(ClientError::UnknownTask(id))?;
+        self.control(snap.kind, &snap.subject, id, CommandAction::Revert, None).await?;
+        Ok(snap)
+    }
+
+    /// Reads the task-state topic to its end; returns every task's latest snapshot.
+    pub async fn snapshots(&self) -> Result<Vec<TaskSnapshot>, ClientError> {
+        let (view, thread) = StateView::start(&self.kafka, &self.topics.task_state().name, None, self.registry.clone())?;
+        let r = view.caught_up(Duration::from_secs(60)).await;
+        view.stop();
+        let all = view.all();
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        r?;
+        Ok(all)
+    }
+
+    /// The latest snapshot of one task.
+    pub async fn snapshot(&self, id: TaskId) -> Result<Option<TaskSnapshot>, ClientError> {
+        let key = id.to_string();
+        Ok(self.snapshots().await?.into_iter().find(|s| s.task_id == key))
+    }
+
+    /// Every progress event of one task so far, in order.
+    pub async fn history(&self, id: TaskId) -> Result<Vec<ProgressEvent>, ClientError> {
+        let topic = self.topics.progress().name.clone();
+        let cfg = self.kafka.reader();
+        let registry = self.registry.clone();
+        let key = id.to_string();
+        tokio::task::spawn_blocking(move || -> Result<Vec<ProgressEvent>, KafkaError> {
+            let c: rdkafka::consumer::BaseConsumer = cfg.create()?;
+            let md = c.fetch_metadata(Some(&topic), Duration::from_secs(30))?;
+            let mut ends = std::collections::HashMap::new();
+            let mut tpl = TopicPartitionList::new();
+            for p in md.topics().iter().flat_map(|t| t.partitions()) {
+                let (lo, hi) = c.fetch_watermarks(&topic, p.id(), Duration::from_secs(30))?;
+                if hi > lo {
+                    ends.insert(p.id(), hi);
+                    tpl.add_partition_offset(&topic, p.id(), Offset::Beginning)?;
+                }
+            }
+            c.assign(&tpl)?;
+            let mut out = Vec::new();
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            while !ends.is_empty() && std::time::Instant::now() < deadline {
+                let Some(m) = c.poll(Duration::from_millis(200)) else { continue };
+                let m = m?;
+                if ends.get(&m.partition()).is_some_and(|hi| m.offset() + 1 >= *hi) {
+                    ends.remove(&m.partition());
+                }
+                if m.key() == Some(key.as_bytes()) {
+                    if let Some(Ok(ev)) = m.payload().map(|p| registry.decode::<ProgressEvent>(p)) {
+                        out.push(ev);
+                    }
+                }
+            }
+            out.sort_by_key(|e| e.seq);
+            Ok(out)
+        })
+        .await
+        .expect("history task")
+        .map_err(kafka("reading the progress topic"))
+    }
+
+    /// Progress events from the beginning of the topic (`from_start`) or from its current
+    /// end, so that nothing published after this call is missed.
+    pub async fn events(&self, from_start: bool) -> Result<EventStream, ClientError> {
+        let topic = self.topics.progress().name.clone();
+        let consumer: StreamConsumer = self.kafka.reader().create().map_err(kafka("creating the progress reader"))?;
+        let kafka_err = kafka(format!("assigning {topic}"));
+        let tpl = tokio::task::spawn_blocking({
+            let topic = topic.clone();
+            let consumer_cfg = self.kafka.reader();
+            move || -> Result<TopicPartitionList, KafkaError> {
+                let meta: rdkafka::consumer::BaseConsumer = consumer_cfg.create()?;
+                let md = meta.fetch_metadata(Some(&topic), Duration::from_secs(30))?;
+                let mut tpl = TopicPartitionList::new();
+                for p in md.topics().iter().flat_map(|t| t.partitions()) {
+                    // An explicit end offset: `Offset::End` resolves lazily and could skip
+                    // records produced right after this call.
+                    let start = if from_start {
+                        Offset::Beginning
+                    } else {
+                        Offset::Offset(meta.fetch_watermarks(&topic, p.id(), Duration::from_secs(30))?.1)
+                    };
+                    tpl.add_partition_offset(&topic, p.id(), start)?;
+                }
+                Ok(tpl)
+            }
+        })
+        .await
+        .expect("metadata task")
+        .map_err(kafka_err)?;
+        consumer.assign(&tpl).map_err(kafka(format!("assigning {topic}")))?;
+        Ok(EventStream { consumer, registry: self.registry.clone() })
+    }
+}
+
+/// Progress events as they arrive.
+pub struct EventStream {
+    consumer: StreamConsumer,
+    registry: Arc<Registry>,
+}
+
+impl std::fmt::Debug for EventStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EventStream")
+    }
+}
+
+impl EventStream {
+    /// The next decodable event (undecodable ones are logged and skipped).
+    pub async fn next(&mut self) -> Option<ProgressEvent> {
+        loop {
+            let m = self.consumer.stream().next().await?;
+            match m {
+                Ok(m) => match m.payload().map(|p| self.registry.decode::<ProgressEvent>(p)) {
+                    Some(Ok(ev)) => return Some(ev),
+                    Some(Err(e)) => tracing::warn!(error = %e, "undecodable progress event skipped"),
+                    None => {}
+                },
+                Err(e) => tracing::warn!(error = %e, "progress reader error"),
+            }
+        }
+    }
+
+    /// Collects the events of `task` until one satisfies `done`; fails after `limit`.
+    pub async fn until(
+        &mut self,
+        task: TaskId,
+        limit: Duration,
+        mut done: impl FnMut(&ProgressEvent) -> bool,
+    ) -> Result<Vec<ProgressEvent>, ClientError> {
+        let key = task.to_string();
+        let mut seen = Vec::new();
+        let r = tokio::time::timeout(limit, async {
+            while let Some(ev) = self.next().await {
+                if ev.task_id != key {
+                    continue;
+                }
+                let stop = done(&ev);
+                seen.push(ev);
+                if stop {
+                    return true;
+                }
+            }
+            false
+        })
+        .await;
+        match r {
+            Ok(true) => Ok(seen),
+            _ => Err(ClientError::Timeout { task, waited: limit }),
+        }
+    }
+}

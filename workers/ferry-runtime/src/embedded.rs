@@ -1,0 +1,124 @@
+//! The embedded broker: librdkafka's in-process mock cluster on loopback ports, with
+//! Ferry's topics created and fault injection (broker down/up, request errors, latency).
+//!
+//! Limits (../shared/TESTBED.md): no CreateTopics admin request, no compaction or
+//! retention, transaction markers ignored.
+#![allow(unsafe_code)]
+
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::error::KafkaError;
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::{BaseProducer, DefaultProducerContext, Producer};
+
+use crate::topics::Topics;
+
+/// Why the embedded broker could not start or change.
+#[derive(Debug, thiserror::Error)]
+pub enum EmbeddedError {
+    /// librdkafka refused to create the mock cluster.
+    #[error("could not start the embedded mock cluster: {0}")]
+    Start(#[source] KafkaError),
+    /// A topic could not be created.
+    #[error("could not create topic {topic} on the embedded broker: {source}")]
+    CreateTopic {
+        /// The topic.
+        topic: String,
+        /// librdkafka's error.
+        #[source]
+        source: KafkaError,
+    },
+    /// A fault could not be injected.
+    #[error("fault injection on the embedded broker failed: {0}")]
+    Fault(#[source] KafkaError),
+}
+
+/// An in-process Kafka-protocol cluster that lives as long as this value.
+pub struct EmbeddedBroker {
+    // The mock cluster belongs to this client's handle and dies with it.
+    handle: BaseProducer<DefaultProducerContext>,
+    brokers: i32,
+}
+
+impl std::fmt::Debug for EmbeddedBroker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedBroker").field("bootstrap", &self.bootstrap()).finish()
+    }
+}
+
+impl EmbeddedBroker {
+    /// Starts `brokers` mock brokers and creates every topic of `topics`.
+    pub fn start(brokers: i32, topics: &Topics) -> Result<Self, EmbeddedError> {
+        let handle: BaseProducer = ClientConfig::new()
+            .set("test.mock.num.brokers", brokers.to_string())
+            .set("log_level", "3")
+            .create()
+            .map_err(EmbeddedError::Start)?;
+        let broker = Self { handle, brokers };
+        // A new consumer group waits 3 s for more members by default; workers join at once.
+        // SAFETY: the handle is a live producer created above with a mock cluster attached;
+        // librdkafka returns that cluster's pointer, which stays valid while `handle` lives.
+        unsafe {
+            let mc = rdkafka_sys::rd_kafka_handle_mock_cluster(broker.handle.client().native_ptr());
+            if !mc.is_null() {
+                rdkafka_sys::rd_kafka_mock_group_initial_rebalance_delay_ms(mc, 0);
+            }
+        }
+        let rf = brokers.min(3);
+        for def in topics.all() {
+            broker.create_topic(&def.name, def.partitions, rf)?;
+        }
+        Ok(broker)
+    }
+
+    fn cluster(&self) -> MockCluster<'_, DefaultProducerContext> {
+        self.handle.client().mock_cluster().expect("created with test.mock.num.brokers")
+    }
+
+    /// The bootstrap list clients connect to.
+    pub fn bootstrap(&self) -> String {
+        self.cluster().bootstrap_servers()
+    }
+
+    /// Creates a topic (the mock cluster has no admin API).
+    pub fn create_topic(&self, name: &str, partitions: i32, replication: i32) -> Result<(), EmbeddedError> {
+        self.cluster()
+            .create_topic(name, partitions, replication)
+            .map_err(|source| EmbeddedError::CreateTopic { topic: name.to_owned(), source })
+    }
+
+    /// Takes every broker down (connections refused until [`Self::all_up`]).
+    pub fn all_down(&self) -> Result<(), EmbeddedError> {
+        for id in 1..=self.brokers {
+            self.cluster().broker_down(id).map_err(EmbeddedError::Fault)?;
+        }
+        Ok(())
+    }
+
+    /// Brings every broker back.
+    pub fn all_up(&self) -> Result<(), EmbeddedError> {
+        for id in 1..=self.brokers {
+            self.cluster().broker_up(id).map_err(EmbeddedError::Fault)?;
+        }
+        Ok(())
+    }
+
+    /// Adds `rtt` to every request of every broker.
+    pub fn set_round_trip(&self, rtt: Duration) -> Result<(), EmbeddedError> {
+        for id in 1..=self.brokers {
+            self.cluster().broker_round_trip_time(id, rtt).map_err(EmbeddedError::Fault)?;
+        }
+        Ok(())
+    }
+
+    /// The raw mock cluster, for other fault injection (request errors).
+    pub fn mock(&self) -> MockCluster<'_, DefaultProducerContext> {
+        self.cluster()
+    }
+
+    /// Flushes nothing; present so callers can hold the broker explicitly.
+    pub fn flush(&self) {
+        let _ = self.handle.flush(Duration::from_millis(0));
+    }
+}

@@ -1,0 +1,144 @@
+//! Kafka client settings shared by workers, the CLI and the dashboard: bootstrap list,
+//! TLS and SASL, and the producer/consumer configs Ferry's guarantees rely on.
+
+use std::fmt;
+
+use rdkafka::ClientConfig;
+
+/// How to reach a Kafka cluster. Secrets are never printed (see the `Debug` impl).
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct KafkaConfig {
+    /// `host:port,host:port`.
+    pub bootstrap: String,
+    /// `PLAINTEXT`, `SSL`, `SASL_PLAINTEXT` or `SASL_SSL`; empty means PLAINTEXT.
+    pub security_protocol: Option<String>,
+    /// `SCRAM-SHA-512`, `SCRAM-SHA-256` or `PLAIN`.
+    pub sasl_mechanism: Option<String>,
+    /// SASL user.
+    pub sasl_username: Option<String>,
+    /// SASL password (never logged).
+    pub sasl_password: Option<String>,
+    /// PEM file of the CA that signed the brokers' certificates.
+    pub ssl_ca_location: Option<String>,
+    /// Extra librdkafka properties (`key=value`), applied last.
+    pub extra: Vec<(String, String)>,
+}
+
+impl fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KafkaConfig")
+            .field("bootstrap", &self.bootstrap)
+            .field("security_protocol", &self.security_protocol)
+            .field("sasl_mechanism", &self.sasl_mechanism)
+            .field("sasl_username", &self.sasl_username)
+            .field("sasl_password", &self.sasl_password.as_ref().map(|_| "<redacted>"))
+            .field("ssl_ca_location", &self.ssl_ca_location)
+            .finish()
+    }
+}
+
+impl KafkaConfig {
+    /// PLAINTEXT to `bootstrap`.
+    pub fn plaintext(bootstrap: impl Into<String>) -> Self {
+        Self { bootstrap: bootstrap.into(), ..Self::default() }
+    }
+
+    /// Settings from `FERRY_KAFKA_*` environment variables, with `bootstrap` as given.
+    pub fn from_env(bootstrap: impl Into<String>) -> Self {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        Self {
+            bootstrap: bootstrap.into(),
+            security_protocol: var("FERRY_KAFKA_SECURITY_PROTOCOL"),
+            sasl_mechanism: var("FERRY_KAFKA_SASL_MECHANISM"),
+            sasl_username: var("FERRY_KAFKA_SASL_USERNAME"),
+            sasl_password: var("FERRY_KAFKA_SASL_PASSWORD"),
+            ssl_ca_location: var("FERRY_KAFKA_SSL_CA_LOCATION"),
+            extra: Vec::new(),
+        }
+    }
+
+    /// The common client config: bootstrap and security.
+    pub fn client(&self) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.bootstrap);
+        // Loopback brokers advertise 127.0.0.1; IPv4 avoids `localhost` resolving to ::1.
+        c.set("broker.address.family", "v4");
+        let opt = [
+            ("security.protocol", &self.security_protocol),
+            ("sasl.mechanism", &self.sasl_mechanism),
+            ("sasl.username", &self.sasl_username),
+            ("sasl.password", &self.sasl_password),
+            ("ssl.ca.location", &self.ssl_ca_location),
+        ];
+        for (k, v) in opt {
+            if let Some(v) = v {
+                c.set(k, v);
+            }
+        }
+        for (k, v) in &self.extra {
+            c.set(k, v);
+        }
+        c
+    }
+
+    /// A producer for durable records: idempotent, acks=all, ordered per partition.
+    pub fn producer(&self) -> ClientConfig {
+        let mut c = self.client();
+        c.set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("linger.ms", "2")
+            .set("message.timeout.ms", "300000");
+        for (k, v) in &self.extra {
+            c.set(k, v);
+        }
+        c
+    }
+
+    /// A group consumer that stores offsets only when told (after the work is durable).
+    pub fn group_consumer(&self, group: &str) -> ClientConfig {
+        let mut c = self.client();
+        c.set("group.id", group)
+            .set("enable.auto.commit", "true")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.commit.interval.ms", "1000")
+            .set("auto.offset.reset", "earliest")
+            .set("session.timeout.ms", "10000")
+            .set("heartbeat.interval.ms", "1000")
+            .set("partition.assignment.strategy", "range");
+        for (k, v) in &self.extra {
+            c.set(k, v);
+        }
+        c
+    }
+
+    /// A consumer with no group, for reading whole topics (task state, progress).
+    pub fn reader(&self) -> ClientConfig {
+        let mut c = self.client();
+        // librdkafka wants a group.id even for assign()-only consumers; nothing is committed.
+        c.set("group.id", "ferry-reader")
+            .set("auto.offset.reset", "earliest")
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("enable.partition.eof", "false");
+        for (k, v) in &self.extra {
+            c.set(k, v);
+        }
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_never_shows_the_password() {
+        let c = KafkaConfig {
+            sasl_password: Some("hunter2".into()),
+            ..KafkaConfig::plaintext("127.0.0.1:9092")
+        };
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("<redacted>"));
+    }
+}

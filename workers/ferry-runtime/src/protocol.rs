@@ -1,0 +1,302 @@
+//! The wire records: command envelope, progress event, task snapshot (Avro, `schemas/*.avsc`).
+//!
+//! Record names match the Rust type names. Unions are kept out of the wire model (Avro
+//! unions evolve badly): an event is one flat record whose `event` enum says which of the
+//! optional fields are set. `schemas/` holds the committed `.avsc` of each record; a test
+//! checks that the derived schemas equal them.
+
+use std::collections::HashMap;
+
+use apache_avro::AvroSchema;
+use apache_avro::schema::{Name, Namespace, Schema, derive::AvroSchemaComponent};
+use serde::{Deserialize, Serialize};
+
+use crate::kind::TaskKind;
+
+/// Raw bytes, as an Avro `bytes` field.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Bytes(#[serde(with = "apache_avro::serde_avro_bytes")] pub Vec<u8>);
+
+impl std::fmt::Debug for Bytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Bytes({} bytes)", self.0.len())
+    }
+}
+
+impl AvroSchemaComponent for Bytes {
+    fn get_schema_in_ctxt(_: &mut HashMap<Name, Schema>, _: &Namespace) -> Schema {
+        Schema::Bytes
+    }
+}
+
+/// What a command asks of its task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, AvroSchema)]
+#[avro(namespace = "io.ferry.v1")]
+pub enum CommandAction {
+    /// Start a new task with the envelope's spec.
+    Start,
+    /// Stop a running task promptly; finished steps stay, revertible later.
+    Cancel,
+    /// Undo a finished task, or cancel then undo a running one.
+    Revert,
+}
+
+/// Every record on a command topic. Key = the task's subject.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, AvroSchema)]
+#[avro(namespace = "io.ferry.v1")]
+pub struct CommandEnvelope {
+    /// `tsk_...`; for Cancel and Revert, the task they act on.
+    pub task_id: String,
+    /// Must match the command topic's kind.
+    pub kind: TaskKind,
+    /// Start, Cancel or Revert.
+    pub action: CommandAction,
+    /// What the task acts on (cluster, pair, namespace, app); tasks on one subject run in order.
+    pub subject: String,
+    /// A command with the key of an existing task starts nothing new.
+    pub idempotency_key: Option<String>,
+    /// Who asked (user or service), for audit.
+    pub requested_by: String,
+    /// Producer's clock, milliseconds since the epoch.
+    pub created_at_ms: i64,
+    /// Absolute deadline of the whole task, milliseconds since the epoch.
+    pub deadline_ms: Option<i64>,
+    /// On failure, keep finished steps instead of reverting them.
+    pub keep_partial: bool,
+    /// Free text for Cancel and Revert.
+    pub reason: Option<String>,
+    /// The kind's own spec record, Confluent-framed Avro (empty for Cancel and Revert).
+    pub spec: Bytes,
+}
+
+/// The kinds of progress event, in the order a task usually meets them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, AvroSchema)]
+#[avro(namespace = "io.ferry.v1")]
+pub enum EventType {
+    /// The command was valid and the task is durable; it runs when its subject is free.
+    Accepted,
+    /// The command was invalid; `message` says why. Nothing was done.
+    Rejected,
+    /// A step began (again, after a resume).
+    StepStarted,
+    /// A running step reported `percent` and `message`.
+    StepProgress,
+    /// A step finished; its output is in the journal.
+    StepSucceeded,
+    /// A step failed for good (`code`, `message`, `transient`).
+    StepFailed,
+    /// A step attempt failed transiently; attempt `attempt` follows after `delay_ms`.
+    Retrying,
+    /// Every step finished.
+    Succeeded,
+    /// A step failed and the command asked to keep partial work.
+    Failed,
+    /// A Cancel (or Revert of a running task) arrived.
+    CancelRequested,
+    /// The task stopped; finished steps stay.
+    Cancelled,
+    /// Undo of the task's steps began.
+    Reverting,
+    /// One step was undone.
+    StepReverted,
+    /// Every started step was undone.
+    Reverted,
+    /// An undo failed for good; a new Revert retries it.
+    RevertFailed,
+}
+
+impl EventType {
+    /// Events after which nothing more happens unless a new command arrives.
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            EventType::Rejected
+                | EventType::Succeeded
+                | EventType::Failed
+                | EventType::Cancelled
+                | EventType::Reverted
+                | EventType::RevertFailed
+        )
+    }
+}
+
+/// One record on the progress topic. Key = task id.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, AvroSchema)]
+#[avro(namespace = "io.ferry.v1")]
+pub struct ProgressEvent {
+    /// The task.
+    pub task_id: String,
+    /// Per-task sequence number, from 1, strictly increasing across workers and restarts.
+    pub seq: i64,
+    /// What happened.
+    pub event: EventType,
+    /// The task's kind.
+    pub kind: TaskKind,
+    /// The task's subject.
+    pub subject: String,
+    /// The worker instance that emitted it.
+    pub worker: String,
+    /// Worker's clock, milliseconds since the epoch.
+    pub at_ms: i64,
+    /// W3C `traceparent` of the command's trace.
+    pub trace_parent: Option<String>,
+    /// Step index from 1, for step events.
+    pub step: Option<i32>,
+    /// Step name, for step events.
+    pub step_name: Option<String>,
+    /// 0 to 100, for StepProgress.
+    pub percent: Option<i32>,
+    /// Human-readable detail (progress message, error, rejection reason).
+    pub message: Option<String>,
+    /// Stable error code, for failures.
+    pub code: Option<String>,
+    /// Whether the failure was transient.
+    pub transient: Option<bool>,
+    /// Attempt number, for Retrying.
+    pub attempt: Option<i32>,
+    /// Backoff before the next attempt, for Retrying.
+    pub delay_ms: Option<i64>,
+}
+
+/// Where a task is. Terminal states change only through a new command (Revert).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, AvroSchema)]
+#[avro(namespace = "io.ferry.v1")]
+pub enum TaskState {
+    /// Durable and waiting for its subject.
+    Accepted,
+    /// Running its steps.
+    Running,
+    /// Every step finished.
+    Succeeded,
+    /// A step failed; partial work kept on request.
+    Failed,
+    /// Stopped by a Cancel; finished steps kept.
+    Cancelled,
+    /// Undoing its steps.
+    Reverting,
+    /// Every started step undone.
+    Reverted,
+    /// An undo failed; a new Revert retries.
+    RevertFailed,
+    /// The command was invalid.
+    Rejected,
+}
+
+impl TaskState {
+    /// No step runs in this state until a new command arrives.
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, TaskState::Accepted | TaskState::Running | TaskState::Reverting)
+    }
+
+    /// A Revert command may start from this state.
+    pub fn is_revertible(self) -> bool {
+        matches!(
+            self,
+            TaskState::Succeeded | TaskState::Failed | TaskState::Cancelled | TaskState::RevertFailed
+        )
+    }
+}
+
+/// Where one step of the journal is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, AvroSchema)]
+#[avro(namespace = "io.ferry.v1")]
+pub enum StepStatus {
+    /// Began; may have had effects (so a revert undoes it too).
+    Started,
+    /// Finished with the entry's output.
+    Succeeded,
+    /// Undone.
+    Reverted,
+}
+
+/// One step in the task's journal.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, AvroSchema)]
+#[avro(namespace = "io.ferry.v1")]
+pub struct JournalEntry {
+    /// Index from 1.
+    pub step: i32,
+    /// The step's name.
+    pub name: String,
+    /// Started, Succeeded or Reverted.
+    pub status: StepStatus,
+    /// The step's output (JSON), what its undo needs.
+    pub output: Option<String>,
+    /// Attempts made by the last run.
+    pub attempts: i32,
+    /// When it (last) started.
+    pub started_at_ms: i64,
+    /// When it finished or was undone.
+    pub finished_at_ms: Option<i64>,
+}
+
+/// Why a task failed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, AvroSchema)]
+#[avro(namespace = "io.ferry.v1")]
+pub struct TaskError {
+    /// Stable error code.
+    pub code: String,
+    /// What went wrong, for the operator.
+    pub message: String,
+    /// Failing step, from 1.
+    pub step: Option<i32>,
+    /// Whether the last error was transient (retries ran out).
+    pub transient: bool,
+}
+
+/// The latest state of a task: one record per task on the compacted task-state topic.
+/// This is the durable source of truth; there is no other database.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, AvroSchema)]
+#[avro(namespace = "io.ferry.v1")]
+pub struct TaskSnapshot {
+    /// The task.
+    pub task_id: String,
+    /// Its kind.
+    pub kind: TaskKind,
+    /// Its subject.
+    pub subject: String,
+    /// Where it is.
+    pub state: TaskState,
+    /// Sequence number of the last event; written before that event is published.
+    pub seq: i64,
+    /// The last event.
+    pub last_event: EventType,
+    /// The command's idempotency key.
+    pub idempotency_key: Option<String>,
+    /// Who asked.
+    pub requested_by: String,
+    /// Command-topic partition the task came from: its owner is that partition's consumer.
+    pub origin_partition: i32,
+    /// Command-topic offset it came from: orders resumed tasks of one subject.
+    pub origin_offset: i64,
+    /// When the command was produced.
+    pub created_at_ms: i64,
+    /// When this snapshot was written.
+    pub updated_at_ms: i64,
+    /// Absolute deadline of the forward run.
+    pub deadline_ms: Option<i64>,
+    /// Keep partial work on failure.
+    pub keep_partial: bool,
+    /// Worker instance that wrote this snapshot.
+    pub worker: String,
+    /// W3C `traceparent` of the command.
+    pub trace_parent: Option<String>,
+    /// The spec, Confluent-framed Avro, so any worker can resume the task.
+    pub spec: Bytes,
+    /// Finished and started steps with their outputs.
+    pub journal: Vec<JournalEntry>,
+    /// Why it failed, if it did.
+    pub error: Option<TaskError>,
+    /// A Cancel arrived and has not been carried out yet.
+    pub cancel_requested: bool,
+    /// A Revert arrived and has not been carried out yet.
+    pub revert_requested: bool,
+}
+
+/// Milliseconds since the epoch, now.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,463 @@
+//! Runs one task: its steps forward with retries, timeouts and the deadline, or its undo in
+//! reverse; answers Cancel, Revert and Stop while it runs. It is the only writer of its
+//! task's snapshot while it runs, and hands the snapshot back to the scheduler when done.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use backon::BackoffBuilder;
+use futures::future::BoxFuture;
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::ids::TaskId;
+use crate::protocol::{EventType, JournalEntry, StepStatus, TaskError, TaskSnapshot, TaskState, now_ms};
+use crate::publisher::{Detail, PublishError, Publisher};
+use crate::step::{Step, StepContext, StepError, StepPolicy, StepReport, TaskHandler};
+use crate::metrics::Metrics;
+
+/// What the scheduler may ask of a running task.
+#[derive(Debug)]
+pub(crate) enum Control {
+    /// Stop promptly; keep what is done.
+    Cancel { reply: oneshot::Sender<ControlReply> },
+    /// Stop, then undo everything started.
+    Revert { reply: oneshot::Sender<ControlReply> },
+    /// Ownership is moving (revoke, shutdown): reach a safe point within `grace` and exit
+    /// without a final state, so the next owner resumes.
+    Stop { grace: Duration, reply: oneshot::Sender<ControlReply> },
+}
+
+/// The runner's answer to a control.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ControlReply {
+    /// Carried out (made durable) by the runner.
+    Handled,
+    /// The runner had already handed its task back; the scheduler must handle it.
+    Finished,
+}
+
+/// A runner handing its task back.
+#[derive(Debug)]
+pub(crate) struct Done {
+    pub task_id: TaskId,
+    pub snapshot: TaskSnapshot,
+    /// Left for the next owner (Stop) rather than settled.
+    pub stopped: bool,
+}
+
+/// What a runner shares with every other runner of its worker.
+pub(crate) struct Env<H: TaskHandler> {
+    pub handler: Arc<H>,
+    pub publisher: Arc<Publisher>,
+    pub metrics: Arc<Metrics>,
+    pub registry: Arc<crate::wire::Registry>,
+}
+
+enum Flow {
+    /// The snapshot changed state; decide again.
+    Continue,
+    /// Stopped for the next owner.
+    Stopped,
+}
+
+enum Exec<T> {
+    Ok(T, u32),
+    Err(StepError, u32),
+    /// A Cancel or Revert arrived and is durable (CancelRequested published).
+    Cancelled,
+    /// A Stop's grace ran out, or it came between attempts.
+    Stopped,
+}
+
+pub(crate) struct Runner<H: TaskHandler> {
+    env: Arc<Env<H>>,
+    id: TaskId,
+    snap: TaskSnapshot,
+    ctl: mpsc::Receiver<Control>,
+    done: mpsc::UnboundedSender<Done>,
+    stop: Option<(Instant, oneshot::Sender<ControlReply>)>,
+}
+
+impl<H: TaskHandler> Runner<H> {
+    pub(crate) fn new(
+        env: Arc<Env<H>>,
+        id: TaskId,
+        snap: TaskSnapshot,
+        ctl: mpsc::Receiver<Control>,
+        done: mpsc::UnboundedSender<Done>,
+    ) -> Self {
+        Self { env, id, snap, ctl, done, stop: None }
+    }
+
+    /// Drives the task, hands it back, then answers late controls with `Finished` until
+    /// the scheduler lets go.
+    pub(crate) async fn run(mut self) {
+        let stopped = match self.drive().await {
+            Ok(stopped) => stopped,
+            Err(e) => {
+                // The broker refused our writes for the whole message timeout; leave the
+                // task as the last durable snapshot says, for a later owner to resume.
+                tracing::error!(task = %self.id, error = %e, "task left unfinished: its state could not be written");
+                true
+            }
+        };
+        let _ = self.done.send(Done { task_id: self.id, snapshot: self.snap.clone(), stopped });
+        if let Some((_, reply)) = self.stop.take() {
+            let _ = reply.send(ControlReply::Handled);
+        }
+        while let Some(c) = self.ctl.recv().await {
+            let reply = match c {
+                Control::Cancel { reply } | Control::Revert { reply } | Control::Stop { reply, .. } => reply,
+            };
+            let _ = reply.send(ControlReply::Finished);
+        }
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.is_some()
+    }
+
+    async fn drive(&mut self) -> Result<bool, PublishError> {
+        let spec: H::Spec = match self.env.registry.decode(&self.snap.spec.0) {
+            Ok(s) => s,
+            Err(e) => {
+                // Accepted specs decode by construction; this is a registry mismatch.
+                self.snap.state = TaskState::Failed;
+                self.snap.error = Some(TaskError { code: "SPEC_UNDECODABLE".into(), message: e.to_string(), step: None, transient: false });
+                let d = Detail { code: Some("SPEC_UNDECODABLE".into()), ..Detail::default() }.message(e.to_string());
+                self.env.publisher.transition(&mut self.snap, EventType::Failed, d).await?;
+                return Ok(false);
+            }
+        };
+        let steps = self.env.handler.plan(&spec);
+        loop {
+            if self.stopping() {
+                return Ok(true);
+            }
+            let flow = match self.snap.state {
+                TaskState::Accepted | TaskState::Running if self.snap.cancel_requested => {
+                    self.snap.state = TaskState::Cancelled;
+                    self.snap.cancel_requested = false;
+                    self.env.publisher.transition(&mut self.snap, EventType::Cancelled, Detail::default()).await?;
+                    Flow::Continue
+                }
+                TaskState::Accepted | TaskState::Running => self.forward(&spec, &steps).await?,
+                TaskState::Reverting => self.revert(&spec, &steps).await?,
+                s if self.snap.revert_requested && s.is_revertible() => {
+                    self.snap.state = TaskState::Reverting;
+                    self.snap.revert_requested = false;
+                    self.env.publisher.transition(&mut self.snap, EventType::Reverting, Detail::default()).await?;
+                    Flow::Continue
+                }
+                _ => {
+                    if self.snap.revert_requested || self.snap.cancel_requested {
+                        // Nothing left to cancel or revert (e.g. Revert of a Reverted task).
+                        self.snap.revert_requested = false;
+                        self.snap.cancel_requested = false;
+                        self.env.publisher.enqueue_snapshot(&self.snap)?.durable().await?;
+                    }
+                    return Ok(false);
+                }
+            };
+            if let Flow::Stopped = flow {
+                return Ok(true);
+            }
+        }
+    }
+
+    fn outputs(&self) -> BTreeMap<String, Value> {
+        self.snap
+            .journal
+            .iter()
+            .filter(|e| e.status == StepStatus::Succeeded)
+            .filter_map(|e| Some((e.name.clone(), serde_json::from_str(e.output.as_deref()?).ok()?)))
+            .collect()
+    }
+
+    async fn forward(&mut self, spec: &H::Spec, steps: &[Arc<dyn Step<H::Spec>>]) -> Result<Flow, PublishError> {
+        let first = self
+            .snap
+            .journal
+            .iter()
+            .take_while(|e| e.status == StepStatus::Succeeded)
+            .count();
+        let deadline = self.snap.deadline_ms;
+        for (i, step) in steps.iter().enumerate().skip(first) {
+            if self.stopping() {
+                return Ok(Flow::Stopped);
+            }
+            let name = step.name().to_owned();
+            let entry = JournalEntry {
+                step: i as i32 + 1,
+                name: name.clone(),
+                status: StepStatus::Started,
+                output: None,
+                attempts: 0,
+                started_at_ms: now_ms(),
+                finished_at_ms: None,
+            };
+            match self.snap.journal.get_mut(i) {
+                Some(e) => *e = entry,
+                None => self.snap.journal.push(entry),
+            }
+            self.snap.state = TaskState::Running;
+            self.env.publisher.transition(&mut self.snap, EventType::StepStarted, Detail::step(i, &name)).await?;
+            let outputs = self.outputs();
+            let started = Instant::now();
+            let policy = step.policy();
+            let (id, subject) = (self.id, self.snap.subject.clone());
+            let (id_ref, subject_ref, outputs_ref) = (&id, subject.as_str(), &outputs);
+            let result = self
+                .execute(i, &name, &policy, deadline, true, move |attempt, reports| {
+                    Box::pin(async move {
+                        let cx = StepContext { task_id: id_ref, subject: subject_ref, spec, outputs: outputs_ref, attempt, reports };
+                        step.run(&cx).await
+                    })
+                })
+                .await?;
+            self.env.metrics.step_finished(self.snap.kind, &name, started.elapsed());
+            match result {
+                Exec::Ok(output, attempts) => {
+                    let e = &mut self.snap.journal[i];
+                    e.status = StepStatus::Succeeded;
+                    e.output = Some(output.to_string());
+                    e.attempts = attempts as i32;
+                    e.finished_at_ms = Some(now_ms());
+                    self.env.publisher.transition(&mut self.snap, EventType::StepSucceeded, Detail::step(i, &name)).await?;
+                }
+                Exec::Err(err, attempts) => {
+                    self.snap.journal[i].attempts = attempts as i32;
+                    self.snap.error = Some(TaskError {
+                        code: err.code.clone(),
+                        message: err.message.clone(),
+                        step: Some(i as i32 + 1),
+                        transient: err.transient,
+                    });
+                    let d = Detail {
+                        code: Some(err.code.clone()),
+                        transient: Some(err.transient),
+                        attempt: Some(attempts as i32),
+                        ..Detail::step(i, &name)
+                    }
+                    .message(err.message.clone());
+                    self.env.publisher.transition(&mut self.snap, EventType::StepFailed, d).await?;
+                    if self.snap.keep_partial {
+                        self.snap.state = TaskState::Failed;
+                        let d = Detail { code: Some(err.code.clone()), ..Detail::default() }.message(err.message);
+                        self.env.publisher.transition(&mut self.snap, EventType::Failed, d).await?;
+                    } else {
+                        self.snap.state = TaskState::Reverting;
+                        let d = Detail { code: Some(err.code.clone()), ..Detail::default() }
+                            .message(format!("step {} ({name}) failed: {}", i + 1, err.message));
+                        self.env.publisher.transition(&mut self.snap, EventType::Reverting, d).await?;
+                    }
+                    return Ok(Flow::Continue);
+                }
+                Exec::Cancelled => {
+                    self.snap.state = TaskState::Cancelled;
+                    self.snap.cancel_requested = false;
+                    self.env.publisher.transition(&mut self.snap, EventType::Cancelled, Detail::step(i, &name)).await?;
+                    return Ok(Flow::Continue);
+                }
+                Exec::Stopped => return Ok(Flow::Stopped),
+            }
+        }
+        self.snap.state = TaskState::Succeeded;
+        self.snap.error = None;
+        self.env.publisher.transition(&mut self.snap, EventType::Succeeded, Detail::default()).await?;
+        Ok(Flow::Continue)
+    }
+
+    async fn revert(&mut self, spec: &H::Spec, steps: &[Arc<dyn Step<H::Spec>>]) -> Result<Flow, PublishError> {
+        let todo: Vec<usize> = (0..self.snap.journal.len())
+            .rev()
+            .filter(|i| self.snap.journal[*i].status != StepStatus::Reverted)
+            .collect();
+        for i in todo {
+            if self.stopping() {
+                return Ok(Flow::Stopped);
+            }
+            let Some(step) = steps.get(i) else { continue };
+            let name = step.name().to_owned();
+            let output: Option<Value> = self.snap.journal[i]
+                .output
+                .as_deref()
+                .filter(|_| self.snap.journal[i].status == StepStatus::Succeeded)
+                .and_then(|o| serde_json::from_str(o).ok());
+            let outputs = self.outputs();
+            let policy = step.policy();
+            let (id, subject) = (self.id, self.snap.subject.clone());
+            let (id_ref, subject_ref, outputs_ref, output_ref) = (&id, subject.as_str(), &outputs, output.as_ref());
+            let result = self
+                .execute(i, &name, &policy, None, false, move |attempt, reports| {
+                    Box::pin(async move {
+                        let cx = StepContext { task_id: id_ref, subject: subject_ref, spec, outputs: outputs_ref, attempt, reports };
+                        step.undo(&cx, output_ref).await.map(|()| Value::Null)
+                    })
+                })
+                .await?;
+            match result {
+                Exec::Ok(_, _) => {
+                    let e = &mut self.snap.journal[i];
+                    e.status = StepStatus::Reverted;
+                    e.finished_at_ms = Some(now_ms());
+                    self.env.publisher.transition(&mut self.snap, EventType::StepReverted, Detail::step(i, &name)).await?;
+                }
+                Exec::Err(err, attempts) => {
+                    self.snap.state = TaskState::RevertFailed;
+                    self.snap.error = Some(TaskError {
+                        code: err.code.clone(),
+                        message: format!("undo of step {} ({name}) failed: {}", i + 1, err.message),
+                        step: Some(i as i32 + 1),
+                        transient: err.transient,
+                    });
+                    let d = Detail {
+                        code: Some(err.code),
+                        transient: Some(err.transient),
+                        attempt: Some(attempts as i32),
+                        ..Detail::step(i, &name)
+                    }
+                    .message(err.message);
+                    self.env.publisher.transition(&mut self.snap, EventType::RevertFailed, d).await?;
+                    return Ok(Flow::Continue);
+                }
+                Exec::Cancelled => unreachable!("undo is not cancellable"),
+                Exec::Stopped => return Ok(Flow::Stopped),
+            }
+        }
+        self.snap.state = TaskState::Reverted;
+        self.env.publisher.transition(&mut self.snap, EventType::Reverted, Detail::default()).await?;
+        Ok(Flow::Continue)
+    }
+
+    /// Runs attempts of one step (or undo) until it succeeds, fails for good, runs out of
+    /// retries or time, or a control stops it. `cancellable` is false for undo: a revert
+    /// runs to its end.
+    #[allow(clippy::too_many_arguments)]
+    async fn execute<'s>(
+        &mut self,
+        i: usize,
+        name: &str,
+        policy: &StepPolicy,
+        deadline_ms: Option<i64>,
+        cancellable: bool,
+        make: impl Fn(u32, mpsc::UnboundedSender<StepReport>) -> BoxFuture<'s, Result<Value, StepError>>,
+    ) -> Result<Exec<Value>, PublishError> {
+        let mut backoff = policy.backoff().build();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut attempt: u32 = 0;
+        loop {
+            attempt += 1;
+            let mut limit = policy.timeout;
+            let mut deadline_binds = false;
+            if let Some(d) = deadline_ms {
+                let left = Duration::from_millis((d - now_ms()).max(0) as u64);
+                if left <= limit {
+                    limit = left;
+                    deadline_binds = true;
+                }
+            }
+            let fut = tokio::time::timeout(limit, make(attempt, tx.clone()));
+            tokio::pin!(fut);
+            let result = loop {
+                let grace = async {
+                    match &self.stop {
+                        Some((until, _)) => tokio::time::sleep_until((*until).into()).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    r = &mut fut => break r,
+                    Some(report) = rx.recv() => {
+                        let StepReport::Progress { percent, message } = report;
+                        let d = Detail { percent: Some(percent as i32), ..Detail::step(i, name) }.message(message);
+                        self.env.publisher.transition(&mut self.snap, EventType::StepProgress, d).await?;
+                    }
+                    Some(c) = self.ctl.recv() => {
+                        if let Some(exec) = self.on_control(c, i, name, cancellable).await? {
+                            return Ok(exec);
+                        }
+                    }
+                    () = grace => return Ok(Exec::Stopped),
+                }
+            };
+            let err = match result {
+                Ok(Ok(v)) => return Ok(Exec::Ok(v, attempt)),
+                Ok(Err(e)) => e,
+                Err(_) if deadline_binds => {
+                    return Ok(Exec::Err(
+                        StepError::permanent("DEADLINE_EXCEEDED", format!("task deadline passed during step {} ({name})", i + 1)),
+                        attempt,
+                    ));
+                }
+                Err(_) => StepError::transient("STEP_TIMEOUT", format!("attempt {attempt} exceeded the step timeout of {:?}", policy.timeout)),
+            };
+            if !err.transient {
+                return Ok(Exec::Err(err, attempt));
+            }
+            let Some(delay) = backoff.next() else {
+                let message = format!("gave up after {attempt} attempts: {}", err.message);
+                return Ok(Exec::Err(StepError { message, ..err }, attempt));
+            };
+            if self.stopping() {
+                return Ok(Exec::Stopped);
+            }
+            self.env.metrics.retry(self.snap.kind, name);
+            let d = Detail {
+                code: Some(err.code.clone()),
+                transient: Some(true),
+                attempt: Some(attempt as i32 + 1),
+                delay_ms: Some(delay.as_millis() as i64),
+                ..Detail::step(i, name)
+            }
+            .message(err.message.clone());
+            self.env.publisher.transition(&mut self.snap, EventType::Retrying, d).await?;
+            let sleep = tokio::time::sleep(delay);
+            tokio::pin!(sleep);
+            loop {
+                tokio::select! {
+                    () = &mut sleep => break,
+                    Some(c) = self.ctl.recv() => {
+                        if let Some(exec) = self.on_control(c, i, name, cancellable).await? {
+                            return Ok(exec);
+                        }
+                        if self.stopping() {
+                            return Ok(Exec::Stopped);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Handles a control during a step; `Some` ends the step.
+    async fn on_control(&mut self, c: Control, i: usize, name: &str, cancellable: bool) -> Result<Option<Exec<Value>>, PublishError> {
+        match c {
+            Control::Stop { grace, reply } => {
+                self.stop = Some((Instant::now() + grace, reply));
+                Ok(None)
+            }
+            Control::Cancel { reply } | Control::Revert { reply } if !cancellable => {
+                // Already undoing: the revert runs to its end.
+                let _ = reply.send(ControlReply::Handled);
+                Ok(None)
+            }
+            Control::Cancel { reply } => {
+                self.snap.cancel_requested = true;
+                self.env.publisher.transition(&mut self.snap, EventType::CancelRequested, Detail::step(i, name)).await?;
+                let _ = reply.send(ControlReply::Handled);
+                Ok(Some(Exec::Cancelled))
+            }
+            Control::Revert { reply } => {
+                self.snap.cancel_requested = true;
+                self.snap.revert_requested = true;
+                let d = Detail::step(i, name).message("revert requested");
+                self.env.publisher.transition(&mut self.snap, EventType::CancelRequested, d).await?;
+                let _ = reply.send(ControlReply::Handled);
+                Ok(Some(Exec::Cancelled))
+            }
+        }
+    }
+}

@@ -1,0 +1,420 @@
+//! The worker's event loop: owns the per-subject queues and the tasks of the partitions
+//! this instance holds; turns accepted commands into durable tasks, routes Cancel and
+//! Revert to their task, starts one runner per subject at a time, and hands tasks over on
+//! rebalance and shutdown.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::ids::TaskId;
+use crate::protocol::{Bytes, CommandAction, CommandEnvelope, EventType, ProgressEvent, TaskSnapshot, TaskState, now_ms};
+use crate::publisher::{DeadLetter, Detail, Pending, PublishError};
+use crate::runner::{Control, ControlReply, Done, Env, Runner};
+use crate::state_view::StateView;
+use crate::step::TaskHandler;
+
+/// A decoded command-topic record, as the intake hands it over.
+#[derive(Debug)]
+pub(crate) struct Incoming {
+    pub partition: i32,
+    pub offset: i64,
+    pub trace_parent: Option<String>,
+    pub what: What,
+}
+
+#[derive(Debug)]
+pub(crate) enum What {
+    /// Not decodable: only the dead-letter topic can take it.
+    DeadLetter(DeadLetter),
+    /// Decodable but invalid: Rejected (and a dead letter when the spec did not decode).
+    Reject { env: CommandEnvelope, reason: String, dead: Option<DeadLetter> },
+    /// A valid Start.
+    Start { env: CommandEnvelope, id: TaskId },
+    /// A Cancel or Revert of `id`.
+    Control { env: CommandEnvelope, id: TaskId },
+}
+
+/// Messages to the event loop; each carries the reply the intake waits for.
+#[derive(Debug)]
+pub(crate) enum SchedMsg {
+    Batch { items: Vec<Incoming>, reply: oneshot::Sender<Result<(), PublishError>> },
+    Assigned { partitions: Vec<i32>, reply: oneshot::Sender<()> },
+    Revoked { partitions: Vec<i32>, reply: oneshot::Sender<()> },
+    Shutdown { reply: oneshot::Sender<()> },
+}
+
+struct Slot {
+    snap: TaskSnapshot,
+    ctl: Option<mpsc::Sender<Control>>,
+}
+
+pub(crate) struct Scheduler<H: TaskHandler> {
+    env: Arc<Env<H>>,
+    view: Arc<StateView>,
+    revoke_grace: Duration,
+    owned: HashSet<i32>,
+    slots: HashMap<TaskId, Slot>,
+    queues: HashMap<String, VecDeque<TaskId>>,
+    running: HashMap<String, TaskId>,
+    done_tx: mpsc::UnboundedSender<Done>,
+    done_rx: mpsc::UnboundedReceiver<Done>,
+}
+
+impl<H: TaskHandler> Scheduler<H> {
+    pub(crate) fn new(env: Arc<Env<H>>, view: Arc<StateView>, revoke_grace: Duration) -> Self {
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        Self {
+            env,
+            view,
+            revoke_grace,
+            owned: HashSet::new(),
+            slots: HashMap::new(),
+            queues: HashMap::new(),
+            running: HashMap::new(),
+            done_tx,
+            done_rx,
+        }
+    }
+
+    pub(crate) async fn run(mut self, mut rx: mpsc::Receiver<SchedMsg>) {
+        loop {
+            tokio::select! {
+                Some(done) = self.done_rx.recv() => self.on_done(done),
+                msg = rx.recv() => match msg {
+                    Some(SchedMsg::Batch { items, reply }) => {
+                        let r = self.on_batch(items).await;
+                        let _ = reply.send(r);
+                    }
+                    Some(SchedMsg::Assigned { partitions, reply }) => {
+                        self.on_assigned(partitions).await;
+                        let _ = reply.send(());
+                    }
+                    Some(SchedMsg::Revoked { partitions, reply }) => {
+                        self.on_revoked(&partitions).await;
+                        let _ = reply.send(());
+                    }
+                    Some(SchedMsg::Shutdown { reply }) => {
+                        let all: Vec<i32> = self.owned.iter().copied().collect();
+                        self.on_revoked(&all).await;
+                        let _ = reply.send(());
+                        return;
+                    }
+                    None => return,
+                }
+            }
+        }
+    }
+
+    fn on_done(&mut self, done: Done) {
+        let Some(slot) = self.slots.get_mut(&done.task_id) else { return };
+        let subject = done.snapshot.subject.clone();
+        slot.ctl = None;
+        slot.snap = done.snapshot;
+        if self.running.get(&subject) == Some(&done.task_id) {
+            self.running.remove(&subject);
+        }
+        if !done.stopped && crate::publisher::settled(&slot.snap) {
+            self.slots.remove(&done.task_id);
+        }
+        self.pump(&subject);
+    }
+
+    /// Starts the next task of `subject` when none runs.
+    fn pump(&mut self, subject: &str) {
+        if self.running.contains_key(subject) {
+            return;
+        }
+        let Some(queue) = self.queues.get_mut(subject) else { return };
+        while let Some(id) = queue.pop_front() {
+            let Some(slot) = self.slots.get_mut(&id) else { continue };
+            let (tx, rx) = mpsc::channel(16);
+            slot.ctl = Some(tx);
+            let runner = Runner::new(self.env.clone(), id, slot.snap.clone(), rx, self.done_tx.clone());
+            tokio::spawn(runner.run());
+            self.running.insert(subject.to_owned(), id);
+            break;
+        }
+        if queue.is_empty() {
+            self.queues.remove(subject);
+        }
+    }
+
+    fn enqueue_task(&mut self, id: TaskId, snap: TaskSnapshot) {
+        self.queues.entry(snap.subject.clone()).or_default().push_back(id);
+        self.slots.insert(id, Slot { snap, ctl: None });
+    }
+
+    async fn on_batch(&mut self, items: Vec<Incoming>) -> Result<(), PublishError> {
+        let mut pending = crate::publisher::Publisher::nothing();
+        let mut controls = Vec::new();
+        let mut subjects = HashSet::new();
+        for item in items {
+            if !self.owned.contains(&item.partition) {
+                // Fetched just before a revoke; the new owner reads it again.
+                continue;
+            }
+            match item.what {
+                What::DeadLetter(dl) => pending.extend(self.env.publisher.enqueue_dead_letter(&dl)?),
+                What::Reject { env, reason, dead } => {
+                    if let Some(dl) = dead {
+                        pending.extend(self.env.publisher.enqueue_dead_letter(&dl)?);
+                    }
+                    pending.extend(self.reject(&env, item.partition, item.offset, item.trace_parent, reason)?);
+                }
+                What::Start { env, id } => {
+                    subjects.insert(env.subject.clone());
+                    pending.extend(self.start(env, id, item.partition, item.offset, item.trace_parent)?);
+                }
+                What::Control { env, id } => {
+                    subjects.insert(env.subject.clone());
+                    if let Some(wait) = self.control(&env, id, item.trace_parent.clone(), &mut pending)? {
+                        controls.push((env, id, item.trace_parent, wait));
+                    }
+                }
+            }
+        }
+        pending.durable().await?;
+        for (env, id, trace, wait) in controls {
+            if let Ok(ControlReply::Handled) = wait.await {
+                continue;
+            }
+            // The runner handed its task back before it saw the control: take the task
+            // back (its Done is already queued), then handle the control here.
+            while let Ok(done) = self.done_rx.try_recv() {
+                self.on_done(done);
+            }
+            let mut again = crate::publisher::Publisher::nothing();
+            if let Some(wait) = self.control(&env, id, trace, &mut again)? {
+                let _ = wait.await;
+            }
+            again.durable().await?;
+        }
+        for s in subjects {
+            self.pump(&s);
+        }
+        Ok(())
+    }
+
+    fn new_snapshot(&self, env: &CommandEnvelope, id: TaskId, partition: i32, offset: i64, trace: Option<String>) -> TaskSnapshot {
+        TaskSnapshot {
+            task_id: id.to_string(),
+            kind: env.kind,
+            subject: env.subject.clone(),
+            state: TaskState::Accepted,
+            seq: 0,
+            last_event: EventType::Accepted,
+            idempotency_key: env.idempotency_key.clone(),
+            requested_by: env.requested_by.clone(),
+            origin_partition: partition,
+            origin_offset: offset,
+            created_at_ms: env.created_at_ms,
+            updated_at_ms: now_ms(),
+            deadline_ms: env.deadline_ms,
+            keep_partial: env.keep_partial,
+            worker: self.env.publisher.worker().to_owned(),
+            trace_parent: trace,
+            spec: env.spec.clone(),
+            journal: Vec::new(),
+            error: None,
+            cancel_requested: false,
+            revert_requested: false,
+        }
+    }
+
+    fn reject(&self, env: &CommandEnvelope, partition: i32, offset: i64, trace: Option<String>, reason: String) -> Result<Pending, PublishError> {
+        tracing::warn!(task = %env.task_id, kind = %env.kind, %reason, "command rejected");
+        let Ok(id) = env.task_id.parse::<TaskId>() else {
+            unreachable!("intake sends unparseable task ids to the dead-letter topic")
+        };
+        if env.action != CommandAction::Start || self.view.get(&id).is_some() {
+            // A bad Cancel/Revert, or a Start that reuses a live task's id: tell the
+            // tracker without touching that task's snapshot.
+            return self.event_only(env, EventType::Rejected, trace, reason);
+        }
+        let mut snap = self.new_snapshot(env, id, partition, offset, trace);
+        snap.state = TaskState::Rejected;
+        snap.spec = Bytes::default();
+        snap.error = Some(crate::protocol::TaskError { code: "REJECTED".into(), message: reason.clone(), step: None, transient: false });
+        self.env
+            .publisher
+            .enqueue_transition(&mut snap, EventType::Rejected, Detail { code: Some("REJECTED".into()), ..Detail::default() }.message(reason))
+    }
+
+    fn event_only(&self, env: &CommandEnvelope, event: EventType, trace: Option<String>, message: String) -> Result<Pending, PublishError> {
+        self.env.publisher.enqueue_event(&ProgressEvent {
+            task_id: env.task_id.clone(),
+            seq: 0,
+            event,
+            kind: env.kind,
+            subject: env.subject.clone(),
+            worker: self.env.publisher.worker().to_owned(),
+            at_ms: now_ms(),
+            trace_parent: trace,
+            step: None,
+            step_name: None,
+            percent: None,
+            message: Some(message),
+            code: Some("REJECTED".into()),
+            transient: None,
+            attempt: None,
+            delay_ms: None,
+        })
+    }
+
+    fn start(&mut self, env: CommandEnvelope, id: TaskId, partition: i32, offset: i64, trace: Option<String>) -> Result<Pending, PublishError> {
+        let existing = self
+            .slots
+            .get(&id)
+            .map(|s| s.snap.clone())
+            .or_else(|| self.view.get(&id))
+            .or_else(|| env.idempotency_key.as_deref().and_then(|k| self.view.by_key(k)));
+        if let Some(snap) = existing {
+            if snap.task_id == env.task_id {
+                // A redelivered or resubmitted command: publish the task's state again.
+                tracing::info!(task = %id, state = ?snap.state, "duplicate command; state republished");
+                return self.env.publisher.enqueue_snapshot(&snap);
+            }
+            let reason = format!(
+                "duplicate of task {} (idempotency key {:?}), which is {:?}",
+                snap.task_id,
+                env.idempotency_key.as_deref().unwrap_or_default(),
+                snap.state
+            );
+            let mut p = self.env.publisher.enqueue_snapshot(&snap)?;
+            p.extend(self.reject(&env, partition, offset, trace, reason)?);
+            return Ok(p);
+        }
+        let mut snap = self.new_snapshot(&env, id, partition, offset, trace);
+        let p = self.env.publisher.enqueue_transition(&mut snap, EventType::Accepted, Detail::default())?;
+        self.enqueue_task(id, snap);
+        Ok(p)
+    }
+
+    /// Routes a Cancel or Revert. Returns the runner's reply to wait for when a runner
+    /// has the task; otherwise the writes are added to `pending`.
+    fn control(
+        &mut self,
+        env: &CommandEnvelope,
+        id: TaskId,
+        trace: Option<String>,
+        pending: &mut Pending,
+    ) -> Result<Option<oneshot::Receiver<ControlReply>>, PublishError> {
+        let revert = env.action == CommandAction::Revert;
+        if let Some(slot) = self.slots.get_mut(&id) {
+            if let Some(ctl) = &slot.ctl {
+                let (reply, rx) = oneshot::channel();
+                let c = if revert { Control::Revert { reply } } else { Control::Cancel { reply } };
+                if ctl.try_send(c).is_ok() {
+                    return Ok(Some(rx));
+                }
+                // The runner is gone or flooded: it has handed (or will hand) the task back.
+                let (tx, rx) = oneshot::channel();
+                let _ = tx.send(ControlReply::Finished);
+                return Ok(Some(rx));
+            }
+            // Queued, not started yet.
+            let snap = &mut slot.snap;
+            if snap.state == TaskState::Accepted {
+                snap.cancel_requested = true;
+                snap.revert_requested |= revert;
+                let d = if revert { Detail::default().message("revert requested") } else { Detail::default() };
+                pending.extend(self.env.publisher.enqueue_transition(snap, EventType::CancelRequested, d)?);
+            } else if revert {
+                snap.revert_requested = true;
+                pending.extend(self.env.publisher.enqueue_snapshot(snap)?);
+            }
+            return Ok(None);
+        }
+        match self.view.get(&id) {
+            Some(snap) if snap.kind != self.env.handler.kind() => {
+                pending.extend(self.event_only(env, EventType::Rejected, trace, format!("task {id} is a {} task, not {}", snap.kind, env.kind))?);
+            }
+            Some(mut snap) => {
+                if revert && snap.state.is_revertible() {
+                    snap.revert_requested = true;
+                    pending.extend(self.env.publisher.enqueue_snapshot(&snap)?);
+                    self.enqueue_task(id, snap);
+                } else {
+                    // Nothing to cancel or revert: say so by publishing the state again.
+                    tracing::info!(task = %id, state = ?snap.state, action = ?env.action, "control has nothing to do");
+                    pending.extend(self.env.publisher.enqueue_snapshot(&snap)?);
+                }
+            }
+            None => {
+                pending.extend(self.event_only(env, EventType::Rejected, trace, format!("no {} task {id} is known", env.kind))?);
+            }
+        }
+        Ok(None)
+    }
+
+    async fn on_assigned(&mut self, partitions: Vec<i32>) {
+        let fresh: HashSet<i32> = partitions.into_iter().filter(|p| !self.owned.contains(p)).collect();
+        self.owned.extend(fresh.iter().copied());
+        if fresh.is_empty() {
+            return;
+        }
+        // The previous owner's last snapshots must be in the view before we resume.
+        if let Err(e) = self.view.caught_up(Duration::from_secs(60)).await {
+            tracing::error!(error = %e, "resuming from a task-state view that may be behind");
+        }
+        let mut subjects = HashSet::new();
+        for snap in self.view.unsettled(&fresh) {
+            let Ok(id) = snap.task_id.parse::<TaskId>() else { continue };
+            if self.slots.contains_key(&id) {
+                continue;
+            }
+            tracing::info!(task = %id, state = ?snap.state, step = snap.journal.len(), "resuming task");
+            subjects.insert(snap.subject.clone());
+            self.enqueue_task(id, snap);
+        }
+        for s in subjects {
+            self.pump(&s);
+        }
+    }
+
+    async fn on_revoked(&mut self, partitions: &[i32]) {
+        let gone: HashSet<i32> = partitions.iter().copied().collect();
+        let mut waits = Vec::new();
+        for slot in self.slots.values() {
+            if !gone.contains(&slot.snap.origin_partition) {
+                continue;
+            }
+            if let Some(ctl) = &slot.ctl {
+                let (reply, rx) = oneshot::channel();
+                if ctl.send(Control::Stop { grace: self.revoke_grace, reply }).await.is_ok() {
+                    waits.push(rx);
+                }
+            }
+        }
+        let all = futures::future::join_all(waits);
+        if tokio::time::timeout(self.revoke_grace + Duration::from_secs(5), all).await.is_err() {
+            tracing::error!("tasks did not stop within the revoke grace period");
+        }
+        while let Ok(done) = self.done_rx.try_recv() {
+            self.on_done(done);
+        }
+        let ids: Vec<TaskId> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| gone.contains(&s.snap.origin_partition))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            if let Some(slot) = self.slots.remove(&id) {
+                if self.running.get(&slot.snap.subject) == Some(&id) {
+                    self.running.remove(&slot.snap.subject);
+                }
+            }
+        }
+        for q in self.queues.values_mut() {
+            q.retain(|id| self.slots.contains_key(id));
+        }
+        self.queues.retain(|_, q| !q.is_empty());
+        for p in &gone {
+            self.owned.remove(p);
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! The task-state table: a consumer that reads the compacted task-state topic from the
+//! beginning into memory, and can tell when it has caught up with the topic's end.
+//! Workers rebuild their view from it on start and on partition assignment; the local
+//! publisher writes through to it so the worker sees its own writes at once.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::{Message, Offset, TopicPartitionList};
+use tokio::sync::watch;
+
+use crate::ids::TaskId;
+use crate::kafka::KafkaConfig;
+use crate::kind::TaskKind;
+use crate::protocol::TaskSnapshot;
+use crate::wire::Registry;
+
+/// Why the view could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ViewError {
+    /// The consumer could not be created or assigned.
+    #[error("task-state reader for {topic}: {source}")]
+    Consumer {
+        /// The topic.
+        topic: String,
+        /// Cause.
+        #[source]
+        source: KafkaError,
+    },
+    /// The topic's end was not reached in time.
+    #[error("task-state topic {topic} not caught up within {waited:?} (is the broker reachable?)")]
+    CatchUpTimeout {
+        /// The topic.
+        topic: String,
+        /// How long we waited.
+        waited: Duration,
+    },
+}
+
+#[derive(Default)]
+struct Table {
+    tasks: HashMap<TaskId, TaskSnapshot>,
+    keys: HashMap<String, TaskId>,
+    positions: HashMap<i32, i64>,
+    undecodable: u64,
+}
+
+/// The in-memory task-state table of one process.
+pub struct StateView {
+    kind: Option<TaskKind>,
+    topic: String,
+    table: RwLock<Table>,
+    consumer: Arc<BaseConsumer>,
+    partitions: Vec<i32>,
+    changed: watch::Sender<u64>,
+    stop: AtomicBool,
+}
+
+impl std::fmt::Debug for StateView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StateView").field("topic", &self.topic).field("kind", &self.kind).finish()
+    }
+}
+
+impl StateView {
+    /// Starts reading `topic` from the beginning on a thread of its own; keeps only tasks
+    /// of `kind` (all kinds when `None`).
+    pub fn start(
+        kafka: &KafkaConfig,
+        topic: &str,
+        kind: Option<TaskKind>,
+        registry: Arc<Registry>,
+    ) -> Result<(Arc<Self>, JoinHandle<()>), ViewError> {
+        let err = |source| ViewError::Consumer { topic: topic.to_owned(), source };
+        let consumer: BaseConsumer = kafka.reader().create().map_err(err)?;
+        let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(30)).map_err(err)?;
+        let partitions: Vec<i32> = md
+            .topics()
+            .iter()
+            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+            .collect();
+        let mut tpl = TopicPartitionList::new();
+        for p in &partitions {
+            tpl.add_partition_offset(topic, *p, Offset::Beginning).map_err(err)?;
+        }
+        consumer.assign(&tpl).map_err(err)?;
+        let (changed, _) = watch::channel(0);
+        let view = Arc::new(Self {
+            kind,
+            topic: topic.to_owned(),
+            table: RwLock::new(Table::default()),
+            consumer: Arc::new(consumer),
+            partitions,
+            changed,
+            stop: AtomicBool::new(false),
+        });
+        let v = view.clone();
+        let handle = std::thread::Builder::new()
+            .name("ferry-state-view".into())
+            .spawn(move || v.read_loop(&registry))
+            .expect("spawn state-view thread");
+        Ok((view, handle))
+    }
+
+    fn read_loop(&self, registry: &Registry) {
+        while !self.stop.load(Ordering::Relaxed) {
+            match self.consumer.poll(Duration::from_millis(100)) {
+                Some(Ok(m)) => {
+                    let decoded = m.payload().map(|p| registry.decode::<TaskSnapshot>(p));
+                    let mut t = self.table.write().expect("view lock");
+                    t.positions.insert(m.partition(), m.offset() + 1);
+                    match decoded {
+                        Some(Ok(snap)) => {
+                            drop(t);
+                            self.apply(snap);
+                        }
+                        Some(Err(e)) => {
+                            t.undecodable += 1;
+                            tracing::error!(topic = %self.topic, offset = m.offset(), error = %e, "undecodable task snapshot skipped");
+                        }
+                        None => {} // a tombstone: compaction removes the task
+                    }
+                    self.changed.send_modify(|v| *v += 1);
+                }
+                Some(Err(e)) => tracing::warn!(topic = %self.topic, error = %e, "task-state read error"),
+                None => {
+                    // Idle: positions of empty or compacted-away ranges come from the consumer.
+                    if let Ok(pos) = self.consumer.position() {
+                        let mut t = self.table.write().expect("view lock");
+                        for e in pos.elements() {
+                            if let Offset::Offset(o) = e.offset() {
+                                let cur = t.positions.entry(e.partition()).or_insert(0);
+                                *cur = (*cur).max(o);
+                            }
+                        }
+                        drop(t);
+                        self.changed.send_modify(|v| *v += 1);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stops the reader thread at its next poll.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    /// Records a snapshot unless the table already has a newer one of that task.
+    pub fn apply(&self, snap: TaskSnapshot) {
+        if self.kind.is_some_and(|k| k != snap.kind) {
+            return;
+        }
+        let Ok(id) = snap.task_id.parse::<TaskId>() else { return };
+        let mut t = self.table.write().expect("view lock");
+        if t.tasks.get(&id).is_some_and(|old| old.seq > snap.seq) {
+            return;
+        }
+        if let Some(k) = &snap.idempotency_key {
+            t.keys.entry(k.clone()).or_insert(id);
+        }
+        t.tasks.insert(id, snap);
+    }
+
+    /// The latest snapshot of a task.
+    pub fn get(&self, id: &TaskId) -> Option<TaskSnapshot> {
+        self.table.read().expect("view lock").tasks.get(id).cloned()
+    }
+
+    /// The task that first used an idempotency key.
+    pub fn by_key(&self, key: &str) -> Option<TaskSnapshot> {
+        let t = self.table.read().expect("view lock");
+        t.keys.get(key).and_then(|id| t.tasks.get(id)).cloned()
+    }
+
+    /// Every task, for listings.
+    pub fn all(&self) -> Vec<TaskSnapshot> {
+        self.table.read().expect("view lock").tasks.values().cloned().collect()
+    }
+
+    /// Snapshots that still need work, from the given command-topic partitions, in
+    /// command order.
+    pub fn unsettled(&self, partitions: &HashSet<i32>) -> Vec<TaskSnapshot> {
+        let t = self.table.read().expect("view lock");
+        let mut v: Vec<TaskSnapshot> = t
+            .tasks
+            .values()
+            .filter(|s| partitions.contains(&s.origin_partition) && !crate::publisher::settled(s))
+            .cloned()
+            .collect();
+        v.sort_by_key(|s| (s.origin_offset, s.created_at_ms));
+        v
+    }
+
+    /// Snapshots that could not be decoded so far.
+    pub fn undecodable(&self) -> u64 {
+        self.table.read().expect("view lock").undecodable
+    }
+
+    /// Waits until the table holds every record that was on the topic when called.
+    pub async fn caught_up(&self, limit: Duration) -> Result<(), ViewError> {
+        let started = Instant::now();
+        let consumer = self.consumer.clone();
+        let topic = self.topic.clone();
+        let partitions = self.partitions.clone();
+        let ends = tokio::task::spawn_blocking(move || {
+            partitions
+                .iter()
+                .map(|p| consumer.fetch_watermarks(&topic, *p, Duration::from_secs(30)).map(|(_, hi)| (*p, hi)))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .await
+        .expect("watermark task")
+        .map_err(|source| ViewError::Consumer { topic: self.topic.clone(), source })?;
+        let mut rx = self.changed.subscribe();
+        let deadline = tokio::time::Instant::now() + limit.saturating_sub(started.elapsed());
+        loop {
+            let done = {
+                let t = self.table.read().expect("view lock");
+                ends.iter().all(|(p, hi)| *hi <= 0 || t.positions.get(p).is_some_and(|pos| pos >= hi))
+            };
+            if done {
+                return Ok(());
+            }
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => {}
+                _ => return Err(ViewError::CatchUpTimeout { topic: self.topic.clone(), waited: limit }),
+            }
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! What a worker writes: a [`TaskHandler`] validates a spec and plans its [`Step`]s; each
+//! step has an idempotent `run` and `undo`.
+//!
+//! # Contract of a step (as kube-runtime's finalizer `Apply`/`Cleanup`)
+//! - `run` may run more than once (a crash between its effect and the journal write, a
+//!   rebalance, a retry): it must be idempotent, e.g. server-side apply.
+//! - `undo` may run after `run` never ran, ran halfway, or ran to the end: it must tolerate
+//!   all three, and be idempotent. It gets the step's journaled output when `run` finished.
+//! - Waiting is a watch with a deadline inside `run`; the runtime drops the future on
+//!   cancel, revoke or timeout, so every await point must be a safe place to stop.
+//! - `plan` must return the same steps for the same spec: resumed tasks continue by index.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use apache_avro::AvroSchema;
+use backon::ExponentialBuilder;
+use futures::future::BoxFuture;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use crate::ids::TaskId;
+use crate::kind::TaskKind;
+
+/// A step failure, with the operator-facing code and whether retrying may help.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct StepError {
+    /// Stable, greppable code (`CLUSTER_NOT_READY`, `DEADLINE_EXCEEDED`, ...).
+    pub code: String,
+    /// What went wrong, with the context an operator needs.
+    pub message: String,
+    /// Retrying may succeed (network, 5xx, conflicts, not-yet-ready).
+    pub transient: bool,
+}
+
+impl StepError {
+    /// A failure worth retrying.
+    pub fn transient(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self { code: code.into(), message: message.into(), transient: true }
+    }
+
+    /// A failure that retrying cannot fix.
+    pub fn permanent(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self { code: code.into(), message: message.into(), transient: false }
+    }
+}
+
+/// Why a command's spec is refused before anything is done.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct Rejection {
+    /// Precise reason, naming the field and the rule.
+    pub reason: String,
+}
+
+impl Rejection {
+    /// A rejection with `reason`.
+    pub fn new(reason: impl Into<String>) -> Self {
+        Self { reason: reason.into() }
+    }
+}
+
+/// Timeout and retry policy of one step.
+#[derive(Debug, Clone)]
+pub struct StepPolicy {
+    /// Limit of one attempt (also bounded by the task's deadline).
+    pub timeout: Duration,
+    /// Attempts after the first for transient errors.
+    pub max_retries: usize,
+    /// First backoff delay.
+    pub min_delay: Duration,
+    /// Largest backoff delay.
+    pub max_delay: Duration,
+}
+
+impl Default for StepPolicy {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(300),
+            max_retries: 5,
+            min_delay: Duration::from_millis(200),
+            max_delay: Duration::from_secs(30),
+        }
+    }
+}
+
+impl StepPolicy {
+    /// Exponential backoff with jitter, from `backon`.
+    pub fn backoff(&self) -> ExponentialBuilder {
+        ExponentialBuilder::default()
+            .with_min_delay(self.min_delay)
+            .with_max_delay(self.max_delay)
+            .with_max_times(self.max_retries)
+            .with_jitter()
+    }
+}
+
+/// What a running step may report.
+#[derive(Debug)]
+pub(crate) enum StepReport {
+    Progress { percent: u8, message: String },
+}
+
+/// Everything a step sees of its task.
+pub struct StepContext<'a, S> {
+    /// The task.
+    pub task_id: &'a TaskId,
+    /// Its subject.
+    pub subject: &'a str,
+    /// Its spec.
+    pub spec: &'a S,
+    /// Outputs of the finished steps, by step name.
+    pub outputs: &'a BTreeMap<String, Value>,
+    /// 1 for the first attempt of this run.
+    pub attempt: u32,
+    pub(crate) reports: mpsc::UnboundedSender<StepReport>,
+}
+
+impl<S> StepContext<'_, S> {
+    /// Publishes a StepProgress event (best effort, in order).
+    pub fn progress(&self, percent: u8, message: impl Into<String>) {
+        let _ = self.reports.send(StepReport::Progress { percent: percent.min(100), message: message.into() });
+    }
+
+    /// The output of an earlier step, decoded.
+    pub fn output_of<T: DeserializeOwned>(&self, step: &str) -> Option<T> {
+        self.outputs.get(step).and_then(|v| serde_json::from_value(v.clone()).ok())
+    }
+}
+
+/// One step of a task: an idempotent `run` and its `undo`.
+pub trait Step<S>: Send + Sync {
+    /// Stable name, shown in progress and used as the output key.
+    fn name(&self) -> &str;
+
+    /// Timeout and retries.
+    fn policy(&self) -> StepPolicy {
+        StepPolicy::default()
+    }
+
+    /// Does the work; returns what `undo` (and later steps) need.
+    fn run<'a>(&'a self, cx: &'a StepContext<'a, S>) -> BoxFuture<'a, Result<Value, StepError>>;
+
+    /// Undoes the work; `output` is `None` when `run` did not finish.
+    fn undo<'a>(&'a self, cx: &'a StepContext<'a, S>, output: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>>;
+}
+
+/// A worker's logic for one task kind.
+pub trait TaskHandler: Send + Sync + 'static {
+    /// The command's own record (Avro, registered in `schemas/`).
+    type Spec: Serialize + DeserializeOwned + AvroSchema + Clone + Send + Sync + 'static;
+
+    /// The kind this handler serves.
+    fn kind(&self) -> TaskKind;
+
+    /// Checks a spec before anything is done; the reason goes into the Rejected event.
+    fn validate(&self, subject: &str, spec: &Self::Spec) -> Result<(), Rejection>;
+
+    /// The steps of the task, in order. Same spec, same steps.
+    fn plan(&self, spec: &Self::Spec) -> Vec<Arc<dyn Step<Self::Spec>>>;
+}

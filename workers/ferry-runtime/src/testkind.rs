@@ -1,0 +1,135 @@
+//! The runtime's own task kind (`test`): numbered no-op steps with injected failures,
+//! transient errors, work time and blocking waits. It drives `ferry dev --demo smoke`,
+//! the runtime's tests and `ferry bench runtime`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use apache_avro::AvroSchema;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::kind::TaskKind;
+use crate::step::{Rejection, Step, StepContext, StepError, StepPolicy, TaskHandler};
+
+/// Spec of a `test` task.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, AvroSchema)]
+#[avro(namespace = "io.ferry.v1")]
+pub struct TestTaskSpec {
+    /// Number of steps, 1 to 100.
+    pub steps: i32,
+    /// Step (from 1) that fails permanently.
+    pub fail_at: Option<i32>,
+    /// Transient failures of every step before it succeeds.
+    pub fail_transient: i32,
+    /// Work time of each step, in milliseconds.
+    pub step_ms: i64,
+    /// Step (from 1) that waits until cancelled (up to an hour).
+    pub block_at: Option<i32>,
+    /// Step (from 1) whose undo fails permanently.
+    pub undo_fail_at: Option<i32>,
+}
+
+impl TestTaskSpec {
+    /// `n` no-op steps.
+    pub fn steps(n: i32) -> Self {
+        Self { steps: n, ..Self::default() }
+    }
+}
+
+/// The handler of `test` tasks.
+#[derive(Debug, Clone, Default)]
+pub struct TestHandler {
+    /// Backoff between transient failures (short in tests).
+    pub min_delay: Option<Duration>,
+}
+
+struct TestStep {
+    index: i32,
+    name: String,
+    min_delay: Duration,
+}
+
+impl Step<TestTaskSpec> for TestStep {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn policy(&self) -> StepPolicy {
+        StepPolicy {
+            timeout: Duration::from_secs(3600),
+            max_retries: 5,
+            min_delay: self.min_delay,
+            max_delay: self.min_delay * 8,
+        }
+    }
+
+    fn run<'a>(&'a self, cx: &'a StepContext<'a, TestTaskSpec>) -> BoxFuture<'a, Result<Value, StepError>> {
+        async move {
+            let spec = cx.spec;
+            if spec.step_ms > 0 {
+                // Simulated work, as a real step would wait on an API.
+                tokio::time::sleep(Duration::from_millis(spec.step_ms as u64)).await;
+            }
+            if spec.block_at == Some(self.index) {
+                cx.progress(10, "waiting for a condition that never comes");
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+            }
+            if (cx.attempt as i32) <= spec.fail_transient {
+                return Err(StepError::transient("INJECTED_TRANSIENT", format!("attempt {} fails on purpose", cx.attempt)));
+            }
+            if spec.fail_at == Some(self.index) {
+                return Err(StepError::permanent("INJECTED_FAILURE", format!("step {} fails on purpose", self.index)));
+            }
+            Ok(json!({ "step": self.index, "attempt": cx.attempt }))
+        }
+        .boxed()
+    }
+
+    fn undo<'a>(&'a self, cx: &'a StepContext<'a, TestTaskSpec>, _output: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>> {
+        async move {
+            if cx.spec.undo_fail_at == Some(self.index) {
+                return Err(StepError::permanent("INJECTED_UNDO_FAILURE", format!("undo of step {} fails on purpose", self.index)));
+            }
+            Ok(())
+        }
+        .boxed()
+    }
+}
+
+impl TaskHandler for TestHandler {
+    type Spec = TestTaskSpec;
+
+    fn kind(&self) -> TaskKind {
+        TaskKind::Test
+    }
+
+    fn validate(&self, _subject: &str, spec: &TestTaskSpec) -> Result<(), Rejection> {
+        if !(1..=100).contains(&spec.steps) {
+            return Err(Rejection::new(format!("steps must be 1 to 100, got {}", spec.steps)));
+        }
+        for (field, v) in [("fail_at", spec.fail_at), ("block_at", spec.block_at), ("undo_fail_at", spec.undo_fail_at)] {
+            if let Some(v) = v {
+                if !(1..=spec.steps).contains(&v) {
+                    return Err(Rejection::new(format!("{field} must name a step from 1 to {}, got {v}", spec.steps)));
+                }
+            }
+        }
+        if !(0..=600_000).contains(&spec.step_ms) {
+            return Err(Rejection::new(format!("step_ms must be 0 to 600000, got {}", spec.step_ms)));
+        }
+        if spec.fail_transient < 0 {
+            return Err(Rejection::new("fail_transient must not be negative"));
+        }
+        Ok(())
+    }
+
+    fn plan(&self, spec: &TestTaskSpec) -> Vec<Arc<dyn Step<TestTaskSpec>>> {
+        let min_delay = self.min_delay.unwrap_or(Duration::from_millis(100));
+        (1..=spec.steps)
+            .map(|i| Arc::new(TestStep { index: i, name: format!("step-{i}"), min_delay }) as Arc<dyn Step<TestTaskSpec>>)
+            .collect()
+    }
+}

@@ -1,0 +1,169 @@
+//! Topic names and configs, read from `topics/topics.yaml` (the single definition).
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use crate::kind::TaskKind;
+
+const TOPICS_YAML: &str = include_str!("../../../topics/topics.yaml");
+
+/// What a topic carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Purpose {
+    /// Commands of one task kind.
+    Command,
+    /// Progress events of every task.
+    Progress,
+    /// Latest snapshot of every task (compacted).
+    TaskState,
+    /// Records that could not be decoded or validated.
+    DeadLetter,
+    /// Latest placement scores (compacted).
+    Scores,
+}
+
+/// One topic as `topics/topics.yaml` defines it, defaults applied.
+#[derive(Debug, Clone)]
+pub struct TopicDef {
+    /// Full name, prefix included.
+    pub name: String,
+    /// What it carries.
+    pub purpose: Purpose,
+    /// For command topics, the kind they carry.
+    pub kind: Option<TaskKind>,
+    /// Partition count.
+    pub partitions: i32,
+    /// Replication factor on a real cluster.
+    pub replication_factor: i32,
+    /// Topic-level configs (`cleanup.policy`, `retention.ms`, ...).
+    pub config: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize)]
+struct File {
+    defaults: Defaults,
+    topics: Vec<RawTopic>,
+}
+
+#[derive(Deserialize)]
+struct Defaults {
+    partitions: i32,
+    replication_factor: i32,
+    #[serde(default)]
+    config: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTopic {
+    name: String,
+    purpose: Purpose,
+    kind: Option<String>,
+    partitions: Option<i32>,
+    replication_factor: Option<i32>,
+    #[serde(default)]
+    config: BTreeMap<String, String>,
+}
+
+/// The set of topics one Ferry installation uses.
+///
+/// A prefix isolates installations (and tests) that share one broker.
+#[derive(Debug, Clone)]
+pub struct Topics {
+    defs: Vec<TopicDef>,
+}
+
+impl Topics {
+    /// The topics of `topics/topics.yaml` as they are named there.
+    pub fn standard() -> Self {
+        Self::with_prefix("")
+    }
+
+    /// The standard topics with `prefix` in front of every name.
+    pub fn with_prefix(prefix: &str) -> Self {
+        // The file is compiled in and checked by a unit test, so a parse error is a build bug.
+        let file: File = serde_yaml_ng::from_str(TOPICS_YAML).expect("topics/topics.yaml is valid");
+        let defs = file
+            .topics
+            .into_iter()
+            .map(|t| {
+                let mut config = file.defaults.config.clone();
+                config.extend(t.config);
+                TopicDef {
+                    name: format!("{prefix}{}", t.name),
+                    purpose: t.purpose,
+                    kind: t.kind.map(|k| k.parse().expect("topics.yaml names known kinds")),
+                    partitions: t.partitions.unwrap_or(file.defaults.partitions),
+                    replication_factor: t.replication_factor.unwrap_or(file.defaults.replication_factor),
+                    config,
+                }
+            })
+            .collect();
+        Self { defs }
+    }
+
+    /// Every topic.
+    pub fn all(&self) -> &[TopicDef] {
+        &self.defs
+    }
+
+    fn by_purpose(&self, purpose: Purpose) -> &TopicDef {
+        self.defs
+            .iter()
+            .find(|d| d.purpose == purpose)
+            .expect("topics.yaml defines every purpose")
+    }
+
+    /// The command topic of `kind`.
+    pub fn command(&self, kind: TaskKind) -> &TopicDef {
+        self.defs
+            .iter()
+            .find(|d| d.purpose == Purpose::Command && d.kind == Some(kind))
+            .expect("topics.yaml defines a command topic for every kind")
+    }
+
+    /// The progress topic.
+    pub fn progress(&self) -> &TopicDef {
+        self.by_purpose(Purpose::Progress)
+    }
+
+    /// The compacted task-state topic.
+    pub fn task_state(&self) -> &TopicDef {
+        self.by_purpose(Purpose::TaskState)
+    }
+
+    /// The dead-letter topic.
+    pub fn dead_letter(&self) -> &TopicDef {
+        self.by_purpose(Purpose::DeadLetter)
+    }
+
+    /// The compacted scores topic.
+    pub fn scores(&self) -> &TopicDef {
+        self.by_purpose(Purpose::Scores)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_has_a_command_topic_and_state_is_compacted() {
+        let t = Topics::standard();
+        for kind in TaskKind::ALL {
+            assert_eq!(t.command(kind).name, format!("ferry.commands.{kind}"));
+        }
+        assert_eq!(t.task_state().config.get("cleanup.policy").map(String::as_str), Some("compact"));
+        assert_eq!(t.scores().config.get("cleanup.policy").map(String::as_str), Some("compact"));
+        assert_eq!(t.progress().config.get("min.insync.replicas").map(String::as_str), Some("2"));
+        assert_eq!(t.dead_letter().partitions, 3);
+    }
+
+    #[test]
+    fn prefix_applies_to_every_name() {
+        let t = Topics::with_prefix("t1.");
+        assert!(t.all().iter().all(|d| d.name.starts_with("t1.ferry.")));
+    }
+}

@@ -1,0 +1,222 @@
+//! Avro in the Confluent wire format (magic byte 0, 4-byte big-endian schema id, datum),
+//! with an embedded registry built from `schemas/*.avsc`.
+//!
+//! Schema ids are fixed in [`EMBEDDED`]; when a record evolves, its new version gets a new
+//! file and id and the old one stays, so old records still decode (the compatibility test
+//! in `tests/schemas.rs` checks that the newest version reads every older one). A client
+//! for a real Confluent-compatible registry can be added behind [`Registry::from_entries`].
+
+use std::collections::HashMap;
+
+use apache_avro::{AvroSchema, Schema};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// The embedded registry: id, file name and text of every committed schema version.
+pub const EMBEDDED: &[(u32, &str, &str)] = &[
+    (1, "CommandEnvelope.avsc", include_str!("../../../schemas/CommandEnvelope.avsc")),
+    (2, "ProgressEvent.avsc", include_str!("../../../schemas/ProgressEvent.avsc")),
+    (3, "TaskSnapshot.avsc", include_str!("../../../schemas/TaskSnapshot.avsc")),
+    (4, "TestTaskSpec.avsc", include_str!("../../../schemas/TestTaskSpec.avsc")),
+];
+
+/// Why bytes could not be encoded or decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    /// Fewer than the 5 header bytes.
+    #[error("record of {len} bytes is too short for the Confluent wire format (5-byte header)")]
+    TooShort {
+        /// Length of the record.
+        len: usize,
+    },
+    /// The first byte is not 0.
+    #[error("unknown magic byte {0:#04x}: not Confluent-framed Avro")]
+    BadMagic(u8),
+    /// The id is not in the registry.
+    #[error("unknown schema id {0}")]
+    UnknownSchemaId(u32),
+    /// The id names another record than the one expected.
+    #[error("schema id {id} is record {found}, expected {expected}")]
+    WrongRecord {
+        /// The id in the header.
+        id: u32,
+        /// The record it names.
+        found: String,
+        /// The record the reader wanted.
+        expected: String,
+    },
+    /// No schema registered for the record being written or read.
+    #[error("no schema registered for record {0}")]
+    Unregistered(String),
+    /// The datum does not match the schema.
+    #[error("avro datum for {record} does not decode: {source}")]
+    Datum {
+        /// The record.
+        record: String,
+        /// What apache-avro said.
+        #[source]
+        source: Box<apache_avro::Error>,
+    },
+    /// Bytes left after the datum.
+    #[error("{0} trailing bytes after the avro datum")]
+    Trailing(usize),
+    /// A registry schema file does not parse.
+    #[error("schema {file} does not parse: {source}")]
+    BadSchema {
+        /// The file.
+        file: String,
+        /// What apache-avro said.
+        #[source]
+        source: Box<apache_avro::Error>,
+    },
+}
+
+struct Entry {
+    schema: Schema,
+    name: String,
+}
+
+/// Schemas by id, and the newest id of each record name.
+pub struct Registry {
+    by_id: HashMap<u32, Entry>,
+    latest: HashMap<String, u32>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry").field("records", &self.latest).finish()
+    }
+}
+
+fn full_name(schema: &Schema) -> String {
+    match schema.name() {
+        Some(n) => n.fullname(None),
+        None => format!("{schema:?}"),
+    }
+}
+
+impl Registry {
+    /// The registry of `schemas/` compiled into this binary.
+    pub fn embedded() -> Self {
+        Self::from_entries(EMBEDDED.iter().map(|(id, f, t)| (*id, *f, *t)))
+            .expect("schemas/*.avsc parse (checked by tests)")
+    }
+
+    /// A registry from (id, file, schema text) triples; higher ids of a record are newer.
+    pub fn from_entries<'a>(
+        entries: impl IntoIterator<Item = (u32, &'a str, &'a str)>,
+    ) -> Result<Self, WireError> {
+        let mut by_id = HashMap::new();
+        let mut latest: HashMap<String, u32> = HashMap::new();
+        for (id, file, text) in entries {
+            let schema = Schema::parse_str(text).map_err(|e| WireError::BadSchema {
+                file: file.to_owned(),
+                source: Box::new(e),
+            })?;
+            let name = full_name(&schema);
+            let newest = latest.entry(name.clone()).or_insert(id);
+            *newest = (*newest).max(id);
+            by_id.insert(id, Entry { schema, name });
+        }
+        Ok(Self { by_id, latest })
+    }
+
+    /// The schema registered under `id`.
+    pub fn schema(&self, id: u32) -> Option<&Schema> {
+        self.by_id.get(&id).map(|e| &e.schema)
+    }
+
+    /// The newest id of the record `T`.
+    pub fn id_of<T: AvroSchema>(&self) -> Result<u32, WireError> {
+        let name = full_name(&T::get_schema());
+        self.latest.get(&name).copied().ok_or(WireError::Unregistered(name))
+    }
+
+    /// Encodes `value` with the newest registered schema of its record.
+    pub fn encode<T: Serialize + AvroSchema>(&self, value: &T) -> Result<Vec<u8>, WireError> {
+        let id = self.id_of::<T>()?;
+        let entry = &self.by_id[&id];
+        let mut out = Vec::with_capacity(128);
+        out.push(0);
+        out.extend_from_slice(&id.to_be_bytes());
+        apache_avro::write_avro_datum_ref(&entry.schema, value, &mut out).map_err(|e| WireError::Datum {
+            record: entry.name.clone(),
+            source: Box::new(e),
+        })?;
+        Ok(out)
+    }
+
+    /// Decodes a Confluent-framed record into `T`, resolving the writer's schema version
+    /// against the newest one.
+    pub fn decode<T: DeserializeOwned + AvroSchema>(&self, bytes: &[u8]) -> Result<T, WireError> {
+        if bytes.len() < 5 {
+            return Err(WireError::TooShort { len: bytes.len() });
+        }
+        if bytes[0] != 0 {
+            return Err(WireError::BadMagic(bytes[0]));
+        }
+        let id = u32::from_be_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
+        let writer = self.by_id.get(&id).ok_or(WireError::UnknownSchemaId(id))?;
+        let expected = full_name(&T::get_schema());
+        if writer.name != expected {
+            return Err(WireError::WrongRecord { id, found: writer.name.clone(), expected });
+        }
+        let reader_id = self.latest[&writer.name];
+        let reader = &self.by_id[&reader_id].schema;
+        let mut datum = &bytes[5..];
+        let datum_err = |e| WireError::Datum { record: expected.clone(), source: Box::new(e) };
+        let value = apache_avro::from_avro_datum(&writer.schema, &mut datum, Some(reader)).map_err(datum_err)?;
+        if !datum.is_empty() {
+            return Err(WireError::Trailing(datum.len()));
+        }
+        apache_avro::from_value(&value).map_err(datum_err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kind::TaskKind;
+    use crate::protocol::{Bytes, CommandAction, CommandEnvelope};
+
+    fn envelope() -> CommandEnvelope {
+        CommandEnvelope {
+            task_id: "tsk_0".into(),
+            kind: TaskKind::Test,
+            action: CommandAction::Start,
+            subject: "s".into(),
+            idempotency_key: Some("k".into()),
+            requested_by: "me".into(),
+            created_at_ms: 1,
+            deadline_ms: None,
+            keep_partial: false,
+            reason: None,
+            spec: Bytes(vec![1, 2, 3]),
+        }
+    }
+
+    #[test]
+    fn round_trips_an_envelope() {
+        let r = Registry::embedded();
+        let bytes = r.encode(&envelope()).unwrap();
+        assert_eq!(&bytes[..5], &[0, 0, 0, 0, 1]);
+        assert_eq!(r.decode::<CommandEnvelope>(&bytes).unwrap(), envelope());
+    }
+
+    #[test]
+    fn names_what_is_wrong_with_bad_bytes() {
+        let r = Registry::embedded();
+        assert!(matches!(r.decode::<CommandEnvelope>(b"{}"), Err(WireError::TooShort { len: 2 })));
+        assert!(matches!(r.decode::<CommandEnvelope>(b"garbage!"), Err(WireError::BadMagic(b'g'))));
+        assert!(matches!(r.decode::<CommandEnvelope>(&[0, 0, 0, 0, 99, 1]), Err(WireError::UnknownSchemaId(99))));
+        let mut ok = r.encode(&envelope()).unwrap();
+        assert!(matches!(
+            r.decode::<crate::protocol::TaskSnapshot>(&ok),
+            Err(WireError::WrongRecord { id: 1, .. })
+        ));
+        ok.push(7);
+        assert!(matches!(r.decode::<CommandEnvelope>(&ok), Err(WireError::Trailing(1))));
+        ok.truncate(8);
+        assert!(matches!(r.decode::<CommandEnvelope>(&ok), Err(WireError::Datum { .. })));
+    }
+}

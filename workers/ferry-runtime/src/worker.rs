@@ -1,0 +1,224 @@
+//! A worker process for one task kind: `WorkerOptions -> Worker::run(shutdown)`.
+//!
+//! # Guarantees
+//! - At-least-once, in order: a command's offset is stored only after its Accepted (or
+//!   Rejected, or dead-letter) record is acknowledged by the broker (acks=all, idempotent).
+//! - Tasks run concurrently, one at a time per subject; the consumer never waits on a step.
+//! - On assignment the worker catches up with the task-state topic and resumes unsettled
+//!   tasks of its partitions from their first unfinished step; on revoke and shutdown it
+//!   stops them at a safe point within the grace period.
+//!
+//! # Limits
+//! A step may run twice (after a crash between its effect and its journal entry), so steps
+//! must be idempotent.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use rdkafka::producer::FutureProducer;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::intake::{Intake, IntakeError};
+use crate::kafka::KafkaConfig;
+use crate::metrics::Metrics;
+use crate::publisher::Publisher;
+use crate::runner::Env;
+use crate::scheduler::{SchedMsg, Scheduler};
+use crate::state_view::{StateView, ViewError};
+use crate::step::TaskHandler;
+use crate::topics::Topics;
+use crate::wire::Registry;
+
+/// How a worker runs.
+#[derive(Debug, Clone)]
+pub struct WorkerOptions {
+    /// Brokers and security.
+    pub kafka: KafkaConfig,
+    /// Topic names.
+    pub topics: Topics,
+    /// Instance name in events (defaults to host and pid).
+    pub worker_id: String,
+    /// Consumer group (defaults to `ferry-<kind>`).
+    pub group_id: Option<String>,
+    /// Time running steps get to reach a safe point when partitions move.
+    pub revoke_grace: Duration,
+    /// Time running steps get to finish on shutdown.
+    pub shutdown_grace: Duration,
+    /// Where to serve `/healthz`, `/readyz`, `/metrics`.
+    pub http: Option<SocketAddr>,
+}
+
+impl WorkerOptions {
+    /// Defaults for `kafka` with the standard topics.
+    pub fn new(kafka: KafkaConfig) -> Self {
+        Self {
+            kafka,
+            topics: Topics::standard(),
+            worker_id: default_worker_id(),
+            group_id: None,
+            revoke_grace: Duration::from_secs(5),
+            shutdown_grace: Duration::from_secs(20),
+            http: None,
+        }
+    }
+}
+
+/// `host-pid-random`, unique per process.
+pub fn default_worker_id() -> String {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "local".into());
+    format!("{host}-{}-{:04x}", std::process::id(), rand::random::<u16>())
+}
+
+/// Why a worker stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// The producer could not be created.
+    #[error("creating the producer: {0}")]
+    Producer(#[source] rdkafka::error::KafkaError),
+    /// The task-state view failed.
+    #[error(transparent)]
+    View(#[from] ViewError),
+    /// The command intake failed.
+    #[error(transparent)]
+    Intake(#[from] IntakeError),
+    /// The probe server could not bind.
+    #[error("serving probes on {addr}: {source}")]
+    Http {
+        /// The address.
+        addr: SocketAddr,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A running worker's handles, for tests and `ferry dev`.
+#[derive(Debug, Clone)]
+pub struct WorkerHandle {
+    /// Set once the first partition assignment has been processed.
+    pub ready: Arc<AtomicBool>,
+    /// The metrics.
+    pub metrics: Arc<Metrics>,
+    /// The address the probes are served on.
+    pub http: Option<SocketAddr>,
+}
+
+/// One worker of one kind.
+pub struct Worker<H: TaskHandler> {
+    opts: WorkerOptions,
+    handler: Arc<H>,
+}
+
+impl<H: TaskHandler> std::fmt::Debug for Worker<H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker").field("opts", &self.opts).finish()
+    }
+}
+
+impl<H: TaskHandler> Worker<H> {
+    /// A worker running `handler` with `opts`.
+    pub fn new(opts: WorkerOptions, handler: H) -> Self {
+        Self { opts, handler: Arc::new(handler) }
+    }
+
+    /// Runs until `shutdown` fires, then stops taking commands, brings running steps to a
+    /// safe point within the grace period and flushes the producer.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), WorkerError> {
+        self.run_with(shutdown, |_| {}).await
+    }
+
+    /// [`Self::run`], calling `started` with the worker's handles once it is running.
+    pub async fn run_with(self, shutdown: CancellationToken, started: impl FnOnce(WorkerHandle)) -> Result<(), WorkerError> {
+        let Self { opts, handler } = self;
+        let kind = handler.kind();
+        let registry = Arc::new(Registry::embedded());
+        let metrics = Arc::new(Metrics::new());
+        let ready = Arc::new(AtomicBool::new(false));
+        let (view, view_thread) =
+            StateView::start(&opts.kafka, &opts.topics.task_state().name, Some(kind), registry.clone())?;
+        let producer: FutureProducer = opts.kafka.producer().create().map_err(WorkerError::Producer)?;
+        let publisher = Arc::new(Publisher::new(
+            producer,
+            opts.topics.clone(),
+            registry.clone(),
+            opts.worker_id.clone(),
+            view.clone(),
+            metrics.clone(),
+        ));
+        let env = Arc::new(Env { handler: handler.clone(), publisher: publisher.clone(), metrics: metrics.clone(), registry: registry.clone() });
+        let (sched_tx, sched_rx) = mpsc::channel(64);
+        let scheduler = tokio::spawn(Scheduler::new(env, view.clone(), opts.revoke_grace).run(sched_rx));
+
+        let http = match opts.http {
+            Some(addr) => Some(
+                crate::http::serve(addr, ready.clone(), metrics.clone(), shutdown.clone())
+                    .await
+                    .map_err(|source| WorkerError::Http { addr, source })?,
+            ),
+            None => None,
+        };
+        let topic = opts.topics.command(kind).name.clone();
+        let group = opts.group_id.clone().unwrap_or_else(|| format!("ferry-{kind}"));
+        let stop = Arc::new(AtomicBool::new(false));
+        // If this future is dropped (a test's panic, an aborted task), the threads stop too.
+        let _stop_guard = StopOnDrop { flag: stop.clone(), view: view.clone() };
+        let intake = Intake::new(&opts.kafka, &group, &topic, handler, registry, sched_tx.clone(), stop.clone(), ready.clone())?;
+        let intake_thread = std::thread::Builder::new()
+            .name(format!("ferry-intake-{kind}"))
+            .spawn(move || intake.run())
+            .expect("spawn intake thread");
+        tracing::info!(%kind, %topic, %group, worker = %opts.worker_id, "worker started");
+        started(WorkerHandle { ready: ready.clone(), metrics: metrics.clone(), http });
+
+        let lag_metrics = metrics.clone();
+        let lag_kafka = opts.kafka.clone();
+        let lag_group = group.clone();
+        let lag_topic = topic.clone();
+        let lag_stop = shutdown.clone();
+        tokio::spawn(async move { crate::lag::report(lag_kafka, lag_group, lag_topic, lag_metrics, lag_stop).await });
+
+        let mut intake_done = tokio::task::spawn_blocking(move || intake_thread.join());
+        let intake_result = tokio::select! {
+            () = shutdown.cancelled() => None,
+            r = &mut intake_done => Some(r),
+        };
+        stop.store(true, Ordering::Relaxed);
+        let intake_result = match intake_result {
+            Some(r) => r,
+            None => intake_done.await,
+        };
+        // The intake's revoke callback already stopped the tasks of its partitions; stop
+        // anything left with the full shutdown grace.
+        let (reply, rx) = oneshot::channel();
+        if sched_tx.send(SchedMsg::Shutdown { reply }).await.is_ok() {
+            let _ = tokio::time::timeout(opts.shutdown_grace + Duration::from_secs(5), rx).await;
+        }
+        drop(sched_tx);
+        let _ = scheduler.await;
+        publisher.flush(Duration::from_secs(10));
+        view.stop();
+        let _ = tokio::task::spawn_blocking(move || view_thread.join()).await;
+        tracing::info!(%kind, "worker stopped");
+        match intake_result {
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(e))) => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Stops the intake and state-view threads when the worker's future goes away.
+struct StopOnDrop {
+    flag: Arc<AtomicBool>,
+    view: Arc<StateView>,
+}
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.flag.store(true, Ordering::Relaxed);
+        self.view.stop();
+    }
+}

@@ -1,0 +1,311 @@
+//! The runtime's guarantees, end to end through a real Kafka-protocol broker: the embedded
+//! mock cluster and, where it differs, a tansu process.
+
+mod support;
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use ferry_runtime::protocol::{Bytes, CommandAction, CommandEnvelope, now_ms};
+use ferry_runtime::publisher::DLQ_REASON;
+use ferry_runtime::testkind::TestTaskSpec;
+use ferry_runtime::{EventType, SubmitOptions, TaskId, TaskKind, TaskState};
+use rdkafka::Message;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, OwnedHeaders};
+use support::*;
+
+async fn three_steps_succeed(broker: TestBroker) {
+    let client = broker.client();
+    let mut events = client.events(true).await.unwrap();
+    let (stop, worker) = broker.spawn_worker(broker.worker_options());
+    let id = submit(&client, "cluster-a", &TestTaskSpec::steps(3)).await;
+    let evs = until_final(&mut events, id).await;
+    use EventType::*;
+    assert_eq!(
+        types(&evs),
+        vec![Accepted, StepStarted, StepSucceeded, StepStarted, StepSucceeded, StepStarted, StepSucceeded, Succeeded]
+    );
+    let seqs: Vec<i64> = evs.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, (1..=8).collect::<Vec<_>>(), "events ordered by sequence number");
+    let snap = client.snapshot(id).await.unwrap().expect("snapshot");
+    assert_eq!(snap.state, TaskState::Succeeded);
+    assert!(snap.state.is_terminal());
+    assert_eq!(snap.seq, 8);
+    assert_eq!(snap.journal.len(), 3);
+    stop.cancel();
+    worker.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_three_step_task_succeeds_in_order_embedded() {
+    three_steps_succeed(TestBroker::embedded()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_three_step_task_succeeds_in_order_tansu() {
+    three_steps_succeed(TestBroker::tansu().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_at_any_step_reverts_the_started_steps_in_reverse() {
+    let broker = TestBroker::embedded();
+    let client = broker.client();
+    let mut events = client.events(true).await.unwrap();
+    let (stop, worker) = broker.spawn_worker(broker.worker_options());
+    for k in 1..=4 {
+        let spec = TestTaskSpec { fail_at: Some(k), ..TestTaskSpec::steps(4) };
+        let id = submit(&client, &format!("s{k}"), &spec).await;
+        let evs = until_final(&mut events, id).await;
+        let failed = evs.iter().find(|e| e.event == EventType::StepFailed).expect("StepFailed");
+        assert_eq!(failed.step, Some(k));
+        assert_eq!(failed.code.as_deref(), Some("INJECTED_FAILURE"));
+        assert_eq!(failed.transient, Some(false));
+        let reverted: Vec<i32> = evs.iter().filter(|e| e.event == EventType::StepReverted).filter_map(|e| e.step).collect();
+        // The failed step started and may have had effects, so its undo runs too.
+        assert_eq!(reverted, (1..=k).rev().collect::<Vec<_>>(), "k = {k}");
+        assert_eq!(evs.last().unwrap().event, EventType::Reverted);
+        let snap = client.snapshot(id).await.unwrap().unwrap();
+        assert_eq!(snap.state, TaskState::Reverted);
+        assert_eq!(snap.error.as_ref().map(|e| e.code.as_str()), Some("INJECTED_FAILURE"));
+    }
+    stop.cancel();
+    worker.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_partial_leaves_finished_steps_and_transient_errors_retry() {
+    let broker = TestBroker::embedded();
+    let client = broker.client();
+    let mut events = client.events(true).await.unwrap();
+    let (stop, worker) = broker.spawn_worker(broker.worker_options());
+    let spec = TestTaskSpec { fail_at: Some(2), ..TestTaskSpec::steps(3) };
+    let opts = SubmitOptions { keep_partial: true, ..SubmitOptions::default() };
+    let id = client.submit(TaskKind::Test, "keep", &spec, opts).await.unwrap();
+    let evs = until_final(&mut events, id).await;
+    assert_eq!(evs.last().unwrap().event, EventType::Failed);
+    assert!(!types(&evs).contains(&EventType::StepReverted));
+
+    let spec = TestTaskSpec { fail_transient: 2, ..TestTaskSpec::steps(1) };
+    let id = submit(&client, "flaky", &spec).await;
+    let evs = until_final(&mut events, id).await;
+    let retries: Vec<i32> = evs.iter().filter(|e| e.event == EventType::Retrying).filter_map(|e| e.attempt).collect();
+    assert_eq!(retries, vec![2, 3]);
+    assert_eq!(evs.last().unwrap().event, EventType::Succeeded);
+
+    let spec = TestTaskSpec { fail_transient: 100, ..TestTaskSpec::steps(1) };
+    let id = submit(&client, "hopeless", &spec).await;
+    let evs = until_final(&mut events, id).await;
+    let failed = evs.iter().find(|e| e.event == EventType::StepFailed).unwrap();
+    assert_eq!(failed.attempt, Some(6), "first attempt + 5 retries");
+    assert!(failed.message.as_deref().unwrap().contains("gave up after 6 attempts"));
+    assert_eq!(evs.last().unwrap().event, EventType::Reverted);
+    stop.cancel();
+    worker.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_command_makes_one_task() {
+    let broker = TestBroker::embedded();
+    let client = broker.client();
+    let mut events = client.events(true).await.unwrap();
+    let (stop, worker) = broker.spawn_worker(broker.worker_options());
+    let opts = SubmitOptions { idempotency_key: Some("create-a-once".into()), ..SubmitOptions::default() };
+    let a = client.submit(TaskKind::Test, "dup", &TestTaskSpec::steps(2), opts.clone()).await.unwrap();
+    let b = client.submit(TaskKind::Test, "dup", &TestTaskSpec::steps(2), opts).await.unwrap();
+    assert_eq!(a, b, "same key, same task id");
+    // A producer that does not derive ids from keys: another id with the same key.
+    let other = TaskId::new();
+    let env = CommandEnvelope {
+        task_id: other.to_string(),
+        kind: TaskKind::Test,
+        action: CommandAction::Start,
+        subject: "dup".into(),
+        idempotency_key: Some("create-a-once".into()),
+        requested_by: "test".into(),
+        created_at_ms: now_ms(),
+        deadline_ms: None,
+        keep_partial: false,
+        reason: None,
+        spec: Bytes(client.registry().encode(&TestTaskSpec::steps(2)).unwrap()),
+    };
+    client.send(&env, None).await.unwrap();
+    let rejected = until_final(&mut events, other).await;
+    assert_eq!(rejected.last().unwrap().event, EventType::Rejected);
+    assert!(rejected.last().unwrap().message.as_deref().unwrap().contains(&format!("duplicate of task {a}")));
+    let mut events = client.events(true).await.unwrap();
+    let evs = until_final(&mut events, a).await;
+    assert_eq!(evs.iter().filter(|e| e.event == EventType::Accepted).count(), 1);
+    assert_eq!(evs.last().unwrap().event, EventType::Succeeded);
+    stop.cancel();
+    worker.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_rejected_or_dead_lettered_and_the_worker_goes_on() {
+    let broker = TestBroker::embedded();
+    let client = broker.client();
+    let mut events = client.events(true).await.unwrap();
+    let (stop, worker) = broker.spawn_worker(broker.worker_options());
+    let topic = broker.topics.command(TaskKind::Test).name.clone();
+    let hdrs = || OwnedHeaders::new();
+    client.send_raw(&topic, Some(b"x"), b"\xde\xad\xbe\xef garbage", hdrs()).await.unwrap();
+    client.send_raw(&topic, Some(b"x"), &[0, 0, 0, 0, 0x7f, 2, 3], hdrs()).await.unwrap();
+    // A valid envelope whose spec fails validation.
+    let bad = TestTaskSpec::steps(0);
+    let invalid = submit(&client, "x", &bad).await;
+    // A valid envelope whose spec does not decode.
+    let undecodable = client.submit_encoded(TaskKind::Test, "x", vec![0, 0, 0, 0, 4, 0xff], SubmitOptions::default()).await.unwrap();
+    let ok = submit(&client, "x", &TestTaskSpec::steps(1)).await;
+
+    let evs = until_final(&mut events, invalid).await;
+    assert_eq!(evs.last().unwrap().event, EventType::Rejected);
+    assert_eq!(evs.last().unwrap().message.as_deref(), Some("invalid test spec: steps must be 1 to 100, got 0"));
+    let evs = until_final(&mut events, undecodable).await;
+    assert_eq!(evs.last().unwrap().event, EventType::Rejected);
+    assert!(evs.last().unwrap().message.as_deref().unwrap().contains("does not decode"));
+    let evs = until_final(&mut events, ok).await;
+    assert_eq!(evs.last().unwrap().event, EventType::Succeeded, "the worker went on");
+    let snap = client.snapshot(invalid).await.unwrap().unwrap();
+    assert_eq!(snap.state, TaskState::Rejected);
+
+    // Three dead letters: garbage, unknown schema id, undecodable spec; original bytes kept.
+    let dlq = broker.topics.dead_letter().name.clone();
+    let reader: BaseConsumer = broker.kafka.reader().create().unwrap();
+    reader.subscribe(&[&dlq]).unwrap();
+    let mut reasons = Vec::new();
+    let mut payloads = Vec::new();
+    let deadline = std::time::Instant::now() + WAIT;
+    while reasons.len() < 3 && std::time::Instant::now() < deadline {
+        if let Some(Ok(m)) = reader.poll(Duration::from_millis(200)) {
+            let h = m.headers().unwrap();
+            let reason = h.iter().find(|h| h.key == DLQ_REASON).and_then(|h| h.value).map(|v| String::from_utf8_lossy(v).into_owned());
+            reasons.push(reason.unwrap());
+            payloads.push(m.payload().unwrap().to_vec());
+        }
+    }
+    assert_eq!(reasons.len(), 3, "{reasons:?}");
+    assert!(reasons[0].contains("unknown magic byte 0xde"), "{}", reasons[0]);
+    assert!(reasons[1].contains("unknown schema id 127"), "{}", reasons[1]);
+    assert!(reasons[2].contains("does not decode"), "{}", reasons[2]);
+    assert_eq!(payloads[0], b"\xde\xad\xbe\xef garbage");
+    stop.cancel();
+    worker.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_stops_a_blocked_task_and_revert_undoes_it() {
+    let broker = TestBroker::embedded();
+    let client = broker.client();
+    let mut events = client.events(true).await.unwrap();
+    let (stop, worker) = broker.spawn_worker(broker.worker_options());
+    let spec = TestTaskSpec { block_at: Some(2), ..TestTaskSpec::steps(3) };
+    let id = submit(&client, "blocked", &spec).await;
+    let evs = until_event(&mut events, id, EventType::StepProgress).await;
+    assert_eq!(evs.last().unwrap().step, Some(2));
+    client.cancel(id).await.unwrap();
+    let evs = until_final(&mut events, id).await;
+    assert_eq!(types(&evs), vec![EventType::CancelRequested, EventType::Cancelled]);
+    let snap = client.snapshot(id).await.unwrap().unwrap();
+    assert_eq!(snap.state, TaskState::Cancelled);
+    client.revert(id).await.unwrap();
+    let evs = until_final(&mut events, id).await;
+    assert_eq!(types(&evs), vec![EventType::Reverting, EventType::StepReverted, EventType::StepReverted, EventType::Reverted]);
+    let steps: Vec<i32> = evs.iter().filter_map(|e| e.step).collect();
+    assert_eq!(steps, vec![2, 1]);
+    assert_eq!(client.snapshot(id).await.unwrap().unwrap().state, TaskState::Reverted);
+
+    // Revert of a running task: cancel, then undo.
+    let id = submit(&client, "blocked-2", &spec).await;
+    until_event(&mut events, id, EventType::StepProgress).await;
+    client.revert(id).await.unwrap();
+    let evs = events.until(id, WAIT, |e| e.event == EventType::Reverted).await.unwrap();
+    assert_eq!(
+        types(&evs),
+        vec![EventType::CancelRequested, EventType::Cancelled, EventType::Reverting, EventType::StepReverted, EventType::StepReverted, EventType::Reverted]
+    );
+    stop.cancel();
+    worker.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_task_finishes_after_a_ten_second_broker_outage() {
+    let broker = TestBroker::embedded();
+    let client = broker.client();
+    let mut events = client.events(true).await.unwrap();
+    let (stop, worker) = broker.spawn_worker(broker.worker_options());
+    let spec = TestTaskSpec { step_ms: 200, ..TestTaskSpec::steps(3) };
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        ids.push(submit(&client, &format!("outage-{i}"), &spec).await);
+    }
+    until_event(&mut events, ids[0], EventType::StepSucceeded).await;
+    let mock = broker.embedded.as_ref().unwrap();
+    mock.all_down().unwrap();
+    // The fault itself: ten seconds without any broker (this is the scenario, not a wait).
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    mock.all_up().unwrap();
+    let mut finished: HashMap<String, EventType> = HashMap::new();
+    let want: HashSet<String> = ids.iter().map(ToString::to_string).collect();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while finished.len() < ids.len() {
+        let ev = tokio::time::timeout_at(deadline, events.next()).await.expect("all tasks finish").unwrap();
+        if want.contains(&ev.task_id) && ev.event.is_final() {
+            finished.insert(ev.task_id.clone(), ev.event);
+        }
+    }
+    assert!(finished.values().all(|e| *e == EventType::Succeeded), "{finished:?}");
+    stop.cancel();
+    worker.await.unwrap();
+}
+
+async fn two_instances_share_and_lose_nothing(broker: TestBroker) {
+    let client = broker.client();
+    let mut events = client.events(true).await.unwrap();
+    let (stop_a, worker_a) = broker.spawn_worker(broker.worker_options());
+    let spec = TestTaskSpec { step_ms: 30, ..TestTaskSpec::steps(3) };
+    let mut ids = Vec::new();
+    for i in 0..150 {
+        ids.push(submit(&client, &format!("subject-{}", i % 40), &spec).await);
+    }
+    let want: HashSet<String> = ids.iter().map(ToString::to_string).collect();
+    let mut finished: HashMap<String, EventType> = HashMap::new();
+    let mut workers: HashSet<String> = HashSet::new();
+    let mut b = None;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
+    let mut stopped_a = false;
+    while finished.len() < ids.len() {
+        let ev = tokio::time::timeout_at(deadline, events.next()).await.expect("all tasks finish").unwrap();
+        if !want.contains(&ev.task_id) {
+            continue;
+        }
+        workers.insert(ev.worker.clone());
+        if ev.event.is_final() {
+            finished.insert(ev.task_id.clone(), ev.event);
+        }
+        // A second instance joins mid-run (rebalance), later the first leaves (another).
+        if finished.len() == 10 && b.is_none() {
+            b = Some(broker.spawn_worker(broker.worker_options()));
+        }
+        if finished.len() == 60 && !stopped_a {
+            stopped_a = true;
+            stop_a.cancel();
+        }
+    }
+    assert!(finished.values().all(|e| *e == EventType::Succeeded), "{finished:?}");
+    assert!(workers.len() >= 2, "both instances worked: {workers:?}");
+    worker_a.await.unwrap();
+    let (stop_b, worker_b) = b.unwrap();
+    stop_b.cancel();
+    worker_b.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_share_partitions_and_a_rebalance_loses_nothing_embedded() {
+    two_instances_share_and_lose_nothing(TestBroker::embedded()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_share_partitions_and_a_rebalance_loses_nothing_tansu() {
+    two_instances_share_and_lose_nothing(TestBroker::tansu().await).await;
+}

@@ -31,6 +31,16 @@ pub struct Conn {
     /// CA bundle for TLS.
     #[arg(long, global = true, env = "FERRY_KAFKA_SSL_CA_LOCATION")]
     pub ssl_ca_location: Option<PathBuf>,
+    /// Any librdkafka property, KEY=VALUE (repeatable), e.g. session.timeout.ms=6000.
+    #[arg(long = "kafka-property", global = true, value_parser = parse_property)]
+    pub kafka_properties: Vec<(String, String)>,
+}
+
+fn parse_property(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .filter(|(k, _)| !k.is_empty())
+        .ok_or_else(|| format!("{s:?}: expected KEY=VALUE"))
 }
 
 impl Conn {
@@ -51,7 +61,7 @@ impl Conn {
             sasl_username: self.sasl_username.clone(),
             sasl_password: self.sasl_password.clone(),
             ssl_ca_location: self.ssl_ca_location.as_ref().map(|p| p.display().to_string()),
-            extra: Vec::new(),
+            extra: self.kafka_properties.clone(),
         })
     }
 

@@ -46,6 +46,32 @@ pub(crate) enum SchedMsg {
     Shutdown { reply: oneshot::Sender<()> },
 }
 
+/// How far back a new owner republishes final events.
+const REPUBLISH_WINDOW_MS: i64 = 10 * 60 * 1000;
+
+/// The final event a settled snapshot stands for, rebuilt from the snapshot.
+fn final_event(snap: &TaskSnapshot, worker: &str) -> ProgressEvent {
+    let err = snap.error.as_ref();
+    ProgressEvent {
+        task_id: snap.task_id.clone(),
+        seq: snap.seq,
+        event: snap.last_event,
+        kind: snap.kind,
+        subject: snap.subject.clone(),
+        worker: worker.to_owned(),
+        at_ms: snap.updated_at_ms,
+        trace_parent: snap.trace_parent.clone(),
+        step: err.and_then(|e| e.step),
+        step_name: None,
+        percent: None,
+        message: err.map(|e| e.message.clone()),
+        code: err.map(|e| e.code.clone()),
+        transient: err.map(|e| e.transient),
+        attempt: None,
+        delay_ms: None,
+    }
+}
+
 struct Slot {
     snap: TaskSnapshot,
     ctl: Option<mpsc::Sender<Control>>,
@@ -359,6 +385,19 @@ impl<H: TaskHandler> Scheduler<H> {
         // The previous owner's last snapshots must be in the view before we resume.
         if let Err(e) = self.view.caught_up(Duration::from_secs(60)).await {
             tracing::error!(error = %e, "resuming from a task-state view that may be behind");
+        }
+        // The previous owner may have died between a final snapshot and its event:
+        // publish recent final events again (same seq; readers dedupe by task and seq).
+        let mut pending = crate::publisher::Publisher::nothing();
+        for snap in self.view.settled_since(&fresh, now_ms() - REPUBLISH_WINDOW_MS) {
+            let ev = final_event(&snap, self.env.publisher.worker());
+            match self.env.publisher.enqueue_event(&ev) {
+                Ok(p) => pending.extend(p),
+                Err(e) => tracing::warn!(task = %snap.task_id, error = %e, "final event not republished"),
+            }
+        }
+        if let Err(e) = pending.durable().await {
+            tracing::warn!(error = %e, "final events not republished");
         }
         let mut subjects = HashSet::new();
         for snap in self.view.unsettled(&fresh) {

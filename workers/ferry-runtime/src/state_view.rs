@@ -197,6 +197,16 @@ impl StateView {
         v
     }
 
+    /// Settled snapshots from the given partitions written since `since_ms`.
+    pub fn settled_since(&self, partitions: &HashSet<i32>, since_ms: i64) -> Vec<TaskSnapshot> {
+        let t = self.table.read().expect("view lock");
+        t.tasks
+            .values()
+            .filter(|s| partitions.contains(&s.origin_partition) && s.updated_at_ms >= since_ms && crate::publisher::settled(s))
+            .cloned()
+            .collect()
+    }
+
     /// Snapshots that could not be decoded so far.
     pub fn undecodable(&self) -> u64 {
         self.table.read().expect("view lock").undecodable

@@ -21,6 +21,7 @@ impl Workers {
             .args(["worker", "test", "--brokers", &self.bootstrap])
             // Fast failure detection so a killed worker's partitions move in seconds.
             .args(["--kafka-property", "session.timeout.ms=6000", "--kafka-property", "heartbeat.interval.ms=500"])
+            .args(["--kafka-property", "fetch.wait.max.ms=5"])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -50,7 +51,7 @@ async fn run(tasks: usize, kills_at: &[usize], spec: TestTaskSpec) {
     let topics = Topics::standard();
     let broker = EmbeddedBroker::start(3, &topics).unwrap();
     let bootstrap = broker.bootstrap();
-    let client = Client::new(KafkaConfig::plaintext(bootstrap.clone()), topics).unwrap();
+    let client = Client::new(KafkaConfig::for_embedded(bootstrap.clone()), topics).unwrap();
     let mut events = client.events(true).await.unwrap();
     let mut workers = Workers { bootstrap, procs: Vec::new() };
     for _ in 0..3 {

@@ -44,7 +44,9 @@ pub struct RuntimeArgs {
 pub enum BrokerChoice {
     /// librdkafka's in-process mock cluster.
     Embedded,
-    /// A broker you started (e.g. tansu or Kafka), topics already created.
+    /// A tansu broker process from the cache (scripts/install-tansu.sh).
+    Tansu,
+    /// A broker you started (e.g. Kafka), topics already created.
     External,
 }
 
@@ -77,16 +79,27 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
     let BenchCommand::Runtime(a) = cmd;
     let topics = Topics::standard();
     let bench_topic = "ferry.bench.raw";
-    let (_broker, bootstrap) = match a.broker {
+    let mut _embedded = None;
+    let mut _tansu = None;
+    let kafka = match a.broker {
         BrokerChoice::Embedded => {
             let b = EmbeddedBroker::start(3, &topics)?;
             b.create_topic(bench_topic, 6, 3)?;
-            let s = b.bootstrap();
-            (Some(b), s)
+            let k = KafkaConfig::for_embedded(b.bootstrap());
+            _embedded = Some(b);
+            k
         }
-        BrokerChoice::External => (None, a.bootstrap.clone().ok_or_else(|| anyhow::anyhow!("--bootstrap is required with --broker external"))?),
+        BrokerChoice::Tansu => {
+            let t = ferry_runtime::tansu::Tansu::start(&topics).await?;
+            t.create_topic(bench_topic, 6).await?;
+            let k = t.kafka();
+            _tansu = Some(t);
+            k
+        }
+        BrokerChoice::External => KafkaConfig::plaintext(
+            a.bootstrap.clone().ok_or_else(|| anyhow::anyhow!("--bootstrap is required with --broker external"))?,
+        ),
     };
-    let kafka = KafkaConfig::plaintext(bootstrap);
     let (rate, rtt) = raw_baseline(&kafka, bench_topic, a.messages).await?;
     let mut rtt = rtt;
 
@@ -101,12 +114,23 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
     events.until(warm, Duration::from_secs(60), |e| e.event == EventType::Succeeded).await?;
 
     let spec = TestTaskSpec::steps(3);
-    let mut sent: HashMap<String, Instant> = HashMap::new();
     let start = Instant::now();
-    for i in 0..a.tasks {
-        let id = client.submit(TaskKind::Test, &format!("bench-{}", i % 256), &spec, SubmitOptions::default()).await?;
-        sent.insert(id.to_string(), Instant::now());
-    }
+    // Submit concurrently, as many producers would; each task's clock starts at its send.
+    let sent: HashMap<String, Instant> = futures::stream::iter(0..a.tasks)
+        .map(|i| {
+            let client = &client;
+            let spec = &spec;
+            async move {
+                let t0 = Instant::now();
+                let id = client.submit(TaskKind::Test, &format!("bench-{}", i % 256), spec, SubmitOptions::default()).await?;
+                Ok::<_, anyhow::Error>((id.to_string(), t0))
+            }
+        })
+        .buffer_unordered(512)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()?;
     let mut accepted = Vec::new();
     let mut succeeded = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(600);

@@ -39,7 +39,7 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
     println!("state: {}", state.display());
 
     let shutdown = CancellationToken::new();
-    let kafka = KafkaConfig::plaintext(bootstrap.clone());
+    let kafka = KafkaConfig::for_embedded(bootstrap.clone());
     let mut opts = WorkerOptions::new(kafka.clone());
     opts.topics = topics.clone();
     opts.shutdown_grace = Duration::from_secs(5);

@@ -43,6 +43,14 @@ impl KafkaConfig {
         Self { bootstrap: bootstrap.into(), ..Self::default() }
     }
 
+    /// For the embedded mock cluster, which does not answer a fetch early when data
+    /// arrives: short fetch waits, or every hop costs `fetch.wait.max.ms` (500 ms).
+    pub fn for_embedded(bootstrap: impl Into<String>) -> Self {
+        let mut c = Self::plaintext(bootstrap);
+        c.extra.push(("fetch.wait.max.ms".into(), "5".into()));
+        c
+    }
+
     /// Settings from `FERRY_KAFKA_*` environment variables, with `bootstrap` as given.
     pub fn from_env(bootstrap: impl Into<String>) -> Self {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());

@@ -29,6 +29,7 @@ mod runner;
 mod scheduler;
 pub mod state_view;
 pub mod step;
+pub mod tansu;
 pub mod testkind;
 pub mod topics;
 pub mod wire;

@@ -2,15 +2,10 @@
 //! process) with Ferry's topics, and workers of the `test` kind running against it.
 #![allow(dead_code)]
 
-use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use ferry_runtime::testkind::{TestHandler, TestTaskSpec};
 use ferry_runtime::{Client, EmbeddedBroker, EventType, KafkaConfig, ProgressEvent, SubmitOptions, TaskId, TaskKind, Topics, Worker, WorkerOptions};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -28,27 +23,7 @@ pub struct TestBroker {
     pub kafka: KafkaConfig,
     pub topics: Topics,
     pub embedded: Option<EmbeddedBroker>,
-    tansu: Option<Child>,
-}
-
-impl Drop for TestBroker {
-    fn drop(&mut self) {
-        if let Some(c) = &mut self.tansu {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-pub fn tansu_binary() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("FERRY_TANSU") {
-        return Some(PathBuf::from(p));
-    }
-    let cache = std::env::var_os("FERRY_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/ferry"));
-    let p = cache.join("tansu-0.6.0/bin/tansu");
-    p.exists().then_some(p)
+    tansu: Option<ferry_runtime::tansu::Tansu>,
 }
 
 impl TestBroker {
@@ -57,50 +32,15 @@ impl TestBroker {
         init_tracing();
         let topics = Topics::standard();
         let b = EmbeddedBroker::start(3, &topics).expect("embedded broker");
-        Self { kafka: KafkaConfig::plaintext(b.bootstrap()), topics, embedded: Some(b), tansu: None }
+        Self { kafka: KafkaConfig::for_embedded(b.bootstrap()), topics, embedded: Some(b), tansu: None }
     }
 
     /// A tansu broker process on a free loopback port, topics created through the admin API.
     pub async fn tansu() -> Self {
         init_tracing();
-        let bin = tansu_binary().expect("tansu is not installed: run scripts/install-tansu.sh (CI does)");
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let url = format!("tcp://127.0.0.1:{port}");
-        let child = Command::new(bin)
-            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url, "--storage-engine", "memory://tansu/"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start tansu");
-        let kafka = KafkaConfig::plaintext(format!("127.0.0.1:{port}"));
         let topics = Topics::standard();
-        let broker = Self { kafka, topics, embedded: None, tansu: Some(child) };
-        broker.create_topics().await;
-        broker
-    }
-
-    async fn create_topics(&self) {
-        let admin: AdminClient<DefaultClientContext> = self.kafka.client().create().unwrap();
-        let new: Vec<NewTopic> = self
-            .topics
-            .all()
-            .iter()
-            .map(|d| NewTopic::new(&d.name, d.partitions, TopicReplication::Fixed(1)))
-            .collect();
-        // The broker may still be starting: the admin request retries until it answers.
-        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))).request_timeout(Some(Duration::from_secs(30)));
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
-            match admin.create_topics(&new, &opts).await {
-                Ok(results) if results.iter().all(|r| r.is_ok()) => return,
-                Ok(results) => panic!("creating topics on tansu: {results:?}"),
-                Err(e) if tokio::time::Instant::now() < deadline => {
-                    tracing::debug!(error = %e, "tansu not answering yet");
-                    tokio::task::yield_now().await;
-                }
-                Err(e) => panic!("tansu never answered: {e}"),
-            }
-        }
+        let t = ferry_runtime::tansu::Tansu::start(&topics).await.unwrap_or_else(|e| panic!("{e}"));
+        Self { kafka: t.kafka(), topics, embedded: None, tansu: Some(t) }
     }
 
     pub fn client(&self) -> Client {

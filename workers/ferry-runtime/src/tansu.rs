@@ -1,0 +1,128 @@
+//! A tansu broker process (a Kafka-compatible broker in Rust) on a free loopback port,
+//! with Ferry's topics created through the admin API. Used by tests and `ferry bench`;
+//! `scripts/install-tansu.sh` builds the binary into the cache once.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::error::KafkaError;
+
+use crate::kafka::KafkaConfig;
+use crate::topics::Topics;
+
+/// Why tansu could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum TansuError {
+    /// The binary is not in the cache.
+    #[error("tansu is not installed at {0}: run scripts/install-tansu.sh")]
+    NotInstalled(PathBuf),
+    /// The process did not start.
+    #[error("starting {path}: {source}")]
+    Spawn {
+        /// The binary.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Topics could not be created.
+    #[error("creating topic {topic} on tansu: {source}")]
+    CreateTopic {
+        /// The topic.
+        topic: String,
+        /// Cause.
+        #[source]
+        source: KafkaError,
+    },
+}
+
+/// The tansu binary: `FERRY_TANSU`, else the install script's cache.
+pub fn binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("FERRY_TANSU") {
+        return PathBuf::from(p);
+    }
+    let cache = std::env::var_os("FERRY_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/ferry"));
+    cache.join("tansu-0.6.0/bin/tansu")
+}
+
+/// A running tansu broker, killed on drop.
+#[derive(Debug)]
+pub struct Tansu {
+    child: Child,
+    bootstrap: String,
+}
+
+impl Drop for Tansu {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Tansu {
+    /// Starts tansu with in-memory storage and creates every topic of `topics`.
+    pub async fn start(topics: &Topics) -> Result<Self, TansuError> {
+        let path = binary();
+        if !path.exists() {
+            return Err(TansuError::NotInstalled(path));
+        }
+        let port = TcpListener::bind("127.0.0.1:0").map_err(|source| TansuError::Spawn { path: path.clone(), source })?.local_addr().map_err(|source| TansuError::Spawn { path: path.clone(), source })?.port();
+        // 127.0.0.1 for both: `localhost` may resolve to ::1 (TESTBED.md).
+        let url = format!("tcp://127.0.0.1:{port}");
+        let child = Command::new(&path)
+            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url, "--storage-engine", "memory://tansu/"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|source| TansuError::Spawn { path, source })?;
+        let t = Self { child, bootstrap: format!("127.0.0.1:{port}") };
+        t.create_topics(topics).await?;
+        Ok(t)
+    }
+
+    /// The bootstrap address.
+    pub fn bootstrap(&self) -> &str {
+        &self.bootstrap
+    }
+
+    /// Client settings for this broker.
+    pub fn kafka(&self) -> KafkaConfig {
+        KafkaConfig::plaintext(self.bootstrap.clone())
+    }
+
+    /// Creates `name` with `partitions` (replication 1).
+    pub async fn create_topic(&self, name: &str, partitions: i32) -> Result<(), TansuError> {
+        let admin: AdminClient<DefaultClientContext> = self
+            .kafka()
+            .client()
+            .create()
+            .map_err(|source| TansuError::CreateTopic { topic: name.to_owned(), source })?;
+        // The admin client retries its connection until tansu listens (it starts in ms).
+        let opts = AdminOptions::new()
+            .operation_timeout(Some(Duration::from_secs(30)))
+            .request_timeout(Some(Duration::from_secs(30)));
+        let results = admin
+            .create_topics(&[NewTopic::new(name, partitions, TopicReplication::Fixed(1))], &opts)
+            .await
+            .map_err(|source| TansuError::CreateTopic { topic: name.to_owned(), source })?;
+        for r in results {
+            if let Err((topic, code)) = r {
+                return Err(TansuError::CreateTopic { topic, source: KafkaError::AdminOp(code) });
+            }
+        }
+        Ok(())
+    }
+
+    async fn create_topics(&self, topics: &Topics) -> Result<(), TansuError> {
+        for d in topics.all() {
+            self.create_topic(&d.name, d.partitions).await?;
+        }
+        Ok(())
+    }
+}

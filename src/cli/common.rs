@@ -45,13 +45,14 @@ fn parse_property(s: &str) -> Result<(String, String), String> {
 
 impl Conn {
     pub fn kafka(&self) -> anyhow::Result<KafkaConfig> {
-        let bootstrap = match &self.brokers {
-            Some(b) => b.clone(),
+        let (bootstrap, embedded) = match &self.brokers {
+            Some(b) => (b.clone(), false),
             None => {
                 let f = super::state_dir().join("dev/bootstrap");
-                std::fs::read_to_string(&f)
+                let b = std::fs::read_to_string(&f)
                     .map(|s| s.trim().to_owned())
-                    .with_context(|| format!("no --brokers given and no running `ferry dev` ({} not readable)", f.display()))?
+                    .with_context(|| format!("no --brokers given and no running `ferry dev` ({} not readable)", f.display()))?;
+                (b, true)
             }
         };
         Ok(KafkaConfig {
@@ -62,6 +63,8 @@ impl Conn {
             sasl_password: self.sasl_password.clone(),
             ssl_ca_location: self.ssl_ca_location.as_ref().map(|p| p.display().to_string()),
             extra: self.kafka_properties.clone(),
+            // The embedded broker holds every fetch for the full wait (see KafkaConfig::for_embedded).
+            fetch_wait_max_ms: embedded.then_some(5),
         })
     }
 

@@ -127,7 +127,7 @@ pub fn print_event(e: &ProgressEvent) {
         _ => String::new(),
     };
     let msg = e.message.as_deref().map(|m| format!(": {m}")).unwrap_or_default();
-    println!("{:>4} {:<16}{step}{extra}{msg}", e.seq, format!("{:?}", e.event));
+    println!("{:>4} {:?}{step}{extra}{msg}", e.seq, e.event);
 }
 
 pub fn print_snapshot(s: &TaskSnapshot, output: Output) -> anyhow::Result<()> {

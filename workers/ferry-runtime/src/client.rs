@@ -135,7 +135,9 @@ impl Client {
             reason: None,
             spec: Bytes(spec),
         };
-        self.send(&env, opts.trace_parent.as_deref()).await?;
+        // Every task gets a trace: the caller's, or a new root.
+        let trace = opts.trace_parent.clone().unwrap_or_else(new_trace_parent);
+        self.send(&env, Some(&trace)).await?;
         Ok(id)
     }
 
@@ -284,6 +286,13 @@ impl Client {
         consumer.assign(&tpl).map_err(kafka(format!("assigning {topic}")))?;
         Ok(EventStream { consumer, registry: self.registry.clone() })
     }
+}
+
+/// A new W3C `traceparent` (version 00, random trace and span ids, sampled).
+pub fn new_trace_parent() -> String {
+    let trace: u128 = rand::random::<u128>().max(1);
+    let span: u64 = rand::random::<u64>().max(1);
+    format!("00-{trace:032x}-{span:016x}-01")
 }
 
 /// Progress events as they arrive.

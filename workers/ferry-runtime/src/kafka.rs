@@ -22,6 +22,8 @@ pub struct KafkaConfig {
     pub ssl_ca_location: Option<String>,
     /// Extra librdkafka properties (`key=value`), applied last.
     pub extra: Vec<(String, String)>,
+    /// `fetch.wait.max.ms` of consumers (librdkafka's default when `None`).
+    pub fetch_wait_max_ms: Option<u32>,
 }
 
 impl fmt::Debug for KafkaConfig {
@@ -46,9 +48,7 @@ impl KafkaConfig {
     /// For the embedded mock cluster, which does not answer a fetch early when data
     /// arrives: short fetch waits, or every hop costs `fetch.wait.max.ms` (500 ms).
     pub fn for_embedded(bootstrap: impl Into<String>) -> Self {
-        let mut c = Self::plaintext(bootstrap);
-        c.extra.push(("fetch.wait.max.ms".into(), "5".into()));
-        c
+        Self { fetch_wait_max_ms: Some(5), ..Self::plaintext(bootstrap) }
     }
 
     /// Settings from `FERRY_KAFKA_*` environment variables, with `bootstrap` as given.
@@ -62,6 +62,7 @@ impl KafkaConfig {
             sasl_password: var("FERRY_KAFKA_SASL_PASSWORD"),
             ssl_ca_location: var("FERRY_KAFKA_SSL_CA_LOCATION"),
             extra: Vec::new(),
+            fetch_wait_max_ms: None,
         }
     }
 
@@ -113,6 +114,9 @@ impl KafkaConfig {
             .set("session.timeout.ms", "10000")
             .set("heartbeat.interval.ms", "1000")
             .set("partition.assignment.strategy", "range");
+        if let Some(ms) = self.fetch_wait_max_ms {
+            c.set("fetch.wait.max.ms", ms.to_string());
+        }
         for (k, v) in &self.extra {
             c.set(k, v);
         }
@@ -128,6 +132,9 @@ impl KafkaConfig {
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("enable.partition.eof", "false");
+        if let Some(ms) = self.fetch_wait_max_ms {
+            c.set("fetch.wait.max.ms", ms.to_string());
+        }
         for (k, v) in &self.extra {
             c.set(k, v);
         }

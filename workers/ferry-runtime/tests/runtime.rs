@@ -309,3 +309,51 @@ async fn two_instances_share_partitions_and_a_rebalance_loses_nothing_embedded()
 async fn two_instances_share_partitions_and_a_rebalance_loses_nothing_tansu() {
     two_instances_share_and_lose_nothing(TestBroker::tansu().await).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trace_context_rides_from_the_command_through_every_event_and_probes_report() {
+    let broker = TestBroker::embedded();
+    let client = broker.client();
+    let mut events = client.events(true).await.unwrap();
+    let mut opts = broker.worker_options();
+    opts.http = Some("127.0.0.1:0".parse().unwrap());
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let token = tokio_util::sync::CancellationToken::new();
+    let t = token.clone();
+    let worker = tokio::spawn(async move {
+        let handler = ferry_runtime::testkind::TestHandler { min_delay: Some(Duration::from_millis(10)) };
+        ferry_runtime::Worker::new(opts, handler)
+            .run_with(t, move |h| {
+                let _ = tx.send(h);
+            })
+            .await
+            .unwrap()
+    });
+    let handle = rx.await.unwrap();
+    let trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_owned();
+    let opts = SubmitOptions { trace_parent: Some(trace.clone()), ..SubmitOptions::default() };
+    let spec = TestTaskSpec { fail_transient: 1, ..TestTaskSpec::steps(2) };
+    let id = client.submit(TaskKind::Test, "traced", &spec, opts).await.unwrap();
+    let evs = until_final(&mut events, id).await;
+    assert!(evs.iter().all(|e| e.trace_parent.as_deref() == Some(trace.as_str())));
+    assert_eq!(client.snapshot(id).await.unwrap().unwrap().trace_parent.as_deref(), Some(trace.as_str()));
+
+    // The probes: ready after the assignment; metrics count what happened.
+    let addr = handle.http.unwrap();
+    let get = |path: &'static str| async move {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes()).await.unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    };
+    assert!(get("/healthz").await.starts_with("HTTP/1.0 200"));
+    assert!(get("/readyz").await.starts_with("HTTP/1.0 200"));
+    let metrics = get("/metrics").await;
+    assert!(metrics.contains(r#"ferry_task_events_total{kind="test",event="Succeeded"} 1"#), "{metrics}");
+    assert!(metrics.contains(r#"ferry_step_retries_total{kind="test",step="step-1"} 1"#), "{metrics}");
+    assert!(metrics.contains("ferry_step_duration_seconds_count"), "{metrics}");
+    token.cancel();
+    worker.await.unwrap();
+}

@@ -1,0 +1,127 @@
+//! The `ferry` CLI contract against the embedded broker: `submit --wait` exit codes, JSON
+//! output that parses, `tasks get|list|cancel|revert`.
+
+use std::time::Duration;
+
+use ferry_runtime::testkind::TestHandler;
+use ferry_runtime::{Client, EmbeddedBroker, EventType, KafkaConfig, TaskId, Topics, Worker, WorkerOptions};
+use tokio_util::sync::CancellationToken;
+
+struct Env {
+    _broker: EmbeddedBroker,
+    bootstrap: String,
+    client: Client,
+    dir: tempfile::TempDir,
+    stop: CancellationToken,
+}
+
+async fn env() -> Env {
+    let topics = Topics::standard();
+    let broker = EmbeddedBroker::start(1, &topics).unwrap();
+    let bootstrap = broker.bootstrap();
+    let kafka = KafkaConfig::for_embedded(bootstrap.clone());
+    let mut opts = WorkerOptions::new(kafka.clone());
+    opts.shutdown_grace = Duration::from_secs(1);
+    let stop = CancellationToken::new();
+    let handler = TestHandler { min_delay: Some(Duration::from_millis(10)) };
+    tokio::spawn(Worker::new(opts, handler).run(stop.clone()));
+    let client = Client::new(kafka, topics).unwrap();
+    Env { _broker: broker, bootstrap, client, dir: tempfile::tempdir().unwrap(), stop }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Env {
+    async fn ferry(&self, args: &[&str]) -> Out {
+        let o = tokio::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .args(args)
+            .args(["--brokers", &self.bootstrap, "--kafka-property", "fetch.wait.max.ms=5"])
+            .env("RUST_LOG", "error")
+            .output()
+            .await
+            .unwrap();
+        Out {
+            code: o.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+
+    fn spec(&self, name: &str, body: &str) -> String {
+        let p = self.dir.path().join(name);
+        std::fs::write(&p, body).unwrap();
+        p.display().to_string()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_wait_exit_codes_and_json_output() {
+    let env = env().await;
+    let ok = env.spec("ok.yaml", "subject: a\nspec: {steps: 3, fail_transient: 0, step_ms: 0}\n");
+    let out = env.ferry(&["submit", "test", "-f", &ok, "--wait"]).await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("Succeeded"), "{}", out.stdout);
+    assert_eq!(out.stdout.lines().filter(|l| l.contains("StepSucceeded")).count(), 3);
+
+    let bad = env.spec("bad.yaml", "subject: b\nspec: {steps: 2, fail_at: 1, fail_transient: 0, step_ms: 0}\n");
+    let out = env.ferry(&["submit", "test", "-f", &bad, "--wait", "--output", "json"]).await;
+    assert_eq!(out.code, 1, "a reverted task is not a success: {}{}", out.stdout, out.stderr);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(v["state"], "Reverted");
+    assert_eq!(v["error"]["code"], "INJECTED_FAILURE");
+
+    let invalid = env.spec("invalid.yaml", "subject: c\nspec: {steps: 0, fail_transient: 0, step_ms: 0}\n");
+    let out = env.ferry(&["submit", "test", "-f", &invalid, "--wait"]).await;
+    assert_eq!(out.code, 1);
+    assert!(out.stdout.contains("Rejected: invalid test spec: steps must be 1 to 100, got 0"), "{}", out.stdout);
+
+    let out = env.ferry(&["submit", "test", "-f", &ok, "--output", "json"]).await;
+    assert_eq!(out.code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let id: TaskId = v["task_id"].as_str().unwrap().parse().unwrap();
+    let mut events = env.client.events(true).await.unwrap();
+    events.until(id, Duration::from_secs(60), |e| e.event == EventType::Succeeded).await.unwrap();
+    let out = env.ferry(&["tasks", "get", &id.to_string(), "--output", "json"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(v["task"]["state"], "Succeeded");
+    assert_eq!(v["task"]["steps"].as_array().unwrap().len(), 3);
+    assert_eq!(v["task"]["revert_would_undo"], serde_json::json!(["step-3", "step-2", "step-1"]));
+    assert_eq!(v["events"].as_array().unwrap().len(), 8);
+
+    let out = env.ferry(&["tasks", "list", "--state", "succeeded", "--output", "json"]).await;
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert!(v.as_array().unwrap().iter().any(|t| t["task_id"] == id.to_string()));
+
+    let missing = env.ferry(&["submit", "test", "-f", "/nonexistent.yaml"]).await;
+    assert_eq!(missing.code, 2);
+    assert!(missing.stderr.contains("reading /nonexistent.yaml"), "{}", missing.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_and_revert_through_the_cli() {
+    let env = env().await;
+    let blocked = env.spec("blocked.yaml", "subject: d\nspec: {steps: 3, block_at: 2, fail_transient: 0, step_ms: 0}\n");
+    let mut events = env.client.events(true).await.unwrap();
+    let out = env.ferry(&["submit", "test", "-f", &blocked]).await;
+    assert_eq!(out.code, 0);
+    let id: TaskId = out.stdout.trim().parse().unwrap();
+    events.until(id, Duration::from_secs(60), |e| e.event == EventType::StepProgress).await.unwrap();
+    let out = env.ferry(&["tasks", "cancel", &id.to_string()]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    events.until(id, Duration::from_secs(60), |e| e.event == EventType::Cancelled).await.unwrap();
+    let out = env.ferry(&["tasks", "revert", &id.to_string(), "--wait"]).await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("Reverted"));
+    assert_eq!(out.stdout.lines().filter(|l| l.contains("StepReverted")).count(), 2);
+}

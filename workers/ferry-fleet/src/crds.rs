@@ -1,0 +1,190 @@
+//! Installs CustomResourceDefinitions from YAML files into a v1.20 API server: strips CEL
+//! rules (`x-kubernetes-validations`, unknown to 1.20), keeps only the storage version (no
+//! conversion webhooks here) and waits until each CRD is Established.
+
+use std::path::Path;
+use std::time::Duration;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::wait::{await_condition, conditions};
+use serde_json::Value;
+
+/// Why a CRD could not be installed.
+#[derive(Debug, thiserror::Error)]
+pub enum CrdError {
+    /// A file could not be read.
+    #[error("reading {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A document is not a CRD.
+    #[error("{path}: not a CustomResourceDefinition: {reason}")]
+    Parse {
+        /// The file.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// The API server refused it.
+    #[error("applying CRD {name}: {source}")]
+    Apply {
+        /// The CRD.
+        name: String,
+        /// Cause.
+        #[source]
+        source: kube::Error,
+    },
+    /// It did not become Established in time.
+    #[error("CRD {0} not established within 60s")]
+    NotEstablished(String),
+}
+
+/// Adapts a schema to 1.20, recursively: removes every `x-kubernetes-validations` (CEL is
+/// newer than 1.20) and every empty-string `default` (1.20 reads it as null and rejects
+/// the CRD; for a string field no default and an empty one differ only on the empty value).
+pub fn strip_cel(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            m.remove("x-kubernetes-validations");
+            if m.get("default") == Some(&Value::String(String::new())) {
+                m.remove("default");
+            }
+            m.values_mut().for_each(strip_cel);
+            // A list-map key must have a default or be required: without its empty default
+            // it becomes required.
+            let keys: Vec<String> = m
+                .get("x-kubernetes-list-map-keys")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(|k| k.as_str().map(str::to_owned)).collect())
+                .unwrap_or_default();
+            if let Some(items) = m.get_mut("items").and_then(Value::as_object_mut) {
+                let lacking: Vec<String> = keys
+                    .into_iter()
+                    .filter(|k| items.get("properties").and_then(|p| p.get(k)).is_some_and(|p| p.get("default").is_none()))
+                    .collect();
+                if !lacking.is_empty() {
+                    let req = items.entry("required").or_insert_with(|| Value::Array(Vec::new()));
+                    if let Value::Array(req) = req {
+                        for k in lacking {
+                            if !req.iter().any(|r| r.as_str() == Some(&k)) {
+                                req.push(Value::String(k));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(strip_cel),
+        _ => {}
+    }
+}
+
+/// Prepares one upstream CRD document for a 1.20 server without webhooks.
+pub fn prepare(mut doc: Value) -> Result<Value, String> {
+    if doc.get("kind").and_then(Value::as_str) != Some("CustomResourceDefinition") {
+        return Err("kind is not CustomResourceDefinition".into());
+    }
+    strip_cel(&mut doc);
+    if let Some(spec) = doc.get_mut("spec").and_then(Value::as_object_mut) {
+        spec.remove("conversion");
+        if let Some(Value::Array(versions)) = spec.get_mut("versions") {
+            versions.retain(|v| v.get("storage").and_then(Value::as_bool) == Some(true));
+        }
+    }
+    if let Some(m) = doc.get_mut("metadata").and_then(Value::as_object_mut) {
+        m.remove("annotations");
+        m.remove("creationTimestamp");
+    }
+    doc.as_object_mut().map(|o| o.remove("status"));
+    // Checked against the typed CRD, but applied as written: the typed round trip turns
+    // some upstream `default: ""` into null, which the server rejects.
+    serde_json::from_value::<CustomResourceDefinition>(doc.clone()).map_err(|e| e.to_string())?;
+    Ok(doc)
+}
+
+/// Every CRD document in a YAML text.
+pub fn parse_all(text: &str, path: &str) -> Result<Vec<Value>, CrdError> {
+    let mut out = Vec::new();
+    for de in serde_yaml_ng::Deserializer::from_str(text) {
+        let v: Value = serde::Deserialize::deserialize(de).map_err(|e| CrdError::Parse { path: path.to_owned(), reason: e.to_string() })?;
+        if v.is_null() {
+            continue;
+        }
+        out.push(prepare(v).map_err(|reason| CrdError::Parse { path: path.to_owned(), reason })?);
+    }
+    Ok(out)
+}
+
+/// Installs CRDs and waits until all are Established.
+pub async fn install(client: &kube::Client, crds: Vec<Value>) -> Result<Vec<String>, CrdError> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let pp = PatchParams::apply("ferry-testbed").force();
+    let mut names = Vec::new();
+    for crd in crds {
+        let name = crd.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_owned();
+        api.patch(&name, &pp, &Patch::Apply(&crd)).await.map_err(|source| CrdError::Apply { name: name.clone(), source })?;
+        names.push(name);
+    }
+    for name in &names {
+        let established = await_condition(api.clone(), name, conditions::is_crd_established());
+        match tokio::time::timeout(Duration::from_secs(60), established).await {
+            Ok(Ok(_)) => {}
+            _ => return Err(CrdError::NotEstablished(name.clone())),
+        }
+    }
+    Ok(names)
+}
+
+/// Installs every CRD of every `.yaml` file in `dir` (sorted by name).
+pub async fn install_dir(client: &kube::Client, dir: &Path) -> Result<Vec<String>, CrdError> {
+    let read = |p: &Path| std::fs::read_to_string(p).map_err(|source| CrdError::Read { path: p.display().to_string(), source });
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .map_err(|source| CrdError::Read { path: dir.display().to_string(), source })?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+        .collect();
+    files.sort();
+    let mut crds = Vec::new();
+    for f in files {
+        crds.extend(parse_all(&read(&f)?, &f.display().to_string())?);
+    }
+    install(client, crds).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn strips_cel_and_keeps_only_the_storage_version() {
+        let doc = json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": "things.example.io", "annotations": {"a": "b"}},
+            "spec": {"group": "example.io", "scope": "Namespaced",
+                "names": {"plural": "things", "kind": "Thing"},
+                "conversion": {"strategy": "Webhook"},
+                "versions": [
+                    {"name": "v1beta1", "served": true, "storage": false, "schema": {"openAPIV3Schema": {"type": "object"}}},
+                    {"name": "v1beta2", "served": true, "storage": true, "schema": {"openAPIV3Schema": {"type": "object",
+                        "x-kubernetes-validations": [{"rule": "self.x > 0"}],
+                        "properties": {"spec": {"type": "object", "x-kubernetes-validations": [{"rule": "true"}],
+                            "properties": {"name": {"type": "string", "default": ""}}}}}}}
+                ]}
+        });
+        let crd: CustomResourceDefinition = serde_json::from_value(prepare(doc).unwrap()).unwrap();
+        assert_eq!(crd.spec.versions.len(), 1);
+        assert_eq!(crd.spec.versions[0].name, "v1beta2");
+        assert!(crd.spec.conversion.is_none());
+        let text = serde_json::to_string(&crd).unwrap();
+        assert!(!text.contains("x-kubernetes-validations"), "{text}");
+        assert!(!text.contains("default"), "{text}");
+        assert!(prepare(json!({"kind": "ConfigMap"})).is_err());
+    }
+}

@@ -1,0 +1,314 @@
+//! Starts one etcd and N Kubernetes control planes (hub + managed clusters) on loopback,
+//! each isolated by its own etcd prefix, certificates, token and kubeconfig.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+use crate::binaries::{Binaries, Missing};
+use crate::process::{Managed, free_port};
+
+/// Why a fleet could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    /// A binary is not installed.
+    #[error(transparent)]
+    Missing(#[from] Missing),
+    /// A file or process operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// openssl could not make the service-account key pair.
+    #[error("openssl failed making the service-account keys in {0}")]
+    Keys(PathBuf),
+    /// A cluster did not become ready.
+    #[error("cluster {cluster} not ready within {waited:?} (log: {log})")]
+    NotReady {
+        /// The cluster.
+        cluster: String,
+        /// How long we waited.
+        waited: Duration,
+        /// Where its API server logs.
+        log: String,
+    },
+    /// A kube client could not be built.
+    #[error("kube client for {cluster}: {source}")]
+    Client {
+        /// The cluster.
+        cluster: String,
+        /// Cause.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> FleetError {
+    let what = what.into();
+    move |source| FleetError::Io { what, source }
+}
+
+/// What to start.
+#[derive(Debug, Clone)]
+pub struct FleetOptions {
+    /// Cluster names; the first is the hub.
+    pub clusters: Vec<String>,
+    /// Where state, certificates, kubeconfigs and logs go; a temporary directory if None.
+    pub dir: Option<PathBuf>,
+    /// Run kube-controller-manager and kube-scheduler per cluster.
+    pub controllers: bool,
+}
+
+impl Default for FleetOptions {
+    fn default() -> Self {
+        Self { clusters: vec!["hub".into(), "member-1".into(), "member-2".into()], dir: None, controllers: true }
+    }
+}
+
+impl FleetOptions {
+    /// A hub and `n` managed clusters named member-1..n.
+    pub fn hub_and(n: usize) -> Self {
+        let mut clusters = vec!["hub".to_owned()];
+        clusters.extend((1..=n).map(|i| format!("member-{i}")));
+        Self { clusters, ..Self::default() }
+    }
+}
+
+/// One cluster of the fleet: a real API server.
+#[derive(Debug)]
+pub struct Cluster {
+    /// Its name.
+    pub name: String,
+    /// `https://127.0.0.1:PORT`.
+    pub server: String,
+    /// A kubeconfig file with an admin token.
+    pub kubeconfig: PathBuf,
+    /// The API server's log file.
+    pub log: PathBuf,
+    processes: Vec<Managed>,
+    sa_key: PathBuf,
+    ca: PathBuf,
+    dir: PathBuf,
+}
+
+impl Cluster {
+    /// A new `kube` client for this cluster (admin).
+    pub async fn client(&self) -> Result<Client, FleetError> {
+        client_for(&self.name, &self.kubeconfig).await
+    }
+}
+
+/// A `kube` client from a kubeconfig file.
+pub async fn client_for(cluster: &str, kubeconfig: &Path) -> Result<Client, FleetError> {
+    let err = |e: Box<dyn std::error::Error + Send + Sync>| FleetError::Client { cluster: cluster.to_owned(), source: e };
+    let kc = Kubeconfig::read_from(kubeconfig).map_err(|e| err(Box::new(e)))?;
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await.map_err(|e| err(Box::new(e)))?;
+    Client::try_from(config).map_err(|e| err(Box::new(e)))
+}
+
+/// A running fleet; everything stops when it is dropped.
+#[derive(Debug)]
+pub struct Fleet {
+    /// The clusters, hub first.
+    pub clusters: Vec<Cluster>,
+    /// Where its files are.
+    pub dir: PathBuf,
+    _etcd: Managed,
+    _tmp: Option<tempfile::TempDir>,
+}
+
+impl Fleet {
+    /// Starts etcd and every cluster, and waits until each API server is ready.
+    pub async fn start(opts: FleetOptions) -> Result<Self, FleetError> {
+        // kube's rustls needs a process-wide crypto provider.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let bins = Binaries::locate()?;
+        let (tmp, dir) = match &opts.dir {
+            Some(d) => {
+                // A second start reuses nothing stale: a fleet's state is per run.
+                let _ = std::fs::remove_dir_all(d);
+                std::fs::create_dir_all(d).map_err(io(format!("creating {}", d.display())))?;
+                (None, d.clone())
+            }
+            None => {
+                let t = tempfile::Builder::new().prefix("ferry-fleet-").tempdir().map_err(io("creating a temp dir"))?;
+                let d = t.path().to_owned();
+                (Some(t), d)
+            }
+        };
+        let etcd_port = free_port().map_err(io("finding a port"))?;
+        let peer_port = free_port().map_err(io("finding a port"))?;
+        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+        let etcd = Managed::spawn(
+            "etcd",
+            &bins.etcd,
+            &[
+                format!("--data-dir={}", dir.join("etcd").display()),
+                format!("--listen-client-urls={etcd_url}"),
+                format!("--advertise-client-urls={etcd_url}"),
+                format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"),
+                format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"),
+                format!("--initial-cluster=default=http://127.0.0.1:{peer_port}"),
+                "--unsafe-no-fsync".into(),
+                "--log-level=warn".into(),
+            ],
+            &dir.join("etcd.log"),
+        )
+        .map_err(io("starting etcd"))?;
+        let mut clusters = Vec::new();
+        for name in &opts.clusters {
+            clusters.push(start_cluster(&bins, &dir, name, &etcd_url)?);
+        }
+        let mut fleet = Self { clusters, dir, _etcd: etcd, _tmp: tmp };
+        for c in &mut fleet.clusters {
+            wait_ready(c).await?;
+            // They read the API server's certificate, which exists only once it serves.
+            if opts.controllers {
+                c.start_controllers(&bins)?;
+            }
+        }
+        Ok(fleet)
+    }
+
+    /// The hub (first cluster).
+    pub fn hub(&self) -> &Cluster {
+        &self.clusters[0]
+    }
+
+    /// A cluster by name.
+    pub fn cluster(&self, name: &str) -> Option<&Cluster> {
+        self.clusters.iter().find(|c| c.name == name)
+    }
+}
+
+impl Cluster {
+    fn start_controllers(&mut self, bins: &Binaries) -> Result<(), FleetError> {
+        let (name, dir, sa_key, ca, kubeconfig) = (&self.name, &self.dir, &self.sa_key, &self.ca, &self.kubeconfig);
+        let d = |p: &Path| p.display().to_string();
+        let processes = &mut self.processes;
+        processes.push(
+            Managed::spawn(
+                &format!("{name}/kube-controller-manager"),
+                &bins.controller_manager,
+                &[
+                    format!("--kubeconfig={}", d(&kubeconfig)),
+                    "--controllers=namespace,garbagecollector,deployment,replicaset,job,serviceaccount,serviceaccount-token".into(),
+                    format!("--service-account-private-key-file={}", d(&sa_key)),
+                    format!("--root-ca-file={}", d(&ca)),
+                    "--leader-elect=false".into(),
+                    "--use-service-account-credentials=false".into(),
+                    "--secure-port=0".into(),
+                    "--port=0".into(),
+                ],
+                &dir.join("controller-manager.log"),
+            )
+            .map_err(io("starting kube-controller-manager"))?,
+        );
+        processes.push(
+            Managed::spawn(
+                &format!("{name}/kube-scheduler"),
+                &bins.scheduler,
+                &[format!("--kubeconfig={}", d(&kubeconfig)), "--leader-elect=false".into(), "--secure-port=0".into(), "--port=0".into()],
+                &dir.join("scheduler.log"),
+            )
+            .map_err(io("starting kube-scheduler"))?,
+        );
+        Ok(())
+    }
+}
+
+const ADMIN_TOKEN_FILE: &str = "tokens.csv";
+
+fn start_cluster(bins: &Binaries, root: &Path, name: &str, etcd: &str) -> Result<Cluster, FleetError> {
+    let dir = root.join(name);
+    let certs = dir.join("certs");
+    std::fs::create_dir_all(&certs).map_err(io(format!("creating {}", certs.display())))?;
+    let sa_key = dir.join("sa.key");
+    let sa_pub = dir.join("sa.pub");
+    let ok = Command::new("openssl").args(["genrsa", "-out"]).arg(&sa_key).arg("2048").output().is_ok_and(|o| o.status.success())
+        && Command::new("openssl").args(["rsa", "-pubout", "-in"]).arg(&sa_key).arg("-out").arg(&sa_pub).output().is_ok_and(|o| o.status.success());
+    if !ok {
+        return Err(FleetError::Keys(dir));
+    }
+    // A random admin token per cluster, kept only in files of this fleet.
+    let token = format!("{:032x}", rand_u128());
+    std::fs::write(dir.join(ADMIN_TOKEN_FILE), format!("{token},ferry-admin,ferry-admin,\"system:masters\"\n"))
+        .map_err(io("writing the token file"))?;
+    let port = free_port().map_err(io("finding a port"))?;
+    let log = dir.join("apiserver.log");
+    let d = |p: &Path| p.display().to_string();
+    let processes = vec![Managed::spawn(
+        &format!("{name}/kube-apiserver"),
+        &bins.apiserver,
+        &[
+            format!("--etcd-servers={etcd}"),
+            format!("--etcd-prefix=/ferry/{name}"),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            format!("--secure-port={port}"),
+            "--insecure-port=0".into(),
+            format!("--cert-dir={}", d(&certs)),
+            format!("--token-auth-file={}", d(&dir.join(ADMIN_TOKEN_FILE))),
+            "--authorization-mode=RBAC".into(),
+            "--service-account-issuer=https://kubernetes.default.svc".into(),
+            format!("--service-account-key-file={}", d(&sa_pub)),
+            format!("--service-account-signing-key-file={}", d(&sa_key)),
+            "--service-cluster-ip-range=10.96.0.0/16".into(),
+            "--allow-privileged=true".into(),
+        ],
+        &log,
+    )
+    .map_err(io(format!("starting {name}'s kube-apiserver")))?];
+    let kubeconfig = dir.join("kubeconfig");
+    let server = format!("https://127.0.0.1:{port}");
+    let ca = certs.join("apiserver.crt");
+    let kc = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: {name}\n  cluster:\n    server: {server}\n    certificate-authority: {}\nusers:\n- name: ferry-admin\n  user:\n    token: {token}\ncontexts:\n- name: {name}\n  context:\n    cluster: {name}\n    user: ferry-admin\ncurrent-context: {name}\n",
+        d(&ca)
+    );
+    std::fs::write(&kubeconfig, kc).map_err(io("writing the kubeconfig"))?;
+    Ok(Cluster { name: name.to_owned(), server, kubeconfig, log, processes, sa_key, ca, dir })
+}
+
+fn rand_u128() -> u128 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut a = std::collections::hash_map::RandomState::new().build_hasher();
+    a.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+    let b = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    (u128::from(a.finish()) << 64) | u128::from(b)
+}
+
+/// Waits until the API server answers `/readyz` (process start-up: a bounded retry).
+async fn wait_ready(c: &Cluster) -> Result<(), FleetError> {
+    let limit = Duration::from_secs(90);
+    let not_ready = || FleetError::NotReady { cluster: c.name.clone(), waited: limit, log: c.log.display().to_string() };
+    let probe = || async {
+        // The serving certificate (our CA) appears only once the server has started.
+        let client = c.client().await.map_err(|_| ())?;
+        let req = http::Request::get("/readyz").body(Vec::new()).map_err(|_| ())?;
+        let body = client.request_text(req).await.map_err(|_| ())?;
+        if body.trim() == "ok" { Ok(()) } else { Err(()) }
+    };
+    let backoff = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_millis(500))
+        .with_max_times(300);
+    tokio::time::timeout(limit, probe.retry(backoff)).await.map_err(|_| not_ready())?.map_err(|()| not_ready())?;
+    // Controllers need the default service account before Pods can be created.
+    Ok(())
+}
+
+impl Cluster {
+    /// True while every process of the cluster runs.
+    pub fn healthy(&mut self) -> bool {
+        self.processes.iter_mut().all(Managed::running)
+    }
+}

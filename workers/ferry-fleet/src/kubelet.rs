@@ -1,0 +1,197 @@
+//! The emulated node agent of one cluster, the way kwok does it: registers Nodes of a given
+//! flavor (the real scheduler then binds Pods within their allocatable), marks bound Pods
+//! Running and Ready after a start delay, and completes the Pods of Jobs.
+//!
+//! No container runs: a Pod is "running" because its status says so, which is what
+//! Deployments, Jobs, the scheduler and Ferry's workers look at.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::json;
+use tokio::task::JoinHandle;
+
+/// The shape of the emulated nodes.
+#[derive(Debug, Clone)]
+pub struct NodeFlavor {
+    /// Allocatable CPU (Kubernetes quantity, e.g. "4").
+    pub cpu: String,
+    /// Allocatable memory (e.g. "8Gi").
+    pub memory: String,
+    /// Allocatable pods.
+    pub pods: u32,
+    /// Extra node labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+impl Default for NodeFlavor {
+    fn default() -> Self {
+        Self { cpu: "4".into(), memory: "8Gi".into(), pods: 110, labels: BTreeMap::new() }
+    }
+}
+
+/// Why the kubelet could not act.
+#[derive(Debug, thiserror::Error)]
+#[error("emulated kubelet of {cluster}: {what}: {source}")]
+pub struct KubeletError {
+    cluster: String,
+    what: String,
+    #[source]
+    source: kube::Error,
+}
+
+/// A running emulated kubelet; stops when dropped.
+pub struct Kubelet {
+    cluster: String,
+    client: kube::Client,
+    nodes: Arc<Mutex<HashSet<String>>>,
+    task: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Kubelet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kubelet").field("cluster", &self.cluster).finish()
+    }
+}
+
+impl Drop for Kubelet {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Kubelet {
+    /// Starts the pod loop of `cluster`; add nodes with [`Self::add_nodes`].
+    pub fn start(cluster: &str, client: kube::Client, start_delay: Duration) -> Self {
+        let nodes = Arc::new(Mutex::new(HashSet::new()));
+        let task = tokio::spawn(pod_loop(client.clone(), nodes.clone(), start_delay));
+        Self { cluster: cluster.to_owned(), client, nodes, task }
+    }
+
+    fn err(&self, what: impl Into<String>) -> impl FnOnce(kube::Error) -> KubeletError + '_ {
+        let what = what.into();
+        move |source| KubeletError { cluster: self.cluster.clone(), what, source }
+    }
+
+    /// Registers `count` Ready nodes of `flavor` named `<cluster>-<prefix>-<i>`.
+    pub async fn add_nodes(&self, prefix: &str, count: usize, flavor: &NodeFlavor) -> Result<Vec<String>, KubeletError> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let mut names = Vec::new();
+        for i in 0..count {
+            let name = format!("{}-{prefix}-{i}", self.cluster);
+            let mut labels = flavor.labels.clone();
+            labels.insert("kubernetes.io/hostname".into(), name.clone());
+            labels.insert("ferry.dev/emulated".into(), "true".into());
+            let node: Node = serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "labels": labels},
+            }))
+            .expect("valid node");
+            match api.create(&PostParams::default(), &node).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => return Err(self.err(format!("creating node {name}"))(e)),
+            }
+            let now = chrono_now();
+            let status = json!({"status": {
+                "capacity": {"cpu": flavor.cpu, "memory": flavor.memory, "pods": flavor.pods.to_string()},
+                "allocatable": {"cpu": flavor.cpu, "memory": flavor.memory, "pods": flavor.pods.to_string()},
+                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                    "message": "emulated by ferry-fleet", "lastHeartbeatTime": now, "lastTransitionTime": now}],
+                "nodeInfo": {"kubeletVersion": "v1.20.2-ferry", "kubeProxyVersion": "", "architecture": "amd64",
+                    "operatingSystem": "linux", "osImage": "emulated", "kernelVersion": "", "containerRuntimeVersion": "emulated://1",
+                    "machineID": "", "systemUUID": "", "bootID": ""},
+            }});
+            api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                .await
+                .map_err(self.err(format!("setting status of node {name}")))?;
+            // Admission tainted the new node not-ready; it is ready now.
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"taints": null}})))
+                .await
+                .map_err(self.err(format!("untainting node {name}")))?;
+            self.nodes.lock().expect("nodes lock").insert(name.clone());
+            names.push(name);
+        }
+        Ok(names)
+    }
+
+    /// Removes nodes (their Pods are left to the controllers, as after a node loss).
+    pub async fn remove_nodes(&self, names: &[String]) -> Result<(), KubeletError> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        for n in names {
+            match api.delete(n, &Default::default()).await {
+                Ok(_) | Err(kube::Error::Api(_)) => {}
+                Err(e) => return Err(self.err(format!("deleting node {n}"))(e)),
+            }
+            self.nodes.lock().expect("nodes lock").remove(n);
+        }
+        Ok(())
+    }
+}
+
+fn chrono_now() -> String {
+    k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+async fn pod_loop(client: kube::Client, nodes: Arc<Mutex<HashSet<String>>>, delay: Duration) {
+    let api: Api<Pod> = Api::all(client);
+    let started: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let mut pods = watcher(api.clone(), watcher::Config::default()).default_backoff().applied_objects().boxed();
+    while let Some(ev) = pods.next().await {
+        let Ok(pod) = ev else { continue };
+        let (Some(ns), Some(name), Some(uid)) = (pod.metadata.namespace.clone(), pod.metadata.name.clone(), pod.metadata.uid.clone()) else { continue };
+        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else { continue };
+        let phase = pod.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+        if phase != "Pending" || !nodes.lock().expect("nodes lock").contains(&node) || pod.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        if !started.lock().expect("started lock").insert(uid.clone()) {
+            continue;
+        }
+        let is_job = pod.metadata.owner_references.iter().flatten().any(|o| o.kind == "Job");
+        let api = Api::<Pod>::namespaced(api.clone().into_client(), &ns);
+        let started = started.clone();
+        tokio::spawn(async move {
+            // The emulated container start time.
+            tokio::time::sleep(delay).await;
+            let patch = pod_status(&pod, &node, is_job);
+            if let Err(e) = api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                tracing::debug!(pod = %name, error = %e, "pod status not set; retried on the next event");
+                started.lock().expect("started lock").remove(&uid);
+            }
+        });
+    }
+}
+
+fn pod_status(pod: &Pod, node: &str, completed: bool) -> serde_json::Value {
+    let now = chrono_now();
+    let containers: Vec<serde_json::Value> = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.containers.iter())
+        .map(|c| {
+            let state = if completed {
+                json!({"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}})
+            } else {
+                json!({"running": {"startedAt": now}})
+            };
+            json!({"name": c.name, "ready": !completed, "started": !completed, "restartCount": 0,
+                   "image": c.image.clone().unwrap_or_default(), "imageID": "", "state": state})
+        })
+        .collect();
+    let ready = if completed { "False" } else { "True" };
+    let cond = |t: &str, s: &str| json!({"type": t, "status": s, "lastTransitionTime": now});
+    json!({"status": {
+        "phase": if completed { "Succeeded" } else { "Running" },
+        "hostIP": "10.0.0.1",
+        "podIP": format!("10.244.{}.{}", node.len() % 250, (pod.metadata.name.as_deref().unwrap_or("").len() * 7) % 250 + 2),
+        "startTime": now,
+        "conditions": [cond("Initialized", "True"), cond("PodScheduled", "True"), cond("ContainersReady", ready), cond("Ready", ready)],
+        "containerStatuses": containers,
+    }})
+}

@@ -1,0 +1,20 @@
+//! Ferry's test bed: real Kubernetes control planes on one machine (one etcd, and per
+//! cluster a kube-apiserver, kube-controller-manager and kube-scheduler v1.20 built offline
+//! by `scripts/install-testbed.sh`), with emulated kubelets, so workers are tested through
+//! `kube` against the real API: validation, watches, server-side apply, finalizers, GC.
+//!
+//! # Layout
+//! - [`fleet`]: start and stop a fleet (hub + managed clusters); [`Cluster`] handles.
+//! - [`process`]: child processes that die with the test, even on SIGKILL.
+//! - [`crds`]: install CRDs from a folder (CEL rules stripped, storage version only).
+//! - [`kubelet`]: the emulated node agent (nodes, pod status, job completion).
+//! - [`binaries`]: where the control-plane binaries are.
+
+pub mod binaries;
+pub mod crds;
+pub mod fleet;
+pub mod kubelet;
+pub mod process;
+
+pub use fleet::{Cluster, Fleet, FleetError, FleetOptions};
+pub use kubelet::{Kubelet, NodeFlavor};

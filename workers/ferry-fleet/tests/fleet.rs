@@ -1,0 +1,204 @@
+//! The test bed against real API servers: kube's typed and dynamic APIs, watches,
+//! server-side apply, status, finalizers, garbage collection, scheduling on emulated
+//! nodes, Jobs, and the upstream CRDs' validation.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ferry_fleet::{Fleet, FleetOptions, Kubelet, NodeFlavor};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Pod};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::wait::{await_condition, conditions};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use serde_json::json;
+
+const WAIT: Duration = Duration::from_secs(90);
+
+fn init() {
+    let _ = tracing_subscriber::fmt().with_env_filter("warn").with_test_writer().try_init();
+}
+
+async fn ns(client: &kube::Client, name: &str) {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+    api.create(&PostParams::default(), &ns).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_semantics_across_hub_and_two_managed_clusters() {
+    init();
+    let fleet = Fleet::start(FleetOptions::hub_and(2)).await.unwrap();
+    assert_eq!(fleet.clusters.len(), 3);
+    let hub = fleet.hub().client().await.unwrap();
+    let m1 = fleet.cluster("member-1").unwrap().client().await.unwrap();
+
+    // Isolation: each cluster has its own etcd prefix.
+    ns(&hub, "apps").await;
+    let on_m1: Api<Namespace> = Api::all(m1.clone());
+    assert!(on_m1.get_opt("apps").await.unwrap().is_none());
+
+    // Server-side apply, with managed fields, and a conflict for a second manager.
+    let cms: Api<ConfigMap> = Api::namespaced(hub.clone(), "apps");
+    let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "labels": {"tier": "web"}}, "data": {"k": "v1"}});
+    cms.patch("c", &PatchParams::apply("ferry"), &Patch::Apply(&cm)).await.unwrap();
+    let again = cms.patch("c", &PatchParams::apply("ferry"), &Patch::Apply(&cm)).await.unwrap();
+    assert!(again.metadata.managed_fields.unwrap().iter().any(|m| m.manager.as_deref() == Some("ferry")));
+    let other = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"k": "v2"}});
+    let conflict = cms.patch("c", &PatchParams::apply("intruder"), &Patch::Apply(&other)).await.unwrap_err();
+    assert!(matches!(conflict, kube::Error::Api(ref s) if s.code == 409), "{conflict:?}");
+
+    // Label selectors, and a watcher + reflector that sees a later object.
+    cms.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "d", "labels": {"tier": "db"}}})).unwrap())
+        .await
+        .unwrap();
+    let web = cms.list(&ListParams::default().labels("tier=web")).await.unwrap();
+    assert_eq!(web.items.len(), 1);
+    // A reflector's store holds the selected objects once the initial list is in.
+    let (reader, writer) = reflector::store::<ConfigMap>();
+    let drain = tokio::spawn(reflector(writer, watcher(cms.clone(), watcher::Config::default().labels("tier"))).for_each(|_| async {}));
+    tokio::time::timeout(WAIT, reader.wait_until_ready()).await.unwrap().unwrap();
+    assert_eq!(reader.state().len(), 2);
+    // A watch sees an object created after it started.
+    let stream = watcher(cms.clone(), watcher::Config::default().labels("tier=cache")).applied_objects();
+    let seen = tokio::spawn(async move {
+        let mut stream = stream.boxed();
+        stream.try_next().await.unwrap().unwrap()
+    });
+    cms.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "e", "labels": {"tier": "cache"}}})).unwrap())
+        .await
+        .unwrap();
+    let seen = tokio::time::timeout(WAIT, seen).await.expect("watch delivers the new object").unwrap();
+    assert_eq!(seen.metadata.name.as_deref(), Some("e"));
+    drain.abort();
+
+    // Finalizers hold a deletion until removed; the namespace controller then empties it.
+    let fin = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "f", "finalizers": ["ferry.dev/cleanup"]}});
+    cms.patch("f", &PatchParams::apply("ferry"), &Patch::Apply(&fin)).await.unwrap();
+    cms.delete("f", &DeleteParams::default()).await.unwrap();
+    let held = cms.get("f").await.unwrap();
+    assert!(held.metadata.deletion_timestamp.is_some());
+    let uid = held.metadata.uid.clone().unwrap();
+    cms.patch("f", &PatchParams::default(), &Patch::Merge(&json!({"metadata": {"finalizers": null}}))).await.unwrap();
+    tokio::time::timeout(WAIT, await_condition(cms.clone(), "f", conditions::is_deleted(&uid))).await.unwrap().unwrap();
+
+    // Cascading deletion through ownerReferences (the garbage collector runs).
+    let owner = cms.get("d").await.unwrap();
+    let child = json!({"metadata": {"name": "child", "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap",
+        "name": "d", "uid": owner.metadata.uid.clone().unwrap()}]}});
+    let child = cms.create(&PostParams::default(), &serde_json::from_value(child).unwrap()).await.unwrap();
+    cms.delete("d", &DeleteParams::foreground()).await.unwrap();
+    let child_uid = child.metadata.uid.unwrap();
+    tokio::time::timeout(WAIT, await_condition(cms.clone(), "child", conditions::is_deleted(&child_uid))).await.unwrap().unwrap();
+
+    // The dynamic API and status patches, on a Deployment of member-2.
+    let m2 = fleet.cluster("member-2").unwrap().client().await.unwrap();
+    ns(&m2, "apps").await;
+    let gvk = GroupVersionKind::gvk("apps", "v1", "Deployment");
+    let dynapi: Api<DynamicObject> = Api::namespaced_with(m2.clone(), "apps", &ApiResource::from_gvk(&gvk));
+    let dep = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "web"}},
+            "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "c", "image": "nginx:1.27"}]}}}});
+    dynapi.patch("web", &PatchParams::apply("ferry"), &Patch::Apply(&dep)).await.unwrap();
+    let deps: Api<Deployment> = Api::namespaced(m2, "apps");
+    let got = deps.get("web").await.unwrap();
+    assert_eq!(got.spec.replicas, Some(0));
+    let bad = dynapi
+        .patch("web", &PatchParams::apply("ferry"), &Patch::Apply(&json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"}, "spec": {"replicas": "many"}})))
+        .await
+        .unwrap_err();
+    // 1.20 answers a mistyped field in server-side apply with 500 and the field path.
+    assert!(matches!(bad, kube::Error::Api(ref s) if s.message.contains(".spec.replicas")), "{bad:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_beyond_capacity_stay_pending_and_a_job_completes() {
+    init();
+    let fleet = Fleet::start(FleetOptions { clusters: vec!["edge".into()], ..FleetOptions::default() }).await.unwrap();
+    let client = fleet.hub().client().await.unwrap();
+    let kubelet = Kubelet::start("edge", client.clone(), Duration::from_millis(200));
+    let flavor = NodeFlavor { cpu: "2".into(), memory: "4Gi".into(), pods: 110, labels: BTreeMap::new() };
+    kubelet.add_nodes("worker", 1, &flavor).await.unwrap();
+    ns(&client, "load").await;
+    // Pods need the namespace's default service account (the controller makes it).
+    let sa: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), "load");
+    tokio::time::timeout(WAIT, await_condition(sa, "default", |o: Option<&k8s_openapi::api::core::v1::ServiceAccount>| o.is_some()))
+        .await
+        .unwrap()
+        .unwrap();
+
+    let deps: Api<Deployment> = Api::namespaced(client.clone(), "load");
+    let dep = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "big"},
+        "spec": {"replicas": 4, "selector": {"matchLabels": {"app": "big"}},
+            "template": {"metadata": {"labels": {"app": "big"}}, "spec": {"containers": [{"name": "c", "image": "busybox:1.36",
+                "resources": {"requests": {"cpu": "900m", "memory": "256Mi"}}}]}}}});
+    deps.patch("big", &PatchParams::apply("ferry"), &Patch::Apply(&dep)).await.unwrap();
+    // Two 900m pods fit on 2 CPUs; the Deployment settles at 2 ready replicas.
+    let two_ready = |d: Option<&Deployment>| d.and_then(|d| d.status.as_ref()).and_then(|s| s.ready_replicas) == Some(2);
+    tokio::time::timeout(WAIT, await_condition(deps.clone(), "big", two_ready)).await.expect("2 ready").unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "load");
+    let events: Api<Event> = Api::namespaced(client.clone(), "load");
+    let unschedulable = tokio::time::timeout(WAIT, async {
+        loop {
+            let evs = events.list(&ListParams::default()).await.unwrap();
+            if let Some(e) = evs.items.iter().find(|e| e.reason.as_deref() == Some("FailedScheduling")) {
+                return e.message.clone().unwrap_or_default();
+            }
+            // Events arrive asynchronously: wait for the next one.
+            let mut w = watcher(events.clone(), watcher::Config::default()).applied_objects().boxed();
+            let _ = w.next().await;
+        }
+    })
+    .await
+    .expect("a FailedScheduling event");
+    assert!(unschedulable.contains("Insufficient cpu"), "{unschedulable}");
+    let all = pods.list(&ListParams::default().labels("app=big")).await.unwrap();
+    let phases: Vec<String> = all.items.iter().filter_map(|p| p.status.as_ref()?.phase.clone()).collect();
+    assert_eq!(phases.iter().filter(|p| *p == "Running").count(), 2, "{phases:?}");
+    assert_eq!(phases.iter().filter(|p| *p == "Pending").count(), 2, "{phases:?}");
+
+    let jobs: Api<Job> = Api::namespaced(client.clone(), "load");
+    let job = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "bench"},
+        "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "b", "image": "busybox:1.36",
+            "resources": {"requests": {"cpu": "100m"}}}]}}}});
+    jobs.patch("bench", &PatchParams::apply("ferry"), &Patch::Apply(&job)).await.unwrap();
+    let complete = |j: Option<&Job>| {
+        j.and_then(|j| j.status.as_ref())
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Complete" && c.status == "True"))
+    };
+    tokio::time::timeout(WAIT, await_condition(jobs, "bench", complete)).await.expect("job completes").unwrap();
+}
+
+fn shared_crds() -> Option<PathBuf> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/crds");
+    p.exists().then_some(p)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_crds_install_and_the_server_validates_against_them() {
+    init();
+    let Some(dir) = shared_crds() else {
+        println!("skipped: ../shared/crds is not present beside the project");
+        return;
+    };
+    let fleet = Fleet::start(FleetOptions { clusters: vec!["hub".into()], controllers: false, ..FleetOptions::default() }).await.unwrap();
+    let client = fleet.hub().client().await.unwrap();
+    let mut installed = Vec::new();
+    for sub in ["cluster-api", "cluster-api-provider-openstack", "open-cluster-management", "liqo", "strimzi", "submariner-addon"] {
+        installed.extend(ferry_fleet::crds::install_dir(&client, &dir.join(sub)).await.unwrap_or_else(|e| panic!("{sub}: {e}")));
+    }
+    assert!(installed.len() >= 45, "{installed:?}");
+    ns(&client, "capi").await;
+    let gvk = GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "Cluster");
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), "capi", &ApiResource::from_gvk(&gvk));
+    let bad = json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster", "metadata": {"name": "c1"}, "spec": {"paused": "notabool"}});
+    let err = api.patch("c1", &PatchParams::apply("ferry"), &Patch::Apply(&bad)).await.unwrap_err();
+    let kube::Error::Api(status) = err else { panic!("{err:?}") };
+    assert!(status.message.contains("spec.paused"), "{}", status.message);
+    let good = json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster", "metadata": {"name": "c1"}, "spec": {"paused": true}});
+    api.patch("c1", &PatchParams::apply("ferry"), &Patch::Apply(&good)).await.unwrap();
+}

@@ -19,6 +19,15 @@ pub struct DevArgs {
     /// Mock brokers in the embedded cluster.
     #[arg(long, default_value_t = 3)]
     pub mock_brokers: i32,
+    /// Managed clusters beside the hub in the simulated fleet.
+    #[arg(long, default_value_t = 2)]
+    pub clusters: usize,
+    /// Emulated nodes per managed cluster.
+    #[arg(long, default_value_t = 2)]
+    pub nodes: usize,
+    /// Do not start the Kubernetes test bed.
+    #[arg(long)]
+    pub no_fleet: bool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -37,6 +46,10 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
     std::fs::write(state.join("bootstrap"), &bootstrap)?;
     println!("bootstrap: {bootstrap}");
     println!("state: {}", state.display());
+
+    // The smoke demo exercises the runtime only; it needs no clusters.
+    let needs_fleet = !a.no_fleet && !matches!(a.demo, Some(Demo::Smoke));
+    let _fleet = if needs_fleet { Some(start_fleet(&a, &state).await?) } else { None };
 
     let shutdown = CancellationToken::new();
     let kafka = KafkaConfig::for_embedded(bootstrap.clone());
@@ -61,6 +74,31 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
     let _ = std::fs::remove_file(state.join("bootstrap"));
     drop(broker);
     Ok(code)
+}
+
+/// The hub and managed clusters with emulated nodes; installs the control plane first if
+/// it is not cached yet (minutes, once).
+async fn start_fleet(a: &DevArgs, state: &std::path::Path) -> anyhow::Result<(ferry_fleet::Fleet, Vec<ferry_fleet::Kubelet>)> {
+    if !ferry_fleet::binaries::Binaries::installed() {
+        eprintln!("ferry dev: the Kubernetes test bed is not installed yet; building it once (about 10 minutes)");
+        let script = include_str!("../../scripts/install-testbed.sh");
+        let ok = std::process::Command::new("bash").arg("-c").arg(script).status()?.success();
+        anyhow::ensure!(ok, "installing the test bed failed (see the output above)");
+    }
+    eprintln!("ferry dev: starting the simulated fleet: hub + {} managed clusters", a.clusters);
+    let dir = state.join("fleet");
+    let fleet = ferry_fleet::Fleet::start(ferry_fleet::FleetOptions { dir: Some(dir.clone()), ..ferry_fleet::FleetOptions::hub_and(a.clusters) }).await?;
+    let mut kubelets = Vec::new();
+    for c in fleet.clusters.iter().skip(1) {
+        let k = ferry_fleet::Kubelet::start(&c.name, c.client().await?, Duration::from_millis(500));
+        k.add_nodes("node", a.nodes, &ferry_fleet::NodeFlavor::default()).await?;
+        kubelets.push(k);
+    }
+    for c in &fleet.clusters {
+        println!("kubeconfig {}: {}", c.name, c.kubeconfig.display());
+    }
+    println!("kubeconfig: {}", fleet.hub().kubeconfig.display());
+    Ok((fleet, kubelets))
 }
 
 /// One scripted task and the final event it must reach.

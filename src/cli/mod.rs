@@ -45,6 +45,11 @@ pub enum Command {
     /// The Kubernetes test bed.
     #[command(subcommand)]
     Testbed(TestbedCommand),
+    /// The simulated fleet of the running `ferry dev`: clusters, nodes, capacity.
+    Fleet {
+        #[arg(short, long, value_enum, default_value_t)]
+        output: common::Output,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -83,6 +88,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Tasks(c) => tasks::run(&cli.conn, c).await,
         Command::Bench(c) => bench::run(c).await,
         Command::Testbed(TestbedCommand::Install) => testbed_install(),
+        Command::Fleet { output } => fleet(output).await,
     }
 }
 
@@ -120,4 +126,33 @@ pub fn state_dir() -> PathBuf {
     std::env::var_os("FERRY_STATE")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| ".".into())).join(".local/state/ferry"))
+}
+
+/// Prints the clusters of the running `ferry dev` fleet.
+async fn fleet(output: common::Output) -> anyhow::Result<ExitCode> {
+    let dir = state_dir().join("dev/fleet");
+    let mut clusters = Vec::new();
+    for e in std::fs::read_dir(&dir).map_err(|e| anyhow::anyhow!("no running `ferry dev` fleet in {}: {e}", dir.display()))? {
+        let p = e?.path();
+        if p.join("kubeconfig").exists() {
+            let name = p.file_name().unwrap_or_default().to_string_lossy().into_owned();
+            clusters.push((name, p.join("kubeconfig")));
+        }
+    }
+    clusters.sort();
+    let views = ferry_fleet::describe::describe(&clusters).await?;
+    match output {
+        common::Output::Json => println!("{}", serde_json::to_string_pretty(&views)?),
+        common::Output::Yaml => print!("{}", serde_yaml_ng::to_string(&views)?),
+        common::Output::Table => {
+            for c in &views {
+                println!("{} ({} nodes, {} pods pending)  {}", c.name, c.nodes.len(), c.pending_pods, c.kubeconfig);
+                for n in &c.nodes {
+                    let alloc = n.allocatable.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ");
+                    println!("  {:<28} ready={:<5} pods={:<3} {alloc}", n.name, n.ready, n.pods);
+                }
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }

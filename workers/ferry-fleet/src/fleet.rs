@@ -125,6 +125,15 @@ pub struct Fleet {
     _tmp: Option<tempfile::TempDir>,
 }
 
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        // Signal every process at once; each Managed then waits for its own exit.
+        for c in &mut self.clusters {
+            c.processes.iter_mut().for_each(Managed::begin_stop);
+        }
+    }
+}
+
 impl Fleet {
     /// Starts etcd and every cluster, and waits until each API server is ready.
     pub async fn start(opts: FleetOptions) -> Result<Self, FleetError> {

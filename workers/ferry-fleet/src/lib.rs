@@ -12,6 +12,7 @@
 
 pub mod binaries;
 pub mod crds;
+pub mod describe;
 pub mod fleet;
 pub mod kubelet;
 pub mod process;

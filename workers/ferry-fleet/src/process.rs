@@ -2,6 +2,7 @@
 //! is killed (each runs under a `sh` guard that kills it when our stdin pipe closes).
 
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 
@@ -24,10 +25,15 @@ impl Managed {
         let out = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
         let err = out.try_clone()?;
         // The guard starts the program, then blocks reading our pipe; when the pipe closes
-        // (we dropped it, or we died) it kills the program and waits for it.
+        // (we dropped it, or we died) it kills the program (SIGKILL: a test bed keeps no
+        // state worth a graceful stop, and API servers take a minute to drain watches) and
+        // waits for it. It has its own
+        // process group and ignores INT and HUP: a Ctrl-C or `timeout` signalling our group
+        // must not kill the guard and orphan the program; our graceful stop closes the pipe.
         let mut guard = Command::new("sh")
             .arg("-c")
-            .arg(r#""$@" </dev/null & child=$!; trap 'kill $child 2>/dev/null' TERM; while read -r _; do :; done; kill $child 2>/dev/null; wait $child"#)
+            .arg(r#"trap '' INT HUP; "$@" </dev/null & child=$!; trap 'kill -9 $child 2>/dev/null; exit' TERM; while read -r _; do :; done; kill -9 $child 2>/dev/null; wait $child"#)
+            .process_group(0)
             .arg("sh")
             .arg(program)
             .args(args)
@@ -42,6 +48,11 @@ impl Managed {
     /// The process's name in logs.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Asks the guard to stop the program, without waiting (stop many, then wait for all).
+    pub fn begin_stop(&mut self) {
+        self.stdin.take();
     }
 
     /// True while the guarded program runs.

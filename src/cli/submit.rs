@@ -126,10 +126,9 @@ pub async fn wait_for_end(
             return Ok(ExitCode::from(3));
         }
     };
-    if output != Output::Table {
-        if let Some(s) = client.snapshot(id).await? {
+    if output != Output::Table
+        && let Some(s) = client.snapshot(id).await? {
             print_snapshot(&s, output)?;
         }
-    }
     Ok(if last == Some(success) { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }

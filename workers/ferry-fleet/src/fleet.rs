@@ -208,10 +208,10 @@ impl Cluster {
                 &format!("{name}/kube-controller-manager"),
                 &bins.controller_manager,
                 &[
-                    format!("--kubeconfig={}", d(&kubeconfig)),
+                    format!("--kubeconfig={}", d(kubeconfig)),
                     "--controllers=namespace,garbagecollector,deployment,replicaset,job,serviceaccount,serviceaccount-token".into(),
-                    format!("--service-account-private-key-file={}", d(&sa_key)),
-                    format!("--root-ca-file={}", d(&ca)),
+                    format!("--service-account-private-key-file={}", d(sa_key)),
+                    format!("--root-ca-file={}", d(ca)),
                     "--leader-elect=false".into(),
                     "--use-service-account-credentials=false".into(),
                     "--secure-port=0".into(),
@@ -225,7 +225,7 @@ impl Cluster {
             Managed::spawn(
                 &format!("{name}/kube-scheduler"),
                 &bins.scheduler,
-                &[format!("--kubeconfig={}", d(&kubeconfig)), "--leader-elect=false".into(), "--secure-port=0".into(), "--port=0".into()],
+                &[format!("--kubeconfig={}", d(kubeconfig)), "--leader-elect=false".into(), "--secure-port=0".into(), "--port=0".into()],
                 &dir.join("scheduler.log"),
             )
             .map_err(io("starting kube-scheduler"))?,

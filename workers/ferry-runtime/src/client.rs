@@ -240,11 +240,10 @@ impl Client {
                 if ends.get(&m.partition()).is_some_and(|hi| m.offset() + 1 >= *hi) {
                     ends.remove(&m.partition());
                 }
-                if m.key() == Some(key.as_bytes()) {
-                    if let Some(Ok(ev)) = m.payload().map(|p| registry.decode::<ProgressEvent>(p)) {
+                if m.key() == Some(key.as_bytes())
+                    && let Some(Ok(ev)) = m.payload().map(|p| registry.decode::<ProgressEvent>(p)) {
                         out.push(ev);
                     }
-                }
             }
             out.sort_by_key(|e| e.seq);
             Ok(out)

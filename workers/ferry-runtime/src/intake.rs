@@ -36,7 +36,7 @@ pub enum IntakeError {
         topic: String,
         /// Cause.
         #[source]
-        source: KafkaError,
+        source: Box<KafkaError>,
     },
     /// Accepted records could not be made durable; the intake stops without storing
     /// their offsets, so they are read again.
@@ -46,7 +46,7 @@ pub enum IntakeError {
         topic: String,
         /// Cause.
         #[source]
-        source: crate::publisher::PublishError,
+        source: Box<crate::publisher::PublishError>,
     },
 }
 
@@ -102,6 +102,7 @@ pub(crate) struct Intake<H: TaskHandler> {
 }
 
 impl<H: TaskHandler> Intake<H> {
+    #[allow(clippy::too_many_arguments)] // one call site, in Worker::run
     pub(crate) fn new(
         kafka: &KafkaConfig,
         group: &str,
@@ -112,7 +113,7 @@ impl<H: TaskHandler> Intake<H> {
         stop: Arc<AtomicBool>,
         ready: Arc<AtomicBool>,
     ) -> Result<Self, IntakeError> {
-        let err = |source| IntakeError::Consumer { topic: topic.to_owned(), source };
+        let err = |source| IntakeError::Consumer { topic: topic.to_owned(), source: Box::new(source) };
         let ctx = IntakeContext { sched: sched.clone(), ready };
         let consumer: BaseConsumer<IntakeContext> = kafka.group_consumer(group).create_with_context(ctx).map_err(err)?;
         consumer.subscribe(&[topic]).map_err(err)?;
@@ -156,7 +157,7 @@ impl<H: TaskHandler> Intake<H> {
             }
             match rx.blocking_recv() {
                 Ok(Ok(())) => {}
-                Ok(Err(source)) => return Err(IntakeError::Durability { topic: self.topic.clone(), source }),
+                Ok(Err(source)) => return Err(IntakeError::Durability { topic: self.topic.clone(), source: Box::new(source) }),
                 Err(_) => return Ok(()),
             }
             for (p, o) in offsets {

@@ -442,11 +442,10 @@ impl<H: TaskHandler> Scheduler<H> {
             .map(|(id, _)| *id)
             .collect();
         for id in ids {
-            if let Some(slot) = self.slots.remove(&id) {
-                if self.running.get(&slot.snap.subject) == Some(&id) {
+            if let Some(slot) = self.slots.remove(&id)
+                && self.running.get(&slot.snap.subject) == Some(&id) {
                     self.running.remove(&slot.snap.subject);
                 }
-            }
         }
         for q in self.queues.values_mut() {
             q.retain(|id| self.slots.contains_key(id));

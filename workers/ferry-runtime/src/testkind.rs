@@ -111,11 +111,10 @@ impl TaskHandler for TestHandler {
             return Err(Rejection::new(format!("steps must be 1 to 100, got {}", spec.steps)));
         }
         for (field, v) in [("fail_at", spec.fail_at), ("block_at", spec.block_at), ("undo_fail_at", spec.undo_fail_at)] {
-            if let Some(v) = v {
-                if !(1..=spec.steps).contains(&v) {
+            if let Some(v) = v
+                && !(1..=spec.steps).contains(&v) {
                     return Err(Rejection::new(format!("{field} must name a step from 1 to {}, got {v}", spec.steps)));
                 }
-            }
         }
         if !(0..=600_000).contains(&spec.step_ms) {
             return Err(Rejection::new(format!("step_ms must be 0 to 600000, got {}", spec.step_ms)));

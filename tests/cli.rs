@@ -8,11 +8,13 @@ use ferry_runtime::{Client, EmbeddedBroker, EventType, KafkaConfig, TaskId, Topi
 use tokio_util::sync::CancellationToken;
 
 struct Env {
-    _broker: EmbeddedBroker,
     bootstrap: String,
     client: Client,
     dir: tempfile::TempDir,
     stop: CancellationToken,
+    worker: Option<tokio::task::JoinHandle<Result<(), ferry_runtime::WorkerError>>>,
+    // Dropped last: the worker must be stopped before its broker goes away.
+    _broker: EmbeddedBroker,
 }
 
 async fn env() -> Env {
@@ -24,14 +26,18 @@ async fn env() -> Env {
     opts.shutdown_grace = Duration::from_secs(1);
     let stop = CancellationToken::new();
     let handler = TestHandler { min_delay: Some(Duration::from_millis(10)) };
-    tokio::spawn(Worker::new(opts, handler).run(stop.clone()));
+    let worker = tokio::spawn(Worker::new(opts, handler).run(stop.clone()));
     let client = Client::new(kafka, topics).unwrap();
-    Env { _broker: broker, bootstrap, client, dir: tempfile::tempdir().unwrap(), stop }
+    Env { bootstrap, client, dir: tempfile::tempdir().unwrap(), stop, worker: Some(worker), _broker: broker }
 }
 
-impl Drop for Env {
-    fn drop(&mut self) {
+impl Env {
+    /// Stops the worker gracefully while its broker still runs.
+    async fn shutdown(mut self) {
         self.stop.cancel();
+        if let Some(w) = self.worker.take() {
+            w.await.unwrap().unwrap();
+        }
     }
 }
 
@@ -106,6 +112,7 @@ async fn submit_wait_exit_codes_and_json_output() {
     let missing = env.ferry(&["submit", "test", "-f", "/nonexistent.yaml"]).await;
     assert_eq!(missing.code, 2);
     assert!(missing.stderr.contains("reading /nonexistent.yaml"), "{}", missing.stderr);
+    env.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -124,4 +131,5 @@ async fn cancel_and_revert_through_the_cli() {
     assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
     assert!(out.stdout.contains("Reverted"));
     assert_eq!(out.stdout.lines().filter(|l| l.contains("StepReverted")).count(), 2);
+    env.shutdown().await;
 }

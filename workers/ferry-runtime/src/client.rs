@@ -200,9 +200,10 @@ impl Client {
     pub async fn snapshots(&self) -> Result<Vec<TaskSnapshot>, ClientError> {
         let (view, thread) = StateView::start(&self.kafka, &self.topics.task_state().name, None, self.registry.clone())?;
         let r = view.caught_up(Duration::from_secs(60)).await;
+        // The reader thread ends at its next poll; joining could block on a dead broker.
         view.stop();
+        drop(thread);
         let all = view.all();
-        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
         r?;
         Ok(all)
     }
@@ -283,7 +284,7 @@ impl Client {
         .expect("metadata task")
         .map_err(kafka_err)?;
         consumer.assign(&tpl).map_err(kafka(format!("assigning {topic}")))?;
-        Ok(EventStream { consumer, registry: self.registry.clone() })
+        Ok(EventStream { consumer, registry: self.registry.clone(), kept: Default::default() })
     }
 }
 
@@ -294,10 +295,13 @@ pub fn new_trace_parent() -> String {
     format!("00-{trace:032x}-{span:016x}-01")
 }
 
-/// Progress events as they arrive.
+/// Progress events as they arrive. Events of other tasks met while [`Self::until`] waits
+/// for one task are kept, in order, for later calls (tasks' events arrive interleaved
+/// in any order across partitions).
 pub struct EventStream {
     consumer: StreamConsumer,
     registry: Arc<Registry>,
+    kept: std::collections::VecDeque<ProgressEvent>,
 }
 
 impl std::fmt::Debug for EventStream {
@@ -309,6 +313,13 @@ impl std::fmt::Debug for EventStream {
 impl EventStream {
     /// The next decodable event (undecodable ones are logged and skipped).
     pub async fn next(&mut self) -> Option<ProgressEvent> {
+        if let Some(ev) = self.kept.pop_front() {
+            return Some(ev);
+        }
+        self.next_new().await
+    }
+
+    async fn next_new(&mut self) -> Option<ProgressEvent> {
         loop {
             let m = self.consumer.stream().next().await?;
             match m {
@@ -331,9 +342,25 @@ impl EventStream {
     ) -> Result<Vec<ProgressEvent>, ClientError> {
         let key = task.to_string();
         let mut seen = Vec::new();
+        // First the events of this task that earlier waits kept.
+        let mut rest = std::collections::VecDeque::new();
+        let mut finished = false;
+        while let Some(ev) = self.kept.pop_front() {
+            if finished || ev.task_id != key {
+                rest.push_back(ev);
+                continue;
+            }
+            finished = done(&ev);
+            seen.push(ev);
+        }
+        self.kept = rest;
+        if finished {
+            return Ok(seen);
+        }
         let r = tokio::time::timeout(limit, async {
-            while let Some(ev) = self.next().await {
+            while let Some(ev) = self.next_new().await {
                 if ev.task_id != key {
+                    self.kept.push_back(ev);
                     continue;
                 }
                 let stop = done(&ev);

@@ -114,6 +114,11 @@ impl KafkaConfig {
             .set("session.timeout.ms", "10000")
             .set("heartbeat.interval.ms", "1000")
             .set("partition.assignment.strategy", "range");
+        self.finish_consumer(c)
+    }
+
+    /// Consumer-only settings, then the caller's extras (which win).
+    fn finish_consumer(&self, mut c: ClientConfig) -> ClientConfig {
         if let Some(ms) = self.fetch_wait_max_ms {
             c.set("fetch.wait.max.ms", ms.to_string());
         }
@@ -132,13 +137,7 @@ impl KafkaConfig {
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("enable.partition.eof", "false");
-        if let Some(ms) = self.fetch_wait_max_ms {
-            c.set("fetch.wait.max.ms", ms.to_string());
-        }
-        for (k, v) in &self.extra {
-            c.set(k, v);
-        }
-        c
+        self.finish_consumer(c)
     }
 }
 

@@ -9,6 +9,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
+use crate::kind::TaskKind;
 use crate::metrics::Metrics;
 use crate::protocol::{EventType, ProgressEvent, TaskSnapshot, TaskState, now_ms};
 use crate::state_view::StateView;
@@ -90,6 +91,29 @@ impl Detail {
     pub fn message(mut self, m: impl Into<String>) -> Self {
         self.message = Some(m.into());
         self
+    }
+
+    /// The event of `snap`'s task with this detail, numbered `seq`.
+    pub fn into_event(self, snap_task: (&str, TaskKind, &str), seq: i64, event: EventType, worker: &str, at_ms: i64, trace_parent: Option<String>) -> ProgressEvent {
+        let (task_id, kind, subject) = snap_task;
+        ProgressEvent {
+            task_id: task_id.to_owned(),
+            seq,
+            event,
+            kind,
+            subject: subject.to_owned(),
+            worker: worker.to_owned(),
+            at_ms,
+            trace_parent,
+            step: self.step,
+            step_name: self.step_name,
+            percent: self.percent,
+            message: self.message,
+            code: self.code,
+            transient: self.transient,
+            attempt: self.attempt,
+            delay_ms: self.delay_ms,
+        }
     }
 }
 
@@ -198,30 +222,33 @@ impl Publisher {
         }
     }
 
+    /// Encodes a task's record and hands it to the producer, keyed by the task id.
+    fn enqueue_record<T: serde::Serialize + apache_avro::AvroSchema>(
+        &self,
+        topic: &str,
+        record: &'static str,
+        value: &T,
+        task: &str,
+        trace: Option<&str>,
+    ) -> Result<Pending, PublishError> {
+        let bytes = self.registry.encode(value).map_err(|source| PublishError::Encode { record, task: task.to_owned(), source })?;
+        let f = self.send(topic, task.as_bytes(), &bytes, Self::headers(task, trace))?;
+        Ok(Pending { futures: vec![(topic.to_owned(), f)] })
+    }
+
     /// Hands the snapshot to the producer (and to the local view).
     pub fn enqueue_snapshot(&self, snap: &TaskSnapshot) -> Result<Pending, PublishError> {
-        let bytes = self.registry.encode(snap).map_err(|source| PublishError::Encode {
-            record: "TaskSnapshot",
-            task: snap.task_id.clone(),
-            source,
-        })?;
         let topic = &self.topics.task_state().name;
-        let f = self.send(topic, snap.task_id.as_bytes(), &bytes, Self::headers(&snap.task_id, snap.trace_parent.as_deref()))?;
+        let p = self.enqueue_record(topic, "TaskSnapshot", snap, &snap.task_id, snap.trace_parent.as_deref())?;
         self.view.apply(snap.clone());
-        Ok(Pending { futures: vec![(topic.clone(), f)] })
+        Ok(p)
     }
 
     /// Hands one event to the producer without touching any snapshot (for commands that
-    /// name no known task).
+    /// name no known task, and final events published again).
     pub fn enqueue_event(&self, ev: &ProgressEvent) -> Result<Pending, PublishError> {
-        let bytes = self.registry.encode(ev).map_err(|source| PublishError::Encode {
-            record: "ProgressEvent",
-            task: ev.task_id.clone(),
-            source,
-        })?;
         let topic = &self.topics.progress().name;
-        let f = self.send(topic, ev.task_id.as_bytes(), &bytes, Self::headers(&ev.task_id, ev.trace_parent.as_deref()))?;
-        Ok(Pending { futures: vec![(topic.clone(), f)] })
+        self.enqueue_record(topic, "ProgressEvent", ev, &ev.task_id, ev.trace_parent.as_deref())
     }
 
     /// Advances the snapshot by one event (seq + 1, state as already set by the caller),
@@ -231,24 +258,14 @@ impl Publisher {
         snap.last_event = event;
         snap.updated_at_ms = now_ms();
         snap.worker = self.worker.clone();
-        let ev = ProgressEvent {
-            task_id: snap.task_id.clone(),
-            seq: snap.seq,
+        let ev = d.into_event(
+            (&snap.task_id, snap.kind, &snap.subject),
+            snap.seq,
             event,
-            kind: snap.kind,
-            subject: snap.subject.clone(),
-            worker: self.worker.clone(),
-            at_ms: snap.updated_at_ms,
-            trace_parent: snap.trace_parent.clone(),
-            step: d.step,
-            step_name: d.step_name,
-            percent: d.percent,
-            message: d.message,
-            code: d.code,
-            transient: d.transient,
-            attempt: d.attempt,
-            delay_ms: d.delay_ms,
-        };
+            &self.worker,
+            snap.updated_at_ms,
+            snap.trace_parent.clone(),
+        );
         let mut p = self.enqueue_snapshot(snap)?;
         p.extend(self.enqueue_event(&ev)?);
         self.metrics.event(snap.kind, event);

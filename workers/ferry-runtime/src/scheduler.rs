@@ -52,24 +52,14 @@ const REPUBLISH_WINDOW_MS: i64 = 10 * 60 * 1000;
 /// The final event a settled snapshot stands for, rebuilt from the snapshot.
 fn final_event(snap: &TaskSnapshot, worker: &str) -> ProgressEvent {
     let err = snap.error.as_ref();
-    ProgressEvent {
-        task_id: snap.task_id.clone(),
-        seq: snap.seq,
-        event: snap.last_event,
-        kind: snap.kind,
-        subject: snap.subject.clone(),
-        worker: worker.to_owned(),
-        at_ms: snap.updated_at_ms,
-        trace_parent: snap.trace_parent.clone(),
+    let d = Detail {
         step: err.and_then(|e| e.step),
-        step_name: None,
-        percent: None,
         message: err.map(|e| e.message.clone()),
         code: err.map(|e| e.code.clone()),
         transient: err.map(|e| e.transient),
-        attempt: None,
-        delay_ms: None,
-    }
+        ..Detail::default()
+    };
+    d.into_event((&snap.task_id, snap.kind, &snap.subject), snap.seq, snap.last_event, worker, snap.updated_at_ms, snap.trace_parent.clone())
 }
 
 struct Slot {
@@ -270,24 +260,9 @@ impl<H: TaskHandler> Scheduler<H> {
     }
 
     fn event_only(&self, env: &CommandEnvelope, event: EventType, trace: Option<String>, message: String) -> Result<Pending, PublishError> {
-        self.env.publisher.enqueue_event(&ProgressEvent {
-            task_id: env.task_id.clone(),
-            seq: 0,
-            event,
-            kind: env.kind,
-            subject: env.subject.clone(),
-            worker: self.env.publisher.worker().to_owned(),
-            at_ms: now_ms(),
-            trace_parent: trace,
-            step: None,
-            step_name: None,
-            percent: None,
-            message: Some(message),
-            code: Some("REJECTED".into()),
-            transient: None,
-            attempt: None,
-            delay_ms: None,
-        })
+        let d = Detail { code: Some("REJECTED".into()), ..Detail::default() }.message(message);
+        let ev = d.into_event((&env.task_id, env.kind, &env.subject), 0, event, self.env.publisher.worker(), now_ms(), trace);
+        self.env.publisher.enqueue_event(&ev)
     }
 
     fn start(&mut self, env: CommandEnvelope, id: TaskId, partition: i32, offset: i64, trace: Option<String>) -> Result<Pending, PublishError> {

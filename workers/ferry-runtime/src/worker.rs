@@ -166,9 +166,14 @@ impl<H: TaskHandler> Worker<H> {
         // If this future is dropped (a test's panic, an aborted task), the threads stop too.
         let _stop_guard = StopOnDrop { flag: stop.clone(), view: view.clone() };
         let intake = Intake::new(&opts.kafka, &group, &topic, handler, registry, sched_tx.clone(), stop.clone(), ready.clone())?;
-        let intake_thread = std::thread::Builder::new()
+        // The thread reports its end on a channel instead of being joined: closing a
+        // consumer blocks while no broker answers, and shutdown must stay bounded.
+        let (intake_tx, intake_done) = oneshot::channel();
+        std::thread::Builder::new()
             .name(format!("ferry-intake-{kind}"))
-            .spawn(move || intake.run())
+            .spawn(move || {
+                let _ = intake_tx.send(intake.run());
+            })
             .expect("spawn intake thread");
         tracing::info!(%kind, %topic, %group, worker = %opts.worker_id, "worker started");
         started(WorkerHandle { ready: ready.clone(), metrics: metrics.clone(), http });
@@ -180,15 +185,21 @@ impl<H: TaskHandler> Worker<H> {
         let lag_stop = shutdown.clone();
         tokio::spawn(async move { crate::lag::report(lag_kafka, lag_group, lag_topic, lag_metrics, lag_stop).await });
 
-        let mut intake_done = tokio::task::spawn_blocking(move || intake_thread.join());
+        let mut intake_done = intake_done;
         let intake_result = tokio::select! {
             () = shutdown.cancelled() => None,
             r = &mut intake_done => Some(r),
         };
         stop.store(true, Ordering::Relaxed);
         let intake_result = match intake_result {
-            Some(r) => r,
-            None => intake_done.await,
+            Some(r) => r.ok(),
+            None => match tokio::time::timeout(opts.shutdown_grace + Duration::from_secs(15), intake_done).await {
+                Ok(r) => r.ok(),
+                Err(_) => {
+                    tracing::error!("the command consumer did not close in time (brokers unreachable?); leaving it");
+                    None
+                }
+            },
         };
         // The intake's revoke callback already stopped the tasks of its partitions; stop
         // anything left with the full shutdown grace.
@@ -199,12 +210,12 @@ impl<H: TaskHandler> Worker<H> {
         drop(sched_tx);
         let _ = scheduler.await;
         publisher.flush(Duration::from_secs(10));
+        // The reader thread ends at its next poll; it holds nothing to flush.
         view.stop();
-        let _ = tokio::task::spawn_blocking(move || view_thread.join()).await;
+        drop(view_thread);
         tracing::info!(%kind, "worker stopped");
         match intake_result {
-            Ok(Ok(Ok(()))) => Ok(()),
-            Ok(Ok(Err(e))) => Err(e.into()),
+            Some(Err(e)) => Err(e.into()),
             _ => Ok(()),
         }
     }

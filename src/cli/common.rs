@@ -31,6 +31,9 @@ pub struct Conn {
     /// CA bundle for TLS.
     #[arg(long, global = true, env = "FERRY_KAFKA_SSL_CA_LOCATION")]
     pub ssl_ca_location: Option<PathBuf>,
+    /// A Confluent-compatible schema registry (http://HOST:PORT); the embedded one if unset.
+    #[arg(long, global = true, env = "FERRY_SCHEMA_REGISTRY")]
+    pub schema_registry: Option<String>,
     /// Any librdkafka property, KEY=VALUE (repeatable), e.g. session.timeout.ms=6000.
     #[arg(long = "kafka-property", global = true, value_parser = parse_property)]
     pub kafka_properties: Vec<(String, String)>,
@@ -72,8 +75,12 @@ impl Conn {
         Topics::with_prefix(&self.topic_prefix)
     }
 
-    pub fn client(&self) -> anyhow::Result<ferry_runtime::Client> {
-        Ok(ferry_runtime::Client::new(self.kafka()?, self.topics())?)
+    pub async fn client(&self) -> anyhow::Result<ferry_runtime::Client> {
+        let registry = match &self.schema_registry {
+            Some(url) => ferry_runtime::schema_registry::confluent(url).await?,
+            None => ferry_runtime::wire::Registry::embedded(),
+        };
+        Ok(ferry_runtime::Client::with_registry(self.kafka()?, self.topics(), registry)?)
     }
 }
 

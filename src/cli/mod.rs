@@ -97,6 +97,7 @@ async fn run_worker(conn: &common::Conn, a: WorkerArgs) -> anyhow::Result<ExitCo
     opts.topics = conn.topics();
     opts.http = Some(a.http);
     opts.group_id = a.group;
+    opts.schema_registry = conn.schema_registry.clone();
     let shutdown = CancellationToken::new();
     common::cancel_on_signal(shutdown.clone());
     match a.kind {

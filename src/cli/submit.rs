@@ -76,7 +76,7 @@ pub fn encode_spec(client: &ferry_runtime::Client, kind: TaskKind, spec: serde_j
 pub async fn run(conn: &Conn, a: SubmitArgs) -> anyhow::Result<ExitCode> {
     let text = std::fs::read_to_string(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
     let file: SpecFile = serde_yaml_ng::from_str(&text).with_context(|| format!("parsing {}", a.file.display()))?;
-    let client = conn.client()?;
+    let client = conn.client().await?;
     let spec = encode_spec(&client, a.kind, file.spec)?;
     // Follow from the current end before sending, so no event is missed.
     let mut events = if a.wait { Some(client.events(false).await?) } else { None };

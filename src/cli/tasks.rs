@@ -153,7 +153,7 @@ pub fn print_snapshot(s: &TaskSnapshot, output: Output) -> anyhow::Result<()> {
 }
 
 pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
-    let client = conn.client()?;
+    let client = conn.client().await?;
     match cmd {
         TasksCommand::Get { id, output } => {
             let Some(snap) = client.snapshot(id).await? else {

@@ -87,11 +87,16 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
-    /// A client of `topics` on the brokers of `kafka`.
+    /// A client of `topics` on the brokers of `kafka`, with the embedded schema registry.
     pub fn new(kafka: KafkaConfig, topics: Topics) -> Result<Self, ClientError> {
+        Self::with_registry(kafka, topics, Registry::embedded())
+    }
+
+    /// A client using `registry` (e.g. from [`crate::schema_registry::confluent`]).
+    pub fn with_registry(kafka: KafkaConfig, topics: Topics, registry: Registry) -> Result<Self, ClientError> {
         let producer = kafka.producer().create().map_err(self::kafka("creating the producer"))?;
         let requested_by = std::env::var("USER").unwrap_or_else(|_| "ferry-cli".into());
-        Ok(Self { kafka, topics, registry: Arc::new(Registry::embedded()), producer, requested_by })
+        Ok(Self { kafka, topics, registry: Arc::new(registry), producer, requested_by })
     }
 
     /// The topics.

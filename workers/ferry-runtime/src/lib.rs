@@ -27,6 +27,7 @@ pub mod protocol;
 pub mod publisher;
 mod runner;
 mod scheduler;
+pub mod schema_registry;
 pub mod state_view;
 pub mod step;
 pub mod tansu;

@@ -80,6 +80,9 @@ struct Entry {
 pub struct Registry {
     by_id: HashMap<u32, Entry>,
     latest: HashMap<String, u32>,
+    /// Ids of the exact versions this binary's types match (a shared registry may hold
+    /// newer versions registered by newer producers).
+    own: HashMap<String, u32>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -118,7 +121,16 @@ impl Registry {
             *newest = (*newest).max(id);
             by_id.insert(id, Entry { schema, name });
         }
-        Ok(Self { by_id, latest })
+        Ok(Self { by_id, latest, own: HashMap::new() })
+    }
+
+    /// Writes (and reads into) record `name` with schema `id` rather than the newest.
+    pub fn pin(&mut self, name: &str, id: u32) {
+        self.own.insert(name.to_owned(), id);
+    }
+
+    fn current(&self, name: &str) -> Option<u32> {
+        self.own.get(name).or_else(|| self.latest.get(name)).copied()
     }
 
     /// The schema registered under `id`.
@@ -129,7 +141,7 @@ impl Registry {
     /// The newest id of the record `T`.
     pub fn id_of<T: AvroSchema>(&self) -> Result<u32, WireError> {
         let name = full_name(&T::get_schema());
-        self.latest.get(&name).copied().ok_or(WireError::Unregistered(name))
+        self.current(&name).ok_or(WireError::Unregistered(name))
     }
 
     /// Encodes `value` with the newest registered schema of its record.
@@ -161,7 +173,7 @@ impl Registry {
         if writer.name != expected {
             return Err(WireError::WrongRecord { id, found: writer.name.clone(), expected });
         }
-        let reader_id = self.latest[&writer.name];
+        let reader_id = self.current(&writer.name).ok_or_else(|| WireError::Unregistered(writer.name.clone()))?;
         let reader = &self.by_id[&reader_id].schema;
         let mut datum = &bytes[5..];
         let datum_err = |e| WireError::Datum { record: expected.clone(), source: Box::new(e) };

@@ -49,6 +49,8 @@ pub struct WorkerOptions {
     pub shutdown_grace: Duration,
     /// Where to serve `/healthz`, `/readyz`, `/metrics`.
     pub http: Option<SocketAddr>,
+    /// A Confluent-compatible schema registry (`http://...`); the embedded one if None.
+    pub schema_registry: Option<String>,
 }
 
 impl WorkerOptions {
@@ -62,6 +64,7 @@ impl WorkerOptions {
             revoke_grace: Duration::from_secs(5),
             shutdown_grace: Duration::from_secs(20),
             http: None,
+            schema_registry: None,
         }
     }
 }
@@ -84,6 +87,9 @@ pub enum WorkerError {
     /// The command intake failed.
     #[error(transparent)]
     Intake(#[from] IntakeError),
+    /// The schema registry could not be used.
+    #[error(transparent)]
+    SchemaRegistry(#[from] crate::schema_registry::RegistryError),
     /// The probe server could not bind.
     #[error("serving probes on {addr}: {source}")]
     Http {
@@ -134,7 +140,10 @@ impl<H: TaskHandler> Worker<H> {
     pub async fn run_with(self, shutdown: CancellationToken, started: impl FnOnce(WorkerHandle)) -> Result<(), WorkerError> {
         let Self { opts, handler } = self;
         let kind = handler.kind();
-        let registry = Arc::new(Registry::embedded());
+        let registry = Arc::new(match &opts.schema_registry {
+            Some(url) => crate::schema_registry::confluent(url).await?,
+            None => Registry::embedded(),
+        });
         let metrics = Arc::new(Metrics::new());
         let ready = Arc::new(AtomicBool::new(false));
         let (view, view_thread) =

@@ -13,9 +13,11 @@
 pub mod binaries;
 pub mod crds;
 pub mod describe;
+pub mod fault_proxy;
 pub mod fleet;
 pub mod kubelet;
 pub mod process;
 
 pub use fleet::{Cluster, Fleet, FleetError, FleetOptions};
+pub use fault_proxy::{FaultHandle, FaultProxy};
 pub use kubelet::{Kubelet, NodeFlavor};

@@ -88,6 +88,7 @@ async fn start_fleet(a: &DevArgs, state: &std::path::Path) -> anyhow::Result<(fe
     eprintln!("ferry dev: starting the simulated fleet: hub + {} managed clusters", a.clusters);
     let dir = state.join("fleet");
     let fleet = ferry_fleet::Fleet::start(ferry_fleet::FleetOptions { dir: Some(dir.clone()), ..ferry_fleet::FleetOptions::hub_and(a.clusters) }).await?;
+    fleet.install_project_crds().await?;
     let mut kubelets = Vec::new();
     for c in fleet.clusters.iter().skip(1) {
         let k = ferry_fleet::Kubelet::start(&c.name, c.client().await?, Duration::from_millis(500));

@@ -192,6 +192,17 @@ impl Fleet {
         &self.clusters[0]
     }
 
+    /// Installs the project's CRD subset ([`crate::kinds`]) on every cluster.
+    pub async fn install_project_crds(&self) -> Result<(), FleetError> {
+        for c in &self.clusters {
+            let client = c.client().await?;
+            crate::crds::install(&client, crate::kinds::crds())
+                .await
+                .map_err(|e| FleetError::Client { cluster: c.name.clone(), source: Box::new(e) })?;
+        }
+        Ok(())
+    }
+
     /// A cluster by name.
     pub fn cluster(&self, name: &str) -> Option<&Cluster> {
         self.clusters.iter().find(|c| c.name == name)

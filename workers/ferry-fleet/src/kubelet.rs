@@ -69,7 +69,11 @@ impl Kubelet {
     /// Starts the pod loop of `cluster`; add nodes with [`Self::add_nodes`].
     pub fn start(cluster: &str, client: kube::Client, start_delay: Duration) -> Self {
         let nodes = Arc::new(Mutex::new(HashSet::new()));
-        let task = tokio::spawn(pod_loop(client.clone(), nodes.clone(), start_delay));
+        let pods = pod_loop(client.clone(), nodes.clone(), start_delay);
+        let services = service_loop(client.clone(), lb_prefix(cluster));
+        let task = tokio::spawn(async move {
+            tokio::join!(pods, services);
+        });
         Self { cluster: cluster.to_owned(), client, nodes, task }
     }
 
@@ -131,6 +135,34 @@ impl Kubelet {
             self.nodes.lock().expect("nodes lock").remove(n);
         }
         Ok(())
+    }
+}
+
+/// A per-cluster address block for emulated LoadBalancer IPs (TEST-NET-3, never routed).
+fn lb_prefix(cluster: &str) -> String {
+    let n = cluster.bytes().fold(0u32, |a, b| a.wrapping_mul(31).wrapping_add(u32::from(b))) % 250;
+    format!("203.0.113.{}", n + 1)
+}
+
+/// Gives LoadBalancer Services an ingress address, as a cloud controller would.
+async fn service_loop(client: kube::Client, prefix: String) {
+    use k8s_openapi::api::core::v1::Service;
+    let api: Api<Service> = Api::all(client.clone());
+    let mut services = watcher(api, watcher::Config::default()).default_backoff().applied_objects().boxed();
+    while let Some(ev) = services.next().await {
+        let Ok(svc) = ev else { continue };
+        let is_lb = svc.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("LoadBalancer");
+        let has_ip = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|l| l.ingress.as_ref()).is_some_and(|i| !i.is_empty());
+        let (Some(ns), Some(name)) = (svc.metadata.namespace.clone(), svc.metadata.name.clone()) else { continue };
+        if !is_lb || has_ip {
+            continue;
+        }
+        // One address per cluster in this emulation: the last octet is fixed per cluster.
+        let status = json!({"status": {"loadBalancer": {"ingress": [{"ip": prefix}]}}});
+        let api: Api<Service> = Api::namespaced(client.clone(), &ns);
+        if let Err(e) = api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await {
+            tracing::debug!(service = %name, error = %e, "load balancer address not set");
+        }
     }
 }
 

@@ -15,6 +15,7 @@ pub mod crds;
 pub mod describe;
 pub mod fault_proxy;
 pub mod fleet;
+pub mod kinds;
 pub mod kubelet;
 pub mod process;
 

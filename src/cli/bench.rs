@@ -19,6 +19,15 @@ use tokio_util::sync::CancellationToken;
 pub enum BenchCommand {
     /// The task runtime against the broker's own limit.
     Runtime(RuntimeArgs),
+    /// The test bed: start-up time and memory per cluster.
+    Testbed {
+        /// Clusters to start (hub included).
+        #[arg(long, default_value_t = 3)]
+        clusters: usize,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -76,7 +85,10 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 }
 
 pub async fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
-    let BenchCommand::Runtime(a) = cmd;
+    let a = match cmd {
+        BenchCommand::Runtime(a) => a,
+        BenchCommand::Testbed { clusters, json } => return testbed(clusters, json).await,
+    };
     let topics = Topics::standard();
     let bench_topic = "ferry.bench.raw";
     let mut _embedded = None;
@@ -231,4 +243,45 @@ async fn raw_baseline(kafka: &KafkaConfig, topic: &str, n: usize) -> anyhow::Res
         rtt.push(t0.elapsed().as_secs_f64() * 1000.0);
     }
     Ok((rate, rtt))
+}
+
+/// Starts `n` clusters with controllers, then reads time and memory.
+async fn testbed(n: usize, json: bool) -> anyhow::Result<ExitCode> {
+    let started = Instant::now();
+    let opts = ferry_fleet::FleetOptions::hub_and(n.saturating_sub(1));
+    let fleet = ferry_fleet::Fleet::start(opts).await?;
+    let ready = started.elapsed().as_secs_f64();
+    // Controllers start after their API server; let them finish their own start-up by
+    // waiting until the hub's default service account exists (the controller made it).
+    let sa: kube::Api<k8s_openapi::api::core::v1::ServiceAccount> = kube::Api::namespaced(fleet.hub().client().await?, "default");
+    kube::runtime::wait::await_condition(sa, "default", |o: Option<&k8s_openapi::api::core::v1::ServiceAccount>| o.is_some()).await?;
+    let rss = ferry_fleet::measure::rss_by_program(&fleet.dir);
+    let total: f64 = rss.values().map(|(_, mb)| mb).sum();
+    let report = serde_json::json!({
+        "clusters": n,
+        "api_servers_ready_s": ready,
+        "rss_mib_by_program": rss.iter().map(|(k, (c, mb))| (k.clone(), serde_json::json!({"processes": c, "mib": mb}))).collect::<serde_json::Map<_, _>>(),
+        "rss_mib_total": total,
+        "rss_mib_per_cluster": total / n as f64,
+        "clusters_fitting_in_memory": ((total_memory_mib() * 0.8) / (total / n as f64)).floor(),
+    });
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!("clusters                 {n}");
+        println!("API servers ready        {ready:.1} s");
+        for (k, (c, mb)) in &rss {
+            println!("  {k:<24} {c} processes, {mb:.0} MiB");
+        }
+        println!("RSS total                {total:.0} MiB ({:.0} MiB per cluster)", total / n as f64);
+        println!("clusters in 80% of RAM   {}", report["clusters_fitting_in_memory"]);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn total_memory_mib() -> f64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| m.lines().find(|l| l.starts_with("MemTotal:"))?.split_whitespace().nth(1)?.parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
 }

@@ -13,10 +13,12 @@
 pub mod binaries;
 pub mod crds;
 pub mod describe;
+pub mod emulate;
 pub mod fault_proxy;
 pub mod fleet;
 pub mod kinds;
 pub mod kubelet;
+pub mod measure;
 pub mod process;
 
 pub use fleet::{Cluster, Fleet, FleetError, FleetOptions};

@@ -257,3 +257,42 @@ async fn the_projects_crd_subset_matches_upstream_names_and_serves_objects() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_emulated_controller_acts_after_its_delay_and_through_injected_failures() {
+    init();
+    let fleet = Fleet::start(FleetOptions { clusters: vec!["hub".into()], controllers: false, ..FleetOptions::default() }).await.unwrap();
+    let client = fleet.hub().client().await.unwrap();
+    ns(&client, "emu").await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "emu");
+    let attempts = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let seen = attempts.clone();
+    let writer = cms.clone();
+    // Plays a provider: marks every ConfigMap "provisioned".
+    let knobs = ferry_fleet::emulate::Knobs { delay: Duration::from_millis(300), stuck: false, fail_next: 2 };
+    let emu = ferry_fleet::emulate::run(cms.clone(), knobs, move |cm: std::sync::Arc<ConfigMap>| {
+        seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let writer = writer.clone();
+        async move {
+            if cm.data.as_ref().and_then(|d| d.get("phase")).is_some() {
+                return Ok(());
+            }
+            let patch = json!({"data": {"phase": "Provisioned"}});
+            writer.patch(&cm.metadata.name.clone().unwrap(), &PatchParams::default(), &Patch::Merge(&patch)).await.map(|_| ())
+        }
+    });
+    let created = std::time::Instant::now();
+    cms.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "c1"}})).unwrap()).await.unwrap();
+    let provisioned = |c: Option<&ConfigMap>| c.and_then(|c| c.data.as_ref()).is_some_and(|d| d.get("phase").is_some());
+    tokio::time::timeout(WAIT, await_condition(cms.clone(), "c1", provisioned)).await.unwrap().unwrap();
+    assert!(created.elapsed() >= Duration::from_millis(300), "acted no earlier than its delay");
+    assert!(attempts.load(std::sync::atomic::Ordering::Relaxed) >= 1);
+    // Held stuck, then released: the object is provisioned once released.
+    emu.set(|k| k.stuck = true);
+    emu.set(|k| k.delay = Duration::ZERO);
+    cms.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "c2"}})).unwrap()).await.unwrap();
+    emu.set(|k| k.stuck = false);
+    // A change makes the controller look again.
+    cms.patch("c2", &PatchParams::default(), &Patch::Merge(&json!({"metadata": {"labels": {"poke": "1"}}}))).await.unwrap();
+    tokio::time::timeout(WAIT, await_condition(cms, "c2", provisioned)).await.unwrap().unwrap();
+}

@@ -1,0 +1,110 @@
+//! A small framework for the emulated controllers of the simulated fleet (Cluster API,
+//! OCM, Liqo): a `kube::runtime::Controller` over one kind whose reconcile runs after a
+//! configurable delay, can be held stuck (a cluster that never becomes ready), and can
+//! fail its next attempts (retried with backoff by the controller).
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use kube::api::Api;
+use kube::runtime::Controller;
+use kube::runtime::controller::Action;
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use tokio::task::JoinHandle;
+
+/// The knobs of one emulated controller, changeable while it runs.
+#[derive(Debug, Clone, Default)]
+pub struct Knobs {
+    /// Time between first seeing an object and acting on it.
+    pub delay: Duration,
+    /// Never act (the emulated component never becomes ready).
+    pub stuck: bool,
+    /// Fail this many next attempts.
+    pub fail_next: u32,
+}
+
+/// Why an emulated reconcile failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EmulateError {
+    /// Injected through [`Knobs::fail_next`].
+    #[error("injected failure")]
+    Injected,
+    /// The API refused.
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+}
+
+struct Ctx {
+    knobs: Arc<Mutex<Knobs>>,
+    first_seen: Mutex<HashMap<String, Instant>>,
+}
+
+/// A running emulated controller; stops when dropped.
+#[derive(Debug)]
+pub struct Emulated {
+    knobs: Arc<Mutex<Knobs>>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Emulated {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Emulated {
+    /// Changes the knobs.
+    pub fn set(&self, f: impl FnOnce(&mut Knobs)) {
+        f(&mut self.knobs.lock().expect("knobs lock"));
+    }
+}
+
+/// Runs `act` for every object of `api` (once per change), subject to `knobs`.
+pub fn run<K, F, Fut>(api: Api<K>, knobs: Knobs, act: F) -> Emulated
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    F: Fn(Arc<K>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), kube::Error>> + Send + 'static,
+{
+    let knobs = Arc::new(Mutex::new(knobs));
+    let ctx = Arc::new(Ctx { knobs: knobs.clone(), first_seen: Mutex::default() });
+    let act = Arc::new(act);
+    let reconcile = move |obj: Arc<K>, ctx: Arc<Ctx>| {
+        let act = act.clone();
+        async move {
+            let k = ctx.knobs.lock().expect("knobs lock").clone();
+            if k.stuck {
+                return Ok(Action::await_change());
+            }
+            let key = obj.uid().unwrap_or_else(|| obj.name_any());
+            let seen = *ctx.first_seen.lock().expect("seen lock").entry(key).or_insert_with(Instant::now);
+            let waited = seen.elapsed();
+            if waited < k.delay {
+                return Ok(Action::requeue(k.delay - waited));
+            }
+            {
+                let mut kn = ctx.knobs.lock().expect("knobs lock");
+                if kn.fail_next > 0 {
+                    kn.fail_next -= 1;
+                    return Err(EmulateError::Injected);
+                }
+            }
+            act(obj).await?;
+            Ok(Action::await_change())
+        }
+    };
+    let error_policy = |_obj: Arc<K>, _e: &EmulateError, _ctx: Arc<Ctx>| Action::requeue(Duration::from_millis(200));
+    let task = tokio::spawn(async move {
+        Controller::new(api, watcher::Config::default())
+            .run(reconcile, error_policy, ctx)
+            .for_each(|_| async {})
+            .await;
+    });
+    Emulated { knobs, task }
+}

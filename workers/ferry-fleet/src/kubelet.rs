@@ -27,13 +27,18 @@ pub struct NodeFlavor {
     pub pods: u32,
     /// Extra node labels.
     pub labels: BTreeMap<String, String>,
+    /// Node taints, e.g. `dedicated=gpu:NoSchedule`.
+    pub taints: Vec<k8s_openapi::api::core::v1::Taint>,
 }
 
 impl Default for NodeFlavor {
     fn default() -> Self {
-        Self { cpu: "4".into(), memory: "8Gi".into(), pods: 110, labels: BTreeMap::new() }
+        Self { cpu: "4".into(), memory: "8Gi".into(), pods: 110, labels: BTreeMap::new(), taints: Vec::new() }
     }
 }
+
+/// How often nodes report (the kubelet's default node-status update period is 10 s).
+const HEARTBEAT: Duration = Duration::from_secs(10);
 
 /// Why the kubelet could not act.
 #[derive(Debug, thiserror::Error)]
@@ -71,8 +76,9 @@ impl Kubelet {
         let nodes = Arc::new(Mutex::new(HashSet::new()));
         let pods = pod_loop(client.clone(), nodes.clone(), start_delay);
         let services = service_loop(client.clone(), lb_prefix(cluster));
+        let beats = heartbeat_loop(client.clone(), nodes.clone());
         let task = tokio::spawn(async move {
-            tokio::join!(pods, services);
+            tokio::join!(pods, services, beats);
         });
         Self { cluster: cluster.to_owned(), client, nodes, task }
     }
@@ -114,8 +120,8 @@ impl Kubelet {
             api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
                 .await
                 .map_err(self.err(format!("setting status of node {name}")))?;
-            // Admission tainted the new node not-ready; it is ready now.
-            api.patch(&name, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"taints": null}})))
+            // Admission tainted the new node not-ready; it is ready now: the flavor's taints only.
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"taints": flavor.taints}})))
                 .await
                 .map_err(self.err(format!("untainting node {name}")))?;
             self.nodes.lock().expect("nodes lock").insert(name.clone());
@@ -135,6 +141,25 @@ impl Kubelet {
             self.nodes.lock().expect("nodes lock").remove(n);
         }
         Ok(())
+    }
+}
+
+/// Renews the Ready condition's heartbeat of every node, as a kubelet does.
+async fn heartbeat_loop(client: kube::Client, nodes: Arc<Mutex<HashSet<String>>>) {
+    let api: Api<Node> = Api::all(client);
+    let mut ticks = tokio::time::interval(HEARTBEAT);
+    loop {
+        ticks.tick().await;
+        let names: Vec<String> = nodes.lock().expect("nodes lock").iter().cloned().collect();
+        let now = chrono_now();
+        for n in names {
+            // A strategic merge keyed by condition type updates only Ready.
+            let patch = json!({"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                "message": "emulated by ferry-fleet", "lastHeartbeatTime": now}]}});
+            if let Err(e) = api.patch_status(&n, &PatchParams::default(), &Patch::Strategic(&patch)).await {
+                tracing::debug!(node = %n, error = %e, "heartbeat not written");
+            }
+        }
     }
 }
 

@@ -120,8 +120,23 @@ async fn pods_beyond_capacity_stay_pending_and_a_job_completes() {
     let fleet = Fleet::start(FleetOptions { clusters: vec!["edge".into()], ..FleetOptions::default() }).await.unwrap();
     let client = fleet.hub().client().await.unwrap();
     let kubelet = Kubelet::start("edge", client.clone(), Duration::from_millis(200));
-    let flavor = NodeFlavor { cpu: "2".into(), memory: "4Gi".into(), pods: 110, labels: BTreeMap::new() };
+    let flavor = NodeFlavor { cpu: "2".into(), memory: "4Gi".into(), pods: 110, labels: BTreeMap::new(), taints: Vec::new() };
     kubelet.add_nodes("worker", 1, &flavor).await.unwrap();
+    // A tainted node of the flavor: nothing without a toleration lands there.
+    let tainted = NodeFlavor {
+        taints: vec![serde_json::from_value(json!({"key": "dedicated", "value": "gpu", "effect": "NoSchedule"})).unwrap()],
+        ..NodeFlavor::default()
+    };
+    let gpu = kubelet.add_nodes("gpu", 1, &tainted).await.unwrap();
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    let node = nodes.get(&gpu[0]).await.unwrap();
+    let taints = node.spec.clone().unwrap().taints.unwrap();
+    assert_eq!(taints.len(), 1, "only the flavor's taint: {taints:?}");
+    assert_eq!(taints[0].key, "dedicated");
+    let heartbeat = |n: &k8s_openapi::api::core::v1::Node| {
+        n.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready")?.last_heartbeat_time.clone()
+    };
+    let first_beat = heartbeat(&node);
     ns(&client, "load").await;
     // Pods need the namespace's default service account (the controller makes it).
     let sa: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), "load");
@@ -156,6 +171,7 @@ async fn pods_beyond_capacity_stay_pending_and_a_job_completes() {
     .expect("a FailedScheduling event");
     assert!(unschedulable.contains("Insufficient cpu"), "{unschedulable}");
     let all = pods.list(&ListParams::default().labels("app=big")).await.unwrap();
+    assert!(all.items.iter().all(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(gpu[0].as_str())), "the taint kept pods off");
     let phases: Vec<String> = all.items.iter().filter_map(|p| p.status.as_ref()?.phase.clone()).collect();
     assert_eq!(phases.iter().filter(|p| *p == "Running").count(), 2, "{phases:?}");
     assert_eq!(phases.iter().filter(|p| *p == "Pending").count(), 2, "{phases:?}");
@@ -182,6 +198,10 @@ async fn pods_beyond_capacity_stay_pending_and_a_job_completes() {
     };
     let svc = tokio::time::timeout(WAIT, await_condition(svcs, "web", has_ip)).await.expect("a load balancer address").unwrap().unwrap();
     assert!(svc.spec.unwrap().cluster_ip.is_some_and(|ip| ip.starts_with("10.96.")));
+
+    // The emulated kubelet renews its nodes' heartbeats (every 10 s).
+    let renewed = |n: Option<&k8s_openapi::api::core::v1::Node>| n.and_then(heartbeat) != first_beat;
+    tokio::time::timeout(WAIT, await_condition(nodes, &gpu[0], renewed)).await.expect("a new heartbeat").unwrap();
 }
 
 fn shared_crds() -> Option<PathBuf> {

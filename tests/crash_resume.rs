@@ -105,3 +105,31 @@ async fn a_worker_killed_mid_step_is_resumed_by_another() {
 async fn a_thousand_tasks_with_random_kills_lose_nothing() {
     run(1000, &[100, 350, 600, 850], TestTaskSpec { step_ms: 10, ..TestTaskSpec::steps(3) }).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_a_worker_cleanly_and_another_finishes_its_task() {
+    let topics = Topics::standard();
+    let broker = EmbeddedBroker::start(1, &topics).unwrap();
+    let bootstrap = broker.bootstrap();
+    let client = Client::new(KafkaConfig::for_embedded(bootstrap.clone()), topics).unwrap();
+    let mut events = client.events(true).await.unwrap();
+    let mut workers = Workers { bootstrap, procs: Vec::new() };
+    workers.spawn();
+    let spec = TestTaskSpec { step_ms: 1500, ..TestTaskSpec::steps(3) };
+    let id = client.submit(TaskKind::Test, "graceful", &spec, SubmitOptions::default()).await.unwrap();
+    events.until(id, Duration::from_secs(60), |e| e.event == EventType::StepStarted).await.unwrap();
+    let mut first = workers.procs.remove(0);
+    let pid = first.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let status = tokio::time::timeout(Duration::from_secs(60), tokio::task::spawn_blocking(move || first.wait()))
+        .await
+        .expect("the worker exits within its grace period")
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "clean exit on SIGTERM: {status:?}");
+    workers.spawn();
+    let evs = events.until(id, Duration::from_secs(120), |e| e.event.is_final()).await.unwrap();
+    assert_eq!(evs.last().unwrap().event, EventType::Succeeded);
+    let snap = client.snapshot(id).await.unwrap().unwrap();
+    assert_eq!(snap.state, TaskState::Succeeded);
+}

@@ -263,7 +263,9 @@ async fn two_instances_share_and_lose_nothing(broker: TestBroker) {
     let client = broker.client();
     let mut events = client.events(true).await.unwrap();
     let (stop_a, worker_a) = broker.spawn_worker(broker.worker_options());
-    let spec = TestTaskSpec { step_ms: 30, ..TestTaskSpec::steps(3) };
+    // Steps long enough (40 subjects x ~4 tasks x 3 steps x 200 ms, about 2.4 s) that both
+    // rebalances land while tasks run, however far behind the event reader is.
+    let spec = TestTaskSpec { step_ms: 200, ..TestTaskSpec::steps(3) };
     let mut ids = Vec::new();
     for i in 0..150 {
         ids.push(submit(&client, &format!("subject-{}", i % 40), &spec).await);
@@ -283,11 +285,12 @@ async fn two_instances_share_and_lose_nothing(broker: TestBroker) {
         if ev.event.is_final() {
             finished.insert(ev.task_id.clone(), ev.event);
         }
-        // A second instance joins mid-run (rebalance), later the first leaves (another).
-        if finished.len() == 10 && b.is_none() {
+        // A second instance joins once work has begun (rebalance), later the first leaves
+        // (another rebalance).
+        if ev.event == EventType::StepSucceeded && b.is_none() {
             b = Some(broker.spawn_worker(broker.worker_options()));
         }
-        if finished.len() == 60 && !stopped_a {
+        if finished.len() == 40 && !stopped_a {
             stopped_a = true;
             stop_a.cancel();
         }

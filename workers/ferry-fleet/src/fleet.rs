@@ -100,6 +100,15 @@ pub struct Cluster {
 }
 
 impl Cluster {
+    /// The admin kubeconfig with the CA inlined, usable from anywhere on this machine.
+    pub fn kubeconfig_inline(&self) -> Result<String, FleetError> {
+        use base64::Engine;
+        let text = std::fs::read_to_string(&self.kubeconfig).map_err(io(format!("reading {}", self.kubeconfig.display())))?;
+        let ca = std::fs::read(&self.ca).map_err(io(format!("reading {}", self.ca.display())))?;
+        let data = base64::engine::general_purpose::STANDARD.encode(ca);
+        Ok(text.replace(&format!("certificate-authority: {}", self.ca.display()), &format!("certificate-authority-data: {data}")))
+    }
+
     /// A new `kube` client for this cluster (admin).
     pub async fn client(&self) -> Result<Client, FleetError> {
         client_for(&self.name, &self.kubeconfig).await
@@ -207,6 +216,44 @@ impl Fleet {
     pub fn cluster(&self, name: &str) -> Option<&Cluster> {
         self.clusters.iter().find(|c| c.name == name)
     }
+
+    /// Writes each managed cluster's kubeconfig into the hub as Cluster API does: Secret
+    /// `<name>-kubeconfig` (key `value`, label `cluster.x-k8s.io/cluster-name`) in
+    /// [`KUBECONFIG_NAMESPACE`], so workers reach clusters the way they would in production.
+    pub async fn publish_kubeconfigs(&self) -> Result<(), FleetError> {
+        use k8s_openapi::api::core::v1::{Namespace, Secret};
+        use kube::api::{Api, Patch, PatchParams};
+        let hub = self.hub().client().await?;
+        let err = |e: kube::Error| FleetError::Client { cluster: "hub".into(), source: Box::new(e) };
+        let pp = PatchParams::apply("ferry-fleet").force();
+        let ns = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": KUBECONFIG_NAMESPACE}});
+        Api::<Namespace>::all(hub.clone()).patch(KUBECONFIG_NAMESPACE, &pp, &Patch::Apply(&ns)).await.map_err(err)?;
+        let secrets: Api<Secret> = Api::namespaced(hub, KUBECONFIG_NAMESPACE);
+        for c in self.clusters.iter().skip(1) {
+            let secret = kubeconfig_secret(&c.name, &c.kubeconfig_inline()?);
+            let name = format!("{}-kubeconfig", c.name);
+            secrets.patch(&name, &pp, &Patch::Apply(&secret)).await.map_err(err)?;
+        }
+        Ok(())
+    }
+}
+
+/// Namespace of the hub where [`Fleet::publish_kubeconfigs`] writes kubeconfig Secrets.
+pub const KUBECONFIG_NAMESPACE: &str = "ferry-fleet";
+
+/// A Cluster API kubeconfig Secret (`<cluster>-kubeconfig`, key `value`) as JSON for SSA.
+pub fn kubeconfig_secret(cluster: &str, kubeconfig: &str) -> serde_json::Value {
+    use base64::Engine;
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": format!("{cluster}-kubeconfig"),
+            "labels": {"cluster.x-k8s.io/cluster-name": cluster},
+        },
+        "type": "cluster.x-k8s.io/secret",
+        "data": {"value": base64::engine::general_purpose::STANDARD.encode(kubeconfig)},
+    })
 }
 
 impl Cluster {

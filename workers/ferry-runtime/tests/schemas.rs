@@ -29,20 +29,8 @@ fn derived() -> Vec<(&'static str, Schema)> {
 
 #[test]
 fn committed_schemas_equal_the_rust_types() {
-    let bless = std::env::var_os("FERRY_BLESS").is_some();
-    for (file, schema) in derived() {
-        let path = schemas_dir().join(file);
-        if bless {
-            let json: serde_json::Value = serde_json::to_value(&schema).unwrap();
-            std::fs::write(&path, serde_json::to_string_pretty(&json).unwrap() + "\n").unwrap();
-        }
-        let text = std::fs::read_to_string(&path).unwrap();
-        let committed = Schema::parse_str(&text).unwrap_or_else(|e| panic!("{file}: {e}"));
-        assert_eq!(
-            committed.canonical_form(),
-            schema.canonical_form(),
-            "{file} differs from the Rust type; run with FERRY_BLESS=1 and review"
-        );
+    if let Err(problems) = ferry_runtime::wire::check_committed(&schemas_dir(), &derived()) {
+        panic!("{}", problems.join("\n"));
     }
 }
 

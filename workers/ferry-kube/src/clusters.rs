@@ -1,0 +1,249 @@
+//! Clients of the hub and of every managed cluster. A managed cluster's client comes from
+//! its Cluster API kubeconfig Secret on the hub (`<cluster>-kubeconfig`, key `value`,
+//! label `cluster.x-k8s.io/cluster-name`), so kubeconfigs never travel through Kafka.
+//! Also discovery-backed dynamic APIs with idempotent server-side apply and delete.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::core::GroupVersionKind;
+use kube::discovery::{ApiCapabilities, ApiResource, Scope};
+use kube::{Client, Config};
+use serde_json::Value;
+
+/// The name under which [`Clusters::client`] returns the hub itself.
+pub const HUB: &str = "hub";
+
+/// Label Cluster API puts on a cluster's kubeconfig Secret.
+pub const CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
+
+/// Why a cluster cannot be reached or an object not applied.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// No kubeconfig Secret names the cluster.
+    #[error("cluster {cluster:?} is unknown: no Secret {cluster}-kubeconfig labelled {CLUSTER_NAME_LABEL}={cluster} on the hub")]
+    Unknown {
+        /// The cluster.
+        cluster: String,
+    },
+    /// More than one namespace holds a kubeconfig Secret for it.
+    #[error("cluster {cluster:?} is ambiguous: kubeconfig Secrets in namespaces {namespaces:?}")]
+    Ambiguous {
+        /// The cluster.
+        cluster: String,
+        /// Where the Secrets are.
+        namespaces: Vec<String>,
+    },
+    /// The Secret's kubeconfig is unusable (its content is never shown).
+    #[error("the kubeconfig in Secret {namespace}/{cluster}-kubeconfig is unusable: {reason}")]
+    BadKubeconfig {
+        /// The cluster.
+        cluster: String,
+        /// The Secret's namespace.
+        namespace: String,
+        /// What is wrong, without the content.
+        reason: String,
+    },
+    /// The object has no apiVersion/kind, or the API server does not serve it.
+    #[error("cluster {cluster:?} does not serve {what}")]
+    NotServed {
+        /// The cluster.
+        cluster: String,
+        /// The apiVersion/kind.
+        what: String,
+    },
+    /// The object is malformed.
+    #[error("object is malformed: {0}")]
+    Malformed(String),
+    /// The API server refused.
+    #[error("cluster {cluster:?}: {source}")]
+    Kube {
+        /// The cluster.
+        cluster: String,
+        /// What kube said.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+impl ClusterError {
+    /// Retrying may help (network, 5xx, 409, 429); unknown clusters and bad input do not.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Kube { source: kube::Error::Api(s), .. } => s.code >= 500 || s.code == 409 || s.code == 429,
+            Self::Kube { .. } => true,
+            _ => false,
+        }
+    }
+}
+
+struct Cached {
+    resource_version: String,
+    client: Client,
+}
+
+/// The hub's client and the managed clusters' clients, cached by their Secret's version.
+pub struct Clusters {
+    hub: Client,
+    cache: Mutex<HashMap<String, Cached>>,
+    kinds: Mutex<HashMap<(String, GroupVersionKind), (ApiResource, ApiCapabilities)>>,
+}
+
+impl std::fmt::Debug for Clusters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let cached: Vec<String> = self.cache.lock().map(|c| c.keys().cloned().collect()).unwrap_or_default();
+        f.debug_struct("Clusters").field("cached", &cached).finish()
+    }
+}
+
+impl Clusters {
+    /// Clusters reached through `hub`.
+    pub fn new(hub: Client) -> Self {
+        crate::init_crypto();
+        Self { hub, cache: Mutex::default(), kinds: Mutex::default() }
+    }
+
+    /// From the default kubeconfig or the in-cluster config.
+    pub async fn infer() -> Result<Self, kube::Error> {
+        crate::init_crypto();
+        Ok(Self::new(Client::try_default().await?))
+    }
+
+    /// The hub's client.
+    pub fn hub(&self) -> &Client {
+        &self.hub
+    }
+
+    /// Where `cluster`'s kubeconfig Secret is: `(namespace, name)`.
+    pub async fn kubeconfig_secret(&self, cluster: &str) -> Result<(String, String), ClusterError> {
+        let s = self.find_secret(cluster).await?;
+        Ok((s.metadata.namespace.unwrap_or_default(), s.metadata.name.unwrap_or_default()))
+    }
+
+    async fn find_secret(&self, cluster: &str) -> Result<Secret, ClusterError> {
+        let secrets: Api<Secret> = Api::all(self.hub.clone());
+        let lp = ListParams::default().labels(&format!("{CLUSTER_NAME_LABEL}={cluster}"));
+        let list = secrets.list(&lp).await.map_err(|source| ClusterError::Kube { cluster: HUB.into(), source })?;
+        let name = format!("{cluster}-kubeconfig");
+        let mut found: Vec<Secret> = list.items.into_iter().filter(|s| s.metadata.name.as_deref() == Some(&name)).collect();
+        match found.len() {
+            0 => Err(ClusterError::Unknown { cluster: cluster.to_owned() }),
+            1 => Ok(found.remove(0)),
+            _ => Err(ClusterError::Ambiguous {
+                cluster: cluster.to_owned(),
+                namespaces: found.iter().filter_map(|s| s.metadata.namespace.clone()).collect(),
+            }),
+        }
+    }
+
+    /// A client of `cluster` ([`HUB`] for the hub).
+    pub async fn client(&self, cluster: &str) -> Result<Client, ClusterError> {
+        if cluster == HUB {
+            return Ok(self.hub.clone());
+        }
+        let secret = self.find_secret(cluster).await?;
+        let rv = secret.metadata.resource_version.clone().unwrap_or_default();
+        if let Some(c) = self.cache.lock().expect("cache lock").get(cluster)
+            && c.resource_version == rv
+        {
+            return Ok(c.client.clone());
+        }
+        let namespace = secret.metadata.namespace.clone().unwrap_or_default();
+        let bad = |reason: String| ClusterError::BadKubeconfig { cluster: cluster.to_owned(), namespace: namespace.clone(), reason };
+        let bytes = secret.data.as_ref().and_then(|d| d.get("value")).ok_or_else(|| bad("no key `value`".into()))?;
+        let text = std::str::from_utf8(&bytes.0).map_err(|_| bad("not UTF-8".into()))?;
+        // Errors below name the failing part only: kubeconfig parse errors can quote content.
+        let kc = Kubeconfig::from_yaml(text).map_err(|_| bad("not a kubeconfig document".into()))?;
+        let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+            .await
+            .map_err(|_| bad("no usable context, cluster or user in it".into()))?;
+        let client = Client::try_from(config).map_err(|_| bad("no client can be built from it (TLS settings)".into()))?;
+        self.cache
+            .lock()
+            .expect("cache lock")
+            .insert(cluster.to_owned(), Cached { resource_version: rv, client: client.clone() });
+        Ok(client)
+    }
+
+    /// The API of `gvk` on `cluster` (namespaced when the kind is and `namespace` is set),
+    /// found through discovery (so irregular plurals are right) and cached.
+    pub async fn api(&self, cluster: &str, gvk: &GroupVersionKind, namespace: Option<&str>) -> Result<Api<DynamicObject>, ClusterError> {
+        let client = self.client(cluster).await?;
+        let key = (cluster.to_owned(), gvk.clone());
+        let cached = self.kinds.lock().expect("kinds lock").get(&key).cloned();
+        let (ar, caps) = match cached {
+            Some(v) => v,
+            None => {
+                let found = kube::discovery::pinned_kind(&client, gvk).await.map_err(|e| match e {
+                    kube::Error::Api(s) if s.code == 404 => {
+                        ClusterError::NotServed { cluster: cluster.to_owned(), what: format!("{}/{} {}", gvk.group, gvk.version, gvk.kind) }
+                    }
+                    kube::Error::Discovery(_) => {
+                        ClusterError::NotServed { cluster: cluster.to_owned(), what: format!("{}/{} {}", gvk.group, gvk.version, gvk.kind) }
+                    }
+                    source => ClusterError::Kube { cluster: cluster.to_owned(), source },
+                })?;
+                self.kinds.lock().expect("kinds lock").insert(key, found.clone());
+                found
+            }
+        };
+        Ok(match (caps.scope, namespace) {
+            (Scope::Namespaced, Some(ns)) => Api::namespaced_with(client, ns, &ar),
+            (Scope::Namespaced, None) => Api::default_namespaced_with(client, &ar),
+            (Scope::Cluster, _) => Api::all_with(client, &ar),
+        })
+    }
+
+    /// Server-side applies `obj` (JSON with apiVersion, kind, metadata.name and, for
+    /// namespaced kinds, metadata.namespace) to `cluster` as `manager`, forcing conflicts.
+    pub async fn apply(&self, cluster: &str, obj: &Value, manager: &str) -> Result<DynamicObject, ClusterError> {
+        let (api, name) = self.api_of(cluster, obj).await?;
+        let pp = PatchParams::apply(manager).force();
+        api.patch(&name, &pp, &Patch::Apply(obj)).await.map_err(|source| ClusterError::Kube { cluster: cluster.to_owned(), source })
+    }
+
+    /// As [`Clusters::apply`], but validated and not persisted (server-side dry run).
+    pub async fn dry_run_apply(&self, cluster: &str, obj: &Value, manager: &str) -> Result<DynamicObject, ClusterError> {
+        let (api, name) = self.api_of(cluster, obj).await?;
+        let pp = PatchParams::apply(manager).force().dry_run();
+        api.patch(&name, &pp, &Patch::Apply(obj)).await.map_err(|source| ClusterError::Kube { cluster: cluster.to_owned(), source })
+    }
+
+    /// Deletes the object `obj` names; true when it existed (gone already is success).
+    pub async fn delete(&self, cluster: &str, obj: &Value) -> Result<bool, ClusterError> {
+        let (api, name) = self.api_of(cluster, obj).await?;
+        match api.delete(&name, &DeleteParams::background()).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+            Err(source) => Err(ClusterError::Kube { cluster: cluster.to_owned(), source }),
+        }
+    }
+
+    /// The object `obj` names, as it is now on `cluster` (None when absent).
+    pub async fn get(&self, cluster: &str, obj: &Value) -> Result<Option<DynamicObject>, ClusterError> {
+        let (api, name) = self.api_of(cluster, obj).await?;
+        api.get_opt(&name).await.map_err(|source| ClusterError::Kube { cluster: cluster.to_owned(), source })
+    }
+
+    async fn api_of(&self, cluster: &str, obj: &Value) -> Result<(Api<DynamicObject>, String), ClusterError> {
+        let gvk = gvk_of(obj)?;
+        let name = obj
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .ok_or_else(|| ClusterError::Malformed(format!("{} without metadata.name", gvk.kind)))?
+            .to_owned();
+        let ns = obj.pointer("/metadata/namespace").and_then(Value::as_str);
+        Ok((self.api(cluster, &gvk, ns).await?, name))
+    }
+}
+
+/// The group, version and kind of a JSON object.
+pub fn gvk_of(obj: &Value) -> Result<GroupVersionKind, ClusterError> {
+    let api_version = obj.get("apiVersion").and_then(Value::as_str).ok_or_else(|| ClusterError::Malformed("no apiVersion".into()))?;
+    let kind = obj.get("kind").and_then(Value::as_str).ok_or_else(|| ClusterError::Malformed("no kind".into()))?;
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    Ok(GroupVersionKind::gvk(group, version, kind))
+}

@@ -1,0 +1,21 @@
+//! Kubernetes plumbing shared by Ferry's workers.
+//!
+//! - [`clusters`]: the hub's client, and each managed cluster's client built from its
+//!   Cluster API kubeconfig Secret `<cluster>-kubeconfig` on the hub (never from Kafka);
+//!   discovery-backed dynamic APIs and idempotent server-side apply and delete.
+//! - [`watches`]: one shared watch (reflector) per kind, cluster and namespace, which any
+//!   number of tasks wait on with deadlines; the number of open watches does not grow with
+//!   the number of waiting tasks.
+//! - [`quantity`]: resource quantities parsed as Kubernetes parses them.
+
+pub mod clusters;
+pub mod quantity;
+pub mod watches;
+
+pub use clusters::{ClusterError, Clusters, HUB};
+pub use watches::{Check, WaitError, Watches};
+
+/// Installs the process-wide rustls crypto provider `kube` needs (idempotent).
+pub fn init_crypto() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

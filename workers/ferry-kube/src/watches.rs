@@ -1,0 +1,236 @@
+//! Shared watches with deadlines. One reflector per (cluster, kind, namespace) feeds a
+//! store that every waiting task reads; a change wakes the waiters, which re-check their
+//! condition. So 10,000 tasks waiting on clusters cost one watch per kind and cluster,
+//! not one per task, and a wait ends at its deadline with the last reason it saw.
+
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::api::Api;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+/// What a condition says of the current state.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Check<T> {
+    /// Met, with its result.
+    Done(T),
+    /// Not yet; why (kept for the timeout error).
+    Pending(String),
+    /// Never will be (e.g. a failed condition): stop waiting.
+    Failed(String),
+}
+
+/// Why a wait ended without its condition.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WaitError {
+    /// The deadline passed.
+    #[error("waited {waited:?} for {what} on cluster {cluster:?}; last seen: {last}")]
+    Timeout {
+        /// The cluster.
+        cluster: String,
+        /// What was awaited.
+        what: String,
+        /// How long.
+        waited: Duration,
+        /// The condition's last pending reason (or the watch's last error).
+        last: String,
+    },
+    /// The condition said it cannot be met.
+    #[error("{what} on cluster {cluster:?} failed: {reason}")]
+    Failed {
+        /// The cluster.
+        cluster: String,
+        /// What was awaited.
+        what: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Key {
+    cluster: String,
+    kind: TypeId,
+    namespace: Option<String>,
+}
+
+struct Shared<K: Resource<DynamicType = ()> + 'static> {
+    store: Store<K>,
+    changed: Arc<Notify>,
+    last_error: Arc<Mutex<Option<String>>>,
+    task: JoinHandle<()>,
+}
+
+impl<K: Resource<DynamicType = ()>> Drop for Shared<K> {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The registry of shared watches of one worker process.
+#[derive(Default)]
+pub struct Watches {
+    open: Mutex<HashMap<Key, Arc<dyn Any + Send + Sync>>>,
+}
+
+impl Debug for Watches {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watches").field("open", &self.open_count()).finish()
+    }
+}
+
+impl Watches {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How many watches are open (one per cluster, kind and namespace ever waited on).
+    pub fn open_count(&self) -> usize {
+        self.open.lock().expect("watches lock").len()
+    }
+
+    /// Closes every watch of `cluster` (e.g. once it is deleted).
+    pub fn forget(&self, cluster: &str) {
+        self.open.lock().expect("watches lock").retain(|k, _| k.cluster != cluster);
+    }
+
+    fn shared<K>(&self, cluster: &str, client: &Client, namespace: Option<&str>) -> Arc<Shared<K>>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    {
+        let key = Key { cluster: cluster.to_owned(), kind: TypeId::of::<K>(), namespace: namespace.map(str::to_owned) };
+        let mut open = self.open.lock().expect("watches lock");
+        if let Some(s) = open.get(&key).and_then(|a| a.clone().downcast::<Shared<K>>().ok()) {
+            return s;
+        }
+        // Namespaced through a field selector, which every kind supports, so one generic
+        // path serves namespaced and cluster-scoped kinds.
+        let api: Api<K> = Api::all(client.clone());
+        let mut config = watcher::Config::default();
+        if let Some(ns) = namespace {
+            config = config.fields(&format!("metadata.namespace={ns}"));
+        }
+        let (store, writer) = reflector::store();
+        let changed = Arc::new(Notify::new());
+        let last_error = Arc::new(Mutex::new(None));
+        let (n, e) = (changed.clone(), last_error.clone());
+        let task = tokio::spawn(async move {
+            let stream = reflector::reflector(writer, watcher(api, config).default_backoff());
+            futures::pin_mut!(stream);
+            while let Some(ev) = stream.next().await {
+                match ev {
+                    Ok(_) => *e.lock().expect("error lock") = None,
+                    Err(err) => *e.lock().expect("error lock") = Some(format!("watch error: {err}")),
+                }
+                n.notify_waiters();
+            }
+        });
+        let shared = Arc::new(Shared { store, changed, last_error, task });
+        open.insert(key, shared.clone());
+        shared
+    }
+
+    /// Waits until `check` of the store of `K` on `cluster` (in `namespace`, or all) is
+    /// [`Check::Done`], failing at [`Check::Failed`] or after `timeout`.
+    pub async fn wait_store<K, T>(
+        &self,
+        cluster: &str,
+        client: &Client,
+        namespace: Option<&str>,
+        what: &str,
+        timeout: Duration,
+        mut check: impl FnMut(&Store<K>) -> Check<T>,
+    ) -> Result<T, WaitError>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    {
+        let shared = self.shared::<K>(cluster, client, namespace);
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut last = "the watch has not listed yet".to_owned();
+        loop {
+            // Register before checking, so a change between the check and the await wakes us.
+            let notified = shared.changed.notified();
+            futures::pin_mut!(notified);
+            notified.as_mut().enable();
+            if shared.store.wait_until_ready().now_or_never_ready() {
+                match check(&shared.store) {
+                    Check::Done(t) => return Ok(t),
+                    Check::Pending(why) => last = why,
+                    Check::Failed(reason) => {
+                        return Err(WaitError::Failed { cluster: cluster.to_owned(), what: what.to_owned(), reason });
+                    }
+                }
+            } else if let Some(e) = shared.last_error.lock().expect("error lock").clone() {
+                last = e;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                if let Some(e) = shared.last_error.lock().expect("error lock").clone() {
+                    last = format!("{last} ({e})");
+                }
+                return Err(WaitError::Timeout { cluster: cluster.to_owned(), what: what.to_owned(), waited: timeout, last });
+            }
+        }
+    }
+
+    /// Waits until `check` of object `name` (None while it does not exist) is done.
+    pub async fn wait_object<K, T>(
+        &self,
+        cluster: &str,
+        client: &Client,
+        namespace: Option<&str>,
+        name: &str,
+        timeout: Duration,
+        mut check: impl FnMut(Option<&K>) -> Check<T>,
+    ) -> Result<T, WaitError>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    {
+        let kind = K::kind(&());
+        let what = match namespace {
+            Some(ns) => format!("{kind} {ns}/{name}"),
+            None => format!("{kind} {name}"),
+        };
+        let mut r = ObjectRef::<K>::new(name);
+        if let Some(ns) = namespace {
+            r = r.within(ns);
+        }
+        self.wait_store(cluster, client, namespace, &what, timeout, |s: &Store<K>| check(s.get(&r).as_deref())).await
+    }
+
+    /// Waits until object `name` is gone.
+    pub async fn wait_deleted<K>(&self, cluster: &str, client: &Client, namespace: Option<&str>, name: &str, timeout: Duration) -> Result<(), WaitError>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    {
+        self.wait_object::<K, ()>(cluster, client, namespace, name, timeout, |o| match o {
+            None => Check::Done(()),
+            Some(o) => Check::Pending(match o.meta().deletion_timestamp {
+                Some(_) => format!("being deleted (finalizers {:?})", o.meta().finalizers.clone().unwrap_or_default()),
+                None => "still exists".to_owned(),
+            }),
+        })
+        .await
+    }
+}
+
+/// `Store::wait_until_ready` as a non-blocking test.
+trait NowOrNever {
+    fn now_or_never_ready(self) -> bool;
+}
+
+impl<F: std::future::Future> NowOrNever for F {
+    fn now_or_never_ready(self) -> bool {
+        futures::FutureExt::now_or_never(self).is_some()
+    }
+}

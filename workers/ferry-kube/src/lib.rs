@@ -6,9 +6,11 @@
 //! - [`watches`]: one shared watch (reflector) per kind, cluster and namespace, which any
 //!   number of tasks wait on with deadlines; the number of open watches does not grow with
 //!   the number of waiting tasks.
+//! - [`kinds`]: typed handles (JSON spec/status) of the OCM, Cluster API and Liqo kinds.
 //! - [`quantity`]: resource quantities parsed as Kubernetes parses them.
 
 pub mod clusters;
+pub mod kinds;
 pub mod quantity;
 pub mod watches;
 

@@ -1,0 +1,104 @@
+//! Typed handles of the Cluster API, OCM and Liqo kinds Ferry watches, with `spec` and
+//! `status` kept as JSON: enough for [`crate::Watches`] (which needs a static type) without
+//! generating Rust types for whole upstream CRDs. Fields are read with JSON pointers.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde_json::Value;
+
+/// Declares a JSON-bodied resource type:
+/// `resource!(RustName, "Kind", "group", "version", "plural", Namespaced|Cluster)`.
+#[macro_export]
+macro_rules! resource {
+    ($(#[$doc:meta])* $name:ident, $kind:literal, $group:literal, $version:literal, $plural:literal, $scope:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+        pub struct $name {
+            /// Standard object metadata.
+            pub metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+            /// The spec, as JSON.
+            #[serde(default)]
+            pub spec: serde_json::Value,
+            /// The status, as JSON.
+            #[serde(default)]
+            pub status: serde_json::Value,
+        }
+
+        impl kube::Resource for $name {
+            type DynamicType = ();
+            type Scope = $crate::kinds::scope!($scope);
+            fn kind(_: &()) -> std::borrow::Cow<'_, str> { $kind.into() }
+            fn group(_: &()) -> std::borrow::Cow<'_, str> { $group.into() }
+            fn version(_: &()) -> std::borrow::Cow<'_, str> { $version.into() }
+            fn plural(_: &()) -> std::borrow::Cow<'_, str> { $plural.into() }
+            fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta { &self.metadata }
+            fn meta_mut(&mut self) -> &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta { &mut self.metadata }
+        }
+
+        impl $name {
+            /// `status` at a JSON pointer (e.g. `/conditions`).
+            pub fn status_at(&self, pointer: &str) -> Option<&serde_json::Value> {
+                self.status.pointer(pointer)
+            }
+
+            /// The status of condition `type_` ("True", "False", "Unknown"), if present.
+            pub fn condition(&self, type_: &str) -> Option<&str> {
+                $crate::kinds::condition(&self.status, type_)
+            }
+        }
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __scope {
+    (Namespaced) => { k8s_openapi::NamespaceResourceScope };
+    (Cluster) => { k8s_openapi::ClusterResourceScope };
+}
+#[doc(hidden)]
+pub use __scope as scope;
+
+/// The `status` of condition `type_` in `status.conditions`.
+pub fn condition<'a>(status: &'a Value, type_: &str) -> Option<&'a str> {
+    status.get("conditions")?.as_array()?.iter().find(|c| c.get("type").and_then(Value::as_str) == Some(type_))?.get("status")?.as_str()
+}
+
+/// The `message` (or reason) of condition `type_`, for error texts.
+pub fn condition_message(status: &Value, type_: &str) -> Option<String> {
+    let c = status.get("conditions")?.as_array()?.iter().find(|c| c.get("type").and_then(Value::as_str) == Some(type_))?;
+    let s = |k: &str| c.get(k).and_then(Value::as_str).unwrap_or("");
+    Some(format!("{}={} {} {}", type_, s("status"), s("reason"), s("message")).trim().to_owned())
+}
+
+resource!(
+    /// OCM ManagedCluster (hub, cluster-scoped).
+    ManagedCluster, "ManagedCluster", "cluster.open-cluster-management.io", "v1", "managedclusters", Cluster
+);
+resource!(
+    /// OCM ManifestWork (hub, in the cluster's namespace).
+    ManifestWork, "ManifestWork", "work.open-cluster-management.io", "v1", "manifestworks", Namespaced
+);
+resource!(
+    /// OCM Placement.
+    Placement, "Placement", "cluster.open-cluster-management.io", "v1beta1", "placements", Namespaced
+);
+resource!(
+    /// OCM PlacementDecision.
+    PlacementDecision, "PlacementDecision", "cluster.open-cluster-management.io", "v1beta1", "placementdecisions", Namespaced
+);
+resource!(
+    /// OCM AddOnPlacementScore (hub, in the cluster's namespace).
+    AddOnPlacementScore, "AddOnPlacementScore", "cluster.open-cluster-management.io", "v1alpha1", "addonplacementscores", Namespaced
+);
+resource!(
+    /// OCM ManagedClusterAddOn (hub, in the cluster's namespace).
+    ManagedClusterAddOn, "ManagedClusterAddOn", "addon.open-cluster-management.io", "v1alpha1", "managedclusteraddons", Namespaced
+);
+resource!(
+    /// Cluster API Cluster.
+    CapiCluster, "Cluster", "cluster.x-k8s.io", "v1beta2", "clusters", Namespaced
+);
+
+/// Metadata with a name and optional namespace (for building objects).
+pub fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
+    ObjectMeta { name: Some(name.to_owned()), namespace: namespace.map(str::to_owned), ..ObjectMeta::default() }
+}

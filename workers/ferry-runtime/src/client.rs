@@ -221,11 +221,24 @@ impl Client {
 
     /// Every progress event of one task so far, in order.
     pub async fn history(&self, id: TaskId) -> Result<Vec<ProgressEvent>, ClientError> {
-        let topic = self.topics.progress().name.clone();
-        let cfg = self.kafka.reader();
-        let registry = self.registry.clone();
         let key = id.to_string();
-        tokio::task::spawn_blocking(move || -> Result<Vec<ProgressEvent>, KafkaError> {
+        let records = self.read_to_end(&self.topics.progress().name.clone()).await?;
+        let mut out: Vec<ProgressEvent> = records
+            .into_iter()
+            .filter(|(k, _)| k.as_deref() == Some(key.as_bytes()))
+            .filter_map(|(_, p)| self.registry.decode::<ProgressEvent>(&p).ok())
+            .collect();
+        out.sort_by_key(|e| e.seq);
+        Ok(out)
+    }
+
+    /// Every record of `topic` from its beginning to its current end, as (key, payload),
+    /// in partition order (for compacted topics: what compaction has kept, newest last).
+    pub async fn read_to_end(&self, topic: &str) -> Result<Vec<(Option<Vec<u8>>, Vec<u8>)>, ClientError> {
+        let cfg = self.kafka.reader();
+        let topic = topic.to_owned();
+        let what = format!("reading {topic}");
+        tokio::task::spawn_blocking(move || -> Result<Vec<(Option<Vec<u8>>, Vec<u8>)>, KafkaError> {
             let c: rdkafka::consumer::BaseConsumer = cfg.create()?;
             let md = c.fetch_metadata(Some(&topic), Duration::from_secs(30))?;
             let mut ends = std::collections::HashMap::new();
@@ -246,17 +259,15 @@ impl Client {
                 if ends.get(&m.partition()).is_some_and(|hi| m.offset() + 1 >= *hi) {
                     ends.remove(&m.partition());
                 }
-                if m.key() == Some(key.as_bytes())
-                    && let Some(Ok(ev)) = m.payload().map(|p| registry.decode::<ProgressEvent>(p)) {
-                        out.push(ev);
-                    }
+                if let Some(p) = m.payload() {
+                    out.push((m.key().map(<[u8]>::to_vec), p.to_vec()));
+                }
             }
-            out.sort_by_key(|e| e.seq);
             Ok(out)
         })
         .await
-        .expect("history task")
-        .map_err(kafka("reading the progress topic"))
+        .expect("topic reader task")
+        .map_err(kafka(what))
     }
 
     /// Progress events from the beginning of the topic (`from_start`) or from its current

@@ -18,6 +18,8 @@ pub const EMBEDDED: &[(u32, &str, &str)] = &[
     (2, "ProgressEvent.avsc", include_str!("../../../schemas/ProgressEvent.avsc")),
     (3, "TaskSnapshot.avsc", include_str!("../../../schemas/TaskSnapshot.avsc")),
     (4, "TestTaskSpec.avsc", include_str!("../../../schemas/TestTaskSpec.avsc")),
+    (10, "ScoreClusters.avsc", include_str!("../../../schemas/ScoreClusters.avsc")),
+    (11, "ClusterScore.avsc", include_str!("../../../schemas/ClusterScore.avsc")),
 ];
 
 /// Why bytes could not be encoded or decoded.

@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 
 /// One node as the scheduler sees it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct NodeLoad {
     /// The node.
     pub name: String,
@@ -46,7 +46,7 @@ impl NodeLoad {
 }
 
 /// One cluster's nodes.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, serde::Serialize, serde::Deserialize)]
 pub struct ClusterLoad {
     /// The cluster.
     pub cluster: String,
@@ -81,7 +81,7 @@ impl ClusterLoad {
 }
 
 /// A cluster's score and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Scored {
     /// The cluster.
     pub cluster: String,

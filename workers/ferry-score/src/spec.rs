@@ -9,18 +9,23 @@ use serde::{Deserialize, Serialize};
 /// How clusters are scored (each a pure function in [`crate::policy`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema)]
 #[avro(namespace = "io.ferry.v1")]
-#[serde(rename_all = "kebab-case")]
+// Avro symbols are the variant names; spec files may use the kebab-case names.
 pub enum ScorePolicy {
     /// Free CPU and memory against MIN and MAX bounds (rcs-score).
     #[default]
+    #[serde(alias = "resource-usage")]
     ResourceUsage,
     /// The most replicas of the workload fit: spread (mck8s worst-fit).
+    #[serde(alias = "worst-fit")]
     WorstFit,
     /// The fewest replicas still fit: pack (mck8s best-fit).
+    #[serde(alias = "best-fit")]
     BestFit,
     /// Nearest to the source location by the latency matrix.
+    #[serde(alias = "latency-aware")]
     LatencyAware,
     /// A benchmark Job on each cluster through a ManifestWork.
+    #[serde(alias = "benchmark")]
     Benchmark,
 }
 

@@ -1,0 +1,163 @@
+//! The score worker end to end: commands through a real Kafka-protocol broker (the
+//! embedded mock cluster), the worker, and the test bed's real API servers.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_fleet::{Fleet, FleetOptions, Kubelet, NodeFlavor};
+use ferry_kube::Clusters;
+use ferry_runtime::{Client, EmbeddedBroker, EventType, KafkaConfig, SubmitOptions, TaskKind, Topics, Worker, WorkerOptions};
+use ferry_score::spec::{ScoreClusters, ScorePolicy, Workload};
+use ferry_score::{ScoreConfig, ScoreHandler, demo};
+use ferry_kube::kinds::ManagedCluster;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+const WAIT: Duration = Duration::from_secs(120);
+
+struct Bed {
+    fleet: Fleet,
+    _kubelets: Vec<Kubelet>,
+    broker: Option<EmbeddedBroker>,
+    kafka: KafkaConfig,
+    topics: Topics,
+    stop: CancellationToken,
+    worker: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Bed {
+    async fn start() -> Option<Self> {
+        let _ = tracing_subscriber::fmt().with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into())).with_test_writer().try_init();
+        if !ferry_fleet::binaries::Binaries::installed() {
+            println!("note: the test bed is not installed (scripts/install-testbed.sh); skipping");
+            return None;
+        }
+        let fleet = Fleet::start(FleetOptions::hub_and(3)).await.expect("fleet");
+        fleet.install_project_crds().await.expect("CRDs");
+        let mut kubelets = Vec::new();
+        for c in fleet.clusters.iter().skip(1) {
+            let k = Kubelet::start(&c.name, c.client().await.unwrap(), Duration::from_millis(100));
+            k.add_nodes("node", 2, &NodeFlavor::default()).await.unwrap();
+            kubelets.push(k);
+        }
+        let topics = Topics::standard();
+        let broker = EmbeddedBroker::start(1, &topics).expect("broker");
+        let kafka = KafkaConfig::for_embedded(broker.bootstrap());
+        let clusters = Arc::new(Clusters::new(fleet.hub().client().await.unwrap()));
+        let handler = ScoreHandler::new(ScoreConfig::new(clusters, kafka.clone(), topics.clone())).unwrap();
+        let mut opts = WorkerOptions::new(kafka.clone());
+        opts.topics = topics.clone();
+        opts.shutdown_grace = Duration::from_secs(2);
+        let stop = CancellationToken::new();
+        let s = stop.clone();
+        let worker = tokio::spawn(async move { Worker::new(opts, handler).run(s).await.expect("worker") });
+        Some(Self { fleet, _kubelets: kubelets, broker: Some(broker), kafka, topics, stop, worker: Some(worker) })
+    }
+
+    fn client(&self) -> Client {
+        Client::new(self.kafka.clone(), self.topics.clone()).unwrap()
+    }
+
+    async fn stop(mut self) {
+        self.stop.cancel();
+        if let Some(w) = self.worker.take() {
+            w.await.unwrap();
+        }
+        drop(self.broker.take());
+    }
+}
+
+/// The final events of one task of each of `subjects`, in any order.
+async fn finals(events: &mut ferry_runtime::EventStream, subjects: &[&str]) -> Vec<ferry_runtime::ProgressEvent> {
+    let mut out = Vec::new();
+    let r = tokio::time::timeout(WAIT, async {
+        while out.len() < subjects.len() {
+            let e = events.next().await.expect("event stream ended");
+            if e.kind == TaskKind::Score && subjects.contains(&e.subject.as_str()) && e.event.is_final() && !out.iter().any(|o: &ferry_runtime::ProgressEvent| o.subject == e.subject) {
+                out.push(e);
+            }
+        }
+    })
+    .await;
+    let seen: Vec<&str> = out.iter().map(|e| e.subject.as_str()).collect();
+    assert!(r.is_ok(), "final events of {subjects:?} within {WAIT:?}: saw only {seen:?}");
+    out
+}
+
+async fn next_final(events: &mut ferry_runtime::EventStream, subject: &str) -> ferry_runtime::ProgressEvent {
+    finals(events, &[subject]).await.remove(0)
+}
+
+async fn bed_wait_gone(api: &Api<ManagedCluster>, name: &str) {
+    let w = ferry_kube::Watches::new();
+    let client = api.clone().into_client();
+    w.wait_deleted::<ManagedCluster>("hub", &client, None, name, WAIT).await.unwrap();
+}
+
+async fn final_event(client: &Client, events: &mut ferry_runtime::EventStream, spec: &ScoreClusters, subject: &str) -> (ferry_runtime::TaskId, Vec<ferry_runtime::ProgressEvent>) {
+    let id = client.submit(TaskKind::Score, subject, spec, SubmitOptions::default()).await.unwrap();
+    let evs = events.until(id, WAIT, |e| e.event.is_final()).await.unwrap_or_else(|e| panic!("{e}"));
+    (id, evs)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clusters_are_ranked_published_and_scored_on_joining() {
+    let Some(bed) = Bed::start().await else { return };
+    let client = bed.client();
+
+    // Three clusters under different loads rank in the expected order, and the
+    // AddOnPlacementScores and the scores topic agree (the `ferry dev --demo score` run).
+    assert!(demo::run(&client, &bed.fleet).await.unwrap(), "the demo's checks failed (see its output)");
+
+    let mut events = client.events(false).await.unwrap();
+    // Worst-fit and best-fit rank the same clusters in opposite orders.
+    let fit = |policy| ScoreClusters {
+        cluster_set: Some("demo".into()),
+        policy,
+        workload: Some(Workload { cpu: "500m".into(), memory: "512Mi".into(), replicas: 2 }),
+        ..ScoreClusters::default()
+    };
+    let (worst, evs) = final_event(&client, &mut events, &fit(ScorePolicy::WorstFit), "demo/worst").await;
+    assert_eq!(evs.last().unwrap().event, EventType::Succeeded);
+    let (best, evs) = final_event(&client, &mut events, &fit(ScorePolicy::BestFit), "demo/best").await;
+    assert_eq!(evs.last().unwrap().event, EventType::Succeeded);
+    let order = |r: Vec<ferry_score::handler::Ranked>| r.into_iter().map(|r| r.cluster).collect::<Vec<_>>();
+    assert_eq!(order(demo::ranking(&client, worst).await.unwrap()), ["member-1", "member-3", "member-2"]);
+    assert_eq!(order(demo::ranking(&client, best).await.unwrap()), ["member-2", "member-3", "member-1"]);
+
+    // Bad input is rejected with the rule it breaks; an unknown cluster fails by name.
+    let bad = ScoreClusters { clusters: vec!["Not_A_Name".into()], ..ScoreClusters::default() };
+    let (_, evs) = final_event(&client, &mut events, &bad, "demo/bad").await;
+    let last = evs.last().unwrap();
+    assert_eq!(last.event, EventType::Rejected);
+    assert!(last.message.as_deref().unwrap_or("").contains("\"Not_A_Name\" is not a DNS-1123 label"), "{last:?}");
+    let unknown = ScoreClusters { clusters: vec!["nowhere".into()], ..ScoreClusters::default() };
+    let (_, evs) = final_event(&client, &mut events, &unknown, "demo/unknown").await;
+    let failed = evs.iter().find(|e| e.event == EventType::StepFailed).expect("a failed step");
+    assert_eq!(failed.code.as_deref(), Some("UNKNOWN_CLUSTER"));
+    assert!(failed.message.as_deref().unwrap_or("").contains("nowhere-kubeconfig"), "{failed:?}");
+
+    // The onboarding watcher scores each cluster it finds, then one created by hand, then
+    // one that becomes available.
+    let hub = bed.fleet.hub().client().await.unwrap();
+    let watcher_stop = CancellationToken::new();
+    let onboarding = tokio::spawn(ferry_score::onboarding::run(hub.clone(), Arc::new(bed.client()), ScoreClusters::default(), watcher_stop.clone()));
+    for ev in finals(&mut events, &["cluster/member-1", "cluster/member-2", "cluster/member-3"]).await {
+        assert_eq!(ev.event, EventType::Succeeded, "{ev:?}");
+    }
+    let mcs: Api<ManagedCluster> = Api::all(hub.clone());
+    mcs.delete("member-2", &DeleteParams::default()).await.unwrap();
+    bed_wait_gone(&mcs, "member-2").await;
+    demo::register(&hub, &["member-2"], "demo").await.unwrap();
+    let ev = next_final(&mut events, "cluster/member-2").await;
+    assert_eq!(ev.event, EventType::Succeeded, "a ManagedCluster created by hand is scored: {ev:?}");
+    let available = json!({"apiVersion": "cluster.open-cluster-management.io/v1", "kind": "ManagedCluster", "metadata": {"name": "member-3"},
+        "status": {"conditions": [{"type": "ManagedClusterConditionAvailable", "status": "True", "reason": "Test", "message": "up", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+    mcs.patch_status("member-3", &PatchParams::apply("test").force(), &Patch::Apply(&available)).await.unwrap();
+    let ev = next_final(&mut events, "cluster/member-3").await;
+    assert_eq!(ev.event, EventType::Succeeded, "a cluster that becomes available is scored: {ev:?}");
+    watcher_stop.cancel();
+    assert_eq!(onboarding.await.unwrap().unwrap(), 5, "three found, one created, one available");
+    bed.stop().await;
+}

@@ -3,12 +3,13 @@
 //! when every task reached its expected final state.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use ferry_runtime::testkind::{TestHandler, TestTaskSpec};
-use ferry_runtime::{Client, EmbeddedBroker, EventType, KafkaConfig, SubmitOptions, TaskKind, Topics, Worker, WorkerOptions};
+use ferry_runtime::{Client, EmbeddedBroker, EventType, KafkaConfig, SubmitOptions, TaskKind, Topics, WorkerOptions};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Args)]
@@ -34,6 +35,8 @@ pub struct DevArgs {
 pub enum Demo {
     /// Runtime tasks: success, failure with automatic revert, retries, cancel.
     Smoke,
+    /// Three clusters under different loads, scored and ranked (AddOnPlacementScores, scores topic).
+    Score,
 }
 
 pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
@@ -49,18 +52,32 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
 
     // The smoke demo exercises the runtime only; it needs no clusters.
     let needs_fleet = !a.no_fleet && !matches!(a.demo, Some(Demo::Smoke));
-    let _fleet = if needs_fleet { Some(start_fleet(&a, &state).await?) } else { None };
+    let fleet = if needs_fleet { Some(start_fleet(&a, &state).await?) } else { None };
 
     let shutdown = CancellationToken::new();
     let kafka = KafkaConfig::for_embedded(bootstrap.clone());
     let mut opts = WorkerOptions::new(kafka.clone());
     opts.topics = topics.clone();
     opts.shutdown_grace = Duration::from_secs(5);
-    let worker = tokio::spawn(Worker::new(opts, TestHandler::default()).run(shutdown.clone()));
-    eprintln!("ferry dev: workers running: test");
+    let mut workers = vec![tokio::spawn(super::workers::serve(opts.clone(), TestHandler::default(), shutdown.clone()))];
+    let mut names = vec!["test"];
+    if let Some((fleet, _)) = &fleet {
+        fleet.publish_kubeconfigs().await?;
+        let clusters = Arc::new(ferry_kube::Clusters::new(fleet.hub().client().await?));
+        // Onboarding scorings would race the demo's own; they run in the interactive mode.
+        let onboarding = if a.demo.is_none() { Some(Client::new(kafka.clone(), topics.clone())?) } else { None };
+        workers.push(tokio::spawn(super::workers::score(opts.clone(), clusters, onboarding, shutdown.clone())));
+        names.push("score");
+    }
+    eprintln!("ferry dev: workers running: {}", names.join(", "));
 
     let code = match a.demo {
         Some(Demo::Smoke) => smoke(&kafka, &topics).await?,
+        Some(Demo::Score) => {
+            let client = Client::new(kafka.clone(), topics.clone())?;
+            let (fleet, _) = fleet.as_ref().context("the score demo needs the fleet")?;
+            if ferry_score::demo::run(&client, fleet).await? { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+        }
         None => {
             eprintln!("ferry dev: ready. In another terminal: ferry submit test -f examples/test-task.yaml --wait");
             eprintln!("ferry dev: Ctrl-C to stop");
@@ -70,8 +87,15 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
         }
     };
     shutdown.cancel();
-    worker.await??;
+    for w in workers {
+        w.await??;
+    }
     let _ = std::fs::remove_file(state.join("bootstrap"));
+    // Emulated kubelets before the API servers they watch, clients before the broker.
+    if let Some((fleet, kubelets)) = fleet {
+        drop(kubelets);
+        drop(fleet);
+    }
     drop(broker);
     Ok(code)
 }
@@ -85,9 +109,11 @@ async fn start_fleet(a: &DevArgs, state: &std::path::Path) -> anyhow::Result<(fe
         let ok = std::process::Command::new("bash").arg("-c").arg(script).status()?.success();
         anyhow::ensure!(ok, "installing the test bed failed (see the output above)");
     }
-    eprintln!("ferry dev: starting the simulated fleet: hub + {} managed clusters", a.clusters);
+    // The score demo compares three clusters.
+    let n = if matches!(a.demo, Some(Demo::Score)) { a.clusters.max(3) } else { a.clusters };
+    eprintln!("ferry dev: starting the simulated fleet: hub + {n} managed clusters");
     let dir = state.join("fleet");
-    let fleet = ferry_fleet::Fleet::start(ferry_fleet::FleetOptions { dir: Some(dir.clone()), ..ferry_fleet::FleetOptions::hub_and(a.clusters) }).await?;
+    let fleet = ferry_fleet::Fleet::start(ferry_fleet::FleetOptions { dir: Some(dir.clone()), ..ferry_fleet::FleetOptions::hub_and(n) }).await?;
     fleet.install_project_crds().await?;
     let mut kubelets = Vec::new();
     for c in fleet.clusters.iter().skip(1) {

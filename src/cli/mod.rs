@@ -5,14 +5,12 @@ pub mod common;
 pub mod dev;
 pub mod submit;
 pub mod tasks;
+pub mod workers;
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
-use ferry_runtime::TaskKind;
-use tokio_util::sync::CancellationToken;
+use clap::{Parser, Subcommand};
 
 
 /// Ferry: Kafka-driven orchestration workers for fleets of Kubernetes clusters.
@@ -33,7 +31,7 @@ pub enum Command {
     /// Run Ferry on an embedded default: in-process Kafka, the workers, until interrupted.
     Dev(dev::DevArgs),
     /// Run the worker of one task kind against a Kafka cluster.
-    Worker(WorkerArgs),
+    Worker(workers::WorkerArgs),
     /// Submit a command from a spec file; prints the task id.
     Submit(submit::SubmitArgs),
     /// Track tasks: get, list, cancel, revert.
@@ -52,18 +50,6 @@ pub enum Command {
     },
 }
 
-#[derive(Debug, Args)]
-pub struct WorkerArgs {
-    /// The task kind this worker serves.
-    pub kind: TaskKind,
-    /// Serve /healthz, /readyz and /metrics here.
-    #[arg(long, env = "FERRY_HTTP", default_value = "127.0.0.1:0")]
-    pub http: SocketAddr,
-    /// Consumer group (default ferry-<kind>).
-    #[arg(long)]
-    pub group: Option<String>,
-}
-
 #[derive(Debug, Subcommand)]
 pub enum TestbedCommand {
     /// Build or fetch the control-plane binaries (cached; idempotent).
@@ -72,7 +58,9 @@ pub enum TestbedCommand {
 
 pub fn init_tracing(verbose: u8) {
     let default = match verbose {
-        0 => "warn,ferry=info,ferry_runtime=info",
+        // kube logs every failed request at ERROR, probes of starting API servers included;
+        // the errors that matter reach Ferry as results and are reported there.
+        0 => "warn,ferry=info,ferry_runtime=info,kube_client::client::builder=off",
         1 => "info",
         _ => "debug",
     };
@@ -83,36 +71,13 @@ pub fn init_tracing(verbose: u8) {
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Dev(a) => dev::run(a).await,
-        Command::Worker(a) => run_worker(&cli.conn, a).await,
+        Command::Worker(a) => workers::run(&cli.conn, a).await,
         Command::Submit(a) => submit::run(&cli.conn, a).await,
         Command::Tasks(c) => tasks::run(&cli.conn, c).await,
         Command::Bench(c) => bench::run(c).await,
         Command::Testbed(TestbedCommand::Install) => testbed_install(),
         Command::Fleet { output } => fleet(output).await,
     }
-}
-
-async fn run_worker(conn: &common::Conn, a: WorkerArgs) -> anyhow::Result<ExitCode> {
-    let mut opts = ferry_runtime::WorkerOptions::new(conn.kafka()?);
-    opts.topics = conn.topics();
-    opts.http = Some(a.http);
-    opts.group_id = a.group;
-    opts.schema_registry = conn.schema_registry.clone();
-    let shutdown = CancellationToken::new();
-    common::cancel_on_signal(shutdown.clone());
-    match a.kind {
-        TaskKind::Test => {
-            let w = ferry_runtime::Worker::new(opts, ferry_runtime::testkind::TestHandler::default());
-            w.run_with(shutdown, |h| {
-                if let Some(addr) = h.http {
-                    eprintln!("probes: http://{addr}/healthz /readyz /metrics");
-                }
-            })
-            .await?;
-        }
-        other => anyhow::bail!("the {other} worker is not built yet; available: test"),
-    }
-    Ok(ExitCode::SUCCESS)
 }
 
 /// Runs the project's install script (compiled in, so it works from any directory).

@@ -69,6 +69,11 @@ pub fn encode_spec(client: &ferry_runtime::Client, kind: TaskKind, spec: serde_j
                 serde_json::from_value(spec).context("spec does not match the test kind's fields")?;
             Ok(client.registry().encode(&s)?)
         }
+        TaskKind::Score => {
+            let s: ferry_score::spec::ScoreClusters =
+                serde_json::from_value(spec).context("spec does not match the score kind's fields (ScoreClusters)")?;
+            Ok(client.registry().encode(&s)?)
+        }
         other => anyhow::bail!("no spec schema for {other} yet: its worker is not built"),
     }
 }

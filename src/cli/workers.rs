@@ -1,0 +1,94 @@
+//! `ferry worker <kind>`: builds the handler of one task kind from flags and environment
+//! and runs it until SIGINT/SIGTERM. Workers that touch Kubernetes reach the hub through
+//! `--kubeconfig` (or KUBECONFIG, or the in-cluster config) and the managed clusters
+//! through their kubeconfig Secrets on the hub.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Args;
+use ferry_kube::Clusters;
+use ferry_runtime::{TaskHandler, TaskKind, Worker, WorkerOptions};
+use tokio_util::sync::CancellationToken;
+
+use super::common;
+
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    /// The task kind this worker serves.
+    pub kind: TaskKind,
+    /// Serve /healthz, /readyz and /metrics here.
+    #[arg(long, env = "FERRY_HTTP", default_value = "127.0.0.1:0")]
+    pub http: SocketAddr,
+    /// Consumer group (default ferry-<kind>).
+    #[arg(long)]
+    pub group: Option<String>,
+    /// The hub's kubeconfig (default: KUBECONFIG, ~/.kube/config, or in-cluster).
+    #[arg(long, env = "FERRY_HUB_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// score: do not submit scorings when ManagedClusters join.
+    #[arg(long)]
+    pub no_onboarding: bool,
+}
+
+/// The hub and managed clusters, from a kubeconfig file or the usual inference.
+pub async fn hub(kubeconfig: Option<&Path>) -> anyhow::Result<Arc<Clusters>> {
+    ferry_kube::init_crypto();
+    let client = match kubeconfig {
+        Some(p) => ferry_fleet::fleet::client_for("hub", p).await?,
+        None => kube::Client::try_default().await.context("no hub kubeconfig: pass --kubeconfig, set KUBECONFIG, or run in a cluster")?,
+    };
+    Ok(Arc::new(Clusters::new(client)))
+}
+
+/// Runs `handler` until `shutdown`, printing where the probes are.
+pub async fn serve<H: TaskHandler>(opts: WorkerOptions, handler: H, shutdown: CancellationToken) -> anyhow::Result<()> {
+    Worker::new(opts, handler)
+        .run_with(shutdown, |h| {
+            if let Some(addr) = h.http {
+                eprintln!("probes: http://{addr}/healthz /readyz /metrics");
+            }
+        })
+        .await?;
+    Ok(())
+}
+
+/// The score worker and, given a client to submit with, its onboarding watcher.
+pub async fn score(opts: WorkerOptions, clusters: Arc<Clusters>, onboarding: Option<ferry_runtime::Client>, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let cfg = ferry_score::ScoreConfig::new(clusters.clone(), opts.kafka.clone(), opts.topics.clone());
+    let handler = ferry_score::ScoreHandler::new(cfg)?;
+    let watcher = if let Some(client) = onboarding {
+        let client = Arc::new(client);
+        let template = ferry_score::spec::ScoreClusters::default();
+        Some(tokio::spawn(ferry_score::onboarding::run(clusters.hub().clone(), client, template, shutdown.clone())))
+    } else {
+        None
+    };
+    serve(opts, handler, shutdown).await?;
+    if let Some(w) = watcher {
+        w.await??;
+    }
+    Ok(())
+}
+
+pub async fn run(conn: &common::Conn, a: WorkerArgs) -> anyhow::Result<ExitCode> {
+    let mut opts = WorkerOptions::new(conn.kafka()?);
+    opts.topics = conn.topics();
+    opts.http = Some(a.http);
+    opts.group_id = a.group;
+    opts.schema_registry = conn.schema_registry.clone();
+    let shutdown = CancellationToken::new();
+    common::cancel_on_signal(shutdown.clone());
+    match a.kind {
+        TaskKind::Test => serve(opts, ferry_runtime::testkind::TestHandler::default(), shutdown).await?,
+        TaskKind::Score => {
+            let onboarding = if a.no_onboarding { None } else { Some(conn.client().await?) };
+            score(opts, hub(a.kubeconfig.as_deref()).await?, onboarding, shutdown).await?;
+        }
+        other => anyhow::bail!("the {other} worker is not built yet; available: test, score"),
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,26 @@
+//! Each worker's `ferry dev --demo <name>`: the scripted scenario a newcomer runs on the
+//! embedded broker and the simulated fleet, which exits 0 only when every check passed.
+
+use std::process::Command;
+
+fn demo(name: &str) {
+    if !ferry_fleet::binaries::Binaries::installed() {
+        println!("note: the test bed is not installed (scripts/install-testbed.sh); skipping the {name} demo");
+        return;
+    }
+    let state = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(["dev", "--demo", name])
+        .env("FERRY_STATE", state.path())
+        .output()
+        .expect("ferry runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
+    assert!(out.status.success(), "ferry dev --demo {name} exited {:?}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    assert!(!stdout.contains("MISMATCH"), "{stdout}");
+}
+
+#[test]
+fn score_demo_ranks_three_clusters() {
+    demo("score");
+}

@@ -5,5 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-tansu.sh
 scripts/install-testbed.sh
+scripts/install-helm.sh
 # Two test binaries at a time at most: each starts brokers and API servers.
 cargo test --workspace --no-fail-fast -- --test-threads=2

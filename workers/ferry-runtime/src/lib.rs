@@ -30,6 +30,7 @@ mod scheduler;
 pub mod schema_registry;
 pub mod state_view;
 pub mod step;
+pub mod strimzi;
 pub mod tansu;
 pub mod testkind;
 pub mod topics;

@@ -1,0 +1,157 @@
+{{/* Common labels. */}}
+{{- define "ferry.labels" -}}
+app.kubernetes.io/name: ferry
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end }}
+
+{{- define "ferry.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{/* A non-root, read-only container. */}}
+{{- define "ferry.containerSecurity" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+capabilities:
+  drop: [ALL]
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/* Kafka settings of a client whose KafkaUser is `user` (dict: root, user). */}}
+{{- define "ferry.kafkaEnv" -}}
+- name: FERRY_BROKERS
+  value: {{ .root.Values.kafka.bootstrap | quote }}
+- name: FERRY_TOPIC_PREFIX
+  value: {{ .root.Values.kafka.topicPrefix | quote }}
+- name: FERRY_KAFKA_SECURITY_PROTOCOL
+  value: {{ .root.Values.kafka.securityProtocol | quote }}
+- name: FERRY_KAFKA_SASL_MECHANISM
+  value: {{ .root.Values.kafka.saslMechanism | quote }}
+- name: FERRY_KAFKA_SASL_USERNAME
+  value: {{ .user | quote }}
+- name: FERRY_KAFKA_SASL_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ .user }}
+      key: password
+- name: FERRY_KAFKA_SSL_CA_LOCATION
+  value: /etc/ferry/kafka-ca/ca.crt
+{{- end }}
+
+{{- define "ferry.kafkaVolume" -}}
+- name: kafka-ca
+  secret:
+    secretName: {{ .Values.kafka.caSecret }}
+    items: [{key: ca.crt, path: ca.crt}]
+- name: tmp
+  emptyDir: {}
+{{- if .Values.hub.kubeconfigSecret }}
+- name: hub-kubeconfig
+  secret:
+    secretName: {{ .Values.hub.kubeconfigSecret }}
+    items: [{key: value, path: kubeconfig}]
+{{- end }}
+{{- end }}
+
+{{- define "ferry.kafkaMounts" -}}
+- name: kafka-ca
+  mountPath: /etc/ferry/kafka-ca
+  readOnly: true
+- name: tmp
+  mountPath: /tmp
+{{- if .Values.hub.kubeconfigSecret }}
+- name: hub-kubeconfig
+  mountPath: /etc/ferry/hub
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/*
+The hub API rules of each worker: only what it touches. Managed clusters are reached
+through their kubeconfig Secrets (Cluster API's <cluster>-kubeconfig), never cluster-admin.
+*/}}
+{{- define "ferry.rules" -}}
+{{- $readKubeconfigs := dict "apiGroups" (list "") "resources" (list "secrets") "verbs" (list "get" "list" "watch") -}}
+{{- $watchClusters := dict "apiGroups" (list "cluster.open-cluster-management.io") "resources" (list "managedclusters") "verbs" (list "get" "list" "watch") -}}
+{{- if eq . "create-cluster" }}
+- apiGroups: [cluster.x-k8s.io]
+  resources: [clusters, machinedeployments, clusterclasses]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [cluster.x-k8s.io]
+  resources: [machines]
+  verbs: [get, list, watch]
+- apiGroups: [controlplane.cluster.x-k8s.io]
+  resources: [kubeadmcontrolplanes]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [bootstrap.cluster.x-k8s.io]
+  resources: [kubeadmconfigtemplates]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [infrastructure.cluster.x-k8s.io]
+  resources: [openstackclusters, openstackmachinetemplates, dockerclusters, dockermachinetemplates]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [addons.cluster.x-k8s.io]
+  resources: [clusterresourcesets]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [""]
+  resources: [secrets, configmaps]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [""]
+  resources: [namespaces]
+  verbs: [get, create, patch]
+- apiGroups: [cluster.open-cluster-management.io]
+  resources: [managedclusters]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [cluster.open-cluster-management.io]
+  resources: [managedclustersets]
+  verbs: [get, list, watch]
+{{- else if eq . "peer" }}
+- {{ toYaml $readKubeconfigs | nindent 2 | trim }}
+- {{ toYaml $watchClusters | nindent 2 | trim }}
+- apiGroups: [cluster.open-cluster-management.io]
+  resources: [managedclusters]
+  verbs: [patch]
+- apiGroups: [cluster.open-cluster-management.io]
+  resources: [managedclustersets]
+  verbs: [get, list, watch, create, patch]
+- apiGroups: [addon.open-cluster-management.io]
+  resources: [managedclusteraddons]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [submarineraddon.open-cluster-management.io]
+  resources: [submarinerconfigs]
+  verbs: [get, list, watch, create, patch, delete]
+{{- else if eq . "offload" }}
+- {{ toYaml $readKubeconfigs | nindent 2 | trim }}
+- {{ toYaml $watchClusters | nindent 2 | trim }}
+{{- else if eq . "deploy" }}
+- {{ toYaml $readKubeconfigs | nindent 2 | trim }}
+- {{ toYaml $watchClusters | nindent 2 | trim }}
+- apiGroups: [work.open-cluster-management.io]
+  resources: [manifestworks]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [cluster.open-cluster-management.io]
+  resources: [placements, managedclustersetbindings]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [cluster.open-cluster-management.io]
+  resources: [placementdecisions, addonplacementscores]
+  verbs: [get, list, watch]
+{{- else if eq . "score" }}
+- {{ toYaml $readKubeconfigs | nindent 2 | trim }}
+- {{ toYaml $watchClusters | nindent 2 | trim }}
+- apiGroups: [cluster.open-cluster-management.io]
+  resources: [addonplacementscores, addonplacementscores/status]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [work.open-cluster-management.io]
+  resources: [manifestworks]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get]
+{{- end }}
+{{- end }}

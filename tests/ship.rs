@@ -1,0 +1,186 @@
+//! What ships, checked against real parts: the Strimzi resources generated from
+//! `topics/` are current and pass a real API server with the upstream Strimzi CRDs; the
+//! Helm chart lints, renders, grants no more than each worker needs, and passes the
+//! API server's server-side dry run; docker-compose.yml runs every worker.
+//!
+//! `FERRY_BLESS=1 cargo test --test ship` regenerates strimzi/kafka-{topics,users}.yaml.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use ferry_fleet::{Fleet, FleetOptions};
+use ferry_kube::{Clusters, HUB};
+use ferry_runtime::Topics;
+use ferry_runtime::strimzi;
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn docs(text: &str) -> Vec<Value> {
+    serde_yaml_ng::Deserializer::from_str(text)
+        .filter_map(|d| {
+            let v: Option<Value> = serde::Deserialize::deserialize(d).expect("valid YAML");
+            v.filter(|v| !v.is_null())
+        })
+        .collect()
+}
+
+#[test]
+fn strimzi_files_are_generated_from_topics() {
+    let topics = Topics::standard();
+    let generated = [
+        ("kafka-topics.yaml", strimzi::to_yaml(&strimzi::kafka_topics(&topics, "ferry"), "Ferry's KafkaTopics")),
+        ("kafka-users.yaml", strimzi::to_yaml(&strimzi::kafka_users(&topics, "ferry"), "Ferry's KafkaUsers: one per worker and the tracker, least-privilege ACLs")),
+    ];
+    for (file, text) in generated {
+        let path = root().join("strimzi").join(file);
+        if std::env::var_os("FERRY_BLESS").is_some() {
+            std::fs::write(&path, &text).unwrap();
+        }
+        let committed = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(committed == text, "strimzi/{file} is out of date with topics/topics.yaml; run FERRY_BLESS=1 cargo test --test ship and commit");
+    }
+}
+
+fn helm() -> Option<PathBuf> {
+    let cache = std::env::var_os("FERRY_CACHE").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/ferry"));
+    let bin = cache.join("helm-3.10.1/helm");
+    bin.exists().then_some(bin)
+}
+
+fn render_chart(helm: &Path, extra: &[&str]) -> Vec<Value> {
+    let chart = root().join("helm/ferry");
+    let lint = Command::new(helm).arg("lint").arg(&chart).output().unwrap();
+    assert!(lint.status.success(), "helm lint: {}", String::from_utf8_lossy(&lint.stdout));
+    let out = Command::new(helm)
+        .args(["template", "ferry"])
+        .arg(&chart)
+        .args(["--namespace", "ferry", "--kube-version", "1.20.0"])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "helm template: {}", String::from_utf8_lossy(&out.stderr));
+    docs(&String::from_utf8_lossy(&out.stdout))
+}
+
+fn kinds(docs: &[Value]) -> Vec<String> {
+    docs.iter().map(|d| d["kind"].as_str().unwrap_or("").to_owned()).collect()
+}
+
+#[test]
+fn chart_grants_each_worker_only_what_it_touches() {
+    let Some(helm) = helm() else {
+        println!("note: helm is not installed (scripts/install-helm.sh); skipping");
+        return;
+    };
+    let docs = render_chart(&helm, &[]);
+    let k = kinds(&docs);
+    for kind in ["create-cluster", "peer", "offload", "deploy", "score"] {
+        let name = format!("ferry-{kind}");
+        for want in ["Deployment", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "PodDisruptionBudget"] {
+            assert!(docs.iter().any(|d| d["kind"] == want && d["metadata"]["name"] == name.as_str()), "{want} {name} missing");
+        }
+        let dep = docs.iter().find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == name.as_str()).unwrap();
+        let pod = &dep["spec"]["template"]["spec"];
+        assert_eq!(pod["serviceAccountName"], name.as_str());
+        let c = &pod["containers"][0];
+        assert_eq!(c["args"], serde_json::json!(["worker", kind]));
+        assert_eq!(c["securityContext"]["runAsNonRoot"], true);
+        assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+        assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+        assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+        let env = c["env"].as_array().unwrap();
+        let user = env.iter().find(|e| e["name"] == "FERRY_KAFKA_SASL_USERNAME").unwrap();
+        assert_eq!(user["value"], format!("ferry-worker-{kind}").as_str(), "each worker has its own Kafka user");
+        let pw = env.iter().find(|e| e["name"] == "FERRY_KAFKA_SASL_PASSWORD").unwrap();
+        assert_eq!(pw["valueFrom"]["secretKeyRef"]["name"], format!("ferry-worker-{kind}").as_str(), "the password comes from the KafkaUser's Secret");
+    }
+    // Least privilege: no wildcard, no cluster-admin, and only the deploy and score workers
+    // may touch ManifestWorks.
+    for role in docs.iter().filter(|d| d["kind"] == "ClusterRole") {
+        for rule in role["rules"].as_array().unwrap() {
+            for field in ["apiGroups", "resources", "verbs"] {
+                assert!(!rule[field].as_array().unwrap().iter().any(|v| v == "*"), "wildcard in {}: {rule}", role["metadata"]["name"]);
+            }
+            let touches_works = rule["resources"].as_array().unwrap().iter().any(|r| r == "manifestworks");
+            let name = role["metadata"]["name"].as_str().unwrap();
+            assert!(!touches_works || name == "ferry-deploy" || name == "ferry-score", "{name} should not touch ManifestWorks");
+        }
+    }
+    for b in docs.iter().filter(|d| d["kind"] == "ClusterRoleBinding") {
+        assert_ne!(b["roleRef"]["name"], "cluster-admin");
+    }
+    assert!(k.iter().any(|k| k == "ServiceMonitor"));
+    let dash = docs.iter().find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "ferry-dashboard").expect("dashboard");
+    assert_eq!(dash["spec"]["template"]["spec"]["automountServiceAccountToken"], false, "the dashboard needs no API access");
+    // Turning a worker off removes all of its objects.
+    let fewer = render_chart(&helm, &["--set", "workers.peer.enabled=false"]);
+    assert!(!fewer.iter().any(|d| d["metadata"]["name"] == "ferry-peer"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strimzi_resources_and_chart_pass_the_api_server() {
+    if !ferry_fleet::binaries::Binaries::installed() {
+        println!("note: the test bed is not installed (scripts/install-testbed.sh); skipping");
+        return;
+    }
+    let fleet = Fleet::start(FleetOptions { controllers: false, ..FleetOptions::hub_and(0) }).await.unwrap();
+    let clusters = Clusters::new(fleet.hub().client().await.unwrap());
+    for ns in ["kafka", "ferry"] {
+        let doc = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+        clusters.apply(HUB, &doc, "ferry-test").await.unwrap();
+    }
+    let crds = root().join("../shared/crds/strimzi");
+    if crds.is_dir() {
+        ferry_fleet::crds::install_dir(&clusters.hub().clone(), &crds).await.unwrap();
+        let mut checked = 0;
+        for file in ["kafka.yaml", "kafka-topics.yaml", "kafka-users.yaml"] {
+            let text = std::fs::read_to_string(root().join("strimzi").join(file)).unwrap();
+            for mut d in docs(&text) {
+                d["metadata"]["namespace"] = "kafka".into();
+                clusters.dry_run_apply(HUB, &d, "ferry-test").await.unwrap_or_else(|e| panic!("strimzi/{file} {}: {e}", d["metadata"]["name"]));
+                checked += 1;
+            }
+        }
+        assert!(checked >= 3 + 6 + 6, "every Strimzi resource was checked ({checked})");
+    } else {
+        println!("note: ../shared/crds/strimzi is absent; Strimzi resources not validated against the CRDs");
+    }
+    let Some(helm) = helm() else {
+        println!("note: helm is not installed (scripts/install-helm.sh); chart not validated");
+        return;
+    };
+    // The test bed has no prometheus-operator CRDs; the ServiceMonitor is checked above.
+    let cluster_scoped = ["ClusterRole", "ClusterRoleBinding", "Namespace"];
+    for mut d in render_chart(&helm, &["--set", "serviceMonitor.enabled=false"]) {
+        if !cluster_scoped.contains(&d["kind"].as_str().unwrap_or("")) {
+            d["metadata"]["namespace"] = "ferry".into();
+        }
+        clusters.dry_run_apply(HUB, &d, "ferry-test").await.unwrap_or_else(|e| panic!("chart {} {}: {e}", d["kind"], d["metadata"]["name"]));
+    }
+}
+
+#[test]
+fn compose_runs_kafka_the_topics_every_worker_and_the_dashboard() {
+    let text = std::fs::read_to_string(root().join("docker-compose.yml")).unwrap();
+    let mut v: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("docker-compose.yml is YAML");
+    v.apply_merge().expect("merge keys resolve");
+    let v: Value = serde_json::to_value(v).unwrap();
+    let services = v["services"].as_object().expect("services");
+    let kafka = &services["kafka"];
+    assert_eq!(kafka["environment"]["KAFKA_PROCESS_ROLES"], "broker,controller", "KRaft mode");
+    let listeners = kafka["environment"]["KAFKA_ADVERTISED_LISTENERS"].as_str().unwrap();
+    for kind in ["create-cluster", "peer", "offload", "deploy", "score"] {
+        let s = &services[&format!("worker-{kind}")];
+        assert_eq!(s["command"], serde_json::json!(["worker", kind]));
+        let brokers = s["environment"]["FERRY_BROKERS"].as_str().unwrap();
+        assert!(listeners.contains(brokers), "worker-{kind} uses {brokers}, which Kafka advertises");
+        assert_eq!(s["depends_on"]["topics"]["condition"], "service_completed_successfully");
+    }
+    assert_eq!(services["dashboard"]["command"][0], "dashboard");
+    assert_eq!(services["topics"]["command"][0], "topics");
+    let dockerfile = std::fs::read_to_string(root().join("Dockerfile")).unwrap();
+    assert!(dockerfile.lines().any(|l| l.trim() == "USER 65532:65532"), "the image runs as non-root");
+}

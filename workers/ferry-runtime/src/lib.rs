@@ -29,6 +29,7 @@ mod runner;
 mod scheduler;
 pub mod schema_registry;
 pub mod state_view;
+pub mod secrets;
 pub mod step;
 pub mod strimzi;
 pub mod tansu;

@@ -159,5 +159,24 @@ async fn clusters_are_ranked_published_and_scored_on_joining() {
     assert_eq!(ev.event, EventType::Succeeded, "a cluster that becomes available is scored: {ev:?}");
     watcher_stop.cancel();
     assert_eq!(onboarding.await.unwrap().unwrap(), 5, "three found, one created, one available");
+
+    // No topic holds secret material: no kubeconfig, token or key, and none of the fleet's
+    // actual admin tokens (the workers read them from Secrets on the hub all along).
+    let tokens: Vec<String> = bed
+        .fleet
+        .clusters
+        .iter()
+        .filter_map(|c| c.kubeconfig_inline().ok())
+        .filter_map(|k| k.lines().find_map(|l| l.trim().strip_prefix("token: ").map(str::to_owned)))
+        .collect();
+    assert_eq!(tokens.len(), 4);
+    let mut scanned = 0;
+    for t in bed.topics.all() {
+        for (_, payload) in client.read_to_end(&t.name).await.unwrap() {
+            assert_eq!(ferry_runtime::secrets::find_with(&payload, &tokens), None, "secret material on {}", t.name);
+            scanned += 1;
+        }
+    }
+    assert!(scanned > 50, "the scan read the topics ({scanned} records)");
     bed.stop().await;
 }

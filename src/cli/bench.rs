@@ -19,6 +19,8 @@ use tokio_util::sync::CancellationToken;
 pub enum BenchCommand {
     /// The task runtime against the broker's own limit.
     Runtime(RuntimeArgs),
+    /// Many tasks waiting for simulated clusters in one worker: watches, memory, idle CPU.
+    Waits(super::bench_waits::WaitsArgs),
     /// The test bed: start-up time and memory per cluster.
     Testbed {
         /// Clusters to start (hub included).
@@ -88,6 +90,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
     let a = match cmd {
         BenchCommand::Runtime(a) => a,
         BenchCommand::Testbed { clusters, json } => return testbed(clusters, json).await,
+        BenchCommand::Waits(a) => return super::bench_waits::run(a).await,
     };
     let topics = Topics::standard();
     let bench_topic = "ferry.bench.raw";

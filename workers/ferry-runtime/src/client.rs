@@ -110,7 +110,7 @@ impl Client {
     }
 
     /// Submits a Start command with a typed spec; returns the task id.
-    pub async fn submit<S: Serialize + AvroSchema>(
+    pub async fn submit<S: Serialize + AvroSchema + 'static>(
         &self,
         kind: TaskKind,
         subject: &str,

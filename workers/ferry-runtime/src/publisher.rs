@@ -223,7 +223,7 @@ impl Publisher {
     }
 
     /// Encodes a task's record and hands it to the producer, keyed by the task id.
-    fn enqueue_record<T: serde::Serialize + apache_avro::AvroSchema>(
+    fn enqueue_record<T: serde::Serialize + apache_avro::AvroSchema + 'static>(
         &self,
         topic: &str,
         record: &'static str,

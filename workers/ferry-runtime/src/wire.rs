@@ -85,6 +85,7 @@ pub struct Registry {
     /// Ids of the exact versions this binary's types match (a shared registry may hold
     /// newer versions registered by newer producers).
     own: HashMap<String, u32>,
+    names: std::sync::RwLock<HashMap<std::any::TypeId, String>>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -123,7 +124,7 @@ impl Registry {
             *newest = (*newest).max(id);
             by_id.insert(id, Entry { schema, name });
         }
-        Ok(Self { by_id, latest, own: HashMap::new() })
+        Ok(Self { by_id, latest, own: HashMap::new(), names: Default::default() })
     }
 
     /// Writes (and reads into) record `name` with schema `id` rather than the newest.
@@ -140,14 +141,26 @@ impl Registry {
         self.by_id.get(&id).map(|e| &e.schema)
     }
 
-    /// The newest id of the record `T`.
-    pub fn id_of<T: AvroSchema>(&self) -> Result<u32, WireError> {
+    /// The full record name of `T`. Derived schemas are built anew on every
+    /// `get_schema()` call (costly for nested records), so names are cached per type.
+    fn record_name<T: AvroSchema + 'static>(&self) -> String {
+        let key = std::any::TypeId::of::<T>();
+        if let Some(n) = self.names.read().expect("names lock").get(&key) {
+            return n.clone();
+        }
         let name = full_name(&T::get_schema());
+        self.names.write().expect("names lock").insert(key, name.clone());
+        name
+    }
+
+    /// The newest id of the record `T`.
+    pub fn id_of<T: AvroSchema + 'static>(&self) -> Result<u32, WireError> {
+        let name = self.record_name::<T>();
         self.current(&name).ok_or(WireError::Unregistered(name))
     }
 
     /// Encodes `value` with the newest registered schema of its record.
-    pub fn encode<T: Serialize + AvroSchema>(&self, value: &T) -> Result<Vec<u8>, WireError> {
+    pub fn encode<T: Serialize + AvroSchema + 'static>(&self, value: &T) -> Result<Vec<u8>, WireError> {
         let id = self.id_of::<T>()?;
         let entry = &self.by_id[&id];
         let mut out = Vec::with_capacity(128);
@@ -162,7 +175,7 @@ impl Registry {
 
     /// Decodes a Confluent-framed record into `T`, resolving the writer's schema version
     /// against the newest one.
-    pub fn decode<T: DeserializeOwned + AvroSchema>(&self, bytes: &[u8]) -> Result<T, WireError> {
+    pub fn decode<T: DeserializeOwned + AvroSchema + 'static>(&self, bytes: &[u8]) -> Result<T, WireError> {
         if bytes.len() < 5 {
             return Err(WireError::TooShort { len: bytes.len() });
         }
@@ -171,15 +184,16 @@ impl Registry {
         }
         let id = u32::from_be_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
         let writer = self.by_id.get(&id).ok_or(WireError::UnknownSchemaId(id))?;
-        let expected = full_name(&T::get_schema());
+        let expected = self.record_name::<T>();
         if writer.name != expected {
             return Err(WireError::WrongRecord { id, found: writer.name.clone(), expected });
         }
         let reader_id = self.current(&writer.name).ok_or_else(|| WireError::Unregistered(writer.name.clone()))?;
-        let reader = &self.by_id[&reader_id].schema;
+        // Same version: no schema resolution needed.
+        let reader = (reader_id != id).then(|| &self.by_id[&reader_id].schema);
         let mut datum = &bytes[5..];
         let datum_err = |e| WireError::Datum { record: expected.clone(), source: Box::new(e) };
-        let value = apache_avro::from_avro_datum(&writer.schema, &mut datum, Some(reader)).map_err(datum_err)?;
+        let value = apache_avro::from_avro_datum(&writer.schema, &mut datum, reader).map_err(datum_err)?;
         if !datum.is_empty() {
             return Err(WireError::Trailing(datum.len()));
         }

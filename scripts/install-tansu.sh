@@ -4,16 +4,18 @@
 # Why tansu: no Apache Kafka is installable on our machines (see docs/ARCHITECTURE.md, "Brokers").
 set -euo pipefail
 CACHE="${FERRY_CACHE:-$HOME/.cache/ferry}"
-ROOT="$CACHE/tansu-0.6.0"
+ROOT="$CACHE/tansu-0.6.0-sql"
 BIN="$ROOT/bin/tansu"
 if [ -x "$BIN" ]; then
   echo "tansu: cached at $BIN"
   exit 0
 fi
 mkdir -p "$ROOT"
-echo "tansu: building 0.6.0 from crates.io into $ROOT (about 11 minutes on 2 cores, once)"
+echo "tansu: building 0.6.0 from crates.io into $ROOT (about 15 minutes on 2 cores, once)"
 # Without `dynostore` no storage engine is compiled and the broker fails at start (TESTBED.md).
-cargo install tansu@0.6.0 --locked --features dynostore --root "$ROOT.partial"
+# `libsql` adds the SQLite engine: the SASL test creates users, then restarts the broker
+# with authentication required on the same store (the memory engine forgets them).
+cargo install tansu@0.6.0 --locked --features dynostore,libsql --root "$ROOT.partial"
 mkdir -p "$ROOT/bin"
 mv "$ROOT.partial/bin/tansu" "$BIN"
 rm -rf "$ROOT.partial"

@@ -23,6 +23,7 @@ pub mod kafka;
 pub mod kind;
 mod lag;
 pub mod metrics;
+pub mod preflight;
 pub mod protocol;
 pub mod publisher;
 mod runner;

@@ -29,6 +29,14 @@ pub enum TansuError {
         #[source]
         source: std::io::Error,
     },
+    /// A user could not be created.
+    #[error("creating SASL user {user} on tansu: {reason}")]
+    CreateUser {
+        /// The user.
+        user: String,
+        /// What the CLI said.
+        reason: String,
+    },
     /// Topics could not be created.
     #[error("creating topic {topic} on tansu: {source}")]
     CreateTopic {
@@ -48,7 +56,8 @@ pub fn binary() -> PathBuf {
     let cache = std::env::var_os("FERRY_CACHE")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/ferry"));
-    cache.join("tansu-0.6.0/bin/tansu")
+    // Built with the libsql engine too: the SASL test needs users that outlive a restart.
+    cache.join("tansu-0.6.0-sql/bin/tansu")
 }
 
 /// A running tansu broker, killed on drop.
@@ -56,6 +65,31 @@ pub fn binary() -> PathBuf {
 pub struct Tansu {
     child: Child,
     bootstrap: String,
+    _dir: Option<tempfile::TempDir>,
+}
+
+fn free_port() -> Result<u16, TansuError> {
+    let spawn_err = |source| TansuError::Spawn { path: binary(), source };
+    Ok(TcpListener::bind("127.0.0.1:0").map_err(spawn_err)?.local_addr().map_err(spawn_err)?.port())
+}
+
+/// Starts the broker on `port` with `storage` (relative paths from `dir`).
+fn spawn(port: u16, storage: &str, dir: Option<&std::path::Path>, authentication: bool) -> Result<Child, TansuError> {
+    let path = binary();
+    if !path.exists() {
+        return Err(TansuError::NotInstalled(path));
+    }
+    // 127.0.0.1 for both: `localhost` may resolve to ::1 (TESTBED.md).
+    let url = format!("tcp://127.0.0.1:{port}");
+    let mut cmd = Command::new(&path);
+    cmd.args(["broker", "--listener-url", &url, "--advertised-listener-url", &url, "--storage-engine", storage]);
+    if authentication {
+        cmd.arg("--authentication");
+    }
+    if let Some(d) = dir {
+        cmd.current_dir(d);
+    }
+    cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().map_err(|source| TansuError::Spawn { path, source })
 }
 
 impl Drop for Tansu {
@@ -68,22 +102,36 @@ impl Drop for Tansu {
 impl Tansu {
     /// Starts tansu with in-memory storage and creates every topic of `topics`.
     pub async fn start(topics: &Topics) -> Result<Self, TansuError> {
-        let path = binary();
-        if !path.exists() {
-            return Err(TansuError::NotInstalled(path));
-        }
-        let port = TcpListener::bind("127.0.0.1:0").map_err(|source| TansuError::Spawn { path: path.clone(), source })?.local_addr().map_err(|source| TansuError::Spawn { path: path.clone(), source })?.port();
-        // 127.0.0.1 for both: `localhost` may resolve to ::1 (TESTBED.md).
-        let url = format!("tcp://127.0.0.1:{port}");
-        let child = Command::new(&path)
-            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url, "--storage-engine", "memory://tansu/"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|source| TansuError::Spawn { path, source })?;
-        let t = Self { child, bootstrap: format!("127.0.0.1:{port}") };
+        let port = free_port()?;
+        let child = spawn(port, "memory://tansu/", None, false)?;
+        let t = Self { child, bootstrap: format!("127.0.0.1:{port}"), _dir: None };
         t.create_topics(topics).await?;
         Ok(t)
+    }
+
+    /// Starts tansu requiring SASL authentication (SCRAM-SHA-512) of `users` (name,
+    /// password), with every topic of `topics`. Users and topics are created before
+    /// authentication is switched on, in a SQLite store that survives the restart.
+    pub async fn start_secured(topics: &Topics, users: &[(&str, &str)]) -> Result<Self, TansuError> {
+        let path = binary();
+        let dir = tempfile::tempdir().map_err(|source| TansuError::Spawn { path: path.clone(), source })?;
+        let port = free_port()?;
+        let open = Self { child: spawn(port, "sqlite://tansu.db", Some(dir.path()), false)?, bootstrap: format!("127.0.0.1:{port}"), _dir: None };
+        open.create_topics(topics).await?;
+        for (user, password) in users {
+            let out = Command::new(&path)
+                .args(["user", "create", "--broker", &format!("tcp://127.0.0.1:{port}"), "--mechanism", "scram512", user, password])
+                .output()
+                .map_err(|source| TansuError::Spawn { path: path.clone(), source })?;
+            if !out.status.success() {
+                // The CLI's output names the user, never the password.
+                return Err(TansuError::CreateUser { user: (*user).to_owned(), reason: String::from_utf8_lossy(&out.stderr).trim().to_owned() });
+            }
+        }
+        drop(open);
+        let port = free_port()?;
+        let child = spawn(port, "sqlite://tansu.db", Some(dir.path()), true)?;
+        Ok(Self { child, bootstrap: format!("127.0.0.1:{port}"), _dir: Some(dir) })
     }
 
     /// The bootstrap address.

@@ -51,6 +51,8 @@ pub struct WorkerOptions {
     pub http: Option<SocketAddr>,
     /// A Confluent-compatible schema registry (`http://...`); the embedded one if None.
     pub schema_registry: Option<String>,
+    /// How long the start waits for Kafka to answer before failing.
+    pub preflight_limit: Duration,
 }
 
 impl WorkerOptions {
@@ -65,6 +67,7 @@ impl WorkerOptions {
             shutdown_grace: Duration::from_secs(20),
             http: None,
             schema_registry: None,
+            preflight_limit: Duration::from_secs(60),
         }
     }
 }
@@ -78,6 +81,9 @@ pub fn default_worker_id() -> String {
 /// Why a worker stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
+    /// Kafka cannot be used (credentials, reachability, topics).
+    #[error(transparent)]
+    Preflight(#[from] crate::preflight::PreflightError),
     /// The producer could not be created.
     #[error("creating the producer: {0}")]
     Producer(#[source] rdkafka::error::KafkaError),
@@ -144,6 +150,11 @@ impl<H: TaskHandler> Worker<H> {
             Some(url) => crate::schema_registry::confluent(url).await?,
             None => Registry::embedded(),
         });
+        let needed: Vec<String> = [opts.topics.command(kind), opts.topics.progress(), opts.topics.task_state(), opts.topics.dead_letter()]
+            .iter()
+            .map(|t| t.name.clone())
+            .collect();
+        crate::preflight::check(&opts.kafka, &needed, opts.preflight_limit).await?;
         let metrics = Arc::new(Metrics::new());
         let ready = Arc::new(AtomicBool::new(false));
         let (view, view_thread) =

@@ -21,6 +21,8 @@ pub enum BenchCommand {
     Runtime(RuntimeArgs),
     /// Many tasks waiting for simulated clusters in one worker: watches, memory, idle CPU.
     Waits(super::bench_waits::WaitsArgs),
+    /// Reading the task-state topic as `ferry tasks list` does, over many tasks.
+    Tracker(super::bench_tracker::TrackerArgs),
     /// The test bed: start-up time and memory per cluster.
     Testbed {
         /// Clusters to start (hub included).
@@ -91,6 +93,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
         BenchCommand::Runtime(a) => a,
         BenchCommand::Testbed { clusters, json } => return testbed(clusters, json).await,
         BenchCommand::Waits(a) => return super::bench_waits::run(a).await,
+        BenchCommand::Tracker(a) => return super::bench_tracker::run(a).await,
     };
     let topics = Topics::standard();
     let bench_topic = "ferry.bench.raw";

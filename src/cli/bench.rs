@@ -23,6 +23,8 @@ pub enum BenchCommand {
     Waits(super::bench_waits::WaitsArgs),
     /// Reading the task-state topic as `ferry tasks list` does, over many tasks.
     Tracker(super::bench_tracker::TrackerArgs),
+    /// kill -9 of a worker holding many tasks mid-step: time to resume, nothing lost.
+    Recovery(super::bench_recovery::RecoveryArgs),
     /// The test bed: start-up time and memory per cluster.
     Testbed {
         /// Clusters to start (hub included).
@@ -94,6 +96,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
         BenchCommand::Testbed { clusters, json } => return testbed(clusters, json).await,
         BenchCommand::Waits(a) => return super::bench_waits::run(a).await,
         BenchCommand::Tracker(a) => return super::bench_tracker::run(a).await,
+        BenchCommand::Recovery(a) => return super::bench_recovery::run(a).await,
     };
     let topics = Topics::standard();
     let bench_topic = "ferry.bench.raw";

@@ -1,6 +1,7 @@
 //! Command-line definition and dispatch.
 
 pub mod bench;
+pub mod bench_recovery;
 pub mod bench_tracker;
 pub mod bench_waits;
 pub mod common;

@@ -1,0 +1,145 @@
+//! `ferry bench recovery`: a worker process holding N tasks mid-step is killed with
+//! SIGKILL; a new instance takes over. Reports the time until it has resumed every task
+//! and until all succeeded, and counts lost and duplicated completions (both must be 0).
+
+use std::collections::{HashMap, HashSet};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use ferry_runtime::testkind::TestTaskSpec;
+use ferry_runtime::{Client, EmbeddedBroker, EventType, KafkaConfig, SubmitOptions, TaskKind, Topics};
+use futures::StreamExt;
+use serde::Serialize;
+
+#[derive(Debug, Args)]
+pub struct RecoveryArgs {
+    /// Tasks in flight when the worker dies.
+    #[arg(long, default_value_t = 10_000)]
+    pub tasks: usize,
+    /// Length of the step every task is in when the worker dies, in seconds.
+    #[arg(long, default_value_t = 20)]
+    pub step_seconds: u64,
+    /// The consumer group's session timeout (how fast a dead member is noticed), ms.
+    #[arg(long, default_value_t = 6000)]
+    pub session_timeout_ms: u64,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    tasks: usize,
+    session_timeout_ms: u64,
+    in_flight_after_s: f64,
+    kill_to_all_resumed_s: f64,
+    kill_to_all_succeeded_s: f64,
+    lost: usize,
+    duplicated_completions: usize,
+}
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn worker(bootstrap: &str, id: &str, session_ms: u64) -> anyhow::Result<Proc> {
+    let exe = std::env::current_exe()?;
+    let child = Command::new(exe)
+        .args(["worker", "test", "--brokers", bootstrap])
+        .args(["--kafka-property", &format!("session.timeout.ms={session_ms}"), "--kafka-property", "heartbeat.interval.ms=500"])
+        .args(["--kafka-property", "fetch.wait.max.ms=5"])
+        .env("HOSTNAME", id)
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    Ok(Proc(child))
+}
+
+pub async fn run(a: RecoveryArgs) -> anyhow::Result<std::process::ExitCode> {
+    let topics = Topics::standard();
+    let broker = EmbeddedBroker::start(3, &topics)?;
+    let bootstrap = broker.bootstrap();
+    let client = Client::new(KafkaConfig::for_embedded(bootstrap.clone()), topics)?;
+    let mut events = client.events(false).await?;
+    let mut first = worker(&bootstrap, "first", a.session_timeout_ms)?;
+
+    let start = Instant::now();
+    let spec = TestTaskSpec { step_ms: (a.step_seconds * 1000) as i64, ..TestTaskSpec::steps(1) };
+    let ids: HashSet<String> = futures::stream::iter(0..a.tasks)
+        .map(|i| {
+            let (client, spec) = (&client, &spec);
+            async move { client.submit(TaskKind::Test, &format!("recovery/{i}"), spec, SubmitOptions::default()).await.map(|id| id.to_string()) }
+        })
+        .buffer_unordered(512)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(1800);
+    let mut started = HashSet::new();
+    while started.len() < a.tasks {
+        let ev = tokio::time::timeout_at(deadline, events.next()).await?.context("event stream ended")?;
+        if ids.contains(&ev.task_id) && ev.event == EventType::StepStarted {
+            started.insert(ev.task_id);
+        }
+    }
+    let in_flight_after = start.elapsed().as_secs_f64();
+
+    // SIGKILL: no handover, no final events; then a fresh instance joins.
+    first.0.kill()?;
+    first.0.wait()?;
+    let killed = Instant::now();
+    let _second = worker(&bootstrap, "second", a.session_timeout_ms)?;
+    let mut resumed = HashSet::new();
+    let mut all_resumed = None;
+    let mut completions: HashMap<String, HashSet<i64>> = HashMap::new();
+    let mut succeeded = HashSet::new();
+    while succeeded.len() < a.tasks {
+        let Ok(Some(ev)) = tokio::time::timeout_at(deadline, events.next()).await else { break };
+        if !ids.contains(&ev.task_id) {
+            continue;
+        }
+        if ev.event == EventType::StepStarted && ev.worker.starts_with("second") {
+            resumed.insert(ev.task_id.clone());
+            if resumed.len() == a.tasks && all_resumed.is_none() {
+                all_resumed = Some(killed.elapsed().as_secs_f64());
+            }
+        }
+        if ev.event == EventType::Succeeded {
+            completions.entry(ev.task_id.clone()).or_default().insert(ev.seq);
+            succeeded.insert(ev.task_id);
+        }
+    }
+    let report = Report {
+        tasks: a.tasks,
+        session_timeout_ms: a.session_timeout_ms,
+        in_flight_after_s: in_flight_after,
+        kill_to_all_resumed_s: all_resumed.unwrap_or(f64::NAN),
+        kill_to_all_succeeded_s: killed.elapsed().as_secs_f64(),
+        lost: a.tasks - succeeded.len(),
+        // A final event republished after a crash keeps its seq; two seqs would be two completions.
+        duplicated_completions: completions.values().filter(|s| s.len() > 1).count(),
+    };
+    drop(events);
+    drop(client);
+    drop(_second);
+    drop(broker);
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!("tasks in flight           {} (all mid-step after {:.1} s)", report.tasks, report.in_flight_after_s);
+        println!("kill -9 -> all resumed    {:.1} s (session timeout {} ms)", report.kill_to_all_resumed_s, report.session_timeout_ms);
+        println!("kill -9 -> all succeeded  {:.1} s (each resumed step reruns its {} s)", report.kill_to_all_succeeded_s, a.step_seconds);
+        println!("lost                      {}", report.lost);
+        println!("duplicated completions    {}", report.duplicated_completions);
+    }
+    Ok(if report.lost == 0 && report.duplicated_completions == 0 { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::FAILURE })
+}

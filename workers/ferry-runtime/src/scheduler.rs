@@ -316,9 +316,9 @@ impl<H: TaskHandler> Scheduler<H> {
                 let _ = tx.send(ControlReply::Finished);
                 return Ok(Some(rx));
             }
-            // Queued, not started yet.
+            // Queued, not started yet (new, or resumed behind another task of its subject).
             let snap = &mut slot.snap;
-            if snap.state == TaskState::Accepted {
+            if matches!(snap.state, TaskState::Accepted | TaskState::Running) {
                 snap.cancel_requested = true;
                 snap.revert_requested |= revert;
                 let d = if revert { Detail::default().message("revert requested") } else { Detail::default() };

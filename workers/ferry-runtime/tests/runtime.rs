@@ -360,3 +360,21 @@ async fn trace_context_rides_from_the_command_through_every_event_and_probes_rep
     token.cancel();
     worker.await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_queued_behind_a_cancelled_one_run_next() {
+    let broker = TestBroker::embedded();
+    let client = broker.client();
+    let mut events = client.events(true).await.unwrap();
+    let (stop, worker) = broker.spawn_worker(broker.worker_options());
+    let spec = TestTaskSpec { block_at: Some(1), ..TestTaskSpec::steps(2) };
+    let ids = [submit(&client, "lane", &spec).await, submit(&client, "lane", &spec).await, submit(&client, "lane", &spec).await];
+    for id in ids {
+        // Each blocks in turn; cancelling it frees the lane for the next.
+        until_event(&mut events, id, EventType::StepProgress).await;
+        client.cancel(id).await.unwrap();
+        assert_eq!(until_final(&mut events, id).await.last().unwrap().event, EventType::Cancelled);
+    }
+    stop.cancel();
+    worker.await.unwrap();
+}

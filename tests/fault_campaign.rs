@@ -1,0 +1,277 @@
+//! The fault campaign: 1,000 mixed tasks (runtime `test` tasks that succeed, fail and
+//! revert, retry, or are cancelled; `score` tasks against real API servers, some reverted)
+//! run on worker *processes* while workers are SIGKILLed and restarted, the broker goes
+//! down and comes back, and the hub's API answers 500 and 429, slows down and blacks out
+//! (through the test bed's fault proxy). Every task must end in its expected final state,
+//! none may be lost, reverted scorings must leave no placement score behind, and no topic
+//! may hold secret material afterwards.
+
+use std::collections::{HashMap, HashSet};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use ferry_fleet::{FaultProxy, Fleet, FleetOptions, Kubelet, NodeFlavor};
+use ferry_kube::kinds::AddOnPlacementScore;
+use ferry_runtime::testkind::TestTaskSpec;
+use ferry_runtime::{Client, EmbeddedBroker, EventType, KafkaConfig, SubmitOptions, TaskId, TaskKind, TaskState, Topics};
+use ferry_score::spec::ScoreClusters;
+use kube::api::{Api, ListParams};
+use rand::Rng;
+
+const TASKS: usize = 1000;
+
+struct Workers {
+    bootstrap: String,
+    hub_kubeconfig: std::path::PathBuf,
+    procs: Vec<(TaskKind, Child)>,
+}
+
+impl Workers {
+    fn spawn(&mut self, kind: TaskKind) {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferry"));
+        cmd.args(["worker", &kind.to_string(), "--brokers", &self.bootstrap])
+            .args(["--kafka-property", "session.timeout.ms=6000", "--kafka-property", "heartbeat.interval.ms=500"])
+            .args(["--kafka-property", "fetch.wait.max.ms=5"])
+            .env("RUST_LOG", "error")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if kind == TaskKind::Score {
+            cmd.arg("--kubeconfig").arg(&self.hub_kubeconfig).arg("--no-onboarding");
+        }
+        self.procs.push((kind, cmd.spawn().expect("spawn ferry worker")));
+    }
+
+    /// SIGKILLs a random worker of `kind` and starts a fresh one.
+    fn kill_and_replace(&mut self, kind: TaskKind) {
+        let of_kind: Vec<usize> = self.procs.iter().enumerate().filter(|(_, (k, _))| *k == kind).map(|(i, _)| i).collect();
+        let i = of_kind[rand::rng().random_range(0..of_kind.len())];
+        let (_, mut c) = self.procs.remove(i);
+        c.kill().expect("SIGKILL");
+        c.wait().unwrap();
+        self.spawn(kind);
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for (_, c) in &mut self.procs {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Plan {
+    Succeed,
+    FailAndRevert,
+    Flaky,
+    Cancel,
+    Score,
+    ScoreThenRevert,
+}
+
+impl Plan {
+    fn expect(self) -> EventType {
+        match self {
+            Plan::Succeed | Plan::Flaky | Plan::Score => EventType::Succeeded,
+            Plan::FailAndRevert | Plan::ScoreThenRevert => EventType::Reverted,
+            Plan::Cancel => EventType::Cancelled,
+        }
+    }
+}
+
+fn plan(i: usize) -> Plan {
+    match i % 10 {
+        0..=5 => Plan::Succeed,
+        6 => Plan::FailAndRevert,
+        7 => Plan::Flaky,
+        8 => Plan::Cancel,
+        _ if i % 50 == 9 => Plan::ScoreThenRevert,
+        _ => Plan::Score,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
+    if !ferry_fleet::binaries::Binaries::installed() {
+        println!("note: the test bed is not installed (scripts/install-testbed.sh); skipping");
+        return;
+    }
+    let fleet = Fleet::start(FleetOptions { controllers: false, ..FleetOptions::hub_and(2) }).await.unwrap();
+    fleet.install_project_crds().await.unwrap();
+    fleet.publish_kubeconfigs().await.unwrap();
+    let hub = fleet.hub().client().await.unwrap();
+    ferry_score::demo::register(&hub, &["member-1", "member-2"], "campaign").await.unwrap();
+    let mut kubelets = Vec::new();
+    for c in fleet.clusters.iter().skip(1) {
+        let k = Kubelet::start(&c.name, c.client().await.unwrap(), Duration::from_millis(100));
+        k.add_nodes("node", 2, &NodeFlavor::default()).await.unwrap();
+        kubelets.push(k);
+    }
+    // The score workers reach the hub through the fault proxy; the members directly.
+    let proxy = FaultProxy::start(hub.clone()).await.unwrap();
+    let faults = proxy.handle();
+    let hub_kubeconfig = fleet.dir.join("hub-through-proxy.kubeconfig");
+    proxy.write_kubeconfig(&hub_kubeconfig, "hub").unwrap();
+
+    let topics = Topics::standard();
+    let broker = EmbeddedBroker::start(3, &topics).unwrap();
+    let bootstrap = broker.bootstrap();
+    let client = Client::new(KafkaConfig::for_embedded(bootstrap.clone()), topics.clone()).unwrap();
+    let mut events = client.events(false).await.unwrap();
+    let mut workers = Workers { bootstrap, hub_kubeconfig, procs: Vec::new() };
+    for kind in [TaskKind::Test, TaskKind::Test, TaskKind::Score, TaskKind::Score] {
+        workers.spawn(kind);
+    }
+
+    let mut plans: HashMap<String, (Plan, TaskId)> = HashMap::new();
+    for i in 0..TASKS {
+        let p = plan(i);
+        let id = match p {
+            Plan::Score | Plan::ScoreThenRevert => {
+                let spec = ScoreClusters { clusters: vec!["member-1".into(), "member-2".into()], ..ScoreClusters::default() };
+                // One subject: scorings run one after another, across every fault phase.
+                client.submit(TaskKind::Score, "campaign/score", &spec, SubmitOptions::default()).await.unwrap()
+            }
+            Plan::Cancel => {
+                // Own subjects: see docs/ARCHITECTURE.md "Notes" on cancelled tasks sharing lanes.
+                let spec = TestTaskSpec { block_at: Some(2), ..TestTaskSpec::steps(3) };
+                client.submit(TaskKind::Test, &format!("campaign/cancel/{i}"), &spec, SubmitOptions::default()).await.unwrap()
+            }
+            _ => {
+                let spec = match p {
+                    Plan::FailAndRevert => TestTaskSpec { fail_at: Some(2), step_ms: 5, ..TestTaskSpec::steps(3) },
+                    Plan::Flaky => TestTaskSpec { fail_transient: 2, step_ms: 5, ..TestTaskSpec::steps(2) },
+                    _ => TestTaskSpec { step_ms: 5, ..TestTaskSpec::steps(3) },
+                };
+                client.submit(TaskKind::Test, &format!("campaign/test/{}", i % 50), &spec, SubmitOptions::default()).await.unwrap()
+            }
+        };
+        plans.insert(id.to_string(), (p, id));
+    }
+
+    // Chaos keyed to progress: after this many scorings have settled, do this.
+    let started = std::time::Instant::now();
+    let mut scored = HashSet::new();
+    let mut settled: HashMap<String, EventType> = HashMap::new();
+    let mut cancelled = HashSet::new();
+    let mut reverted = HashSet::new();
+    let mut revert_retries: HashMap<TaskId, u32> = HashMap::new();
+    let mut step = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(900);
+    let done = |settled: &HashMap<String, EventType>| plans.iter().all(|(id, (p, _))| settled.get(id) == Some(&p.expect()));
+    while !done(&settled) {
+        let ev = tokio::time::timeout_at(deadline, events.next())
+            .await
+            .unwrap_or_else(|_| {
+                let missing: Vec<_> = plans.iter().filter(|(id, (p, _))| settled.get(*id) != Some(&p.expect())).map(|(id, (p, _))| (id.clone(), *p, settled.get(id).copied())).take(10).collect();
+                panic!("campaign deadline: {} tasks not in their expected state, e.g. {missing:?}", plans.len() - settled.len());
+            })
+            .expect("event stream");
+        let Some((p, id)) = plans.get(&ev.task_id).copied() else { continue };
+        if p == Plan::Cancel && ev.event == EventType::StepProgress && cancelled.insert(id) {
+            client.cancel(id).await.unwrap();
+        }
+        if ev.event.is_final() {
+            settled.insert(ev.task_id.clone(), ev.event);
+            if matches!(p, Plan::Score | Plan::ScoreThenRevert) {
+                scored.insert(ev.task_id.clone());
+            }
+            if p == Plan::ScoreThenRevert && ev.event == EventType::Succeeded && reverted.insert(id) {
+                client.revert(id).await.unwrap();
+            }
+            // An undo that ran out of retries (the hub failing 30 requests in a row) ends
+            // RevertFailed; the operator's answer is to revert again, as here.
+            if ev.event == EventType::RevertFailed {
+                let n = revert_retries.entry(id).or_insert(0);
+                *n += 1;
+                assert!(*n <= 3, "task {id} failed to revert three times: {:?}", ev.message);
+                println!("campaign: {id} RevertFailed ({:?}); reverting again", ev.message);
+                client.revert(id).await.unwrap();
+            }
+        }
+        let n = scored.len();
+        let chaos: [(usize, &str); 9] = [
+            (5, "kill a test worker"),
+            (15, "hub answers 500"),
+            (25, "kill a score worker"),
+            (35, "broker outage"),
+            (45, "hub answers 429"),
+            (55, "hub slow"),
+            (65, "hub recovers"),
+            (75, "hub blackout"),
+            (85, "kill one worker of each kind"),
+        ];
+        while step < chaos.len() && n >= chaos[step].0 {
+            println!("campaign: {:>5.1} s, {} of {TASKS} settled ({n} scorings): {}", started.elapsed().as_secs_f64(), settled.len(), chaos[step].1);
+            match step {
+                0 => workers.kill_and_replace(TaskKind::Test),
+                1 => faults.fail_next(30, 500),
+                2 => workers.kill_and_replace(TaskKind::Score),
+                3 => {
+                    broker.all_down().unwrap();
+                    // The outage's length, not a synchronisation.
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    broker.all_up().unwrap();
+                }
+                4 => faults.fail_next(30, 429),
+                5 => faults.set_latency(Duration::from_millis(300)),
+                6 => faults.clear(),
+                7 => faults.blackout(Duration::from_secs(5)),
+                _ => {
+                    workers.kill_and_replace(TaskKind::Test);
+                    workers.kill_and_replace(TaskKind::Score);
+                }
+            }
+            step += 1;
+        }
+    }
+    assert_eq!(step, 9, "every fault was injected");
+    println!("campaign: every task in its expected state after {:.1} s", started.elapsed().as_secs_f64());
+    let (requests, injected) = faults.counts();
+    assert!(injected >= 30, "the hub's faults were hit ({injected} of {requests} requests)");
+    println!("campaign: {injected} of {requests} hub requests answered with a fault");
+
+    // The durable state agrees with the events: nothing lost.
+    let snaps: HashMap<String, TaskState> = client.snapshots().await.unwrap().into_iter().map(|s| (s.task_id.clone(), s.state)).collect();
+    for (id, (p, _)) in &plans {
+        let want = match p.expect() {
+            EventType::Succeeded => TaskState::Succeeded,
+            EventType::Reverted => TaskState::Reverted,
+            _ => TaskState::Cancelled,
+        };
+        assert_eq!(snaps.get(id), Some(&want), "task {id} ({p:?})");
+    }
+
+    // Reverted scorings left no placement score behind: every remaining one belongs to a
+    // scoring that stands.
+    let reverted: HashSet<String> = reverted.iter().map(TaskId::to_string).collect();
+    let mut remaining = 0;
+    for ns in ["member-1", "member-2"] {
+        for aps in Api::<AddOnPlacementScore>::namespaced(hub.clone(), ns).list(&ListParams::default()).await.unwrap() {
+            let task = aps.metadata.annotations.as_ref().and_then(|a| a.get(ferry_score::handler::TASK_ANNOTATION)).cloned().unwrap_or_default();
+            assert!(!reverted.contains(&task), "{ns}/{:?} belongs to reverted task {task}", aps.metadata.name);
+            remaining += 1;
+        }
+    }
+    println!("campaign: {} reverted scorings; {remaining} placement scores remain, none of theirs", reverted.len());
+
+    // No secret material on any topic.
+    let tokens: Vec<String> = fleet
+        .clusters
+        .iter()
+        .filter_map(|c| c.kubeconfig_inline().ok())
+        .filter_map(|k| k.lines().find_map(|l| l.trim().strip_prefix("token: ").map(str::to_owned)))
+        .collect();
+    for t in topics.all() {
+        for (_, payload) in client.read_to_end(&t.name).await.unwrap() {
+            assert_eq!(ferry_runtime::secrets::find_with(&payload, &tokens), None, "secret material on {}", t.name);
+        }
+    }
+    drop(workers);
+    drop(events);
+    drop(client);
+    drop(broker);
+    drop(kubelets);
+}

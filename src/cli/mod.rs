@@ -8,6 +8,7 @@ pub mod common;
 pub mod dev;
 pub mod submit;
 pub mod tasks;
+pub mod topics;
 pub mod workers;
 
 use std::path::PathBuf;
@@ -40,6 +41,9 @@ pub enum Command {
     /// Track tasks: get, list, cancel, revert.
     #[command(subcommand)]
     Tasks(tasks::TasksCommand),
+    /// Kafka topics: create them from topics/topics.yaml.
+    #[command(subcommand)]
+    Topics(topics::TopicsCommand),
     /// Benchmarks (figures go to docs/BENCHMARKS.md).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -77,6 +81,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Worker(a) => workers::run(&cli.conn, a).await,
         Command::Submit(a) => submit::run(&cli.conn, a).await,
         Command::Tasks(c) => tasks::run(&cli.conn, c).await,
+        Command::Topics(c) => topics::run(&cli.conn, c).await,
         Command::Bench(c) => bench::run(c).await,
         Command::Testbed(TestbedCommand::Install) => testbed_install(),
         Command::Fleet { output } => fleet(output).await,

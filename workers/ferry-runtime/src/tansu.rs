@@ -109,6 +109,12 @@ impl Tansu {
         Ok(t)
     }
 
+    /// Starts tansu with in-memory storage and no topics.
+    pub fn start_empty() -> Result<Self, TansuError> {
+        let port = free_port()?;
+        Ok(Self { child: spawn(port, "memory://tansu/", None, false)?, bootstrap: format!("127.0.0.1:{port}"), _dir: None })
+    }
+
     /// Starts tansu requiring SASL authentication (SCRAM-SHA-512) of `users` (name,
     /// password), with every topic of `topics`. Users and topics are created before
     /// authentication is switched on, in a SQLite store that survives the restart.

@@ -1,0 +1,40 @@
+//! `ferry topics apply` against a real broker (tansu): creates every topic of
+//! topics/topics.yaml with its partitions, and a second run changes nothing.
+
+use std::process::Command;
+use std::time::Duration;
+
+use ferry_runtime::Topics;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+
+#[test]
+fn apply_creates_every_topic_once() {
+    if !ferry_runtime::tansu::binary().exists() {
+        println!("note: tansu is not installed (scripts/install-tansu.sh); skipping");
+        return;
+    }
+    let broker = ferry_runtime::tansu::Tansu::start_empty().unwrap();
+    let apply = || {
+        Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .args(["--brokers", broker.bootstrap(), "topics", "apply", "--replication-factor", "1"])
+            .output()
+            .unwrap()
+    };
+    let first = apply();
+    let out = String::from_utf8_lossy(&first.stdout).into_owned();
+    assert!(first.status.success(), "{out}\n{}", String::from_utf8_lossy(&first.stderr));
+    let topics = Topics::standard();
+    for t in topics.all() {
+        assert!(out.contains(&format!("created  {}", t.name)), "{} not created:\n{out}", t.name);
+    }
+    let second = apply();
+    let out = String::from_utf8_lossy(&second.stdout).into_owned();
+    assert!(second.status.success(), "{out}");
+    assert!(!out.contains("created"), "a second apply creates nothing:\n{out}");
+    let c: BaseConsumer = broker.kafka().reader().create().unwrap();
+    let md = c.fetch_metadata(None, Duration::from_secs(30)).unwrap();
+    for t in topics.all() {
+        let m = md.topics().iter().find(|m| m.name() == t.name).unwrap_or_else(|| panic!("{} missing", t.name));
+        assert_eq!(m.partitions().len() as i32, t.partitions, "{}", t.name);
+    }
+}

@@ -184,3 +184,27 @@ fn compose_runs_kafka_the_topics_every_worker_and_the_dashboard() {
     let dockerfile = std::fs::read_to_string(root().join("Dockerfile")).unwrap();
     assert!(dockerfile.lines().any(|l| l.trim() == "USER 65532:65532"), "the image runs as non-root");
 }
+
+#[test]
+fn grafana_dashboard_queries_name_metrics_the_workers_export() {
+    let text = std::fs::read_to_string(root().join("helm/ferry/dashboards/ferry.json")).unwrap();
+    let dash: Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    // Names as a worker's /metrics exposes them (TYPE lines; samples add suffixes).
+    let exposition = ferry_runtime::metrics::Metrics::with_one_sample_each().encode();
+    let exported: Vec<&str> = exposition.lines().filter_map(|l| l.strip_prefix("# TYPE ")).filter_map(|l| l.split_whitespace().next()).collect();
+    assert!(exported.len() >= 5, "{exposition}");
+    let mut queries = 0;
+    for panel in dash["panels"].as_array().unwrap() {
+        for t in panel["targets"].as_array().unwrap() {
+            let expr = t["expr"].as_str().unwrap();
+            queries += 1;
+            let names: Vec<&str> = expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).filter(|w| w.starts_with("ferry_")).collect();
+            assert!(!names.is_empty(), "{expr} names no Ferry metric");
+            for n in names {
+                let base = ["_total", "_bucket", "_sum", "_count"].iter().fold(n, |n, s| n.strip_suffix(s).unwrap_or(n));
+                assert!(exported.contains(&base), "{expr}: {n} is not exported (exported: {exported:?})");
+            }
+        }
+    }
+    assert!(queries >= 6, "tasks by state, step latency, retries, dead letters, consumer lag");
+}

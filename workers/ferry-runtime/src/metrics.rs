@@ -94,6 +94,18 @@ impl Metrics {
         self.lag.get_or_create(&TopicLabels { topic: topic.to_owned() }).set(lag);
     }
 
+    /// Metrics with one sample in every family, so the exposition shows every name (for
+    /// checking dashboards against what workers export).
+    pub fn with_one_sample_each() -> Self {
+        let m = Self::new();
+        m.event(TaskKind::Test, EventType::Succeeded);
+        m.step_finished(TaskKind::Test, "step", Duration::from_millis(1));
+        m.retry(TaskKind::Test, "step");
+        m.dead_letter("topic");
+        m.set_lag("topic", 0);
+        m
+    }
+
     /// The text exposition format.
     pub fn encode(&self) -> String {
         let mut out = String::new();

@@ -294,3 +294,31 @@ fn total_memory_mib() -> f64 {
         .and_then(|m| m.lines().find(|l| l.starts_with("MemTotal:"))?.split_whitespace().nth(1)?.parse::<f64>().ok())
         .map_or(0.0, |kb| kb / 1024.0)
 }
+
+/// Submits `n` `test` tasks with `spec` concurrently (512 in flight), the subject of each
+/// from its index; returns their ids.
+pub async fn submit_tests(client: &Client, n: usize, spec: &TestTaskSpec, subject: impl Fn(usize) -> String) -> anyhow::Result<std::collections::HashSet<String>> {
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let subject = subject(i);
+            async move { client.submit(TaskKind::Test, &subject, spec, SubmitOptions::default()).await.map(|id| id.to_string()) }
+        })
+        .buffer_unordered(512)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .map(|r| r.map_err(anyhow::Error::from))
+        .collect()
+}
+
+/// Waits until every task of `ids` has published an `event`.
+pub async fn until_each(events: &mut ferry_runtime::EventStream, ids: &std::collections::HashSet<String>, event: EventType, deadline: tokio::time::Instant) -> anyhow::Result<()> {
+    let mut seen = std::collections::HashSet::new();
+    while seen.len() < ids.len() {
+        let ev = tokio::time::timeout_at(deadline, events.next()).await?.ok_or_else(|| anyhow::anyhow!("event stream ended"))?;
+        if ids.contains(&ev.task_id) && ev.event == event {
+            seen.insert(ev.task_id);
+        }
+    }
+    Ok(())
+}

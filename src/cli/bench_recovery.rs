@@ -6,11 +6,9 @@ use std::collections::{HashMap, HashSet};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use clap::Args;
 use ferry_runtime::testkind::TestTaskSpec;
-use ferry_runtime::{Client, EmbeddedBroker, EventType, KafkaConfig, SubmitOptions, TaskKind, Topics};
-use futures::StreamExt;
+use ferry_runtime::{Client, EmbeddedBroker, EventType, KafkaConfig, Topics};
 use serde::Serialize;
 
 #[derive(Debug, Args)]
@@ -73,24 +71,9 @@ pub async fn run(a: RecoveryArgs) -> anyhow::Result<std::process::ExitCode> {
 
     let start = Instant::now();
     let spec = TestTaskSpec { step_ms: (a.step_seconds * 1000) as i64, ..TestTaskSpec::steps(1) };
-    let ids: HashSet<String> = futures::stream::iter(0..a.tasks)
-        .map(|i| {
-            let (client, spec) = (&client, &spec);
-            async move { client.submit(TaskKind::Test, &format!("recovery/{i}"), spec, SubmitOptions::default()).await.map(|id| id.to_string()) }
-        })
-        .buffer_unordered(512)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<Result<_, _>>()?;
+    let ids = super::bench::submit_tests(&client, a.tasks, &spec, |i| format!("recovery/{i}")).await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(1800);
-    let mut started = HashSet::new();
-    while started.len() < a.tasks {
-        let ev = tokio::time::timeout_at(deadline, events.next()).await?.context("event stream ended")?;
-        if ids.contains(&ev.task_id) && ev.event == EventType::StepStarted {
-            started.insert(ev.task_id);
-        }
-    }
+    super::bench::until_each(&mut events, &ids, EventType::StepStarted, deadline).await?;
     let in_flight_after = start.elapsed().as_secs_f64();
 
     // SIGKILL: no handover, no final events; then a fresh instance joins.

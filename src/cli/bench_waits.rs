@@ -4,7 +4,6 @@
 //! while every task waits, and the time from the clusters turning ready to the last task
 //! succeeding.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,9 +11,9 @@ use anyhow::Context;
 use clap::Args;
 use ferry_kube::{Check, Clusters, HUB, Watches};
 use ferry_runtime::testkind::TestTaskSpec;
-use ferry_runtime::{Client, EmbeddedBroker, EventType, KafkaConfig, Rejection, Step, StepContext, StepError, StepPolicy, SubmitOptions, TaskHandler, TaskKind, Topics, Worker, WorkerOptions};
+use ferry_runtime::{Client, EmbeddedBroker, EventType, KafkaConfig, Rejection, Step, StepContext, StepError, StepPolicy, TaskHandler, TaskKind, Topics, Worker, WorkerOptions};
 use futures::future::BoxFuture;
-use futures::{FutureExt, StreamExt};
+use futures::FutureExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -171,25 +170,9 @@ pub async fn run(a: WaitsArgs) -> anyhow::Result<std::process::ExitCode> {
 
     let start = Instant::now();
     let spec = TestTaskSpec::steps(1);
-    let ids: HashSet<String> = futures::stream::iter(0..a.tasks)
-        .map(|i| {
-            let (client, spec) = (&client, &spec);
-            let subject = format!("waits/c-{}/{i}", i % a.clusters);
-            async move { client.submit(TaskKind::Test, &subject, spec, SubmitOptions::default()).await.map(|id| id.to_string()) }
-        })
-        .buffer_unordered(512)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<Result<_, _>>()?;
+    let ids = super::bench::submit_tests(&client, a.tasks, &spec, |i| format!("waits/c-{}/{i}", i % a.clusters)).await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(1800);
-    let mut waiting = HashSet::new();
-    while waiting.len() < a.tasks {
-        let ev = tokio::time::timeout_at(deadline, events.next()).await?.context("event stream ended")?;
-        if ids.contains(&ev.task_id) && ev.event == EventType::StepProgress {
-            waiting.insert(ev.task_id);
-        }
-    }
+    super::bench::until_each(&mut events, &ids, EventType::StepProgress, deadline).await?;
     let all_waiting = start.elapsed().as_secs_f64();
     let cpu0 = cpu_seconds();
     tokio::time::sleep(Duration::from_secs(a.idle_seconds)).await; // a measurement window, not synchronisation

@@ -5,6 +5,7 @@ WORKDIR /src
 COPY . .
 # librdkafka is built from source by rdkafka-sys; OpenSSL and zlib are linked dynamically.
 RUN apt-get update && apt-get install -y --no-install-recommends libssl-dev zlib1g-dev \
+    && rm -rf /var/lib/apt/lists/* \
     && cargo build --release --locked --bin ferry \
     && strip target/release/ferry
 

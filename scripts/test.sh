@@ -6,5 +6,6 @@ cd "$(dirname "$0")/.."
 scripts/install-tansu.sh
 scripts/install-testbed.sh
 scripts/install-helm.sh
+scripts/install-dockerfilelint.sh
 # Two test binaries at a time at most: each starts brokers and API servers.
 cargo test --workspace --no-fail-fast -- --test-threads=2

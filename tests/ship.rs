@@ -208,3 +208,15 @@ fn grafana_dashboard_queries_name_metrics_the_workers_export() {
     }
     assert!(queries >= 6, "tasks by state, step latency, retries, dead letters, consumer lag");
 }
+
+#[test]
+fn dockerfile_passes_the_linter() {
+    let cache = std::env::var_os("FERRY_CACHE").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/ferry"));
+    let lint = cache.join("dockerfilelint-1.8.0/node_modules/.bin/dockerfilelint");
+    if !lint.exists() {
+        println!("note: dockerfilelint is not installed (scripts/install-dockerfilelint.sh); skipping");
+        return;
+    }
+    let out = Command::new(&lint).arg(root().join("Dockerfile")).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+}

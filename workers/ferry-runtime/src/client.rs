@@ -71,6 +71,9 @@ pub struct SubmitOptions {
     pub trace_parent: Option<String>,
 }
 
+/// One record as (key, payload).
+pub type KeyedRecord = (Option<Vec<u8>>, Vec<u8>);
+
 /// A Kafka client for Ferry's topics.
 pub struct Client {
     kafka: KafkaConfig,
@@ -140,9 +143,19 @@ impl Client {
             reason: None,
             spec: Bytes(spec),
         };
-        // Every task gets a trace: the caller's, or a new root.
-        let trace = opts.trace_parent.clone().unwrap_or_else(new_trace_parent);
-        self.send(&env, Some(&trace)).await?;
+        // Every task gets a trace: a producer span under the caller's trace (or a new
+        // root); without a tracer provider, the caller's traceparent or a random one.
+        let parent = crate::telemetry::context_of(opts.trace_parent.as_deref());
+        let attrs = vec![
+            opentelemetry::KeyValue::new("ferry.task_id", id.to_string()),
+            opentelemetry::KeyValue::new("ferry.subject", subject.to_owned()),
+            opentelemetry::KeyValue::new("messaging.destination.name", self.topics.command(kind).name.clone()),
+        ];
+        let cx = crate::telemetry::start(format!("ferry.submit {kind}"), opentelemetry::trace::SpanKind::Producer, &parent, attrs);
+        let trace = crate::telemetry::traceparent(&cx).or_else(|| opts.trace_parent.clone()).unwrap_or_else(new_trace_parent);
+        let sent = self.send(&env, Some(&trace)).await;
+        crate::telemetry::end(&cx, sent.as_ref().err().map(ToString::to_string));
+        sent?;
         Ok(id)
     }
 
@@ -234,11 +247,11 @@ impl Client {
 
     /// Every record of `topic` from its beginning to its current end, as (key, payload),
     /// in partition order (for compacted topics: what compaction has kept, newest last).
-    pub async fn read_to_end(&self, topic: &str) -> Result<Vec<(Option<Vec<u8>>, Vec<u8>)>, ClientError> {
+    pub async fn read_to_end(&self, topic: &str) -> Result<Vec<KeyedRecord>, ClientError> {
         let cfg = self.kafka.reader();
         let topic = topic.to_owned();
         let what = format!("reading {topic}");
-        tokio::task::spawn_blocking(move || -> Result<Vec<(Option<Vec<u8>>, Vec<u8>)>, KafkaError> {
+        tokio::task::spawn_blocking(move || -> Result<Vec<KeyedRecord>, KafkaError> {
             let c: rdkafka::consumer::BaseConsumer = cfg.create()?;
             let md = c.fetch_metadata(Some(&topic), Duration::from_secs(30))?;
             let mut ends = std::collections::HashMap::new();

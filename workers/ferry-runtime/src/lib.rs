@@ -33,6 +33,7 @@ pub mod state_view;
 pub mod secrets;
 pub mod step;
 pub mod strimzi;
+pub mod telemetry;
 pub mod tansu;
 pub mod testkind;
 pub mod topics;

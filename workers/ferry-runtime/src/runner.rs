@@ -78,6 +78,8 @@ pub(crate) struct Runner<H: TaskHandler> {
     ctl: mpsc::Receiver<Control>,
     done: mpsc::UnboundedSender<Done>,
     stop: Option<(Instant, oneshot::Sender<ControlReply>)>,
+    /// This run's `ferry.task` span, under the command's trace.
+    otel: opentelemetry::Context,
 }
 
 impl<H: TaskHandler> Runner<H> {
@@ -88,13 +90,26 @@ impl<H: TaskHandler> Runner<H> {
         ctl: mpsc::Receiver<Control>,
         done: mpsc::UnboundedSender<Done>,
     ) -> Self {
-        Self { env, id, snap, ctl, done, stop: None }
+        Self { env, id, snap, ctl, done, stop: None, otel: opentelemetry::Context::new() }
     }
 
     /// Drives the task, hands it back, then answers late controls with `Finished` until
     /// the scheduler lets go.
     pub(crate) async fn run(mut self) {
-        let stopped = match self.drive().await {
+        let parent = crate::telemetry::context_of(self.snap.trace_parent.as_deref());
+        let attrs = vec![
+            opentelemetry::KeyValue::new("ferry.task_id", self.snap.task_id.clone()),
+            opentelemetry::KeyValue::new("ferry.subject", self.snap.subject.clone()),
+        ];
+        self.otel = crate::telemetry::start(format!("ferry.task {}", self.snap.kind), opentelemetry::trace::SpanKind::Consumer, &parent, attrs);
+        let driven = self.drive().await;
+        let error = match (&driven, &self.snap.error) {
+            (Err(e), _) => Some(e.to_string()),
+            (Ok(_), Some(e)) if !matches!(self.snap.state, TaskState::Succeeded) => Some(format!("{}: {}", e.code, e.message)),
+            _ => None,
+        };
+        crate::telemetry::end(&self.otel, error);
+        let stopped = match driven {
             Ok(stopped) => stopped,
             Err(e) => {
                 // The broker refused our writes for the whole message timeout; leave the
@@ -206,6 +221,7 @@ impl<H: TaskHandler> Runner<H> {
             self.env.publisher.transition(&mut self.snap, EventType::StepStarted, Detail::step(i, &name)).await?;
             let outputs = self.outputs();
             let started = Instant::now();
+            let step_cx = crate::telemetry::start(format!("ferry.step {name}"), opentelemetry::trace::SpanKind::Internal, &self.otel, vec![opentelemetry::KeyValue::new("ferry.step", i as i64 + 1)]);
             let policy = step.policy();
             let (id, subject) = (self.id, self.snap.subject.clone());
             let (id_ref, subject_ref, outputs_ref) = (&id, subject.as_str(), &outputs);
@@ -218,6 +234,10 @@ impl<H: TaskHandler> Runner<H> {
                 })
                 .await?;
             self.env.metrics.step_finished(self.snap.kind, &name, started.elapsed());
+            crate::telemetry::end(&step_cx, match &result {
+                Exec::Err(e, _) => Some(format!("{}: {}", e.code, e.message)),
+                _ => None,
+            });
             match result {
                 Exec::Ok(output, attempts) => {
                     let e = &mut self.snap.journal[i];
@@ -243,7 +263,12 @@ impl<H: TaskHandler> Runner<H> {
                     }
                     .message(err.message.clone());
                     self.env.publisher.transition(&mut self.snap, EventType::StepFailed, d).await?;
-                    if self.snap.keep_partial {
+                    if err.rejects {
+                        // Checks against the live state come before every effect: nothing to undo.
+                        self.snap.state = TaskState::Rejected;
+                        let d = Detail { code: Some(err.code.clone()), ..Detail::default() }.message(err.message);
+                        self.env.publisher.transition(&mut self.snap, EventType::Rejected, d).await?;
+                    } else if self.snap.keep_partial {
                         self.snap.state = TaskState::Failed;
                         let d = Detail { code: Some(err.code.clone()), ..Detail::default() }.message(err.message);
                         self.env.publisher.transition(&mut self.snap, EventType::Failed, d).await?;
@@ -290,6 +315,7 @@ impl<H: TaskHandler> Runner<H> {
             let policy = step.policy();
             let (id, subject) = (self.id, self.snap.subject.clone());
             let (id_ref, subject_ref, outputs_ref, output_ref) = (&id, subject.as_str(), &outputs, output.as_ref());
+            let undo_cx = crate::telemetry::start(format!("ferry.undo {name}"), opentelemetry::trace::SpanKind::Internal, &self.otel, vec![opentelemetry::KeyValue::new("ferry.step", i as i64 + 1)]);
             let result = self
                 .execute(i, &name, &policy, None, false, move |attempt, reports| {
                     Box::pin(async move {
@@ -298,6 +324,10 @@ impl<H: TaskHandler> Runner<H> {
                     })
                 })
                 .await?;
+            crate::telemetry::end(&undo_cx, match &result {
+                Exec::Err(e, _) => Some(format!("{}: {}", e.code, e.message)),
+                _ => None,
+            });
             match result {
                 Exec::Ok(_, _) => {
                     let e = &mut self.snap.journal[i];

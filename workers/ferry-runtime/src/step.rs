@@ -35,17 +35,27 @@ pub struct StepError {
     pub message: String,
     /// Retrying may succeed (network, 5xx, conflicts, not-yet-ready).
     pub transient: bool,
+    /// The command itself is invalid against the live state (a referenced Secret or
+    /// cluster that does not exist, a placement nothing satisfies): the task ends
+    /// Rejected. Only a step that comes before any step with effects may reject.
+    pub rejects: bool,
 }
 
 impl StepError {
     /// A failure worth retrying.
     pub fn transient(code: impl Into<String>, message: impl Into<String>) -> Self {
-        Self { code: code.into(), message: message.into(), transient: true }
+        Self { code: code.into(), message: message.into(), transient: true, rejects: false }
     }
 
     /// A failure that retrying cannot fix.
     pub fn permanent(code: impl Into<String>, message: impl Into<String>) -> Self {
-        Self { code: code.into(), message: message.into(), transient: false }
+        Self { code: code.into(), message: message.into(), transient: false, rejects: false }
+    }
+
+    /// The command is invalid against the live state: the task ends Rejected, as if its
+    /// spec had failed validation. Use it only in steps that precede every effect.
+    pub fn rejected(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self { code: code.into(), message: message.into(), transient: false, rejects: true }
     }
 }
 

@@ -20,6 +20,7 @@ pub const EMBEDDED: &[(u32, &str, &str)] = &[
     (4, "TestTaskSpec.avsc", include_str!("../../../schemas/TestTaskSpec.avsc")),
     (10, "ScoreClusters.avsc", include_str!("../../../schemas/ScoreClusters.avsc")),
     (11, "ClusterScore.avsc", include_str!("../../../schemas/ClusterScore.avsc")),
+    (50, "DeployApp.avsc", include_str!("../../../schemas/DeployApp.avsc")),
 ];
 
 /// Why bytes could not be encoded or decoded.
@@ -201,6 +202,44 @@ impl Registry {
     }
 }
 
+/// Checks that each committed `schemas/<file>` equals the schema derived from its Rust type
+/// (for every crate's `tests/schemas.rs`). With `FERRY_BLESS` set in the environment it
+/// first rewrites the files from the types; review the diff. Returns one message per
+/// mismatch.
+pub fn check_committed(schemas_dir: &std::path::Path, derived: &[(&str, Schema)]) -> Result<(), Vec<String>> {
+    let bless = std::env::var_os("FERRY_BLESS").is_some();
+    let mut problems = Vec::new();
+    for (file, schema) in derived {
+        let path = schemas_dir.join(file);
+        if bless {
+            let text = serde_json::to_value(schema)
+                .and_then(|json| serde_json::to_string_pretty(&json))
+                .map(|t| t + "\n");
+            match text.map(|t| std::fs::write(&path, t)) {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => problems.push(format!("{file}: writing: {e}")),
+                Err(e) => problems.push(format!("{file}: serializing: {e}")),
+            }
+        }
+        let committed = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) => {
+                problems.push(format!("{file}: {e} (run with FERRY_BLESS=1 to create it)"));
+                continue;
+            }
+        };
+        match Schema::parse_str(&committed) {
+            Ok(c) if c.canonical_form() == schema.canonical_form() => {}
+            Ok(_) => problems.push(format!("{file} differs from the Rust type; run with FERRY_BLESS=1 and review")),
+            Err(e) => problems.push(format!("{file}: does not parse: {e}")),
+        }
+        if !EMBEDDED.iter().any(|(_, f, _)| f == file) {
+            problems.push(format!("{file} is not registered in ferry_runtime::wire::EMBEDDED"));
+        }
+    }
+    if problems.is_empty() { Ok(()) } else { Err(problems) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,42 +286,4 @@ mod tests {
         ok.truncate(8);
         assert!(matches!(r.decode::<CommandEnvelope>(&ok), Err(WireError::Datum { .. })));
     }
-}
-
-/// Checks that each committed `schemas/<file>` equals the schema derived from its Rust type
-/// (for every crate's `tests/schemas.rs`). With `FERRY_BLESS` set in the environment it
-/// first rewrites the files from the types; review the diff. Returns one message per
-/// mismatch.
-pub fn check_committed(schemas_dir: &std::path::Path, derived: &[(&str, Schema)]) -> Result<(), Vec<String>> {
-    let bless = std::env::var_os("FERRY_BLESS").is_some();
-    let mut problems = Vec::new();
-    for (file, schema) in derived {
-        let path = schemas_dir.join(file);
-        if bless {
-            let text = serde_json::to_value(schema)
-                .and_then(|json| serde_json::to_string_pretty(&json))
-                .map(|t| t + "\n");
-            match text.map(|t| std::fs::write(&path, t)) {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => problems.push(format!("{file}: writing: {e}")),
-                Err(e) => problems.push(format!("{file}: serializing: {e}")),
-            }
-        }
-        let committed = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
-            Err(e) => {
-                problems.push(format!("{file}: {e} (run with FERRY_BLESS=1 to create it)"));
-                continue;
-            }
-        };
-        match Schema::parse_str(&committed) {
-            Ok(c) if c.canonical_form() == schema.canonical_form() => {}
-            Ok(_) => problems.push(format!("{file} differs from the Rust type; run with FERRY_BLESS=1 and review")),
-            Err(e) => problems.push(format!("{file}: does not parse: {e}")),
-        }
-        if !EMBEDDED.iter().any(|(_, f, _)| f == file) {
-            problems.push(format!("{file} is not registered in ferry_runtime::wire::EMBEDDED"));
-        }
-    }
-    if problems.is_empty() { Ok(()) } else { Err(problems) }
 }

@@ -1,6 +1,7 @@
 //! The emulated node agent of one cluster, the way kwok does it: registers Nodes of a given
 //! flavor (the real scheduler then binds Pods within their allocatable), marks bound Pods
-//! Running and Ready after a start delay, and completes the Pods of Jobs.
+//! Running and Ready after a start delay, completes the Pods of Jobs, and confirms the
+//! deletion of terminating Pods (so namespaces and foreground deletions finish).
 //!
 //! No container runs: a Pod is "running" because its status says so, which is what
 //! Deployments, Jobs, the scheduler and Ferry's workers look at.
@@ -204,7 +205,17 @@ async fn pod_loop(client: kube::Client, nodes: Arc<Mutex<HashSet<String>>>, dela
         let (Some(ns), Some(name), Some(uid)) = (pod.metadata.namespace.clone(), pod.metadata.name.clone(), pod.metadata.uid.clone()) else { continue };
         let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else { continue };
         let phase = pod.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
-        if phase != "Pending" || !nodes.lock().expect("nodes lock").contains(&node) || pod.metadata.deletion_timestamp.is_some() {
+        let ours = nodes.lock().expect("nodes lock").contains(&node);
+        if ours && pod.metadata.deletion_timestamp.is_some() {
+            // The containers "stopped": confirm the graceful deletion, as a kubelet does.
+            let api = Api::<Pod>::namespaced(api.clone().into_client(), &ns);
+            let dp = kube::api::DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
+            if let Err(e) = api.delete(&name, &dp).await {
+                tracing::debug!(pod = %name, error = %e, "terminating pod not removed; retried on the next event");
+            }
+            continue;
+        }
+        if phase != "Pending" || !ours {
             continue;
         }
         if !started.lock().expect("started lock").insert(uid.clone()) {

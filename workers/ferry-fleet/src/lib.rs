@@ -9,11 +9,13 @@
 //! - [`crds`]: install CRDs from a folder (CEL rules stripped, storage version only).
 //! - [`kubelet`]: the emulated node agent (nodes, pod status, job completion).
 //! - [`binaries`]: where the control-plane binaries are.
+//! - [`emulated_ocm`]: OCM registration, work agents and placement, played for tests.
 
 pub mod binaries;
 pub mod crds;
 pub mod describe;
 pub mod emulate;
+pub mod emulated_ocm;
 pub mod fault_proxy;
 pub mod fleet;
 pub mod kinds;

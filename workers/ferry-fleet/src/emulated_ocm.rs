@@ -1,0 +1,651 @@
+//! Open Cluster Management's part in the simulated fleet, played against the real API
+//! servers: registration (accepted ManagedClusters become joined and available), the
+//! work agent of each managed cluster (applies a ManifestWork's manifests server-side,
+//! reports conditions, resource status and feedback, honours the delete option), and the
+//! placement controller (Placement → PlacementDecision by cluster sets, label predicates
+//! and AddOnPlacementScore prioritizers).
+//!
+//! Each part is a loop that re-reads its objects every [`TICK`] and writes only what
+//! changed: simple, restart-proof, and quick enough for tests. Knobs make a cluster never
+//! become available or a work agent stuck.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::discovery::{ApiCapabilities, Scope};
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+
+use crate::fleet::Fleet;
+
+/// How often each emulated controller looks again.
+pub const TICK: Duration = Duration::from_millis(250);
+/// The work agent's finalizer (as OCM names it).
+pub const WORK_FINALIZER: &str = "cluster.open-cluster-management.io/manifest-work-cleanup";
+/// Label of a ManagedClusterSet's members.
+pub const CLUSTERSET_LABEL: &str = "cluster.open-cluster-management.io/clusterset";
+/// Label of a Placement's decisions.
+pub const PLACEMENT_LABEL: &str = "cluster.open-cluster-management.io/placement";
+const MANAGER: &str = "ferry-fleet-ocm";
+
+fn ar(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
+}
+
+fn works() -> ApiResource {
+    ar("work.open-cluster-management.io", "v1", "ManifestWork", "manifestworks")
+}
+fn managed_clusters() -> ApiResource {
+    ar("cluster.open-cluster-management.io", "v1", "ManagedCluster", "managedclusters")
+}
+fn placements() -> ApiResource {
+    ar("cluster.open-cluster-management.io", "v1beta1", "Placement", "placements")
+}
+fn decisions() -> ApiResource {
+    ar("cluster.open-cluster-management.io", "v1beta1", "PlacementDecision", "placementdecisions")
+}
+fn bindings() -> ApiResource {
+    ar("cluster.open-cluster-management.io", "v1beta2", "ManagedClusterSetBinding", "managedclustersetbindings")
+}
+fn scores() -> ApiResource {
+    ar("cluster.open-cluster-management.io", "v1alpha1", "AddOnPlacementScore", "addonplacementscores")
+}
+
+fn now() -> String {
+    k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+fn condition(type_: &str, ok: bool, reason: &str, message: &str, generation: i64) -> Value {
+    json!({"type": type_, "status": if ok { "True" } else { "False" }, "reason": reason, "message": message,
+           "lastTransitionTime": now(), "observedGeneration": generation})
+}
+
+/// Keeps the lastTransitionTime of conditions whose status did not change, so a status is
+/// rewritten only when something in it changed.
+fn keep_times(old: Option<&Value>, new: &mut Value) {
+    let (Some(old), Some(new)) = (old.and_then(Value::as_array), new.as_array_mut()) else { return };
+    for c in new {
+        if let Some(o) = old.iter().find(|o| o["type"] == c["type"] && o["status"] == c["status"]) {
+            c["lastTransitionTime"] = o["lastTransitionTime"].clone();
+        }
+    }
+}
+
+/// The knobs of one emulated part, changeable while it runs.
+#[derive(Debug, Clone, Default)]
+pub struct OcmKnobs {
+    /// The work agent does nothing (a cluster whose agent is down).
+    pub stuck: bool,
+    /// Registration never reports the cluster available.
+    pub unavailable: bool,
+    /// The work agent applies a new ManifestWork generation only this long after it
+    /// first saw it (a slow agent).
+    pub apply_delay: Duration,
+    /// The work agent refuses every manifest (Applied=False, reason injected).
+    pub fail_apply: bool,
+}
+
+/// Emulated OCM of a fleet; stops when dropped.
+#[derive(Debug)]
+pub struct EmulatedOcm {
+    knobs: Arc<Mutex<HashMap<String, OcmKnobs>>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for EmulatedOcm {
+    fn drop(&mut self) {
+        self.tasks.iter().for_each(JoinHandle::abort);
+    }
+}
+
+impl EmulatedOcm {
+    /// Starts registration and placement on the hub and a work agent per managed cluster.
+    pub async fn start(fleet: &Fleet) -> Result<Self, crate::FleetError> {
+        let knobs: Arc<Mutex<HashMap<String, OcmKnobs>>> = Arc::default();
+        let hub = fleet.hub().client().await?;
+        let mut tasks = vec![
+            tokio::spawn(forever("registration", {
+                let (hub, knobs) = (hub.clone(), knobs.clone());
+                move || registration(hub.clone(), knobs.clone())
+            })),
+            tokio::spawn(forever("placement", {
+                let hub = hub.clone();
+                move || placement(hub.clone())
+            })),
+        ];
+        for c in fleet.clusters.iter().skip(1) {
+            let agent = WorkAgent { cluster: c.name.clone(), hub: hub.clone(), managed: c.client().await?, knobs: knobs.clone(), kinds: Mutex::default(), first_seen: Mutex::default() };
+            let agent = Arc::new(agent);
+            tasks.push(tokio::spawn(forever("work agent", move || {
+                let a = agent.clone();
+                async move { a.tick().await }
+            })));
+        }
+        Ok(Self { knobs, tasks })
+    }
+
+    /// Changes the knobs of `cluster`.
+    pub fn set(&self, cluster: &str, f: impl FnOnce(&mut OcmKnobs)) {
+        f(self.knobs.lock().expect("knobs lock").entry(cluster.to_owned()).or_default());
+    }
+}
+
+/// Runs `tick` every [`TICK`]; errors are logged and retried on the next tick.
+async fn forever<F, Fut>(what: &'static str, tick: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<(), kube::Error>>,
+{
+    let mut every = tokio::time::interval(TICK);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        if let Err(e) = tick().await {
+            tracing::debug!(what, error = %e, "emulated OCM: retrying on the next tick");
+        }
+    }
+}
+
+fn knob(knobs: &Mutex<HashMap<String, OcmKnobs>>, cluster: &str) -> OcmKnobs {
+    knobs.lock().expect("knobs lock").get(cluster).cloned().unwrap_or_default()
+}
+
+// ---------------------------------------------------------------------------------------
+// registration
+
+async fn registration(hub: kube::Client, knobs: Arc<Mutex<HashMap<String, OcmKnobs>>>) -> Result<(), kube::Error> {
+    let api: Api<DynamicObject> = Api::all_with(hub.clone(), &managed_clusters());
+    for mc in api.list(&ListParams::default()).await?.items {
+        let Some(name) = mc.metadata.name.clone() else { continue };
+        if mc.data.pointer("/spec/hubAcceptsClient").and_then(Value::as_bool) != Some(true) || mc.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
+        let nss: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(hub.clone());
+        if nss.get_opt(&name).await?.is_none() {
+            nss.patch(&name, &PatchParams::apply(MANAGER), &Patch::Apply(&ns)).await?;
+        }
+        let available = !knob(&knobs, &name).unavailable;
+        let generation = mc.metadata.generation.unwrap_or(0);
+        let mut conds = json!([
+            condition("HubAcceptedManagedCluster", true, "HubClusterAdminAccepted", "Accepted by hub cluster admin", generation),
+            condition("ManagedClusterJoined", true, "ManagedClusterJoined", "Managed cluster joined", generation),
+            if available {
+                condition("ManagedClusterConditionAvailable", true, "ManagedClusterAvailable", "Managed cluster is available", generation)
+            } else {
+                json!({"type": "ManagedClusterConditionAvailable", "status": "Unknown", "reason": "ManagedClusterLeaseUpdateStopped",
+                       "message": "Registration agent stopped updating its lease.", "lastTransitionTime": now(), "observedGeneration": generation})
+            },
+        ]);
+        keep_times(mc.data.pointer("/status/conditions"), &mut conds);
+        if mc.data.pointer("/status/conditions") != Some(&conds) {
+            let status = json!({"status": {"conditions": conds, "version": {"kubernetes": "v1.20.2"}}});
+            api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await?;
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// work agent
+
+struct WorkAgent {
+    cluster: String,
+    hub: kube::Client,
+    managed: kube::Client,
+    knobs: Arc<Mutex<HashMap<String, OcmKnobs>>>,
+    kinds: Mutex<HashMap<(String, String), (ApiResource, ApiCapabilities)>>,
+    /// When each (work uid, generation) was first seen, for the apply delay.
+    first_seen: Mutex<HashMap<(String, i64), std::time::Instant>>,
+}
+
+/// Where a manifest lives on the managed cluster.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Meta {
+    group: String,
+    version: String,
+    kind: String,
+    resource: String,
+    namespace: String,
+    name: String,
+}
+
+impl Meta {
+    fn json(&self, ordinal: usize) -> Value {
+        json!({"ordinal": ordinal, "group": self.group, "version": self.version, "kind": self.kind,
+               "resource": self.resource, "namespace": self.namespace, "name": self.name})
+    }
+
+    fn from_status(v: &Value) -> Option<Self> {
+        let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+        Some(Self { group: s("group"), version: s("version"), kind: s("kind"), resource: s("resource"), namespace: s("namespace"), name: v.get("name")?.as_str()?.to_owned() })
+    }
+}
+
+impl WorkAgent {
+    async fn resolve(&self, api_version: &str, kind: &str) -> Result<(ApiResource, ApiCapabilities), kube::Error> {
+        let key = (api_version.to_owned(), kind.to_owned());
+        if let Some(v) = self.kinds.lock().expect("kinds lock").get(&key) {
+            return Ok(v.clone());
+        }
+        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+        let found = kube::discovery::pinned_kind(&self.managed, &GroupVersionKind::gvk(group, version, kind)).await?;
+        self.kinds.lock().expect("kinds lock").insert(key, found.clone());
+        Ok(found)
+    }
+
+    fn api(&self, ar: &ApiResource, caps: &ApiCapabilities, namespace: &str) -> Api<DynamicObject> {
+        match caps.scope {
+            Scope::Namespaced => Api::namespaced_with(self.managed.clone(), namespace, ar),
+            Scope::Cluster => Api::all_with(self.managed.clone(), ar),
+        }
+    }
+
+    async fn meta_of(&self, m: &Value) -> Result<Meta, String> {
+        let av = m.get("apiVersion").and_then(Value::as_str).ok_or("manifest without apiVersion")?;
+        let kind = m.get("kind").and_then(Value::as_str).ok_or("manifest without kind")?;
+        let name = m.pointer("/metadata/name").and_then(Value::as_str).ok_or("manifest without metadata.name")?;
+        let (ar, caps) = self.resolve(av, kind).await.map_err(|e| format!("{av} {kind} is not served: {e}"))?;
+        let namespace = if caps.scope == Scope::Namespaced { m.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("default") } else { "" };
+        Ok(Meta { group: ar.group, version: ar.version, kind: ar.kind, resource: ar.plural, namespace: namespace.to_owned(), name: name.to_owned() })
+    }
+
+    async fn live(&self, meta: &Meta) -> Result<Option<DynamicObject>, kube::Error> {
+        let av = if meta.group.is_empty() { meta.version.clone() } else { format!("{}/{}", meta.group, meta.version) };
+        let (ar, caps) = self.resolve(&av, &meta.kind).await?;
+        self.api(&ar, &caps, &meta.namespace).get_opt(&meta.name).await
+    }
+
+    async fn delete(&self, meta: &Meta) -> Result<bool, kube::Error> {
+        let av = if meta.group.is_empty() { meta.version.clone() } else { format!("{}/{}", meta.group, meta.version) };
+        let (ar, caps) = self.resolve(&av, &meta.kind).await?;
+        let api = self.api(&ar, &caps, &meta.namespace);
+        match api.get_opt(&meta.name).await? {
+            None => Ok(true),
+            Some(o) => {
+                if o.metadata.deletion_timestamp.is_none() {
+                    match api.delete(&meta.name, &DeleteParams::foreground()).await {
+                        Ok(_) => {}
+                        Err(kube::Error::Api(s)) if s.code == 404 => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(false)
+            }
+        }
+    }
+
+    async fn tick(&self) -> Result<(), kube::Error> {
+        if knob(&self.knobs, &self.cluster).stuck {
+            return Ok(());
+        }
+        let api: Api<DynamicObject> = Api::namespaced_with(self.hub.clone(), &self.cluster, &works());
+        let list = match api.list(&ListParams::default()).await {
+            Ok(l) => l,
+            // The cluster's namespace is not there yet.
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        for w in list.items {
+            let name = w.metadata.name.clone().unwrap_or_default();
+            if let Err(e) = self.reconcile(&api, w).await {
+                tracing::debug!(cluster = %self.cluster, work = %name, error = %e, "work agent: retrying");
+            }
+        }
+        Ok(())
+    }
+
+    async fn reconcile(&self, api: &Api<DynamicObject>, w: DynamicObject) -> Result<(), kube::Error> {
+        let name = w.metadata.name.clone().unwrap_or_default();
+        let finalizers = w.metadata.finalizers.clone().unwrap_or_default();
+        let applied: Vec<Meta> = w.data.pointer("/status/resourceStatus/manifests").and_then(Value::as_array).into_iter().flatten().filter_map(|m| Meta::from_status(&m["resourceMeta"])).collect();
+        if w.metadata.deletion_timestamp.is_some() {
+            if !finalizers.iter().any(|f| f == WORK_FINALIZER) {
+                return Ok(());
+            }
+            let orphan = w.data.pointer("/spec/deleteOption/propagationPolicy").and_then(Value::as_str) == Some("Orphan");
+            let mut gone = true;
+            if !orphan {
+                // Dependants first: reverse apply order, namespaces last.
+                for m in applied.iter().rev() {
+                    gone &= self.delete(m).await?;
+                }
+            }
+            if gone {
+                let rest: Vec<&String> = finalizers.iter().filter(|f| *f != WORK_FINALIZER).collect();
+                let patch = json!({"metadata": {"finalizers": rest, "resourceVersion": w.metadata.resource_version}});
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+            }
+            return Ok(());
+        }
+        if !finalizers.iter().any(|f| f == WORK_FINALIZER) {
+            let mut all = finalizers.clone();
+            all.push(WORK_FINALIZER.to_owned());
+            let patch = json!({"metadata": {"finalizers": all, "resourceVersion": w.metadata.resource_version}});
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+            return Ok(());
+        }
+        let generation = w.metadata.generation.unwrap_or(0);
+        let k = knob(&self.knobs, &self.cluster);
+        let key = (w.metadata.uid.clone().unwrap_or_default(), generation);
+        let seen = *self.first_seen.lock().expect("seen lock").entry(key).or_insert_with(std::time::Instant::now);
+        if seen.elapsed() < k.apply_delay {
+            return Ok(());
+        }
+        if k.fail_apply {
+            let mut conds = json!([condition("Applied", false, "AppliedManifestWorkFailed", "Failed to apply manifest work: injected failure (emulated work agent)", generation)]);
+            keep_times(w.data.pointer("/status/conditions"), &mut conds);
+            if w.data.pointer("/status/conditions") != Some(&conds) {
+                let patch = json!({"status": {"conditions": conds}, "metadata": {"resourceVersion": w.metadata.resource_version}});
+                api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+            }
+            return Ok(());
+        }
+        let manifests: Vec<Value> = w.data.pointer("/spec/workload/manifests").and_then(Value::as_array).cloned().unwrap_or_default();
+        let configs: Vec<Value> = w.data.pointer("/spec/manifestConfigs").and_then(Value::as_array).cloned().unwrap_or_default();
+        let seen_generation = w.data.pointer("/status/conditions").and_then(Value::as_array).and_then(|cs| {
+            cs.iter().find(|c| c["type"] == "Applied" && c["status"] == "True")?.get("observedGeneration")?.as_i64()
+        });
+        let must_apply = seen_generation != Some(generation);
+        // Namespaces first, then the rest in order.
+        let mut order: Vec<usize> = (0..manifests.len()).collect();
+        order.sort_by_key(|i| manifests[*i].get("kind").and_then(Value::as_str) != Some("Namespace"));
+        let mut results: Vec<(Option<Meta>, Result<(), String>)> = vec![(None, Ok(())); manifests.len()];
+        for i in order {
+            let m = &manifests[i];
+            let meta = match self.meta_of(m).await {
+                Ok(meta) => meta,
+                Err(e) => {
+                    results[i] = (None, Err(e));
+                    continue;
+                }
+            };
+            let mut r = Ok(());
+            if must_apply || self.live(&meta).await?.is_none() {
+                let manager = config_for(&configs, &meta)
+                    .and_then(|c| c.pointer("/updateStrategy/serverSideApply/fieldManager").and_then(Value::as_str).map(str::to_owned))
+                    .unwrap_or_else(|| "work-agent".into());
+                let (ar, caps) = self.resolve(m["apiVersion"].as_str().unwrap_or(""), &meta.kind).await?;
+                let pp = PatchParams::apply(&manager).force();
+                if let Err(e) = self.api(&ar, &caps, &meta.namespace).patch(&meta.name, &pp, &Patch::Apply(m)).await {
+                    r = Err(match e {
+                        kube::Error::Api(s) => s.message,
+                        other => other.to_string(),
+                    });
+                }
+            }
+            results[i] = (Some(meta), r);
+        }
+        // Resources of an earlier version that the work no longer lists.
+        let now_listed: BTreeSet<&Meta> = results.iter().filter_map(|(m, _)| m.as_ref()).collect();
+        for old in applied.iter().filter(|m| !now_listed.contains(m)) {
+            self.delete(old).await?;
+        }
+        let all_applied = results.iter().all(|(_, r)| r.is_ok());
+        let mut statuses = Vec::new();
+        let mut all_available = true;
+        for (i, (meta, r)) in results.iter().enumerate() {
+            let Some(meta) = meta else {
+                all_available = false;
+                continue;
+            };
+            let live = self.live(meta).await?;
+            all_available &= live.is_some();
+            let mut conds = vec![
+                condition("Applied", r.is_ok(), if r.is_ok() { "AppliedManifestComplete" } else { "AppliedManifestFailed" }, r.as_ref().err().map(String::as_str).unwrap_or("Apply manifest complete"), generation),
+                condition("Available", live.is_some(), if live.is_some() { "ResourceAvailable" } else { "ResourceNotAvailable" }, if live.is_some() { "Resource is available" } else { "Resource is not available" }, generation),
+            ];
+            let mut entry = json!({"resourceMeta": meta.json(i)});
+            if let (Some(cfg), Some(obj)) = (config_for(&configs, meta), &live) {
+                let values = feedback(cfg, &meta.kind, &serde_json::to_value(obj).unwrap_or_default());
+                conds.push(condition("StatusFeedbackSynced", true, "StatusFeedbackSynced", "", generation));
+                entry["statusFeedback"] = json!({"values": values});
+            }
+            let old = w.data.pointer("/status/resourceStatus/manifests").and_then(Value::as_array).and_then(|ms| ms.iter().find(|m| Meta::from_status(&m["resourceMeta"]).as_ref() == Some(meta)));
+            let mut conds = Value::Array(conds);
+            keep_times(old.and_then(|o| o.get("conditions")), &mut conds);
+            entry["conditions"] = conds;
+            statuses.push(entry);
+        }
+        let failed: Vec<String> = results.iter().filter_map(|(_, r)| r.as_ref().err().cloned()).collect();
+        let mut conds = json!([
+            condition("Applied", all_applied, if all_applied { "AppliedManifestWorkComplete" } else { "AppliedManifestWorkFailed" },
+                &if all_applied { "Apply manifest work complete".to_owned() } else { format!("Failed to apply manifest work: {}", failed.join("; ")) }, generation),
+            condition("Available", all_available, if all_available { "ResourcesAvailable" } else { "ResourcesNotAvailable" },
+                if all_available { "All resources are available" } else { "Some resources are not available" }, generation),
+        ]);
+        keep_times(w.data.pointer("/status/conditions"), &mut conds);
+        let status = json!({"conditions": conds, "resourceStatus": {"manifests": statuses}});
+        if w.data.get("status") != Some(&status) {
+            let patch = json!({"status": status, "metadata": {"resourceVersion": w.metadata.resource_version}});
+            api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        }
+        Ok(())
+    }
+}
+
+fn config_for<'a>(configs: &'a [Value], meta: &Meta) -> Option<&'a Value> {
+    configs.iter().find(|c| {
+        let id = &c["resourceIdentifier"];
+        let s = |k: &str| id.get(k).and_then(Value::as_str).unwrap_or("");
+        s("group") == meta.group && s("resource") == meta.resource && s("name") == meta.name && s("namespace") == meta.namespace
+    })
+}
+
+/// Evaluates a feedback JSON path: `.a.b[0].c`.
+pub fn json_path<'a>(obj: &'a Value, path: &str) -> Option<&'a Value> {
+    let mut cur = obj;
+    for seg in path.trim_start_matches('.').split('.').filter(|s| !s.is_empty()) {
+        let (field, rest) = seg.split_once('[').map_or((seg, None), |(f, r)| (f, Some(r)));
+        if !field.is_empty() {
+            cur = cur.get(field)?;
+        }
+        if let Some(r) = rest {
+            for idx in r.split('[') {
+                cur = cur.get(idx.trim_end_matches(']').parse::<usize>().ok()?)?;
+            }
+        }
+    }
+    Some(cur)
+}
+
+fn field_value(v: &Value) -> Value {
+    match v {
+        Value::Number(n) if n.is_i64() => json!({"type": "Integer", "integer": n.as_i64()}),
+        Value::String(s) => json!({"type": "String", "string": s}),
+        Value::Bool(b) => json!({"type": "Boolean", "boolean": b}),
+        other => json!({"type": "JsonRaw", "jsonRaw": other.to_string()}),
+    }
+}
+
+/// The status feedback values of `obj` under the rules of one manifest config.
+pub fn feedback(config: &Value, kind: &str, obj: &Value) -> Vec<Value> {
+    let mut out = Vec::new();
+    for rule in config.get("feedbackRules").and_then(Value::as_array).into_iter().flatten() {
+        let paths: Vec<(String, String)> = match rule.get("type").and_then(Value::as_str) {
+            Some("WellKnownStatus") => match kind {
+                "Deployment" | "StatefulSet" | "ReplicaSet" => vec![
+                    ("ReadyReplicas".into(), ".status.readyReplicas".into()),
+                    ("Replicas".into(), ".status.replicas".into()),
+                    ("AvailableReplicas".into(), ".status.availableReplicas".into()),
+                ],
+                "Job" => vec![("JobComplete".into(), ".status.succeeded".into())],
+                _ => Vec::new(),
+            },
+            Some("JSONPaths") => rule
+                .get("jsonPaths")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|p| Some((p.get("name")?.as_str()?.to_owned(), p.get("path")?.as_str()?.to_owned())))
+                .collect(),
+            _ => Vec::new(),
+        };
+        for (name, path) in paths {
+            if let Some(v) = json_path(obj, &path).filter(|v| !v.is_null()) {
+                out.push(json!({"name": name, "fieldValue": field_value(v)}));
+            }
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------
+// placement
+
+fn matches_selector(labels: &BTreeMap<String, String>, sel: &Value) -> bool {
+    let ml = sel.get("matchLabels").and_then(Value::as_object).into_iter().flatten().all(|(k, v)| labels.get(k).map(String::as_str) == v.as_str());
+    let me = sel.get("matchExpressions").and_then(Value::as_array).into_iter().flatten().all(|e| {
+        let key = e["key"].as_str().unwrap_or("");
+        let values: Vec<&str> = e["values"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+        match e["operator"].as_str().unwrap_or("") {
+            "In" => labels.get(key).is_some_and(|v| values.contains(&v.as_str())),
+            "NotIn" => labels.get(key).is_none_or(|v| !values.contains(&v.as_str())),
+            "Exists" => labels.contains_key(key),
+            "DoesNotExist" => !labels.contains_key(key),
+            _ => false,
+        }
+    });
+    ml && me
+}
+
+/// The AddOn score of a cluster: the item of a valid (not expired) AddOnPlacementScore, else 0.
+fn addon_score(scores: &[DynamicObject], cluster: &str, resource: &str, item: &str) -> i64 {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    scores
+        .iter()
+        .find(|s| s.metadata.namespace.as_deref() == Some(cluster) && s.metadata.name.as_deref() == Some(resource))
+        .filter(|s| {
+            s.data.pointer("/status/validUntil").and_then(Value::as_str).and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok()).is_none_or(|t| t > now)
+        })
+        .and_then(|s| s.data.pointer("/status/scores")?.as_array()?.iter().find(|i| i["name"] == item)?.get("value")?.as_i64())
+        .unwrap_or(0)
+}
+
+async fn placement(hub: kube::Client) -> Result<(), kube::Error> {
+    let pls: Api<DynamicObject> = Api::all_with(hub.clone(), &placements());
+    let all = pls.list(&ListParams::default()).await?.items;
+    if all.is_empty() {
+        return Ok(());
+    }
+    let clusters = Api::<DynamicObject>::all_with(hub.clone(), &managed_clusters()).list(&ListParams::default()).await?.items;
+    let binds = Api::<DynamicObject>::all_with(hub.clone(), &bindings()).list(&ListParams::default()).await?.items;
+    let scs = Api::<DynamicObject>::all_with(hub.clone(), &scores()).list(&ListParams::default()).await?.items;
+    for p in all {
+        let (Some(ns), Some(name)) = (p.metadata.namespace.clone(), p.metadata.name.clone()) else { continue };
+        if p.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let spec = p.data.get("spec").cloned().unwrap_or(Value::Null);
+        let bound: BTreeSet<String> = binds.iter().filter(|b| b.metadata.namespace.as_deref() == Some(&ns)).filter_map(|b| b.metadata.name.clone()).collect();
+        let wanted_sets: Vec<String> = spec.get("clusterSets").and_then(Value::as_array).into_iter().flatten().filter_map(|s| s.as_str().map(str::to_owned)).collect();
+        let sets: BTreeSet<String> = if wanted_sets.is_empty() { bound.clone() } else { wanted_sets.into_iter().filter(|s| bound.contains(s)).collect() };
+        let predicates: Vec<Value> = spec.get("predicates").and_then(Value::as_array).cloned().unwrap_or_default();
+        let mut candidates: Vec<(i64, String)> = Vec::new();
+        for mc in &clusters {
+            let Some(cname) = mc.metadata.name.clone() else { continue };
+            let labels = mc.metadata.labels.clone().unwrap_or_default();
+            let in_set = labels.get(CLUSTERSET_LABEL).is_some_and(|s| sets.contains(s));
+            let available = mc.data.pointer("/status/conditions").and_then(Value::as_array).into_iter().flatten().any(|c| c["type"] == "ManagedClusterConditionAvailable" && c["status"] == "True");
+            let selected = predicates.is_empty()
+                || predicates.iter().any(|pr| pr.pointer("/requiredClusterSelector/labelSelector").is_none_or(|sel| matches_selector(&labels, sel)));
+            if !(in_set && available && selected) {
+                continue;
+            }
+            // BuiltIn prioritizers (Balance, Steady, ResourceAllocatable*) count 0 here.
+            let score: i64 = spec
+                .pointer("/prioritizerPolicy/configurations")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter(|c| c.pointer("/scoreCoordinate/type").and_then(Value::as_str) == Some("AddOn"))
+                .map(|c| {
+                    let weight = c.get("weight").and_then(Value::as_i64).unwrap_or(1);
+                    let res = c.pointer("/scoreCoordinate/addOn/resourceName").and_then(Value::as_str).unwrap_or("");
+                    let item = c.pointer("/scoreCoordinate/addOn/scoreName").and_then(Value::as_str).unwrap_or("");
+                    weight * addon_score(&scs, &cname, res, item)
+                })
+                .sum();
+            candidates.push((score, cname));
+        }
+        candidates.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        let want = spec.get("numberOfClusters").and_then(Value::as_i64).map(|n| n.max(0) as usize);
+        let chosen: Vec<String> = candidates.iter().take(want.unwrap_or(usize::MAX)).map(|(_, c)| c.clone()).collect();
+        write_decision(&hub, &p, &ns, &name, &chosen).await?;
+        let (ok, reason, message) = if bound.is_empty() {
+            (false, "NoManagedClusterSetBindings", "No ManagedClusterSetBindings found in placement namespace".to_owned())
+        } else if want.is_none_or(|w| chosen.len() >= w) {
+            (true, "AllDecisionsScheduled", "All cluster decisions scheduled".to_owned())
+        } else {
+            (false, "NotAllDecisionsScheduled", format!("{} cluster decisions unscheduled", want.unwrap_or(0) - chosen.len()))
+        };
+        let mut conds = json!([condition("PlacementSatisfied", ok, reason, &message, p.metadata.generation.unwrap_or(0))]);
+        keep_times(p.data.pointer("/status/conditions"), &mut conds);
+        let status = json!({"numberOfSelectedClusters": chosen.len(), "conditions": conds});
+        if p.data.get("status") != Some(&status) {
+            Api::<DynamicObject>::namespaced_with(hub.clone(), &ns, &placements())
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&json!({"status": status})))
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+async fn write_decision(hub: &kube::Client, p: &DynamicObject, ns: &str, name: &str, chosen: &[String]) -> Result<(), kube::Error> {
+    let api: Api<DynamicObject> = Api::namespaced_with(hub.clone(), ns, &decisions());
+    let dname = format!("{name}-decision-1");
+    let decisions: Vec<Value> = chosen.iter().map(|c| json!({"clusterName": c, "reason": ""})).collect();
+    let existing = api.get_opt(&dname).await?;
+    if existing.as_ref().and_then(|d| d.data.pointer("/status/decisions")) == Some(&Value::Array(decisions.clone())) {
+        return Ok(());
+    }
+    if existing.is_none() {
+        let obj = json!({
+            "apiVersion": "cluster.open-cluster-management.io/v1beta1", "kind": "PlacementDecision",
+            "metadata": {"name": dname, "namespace": ns,
+                "labels": {PLACEMENT_LABEL: name, "cluster.open-cluster-management.io/decision-group-index": "0", "cluster.open-cluster-management.io/decision-group-name": ""},
+                "ownerReferences": [{"apiVersion": "cluster.open-cluster-management.io/v1beta1", "kind": "Placement", "name": name,
+                    "uid": p.metadata.uid, "controller": true, "blockOwnerDeletion": true}]},
+        });
+        api.patch(&dname, &PatchParams::apply(MANAGER), &Patch::Apply(&obj)).await?;
+    }
+    api.patch_status(&dname, &PatchParams::default(), &Patch::Merge(&json!({"status": {"decisions": decisions}}))).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_paths_reach_fields_and_indexes() {
+        let o = json!({"spec": {"clusterIP": "10.96.0.9"}, "status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.7"}]}, "readyReplicas": 2}});
+        assert_eq!(json_path(&o, ".spec.clusterIP"), Some(&json!("10.96.0.9")));
+        assert_eq!(json_path(&o, ".status.loadBalancer.ingress[0].ip"), Some(&json!("203.0.113.7")));
+        assert_eq!(json_path(&o, ".status.loadBalancer.ingress[1].ip"), None);
+        assert_eq!(json_path(&o, ".status.readyReplicas"), Some(&json!(2)));
+    }
+
+    #[test]
+    fn feedback_values_are_typed_and_missing_ones_left_out() {
+        let cfg = json!({"feedbackRules": [{"type": "WellKnownStatus"}, {"type": "JSONPaths", "jsonPaths": [{"name": "gen", "path": ".metadata.generation"}, {"name": "none", "path": ".status.nothing"}]}]});
+        let obj = json!({"metadata": {"generation": 3}, "status": {"replicas": 2, "readyReplicas": 1}});
+        let v = feedback(&cfg, "Deployment", &obj);
+        let names: Vec<&str> = v.iter().map(|x| x["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["ReadyReplicas", "Replicas", "gen"]);
+        assert_eq!(v[0]["fieldValue"], json!({"type": "Integer", "integer": 1}));
+    }
+
+    #[test]
+    fn selectors_match_labels_and_expressions() {
+        let l = BTreeMap::from([("tier".to_owned(), "gold".to_owned())]);
+        assert!(matches_selector(&l, &json!({"matchLabels": {"tier": "gold"}})));
+        assert!(!matches_selector(&l, &json!({"matchLabels": {"tier": "silver"}})));
+        assert!(matches_selector(&l, &json!({"matchExpressions": [{"key": "tier", "operator": "In", "values": ["gold", "x"]}]})));
+        assert!(matches_selector(&l, &json!({"matchExpressions": [{"key": "zone", "operator": "DoesNotExist"}]})));
+        assert!(!matches_selector(&l, &json!({"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["gold"]}]})));
+    }
+}

@@ -98,6 +98,29 @@ resource!(
     CapiCluster, "Cluster", "cluster.x-k8s.io", "v1beta2", "clusters", Namespaced
 );
 
+/// The values of a ManifestWork's status feedback (`resourceStatus.manifests[]`), as
+/// (name, text), for the manifests `which` accepts (it sees each `resourceMeta`).
+pub fn feedback_values(work: &ManifestWork, which: impl Fn(&Value) -> bool) -> Vec<(String, String)> {
+    let Some(manifests) = work.status_at("/resourceStatus/manifests").and_then(Value::as_array) else { return Vec::new() };
+    manifests
+        .iter()
+        .filter(|m| which(&m["resourceMeta"]))
+        .filter_map(|m| m.pointer("/statusFeedback/values")?.as_array())
+        .flatten()
+        .filter_map(|v| Some((v.get("name")?.as_str()?.to_owned(), feedback_text(v.get("fieldValue")?)?)))
+        .collect()
+}
+
+/// A feedback `fieldValue` (Integer, String, Boolean or JsonRaw) as text.
+pub fn feedback_text(f: &Value) -> Option<String> {
+    match f.get("type")?.as_str()? {
+        "Integer" => f.get("integer").map(|i| i.to_string()),
+        "String" => f.get("string")?.as_str().map(str::to_owned),
+        "Boolean" => f.get("boolean").map(|b| b.to_string()),
+        _ => f.get("jsonRaw")?.as_str().map(str::to_owned),
+    }
+}
+
 /// Metadata with a name and optional namespace (for building objects).
 pub fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
     ObjectMeta { name: Some(name.to_owned()), namespace: namespace.map(str::to_owned), ..ObjectMeta::default() }

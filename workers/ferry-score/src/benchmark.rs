@@ -67,19 +67,7 @@ pub fn manifest_work(cluster: &str, name: &str, namespace: &str, image: &str, de
 
 /// The feedback value `name` of any manifest in a ManifestWork's status, as text.
 pub fn feedback(work: &ManifestWork, name: &str) -> Option<String> {
-    let manifests = work.status_at("/resourceStatus/manifests")?.as_array()?;
-    manifests.iter().filter_map(|m| m.pointer("/statusFeedback/values")?.as_array()).flatten().find_map(|v| {
-        if v.get("name")?.as_str()? != name {
-            return None;
-        }
-        let f = v.get("fieldValue")?;
-        match f.get("type")?.as_str()? {
-            "Integer" => f.get("integer").map(|i| i.to_string()),
-            "String" => f.get("string")?.as_str().map(str::to_owned),
-            "Boolean" => f.get("boolean").map(|b| b.to_string()),
-            _ => f.get("jsonRaw")?.as_str().map(str::to_owned),
-        }
-    })
+    ferry_kube::kinds::feedback_values(work, |_| true).into_iter().find_map(|(n, v)| (n == name).then_some(v))
 }
 
 /// What the ManifestWork's feedback says of the benchmark.

@@ -180,3 +180,45 @@ async fn clusters_are_ranked_published_and_scored_on_joining() {
     assert!(scanned > 50, "the scan read the topics ({scanned} records)");
     bed.stop().await;
 }
+
+/// The benchmark policy through OCM: a ManifestWork per cluster runs the benchmark Job
+/// (the test bed's emulated work agent applies it; the emulated benchmark image writes
+/// the result), feedback brings the results back, a cluster that never reports scores
+/// -100 at the deadline, and every ManifestWork and what it applied is gone afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_benchmark_scoring_runs_through_manifest_works_and_cleans_up() {
+    let Some(bed) = Bed::start().await else { return };
+    let _ocm = ferry_fleet::emulated_ocm::EmulatedOcm::start(&bed.fleet).await.unwrap();
+    let hub = bed.fleet.hub().client().await.unwrap();
+    demo::register(&hub, &["member-1", "member-2", "member-3"], "bench").await.unwrap();
+    let overrides: ferry_score::testbed::Overrides = Default::default();
+    overrides.lock().unwrap().extend([("member-1".to_owned(), Some(10.0)), ("member-2".to_owned(), Some(30.0)), ("member-3".to_owned(), None)]);
+    let mut images = Vec::new();
+    for c in ["member-1", "member-2", "member-3"] {
+        images.push(ferry_score::testbed::start(c, bed.fleet.cluster(c).unwrap().client().await.unwrap(), overrides.clone()));
+    }
+    let client = bed.client();
+    let mut events = client.events(false).await.unwrap();
+    let spec = ScoreClusters {
+        cluster_set: Some("bench".into()),
+        policy: ScorePolicy::Benchmark,
+        benchmark: Some(ferry_score::spec::BenchmarkSpec { image: "ghcr.io/acme/bench:1".into(), deadline_seconds: 20 }),
+        ..ScoreClusters::default()
+    };
+    let (id, evs) = final_event(&client, &mut events, &spec, "bench/benchmark").await;
+    assert_eq!(evs.last().unwrap().event, EventType::Succeeded, "{:?}", evs.last());
+    let ranking = demo::ranking(&client, id).await.unwrap();
+    let order: Vec<(&str, i32)> = ranking.iter().map(|r| (r.cluster.as_str(), r.score)).collect();
+    assert_eq!(order.iter().map(|o| o.0).collect::<Vec<_>>(), ["member-2", "member-1", "member-3"], "{ranking:?}");
+    assert_eq!(order[2].1, -100, "a cluster that never reports scores -100: {ranking:?}");
+    assert!(ranking[2].reason.contains("waited"), "the reason says it timed out: {:?}", ranking[2].reason);
+    for c in ["member-1", "member-2", "member-3"] {
+        let works = Api::<ferry_kube::kinds::ManifestWork>::namespaced(hub.clone(), c).list(&Default::default()).await.unwrap();
+        assert!(works.items.is_empty(), "no ManifestWork left in {c}: {:?}", works.items.iter().map(|w| w.metadata.name.clone()).collect::<Vec<_>>());
+        let kc = bed.fleet.cluster(c).unwrap().client().await.unwrap();
+        let jobs = Api::<k8s_openapi::api::batch::v1::Job>::all(kc).list(&Default::default()).await.unwrap();
+        assert!(jobs.items.is_empty(), "no benchmark Job left on {c}");
+    }
+    drop(images);
+    bed.stop().await;
+}

@@ -1,0 +1,398 @@
+//! Renders an app into Kubernetes objects and OCM ManifestWorks (pure): per component a
+//! Deployment, a Service for its ports and an Ingress for public exposure, the Secrets it
+//! references, and the feedback rules that bring readiness back to the hub.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ferry_kube::kinds::ManifestWork;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::spec::{Component, DeployApp, Port};
+
+/// Field manager of everything the deploy worker applies.
+pub const MANAGER: &str = "ferry-deploy";
+/// Label naming the app on every object.
+pub const APP_LABEL: &str = "ferry.io/app";
+/// Label naming the app's owner on its hub objects.
+pub const OWNER_LABEL: &str = "ferry.io/owner";
+/// Annotation naming the task that last wrote an object.
+pub const TASK_ANNOTATION: &str = "ferry.io/task";
+
+/// Component name → the clusters it runs on.
+pub type Targets = BTreeMap<String, Vec<String>>;
+
+/// What an app is on the fleet: its spec and where each component runs. Recorded on the
+/// hub (never a Secret's value: the spec holds only references).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppState {
+    /// The spec last deployed.
+    pub spec: DeployApp,
+    /// Where its components run.
+    pub targets: Targets,
+}
+
+impl AppState {
+    /// Cluster → its components, in spec order.
+    pub fn by_cluster(&self) -> BTreeMap<String, Vec<&Component>> {
+        let mut out: BTreeMap<String, Vec<&Component>> = BTreeMap::new();
+        for c in &self.spec.components {
+            for cl in self.targets.get(&c.name).into_iter().flatten() {
+                out.entry(cl.clone()).or_default().push(c);
+            }
+        }
+        out
+    }
+
+    /// The clusters the app runs on.
+    pub fn clusters(&self) -> BTreeSet<String> {
+        self.targets.values().flatten().cloned().collect()
+    }
+}
+
+/// A Secret's type and data as read on the hub.
+#[derive(Debug, Clone, Default)]
+pub struct SecretData {
+    /// `type` (Opaque, kubernetes.io/dockerconfigjson, kubernetes.io/tls).
+    pub type_: String,
+    /// Base64 values, as the API returns them.
+    pub data: BTreeMap<String, String>,
+}
+
+/// Name of the app's ManifestWork on every cluster.
+pub fn work_name(app: &DeployApp) -> String {
+    format!("{}-{}", app.namespace(), app.name)
+}
+
+/// Name of a component's Placement on the hub.
+pub fn placement_name(app: &DeployApp, component: &str) -> String {
+    format!("{}-{component}", app.name)
+}
+
+/// A port's name (`p<port>` by default).
+pub fn port_name(p: &Port) -> String {
+    p.name.clone().unwrap_or_else(|| format!("p{}", p.port))
+}
+
+fn selector(app: &DeployApp, c: &Component) -> Value {
+    json!({"app.kubernetes.io/name": c.name, "app.kubernetes.io/instance": app.name})
+}
+
+fn labels(app: &DeployApp, c: Option<&Component>) -> Value {
+    let mut l = json!({"app.kubernetes.io/managed-by": "ferry", APP_LABEL: app.name, "app.kubernetes.io/part-of": app.name});
+    if let Some(c) = c {
+        l["app.kubernetes.io/name"] = json!(c.name);
+        l["app.kubernetes.io/instance"] = json!(app.name);
+    }
+    l
+}
+
+fn deployment(app: &DeployApp, c: &Component) -> Value {
+    let env: Vec<Value> = c
+        .env
+        .iter()
+        .map(|e| match &e.secret {
+            Some(s) => json!({"name": e.name, "valueFrom": {"secretKeyRef": {"name": s.name, "key": s.key}}}),
+            None => json!({"name": e.name, "value": e.value.clone().unwrap_or_default()}),
+        })
+        .collect();
+    let ports: Vec<Value> = c
+        .ports
+        .iter()
+        .map(|p| json!({"name": port_name(p), "containerPort": p.port, "protocol": p.protocol.clone().unwrap_or_else(|| "TCP".into())}))
+        .collect();
+    let mut requests = serde_json::Map::new();
+    if let Some(cpu) = &c.cpu {
+        requests.insert("cpu".into(), json!(cpu));
+    }
+    if let Some(m) = &c.memory {
+        requests.insert("memory".into(), json!(m));
+    }
+    let mut pod = json!({"containers": [{"name": c.name, "image": c.image, "env": env, "ports": ports, "resources": {"requests": requests}}]});
+    if let Some(s) = &c.image_pull_secret {
+        pod["imagePullSecrets"] = json!([{"name": s}]);
+    }
+    let mut tpl_labels = selector(app, c);
+    tpl_labels["app.kubernetes.io/part-of"] = json!(app.name);
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": c.name, "namespace": c.namespace(app), "labels": labels(app, Some(c))},
+        "spec": {"replicas": c.replicas(), "selector": {"matchLabels": selector(app, c)},
+                 "template": {"metadata": {"labels": tpl_labels}, "spec": pod}},
+    })
+}
+
+fn service(app: &DeployApp, c: &Component) -> Value {
+    let ports: Vec<Value> = c
+        .ports
+        .iter()
+        .map(|p| json!({"name": port_name(p), "port": p.port, "targetPort": p.port, "protocol": p.protocol.clone().unwrap_or_else(|| "TCP".into())}))
+        .collect();
+    json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": c.name, "namespace": c.namespace(app), "labels": labels(app, Some(c))},
+        "spec": {"type": c.service_type.clone().unwrap_or_else(|| "ClusterIP".into()), "selector": selector(app, c), "ports": ports},
+    })
+}
+
+fn ingress(app: &DeployApp, c: &Component) -> Option<Value> {
+    let i = c.ingress.as_ref()?;
+    let port = i.port.or(c.ports.first().map(|p| p.port))?;
+    let mut spec = json!({"rules": [{"host": i.host, "http": {"paths": [{
+        "path": i.path.clone().unwrap_or_else(|| "/".into()), "pathType": "Prefix",
+        "backend": {"service": {"name": c.name, "port": {"number": port}}}}]}}]});
+    if let Some(tls) = &i.tls_secret {
+        spec["tls"] = json!([{"hosts": [i.host], "secretName": tls}]);
+    }
+    Some(json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+        "metadata": {"name": c.name, "namespace": c.namespace(app), "labels": labels(app, Some(c))},
+        "spec": spec,
+    }))
+}
+
+fn secret(app: &DeployApp, namespace: &str, name: &str, d: Option<&SecretData>) -> Value {
+    let (type_, data) = d.map(|d| (d.type_.clone(), json!(d.data))).unwrap_or_else(|| ("Opaque".into(), json!({})));
+    json!({
+        "apiVersion": "v1", "kind": "Secret", "type": type_,
+        "metadata": {"name": name, "namespace": namespace, "labels": labels(app, None)},
+        "data": data,
+    })
+}
+
+/// The objects of `components` on one cluster, in apply order (namespaces, Secrets,
+/// Deployments, Services, Ingresses). Secrets missing from `secrets` render empty (enough
+/// to name them for deletion).
+pub fn objects(app: &DeployApp, components: &[&Component], secrets: &BTreeMap<String, SecretData>) -> Vec<Value> {
+    let namespaces: BTreeSet<&str> = components.iter().map(|c| c.namespace(app)).collect();
+    let mut out: Vec<Value> = namespaces
+        .iter()
+        .map(|ns| json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels(app, None)}}))
+        .collect();
+    let mut shipped = BTreeSet::new();
+    for c in components {
+        for s in c.secrets() {
+            if shipped.insert((c.namespace(app), s.clone())) {
+                out.push(secret(app, c.namespace(app), &s, secrets.get(&s)));
+            }
+        }
+    }
+    out.extend(components.iter().map(|c| deployment(app, c)));
+    out.extend(components.iter().filter(|c| !c.ports.is_empty()).map(|c| service(app, c)));
+    out.extend(components.iter().filter_map(|c| ingress(app, c)));
+    out
+}
+
+/// The ManifestWork that carries `components` to `cluster`: server-side apply, feedback
+/// for readiness and addresses, foreground deletion of everything it applied.
+pub fn manifest_work(app: &DeployApp, cluster: &str, components: &[&Component], secrets: &BTreeMap<String, SecretData>, task: &str) -> Value {
+    let ssa = json!({"type": "ServerSideApply", "serverSideApply": {"fieldManager": MANAGER, "force": true}});
+    let mut configs = Vec::new();
+    for c in components {
+        let ns = c.namespace(app);
+        configs.push(json!({
+            "resourceIdentifier": {"group": "apps", "resource": "deployments", "name": c.name, "namespace": ns},
+            "feedbackRules": [
+                {"type": "WellKnownStatus"},
+                {"type": "JSONPaths", "jsonPaths": [
+                    {"name": "updatedReplicas", "path": ".status.updatedReplicas"},
+                    {"name": "observedGeneration", "path": ".status.observedGeneration"},
+                    {"name": "generation", "path": ".metadata.generation"},
+                ]},
+            ],
+            "updateStrategy": ssa,
+        }));
+        if !c.ports.is_empty() {
+            configs.push(json!({
+                "resourceIdentifier": {"group": "", "resource": "services", "name": c.name, "namespace": ns},
+                "feedbackRules": [{"type": "JSONPaths", "jsonPaths": [
+                    {"name": "clusterIP", "path": ".spec.clusterIP"},
+                    {"name": "loadBalancerIP", "path": ".status.loadBalancer.ingress[0].ip"},
+                ]}],
+                "updateStrategy": ssa,
+            }));
+        }
+    }
+    json!({
+        "apiVersion": "work.open-cluster-management.io/v1", "kind": "ManifestWork",
+        "metadata": {
+            "name": work_name(app), "namespace": cluster,
+            "labels": {"app.kubernetes.io/managed-by": "ferry", APP_LABEL: app.name, OWNER_LABEL: owner_label(&app.owner)},
+            "annotations": {TASK_ANNOTATION: task},
+        },
+        "spec": {
+            "workload": {"manifests": objects(app, components, secrets)},
+            "deleteOption": {"propagationPolicy": "Foreground"},
+            "manifestConfigs": configs,
+        },
+    })
+}
+
+/// The owner as a label value (labels allow 63 characters of `[A-Za-z0-9._-]`).
+pub fn owner_label(owner: &str) -> String {
+    let s: String = owner.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).take(63).collect();
+    s.trim_matches(|c: char| !c.is_ascii_alphanumeric()).to_owned()
+}
+
+/// The Placement of a component (OCM v1beta1).
+pub fn placement(app: &DeployApp, c: &Component, task: &str) -> Option<Value> {
+    let p = c.placement.as_ref()?;
+    let mut spec = json!({"numberOfClusters": p.clusters.unwrap_or(1)});
+    if !p.cluster_sets.is_empty() {
+        spec["clusterSets"] = json!(p.cluster_sets);
+    }
+    if !p.labels.is_empty() {
+        let labels: BTreeMap<&String, &String> = p.labels.iter().collect();
+        spec["predicates"] = json!([{"requiredClusterSelector": {"labelSelector": {"matchLabels": labels}}}]);
+    }
+    if let Some(score) = &p.score {
+        spec["prioritizerPolicy"] = json!({"mode": "Additive", "configurations": [{
+            "scoreCoordinate": {"type": "AddOn", "addOn": {"resourceName": score, "scoreName": p.score_item.clone().unwrap_or_else(|| "score".into())}},
+            "weight": 1}]});
+    }
+    Some(json!({
+        "apiVersion": "cluster.open-cluster-management.io/v1beta1", "kind": "Placement",
+        "metadata": {"name": placement_name(app, &c.name), "namespace": app.namespace(),
+                     "labels": {"app.kubernetes.io/managed-by": "ferry", APP_LABEL: app.name}, "annotations": {TASK_ANNOTATION: task}},
+        "spec": spec,
+    }))
+}
+
+/// The feedback values of one resource of a ManifestWork (by kind, namespace and name).
+pub fn feedback(work: &ManifestWork, kind: &str, namespace: &str, name: &str) -> BTreeMap<String, String> {
+    ferry_kube::kinds::feedback_values(work, |meta| meta["kind"] == kind && meta["name"] == name && meta["namespace"] == namespace).into_iter().collect()
+}
+
+/// A component's readiness on one cluster, from its Deployment's feedback: ready when the
+/// rollout is complete (as `kubectl rollout status` judges it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Readiness {
+    /// Replicas ready.
+    pub ready: i64,
+    /// Replicas wanted.
+    pub wanted: i64,
+    /// The rollout is complete.
+    pub done: bool,
+}
+
+/// Reads a component's readiness from feedback values.
+pub fn readiness(values: &BTreeMap<String, String>, wanted: i32) -> Readiness {
+    let n = |k: &str| values.get(k).and_then(|v| v.parse::<i64>().ok());
+    let wanted = i64::from(wanted);
+    let ready = n("ReadyReplicas").unwrap_or(0);
+    let generation_seen = match (n("observedGeneration"), n("generation")) {
+        (Some(o), Some(g)) => o >= g,
+        _ => false,
+    };
+    let done = generation_seen
+        && n("Replicas") == Some(wanted)
+        && n("updatedReplicas") == Some(wanted)
+        && ready == wanted
+        && n("AvailableReplicas") == Some(wanted);
+    Readiness { ready, wanted, done }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::{EnvVar, IngressSpec, PlacementSpec, SecretKeyRef};
+
+    fn app() -> DeployApp {
+        DeployApp {
+            name: "shop".into(),
+            owner: "team a".into(),
+            components: vec![
+                Component {
+                    name: "web".into(),
+                    image: "nginx:1.27".into(),
+                    replicas: Some(2),
+                    ports: vec![Port { port: 80, ..Port::default() }],
+                    ingress: Some(IngressSpec { host: "shop.example.com".into(), tls_secret: Some("shop-tls".into()), ..IngressSpec::default() }),
+                    cluster: Some("member-1".into()),
+                    ..Component::default()
+                },
+                Component {
+                    name: "db".into(),
+                    image: "postgres:16".into(),
+                    env: vec![EnvVar { name: "POSTGRES_PASSWORD".into(), secret: Some(SecretKeyRef { name: "db".into(), key: "password".into() }), value: None }],
+                    placement: Some(PlacementSpec { score: Some("ferry-resource-usage".into()), ..PlacementSpec::default() }),
+                    ..Component::default()
+                },
+            ],
+            ..DeployApp::default()
+        }
+    }
+
+    #[test]
+    fn a_cluster_gets_its_components_and_the_secrets_they_reference() {
+        let a = app();
+        let comps: Vec<&Component> = a.components.iter().collect();
+        let secrets = BTreeMap::from([("db".to_owned(), SecretData { type_: "Opaque".into(), data: BTreeMap::from([("password".into(), "c2VjcmV0".into())]) })]);
+        let objs = objects(&a, &comps, &secrets);
+        let kinds: Vec<(&str, &str)> = objs.iter().map(|o| (o["kind"].as_str().unwrap(), o["metadata"]["name"].as_str().unwrap())).collect();
+        assert_eq!(
+            kinds,
+            [("Namespace", "shop"), ("Secret", "shop-tls"), ("Secret", "db"), ("Deployment", "web"), ("Deployment", "db"), ("Service", "web"), ("Ingress", "web")]
+        );
+        assert_eq!(objs[2]["data"]["password"], "c2VjcmV0");
+        let web = &objs[3];
+        assert_eq!(web["spec"]["replicas"], 2);
+        assert_eq!(web["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"], "web");
+        assert_eq!(objs[4]["spec"]["template"]["spec"]["containers"][0]["env"][0]["valueFrom"]["secretKeyRef"]["key"], "password");
+        assert_eq!(objs[6]["spec"]["tls"][0]["secretName"], "shop-tls");
+    }
+
+    #[test]
+    fn the_manifest_work_asks_for_readiness_feedback_and_foreground_deletion() {
+        let a = app();
+        let w = manifest_work(&a, "member-1", &[&a.components[0]], &BTreeMap::new(), "tsk_1");
+        assert_eq!(w["metadata"]["namespace"], "member-1");
+        assert_eq!(w["metadata"]["name"], "shop-shop");
+        assert_eq!(w["metadata"]["labels"][OWNER_LABEL], "team_a");
+        assert_eq!(w["spec"]["deleteOption"]["propagationPolicy"], "Foreground");
+        assert_eq!(w["spec"]["manifestConfigs"][0]["feedbackRules"][0]["type"], "WellKnownStatus");
+        assert_eq!(w["spec"]["manifestConfigs"][0]["updateStrategy"]["type"], "ServerSideApply");
+        assert_eq!(w["spec"]["manifestConfigs"][1]["resourceIdentifier"]["resource"], "services");
+    }
+
+    #[test]
+    fn a_placement_prioritizes_by_the_named_score() {
+        let a = app();
+        let p = placement(&a, &a.components[1], "tsk_1").unwrap();
+        assert_eq!(p["metadata"]["name"], "shop-db");
+        assert_eq!(p["spec"]["numberOfClusters"], 1);
+        assert_eq!(p["spec"]["prioritizerPolicy"]["configurations"][0]["scoreCoordinate"]["addOn"]["resourceName"], "ferry-resource-usage");
+        assert_eq!(p["spec"]["prioritizerPolicy"]["configurations"][0]["scoreCoordinate"]["addOn"]["scoreName"], "score");
+        assert!(placement(&a, &a.components[0], "t").is_none());
+    }
+
+    #[test]
+    fn feedback_is_read_per_resource() {
+        let w: ManifestWork = serde_json::from_value(json!({"metadata": {"name": "w"}, "status": {"resourceStatus": {"manifests": [
+            {"resourceMeta": {"kind": "Deployment", "name": "web", "namespace": "shop"},
+             "statusFeedback": {"values": [{"name": "ReadyReplicas", "fieldValue": {"type": "Integer", "integer": 2}}]}},
+            {"resourceMeta": {"kind": "Service", "name": "web", "namespace": "shop"},
+             "statusFeedback": {"values": [{"name": "clusterIP", "fieldValue": {"type": "String", "string": "10.96.0.7"}}]}},
+        ]}}}))
+        .unwrap();
+        assert_eq!(feedback(&w, "Deployment", "shop", "web"), BTreeMap::from([("ReadyReplicas".to_owned(), "2".to_owned())]));
+        assert_eq!(feedback(&w, "Service", "shop", "web")["clusterIP"], "10.96.0.7");
+        assert!(feedback(&w, "Deployment", "other", "web").is_empty());
+    }
+
+    #[test]
+    fn readiness_needs_a_finished_rollout() {
+        let v = |pairs: &[(&str, i64)]| pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>();
+        let all = [("ReadyReplicas", 2), ("Replicas", 2), ("AvailableReplicas", 2), ("updatedReplicas", 2), ("observedGeneration", 3), ("generation", 3)];
+        assert!(readiness(&v(&all), 2).done);
+        // The controller has not seen the new generation yet: old ready pods do not count.
+        let mut stale = all;
+        stale[4].1 = 2;
+        assert!(!readiness(&v(&stale), 2).done);
+        let mut partial = all;
+        partial[0].1 = 1;
+        let r = readiness(&v(&partial), 2);
+        assert_eq!((r.ready, r.done), (1, false));
+        assert!(!readiness(&BTreeMap::new(), 1).done);
+    }
+}

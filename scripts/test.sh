@@ -7,5 +7,6 @@ scripts/install-tansu.sh
 scripts/install-testbed.sh
 scripts/install-helm.sh
 scripts/install-dockerfilelint.sh
+scripts/install-chromium.sh
 # Two test binaries at a time at most: each starts brokers and API servers.
 cargo test --workspace --no-fail-fast -- --test-threads=2

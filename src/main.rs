@@ -16,11 +16,25 @@ use clap::Parser;
 async fn main() -> ExitCode {
     let args = cli::Cli::parse();
     cli::init_tracing(args.verbose);
-    match cli::run(args).await {
+    let otel = match cli::otlp::init(args.command.name()) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: OTLP export: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let code = match cli::run(args).await {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::from(2)
         }
+    };
+    // Spans still in the batch go out before the process ends.
+    if let Some(p) = otel
+        && let Err(e) = tokio::task::spawn_blocking(move || p.shutdown()).await.unwrap_or(Ok(()))
+    {
+        eprintln!("warning: flushing OTLP spans: {e}");
     }
+    code
 }

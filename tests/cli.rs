@@ -133,3 +133,81 @@ async fn cancel_and_revert_through_the_cli() {
     assert_eq!(out.stdout.lines().filter(|l| l.contains("StepReverted")).count(), 2);
     env.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_follows_tasks_to_their_end() {
+    let env = env().await;
+    let slow = env.spec("slow.yaml", "subject: w1\nspec: {steps: 3, fail_transient: 0, step_ms: 400}\n");
+    let failing = env.spec("failing.yaml", "subject: w2\nspec: {steps: 3, fail_at: 3, fail_transient: 0, step_ms: 300}\n");
+    let ok = env.ferry(&["submit", "test", "-f", &slow]).await.stdout.trim().to_owned();
+    let bad = env.ferry(&["submit", "test", "-f", &failing]).await.stdout.trim().to_owned();
+    // Both are followed live; the failed one makes the exit code 1.
+    let out = env.ferry(&["tasks", "watch", &ok, &bad]).await;
+    assert_eq!(out.code, 1, "{}{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains(&format!("{ok} test w1 Succeeded")), "{}", out.stdout);
+    assert!(out.stdout.contains(&format!("{bad} test w2 Reverted")), "{}", out.stdout);
+    // A finished task is reported at once.
+    let out = env.ferry(&["tasks", "watch", &ok]).await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains(&format!("{ok} test w1 Succeeded")), "{}", out.stdout);
+
+    // The broker settings can come from a config file instead of flags.
+    let cfg = env.spec("config.yaml", &format!("brokers: {}\nkafka_properties: {{fetch.wait.max.ms: '5'}}\n", env.bootstrap));
+    let o = tokio::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(["--config", &cfg, "tasks", "get", &ok, "--output", "json"])
+        .env("RUST_LOG", "error")
+        .env_remove("FERRY_BROKERS")
+        .output()
+        .await
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["task"]["state"], "Succeeded");
+    env.shutdown().await;
+}
+
+/// With OTEL_EXPORTER_OTLP_ENDPOINT set, `ferry submit` exports its producer span over
+/// OTLP/HTTP: an in-process collector receives and decodes it, and the task's events
+/// carry that span as their trace parent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_exports_its_span_over_otlp() {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use prost::Message;
+    let env = env().await;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<ExportTraceServiceRequest>();
+    let collector = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let tx = tx.clone();
+            async move {
+                if let Ok(req) = ExportTraceServiceRequest::decode(body) {
+                    let _ = tx.send(req);
+                }
+                axum::http::StatusCode::OK
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, collector).await.unwrap() });
+
+    let spec = env.spec("traced.yaml", "subject: otlp\nspec: {steps: 1, fail_transient: 0, step_ms: 0}\n");
+    let o = tokio::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(["submit", "test", "-f", &spec, "--wait", "--output", "json", "--brokers", &env.bootstrap, "--kafka-property", "fetch.wait.max.ms=5"])
+        .env("RUST_LOG", "error")
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
+        .output()
+        .await
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let task: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let req = tokio::time::timeout(Duration::from_secs(30), rx.recv()).await.expect("the collector got spans").unwrap();
+    let spans: Vec<_> = req.resource_spans.iter().flat_map(|r| &r.scope_spans).flat_map(|s| &s.spans).collect();
+    let submit = spans.iter().find(|s| s.name == "ferry.submit test").expect("the producer span");
+    let service = req.resource_spans[0].resource.as_ref().unwrap().attributes.iter().find(|a| a.key == "service.name").unwrap();
+    assert!(format!("{:?}", service.value).contains("ferry-submit"), "{service:?}");
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let tp = format!("00-{}-{}-01", hex(&submit.trace_id), hex(&submit.span_id));
+    assert_eq!(task["trace_parent"], serde_json::json!(tp), "the task carries the exported span as its trace parent");
+    env.shutdown().await;
+}

@@ -24,3 +24,8 @@ fn demo(name: &str) {
 fn score_demo_ranks_three_clusters() {
     demo("score");
 }
+
+#[test]
+fn deploy_demo_runs_an_app_across_two_clusters_and_deletes_it() {
+    demo("deploy");
+}

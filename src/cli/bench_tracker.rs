@@ -33,7 +33,7 @@ struct Report {
 }
 
 fn snapshot(r: &Registry, i: usize) -> TaskSnapshot {
-    let failed = i % 10 == 0;
+    let failed = i.is_multiple_of(10);
     TaskSnapshot {
         task_id: TaskId::new().to_string(),
         kind: TaskKind::Test,

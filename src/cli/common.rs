@@ -8,14 +8,17 @@ use ferry_runtime::{KafkaConfig, Topics};
 use tokio_util::sync::CancellationToken;
 
 /// How to reach Kafka; every flag also reads an environment variable.
-#[derive(Debug, Args, Clone)]
+#[derive(Debug, Args, Clone, Default)]
 pub struct Conn {
+    /// A YAML config file of these settings (default ~/.config/ferry/config.yaml when it exists).
+    #[arg(long, global = true, env = "FERRY_CONFIG")]
+    pub config: Option<PathBuf>,
     /// Bootstrap servers; defaults to the running `ferry dev` broker.
     #[arg(long, global = true, env = "FERRY_BROKERS")]
     pub brokers: Option<String>,
     /// Prefix of every topic name (isolates installations sharing a cluster).
-    #[arg(long, global = true, env = "FERRY_TOPIC_PREFIX", default_value = "")]
-    pub topic_prefix: String,
+    #[arg(long, global = true, env = "FERRY_TOPIC_PREFIX")]
+    pub topic_prefix: Option<String>,
     /// PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL.
     #[arg(long, global = true, env = "FERRY_KAFKA_SECURITY_PROTOCOL")]
     pub security_protocol: Option<String>,
@@ -72,7 +75,7 @@ impl Conn {
     }
 
     pub fn topics(&self) -> Topics {
-        Topics::with_prefix(&self.topic_prefix)
+        Topics::with_prefix(self.topic_prefix.as_deref().unwrap_or_default())
     }
 
     pub async fn client(&self) -> anyhow::Result<ferry_runtime::Client> {

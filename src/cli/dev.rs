@@ -37,6 +37,8 @@ pub enum Demo {
     Smoke,
     /// Three clusters under different loads, scored and ranked (AddOnPlacementScores, scores topic).
     Score,
+    /// A three-component app across two clusters through OCM ManifestWorks, then deleted.
+    Deploy,
 }
 
 pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
@@ -66,8 +68,9 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
         let clusters = Arc::new(ferry_kube::Clusters::new(fleet.hub().client().await?));
         // Onboarding scorings would race the demo's own; they run in the interactive mode.
         let onboarding = if a.demo.is_none() { Some(Client::new(kafka.clone(), topics.clone())?) } else { None };
-        workers.push(tokio::spawn(super::workers::score(opts.clone(), clusters, onboarding, shutdown.clone())));
-        names.push("score");
+        workers.push(tokio::spawn(super::workers::score(opts.clone(), clusters.clone(), onboarding, shutdown.clone())));
+        workers.push(tokio::spawn(super::workers::serve(opts.clone(), ferry_deploy::DeployHandler::new(ferry_deploy::DeployConfig::new(clusters)), shutdown.clone())));
+        names.extend(["score", "deploy"]);
     }
     eprintln!("ferry dev: workers running: {}", names.join(", "));
 
@@ -77,6 +80,11 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
             let client = Client::new(kafka.clone(), topics.clone())?;
             let (fleet, _) = fleet.as_ref().context("the score demo needs the fleet")?;
             if ferry_score::demo::run(&client, fleet).await? { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+        }
+        Some(Demo::Deploy) => {
+            let client = Client::new(kafka.clone(), topics.clone())?;
+            let (fleet, _) = fleet.as_ref().context("the deploy demo needs the fleet")?;
+            if ferry_deploy::demo::run(&client, fleet).await? { ExitCode::SUCCESS } else { ExitCode::FAILURE }
         }
         None => {
             eprintln!("ferry dev: ready. In another terminal: ferry submit test -f examples/test-task.yaml --wait");
@@ -91,9 +99,9 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
         w.await??;
     }
     let _ = std::fs::remove_file(state.join("bootstrap"));
-    // Emulated kubelets before the API servers they watch, clients before the broker.
-    if let Some((fleet, kubelets)) = fleet {
-        drop(kubelets);
+    // Emulated kubelets and OCM before the API servers they watch, clients before the broker.
+    if let Some((fleet, parts)) = fleet {
+        drop(parts);
         drop(fleet);
     }
     drop(broker);
@@ -102,7 +110,7 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
 
 /// The hub and managed clusters with emulated nodes; installs the control plane first if
 /// it is not cached yet (minutes, once).
-async fn start_fleet(a: &DevArgs, state: &std::path::Path) -> anyhow::Result<(ferry_fleet::Fleet, Vec<ferry_fleet::Kubelet>)> {
+async fn start_fleet(a: &DevArgs, state: &std::path::Path) -> anyhow::Result<(ferry_fleet::Fleet, SimulatedParts)> {
     if !ferry_fleet::binaries::Binaries::installed() {
         eprintln!("ferry dev: the Kubernetes test bed is not installed yet; building it once (about 10 minutes)");
         let script = include_str!("../../scripts/install-testbed.sh");
@@ -121,11 +129,19 @@ async fn start_fleet(a: &DevArgs, state: &std::path::Path) -> anyhow::Result<(fe
         k.add_nodes("node", a.nodes, &ferry_fleet::NodeFlavor::default()).await?;
         kubelets.push(k);
     }
+    // OCM's part: registration, a work agent per cluster, placement.
+    let ocm = ferry_fleet::emulated_ocm::EmulatedOcm::start(&fleet).await?;
     for c in &fleet.clusters {
         println!("kubeconfig {}: {}", c.name, c.kubeconfig.display());
     }
     println!("kubeconfig: {}", fleet.hub().kubeconfig.display());
-    Ok((fleet, kubelets))
+    Ok((fleet, SimulatedParts { _kubelets: kubelets, _ocm: ocm }))
+}
+
+/// The emulated parts of the fleet; dropped before the API servers they talk to.
+struct SimulatedParts {
+    _kubelets: Vec<ferry_fleet::Kubelet>,
+    _ocm: ferry_fleet::emulated_ocm::EmulatedOcm,
 }
 
 /// One scripted task and the final event it must reach.

@@ -1,14 +1,19 @@
 //! Command-line definition and dispatch.
 
+pub mod apps;
 pub mod bench;
 pub mod bench_recovery;
 pub mod bench_tracker;
 pub mod bench_waits;
 pub mod common;
+pub mod config;
+pub mod dashboard;
 pub mod dev;
+pub mod otlp;
 pub mod submit;
 pub mod tasks;
 pub mod topics;
+pub mod watch;
 pub mod workers;
 
 use std::path::PathBuf;
@@ -41,6 +46,11 @@ pub enum Command {
     /// Track tasks: get, list, cancel, revert.
     #[command(subcommand)]
     Tasks(tasks::TasksCommand),
+    /// A live web page of the tasks and the fleet, with Revert and Cancel buttons.
+    Dashboard(dashboard::DashboardArgs),
+    /// Apps the deploy worker runs (from the task state).
+    #[command(subcommand)]
+    Apps(apps::AppsCommand),
     /// Kafka topics: create them from topics/topics.yaml.
     #[command(subcommand)]
     Topics(topics::TopicsCommand),
@@ -63,6 +73,24 @@ pub enum TestbedCommand {
     Install,
 }
 
+impl Command {
+    /// The subcommand's name (the default OTLP service name is `ferry-<name>`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Dev(_) => "dev",
+            Command::Worker(_) => "worker",
+            Command::Submit(_) => "submit",
+            Command::Tasks(_) => "tasks",
+            Command::Apps(_) => "apps",
+            Command::Dashboard(_) => "dashboard",
+            Command::Topics(_) => "topics",
+            Command::Bench(_) => "bench",
+            Command::Testbed(_) => "testbed",
+            Command::Fleet { .. } => "fleet",
+        }
+    }
+}
+
 pub fn init_tracing(verbose: u8) {
     let default = match verbose {
         // kube logs every failed request at ERROR, probes of starting API servers included;
@@ -75,12 +103,16 @@ pub fn init_tracing(verbose: u8) {
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 }
 
-pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+pub async fn run(mut cli: Cli) -> anyhow::Result<ExitCode> {
+    let file = config::load(cli.conn.config.as_deref())?;
+    cli.conn.apply(file);
     match cli.command {
         Command::Dev(a) => dev::run(a).await,
         Command::Worker(a) => workers::run(&cli.conn, a).await,
         Command::Submit(a) => submit::run(&cli.conn, a).await,
         Command::Tasks(c) => tasks::run(&cli.conn, c).await,
+        Command::Apps(c) => apps::run(&cli.conn, c).await,
+        Command::Dashboard(a) => dashboard::run(&cli.conn, a).await,
         Command::Topics(c) => topics::run(&cli.conn, c).await,
         Command::Bench(c) => bench::run(c).await,
         Command::Testbed(TestbedCommand::Install) => testbed_install(),

@@ -20,9 +20,19 @@ use super::tasks::{print_event, print_snapshot};
 pub struct SubmitArgs {
     /// Task kind.
     pub kind: TaskKind,
-    /// YAML or JSON file: `subject:` and `spec:` (the kind's fields).
-    #[arg(short = 'f', long = "file")]
-    pub file: PathBuf,
+    /// YAML or JSON file: `subject:` and `spec:` (the kind's fields); deploy specs may
+    /// leave out `subject:` (it is `<namespace>/<name>`).
+    #[arg(short = 'f', long = "file", required_unless_present = "tosca", conflicts_with = "tosca")]
+    pub file: Option<PathBuf>,
+    /// deploy: convert this TOSCA blueprint into the DeployApp command.
+    #[arg(long)]
+    pub tosca: Option<PathBuf>,
+    /// --tosca: the app's owner (default: the blueprint's metadata.owner).
+    #[arg(long, requires = "tosca")]
+    pub owner: Option<String>,
+    /// --tosca: the cluster of components that name none (default: none, they need one).
+    #[arg(long, requires = "tosca")]
+    pub cluster: Option<String>,
     /// Same key, same task: resubmitting is safe.
     #[arg(long)]
     pub idempotency_key: Option<String>,
@@ -45,7 +55,8 @@ pub struct SubmitArgs {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SpecFile {
-    subject: String,
+    #[serde(default)]
+    subject: Option<String>,
     spec: serde_json::Value,
 }
 
@@ -74,13 +85,25 @@ pub fn encode_spec(client: &ferry_runtime::Client, kind: TaskKind, spec: serde_j
                 serde_json::from_value(spec).context("spec does not match the score kind's fields (ScoreClusters)")?;
             Ok(client.registry().encode(&s)?)
         }
+        TaskKind::Deploy => {
+            let s: ferry_deploy::spec::DeployApp =
+                serde_json::from_value(spec).context("spec does not match the deploy kind's fields (DeployApp)")?;
+            Ok(client.registry().encode(&s)?)
+        }
         other => anyhow::bail!("no spec schema for {other} yet: its worker is not built"),
     }
 }
 
 pub async fn run(conn: &Conn, a: SubmitArgs) -> anyhow::Result<ExitCode> {
-    let text = std::fs::read_to_string(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
-    let file: SpecFile = serde_yaml_ng::from_str(&text).with_context(|| format!("parsing {}", a.file.display()))?;
+    let file = read_spec(&a)?;
+    let subject = match (file.subject, a.kind) {
+        (Some(s), _) => s,
+        (None, TaskKind::Deploy) => {
+            let app: ferry_deploy::spec::DeployApp = serde_json::from_value(file.spec.clone()).context("spec does not match the deploy kind's fields (DeployApp)")?;
+            app.subject()
+        }
+        (None, kind) => anyhow::bail!("the spec file has no subject: (required for {kind} tasks)"),
+    };
     let client = conn.client().await?;
     let spec = encode_spec(&client, a.kind, file.spec)?;
     // Follow from the current end before sending, so no event is missed.
@@ -91,7 +114,7 @@ pub async fn run(conn: &Conn, a: SubmitArgs) -> anyhow::Result<ExitCode> {
         keep_partial: a.keep_partial,
         trace_parent: None,
     };
-    let id = client.submit_encoded(a.kind, &file.subject, spec, opts).await?;
+    let id = client.submit_encoded(a.kind, &subject, spec, opts).await?;
     let Some(events) = events.as_mut() else {
         match a.output {
             Output::Json => println!("{}", serde_json::json!({ "task_id": id.to_string() })),
@@ -103,6 +126,23 @@ pub async fn run(conn: &Conn, a: SubmitArgs) -> anyhow::Result<ExitCode> {
         eprintln!("task {id} submitted; following its progress");
     }
     wait_for_end(&client, events, id, a.timeout, a.output, EventType::Succeeded, EventType::is_final).await
+}
+
+/// The spec file, or the DeployApp converted from a TOSCA blueprint.
+fn read_spec(a: &SubmitArgs) -> anyhow::Result<SpecFile> {
+    if let Some(path) = &a.tosca {
+        anyhow::ensure!(a.kind == TaskKind::Deploy, "--tosca makes a deploy command; the kind is {}", a.kind);
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let overrides = ferry_deploy::tosca::Overrides { name: None, owner: a.owner.clone(), cluster: a.cluster.clone() };
+        let converted = ferry_deploy::tosca::convert(&text, &overrides).with_context(|| format!("converting {}", path.display()))?;
+        if !converted.skipped.is_empty() {
+            eprintln!("tosca: external node(s) left out: {}", converted.skipped.join(", "));
+        }
+        return Ok(SpecFile { subject: Some(converted.app.subject()), spec: serde_json::to_value(&converted.app)? });
+    }
+    let path = a.file.as_ref().context("give -f FILE or --tosca FILE")?;
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_yaml_ng::from_str(&text).with_context(|| format!("parsing {}", path.display()))
 }
 
 /// Prints events of `id` until a final one, then (json/yaml) the snapshot; exit 0 only

@@ -1,4 +1,4 @@
-//! `ferry tasks get|list|cancel|revert`: the task tracker over the task-state and progress
+//! `ferry tasks get|list|watch|cancel|revert`: the task tracker over the task-state and progress
 //! topics.
 
 use std::process::ExitCode;
@@ -35,6 +35,9 @@ pub enum TasksCommand {
         #[arg(short, long, value_enum, default_value_t)]
         output: Output,
     },
+    /// Live progress bars for these tasks (exit when they end; 0 if all succeeded), or for
+    /// every running task and each new one (until interrupted).
+    Watch { ids: Vec<TaskId> },
     /// Stop a running task; finished steps stay and can be reverted later.
     Cancel { id: TaskId },
     /// Undo a task (cancelling it first if it runs).
@@ -68,6 +71,8 @@ pub struct TaskView {
     pub error: Option<ferry_runtime::protocol::TaskError>,
     /// Steps a Revert would undo, last first.
     pub revert_would_undo: Vec<String>,
+    /// W3C traceparent of the command (find the task's trace with it).
+    pub trace_parent: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -98,6 +103,7 @@ impl From<&TaskSnapshot> for TaskView {
             Vec::new()
         };
         Self {
+            trace_parent: s.trace_parent.clone(),
             task_id: s.task_id.clone(),
             kind: s.kind.to_string(),
             subject: s.subject.clone(),
@@ -204,6 +210,7 @@ pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        TasksCommand::Watch { ids } => super::watch::run(conn, ids).await,
         TasksCommand::Cancel { id } => {
             let snap = client.cancel(id).await?;
             println!("cancel of {id} sent (task was {:?})", snap.state);

@@ -88,7 +88,11 @@ pub async fn run(conn: &common::Conn, a: WorkerArgs) -> anyhow::Result<ExitCode>
             let onboarding = if a.no_onboarding { None } else { Some(conn.client().await?) };
             score(opts, hub(a.kubeconfig.as_deref()).await?, onboarding, shutdown).await?;
         }
-        other => anyhow::bail!("the {other} worker is not built yet; available: test, score"),
+        TaskKind::Deploy => {
+            let cfg = ferry_deploy::DeployConfig::new(hub(a.kubeconfig.as_deref()).await?);
+            serve(opts, ferry_deploy::DeployHandler::new(cfg), shutdown).await?;
+        }
+        other => anyhow::bail!("the {other} worker is not built yet; available: test, score, deploy"),
     }
     Ok(ExitCode::SUCCESS)
 }

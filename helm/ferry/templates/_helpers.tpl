@@ -136,11 +136,21 @@ through their kubeconfig Secrets (Cluster API's <cluster>-kubeconfig), never clu
   resources: [manifestworks]
   verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [cluster.open-cluster-management.io]
-  resources: [placements, managedclustersetbindings]
+  resources: [placements]
   verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [cluster.open-cluster-management.io]
+  resources: [managedclustersetbindings]
+  verbs: [get, list]
 - apiGroups: [cluster.open-cluster-management.io]
   resources: [placementdecisions, addonplacementscores]
   verbs: [get, list, watch]
+# The app record (ConfigMap ferry-app-<name>) and the app's namespace on the hub.
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get, create, patch, delete]
+- apiGroups: [""]
+  resources: [namespaces]
+  verbs: [get, create, patch]
 {{- else if eq . "score" }}
 - {{ toYaml $readKubeconfigs | nindent 2 | trim }}
 - {{ toYaml $watchClusters | nindent 2 | trim }}

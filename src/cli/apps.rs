@@ -1,0 +1,151 @@
+//! `ferry apps list [--owner X]`: the apps the deploy worker runs, derived from the
+//! task-state topic alone: per app (`<namespace>/<name>`), the last succeeded deploy or
+//! update that no later succeeded delete removed (reverted tasks changed nothing).
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+
+use clap::Subcommand;
+use ferry_deploy::spec::{DeployApp, DeployOperation};
+use ferry_runtime::{TaskKind, TaskSnapshot, TaskState};
+use serde::Serialize;
+
+use super::common::{Conn, Output};
+
+#[derive(Debug, Subcommand)]
+pub enum AppsCommand {
+    /// Apps deployed now, from the task state.
+    List {
+        /// Only this owner's apps.
+        #[arg(long)]
+        owner: Option<String>,
+        #[arg(short, long, value_enum, default_value_t)]
+        output: Output,
+    },
+}
+
+/// One app as the task state tells it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct AppView {
+    /// `<namespace>/<name>`.
+    pub app: String,
+    /// Its owner.
+    pub owner: String,
+    /// Component names.
+    pub components: Vec<String>,
+    /// Where its components run.
+    pub clusters: Vec<String>,
+    /// The task that made it so.
+    pub task_id: String,
+    /// When that task finished (ms since the epoch).
+    pub updated_at_ms: i64,
+}
+
+/// The apps in `snapshots` (deploy tasks; others are ignored).
+pub fn apps(registry: &ferry_runtime::wire::Registry, mut snapshots: Vec<TaskSnapshot>) -> Vec<AppView> {
+    snapshots.retain(|s| s.kind == TaskKind::Deploy && s.state == TaskState::Succeeded);
+    snapshots.sort_by_key(|s| (s.created_at_ms, s.origin_partition, s.origin_offset));
+    let mut live: BTreeMap<String, AppView> = BTreeMap::new();
+    for s in snapshots {
+        let Ok(spec) = registry.decode::<DeployApp>(&s.spec.0) else { continue };
+        if spec.operation == DeployOperation::Delete {
+            live.remove(&s.subject);
+            continue;
+        }
+        let mut clusters: Vec<String> = s
+            .journal
+            .iter()
+            .find(|j| j.name == "wait")
+            .and_then(|j| serde_json::from_str::<serde_json::Value>(j.output.as_deref()?).ok())
+            .and_then(|o| o["components"].as_array().cloned())
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["cluster"].as_str().map(str::to_owned))
+            .collect();
+        clusters.sort();
+        clusters.dedup();
+        live.insert(
+            s.subject.clone(),
+            AppView {
+                app: s.subject.clone(),
+                owner: spec.owner.clone(),
+                components: spec.components.iter().map(|c| c.name.clone()).collect(),
+                clusters,
+                task_id: s.task_id.clone(),
+                updated_at_ms: s.updated_at_ms,
+            },
+        );
+    }
+    live.into_values().collect()
+}
+
+pub async fn run(conn: &Conn, cmd: AppsCommand) -> anyhow::Result<ExitCode> {
+    let client = conn.client().await?;
+    match cmd {
+        AppsCommand::List { owner, output } => {
+            let mut views = apps(client.registry(), client.snapshots().await?);
+            views.retain(|v| owner.as_ref().is_none_or(|o| &v.owner == o));
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&views)?),
+                Output::Yaml => print!("{}", serde_yaml_ng::to_string(&views)?),
+                Output::Table => {
+                    println!("{:<28} {:<14} {:<28} {:<24} TASK", "APP", "OWNER", "COMPONENTS", "CLUSTERS");
+                    for v in &views {
+                        println!("{:<28} {:<14} {:<28} {:<24} {}", v.app, v.owner, v.components.join(","), v.clusters.join(","), v.task_id);
+                    }
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_runtime::protocol::Bytes;
+    use ferry_runtime::wire::Registry;
+    use ferry_runtime::EventType;
+
+    fn snap(r: &Registry, n: i64, op: DeployOperation, name: &str, owner: &str, state: TaskState) -> TaskSnapshot {
+        let spec = DeployApp { operation: op, name: name.into(), owner: owner.into(), ..DeployApp::default() };
+        TaskSnapshot {
+            task_id: format!("tsk_{n}"),
+            kind: TaskKind::Deploy,
+            subject: spec.subject(),
+            state,
+            seq: 1,
+            last_event: EventType::Succeeded,
+            idempotency_key: None,
+            requested_by: "test".into(),
+            origin_partition: 0,
+            origin_offset: n,
+            created_at_ms: n,
+            updated_at_ms: n,
+            deadline_ms: None,
+            keep_partial: false,
+            worker: "w".into(),
+            trace_parent: None,
+            spec: Bytes(r.encode(&spec).unwrap()),
+            journal: Vec::new(),
+            error: None,
+            cancel_requested: false,
+            revert_requested: false,
+        }
+    }
+
+    #[test]
+    fn deletes_remove_and_reverted_tasks_change_nothing() {
+        let r = Registry::embedded();
+        let all = vec![
+            snap(&r, 1, DeployOperation::Deploy, "shop", "team-a", TaskState::Succeeded),
+            snap(&r, 2, DeployOperation::Deploy, "blog", "team-b", TaskState::Succeeded),
+            snap(&r, 3, DeployOperation::Update, "shop", "team-x", TaskState::Reverted),
+            snap(&r, 4, DeployOperation::Delete, "blog", "", TaskState::Succeeded),
+            snap(&r, 5, DeployOperation::Deploy, "wiki", "team-a", TaskState::Reverted),
+        ];
+        let views = apps(&r, all);
+        let got: Vec<(&str, &str, &str)> = views.iter().map(|v| (v.app.as_str(), v.owner.as_str(), v.task_id.as_str())).collect();
+        assert_eq!(got, [("shop/shop", "team-a", "tsk_1")]);
+    }
+}

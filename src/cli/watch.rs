@@ -1,0 +1,117 @@
+//! `ferry tasks watch [ID ...]`: live progress bars (indicatif) for the given tasks, or for
+//! every running task and each new one. With IDs it exits when they have all ended: 0 when
+//! each Succeeded (or was Reverted on request, not after a failure), 1 otherwise. Each end is also
+//! printed as one plain line on stdout, so scripts and logs see it without a terminal.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use ferry_runtime::{EventType, ProgressEvent, TaskId, TaskState};
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use super::common::Conn;
+
+struct Bar {
+    bar: ProgressBar,
+    /// A step failed: a Reverted end is the automatic revert of a failure.
+    step_failed: bool,
+}
+
+fn style() -> ProgressStyle {
+    ProgressStyle::with_template("{prefix:.bold} [{bar:24.cyan/blue}] {pos:>3}% {wide_msg}").expect("valid template").progress_chars("=> ")
+}
+
+fn short(id: &str) -> &str {
+    &id[..id.len().min(16)]
+}
+
+pub async fn run(conn: &Conn, ids: Vec<TaskId>) -> anyhow::Result<ExitCode> {
+    let client = conn.client().await?;
+    // Follow from now before reading the state, so nothing between the two is missed.
+    let mut events = client.events(false).await?;
+    let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stderr());
+    let mut bars: BTreeMap<String, Bar> = BTreeMap::new();
+    let mut waiting: BTreeSet<String> = ids.iter().map(ToString::to_string).collect();
+    let mut failed = false;
+    let add = |multi: &MultiProgress, kind: &str, subject: &str, id: &str| {
+        let bar = multi.add(ProgressBar::new(100).with_style(style()));
+        bar.set_prefix(format!("{kind} {subject} {}", short(id)));
+        bar
+    };
+    for s in client.snapshots().await? {
+        let watched = if ids.is_empty() { !s.state.is_terminal() } else { waiting.contains(&s.task_id) };
+        if !watched {
+            continue;
+        }
+        if s.state.is_terminal() && !ids.is_empty() {
+            // Already over: report it and stop waiting for it.
+            println!("{} {} {} {:?}", s.task_id, s.kind, s.subject, s.state);
+            failed |= !(s.state == TaskState::Succeeded || (s.state == TaskState::Reverted && s.error.is_none()));
+            waiting.remove(&s.task_id);
+            continue;
+        }
+        let bar = add(&multi, s.kind.as_str(), &s.subject, &s.task_id);
+        bar.set_message(format!("{:?}", s.state));
+        bars.insert(s.task_id.clone(), Bar { bar, step_failed: s.error.is_some() });
+    }
+    if !ids.is_empty() && waiting.is_empty() {
+        return Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS });
+    }
+    if !ids.is_empty() && let Some(missing) = waiting.iter().find(|w| !bars.contains_key(*w)) {
+        anyhow::bail!("no task {missing} is known");
+    }
+    while let Some(e) = tokio::time::timeout(Duration::from_secs(3600), events.next()).await.ok().flatten() {
+        if !ids.is_empty() && !waiting.contains(&e.task_id) {
+            continue;
+        }
+        if !bars.contains_key(&e.task_id) {
+            if e.event.is_final() {
+                continue;
+            }
+            let bar = add(&multi, e.kind.as_str(), &e.subject, &e.task_id);
+            bars.insert(e.task_id.clone(), Bar { bar, step_failed: false });
+        }
+        let b = bars.get_mut(&e.task_id).expect("inserted above");
+        update(b, &e);
+        if e.event.is_final() {
+            let ok = e.event == EventType::Succeeded || (e.event == EventType::Reverted && !b.step_failed);
+            failed |= !ok;
+            b.bar.finish_with_message(format!("{:?}{}", e.event, e.message.as_deref().map(|m| format!(": {m}")).unwrap_or_default()));
+            multi.suspend(|| println!("{} {} {} {:?}", e.task_id, e.kind, e.subject, e.event));
+            waiting.remove(&e.task_id);
+            if !ids.is_empty() && waiting.is_empty() {
+                break;
+            }
+        }
+    }
+    Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}
+
+fn update(b: &mut Bar, e: &ProgressEvent) {
+    let step = match (&e.step, &e.step_name) {
+        (Some(n), Some(name)) => format!("step {n} {name}"),
+        _ => String::new(),
+    };
+    match e.event {
+        EventType::StepStarted => {
+            b.bar.set_position(0);
+            b.bar.set_message(format!("{step} started"));
+        }
+        EventType::StepProgress => {
+            b.bar.set_position(e.percent.unwrap_or(0).clamp(0, 100) as u64);
+            b.bar.set_message(format!("{step}: {}", e.message.clone().unwrap_or_default()));
+        }
+        EventType::StepSucceeded => {
+            b.bar.set_position(100);
+            b.bar.set_message(format!("{step} done"));
+        }
+        EventType::Retrying => b.bar.set_message(format!("{step} retrying: {}", e.message.clone().unwrap_or_default())),
+        EventType::StepFailed => {
+            b.step_failed = true;
+            b.bar.set_message(format!("{step} failed: {}", e.message.clone().unwrap_or_default()));
+        }
+        EventType::StepReverted => b.bar.set_message(format!("{step} undone")),
+        _ => b.bar.set_message(format!("{:?} {step}", e.event)),
+    }
+}

@@ -1,0 +1,145 @@
+//! The dashboard in a real browser (Debian's headless Chromium through chromedriver): a
+//! task submitted with the CLI appears and progresses without a reload, and its Revert
+//! button reverts it through Kafka. Screenshots go to the test's target directory, or to
+//! `FERRY_SCREENSHOTS` when set (docs/screenshots holds the committed ones).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use fantoccini::{ClientBuilder, Locator};
+use ferry_runtime::testkind::TestHandler;
+use ferry_runtime::{Client, EmbeddedBroker, KafkaConfig, TaskState, Topics, Worker, WorkerOptions};
+use tokio_util::sync::CancellationToken;
+
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+const CHROMIUM: &str = "/usr/bin/chromium";
+const WAIT: Duration = Duration::from_secs(60);
+
+/// A child process killed when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Starts `ferry dashboard` and returns it with the URL it printed.
+fn dashboard(bootstrap: &str) -> (Proc, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(["dashboard", "--listen", "127.0.0.1:0", "--brokers", bootstrap, "--kafka-property", "fetch.wait.max.ms=5"])
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("ferry dashboard starts");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(url) = line.strip_prefix("dashboard: ") {
+                let _ = tx.send(url.to_owned());
+            }
+        }
+    });
+    let url = rx.recv_timeout(WAIT).expect("the dashboard prints its URL");
+    (Proc(child), url)
+}
+
+/// Starts chromedriver on a free port and waits for its "started successfully" line.
+fn chromedriver() -> (Proc, u16) {
+    let port = free_port();
+    let mut child = Command::new(CHROMEDRIVER).arg(format!("--port={port}")).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.contains("started successfully") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    rx.recv_timeout(WAIT).expect("chromedriver starts");
+    (Proc(child), port)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_from_the_cli_appears_progresses_and_reverts_in_the_browser() {
+    if !std::path::Path::new(CHROMEDRIVER).exists() || !std::path::Path::new(CHROMIUM).exists() {
+        println!("note: {CHROMIUM} or {CHROMEDRIVER} is missing (scripts/install-chromium.sh); skipping the browser test");
+        return;
+    }
+    let topics = Topics::standard();
+    let broker = EmbeddedBroker::start(1, &topics).unwrap();
+    let bootstrap = broker.bootstrap();
+    let kafka = KafkaConfig::for_embedded(bootstrap.clone());
+    let mut opts = WorkerOptions::new(kafka.clone());
+    opts.shutdown_grace = Duration::from_secs(1);
+    let stop = CancellationToken::new();
+    let worker = tokio::spawn(Worker::new(opts, TestHandler::default()).run(stop.clone()));
+    let client = Client::new(kafka, topics).unwrap();
+
+    let (_dash, url) = dashboard(&bootstrap);
+    let (_driver, port) = chromedriver();
+    let profile = tempfile::tempdir().unwrap();
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".into(),
+        serde_json::json!({"binary": CHROMIUM, "args": [
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--window-size=1400,800", format!("--user-data-dir={}", profile.path().display()),
+        ]}),
+    );
+    let browser = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+        .capabilities(caps)
+        .connect(&format!("http://127.0.0.1:{port}"))
+        .await
+        .expect("a chromium session");
+    browser.goto(&url).await.unwrap();
+    browser.wait().at_most(WAIT).for_element(Locator::Css("#live.on")).await.expect("the page follows the event stream");
+    // Marks this page load: still there at the end means nothing reloaded the page.
+    browser.execute("window.ferryMarker = 42; return null;", vec![]).await.unwrap();
+
+    // A task submitted with the CLI.
+    let spec = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(spec.path(), "subject: browser\nspec: {steps: 4, fail_at: null, fail_transient: 0, step_ms: 1500, block_at: null, undo_fail_at: null}\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(["submit", "test", "-f"])
+        .arg(spec.path())
+        .args(["--brokers", &bootstrap])
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let row = format!("#task-{id}");
+
+    browser.wait().at_most(WAIT).for_element(Locator::Css(&format!("{row}[data-state=Running]"))).await.expect("the task appears running");
+    // It moves on without a reload: step 3 of 4 shows, with a partly filled bar.
+    let step3 = format!("//tr[@id='task-{id}' and @data-state='Running']/td[6][starts-with(normalize-space(.), '3 ')]");
+    browser.wait().at_most(WAIT).for_element(Locator::XPath(&step3)).await.expect("the task progresses to step 3");
+    let shots = std::env::var_os("FERRY_SCREENSHOTS").map(std::path::PathBuf::from).unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")));
+    std::fs::create_dir_all(&shots).unwrap();
+    std::fs::write(shots.join("dashboard-running.png"), browser.screenshot().await.unwrap()).unwrap();
+    browser.wait().at_most(WAIT).for_element(Locator::Css(&format!("{row}[data-state=Succeeded]"))).await.expect("the task succeeds on the page");
+    let width: String = browser.find(Locator::Css(&format!("{row} .bar > span"))).await.unwrap().attr("style").await.unwrap().unwrap_or_default();
+    assert!(width.contains("100%"), "a finished task's bar is full: {width}");
+
+    browser.find(Locator::Css(&format!("{row} button.revert"))).await.unwrap().click().await.unwrap();
+    browser.wait().at_most(WAIT).for_element(Locator::Css(&format!("{row}[data-state=Reverted]"))).await.expect("the revert shows on the page");
+    std::fs::write(shots.join("dashboard-reverted.png"), browser.screenshot().await.unwrap()).unwrap();
+    let marker = browser.execute("return window.ferryMarker || 0;", vec![]).await.unwrap();
+    assert_eq!(marker, serde_json::json!(42), "the page was never reloaded");
+    let snap = client.snapshot(id.parse().unwrap()).await.unwrap().expect("the task's snapshot");
+    assert_eq!(snap.state, TaskState::Reverted, "the Revert button sent the Revert command through Kafka");
+    println!("screenshots in {}", shots.display());
+
+    browser.close().await.unwrap();
+    stop.cancel();
+    worker.await.unwrap().unwrap();
+}

@@ -130,6 +130,8 @@ pub struct Fleet {
     pub clusters: Vec<Cluster>,
     /// Where its files are.
     pub dir: PathBuf,
+    etcd_url: String,
+    bins: Binaries,
     _etcd: Managed,
     _tmp: Option<tempfile::TempDir>,
 }
@@ -183,9 +185,9 @@ impl Fleet {
         .map_err(io("starting etcd"))?;
         let mut clusters = Vec::new();
         for name in &opts.clusters {
-            clusters.push(start_cluster(&bins, &dir, name, &etcd_url)?);
+            clusters.push(start_cluster(&bins, &dir, name, name, &etcd_url)?);
         }
-        let mut fleet = Self { clusters, dir, _etcd: etcd, _tmp: tmp };
+        let mut fleet = Self { clusters, dir, etcd_url, bins: bins.clone(), _etcd: etcd, _tmp: tmp };
         for c in &mut fleet.clusters {
             wait_ready(c).await?;
             // They read the API server's certificate, which exists only once it serves.
@@ -194,6 +196,11 @@ impl Fleet {
             }
         }
         Ok(fleet)
+    }
+
+    /// What starts more clusters on this fleet's etcd (for emulated Cluster API).
+    pub fn spawner(&self) -> ClusterSpawner {
+        ClusterSpawner { bins: self.bins.clone(), dir: self.dir.clone(), etcd_url: self.etcd_url.clone() }
     }
 
     /// The hub (first cluster).
@@ -238,6 +245,30 @@ impl Fleet {
     }
 }
 
+/// Starts clusters on a fleet's etcd after the fleet started; valid while the fleet runs.
+#[derive(Debug, Clone)]
+pub struct ClusterSpawner {
+    bins: Binaries,
+    dir: PathBuf,
+    etcd_url: String,
+}
+
+impl ClusterSpawner {
+    /// Starts one more cluster and waits until it serves; it stops when the returned value
+    /// is dropped. `controllers`: also a controller manager and a scheduler.
+    pub async fn spawn(&self, name: &str, controllers: bool) -> Result<Cluster, FleetError> {
+        // Its own etcd prefix and folder per incarnation: a cluster created again under
+        // the same name starts empty, as a newly provisioned one would.
+        let instance = format!("{name}-{:08x}", rand_u128() as u32);
+        let mut c = start_cluster(&self.bins, &self.dir, name, &instance, &self.etcd_url)?;
+        wait_ready(&c).await?;
+        if controllers {
+            c.start_controllers(&self.bins)?;
+        }
+        Ok(c)
+    }
+}
+
 /// Namespace of the hub where [`Fleet::publish_kubeconfigs`] writes kubeconfig Secrets.
 pub const KUBECONFIG_NAMESPACE: &str = "ferry-fleet";
 
@@ -267,7 +298,7 @@ impl Cluster {
                 &bins.controller_manager,
                 &[
                     format!("--kubeconfig={}", d(kubeconfig)),
-                    "--controllers=namespace,garbagecollector,deployment,replicaset,job,serviceaccount,serviceaccount-token".into(),
+                    "--controllers=namespace,garbagecollector,deployment,replicaset,daemonset,job,serviceaccount,serviceaccount-token".into(),
                     format!("--service-account-private-key-file={}", d(sa_key)),
                     format!("--root-ca-file={}", d(ca)),
                     "--leader-elect=false".into(),
@@ -294,8 +325,8 @@ impl Cluster {
 
 const ADMIN_TOKEN_FILE: &str = "tokens.csv";
 
-fn start_cluster(bins: &Binaries, root: &Path, name: &str, etcd: &str) -> Result<Cluster, FleetError> {
-    let dir = root.join(name);
+fn start_cluster(bins: &Binaries, root: &Path, name: &str, instance: &str, etcd: &str) -> Result<Cluster, FleetError> {
+    let dir = root.join(instance);
     let certs = dir.join("certs");
     std::fs::create_dir_all(&certs).map_err(io(format!("creating {}", certs.display())))?;
     let sa_key = dir.join("sa.key");
@@ -317,7 +348,7 @@ fn start_cluster(bins: &Binaries, root: &Path, name: &str, etcd: &str) -> Result
         &bins.apiserver,
         &[
             format!("--etcd-servers={etcd}"),
-            format!("--etcd-prefix=/ferry/{name}"),
+            format!("--etcd-prefix=/ferry/{instance}"),
             "--bind-address=127.0.0.1".into(),
             "--advertise-address=127.0.0.1".into(),
             format!("--secure-port={port}"),

@@ -56,6 +56,7 @@ pub struct Kubelet {
     cluster: String,
     client: kube::Client,
     nodes: Arc<Mutex<HashSet<String>>>,
+    crashing: Arc<Mutex<Vec<String>>>,
     task: JoinHandle<()>,
 }
 
@@ -75,13 +76,14 @@ impl Kubelet {
     /// Starts the pod loop of `cluster`; add nodes with [`Self::add_nodes`].
     pub fn start(cluster: &str, client: kube::Client, start_delay: Duration) -> Self {
         let nodes = Arc::new(Mutex::new(HashSet::new()));
-        let pods = pod_loop(client.clone(), nodes.clone(), start_delay);
+        let crashing: Arc<Mutex<Vec<String>>> = Arc::default();
+        let pods = pod_loop(client.clone(), nodes.clone(), crashing.clone(), start_delay);
         let services = service_loop(client.clone(), lb_prefix(cluster));
         let beats = heartbeat_loop(client.clone(), nodes.clone());
         let task = tokio::spawn(async move {
             tokio::join!(pods, services, beats);
         });
-        Self { cluster: cluster.to_owned(), client, nodes, task }
+        Self { cluster: cluster.to_owned(), client, nodes, crashing, task }
     }
 
     fn err(&self, what: impl Into<String>) -> impl FnOnce(kube::Error) -> KubeletError + '_ {
@@ -129,6 +131,12 @@ impl Kubelet {
             names.push(name);
         }
         Ok(names)
+    }
+
+    /// Containers whose image starts with one of `prefixes` crash-loop from now on: Running
+    /// but never Ready, waiting in `CrashLoopBackOff` (a failing add-on, a bad release).
+    pub fn crash_images(&self, prefixes: Vec<String>) {
+        *self.crashing.lock().expect("crashing lock") = prefixes;
     }
 
     /// Removes nodes (their Pods are left to the controllers, as after a node loss).
@@ -196,7 +204,7 @@ fn chrono_now() -> String {
     k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
-async fn pod_loop(client: kube::Client, nodes: Arc<Mutex<HashSet<String>>>, delay: Duration) {
+async fn pod_loop(client: kube::Client, nodes: Arc<Mutex<HashSet<String>>>, crashing: Arc<Mutex<Vec<String>>>, delay: Duration) {
     let api: Api<Pod> = Api::all(client);
     let started: Arc<Mutex<HashSet<String>>> = Arc::default();
     let mut pods = watcher(api.clone(), watcher::Config::default()).default_backoff().applied_objects().boxed();
@@ -224,10 +232,11 @@ async fn pod_loop(client: kube::Client, nodes: Arc<Mutex<HashSet<String>>>, dela
         let is_job = pod.metadata.owner_references.iter().flatten().any(|o| o.kind == "Job");
         let api = Api::<Pod>::namespaced(api.clone().into_client(), &ns);
         let started = started.clone();
+        let crashing = crashing.lock().expect("crashing lock").clone();
         tokio::spawn(async move {
             // The emulated container start time.
             tokio::time::sleep(delay).await;
-            let patch = pod_status(&pod, &node, is_job);
+            let patch = pod_status(&pod, &node, is_job, &crashing);
             if let Err(e) = api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
                 tracing::debug!(pod = %name, error = %e, "pod status not set; retried on the next event");
                 started.lock().expect("started lock").remove(&uid);
@@ -236,23 +245,29 @@ async fn pod_loop(client: kube::Client, nodes: Arc<Mutex<HashSet<String>>>, dela
     }
 }
 
-fn pod_status(pod: &Pod, node: &str, completed: bool) -> serde_json::Value {
+fn pod_status(pod: &Pod, node: &str, completed: bool, crashing: &[String]) -> serde_json::Value {
     let now = chrono_now();
+    let crashes = |c: &k8s_openapi::api::core::v1::Container| crashing.iter().any(|p| c.image.as_deref().unwrap_or("").starts_with(p.as_str()));
+    let any_crash = pod.spec.iter().flat_map(|s| s.containers.iter()).any(crashes);
     let containers: Vec<serde_json::Value> = pod
         .spec
         .iter()
         .flat_map(|s| s.containers.iter())
         .map(|c| {
-            let state = if completed {
+            let crash = crashes(c);
+            let state = if crash {
+                json!({"waiting": {"reason": "CrashLoopBackOff", "message": "back-off restarting failed container (emulated)"}})
+            } else if completed {
                 json!({"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}})
             } else {
                 json!({"running": {"startedAt": now}})
             };
-            json!({"name": c.name, "ready": !completed, "started": !completed, "restartCount": 0,
+            let up = !completed && !crash;
+            json!({"name": c.name, "ready": up, "started": up, "restartCount": if crash { 5 } else { 0 },
                    "image": c.image.clone().unwrap_or_default(), "imageID": "", "state": state})
         })
         .collect();
-    let ready = if completed { "False" } else { "True" };
+    let ready = if completed || any_crash { "False" } else { "True" };
     let cond = |t: &str, s: &str| json!({"type": t, "status": s, "lastTransitionTime": now});
     json!({"status": {
         "phase": if completed { "Succeeded" } else { "Running" },

@@ -9,12 +9,14 @@
 //! - [`crds`]: install CRDs from a folder (CEL rules stripped, storage version only).
 //! - [`kubelet`]: the emulated node agent (nodes, pod status, job completion).
 //! - [`binaries`]: where the control-plane binaries are.
+//! - [`emulated_capi`]: Cluster API providers played for tests: workload clusters appear.
 //! - [`emulated_ocm`]: OCM registration, work agents and placement, played for tests.
 
 pub mod binaries;
 pub mod crds;
 pub mod describe;
 pub mod emulate;
+pub mod emulated_capi;
 pub mod emulated_ocm;
 pub mod fault_proxy;
 pub mod fleet;
@@ -23,6 +25,6 @@ pub mod kubelet;
 pub mod measure;
 pub mod process;
 
-pub use fleet::{Cluster, Fleet, FleetError, FleetOptions};
+pub use fleet::{Cluster, ClusterSpawner, Fleet, FleetError, FleetOptions};
 pub use fault_proxy::{FaultHandle, FaultProxy};
 pub use kubelet::{Kubelet, NodeFlavor};

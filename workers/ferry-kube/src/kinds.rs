@@ -97,6 +97,10 @@ resource!(
     /// Cluster API Cluster.
     CapiCluster, "Cluster", "cluster.x-k8s.io", "v1beta2", "clusters", Namespaced
 );
+resource!(
+    /// Cluster API Machine (`status.nodeRef` names its Node in the workload cluster).
+    CapiMachine, "Machine", "cluster.x-k8s.io", "v1beta2", "machines", Namespaced
+);
 
 /// The values of a ManifestWork's status feedback (`resourceStatus.manifests[]`), as
 /// (name, text), for the manifests `which` accepts (it sees each `resourceMeta`).

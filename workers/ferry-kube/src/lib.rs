@@ -7,10 +7,12 @@
 //!   number of tasks wait on with deadlines; the number of open watches does not grow with
 //!   the number of waiting tasks.
 //! - [`kinds`]: typed handles (JSON spec/status) of the OCM, Cluster API and Liqo kinds.
+//! - [`names`]: DNS-1123 names and label keys and values.
 //! - [`quantity`]: resource quantities parsed as Kubernetes parses them.
 
 pub mod clusters;
 pub mod kinds;
+pub mod names;
 pub mod quantity;
 pub mod watches;
 

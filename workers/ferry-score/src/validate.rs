@@ -10,14 +10,7 @@ use crate::spec::{ScoreClusters, ScorePolicy};
 /// Most clusters one task scores.
 pub const MAX_CLUSTERS: usize = 1000;
 
-/// True for a DNS-1123 label (what cluster and namespace names must be).
-pub fn is_dns1123_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
+pub use ferry_kube::names::is_dns1123_label;
 
 fn qty(field: &str, v: &str, cpu: bool) -> Result<i64, Rejection> {
     let r = if cpu { quantity::millicores(v) } else { quantity::units(v) };

@@ -1,0 +1,416 @@
+//! Emulated Cluster API against the hub: plays the core, kubeadm control-plane and
+//! infrastructure providers' part. A `Cluster` moves through the real phases and
+//! conditions (Pending → Provisioning with `InfrastructureReady` → Provisioned with the
+//! control plane initialized); then a workload cluster appears in the test bed (a real
+//! API server with a controller manager and scheduler, or, past
+//! [`CapiOptions::real_api_servers`], a lightweight virtual one sharing a backing API
+//! server), its `<name>-kubeconfig` Secret is written, and emulated nodes of the requested
+//! count and flavor register, each with its `Machine` on the hub. Replica changes of the
+//! control plane or a MachineDeployment add or remove nodes; deleting a Cluster removes
+//! its workload cluster, Machines and Secret after a delay. [`CapiKnobs`] set delays, a
+//! cluster that never becomes ready and crash-looping images (a failing add-on).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::core::GroupVersionKind;
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+
+use crate::fleet::{ClusterSpawner, kubeconfig_secret};
+use crate::{Cluster, Fleet, FleetError, Kubelet, NodeFlavor};
+
+/// Finalizer the emulator keeps on Clusters until their workload cluster is gone.
+pub const FINALIZER: &str = "cluster.cluster.x-k8s.io";
+/// Field manager of the emulator's writes.
+const MANAGER: &str = "ferry-emulated-capi";
+/// Label of a Cluster's objects (Machines, Secrets).
+pub const CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
+const TICK: Duration = Duration::from_millis(200);
+
+/// Behaviour of the emulated providers for one cluster.
+#[derive(Debug, Clone)]
+pub struct CapiKnobs {
+    /// From creation to infrastructure provisioned; the control plane takes as long again.
+    pub provision_delay: Duration,
+    /// The infrastructure provisions but the control plane never initializes.
+    pub never_ready: bool,
+    /// From the deletion request to the Cluster being gone.
+    pub deletion_delay: Duration,
+    /// Images (prefixes) whose containers crash-loop in the workload cluster.
+    pub crashing_images: Vec<String>,
+}
+
+impl Default for CapiKnobs {
+    fn default() -> Self {
+        Self { provision_delay: Duration::from_millis(500), never_ready: false, deletion_delay: Duration::from_millis(300), crashing_images: Vec::new() }
+    }
+}
+
+/// How the emulator builds workload clusters.
+#[derive(Debug, Clone)]
+pub struct CapiOptions {
+    /// Workload clusters with their own API server (about 500 MB each with controllers);
+    /// the rest are virtual: they share one backing API server, kept apart by node names.
+    pub real_api_servers: usize,
+    /// Node shape by machine flavor name (OpenStack `flavor`); unknown flavors get the default.
+    pub flavors: BTreeMap<String, NodeFlavor>,
+}
+
+impl Default for CapiOptions {
+    fn default() -> Self {
+        let f = |cpu: &str, memory: &str| NodeFlavor { cpu: cpu.into(), memory: memory.into(), ..NodeFlavor::default() };
+        let flavors = [("m1.small", f("1", "2Gi")), ("m1.medium", f("2", "4Gi")), ("m1.large", f("4", "8Gi")), ("m1.xlarge", f("8", "16Gi"))]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect();
+        Self { real_api_servers: 2, flavors }
+    }
+}
+
+/// A workload cluster the emulator made.
+struct Workload {
+    _server: Option<Cluster>,
+    kubelet: Kubelet,
+    /// Node pool → node count.
+    pools: HashMap<String, usize>,
+    uid: String,
+}
+
+#[derive(Default)]
+struct State {
+    first_seen: HashMap<String, Instant>,
+    deleting_since: HashMap<String, Instant>,
+    workloads: HashMap<String, Workload>,
+    virtual_backing: Option<Arc<Cluster>>,
+    real_started: usize,
+}
+
+/// Emulated Cluster API on a fleet's hub; stops (and removes its workload clusters) on drop.
+pub struct EmulatedCapi {
+    state: Arc<tokio::sync::Mutex<State>>,
+    knobs: Arc<Mutex<(CapiKnobs, HashMap<String, CapiKnobs>)>>,
+    task: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for EmulatedCapi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmulatedCapi").finish_non_exhaustive()
+    }
+}
+
+impl Drop for EmulatedCapi {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn gvk(group: &str, kind: &str) -> ApiResource {
+    let plural = format!("{}s", kind.to_lowercase());
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, "v1beta2", kind), &plural)
+}
+
+struct Ctx {
+    hub: kube::Client,
+    spawner: ClusterSpawner,
+    opts: CapiOptions,
+    knobs: Arc<Mutex<(CapiKnobs, HashMap<String, CapiKnobs>)>>,
+}
+
+impl EmulatedCapi {
+    /// Starts the providers' loop on `fleet`'s hub.
+    pub async fn start(fleet: &Fleet, opts: CapiOptions) -> Result<Self, FleetError> {
+        let hub = fleet.hub().client().await?;
+        let knobs: Arc<Mutex<(CapiKnobs, HashMap<String, CapiKnobs>)>> = Arc::default();
+        let state: Arc<tokio::sync::Mutex<State>> = Arc::default();
+        let cx = Ctx { hub, spawner: fleet.spawner(), opts, knobs: knobs.clone() };
+        let st = state.clone();
+        let task = tokio::spawn(async move {
+            let mut every = tokio::time::interval(TICK);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                let mut s = st.lock().await;
+                if let Err(e) = tick(&cx, &mut s).await {
+                    tracing::debug!(error = %e, "emulated Cluster API: retrying on the next tick");
+                }
+            }
+        });
+        Ok(Self { state, knobs, task })
+    }
+
+    /// Changes the knobs of the cluster named `cluster` (from its next step on).
+    pub fn set(&self, cluster: &str, f: impl FnOnce(&mut CapiKnobs)) {
+        let mut k = self.knobs.lock().expect("knobs lock");
+        let base = k.0.clone();
+        f(k.1.entry(cluster.to_owned()).or_insert(base));
+    }
+
+    /// Changes the knobs of every cluster without its own.
+    pub fn set_default(&self, f: impl FnOnce(&mut CapiKnobs)) {
+        f(&mut self.knobs.lock().expect("knobs lock").0);
+    }
+
+    /// How many workload clusters exist now (real and virtual).
+    pub async fn workload_count(&self) -> usize {
+        self.state.lock().await.workloads.len()
+    }
+}
+
+impl Ctx {
+    fn knob(&self, cluster: &str) -> CapiKnobs {
+        let k = self.knobs.lock().expect("knobs lock");
+        k.1.get(cluster).cloned().unwrap_or_else(|| k.0.clone())
+    }
+
+    fn api(&self, ns: &str, group: &str, kind: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(self.hub.clone(), ns, &gvk(group, kind))
+    }
+}
+
+fn now() -> String {
+    k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+fn cond(type_: &str, ok: bool, reason: &str, old: Option<&Value>) -> Value {
+    let status = if ok { "True" } else { "False" };
+    // Keep the transition time while the status stays, so unchanged statuses are not rewritten.
+    let time = old
+        .and_then(Value::as_array)
+        .and_then(|cs| cs.iter().find(|c| c["type"] == type_ && c["status"] == status))
+        .map_or_else(|| Value::String(now()), |c| c["lastTransitionTime"].clone());
+    json!({"type": type_, "status": status, "reason": reason, "message": "", "lastTransitionTime": time})
+}
+
+/// Merge-patches `status` only when one of its fields differs.
+async fn set_status(api: &Api<DynamicObject>, obj: &DynamicObject, status: Value) -> Result<(), kube::Error> {
+    let current = obj.data.get("status").cloned().unwrap_or(Value::Null);
+    let differs = status.as_object().is_some_and(|m| m.iter().any(|(k, v)| current.get(k) != Some(v)));
+    if differs {
+        api.patch_status(&obj.metadata.name.clone().unwrap_or_default(), &PatchParams::default(), &Patch::Merge(&json!({"status": status}))).await?;
+    }
+    Ok(())
+}
+
+fn str_at<'a>(v: &'a Value, p: &str) -> Option<&'a str> {
+    v.pointer(p).and_then(Value::as_str)
+}
+
+async fn tick(cx: &Ctx, s: &mut State) -> Result<(), kube::Error> {
+    let clusters: Api<DynamicObject> = Api::all_with(cx.hub.clone(), &gvk("cluster.x-k8s.io", "Cluster"));
+    let list = clusters.list(&ListParams::default()).await?;
+    let mut seen = Vec::new();
+    for c in list.items {
+        let (Some(ns), Some(name)) = (c.metadata.namespace.clone(), c.metadata.name.clone()) else { continue };
+        let key = format!("{ns}/{name}");
+        seen.push(key.clone());
+        let api = cx.api(&ns, "cluster.x-k8s.io", "Cluster");
+        if c.metadata.deletion_timestamp.is_some() {
+            remove(cx, s, &api, &c, &ns, &name, &key).await?;
+            continue;
+        }
+        let finalizers = c.metadata.finalizers.clone().unwrap_or_default();
+        if !finalizers.iter().any(|f| f == FINALIZER) {
+            let mut f = finalizers;
+            f.push(FINALIZER.to_owned());
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(&json!({"metadata": {"finalizers": f}}))).await?;
+        }
+        provision(cx, s, &api, &c, &ns, &name, &key).await?;
+    }
+    // Clusters gone without us (e.g. the finalizer removed by hand): drop their workloads.
+    s.workloads.retain(|k, _| seen.contains(k));
+    s.first_seen.retain(|k, _| seen.contains(k));
+    Ok(())
+}
+
+async fn remove(cx: &Ctx, s: &mut State, api: &Api<DynamicObject>, c: &DynamicObject, ns: &str, name: &str, key: &str) -> Result<(), kube::Error> {
+    let since = *s.deleting_since.entry(key.to_owned()).or_insert_with(Instant::now);
+    if since.elapsed() < cx.knob(name).deletion_delay {
+        let status = json!({"phase": "Deleting"});
+        return set_status(api, c, status).await;
+    }
+    let lp = ListParams::default().labels(&format!("{CLUSTER_NAME_LABEL}={name}"));
+    let machines = cx.api(ns, "cluster.x-k8s.io", "Machine");
+    machines.delete_collection(&DeleteParams::default(), &lp).await?;
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(cx.hub.clone(), ns);
+    match secrets.delete(&format!("{name}-kubeconfig"), &DeleteParams::default()).await {
+        Ok(_) | Err(kube::Error::Api(_)) => {}
+        Err(e) => return Err(e),
+    }
+    // The workload cluster goes (its API server stops, or its virtual nodes are removed).
+    if let Some(w) = s.workloads.remove(key) {
+        let names: Vec<String> = w.pools.iter().flat_map(|(p, n)| (0..*n).map(move |i| format!("{name}-{p}-{i}"))).collect();
+        if w._server.is_none() {
+            let _ = w.kubelet.remove_nodes(&names).await;
+        }
+    }
+    let rest: Vec<String> = c.metadata.finalizers.iter().flatten().filter(|f| *f != FINALIZER).cloned().collect();
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&json!({"metadata": {"finalizers": rest}}))).await?;
+    s.deleting_since.remove(key);
+    s.first_seen.remove(key);
+    Ok(())
+}
+
+/// A referenced object (`{apiGroup, kind, name}`) in `ns`, if it exists.
+async fn referenced(cx: &Ctx, ns: &str, r: Option<&Value>) -> Result<Option<(Api<DynamicObject>, DynamicObject)>, kube::Error> {
+    let Some(r) = r else { return Ok(None) };
+    let (Some(group), Some(kind), Some(name)) = (str_at(r, "/apiGroup"), str_at(r, "/kind"), str_at(r, "/name")) else { return Ok(None) };
+    let api = cx.api(ns, group, kind);
+    Ok(api.get_opt(name).await?.map(|o| (api, o)))
+}
+
+/// The flavor of the machine template `r` points at.
+async fn flavor(cx: &Ctx, ns: &str, r: Option<&Value>) -> Result<NodeFlavor, kube::Error> {
+    // CAPO v1beta2: `flavor: {filter: {name}}` (v1beta1: a plain name).
+    let f = referenced(cx, ns, r).await?.and_then(|(_, t)| {
+        str_at(&t.data, "/spec/template/spec/flavor/filter/name").or_else(|| str_at(&t.data, "/spec/template/spec/flavor")).map(str::to_owned)
+    });
+    Ok(f.and_then(|f| cx.opts.flavors.get(&f).cloned()).unwrap_or_default())
+}
+
+async fn provision(cx: &Ctx, s: &mut State, api: &Api<DynamicObject>, c: &DynamicObject, ns: &str, name: &str, key: &str) -> Result<(), kube::Error> {
+    let knobs = cx.knob(name);
+    let age = s.first_seen.entry(key.to_owned()).or_insert_with(Instant::now).elapsed();
+    let old = c.data.pointer("/status/conditions");
+    if age < knobs.provision_delay {
+        return set_status(api, c, json!({"phase": "Pending"})).await;
+    }
+    // Infrastructure provisioned.
+    if let Some((iapi, infra)) = referenced(cx, ns, c.data.pointer("/spec/infrastructureRef")).await? {
+        let st = json!({"initialization": {"provisioned": true}, "ready": true,
+                        "conditions": [cond("Ready", true, "Provisioned", infra.data.pointer("/status/conditions"))]});
+        set_status(&iapi, &infra, st).await?;
+    }
+    if knobs.never_ready || age < knobs.provision_delay * 2 {
+        let st = json!({"phase": "Provisioning", "initialization": {"infrastructureProvisioned": true},
+            "conditions": [cond("InfrastructureReady", true, "Provisioned", old), cond("ControlPlaneInitialized", false, "WaitingForControlPlane", old),
+                           cond("Available", false, "WaitingForControlPlane", old)]});
+        return set_status(api, c, st).await;
+    }
+    // The workload cluster and its kubeconfig.
+    let uid = c.metadata.uid.clone().unwrap_or_default();
+    if s.workloads.get(key).is_some_and(|w| w.uid != uid) {
+        s.workloads.remove(key);
+    }
+    if !s.workloads.contains_key(key) {
+        let w = workload(cx, s, ns, name, &uid, &knobs).await.map_err(|e| kube::Error::Service(Box::new(e)))?;
+        s.workloads.insert(key.to_owned(), w);
+    }
+    // Control plane replicas and flavor.
+    let kcp = referenced(cx, ns, c.data.pointer("/spec/controlPlaneRef")).await?;
+    let (cp_replicas, cp_flavor) = match &kcp {
+        Some((_, k)) => {
+            let f = flavor(cx, ns, k.data.pointer("/spec/machineTemplate/spec/infrastructureRef")).await?;
+            (k.data.pointer("/spec/replicas").and_then(Value::as_u64).unwrap_or(1), f)
+        }
+        None => (c.data.pointer("/spec/topology/controlPlane/replicas").and_then(Value::as_u64).unwrap_or(1), NodeFlavor::default()),
+    };
+    let mut cp_flavor = cp_flavor;
+    cp_flavor.labels.insert("node-role.kubernetes.io/control-plane".into(), String::new());
+    let mut pools = vec![("cp".to_owned(), cp_replicas as usize, cp_flavor, None)];
+    let mds = cx.api(ns, "cluster.x-k8s.io", "MachineDeployment").list(&ListParams::default()).await?;
+    for md in mds.items.iter().filter(|m| str_at(&m.data, "/spec/clusterName") == Some(name)) {
+        let md_name = md.metadata.name.clone().unwrap_or_default();
+        let pool = md_name.strip_prefix(&format!("{name}-")).unwrap_or(&md_name).to_owned();
+        let f = flavor(cx, ns, md.data.pointer("/spec/template/spec/infrastructureRef")).await?;
+        pools.push((pool, md.data.pointer("/spec/replicas").and_then(Value::as_u64).unwrap_or(1) as usize, f, Some(md.clone())));
+    }
+    if kcp.is_none() {
+        for (i, w) in c.data.pointer("/spec/topology/workers/machineDeployments").and_then(Value::as_array).into_iter().flatten().enumerate() {
+            let pool = str_at(w, "/name").map_or_else(|| format!("md-{i}"), str::to_owned);
+            pools.push((pool, w.pointer("/replicas").and_then(Value::as_u64).unwrap_or(1) as usize, NodeFlavor::default(), None));
+        }
+    }
+    let w = s.workloads.get_mut(key).expect("workload just ensured");
+    let machines = cx.api(ns, "cluster.x-k8s.io", "Machine");
+    for (pool, want, f, _) in &pools {
+        let have = w.pools.get(pool).copied().unwrap_or(0);
+        if *want > have {
+            let added = w.kubelet.add_nodes(pool, *want, f).await.map_err(|e| kube::Error::Service(Box::new(e)))?;
+            for node in added.iter().skip(have) {
+                machine(&machines, name, pool, node).await?;
+            }
+        } else if *want < have {
+            let gone: Vec<String> = (*want..have).map(|i| format!("{name}-{pool}-{i}")).collect();
+            w.kubelet.remove_nodes(&gone).await.map_err(|e| kube::Error::Service(Box::new(e)))?;
+            for m in &gone {
+                match machines.delete(m, &DeleteParams::default()).await {
+                    Ok(_) | Err(kube::Error::Api(_)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        w.pools.insert(pool.clone(), *want);
+    }
+    // Statuses: control plane, machine deployments, cluster.
+    let n = |v: usize| json!(v);
+    if let Some((kapi, k)) = &kcp {
+        let version = k.data.pointer("/spec/version").cloned().unwrap_or(Value::Null);
+        let st = json!({"replicas": n(cp_replicas as usize), "readyReplicas": n(cp_replicas as usize), "availableReplicas": n(cp_replicas as usize),
+            "upToDateReplicas": n(cp_replicas as usize), "version": version, "initialization": {"controlPlaneInitialized": true},
+            "conditions": [cond("Available", true, "Available", k.data.pointer("/status/conditions"))]});
+        set_status(kapi, k, st).await?;
+    }
+    let md_api = cx.api(ns, "cluster.x-k8s.io", "MachineDeployment");
+    for (_, want, _, md) in &pools {
+        if let Some(md) = md {
+            let st = json!({"replicas": n(*want), "readyReplicas": n(*want), "availableReplicas": n(*want), "upToDateReplicas": n(*want), "phase": "Running",
+                "conditions": [cond("Available", true, "Available", md.data.pointer("/status/conditions"))]});
+            set_status(&md_api, md, st).await?;
+        }
+    }
+    let workers: usize = pools.iter().skip(1).map(|p| p.1).sum();
+    let st = json!({"phase": "Provisioned",
+        "initialization": {"infrastructureProvisioned": true, "controlPlaneInitialized": true},
+        "controlPlane": {"desiredReplicas": n(cp_replicas as usize), "replicas": n(cp_replicas as usize), "readyReplicas": n(cp_replicas as usize), "availableReplicas": n(cp_replicas as usize), "upToDateReplicas": n(cp_replicas as usize)},
+        "workers": {"desiredReplicas": n(workers), "replicas": n(workers), "readyReplicas": n(workers), "availableReplicas": n(workers), "upToDateReplicas": n(workers)},
+        "conditions": [cond("InfrastructureReady", true, "Provisioned", old), cond("ControlPlaneInitialized", true, "Initialized", old),
+                       cond("ControlPlaneAvailable", true, "Available", old), cond("WorkersAvailable", true, "Available", old), cond("Available", true, "Available", old)]});
+    set_status(api, c, st).await
+}
+
+/// A Machine for an emulated node, with its nodeRef.
+async fn machine(api: &Api<DynamicObject>, cluster: &str, pool: &str, node: &str) -> Result<(), kube::Error> {
+    let mut labels = json!({CLUSTER_NAME_LABEL: cluster});
+    if pool == "cp" {
+        labels["cluster.x-k8s.io/control-plane"] = json!("");
+    } else {
+        labels["cluster.x-k8s.io/deployment-name"] = json!(format!("{cluster}-{pool}"));
+    }
+    let m = json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+        "metadata": {"name": node, "labels": labels},
+        "spec": {"clusterName": cluster, "bootstrap": {"dataSecretName": format!("{node}-bootstrap")},
+                 "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "EmulatedMachine", "name": node}}});
+    api.patch(node, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&m)).await?;
+    let st = json!({"status": {"phase": "Running", "nodeRef": {"name": node}, "initialization": {"infrastructureProvisioned": true, "bootstrapDataSecretCreated": true}}});
+    api.patch_status(node, &PatchParams::default(), &Patch::Merge(&st)).await?;
+    Ok(())
+}
+
+/// Starts the workload cluster of `name` and writes its kubeconfig Secret.
+async fn workload(cx: &Ctx, s: &mut State, ns: &str, name: &str, uid: &str, knobs: &CapiKnobs) -> Result<Workload, FleetError> {
+    let (server, kubeconfig, client) = if s.real_started < cx.opts.real_api_servers {
+        let c = cx.spawner.spawn(name, true).await?;
+        s.real_started += 1;
+        let kc = c.kubeconfig_inline()?;
+        let client = c.client().await?;
+        (Some(c), kc, client)
+    } else {
+        if s.virtual_backing.is_none() {
+            s.virtual_backing = Some(Arc::new(cx.spawner.spawn("virtual-backing", true).await?));
+        }
+        let b = s.virtual_backing.clone().expect("backing just started");
+        let kc = b.kubeconfig_inline()?;
+        (None, kc, b.client().await?)
+    };
+    let kubelet = Kubelet::start(name, client, Duration::from_millis(100));
+    kubelet.crash_images(knobs.crashing_images.clone());
+    let secret = kubeconfig_secret(name, &kubeconfig);
+    let err = |e: kube::Error| FleetError::Client { cluster: "hub".into(), source: Box::new(e) };
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(cx.hub.clone(), ns);
+    secrets.patch(&format!("{name}-kubeconfig"), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&secret)).await.map_err(err)?;
+    Ok(Workload { _server: server, kubelet, pools: HashMap::new(), uid: uid.to_owned() })
+}
+

@@ -413,6 +413,12 @@ impl<H: TaskHandler> Runner<H> {
                     () = grace => return Ok(Exec::Stopped),
                 }
             };
+            // Reports sent just before the step returned are still queued: publish them
+            // (in order, before the step's own outcome) rather than lose them.
+            while let Ok(StepReport::Progress { percent, message }) = rx.try_recv() {
+                let d = Detail { percent: Some(percent as i32), ..Detail::step(i, name) }.message(message);
+                self.env.publisher.transition(&mut self.snap, EventType::StepProgress, d).await?;
+            }
             let err = match result {
                 Ok(Ok(v)) => return Ok(Exec::Ok(v, attempt)),
                 Ok(Err(e)) => e,

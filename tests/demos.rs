@@ -29,3 +29,8 @@ fn score_demo_ranks_three_clusters() {
 fn deploy_demo_runs_an_app_across_two_clusters_and_deletes_it() {
     demo("deploy");
 }
+
+#[test]
+fn create_cluster_demo_creates_scales_and_deletes_a_cluster() {
+    demo("create-cluster");
+}

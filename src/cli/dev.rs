@@ -39,6 +39,8 @@ pub enum Demo {
     Score,
     /// A three-component app across two clusters through OCM ManifestWorks, then deleted.
     Deploy,
+    /// A Cluster API cluster with add-ons, registered with OCM, scaled, then deleted.
+    CreateCluster,
 }
 
 pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
@@ -69,8 +71,11 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
         // Onboarding scorings would race the demo's own; they run in the interactive mode.
         let onboarding = if a.demo.is_none() { Some(Client::new(kafka.clone(), topics.clone())?) } else { None };
         workers.push(tokio::spawn(super::workers::score(opts.clone(), clusters.clone(), onboarding, shutdown.clone())));
-        workers.push(tokio::spawn(super::workers::serve(opts.clone(), ferry_deploy::DeployHandler::new(ferry_deploy::DeployConfig::new(clusters)), shutdown.clone())));
-        names.extend(["score", "deploy"]);
+        workers.push(tokio::spawn(super::workers::serve(opts.clone(), ferry_deploy::DeployHandler::new(ferry_deploy::DeployConfig::new(clusters.clone())), shutdown.clone())));
+        let mut cluster_cfg = ferry_cluster::ClusterConfig::new(clusters);
+        cluster_cfg.catalog = Arc::new(ferry_cluster::Catalog::emulated());
+        workers.push(tokio::spawn(super::workers::serve(opts.clone(), ferry_cluster::ClusterHandler::new(cluster_cfg), shutdown.clone())));
+        names.extend(["score", "deploy", "create-cluster"]);
     }
     eprintln!("ferry dev: workers running: {}", names.join(", "));
 
@@ -85,6 +90,11 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
             let client = Client::new(kafka.clone(), topics.clone())?;
             let (fleet, _) = fleet.as_ref().context("the deploy demo needs the fleet")?;
             if ferry_deploy::demo::run(&client, fleet).await? { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+        }
+        Some(Demo::CreateCluster) => {
+            let client = Client::new(kafka.clone(), topics.clone())?;
+            let (fleet, _) = fleet.as_ref().context("the create-cluster demo needs the fleet")?;
+            if ferry_cluster::demo::run(&client, &fleet.hub().client().await?).await? { ExitCode::SUCCESS } else { ExitCode::FAILURE }
         }
         None => {
             eprintln!("ferry dev: ready. In another terminal: ferry submit test -f examples/test-task.yaml --wait");
@@ -131,17 +141,20 @@ async fn start_fleet(a: &DevArgs, state: &std::path::Path) -> anyhow::Result<(fe
     }
     // OCM's part: registration, a work agent per cluster, placement.
     let ocm = ferry_fleet::emulated_ocm::EmulatedOcm::start(&fleet).await?;
+    // Cluster API's part: Clusters on the hub become workload clusters.
+    let capi = ferry_fleet::emulated_capi::EmulatedCapi::start(&fleet, ferry_fleet::emulated_capi::CapiOptions::default()).await?;
     for c in &fleet.clusters {
         println!("kubeconfig {}: {}", c.name, c.kubeconfig.display());
     }
     println!("kubeconfig: {}", fleet.hub().kubeconfig.display());
-    Ok((fleet, SimulatedParts { _kubelets: kubelets, _ocm: ocm }))
+    Ok((fleet, SimulatedParts { _kubelets: kubelets, _ocm: ocm, _capi: capi }))
 }
 
 /// The emulated parts of the fleet; dropped before the API servers they talk to.
 struct SimulatedParts {
     _kubelets: Vec<ferry_fleet::Kubelet>,
     _ocm: ferry_fleet::emulated_ocm::EmulatedOcm,
+    _capi: ferry_fleet::emulated_capi::EmulatedCapi,
 }
 
 /// One scripted task and the final event it must reach.

@@ -20,7 +20,7 @@ use super::tasks::{print_event, print_snapshot};
 pub struct SubmitArgs {
     /// Task kind.
     pub kind: TaskKind,
-    /// YAML or JSON file: `subject:` and `spec:` (the kind's fields); deploy specs may
+    /// YAML or JSON file: `subject:` and `spec:` (the kind's fields); deploy and create-cluster specs may
     /// leave out `subject:` (it is `<namespace>/<name>`).
     #[arg(short = 'f', long = "file", required_unless_present = "tosca", conflicts_with = "tosca")]
     pub file: Option<PathBuf>,
@@ -90,6 +90,11 @@ pub fn encode_spec(client: &ferry_runtime::Client, kind: TaskKind, spec: serde_j
                 serde_json::from_value(spec).context("spec does not match the deploy kind's fields (DeployApp)")?;
             Ok(client.registry().encode(&s)?)
         }
+        TaskKind::CreateCluster => {
+            let s: ferry_cluster::spec::ClusterCommand =
+                serde_json::from_value(spec).context("spec does not match the create-cluster kind's fields (ClusterCommand)")?;
+            Ok(client.registry().encode(&s)?)
+        }
         other => anyhow::bail!("no spec schema for {other} yet: its worker is not built"),
     }
 }
@@ -101,6 +106,11 @@ pub async fn run(conn: &Conn, a: SubmitArgs) -> anyhow::Result<ExitCode> {
         (None, TaskKind::Deploy) => {
             let app: ferry_deploy::spec::DeployApp = serde_json::from_value(file.spec.clone()).context("spec does not match the deploy kind's fields (DeployApp)")?;
             app.subject()
+        }
+        (None, TaskKind::CreateCluster) => {
+            let c: ferry_cluster::spec::ClusterCommand =
+                serde_json::from_value(file.spec.clone()).context("spec does not match the create-cluster kind's fields (ClusterCommand)")?;
+            c.subject()
         }
         (None, kind) => anyhow::bail!("the spec file has no subject: (required for {kind} tasks)"),
     };

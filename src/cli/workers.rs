@@ -32,6 +32,19 @@ pub struct WorkerArgs {
     /// score: do not submit scorings when ManagedClusters join.
     #[arg(long)]
     pub no_onboarding: bool,
+    /// create-cluster: the add-on catalog (YAML; default the built-in one, `emulated` for
+    /// the emulated fleet's).
+    #[arg(long, env = "FERRY_ADDONS")]
+    pub addons: Option<String>,
+}
+
+/// The add-on catalog named by `--addons`.
+pub fn catalog(arg: Option<&str>) -> anyhow::Result<ferry_cluster::Catalog> {
+    Ok(match arg {
+        None => ferry_cluster::Catalog::builtin(),
+        Some("emulated") => ferry_cluster::Catalog::emulated(),
+        Some(path) => ferry_cluster::Catalog::load(Path::new(path))?,
+    })
 }
 
 /// The hub and managed clusters, from a kubeconfig file or the usual inference.
@@ -92,7 +105,12 @@ pub async fn run(conn: &common::Conn, a: WorkerArgs) -> anyhow::Result<ExitCode>
             let cfg = ferry_deploy::DeployConfig::new(hub(a.kubeconfig.as_deref()).await?);
             serve(opts, ferry_deploy::DeployHandler::new(cfg), shutdown).await?;
         }
-        other => anyhow::bail!("the {other} worker is not built yet; available: test, score, deploy"),
+        TaskKind::CreateCluster => {
+            let mut cfg = ferry_cluster::ClusterConfig::new(hub(a.kubeconfig.as_deref()).await?);
+            cfg.catalog = Arc::new(catalog(a.addons.as_deref())?);
+            serve(opts, ferry_cluster::ClusterHandler::new(cfg), shutdown).await?;
+        }
+        other => anyhow::bail!("the {other} worker is not built yet; available: test, score, deploy, create-cluster"),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -1,0 +1,417 @@
+//! The add-on catalog: what each add-on installs (manifests from a pinned upstream URL, a
+//! file or inline text, with `${param}` substitution), what it applies once ready, and
+//! which workloads must be ready. [`Catalog::builtin`] is the production catalog,
+//! [`Catalog::emulated`] the emulated fleet's (same names and checks, small manifests).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use ferry_runtime::Rejection;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::spec::AddonRequest;
+
+/// A parameter of an add-on.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Param {
+    /// Its name, `${name}` in the manifests.
+    pub name: String,
+    /// What it means.
+    #[serde(default)]
+    pub description: String,
+    /// The command must give it.
+    #[serde(default)]
+    pub required: bool,
+}
+
+/// A workload that must be ready.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ReadyCheck {
+    /// `Deployment`, `DaemonSet` or `StatefulSet`.
+    pub kind: String,
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+}
+
+/// One add-on.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Addon {
+    /// What it is.
+    #[serde(default)]
+    pub description: String,
+    /// `https://...` or `file:PATH` (relative to the catalog file).
+    #[serde(default)]
+    pub source: Option<String>,
+    /// Or the manifests inline.
+    #[serde(default)]
+    pub manifests: Option<String>,
+    /// Its parameters.
+    #[serde(default)]
+    pub params: Vec<Param>,
+    /// Objects applied once the workloads are ready (custom resources of the add-on).
+    #[serde(default)]
+    pub after: Option<String>,
+    /// Workloads that must be ready.
+    #[serde(default)]
+    pub ready: Vec<ReadyCheck>,
+}
+
+#[derive(Debug, Deserialize)]
+struct CatalogFile {
+    addons: BTreeMap<String, Addon>,
+}
+
+/// Why an add-on's manifests could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum AddonError {
+    /// The catalog file is unreadable or malformed.
+    #[error("add-on catalog {path}: {reason}")]
+    Catalog {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The manifests could not be fetched (retrying may help).
+    #[error("add-on {addon}: fetching {source_url}: {reason}")]
+    Fetch {
+        /// The add-on.
+        addon: String,
+        /// Where from.
+        source_url: String,
+        /// What failed.
+        reason: String,
+    },
+    /// The manifests are not YAML objects.
+    #[error("add-on {addon}: manifests are not valid YAML objects: {reason}")]
+    Parse {
+        /// The add-on.
+        addon: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl AddonError {
+    /// Network failures may pass; a bad file or manifest does not.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, AddonError::Fetch { source_url, .. } if source_url.starts_with("http"))
+    }
+}
+
+/// The add-on catalog of a worker.
+#[derive(Debug, Clone)]
+pub struct Catalog {
+    addons: BTreeMap<String, Addon>,
+    base: PathBuf,
+}
+
+/// The manifests of one add-on for one cluster.
+#[derive(Debug, Clone, Default)]
+pub struct Manifests {
+    /// Applied first (namespaces and CRDs ahead of the rest).
+    pub install: Vec<Value>,
+    /// Applied once the workloads are ready.
+    pub after: Vec<Value>,
+}
+
+impl Catalog {
+    /// Parses a catalog; `base` resolves relative `file:` sources.
+    pub fn from_yaml(text: &str, base: &Path, origin: &str) -> Result<Self, AddonError> {
+        let file: CatalogFile = serde_yaml_ng::from_str(text).map_err(|e| AddonError::Catalog {
+            path: origin.into(),
+            reason: e.to_string(),
+        })?;
+        for (name, a) in &file.addons {
+            if a.source.is_some() == a.manifests.is_some() {
+                return Err(AddonError::Catalog {
+                    path: origin.into(),
+                    reason: format!("add-on {name}: give exactly one of source and manifests"),
+                });
+            }
+            if let Some(k) = a
+                .ready
+                .iter()
+                .find(|r| !matches!(r.kind.as_str(), "Deployment" | "DaemonSet" | "StatefulSet"))
+            {
+                return Err(AddonError::Catalog {
+                    path: origin.into(),
+                    reason: format!(
+                        "add-on {name}: ready kind {:?} is not Deployment, DaemonSet or StatefulSet",
+                        k.kind
+                    ),
+                });
+            }
+        }
+        Ok(Self {
+            addons: file.addons,
+            base: base.to_owned(),
+        })
+    }
+
+    /// Reads a catalog file.
+    pub fn load(path: &Path) -> Result<Self, AddonError> {
+        let text = std::fs::read_to_string(path).map_err(|e| AddonError::Catalog {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        Self::from_yaml(
+            &text,
+            path.parent().unwrap_or(Path::new(".")),
+            &path.display().to_string(),
+        )
+    }
+
+    /// The production catalog (pinned upstream manifests).
+    pub fn builtin() -> Self {
+        Self::from_yaml(
+            include_str!("catalog.yaml"),
+            Path::new("/"),
+            "built-in catalog",
+        )
+        .expect("the built-in catalog parses")
+    }
+
+    /// The emulated fleet's catalog.
+    pub fn emulated() -> Self {
+        Self::from_yaml(
+            include_str!("emulated-addons.yaml"),
+            Path::new("/"),
+            "emulated catalog",
+        )
+        .expect("the emulated catalog parses")
+    }
+
+    /// The add-on `name`.
+    pub fn get(&self, name: &str) -> Option<&Addon> {
+        self.addons.get(name)
+    }
+
+    /// Checks a request against the catalog: a known add-on, its required parameters,
+    /// no unknown ones, and values that cannot break out of a YAML scalar.
+    pub fn check(&self, req: &AddonRequest) -> Result<(), Rejection> {
+        let Some(a) = self.addons.get(&req.name) else {
+            let known: Vec<&str> = self.addons.keys().map(String::as_str).collect();
+            return Err(Rejection::new(format!(
+                "unknown add-on {:?}: the catalog has {}",
+                req.name,
+                known.join(", ")
+            )));
+        };
+        if let Some(p) = a
+            .params
+            .iter()
+            .find(|p| p.required && !req.params.contains_key(&p.name))
+        {
+            return Err(Rejection::new(format!(
+                "add-on {} needs parameter {} ({})",
+                req.name, p.name, p.description
+            )));
+        }
+        let mut given: Vec<&String> = req.params.keys().collect();
+        given.sort();
+        for k in given {
+            if !a.params.iter().any(|p| &p.name == k) {
+                let takes: Vec<&str> = a.params.iter().map(|p| p.name.as_str()).collect();
+                let takes = if takes.is_empty() {
+                    "none".to_owned()
+                } else {
+                    takes.join(", ")
+                };
+                return Err(Rejection::new(format!(
+                    "add-on {} has no parameter {k:?} (it takes: {takes})",
+                    req.name
+                )));
+            }
+            let v = &req.params[k];
+            if v.is_empty()
+                || !v.bytes().all(|b| {
+                    b.is_ascii_alphanumeric()
+                        || matches!(b, b'.' | b'_' | b':' | b'/' | b',' | b'-')
+                })
+            {
+                return Err(Rejection::new(format!(
+                    "add-on {} parameter {k}: {v:?} is empty or has characters other than letters, digits and . _ : / , -",
+                    req.name
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The manifests of `req` (fetched, substituted, parsed).
+    pub async fn manifests(&self, req: &AddonRequest) -> Result<Manifests, AddonError> {
+        let a = self
+            .addons
+            .get(&req.name)
+            .ok_or_else(|| AddonError::Catalog {
+                path: "catalog".into(),
+                reason: format!("no add-on {}", req.name),
+            })?;
+        let text = match (&a.manifests, &a.source) {
+            (Some(t), _) => t.clone(),
+            (None, Some(src)) => self.fetch(&req.name, src).await?,
+            (None, None) => String::new(),
+        };
+        let parse = |t: &str| parse_docs(&req.name, &substitute(t, a, req));
+        let mut install = parse(&text)?;
+        // Namespaces and CRDs first: the rest needs them.
+        install.sort_by_key(|o| match o["kind"].as_str() {
+            Some("Namespace") => 0,
+            Some("CustomResourceDefinition") => 1,
+            _ => 2,
+        });
+        let after = a
+            .after
+            .as_deref()
+            .map(parse)
+            .transpose()?
+            .unwrap_or_default();
+        Ok(Manifests { install, after })
+    }
+
+    async fn fetch(&self, addon: &str, src: &str) -> Result<String, AddonError> {
+        let err = |reason: String| AddonError::Fetch {
+            addon: addon.into(),
+            source_url: src.into(),
+            reason,
+        };
+        if let Some(path) = src.strip_prefix("file:") {
+            let p = self.base.join(path);
+            return std::fs::read_to_string(&p).map_err(|e| err(format!("{}: {e}", p.display())));
+        }
+        let resp = reqwest::Client::new()
+            .get(src)
+            .send()
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        let resp = resp.error_for_status().map_err(|e| err(e.to_string()))?;
+        resp.text().await.map_err(|e| err(e.to_string()))
+    }
+}
+
+fn substitute(text: &str, a: &Addon, req: &AddonRequest) -> String {
+    let mut out = text.to_owned();
+    for p in &a.params {
+        if let Some(v) = req.params.get(&p.name) {
+            out = out.replace(&format!("${{{}}}", p.name), v);
+        }
+    }
+    out
+}
+
+fn parse_docs(addon: &str, text: &str) -> Result<Vec<Value>, AddonError> {
+    use serde::Deserialize as _;
+    let mut out = Vec::new();
+    for doc in serde_yaml_ng::Deserializer::from_str(text) {
+        let v = Value::deserialize(doc).map_err(|e| AddonError::Parse {
+            addon: addon.into(),
+            reason: e.to_string(),
+        })?;
+        match v {
+            Value::Null => {}
+            Value::Object(_) if v["kind"].is_string() && v["apiVersion"].is_string() => out.push(v),
+            other => {
+                return Err(AddonError::Parse {
+                    addon: addon.into(),
+                    reason: format!(
+                        "a document is not an object with apiVersion and kind: {}",
+                        truncate(&other.to_string())
+                    ),
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn truncate(s: &str) -> String {
+    if s.len() > 80 {
+        format!(
+            "{}...",
+            &s[..s.char_indices().nth(80).map_or(s.len(), |(i, _)| i)]
+        )
+    } else {
+        s.to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(name: &str, params: &[(&str, &str)]) -> AddonRequest {
+        AddonRequest {
+            name: name.into(),
+            params: params
+                .iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn both_catalogs_parse_and_name_the_same_addons_with_the_same_checks() {
+        let (b, e) = (Catalog::builtin(), Catalog::emulated());
+        for (name, a) in &b.addons {
+            let em = e
+                .get(name)
+                .unwrap_or_else(|| panic!("the emulated catalog lacks {name}"));
+            assert_eq!(a.ready, em.ready, "{name}: readiness checks differ");
+            let p = |a: &Addon| {
+                a.params
+                    .iter()
+                    .map(|p| (p.name.clone(), p.required))
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(p(a), p(em), "{name}: parameters differ");
+        }
+    }
+
+    #[test]
+    fn parameters_are_checked_and_substituted() {
+        let c = Catalog::emulated();
+        assert!(
+            c.check(&req(
+                "metallb",
+                &[("address_pool", "10.0.0.100-10.0.0.120")]
+            ))
+            .is_ok()
+        );
+        let e = c
+            .check(&req(
+                "metallb",
+                &[("address_pool", "1.2.3.4\nkind: Secret")],
+            ))
+            .unwrap_err();
+        assert!(e.reason.contains("characters other than"), "{e}");
+        let e = c
+            .check(&req(
+                "metallb",
+                &[("address_pool", "10.0.0.0/24"), ("pool", "x")],
+            ))
+            .unwrap_err();
+        assert!(
+            e.reason
+                .contains("has no parameter \"pool\" (it takes: address_pool)"),
+            "{e}"
+        );
+        let m = futures::executor::block_on(
+            c.manifests(&req("metallb", &[("address_pool", "10.0.0.0/24")])),
+        )
+        .unwrap();
+        assert_eq!(m.install[0]["kind"], "Namespace");
+        assert_eq!(m.after[0]["data"]["addresses"], "10.0.0.0/24");
+    }
+
+    #[test]
+    fn a_missing_file_source_is_a_clear_permanent_error() {
+        let c = Catalog::builtin();
+        let e = futures::executor::block_on(c.manifests(&req("liqo", &[]))).unwrap_err();
+        assert!(e.to_string().contains("/etc/ferry/addons/liqo.yaml"), "{e}");
+        assert!(!e.is_transient());
+    }
+}

@@ -1,0 +1,20 @@
+//! Ferry's create-cluster worker: Cluster API clusters created (rendered objects or a
+//! ClusterClass topology), scaled and deleted as revertible tasks; add-ons installed one
+//! step each with readiness checks; registration with OCM. Kubeconfigs stay on the hub.
+//!
+//! - [`spec`]: the command (`ClusterCommand`: create, scale, delete).
+//! - [`validate`]: rules that need no cluster.
+//! - [`render`]: command → Cluster API objects and the ManagedCluster (pure).
+//! - [`addons`]: the add-on catalog (manifests, parameters, readiness).
+//! - [`handler`]: the steps.
+//! - [`demo`]: `ferry dev --demo create-cluster`.
+
+pub mod addons;
+pub mod demo;
+pub mod handler;
+pub mod render;
+pub mod spec;
+pub mod validate;
+
+pub use addons::Catalog;
+pub use handler::{ClusterConfig, ClusterHandler};

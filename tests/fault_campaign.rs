@@ -1,20 +1,22 @@
 //! The fault campaign: 1,000 mixed tasks (runtime `test` tasks that succeed, fail and
-//! revert, retry, or are cancelled; `score` tasks against real API servers, some reverted)
-//! run on worker *processes* while workers are SIGKILLed and restarted, the broker goes
-//! down and comes back, and the hub's API answers 500 and 429, slows down and blacks out
-//! (through the test bed's fault proxy). Every task must end in its expected final state,
-//! none may be lost, reverted scorings must leave no placement score behind, and no topic
-//! may hold secret material afterwards.
+//! revert, retry, or are cancelled; `score` tasks against real API servers, some reverted;
+//! `deploy` tasks through the emulated OCM, some reverted) run on worker *processes* while
+//! workers are SIGKILLed and restarted, the broker goes down and comes back, and the hub's
+//! API answers 500 and 429, slows down and blacks out (through the test bed's fault proxy).
+//! Every task must end in its expected final state, none may be lost, reverted scorings
+//! must leave no placement score and reverted deploys no ManifestWork or Deployment
+//! behind, and no topic may hold secret material afterwards.
 
 use std::collections::{HashMap, HashSet};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use ferry_fleet::{FaultProxy, Fleet, FleetOptions, Kubelet, NodeFlavor};
-use ferry_kube::kinds::AddOnPlacementScore;
+use ferry_kube::kinds::{AddOnPlacementScore, ManifestWork};
 use ferry_runtime::testkind::TestTaskSpec;
 use ferry_runtime::{Client, EmbeddedBroker, EventType, KafkaConfig, SubmitOptions, TaskId, TaskKind, TaskState, Topics};
 use ferry_score::spec::ScoreClusters;
+use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, ListParams};
 use rand::Rng;
 
@@ -37,6 +39,9 @@ impl Workers {
             .stderr(Stdio::null());
         if kind == TaskKind::Score {
             cmd.arg("--kubeconfig").arg(&self.hub_kubeconfig).arg("--no-onboarding");
+        }
+        if kind == TaskKind::Deploy {
+            cmd.arg("--kubeconfig").arg(&self.hub_kubeconfig);
         }
         self.procs.push((kind, cmd.spawn().expect("spawn ferry worker")));
     }
@@ -69,13 +74,15 @@ enum Plan {
     Cancel,
     Score,
     ScoreThenRevert,
+    Deploy,
+    DeployThenRevert,
 }
 
 impl Plan {
     fn expect(self) -> EventType {
         match self {
-            Plan::Succeed | Plan::Flaky | Plan::Score => EventType::Succeeded,
-            Plan::FailAndRevert | Plan::ScoreThenRevert => EventType::Reverted,
+            Plan::Succeed | Plan::Flaky | Plan::Score | Plan::Deploy => EventType::Succeeded,
+            Plan::FailAndRevert | Plan::ScoreThenRevert | Plan::DeployThenRevert => EventType::Reverted,
             Plan::Cancel => EventType::Cancelled,
         }
     }
@@ -88,7 +95,28 @@ fn plan(i: usize) -> Plan {
         7 => Plan::Flaky,
         8 => Plan::Cancel,
         _ if i % 50 == 9 => Plan::ScoreThenRevert,
+        _ if i % 50 == 19 => Plan::Deploy,
+        _ if i % 50 == 39 => Plan::DeployThenRevert,
         _ => Plan::Score,
+    }
+}
+
+/// The app of deploy task `i`: one small component on member-1 or member-2, in its own
+/// namespace.
+fn app(i: usize) -> ferry_deploy::spec::DeployApp {
+    use ferry_deploy::spec::{Component, DeployApp};
+    DeployApp {
+        name: format!("app-{i}"),
+        owner: "campaign".into(),
+        components: vec![Component {
+            name: "web".into(),
+            image: "nginx:1.27".into(),
+            cpu: Some("10m".into()),
+            cluster: Some(if i % 100 < 50 { "member-1" } else { "member-2" }.into()),
+            ..Component::default()
+        }],
+        ready_timeout_seconds: Some(300),
+        ..DeployApp::default()
     }
 }
 
@@ -98,11 +126,17 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
         println!("note: the test bed is not installed (scripts/install-testbed.sh); skipping");
         return;
     }
-    let fleet = Fleet::start(FleetOptions { controllers: false, ..FleetOptions::hub_and(2) }).await.unwrap();
+    // Controllers run: deployed apps need Deployments to make Pods.
+    let fleet = Fleet::start(FleetOptions::hub_and(2)).await.unwrap();
     fleet.install_project_crds().await.unwrap();
     fleet.publish_kubeconfigs().await.unwrap();
     let hub = fleet.hub().client().await.unwrap();
     ferry_score::demo::register(&hub, &["member-1", "member-2"], "campaign").await.unwrap();
+    // OCM's part, talking to the hub directly (the workers go through the fault proxy).
+    let ocm = ferry_fleet::emulated_ocm::EmulatedOcm::start(&fleet).await.unwrap();
+    for i in (0..TASKS).filter(|i| matches!(plan(*i), Plan::Deploy | Plan::DeployThenRevert)) {
+        ferry_deploy::demo::bind(&hub, &app(i).name, "campaign").await.unwrap();
+    }
     let mut kubelets = Vec::new();
     for c in fleet.clusters.iter().skip(1) {
         let k = Kubelet::start(&c.name, c.client().await.unwrap(), Duration::from_millis(100));
@@ -121,11 +155,12 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
     let client = Client::new(KafkaConfig::for_embedded(bootstrap.clone()), topics.clone()).unwrap();
     let mut events = client.events(false).await.unwrap();
     let mut workers = Workers { bootstrap, hub_kubeconfig, procs: Vec::new() };
-    for kind in [TaskKind::Test, TaskKind::Test, TaskKind::Score, TaskKind::Score] {
+    for kind in [TaskKind::Test, TaskKind::Test, TaskKind::Score, TaskKind::Score, TaskKind::Deploy, TaskKind::Deploy] {
         workers.spawn(kind);
     }
 
     let mut plans: HashMap<String, (Plan, TaskId)> = HashMap::new();
+    let mut deploy_ids: HashMap<usize, TaskId> = HashMap::new();
     for i in 0..TASKS {
         let p = plan(i);
         let id = match p {
@@ -133,6 +168,10 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
                 let spec = ScoreClusters { clusters: vec!["member-1".into(), "member-2".into()], ..ScoreClusters::default() };
                 // One subject: scorings run one after another, across every fault phase.
                 client.submit(TaskKind::Score, "campaign/score", &spec, SubmitOptions::default()).await.unwrap()
+            }
+            Plan::Deploy | Plan::DeployThenRevert => {
+                let a = app(i);
+                client.submit(TaskKind::Deploy, &a.subject(), &a, SubmitOptions::default()).await.unwrap()
             }
             Plan::Cancel => {
                 // Own subjects: see docs/ARCHITECTURE.md "Notes" on cancelled tasks sharing lanes.
@@ -149,6 +188,9 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
             }
         };
         plans.insert(id.to_string(), (p, id));
+        if matches!(p, Plan::Deploy | Plan::DeployThenRevert) {
+            deploy_ids.insert(i, id);
+        }
     }
 
     // Chaos keyed to progress: after this many scorings have settled, do this.
@@ -173,8 +215,8 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
             })
             .expect("event stream");
         let Some((p, id)) = plans.get(&ev.task_id).copied() else { continue };
-        if p == Plan::Score && ev.event == EventType::StepFailed && ev.message.as_deref().is_some_and(|m| m.contains("gave up after")) {
-            println!("campaign: scoring {id} failed under the faults ({:?}); it must revert", ev.message);
+        if matches!(p, Plan::Score | Plan::Deploy) && ev.event == EventType::StepFailed && ev.message.as_deref().is_some_and(|m| m.contains("gave up after")) {
+            println!("campaign: {p:?} {id} failed under the faults ({:?}); it must revert", ev.message);
             failed_by_faults.insert(id);
             expected.insert(id.to_string(), EventType::Reverted);
         }
@@ -183,10 +225,10 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
         }
         if ev.event.is_final() {
             settled.insert(ev.task_id.clone(), ev.event);
-            if matches!(p, Plan::Score | Plan::ScoreThenRevert) {
+            if matches!(p, Plan::Score | Plan::ScoreThenRevert | Plan::Deploy | Plan::DeployThenRevert) {
                 scored.insert(ev.task_id.clone());
             }
-            if p == Plan::ScoreThenRevert && ev.event == EventType::Succeeded && reverted.insert(id) {
+            if matches!(p, Plan::ScoreThenRevert | Plan::DeployThenRevert) && ev.event == EventType::Succeeded && reverted.insert(id) {
                 client.revert(id).await.unwrap();
             }
             // An undo that ran out of retries (the hub failing 30 requests in a row) ends
@@ -254,6 +296,30 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
 
     // Reverted scorings left no placement score behind: every remaining one belongs to a
     // scoring that stands.
+    // Deployed apps stand; reverted ones left nothing on the hub or their cluster.
+    let mut standing = 0;
+    for (i, p) in (0..TASKS).map(|i| (i, plan(i))).filter(|(_, p)| matches!(p, Plan::Deploy | Plan::DeployThenRevert)) {
+        let a = app(i);
+        let id = deploy_ids[&i].to_string();
+        let cluster = a.components[0].cluster.clone().unwrap();
+        let member = fleet.cluster(&cluster).unwrap().client().await.unwrap();
+        let lp = ListParams::default().labels(&format!("ferry.io/app={}", a.name));
+        let works = Api::<ManifestWork>::all(hub.clone()).list(&lp).await.unwrap().items.len();
+        let deployment = Api::<Deployment>::namespaced(member, &a.name).get_opt("web").await.unwrap();
+        match expected[&id] {
+            EventType::Succeeded => {
+                standing += 1;
+                assert_eq!(works, 1, "{} ({p:?}) has its ManifestWork", a.name);
+                assert_eq!(deployment.and_then(|d| d.status?.ready_replicas), Some(1), "{} ({p:?}) runs on {cluster}", a.name);
+            }
+            _ => {
+                assert_eq!(works, 0, "reverted {} ({p:?}) left a ManifestWork", a.name);
+                assert!(deployment.is_none(), "reverted {} ({p:?}) left its Deployment on {cluster}", a.name);
+            }
+        }
+    }
+    println!("campaign: {standing} deployed apps stand, the reverted ones left nothing");
+
     let reverted: HashSet<String> = reverted.iter().chain(&failed_by_faults).map(TaskId::to_string).collect();
     let mut remaining = 0;
     for ns in ["member-1", "member-2"] {
@@ -281,5 +347,6 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
     drop(events);
     drop(client);
     drop(broker);
+    drop(ocm);
     drop(kubelets);
 }

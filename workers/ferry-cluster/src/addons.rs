@@ -121,68 +121,35 @@ pub struct Manifests {
 impl Catalog {
     /// Parses a catalog; `base` resolves relative `file:` sources.
     pub fn from_yaml(text: &str, base: &Path, origin: &str) -> Result<Self, AddonError> {
-        let file: CatalogFile = serde_yaml_ng::from_str(text).map_err(|e| AddonError::Catalog {
-            path: origin.into(),
-            reason: e.to_string(),
-        })?;
+        let file: CatalogFile = serde_yaml_ng::from_str(text).map_err(|e| AddonError::Catalog { path: origin.into(), reason: e.to_string() })?;
         for (name, a) in &file.addons {
             if a.source.is_some() == a.manifests.is_some() {
-                return Err(AddonError::Catalog {
-                    path: origin.into(),
-                    reason: format!("add-on {name}: give exactly one of source and manifests"),
-                });
+                return Err(AddonError::Catalog { path: origin.into(), reason: format!("add-on {name}: give exactly one of source and manifests") });
             }
-            if let Some(k) = a
-                .ready
-                .iter()
-                .find(|r| !matches!(r.kind.as_str(), "Deployment" | "DaemonSet" | "StatefulSet"))
-            {
+            if let Some(k) = a.ready.iter().find(|r| !matches!(r.kind.as_str(), "Deployment" | "DaemonSet" | "StatefulSet")) {
                 return Err(AddonError::Catalog {
                     path: origin.into(),
-                    reason: format!(
-                        "add-on {name}: ready kind {:?} is not Deployment, DaemonSet or StatefulSet",
-                        k.kind
-                    ),
+                    reason: format!("add-on {name}: ready kind {:?} is not Deployment, DaemonSet or StatefulSet", k.kind),
                 });
             }
         }
-        Ok(Self {
-            addons: file.addons,
-            base: base.to_owned(),
-        })
+        Ok(Self { addons: file.addons, base: base.to_owned() })
     }
 
     /// Reads a catalog file.
     pub fn load(path: &Path) -> Result<Self, AddonError> {
-        let text = std::fs::read_to_string(path).map_err(|e| AddonError::Catalog {
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        })?;
-        Self::from_yaml(
-            &text,
-            path.parent().unwrap_or(Path::new(".")),
-            &path.display().to_string(),
-        )
+        let text = std::fs::read_to_string(path).map_err(|e| AddonError::Catalog { path: path.display().to_string(), reason: e.to_string() })?;
+        Self::from_yaml(&text, path.parent().unwrap_or(Path::new(".")), &path.display().to_string())
     }
 
     /// The production catalog (pinned upstream manifests).
     pub fn builtin() -> Self {
-        Self::from_yaml(
-            include_str!("catalog.yaml"),
-            Path::new("/"),
-            "built-in catalog",
-        )
-        .expect("the built-in catalog parses")
+        Self::from_yaml(include_str!("catalog.yaml"), Path::new("/"), "built-in catalog").expect("the built-in catalog parses")
     }
 
     /// The emulated fleet's catalog.
     pub fn emulated() -> Self {
-        Self::from_yaml(
-            include_str!("emulated-addons.yaml"),
-            Path::new("/"),
-            "emulated catalog",
-        )
-        .expect("the emulated catalog parses")
+        Self::from_yaml(include_str!("emulated-addons.yaml"), Path::new("/"), "emulated catalog").expect("the emulated catalog parses")
     }
 
     /// The add-on `name`.
@@ -195,44 +162,21 @@ impl Catalog {
     pub fn check(&self, req: &AddonRequest) -> Result<(), Rejection> {
         let Some(a) = self.addons.get(&req.name) else {
             let known: Vec<&str> = self.addons.keys().map(String::as_str).collect();
-            return Err(Rejection::new(format!(
-                "unknown add-on {:?}: the catalog has {}",
-                req.name,
-                known.join(", ")
-            )));
+            return Err(Rejection::new(format!("unknown add-on {:?}: the catalog has {}", req.name, known.join(", "))));
         };
-        if let Some(p) = a
-            .params
-            .iter()
-            .find(|p| p.required && !req.params.contains_key(&p.name))
-        {
-            return Err(Rejection::new(format!(
-                "add-on {} needs parameter {} ({})",
-                req.name, p.name, p.description
-            )));
+        if let Some(p) = a.params.iter().find(|p| p.required && !req.params.contains_key(&p.name)) {
+            return Err(Rejection::new(format!("add-on {} needs parameter {} ({})", req.name, p.name, p.description)));
         }
         let mut given: Vec<&String> = req.params.keys().collect();
         given.sort();
         for k in given {
             if !a.params.iter().any(|p| &p.name == k) {
                 let takes: Vec<&str> = a.params.iter().map(|p| p.name.as_str()).collect();
-                let takes = if takes.is_empty() {
-                    "none".to_owned()
-                } else {
-                    takes.join(", ")
-                };
-                return Err(Rejection::new(format!(
-                    "add-on {} has no parameter {k:?} (it takes: {takes})",
-                    req.name
-                )));
+                let takes = if takes.is_empty() { "none".to_owned() } else { takes.join(", ") };
+                return Err(Rejection::new(format!("add-on {} has no parameter {k:?} (it takes: {takes})", req.name)));
             }
             let v = &req.params[k];
-            if v.is_empty()
-                || !v.bytes().all(|b| {
-                    b.is_ascii_alphanumeric()
-                        || matches!(b, b'.' | b'_' | b':' | b'/' | b',' | b'-')
-                })
-            {
+            if v.is_empty() || !v.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'/' | b',' | b'-')) {
                 return Err(Rejection::new(format!(
                     "add-on {} parameter {k}: {v:?} is empty or has characters other than letters, digits and . _ : / , -",
                     req.name
@@ -244,13 +188,7 @@ impl Catalog {
 
     /// The manifests of `req` (fetched, substituted, parsed).
     pub async fn manifests(&self, req: &AddonRequest) -> Result<Manifests, AddonError> {
-        let a = self
-            .addons
-            .get(&req.name)
-            .ok_or_else(|| AddonError::Catalog {
-                path: "catalog".into(),
-                reason: format!("no add-on {}", req.name),
-            })?;
+        let a = self.addons.get(&req.name).ok_or_else(|| AddonError::Catalog { path: "catalog".into(), reason: format!("no add-on {}", req.name) })?;
         let text = match (&a.manifests, &a.source) {
             (Some(t), _) => t.clone(),
             (None, Some(src)) => self.fetch(&req.name, src).await?,
@@ -264,30 +202,17 @@ impl Catalog {
             Some("CustomResourceDefinition") => 1,
             _ => 2,
         });
-        let after = a
-            .after
-            .as_deref()
-            .map(parse)
-            .transpose()?
-            .unwrap_or_default();
+        let after = a.after.as_deref().map(parse).transpose()?.unwrap_or_default();
         Ok(Manifests { install, after })
     }
 
     async fn fetch(&self, addon: &str, src: &str) -> Result<String, AddonError> {
-        let err = |reason: String| AddonError::Fetch {
-            addon: addon.into(),
-            source_url: src.into(),
-            reason,
-        };
+        let err = |reason: String| AddonError::Fetch { addon: addon.into(), source_url: src.into(), reason };
         if let Some(path) = src.strip_prefix("file:") {
             let p = self.base.join(path);
             return std::fs::read_to_string(&p).map_err(|e| err(format!("{}: {e}", p.display())));
         }
-        let resp = reqwest::Client::new()
-            .get(src)
-            .send()
-            .await
-            .map_err(|e| err(e.to_string()))?;
+        let resp = reqwest::Client::new().get(src).send().await.map_err(|e| err(e.to_string()))?;
         let resp = resp.error_for_status().map_err(|e| err(e.to_string()))?;
         resp.text().await.map_err(|e| err(e.to_string()))
     }
@@ -307,20 +232,14 @@ fn parse_docs(addon: &str, text: &str) -> Result<Vec<Value>, AddonError> {
     use serde::Deserialize as _;
     let mut out = Vec::new();
     for doc in serde_yaml_ng::Deserializer::from_str(text) {
-        let v = Value::deserialize(doc).map_err(|e| AddonError::Parse {
-            addon: addon.into(),
-            reason: e.to_string(),
-        })?;
+        let v = Value::deserialize(doc).map_err(|e| AddonError::Parse { addon: addon.into(), reason: e.to_string() })?;
         match v {
             Value::Null => {}
             Value::Object(_) if v["kind"].is_string() && v["apiVersion"].is_string() => out.push(v),
             other => {
                 return Err(AddonError::Parse {
                     addon: addon.into(),
-                    reason: format!(
-                        "a document is not an object with apiVersion and kind: {}",
-                        truncate(&other.to_string())
-                    ),
+                    reason: format!("a document is not an object with apiVersion and kind: {}", truncate(&other.to_string())),
                 });
             }
         }
@@ -329,14 +248,7 @@ fn parse_docs(addon: &str, text: &str) -> Result<Vec<Value>, AddonError> {
 }
 
 fn truncate(s: &str) -> String {
-    if s.len() > 80 {
-        format!(
-            "{}...",
-            &s[..s.char_indices().nth(80).map_or(s.len(), |(i, _)| i)]
-        )
-    } else {
-        s.to_owned()
-    }
+    if s.len() > 80 { format!("{}...", &s[..s.char_indices().nth(80).map_or(s.len(), |(i, _)| i)]) } else { s.to_owned() }
 }
 
 #[cfg(test)]
@@ -344,29 +256,16 @@ mod tests {
     use super::*;
 
     fn req(name: &str, params: &[(&str, &str)]) -> AddonRequest {
-        AddonRequest {
-            name: name.into(),
-            params: params
-                .iter()
-                .map(|(k, v)| ((*k).into(), (*v).into()))
-                .collect(),
-        }
+        AddonRequest { name: name.into(), params: params.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect() }
     }
 
     #[test]
     fn both_catalogs_parse_and_name_the_same_addons_with_the_same_checks() {
         let (b, e) = (Catalog::builtin(), Catalog::emulated());
         for (name, a) in &b.addons {
-            let em = e
-                .get(name)
-                .unwrap_or_else(|| panic!("the emulated catalog lacks {name}"));
+            let em = e.get(name).unwrap_or_else(|| panic!("the emulated catalog lacks {name}"));
             assert_eq!(a.ready, em.ready, "{name}: readiness checks differ");
-            let p = |a: &Addon| {
-                a.params
-                    .iter()
-                    .map(|p| (p.name.clone(), p.required))
-                    .collect::<Vec<_>>()
-            };
+            let p = |a: &Addon| a.params.iter().map(|p| (p.name.clone(), p.required)).collect::<Vec<_>>();
             assert_eq!(p(a), p(em), "{name}: parameters differ");
         }
     }
@@ -374,35 +273,12 @@ mod tests {
     #[test]
     fn parameters_are_checked_and_substituted() {
         let c = Catalog::emulated();
-        assert!(
-            c.check(&req(
-                "metallb",
-                &[("address_pool", "10.0.0.100-10.0.0.120")]
-            ))
-            .is_ok()
-        );
-        let e = c
-            .check(&req(
-                "metallb",
-                &[("address_pool", "1.2.3.4\nkind: Secret")],
-            ))
-            .unwrap_err();
+        assert!(c.check(&req("metallb", &[("address_pool", "10.0.0.100-10.0.0.120")])).is_ok());
+        let e = c.check(&req("metallb", &[("address_pool", "1.2.3.4\nkind: Secret")])).unwrap_err();
         assert!(e.reason.contains("characters other than"), "{e}");
-        let e = c
-            .check(&req(
-                "metallb",
-                &[("address_pool", "10.0.0.0/24"), ("pool", "x")],
-            ))
-            .unwrap_err();
-        assert!(
-            e.reason
-                .contains("has no parameter \"pool\" (it takes: address_pool)"),
-            "{e}"
-        );
-        let m = futures::executor::block_on(
-            c.manifests(&req("metallb", &[("address_pool", "10.0.0.0/24")])),
-        )
-        .unwrap();
+        let e = c.check(&req("metallb", &[("address_pool", "10.0.0.0/24"), ("pool", "x")])).unwrap_err();
+        assert!(e.reason.contains("has no parameter \"pool\" (it takes: address_pool)"), "{e}");
+        let m = futures::executor::block_on(c.manifests(&req("metallb", &[("address_pool", "10.0.0.0/24")]))).unwrap();
         assert_eq!(m.install[0]["kind"], "Namespace");
         assert_eq!(m.after[0]["data"]["addresses"], "10.0.0.0/24");
     }

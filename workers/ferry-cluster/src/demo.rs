@@ -12,9 +12,7 @@ use kube::api::{Api, ListParams};
 use serde_json::json;
 
 use crate::render::{CAPI_CLUSTER_LABEL, CLUSTER_LABEL};
-use crate::spec::{
-    AddonRequest, ClusterCommand, ClusterOperation, MachinePool, OcmRegistration, WorkerPool,
-};
+use crate::spec::{AddonRequest, ClusterCommand, ClusterOperation, MachinePool, OcmRegistration, WorkerPool};
 
 /// The ManagedClusterSet the demo's cluster joins.
 pub const SET: &str = "edge";
@@ -27,33 +25,14 @@ pub fn edge() -> ClusterCommand {
         namespace: Some("fleet".into()),
         infrastructure: "docker".into(),
         version: "v1.33.1".into(),
-        control_plane: MachinePool {
-            count: Some(1),
-            flavor: None,
-        },
-        workers: WorkerPool {
-            count: Some(2),
-            flavor: None,
-        },
+        control_plane: MachinePool { count: Some(1), flavor: None },
+        workers: WorkerPool { count: Some(2), flavor: None },
         addons: vec![
-            AddonRequest {
-                name: "cni".into(),
-                ..AddonRequest::default()
-            },
-            AddonRequest {
-                name: "metallb".into(),
-                params: [(
-                    "address_pool".to_owned(),
-                    "172.18.255.200-172.18.255.250".to_owned(),
-                )]
-                .into(),
-            },
+            AddonRequest { name: "cni".into(), ..AddonRequest::default() },
+            AddonRequest { name: "metallb".into(), params: [("address_pool".to_owned(), "172.18.255.200-172.18.255.250".to_owned())].into() },
         ],
         labels: [("tier".to_owned(), "edge".to_owned())].into(),
-        ocm: OcmRegistration {
-            enabled: true,
-            cluster_set: Some(SET.into()),
-        },
+        ocm: OcmRegistration { enabled: true, cluster_set: Some(SET.into()) },
         ready_timeout_seconds: Some(300),
         addon_timeout_seconds: Some(120),
         ..ClusterCommand::default()
@@ -66,22 +45,14 @@ pub fn scale(cmd: &ClusterCommand, workers: i32) -> ClusterCommand {
         operation: ClusterOperation::Scale,
         name: cmd.name.clone(),
         namespace: cmd.namespace.clone(),
-        workers: WorkerPool {
-            count: Some(workers),
-            flavor: None,
-        },
+        workers: WorkerPool { count: Some(workers), flavor: None },
         ..ClusterCommand::default()
     }
 }
 
 /// The deletion of `cmd`'s cluster.
 pub fn delete(cmd: &ClusterCommand) -> ClusterCommand {
-    ClusterCommand {
-        operation: ClusterOperation::Delete,
-        name: cmd.name.clone(),
-        namespace: cmd.namespace.clone(),
-        ..ClusterCommand::default()
-    }
+    ClusterCommand { operation: ClusterOperation::Delete, name: cmd.name.clone(), namespace: cmd.namespace.clone(), ..ClusterCommand::default() }
 }
 
 /// Creates ManagedClusterSet `set` on the hub.
@@ -94,20 +65,9 @@ pub async fn cluster_set(hub: &kube::Client, set: &str) -> anyhow::Result<()> {
 }
 
 /// Submits `cmd` and waits for its final event; returns the task and its events.
-pub async fn submit(
-    client: &Client,
-    cmd: &ClusterCommand,
-    wait: Duration,
-) -> anyhow::Result<(TaskId, Vec<ProgressEvent>)> {
+pub async fn submit(client: &Client, cmd: &ClusterCommand, wait: Duration) -> anyhow::Result<(TaskId, Vec<ProgressEvent>)> {
     let mut events = client.events(false).await?;
-    let id = client
-        .submit(
-            TaskKind::CreateCluster,
-            &cmd.subject(),
-            cmd,
-            SubmitOptions::default(),
-        )
-        .await?;
+    let id = client.submit(TaskKind::CreateCluster, &cmd.subject(), cmd, SubmitOptions::default()).await?;
     let evs = events.until(id, wait, |e| e.event.is_final()).await?;
     Ok((id, evs))
 }
@@ -117,11 +77,7 @@ pub async fn submit(
 pub async fn leftovers(hub: &kube::Client, cmd: &ClusterCommand) -> anyhow::Result<Vec<String>> {
     let mut left = Vec::new();
     let ns = cmd.namespace();
-    if Api::<CapiCluster>::namespaced(hub.clone(), ns)
-        .get_opt(&cmd.name)
-        .await?
-        .is_some()
-    {
+    if Api::<CapiCluster>::namespaced(hub.clone(), ns).get_opt(&cmd.name).await?.is_some() {
         left.push(format!("Cluster {ns}/{}", cmd.name));
     }
     let clusters = ferry_kube::Clusters::new(hub.clone());
@@ -138,11 +94,7 @@ pub async fn leftovers(hub: &kube::Client, cmd: &ClusterCommand) -> anyhow::Resu
             continue;
         };
         for label in [CLUSTER_LABEL, CAPI_CLUSTER_LABEL] {
-            for o in api
-                .list(&ListParams::default().labels(&format!("{label}={}", cmd.name)))
-                .await?
-                .items
-            {
+            for o in api.list(&ListParams::default().labels(&format!("{label}={}", cmd.name))).await?.items {
                 let s = format!("{kind} {ns}/{}", o.metadata.name.unwrap_or_default());
                 if !left.contains(&s) {
                     left.push(s);
@@ -150,35 +102,17 @@ pub async fn leftovers(hub: &kube::Client, cmd: &ClusterCommand) -> anyhow::Resu
             }
         }
     }
-    let secrets = Api::<Secret>::all(hub.clone())
-        .list(&ListParams::default().labels(&format!("{CAPI_CLUSTER_LABEL}={}", cmd.name)))
-        .await?;
-    left.extend(secrets.items.into_iter().map(|s| {
-        format!(
-            "Secret {}/{}",
-            s.metadata.namespace.unwrap_or_default(),
-            s.metadata.name.unwrap_or_default()
-        )
-    }));
-    if let Ok(Some(_)) = Api::<ManagedCluster>::all(hub.clone())
-        .get_opt(&cmd.name)
-        .await
-    {
+    let secrets = Api::<Secret>::all(hub.clone()).list(&ListParams::default().labels(&format!("{CAPI_CLUSTER_LABEL}={}", cmd.name))).await?;
+    left.extend(secrets.items.into_iter().map(|s| format!("Secret {}/{}", s.metadata.namespace.unwrap_or_default(), s.metadata.name.unwrap_or_default())));
+    if let Ok(Some(_)) = Api::<ManagedCluster>::all(hub.clone()).get_opt(&cmd.name).await {
         left.push(format!("ManagedCluster {}", cmd.name));
     }
     Ok(left)
 }
 
 fn report(what: &str, id: TaskId, evs: &[ProgressEvent]) -> bool {
-    for e in evs
-        .iter()
-        .filter(|e| e.event == EventType::StepSucceeded || e.event == EventType::StepFailed)
-    {
-        println!(
-            "{what} step {:<16} {:?}",
-            e.step_name.clone().unwrap_or_default(),
-            e.event
-        );
+    for e in evs.iter().filter(|e| e.event == EventType::StepSucceeded || e.event == EventType::StepFailed) {
+        println!("{what} step {:<16} {:?}", e.step_name.clone().unwrap_or_default(), e.event);
     }
     let last = evs.last().map(|e| e.event);
     println!("{what} {id} ended {last:?}");
@@ -192,27 +126,13 @@ fn report(what: &str, id: TaskId, evs: &[ProgressEvent]) -> bool {
 }
 
 async fn ready_nodes(hub: &kube::Client, cluster: &str) -> anyhow::Result<usize> {
-    let client = ferry_kube::Clusters::new(hub.clone())
-        .client(cluster)
-        .await?;
-    let nodes = Api::<Node>::all(client)
-        .list(&ListParams::default())
-        .await?;
+    let client = ferry_kube::Clusters::new(hub.clone()).client(cluster).await?;
+    let nodes = Api::<Node>::all(client).list(&ListParams::default()).await?;
     Ok(nodes
         .items
         .iter()
-        .filter(|n| {
-            n.metadata
-                .name
-                .as_deref()
-                .is_some_and(|x| x.starts_with(&format!("{cluster}-")))
-        })
-        .filter(|n| {
-            n.status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-        })
+        .filter(|n| n.metadata.name.as_deref().is_some_and(|x| x.starts_with(&format!("{cluster}-"))))
+        .filter(|n| n.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")))
         .count())
 }
 
@@ -230,49 +150,23 @@ pub async fn run(client: &Client, hub: &kube::Client) -> anyhow::Result<bool> {
     let mut ok = true;
     let nodes = ready_nodes(hub, &cmd.name).await?;
     ok &= nodes == 3;
-    println!(
-        "create: {nodes} Ready nodes in {}: {}",
-        cmd.name,
-        if nodes == 3 { "ok" } else { "MISMATCH" }
-    );
-    let mc = Api::<ManagedCluster>::all(hub.clone())
-        .get_opt(&cmd.name)
-        .await?;
-    let available = mc
-        .as_ref()
-        .and_then(|m| m.condition("ManagedClusterConditionAvailable"))
-        == Some("True");
+    println!("create: {nodes} Ready nodes in {}: {}", cmd.name, if nodes == 3 { "ok" } else { "MISMATCH" });
+    let mc = Api::<ManagedCluster>::all(hub.clone()).get_opt(&cmd.name).await?;
+    let available = mc.as_ref().and_then(|m| m.condition("ManagedClusterConditionAvailable")) == Some("True");
     ok &= available;
-    println!(
-        "create: ManagedCluster {} available: {}",
-        cmd.name,
-        if available { "ok" } else { "MISMATCH" }
-    );
+    println!("create: ManagedCluster {} available: {}", cmd.name, if available { "ok" } else { "MISMATCH" });
 
     let (id, evs) = submit(client, &scale(&cmd, 3), wait).await?;
     ok &= report("scale", id, &evs);
     let nodes = ready_nodes(hub, &cmd.name).await?;
     ok &= nodes == 4;
-    println!(
-        "scale: {nodes} Ready nodes: {}",
-        if nodes == 4 { "ok" } else { "MISMATCH" }
-    );
+    println!("scale: {nodes} Ready nodes: {}", if nodes == 4 { "ok" } else { "MISMATCH" });
 
     let (id, evs) = submit(client, &delete(&cmd), wait).await?;
     ok &= report("delete", id, &evs);
     let left = leftovers(hub, &cmd).await?;
-    println!(
-        "delete: left behind on the hub {left:?}: {}",
-        if left.is_empty() { "ok" } else { "MISMATCH" }
-    );
+    println!("delete: left behind on the hub {left:?}: {}", if left.is_empty() { "ok" } else { "MISMATCH" });
     ok &= left.is_empty();
-    println!(
-        "create-cluster: {}",
-        if ok {
-            "created with add-ons and registered, scaled, deleted without a trace"
-        } else {
-            "FAILED"
-        }
-    );
+    println!("create-cluster: {}", if ok { "created with add-ons and registered, scaled, deleted without a trace" } else { "FAILED" });
     Ok(ok)
 }

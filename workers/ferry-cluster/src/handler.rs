@@ -78,28 +78,16 @@ impl std::fmt::Debug for ClusterHandler {
 impl ClusterHandler {
     /// A handler.
     pub fn new(cfg: ClusterConfig) -> Self {
-        Self {
-            inner: Arc::new(Inner { cfg }),
-        }
+        Self { inner: Arc::new(Inner { cfg }) }
     }
 }
 
 fn kube_err(code: &str, e: ClusterError) -> StepError {
-    if e.is_transient() {
-        StepError::transient(code, e.to_string())
-    } else {
-        StepError::permanent(code, e.to_string())
-    }
+    if e.is_transient() { StepError::transient(code, e.to_string()) } else { StepError::permanent(code, e.to_string()) }
 }
 
 fn hub_err(e: kube::Error) -> StepError {
-    kube_err(
-        "HUB_API",
-        ClusterError::Kube {
-            cluster: HUB.into(),
-            source: e,
-        },
-    )
+    kube_err("HUB_API", ClusterError::Kube { cluster: HUB.into(), source: e })
 }
 
 fn wait_err(e: WaitError) -> StepError {
@@ -119,11 +107,7 @@ fn ready_timeout(cmd: &ClusterCommand) -> Duration {
 
 fn wait_policy(t: Duration) -> StepPolicy {
     // The deadline bounds the wait; a miss is final (the task reverts).
-    StepPolicy {
-        timeout: t + Duration::from_secs(60),
-        max_retries: 5,
-        ..StepPolicy::default()
-    }
+    StepPolicy { timeout: t + Duration::from_secs(60), max_retries: 5, ..StepPolicy::default() }
 }
 
 fn clusters_api(hub: &kube::Client, ns: &str) -> Api<CapiCluster> {
@@ -131,26 +115,15 @@ fn clusters_api(hub: &kube::Client, ns: &str) -> Api<CapiCluster> {
 }
 
 fn is_ferrys(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> bool {
-    meta.labels
-        .as_ref()
-        .and_then(|l| l.get(MANAGED_BY.0))
-        .map(String::as_str)
-        == Some(MANAGED_BY.1)
+    meta.labels.as_ref().and_then(|l| l.get(MANAGED_BY.0)).map(String::as_str) == Some(MANAGED_BY.1)
 }
 
 fn task_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
-    meta.annotations
-        .as_ref()
-        .and_then(|a| a.get(TASK_ANNOTATION))
-        .cloned()
-        .unwrap_or_else(|| "?".into())
+    meta.annotations.as_ref().and_then(|a| a.get(TASK_ANNOTATION)).cloned().unwrap_or_else(|| "?".into())
 }
 
 /// The ManagedCluster of `cmd`'s cluster, when it is Ferry's for this namespace.
-async fn own_managed_cluster(
-    inner: &Inner,
-    cmd: &ClusterCommand,
-) -> Result<Option<ManagedCluster>, StepError> {
+async fn own_managed_cluster(inner: &Inner, cmd: &ClusterCommand) -> Result<Option<ManagedCluster>, StepError> {
     let api: Api<ManagedCluster> = Api::all(inner.hub());
     let mc = match api.get_opt(&cmd.name).await {
         Ok(mc) => mc,
@@ -158,14 +131,7 @@ async fn own_managed_cluster(
         Err(kube::Error::Api(s)) if s.code == 404 => None,
         Err(e) => return Err(hub_err(e)),
     };
-    Ok(mc.filter(|m| {
-        m.metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(NAMESPACE_LABEL))
-            .map(String::as_str)
-            == Some(cmd.namespace())
-    }))
+    Ok(mc.filter(|m| m.metadata.labels.as_ref().and_then(|l| l.get(NAMESPACE_LABEL)).map(String::as_str) == Some(cmd.namespace())))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -202,39 +168,23 @@ impl CreateCheck {
                 Err(e) => return Err(kube_err("HUB_API", e)),
             }
         }
-        if let Some(c) = clusters_api(&hub, ns)
-            .get_opt(name)
-            .await
-            .map_err(hub_err)?
-        {
+        if let Some(c) = clusters_api(&hub, ns).get_opt(name).await.map_err(hub_err)? {
             return Err(if is_ferrys(&c.metadata) {
                 StepError::rejected(
                     "CLUSTER_EXISTS",
-                    format!(
-                        "Cluster {ns}/{name} already exists (created by Ferry task {}): scale or delete it instead",
-                        task_of(&c.metadata)
-                    ),
+                    format!("Cluster {ns}/{name} already exists (created by Ferry task {}): scale or delete it instead", task_of(&c.metadata)),
                 )
             } else {
                 StepError::rejected(
                     "CLUSTER_NOT_FERRYS",
-                    format!(
-                        "a Cluster {ns}/{name} exists that Ferry did not create (no label {}={}): refusing to touch it",
-                        MANAGED_BY.0, MANAGED_BY.1
-                    ),
+                    format!("a Cluster {ns}/{name} exists that Ferry did not create (no label {}={}): refusing to touch it", MANAGED_BY.0, MANAGED_BY.1),
                 )
             });
         }
         // Workers reach clusters by name: a name in use elsewhere would be ambiguous.
         let secrets: Api<Secret> = Api::all(hub.clone());
         let lp = ListParams::default().labels(&format!("{}={name}", render::CAPI_CLUSTER_LABEL));
-        if let Some(s) = secrets
-            .list(&lp)
-            .await
-            .map_err(hub_err)?
-            .items
-            .into_iter()
-            .find(|s| s.metadata.name.as_deref() == Some(&format!("{name}-kubeconfig")))
+        if let Some(s) = secrets.list(&lp).await.map_err(hub_err)?.items.into_iter().find(|s| s.metadata.name.as_deref() == Some(&format!("{name}-kubeconfig")))
         {
             return Err(StepError::rejected(
                 "NAME_TAKEN",
@@ -248,10 +198,7 @@ impl CreateCheck {
             let api: Api<ManagedCluster> = Api::all(hub.clone());
             match api.get_opt(name).await {
                 Ok(Some(_)) => {
-                    return Err(StepError::rejected(
-                        "NAME_TAKEN",
-                        format!("a ManagedCluster {name:?} is already registered on the hub"),
-                    ));
+                    return Err(StepError::rejected("NAME_TAKEN", format!("a ManagedCluster {name:?} is already registered on the hub")));
                 }
                 Ok(None) => {}
                 Err(kube::Error::Api(s)) if s.code == 404 => {
@@ -263,66 +210,30 @@ impl CreateCheck {
                 Err(e) => return Err(hub_err(e)),
             }
             if let Some(set) = &cmd.ocm.cluster_set {
-                let gvk = GroupVersionKind::gvk(
-                    "cluster.open-cluster-management.io",
-                    "v1beta2",
-                    "ManagedClusterSet",
-                );
-                let api = self
-                    .0
-                    .cfg
-                    .clusters
-                    .api(HUB, &gvk, None)
-                    .await
-                    .map_err(|e| kube_err("HUB_API", e))?;
+                let gvk = GroupVersionKind::gvk("cluster.open-cluster-management.io", "v1beta2", "ManagedClusterSet");
+                let api = self.0.cfg.clusters.api(HUB, &gvk, None).await.map_err(|e| kube_err("HUB_API", e))?;
                 if api.get_opt(set).await.map_err(hub_err)?.is_none() {
-                    return Err(StepError::rejected(
-                        "CLUSTER_SET_MISSING",
-                        format!("ManagedClusterSet {set:?} does not exist on the hub"),
-                    ));
+                    return Err(StepError::rejected("CLUSTER_SET_MISSING", format!("ManagedClusterSet {set:?} does not exist on the hub")));
                 }
             }
         }
         let mut worker_class = None;
         if let Some(class) = &cmd.cluster_class {
             let gvk = GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "ClusterClass");
-            let api = self
-                .0
-                .cfg
-                .clusters
-                .api(HUB, &gvk, Some(ns))
-                .await
-                .map_err(|e| kube_err("HUB_API", e))?;
+            let api = self.0.cfg.clusters.api(HUB, &gvk, Some(ns)).await.map_err(|e| kube_err("HUB_API", e))?;
             let Some(cc) = api.get_opt(class).await.map_err(hub_err)? else {
-                return Err(StepError::rejected(
-                    "CLUSTER_CLASS_MISSING",
-                    format!("ClusterClass {ns}/{class} does not exist"),
-                ));
+                return Err(StepError::rejected("CLUSTER_CLASS_MISSING", format!("ClusterClass {ns}/{class} does not exist")));
             };
-            worker_class = cc
-                .data
-                .pointer("/spec/workers/machineDeployments/0/class")
-                .and_then(Value::as_str)
-                .map(str::to_owned);
+            worker_class = cc.data.pointer("/spec/workers/machineDeployments/0/class").and_then(Value::as_str).map(str::to_owned);
             if worker_class.is_none() && cmd.worker_count() > 0 {
                 return Err(StepError::rejected(
                     "CLUSTER_CLASS_NO_WORKERS",
-                    format!(
-                        "ClusterClass {ns}/{class} defines no worker class, but {} workers are requested",
-                        cmd.worker_count()
-                    ),
+                    format!("ClusterClass {ns}/{class} defines no worker class, but {} workers are requested", cmd.worker_count()),
                 ));
             }
         }
-        let namespace_existed = Api::<Namespace>::all(hub)
-            .get_opt(ns)
-            .await
-            .map_err(hub_err)?
-            .is_some();
-        Ok(CreateChecked {
-            namespace_existed,
-            worker_class,
-        })
+        let namespace_existed = Api::<Namespace>::all(hub).get_opt(ns).await.map_err(hub_err)?.is_some();
+        Ok(CreateChecked { namespace_existed, worker_class })
     }
 }
 
@@ -332,16 +243,10 @@ impl Step<ClusterCommand> for CreateCheck {
     }
 
     fn policy(&self) -> StepPolicy {
-        StepPolicy {
-            timeout: Duration::from_secs(120),
-            ..StepPolicy::default()
-        }
+        StepPolicy { timeout: Duration::from_secs(120), ..StepPolicy::default() }
     }
 
-    fn run<'a>(
-        &'a self,
-        cx: &'a StepContext<'a, ClusterCommand>,
-    ) -> BoxFuture<'a, Result<Value, StepError>> {
+    fn run<'a>(&'a self, cx: &'a StepContext<'a, ClusterCommand>) -> BoxFuture<'a, Result<Value, StepError>> {
         async move {
             let out = self.check(cx.spec).await?;
             cx.progress(100, "the name is free and the providers are installed");
@@ -350,18 +255,13 @@ impl Step<ClusterCommand> for CreateCheck {
         .boxed()
     }
 
-    fn undo<'a>(
-        &'a self,
-        _: &'a StepContext<'a, ClusterCommand>,
-        _: Option<&'a Value>,
-    ) -> BoxFuture<'a, Result<(), StepError>> {
+    fn undo<'a>(&'a self, _: &'a StepContext<'a, ClusterCommand>, _: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>> {
         async { Ok(()) }.boxed()
     }
 }
 
 fn create_checked(cx: &StepContext<'_, ClusterCommand>) -> Result<CreateChecked, StepError> {
-    cx.output_of("check")
-        .ok_or_else(|| StepError::permanent("INTERNAL", "the check step left no output"))
+    cx.output_of("check").ok_or_else(|| StepError::permanent("INTERNAL", "the check step left no output"))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -371,55 +271,30 @@ struct ApplyStep(Arc<Inner>);
 
 /// `kind namespace/name` of a rendered object.
 fn describe(o: &Value) -> String {
-    format!(
-        "{} {}/{}",
-        o["kind"].as_str().unwrap_or("?"),
-        o["metadata"]["namespace"].as_str().unwrap_or(""),
-        o["metadata"]["name"].as_str().unwrap_or("?")
-    )
+    format!("{} {}/{}", o["kind"].as_str().unwrap_or("?"), o["metadata"]["namespace"].as_str().unwrap_or(""), o["metadata"]["name"].as_str().unwrap_or("?"))
 }
 
 impl ApplyStep {
     /// Deletes the Cluster (the providers remove its machines and workload cluster), waits
     /// until it is gone, then the rest of what `apply` rendered.
-    async fn remove(
-        &self,
-        cmd: &ClusterCommand,
-        objects: &[Value],
-        namespace_existed: bool,
-        cx: &StepContext<'_, ClusterCommand>,
-    ) -> Result<(), StepError> {
+    async fn remove(&self, cmd: &ClusterCommand, objects: &[Value], namespace_existed: bool, cx: &StepContext<'_, ClusterCommand>) -> Result<(), StepError> {
         let inner = &self.0;
         let hub = inner.hub();
         let (ns, name) = (cmd.namespace(), cmd.name.as_str());
-        if let Some(c) = clusters_api(&hub, ns)
-            .get_opt(name)
-            .await
-            .map_err(hub_err)?
-        {
+        if let Some(c) = clusters_api(&hub, ns).get_opt(name).await.map_err(hub_err)? {
             if !is_ferrys(&c.metadata) {
                 return Err(StepError::permanent(
                     "CLUSTER_NOT_FERRYS",
-                    format!(
-                        "Cluster {ns}/{name} is not Ferry's any more (its managed-by label changed): leaving it"
-                    ),
+                    format!("Cluster {ns}/{name} is not Ferry's any more (its managed-by label changed): leaving it"),
                 ));
             }
             cx.progress(10, format!("deleting Cluster {ns}/{name}"));
-            match clusters_api(&hub, ns)
-                .delete(name, &kube::api::DeleteParams::background())
-                .await
-            {
+            match clusters_api(&hub, ns).delete(name, &kube::api::DeleteParams::background()).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
                 Err(e) => return Err(hub_err(e)),
             }
-            inner
-                .cfg
-                .watches
-                .wait_deleted::<CapiCluster>(HUB, &hub, Some(ns), name, inner.cfg.removal_timeout)
-                .await
-                .map_err(wait_err)?;
+            inner.cfg.watches.wait_deleted::<CapiCluster>(HUB, &hub, Some(ns), name, inner.cfg.removal_timeout).await.map_err(wait_err)?;
         }
         inner.cfg.watches.forget(name);
         cx.progress(70, "Cluster gone; deleting its templates");
@@ -433,17 +308,8 @@ impl ApplyStep {
         // into a new namespace may run side by side, each finding it missing).
         if !namespace_existed && ns != "default" {
             let nss = Api::<Namespace>::all(hub.clone());
-            let ours = nss
-                .get_opt(ns)
-                .await
-                .map_err(hub_err)?
-                .is_some_and(|n| is_ferrys(&n.metadata));
-            let others = !clusters_api(&hub, ns)
-                .list(&ListParams::default().limit(1))
-                .await
-                .map_err(hub_err)?
-                .items
-                .is_empty();
+            let ours = nss.get_opt(ns).await.map_err(hub_err)?.is_some_and(|n| is_ferrys(&n.metadata));
+            let others = !clusters_api(&hub, ns).list(&ListParams::default().limit(1)).await.map_err(hub_err)?.items.is_empty();
             if ours && !others {
                 cx.progress(90, format!("deleting namespace {ns}"));
                 match nss.delete(ns, &Default::default()).await {
@@ -451,12 +317,7 @@ impl ApplyStep {
                     Err(kube::Error::Api(s)) if s.code == 404 => {}
                     Err(e) => return Err(hub_err(e)),
                 }
-                inner
-                    .cfg
-                    .watches
-                    .wait_deleted::<Namespace>(HUB, &hub, None, ns, inner.cfg.removal_timeout)
-                    .await
-                    .map_err(wait_err)?;
+                inner.cfg.watches.wait_deleted::<Namespace>(HUB, &hub, None, ns, inner.cfg.removal_timeout).await.map_err(wait_err)?;
             }
         }
         Ok(())
@@ -469,16 +330,10 @@ impl Step<ClusterCommand> for ApplyStep {
     }
 
     fn policy(&self) -> StepPolicy {
-        StepPolicy {
-            timeout: self.0.cfg.removal_timeout + Duration::from_secs(60),
-            ..StepPolicy::default()
-        }
+        StepPolicy { timeout: self.0.cfg.removal_timeout + Duration::from_secs(60), ..StepPolicy::default() }
     }
 
-    fn run<'a>(
-        &'a self,
-        cx: &'a StepContext<'a, ClusterCommand>,
-    ) -> BoxFuture<'a, Result<Value, StepError>> {
+    fn run<'a>(&'a self, cx: &'a StepContext<'a, ClusterCommand>) -> BoxFuture<'a, Result<Value, StepError>> {
         async move {
             let cmd = cx.spec;
             let checked = create_checked(cx)?;
@@ -498,21 +353,12 @@ impl Step<ClusterCommand> for ApplyStep {
         .boxed()
     }
 
-    fn undo<'a>(
-        &'a self,
-        cx: &'a StepContext<'a, ClusterCommand>,
-        _: Option<&'a Value>,
-    ) -> BoxFuture<'a, Result<(), StepError>> {
+    fn undo<'a>(&'a self, cx: &'a StepContext<'a, ClusterCommand>, _: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>> {
         async move {
             // Rendering is pure: the same objects whether or not `run` finished.
             let checked = create_checked(cx)?;
-            let objects = render::objects(
-                cx.spec,
-                &cx.task_id.to_string(),
-                checked.worker_class.as_deref(),
-            );
-            self.remove(cx.spec, &objects, checked.namespace_existed, cx)
-                .await
+            let objects = render::objects(cx.spec, &cx.task_id.to_string(), checked.worker_class.as_deref());
+            self.remove(cx.spec, &objects, checked.namespace_existed, cx).await
         }
         .boxed()
     }
@@ -538,10 +384,7 @@ impl Step<ClusterCommand> for ClusterWait {
         wait_policy(Duration::from_secs(1800))
     }
 
-    fn run<'a>(
-        &'a self,
-        cx: &'a StepContext<'a, ClusterCommand>,
-    ) -> BoxFuture<'a, Result<Value, StepError>> {
+    fn run<'a>(&'a self, cx: &'a StepContext<'a, ClusterCommand>) -> BoxFuture<'a, Result<Value, StepError>> {
         async move {
             let cmd = cx.spec;
             let hub = self.inner.hub();
@@ -553,38 +396,21 @@ impl Step<ClusterCommand> for ClusterWait {
                 .inner
                 .cfg
                 .watches
-                .wait_object::<CapiCluster, String>(
-                    HUB,
-                    &hub,
-                    Some(cmd.namespace()),
-                    &cmd.name,
-                    ready_timeout(cmd),
-                    |c| {
-                        seen |= c.is_some();
-                        match c {
-                            None if seen => Check::Failed("the Cluster was deleted".into()),
-                            None => Check::Pending("the watch has not seen the Cluster yet".into()),
-                            Some(c)
-                                if c.status_at(&pointer).and_then(Value::as_bool) == Some(true) =>
-                            {
-                                Check::Done(
-                                    c.status_at("/phase")
-                                        .and_then(Value::as_str)
-                                        .unwrap_or("")
-                                        .to_owned(),
-                                )
-                            }
-                            Some(c) => Check::Pending(format!(
-                                "phase {}, {}",
-                                c.status_at("/phase")
-                                    .and_then(Value::as_str)
-                                    .unwrap_or("(none)"),
-                                ferry_kube::kinds::condition_message(&c.status, "Available")
-                                    .unwrap_or_else(|| "no Available condition".into())
-                            )),
+                .wait_object::<CapiCluster, String>(HUB, &hub, Some(cmd.namespace()), &cmd.name, ready_timeout(cmd), |c| {
+                    seen |= c.is_some();
+                    match c {
+                        None if seen => Check::Failed("the Cluster was deleted".into()),
+                        None => Check::Pending("the watch has not seen the Cluster yet".into()),
+                        Some(c) if c.status_at(&pointer).and_then(Value::as_bool) == Some(true) => {
+                            Check::Done(c.status_at("/phase").and_then(Value::as_str).unwrap_or("").to_owned())
                         }
-                    },
-                )
+                        Some(c) => Check::Pending(format!(
+                            "phase {}, {}",
+                            c.status_at("/phase").and_then(Value::as_str).unwrap_or("(none)"),
+                            ferry_kube::kinds::condition_message(&c.status, "Available").unwrap_or_else(|| "no Available condition".into())
+                        )),
+                    }
+                })
                 .await
                 .map_err(wait_err)?;
             cx.progress(100, format!("{} (phase {phase})", self.what));
@@ -593,11 +419,7 @@ impl Step<ClusterCommand> for ClusterWait {
         .boxed()
     }
 
-    fn undo<'a>(
-        &'a self,
-        _: &'a StepContext<'a, ClusterCommand>,
-        _: Option<&'a Value>,
-    ) -> BoxFuture<'a, Result<(), StepError>> {
+    fn undo<'a>(&'a self, _: &'a StepContext<'a, ClusterCommand>, _: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>> {
         async { Ok(()) }.boxed()
     }
 }
@@ -616,10 +438,7 @@ impl Step<ClusterCommand> for KubeconfigStep {
         wait_policy(Duration::from_secs(600))
     }
 
-    fn run<'a>(
-        &'a self,
-        cx: &'a StepContext<'a, ClusterCommand>,
-    ) -> BoxFuture<'a, Result<Value, StepError>> {
+    fn run<'a>(&'a self, cx: &'a StepContext<'a, ClusterCommand>) -> BoxFuture<'a, Result<Value, StepError>> {
         async move {
             let cmd = cx.spec;
             let hub = self.0.hub();
@@ -636,21 +455,15 @@ impl Step<ClusterCommand> for KubeconfigStep {
             // The kubeconfig is read here and used by this worker only; the task records the
             // Secret's name and the server's version, never the content.
             let client = self.0.cfg.clusters.client(&cmd.name).await.map_err(|e| kube_err("KUBECONFIG", e))?;
-            let version = client
-                .apiserver_version()
-                .await
-                .map_err(|e| kube_err("WORKLOAD_API", ClusterError::Kube { cluster: cmd.name.clone(), source: e }))?;
+            let version =
+                client.apiserver_version().await.map_err(|e| kube_err("WORKLOAD_API", ClusterError::Kube { cluster: cmd.name.clone(), source: e }))?;
             cx.progress(100, format!("the workload API server answers (Kubernetes {})", version.git_version));
             Ok(json!({"secret": format!("{}/{secret}", cmd.namespace()), "server_version": version.git_version}))
         }
         .boxed()
     }
 
-    fn undo<'a>(
-        &'a self,
-        _: &'a StepContext<'a, ClusterCommand>,
-        _: Option<&'a Value>,
-    ) -> BoxFuture<'a, Result<(), StepError>> {
+    fn undo<'a>(&'a self, _: &'a StepContext<'a, ClusterCommand>, _: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>> {
         async { Ok(()) }.boxed()
     }
 }
@@ -671,53 +484,25 @@ async fn wait_nodes(
     let nodes = inner
         .cfg
         .watches
-        .wait_store::<CapiMachine, Vec<String>>(
-            HUB,
-            &hub,
-            Some(cmd.namespace()),
-            &format!("{want} Machines of {name} with nodes"),
-            timeout,
-            |store| {
-                let ms: Vec<_> = store
-                    .state()
-                    .into_iter()
-                    .filter(|m| {
-                        m.metadata
-                            .labels
-                            .as_ref()
-                            .and_then(|l| l.get(render::CAPI_CLUSTER_LABEL))
-                            == Some(&name)
-                            && m.metadata.deletion_timestamp.is_none()
-                    })
-                    .collect();
-                let with_node: Vec<String> = ms
-                    .iter()
-                    .filter_map(|m| {
-                        m.status_at("/nodeRef/name")
-                            .and_then(Value::as_str)
-                            .map(str::to_owned)
-                    })
-                    .collect();
-                if ms.len() == want && with_node.len() == want {
-                    Check::Done(with_node)
-                } else {
-                    Check::Pending(format!(
-                        "{} Machines, {} with a node, want {want}",
-                        ms.len(),
-                        with_node.len()
-                    ))
-                }
-            },
-        )
+        .wait_store::<CapiMachine, Vec<String>>(HUB, &hub, Some(cmd.namespace()), &format!("{want} Machines of {name} with nodes"), timeout, |store| {
+            let ms: Vec<_> = store
+                .state()
+                .into_iter()
+                .filter(|m| {
+                    m.metadata.labels.as_ref().and_then(|l| l.get(render::CAPI_CLUSTER_LABEL)) == Some(&name) && m.metadata.deletion_timestamp.is_none()
+                })
+                .collect();
+            let with_node: Vec<String> = ms.iter().filter_map(|m| m.status_at("/nodeRef/name").and_then(Value::as_str).map(str::to_owned)).collect();
+            if ms.len() == want && with_node.len() == want {
+                Check::Done(with_node)
+            } else {
+                Check::Pending(format!("{} Machines, {} with a node, want {want}", ms.len(), with_node.len()))
+            }
+        })
         .await
         .map_err(wait_err)?;
     cx.progress(50, format!("{want} machines have nodes"));
-    let client = inner
-        .cfg
-        .clusters
-        .client(&cmd.name)
-        .await
-        .map_err(|e| kube_err("KUBECONFIG", e))?;
+    let client = inner.cfg.clusters.client(&cmd.name).await.map_err(|e| kube_err("KUBECONFIG", e))?;
     let wanted = nodes.clone();
     inner
         .cfg
@@ -730,17 +515,11 @@ async fn wait_nodes(
                             .status
                             .as_ref()
                             .and_then(|s| s.conditions.as_ref())
-                            .is_some_and(|cs| {
-                                cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")
-                            })
+                            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
                 })
             };
             let not_ready: Vec<&String> = wanted.iter().filter(|n| !ready(n)).collect();
-            if not_ready.is_empty() {
-                Check::Done(())
-            } else {
-                Check::Pending(format!("not Ready yet: {not_ready:?}"))
-            }
+            if not_ready.is_empty() { Check::Done(()) } else { Check::Pending(format!("not Ready yet: {not_ready:?}")) }
         })
         .await
         .map_err(wait_err)?;
@@ -758,10 +537,7 @@ impl Step<ClusterCommand> for NodesStep {
         wait_policy(Duration::from_secs(1800))
     }
 
-    fn run<'a>(
-        &'a self,
-        cx: &'a StepContext<'a, ClusterCommand>,
-    ) -> BoxFuture<'a, Result<Value, StepError>> {
+    fn run<'a>(&'a self, cx: &'a StepContext<'a, ClusterCommand>) -> BoxFuture<'a, Result<Value, StepError>> {
         async move {
             let cmd = cx.spec;
             let want = (cmd.control_plane_count() + cmd.worker_count()) as usize;
@@ -772,11 +548,7 @@ impl Step<ClusterCommand> for NodesStep {
         .boxed()
     }
 
-    fn undo<'a>(
-        &'a self,
-        _: &'a StepContext<'a, ClusterCommand>,
-        _: Option<&'a Value>,
-    ) -> BoxFuture<'a, Result<(), StepError>> {
+    fn undo<'a>(&'a self, _: &'a StepContext<'a, ClusterCommand>, _: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>> {
         async { Ok(()) }.boxed()
     }
 }
@@ -797,23 +569,10 @@ fn crash_looping(pods: &[Arc<Pod>], workload: &str) -> Option<String> {
         if !name.starts_with(&format!("{workload}-")) {
             continue;
         }
-        for c in p
-            .status
-            .as_ref()
-            .and_then(|s| s.container_statuses.as_ref())
-            .into_iter()
-            .flatten()
-        {
-            let waiting = c
-                .state
-                .as_ref()
-                .and_then(|s| s.waiting.as_ref())
-                .and_then(|w| w.reason.as_deref());
+        for c in p.status.as_ref().and_then(|s| s.container_statuses.as_ref()).into_iter().flatten() {
+            let waiting = c.state.as_ref().and_then(|s| s.waiting.as_ref()).and_then(|w| w.reason.as_deref());
             if waiting == Some("CrashLoopBackOff") && c.restart_count >= 3 {
-                return Some(format!(
-                    "pod {name}: container {} is in CrashLoopBackOff after {} restarts",
-                    c.name, c.restart_count
-                ));
+                return Some(format!("pod {name}: container {} is in CrashLoopBackOff after {} restarts", c.name, c.restart_count));
             }
         }
     }
@@ -821,96 +580,58 @@ fn crash_looping(pods: &[Arc<Pod>], workload: &str) -> Option<String> {
 }
 
 impl AddonStep {
-    async fn wait_ready(
-        &self,
-        cluster: &str,
-        client: &kube::Client,
-        r: &ReadyCheck,
-        timeout: Duration,
-    ) -> Result<(), StepError> {
+    async fn wait_ready(&self, cluster: &str, client: &kube::Client, r: &ReadyCheck, timeout: Duration) -> Result<(), StepError> {
         let w = &self.inner.cfg.watches;
         let ns = Some(r.namespace.as_str());
         let ready = async {
             match r.kind.as_str() {
                 "Deployment" => {
-                    w.wait_object::<Deployment, ()>(cluster, client, ns, &r.name, timeout, |d| {
-                        match d {
-                            None => Check::Pending("not created yet".into()),
-                            Some(d) => {
-                                let want = d.spec.replicas.unwrap_or(1);
-                                let st = d.status.clone().unwrap_or_default();
-                                let fresh = st.observed_generation >= d.metadata.generation;
-                                if fresh
-                                    && st.available_replicas.unwrap_or(0) >= want
-                                    && st.updated_replicas.unwrap_or(0) >= want
-                                {
-                                    Check::Done(())
-                                } else {
-                                    Check::Pending(format!(
-                                        "{}/{want} available",
-                                        st.available_replicas.unwrap_or(0)
-                                    ))
-                                }
+                    w.wait_object::<Deployment, ()>(cluster, client, ns, &r.name, timeout, |d| match d {
+                        None => Check::Pending("not created yet".into()),
+                        Some(d) => {
+                            let want = d.spec.replicas.unwrap_or(1);
+                            let st = d.status.clone().unwrap_or_default();
+                            let fresh = st.observed_generation >= d.metadata.generation;
+                            if fresh && st.available_replicas.unwrap_or(0) >= want && st.updated_replicas.unwrap_or(0) >= want {
+                                Check::Done(())
+                            } else {
+                                Check::Pending(format!("{}/{want} available", st.available_replicas.unwrap_or(0)))
                             }
                         }
                     })
                     .await
                 }
                 "DaemonSet" => {
-                    w.wait_object::<DaemonSet, ()>(cluster, client, ns, &r.name, timeout, |d| {
-                        match d {
-                            None => Check::Pending("not created yet".into()),
-                            Some(d) => {
-                                let st = d.status.clone().unwrap_or_default();
-                                let fresh = st.observed_generation >= d.metadata.generation
-                                    && d.status.is_some();
-                                if fresh && st.number_ready >= st.desired_number_scheduled {
-                                    Check::Done(())
-                                } else {
-                                    Check::Pending(format!(
-                                        "{}/{} ready",
-                                        st.number_ready, st.desired_number_scheduled
-                                    ))
-                                }
+                    w.wait_object::<DaemonSet, ()>(cluster, client, ns, &r.name, timeout, |d| match d {
+                        None => Check::Pending("not created yet".into()),
+                        Some(d) => {
+                            let st = d.status.clone().unwrap_or_default();
+                            let fresh = st.observed_generation >= d.metadata.generation && d.status.is_some();
+                            if fresh && st.number_ready >= st.desired_number_scheduled {
+                                Check::Done(())
+                            } else {
+                                Check::Pending(format!("{}/{} ready", st.number_ready, st.desired_number_scheduled))
                             }
                         }
                     })
                     .await
                 }
                 _ => {
-                    w.wait_object::<StatefulSet, ()>(cluster, client, ns, &r.name, timeout, |s| {
-                        match s {
-                            None => Check::Pending("not created yet".into()),
-                            Some(s) => {
-                                let want = s.spec.replicas.unwrap_or(1);
-                                let ready = s
-                                    .status
-                                    .as_ref()
-                                    .and_then(|st| st.ready_replicas)
-                                    .unwrap_or(0);
-                                if ready >= want {
-                                    Check::Done(())
-                                } else {
-                                    Check::Pending(format!("{ready}/{want} ready"))
-                                }
-                            }
+                    w.wait_object::<StatefulSet, ()>(cluster, client, ns, &r.name, timeout, |s| match s {
+                        None => Check::Pending("not created yet".into()),
+                        Some(s) => {
+                            let want = s.spec.replicas.unwrap_or(1);
+                            let ready = s.status.as_ref().and_then(|st| st.ready_replicas).unwrap_or(0);
+                            if ready >= want { Check::Done(()) } else { Check::Pending(format!("{ready}/{want} ready")) }
                         }
                     })
                     .await
                 }
             }
         };
-        let crashing = w.wait_store::<Pod, String>(
-            cluster,
-            client,
-            ns,
-            "crash-looping pods",
-            timeout + Duration::from_secs(5),
-            |store| {
-                crash_looping(&store.state(), &r.name)
-                    .map_or_else(|| Check::Pending("none".into()), Check::Done)
-            },
-        );
+        let crashing = w.wait_store::<Pod, String>(cluster, client, ns, "crash-looping pods", timeout + Duration::from_secs(5), |store| {
+            crash_looping(&store.state(), &r.name).map_or_else(|| Check::Pending("none".into()), Check::Done)
+        });
         tokio::select! {
             r = ready => r.map_err(wait_err),
             c = crashing => match c {
@@ -944,10 +665,7 @@ impl Step<ClusterCommand> for AddonStep {
         wait_policy(Duration::from_secs(600))
     }
 
-    fn run<'a>(
-        &'a self,
-        cx: &'a StepContext<'a, ClusterCommand>,
-    ) -> BoxFuture<'a, Result<Value, StepError>> {
+    fn run<'a>(&'a self, cx: &'a StepContext<'a, ClusterCommand>) -> BoxFuture<'a, Result<Value, StepError>> {
         async move {
             let cmd = cx.spec;
             let cluster = cmd.name.as_str();
@@ -970,11 +688,7 @@ impl Step<ClusterCommand> for AddonStep {
         .boxed()
     }
 
-    fn undo<'a>(
-        &'a self,
-        cx: &'a StepContext<'a, ClusterCommand>,
-        _: Option<&'a Value>,
-    ) -> BoxFuture<'a, Result<(), StepError>> {
+    fn undo<'a>(&'a self, cx: &'a StepContext<'a, ClusterCommand>, _: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>> {
         async move {
             let cluster = cx.spec.name.as_str();
             // The cluster (or its kubeconfig) is gone already: so is the add-on.
@@ -983,13 +697,7 @@ impl Step<ClusterCommand> for AddonStep {
                 Err(e) => return Err(kube_err("KUBECONFIG", e)),
                 Ok(_) => {}
             }
-            let m = self
-                .inner
-                .cfg
-                .catalog
-                .manifests(&self.addon)
-                .await
-                .map_err(|e| StepError::transient("ADDON_SOURCE", e.to_string()))?;
+            let m = self.inner.cfg.catalog.manifests(&self.addon).await.map_err(|e| StepError::transient("ADDON_SOURCE", e.to_string()))?;
             for o in m.after.iter().chain(&m.install).rev() {
                 match self.inner.cfg.clusters.delete(cluster, o).await {
                     Ok(_) | Err(ClusterError::NotServed { .. }) => {}
@@ -1019,12 +727,7 @@ async fn deregister(inner: &Inner, cmd: &ClusterCommand) -> Result<bool, StepErr
         Err(kube::Error::Api(s)) if s.code == 404 => {}
         Err(e) => return Err(hub_err(e)),
     }
-    inner
-        .cfg
-        .watches
-        .wait_deleted::<ManagedCluster>(HUB, &hub, None, &cmd.name, inner.cfg.removal_timeout)
-        .await
-        .map_err(wait_err)?;
+    inner.cfg.watches.wait_deleted::<ManagedCluster>(HUB, &hub, None, &cmd.name, inner.cfg.removal_timeout).await.map_err(wait_err)?;
     Ok(true)
 }
 
@@ -1034,88 +737,40 @@ impl Step<ClusterCommand> for RegisterStep {
     }
 
     fn policy(&self) -> StepPolicy {
-        wait_policy(
-            self.0
-                .cfg
-                .registration_timeout
-                .max(self.0.cfg.removal_timeout),
-        )
+        wait_policy(self.0.cfg.registration_timeout.max(self.0.cfg.removal_timeout))
     }
 
-    fn run<'a>(
-        &'a self,
-        cx: &'a StepContext<'a, ClusterCommand>,
-    ) -> BoxFuture<'a, Result<Value, StepError>> {
+    fn run<'a>(&'a self, cx: &'a StepContext<'a, ClusterCommand>) -> BoxFuture<'a, Result<Value, StepError>> {
         async move {
             let cmd = cx.spec;
             let hub = self.0.hub();
-            self.0
-                .cfg
-                .clusters
-                .apply(HUB, &render::managed_cluster(cmd), MANAGER)
-                .await
-                .map_err(|e| kube_err("HUB_API", e))?;
-            cx.progress(
-                30,
-                format!(
-                    "ManagedCluster {} accepted; waiting for it to join",
-                    cmd.name
-                ),
-            );
+            self.0.cfg.clusters.apply(HUB, &render::managed_cluster(cmd), MANAGER).await.map_err(|e| kube_err("HUB_API", e))?;
+            cx.progress(30, format!("ManagedCluster {} accepted; waiting for it to join", cmd.name));
             let mut seen = false;
             self.0
                 .cfg
                 .watches
-                .wait_object::<ManagedCluster, ()>(
-                    HUB,
-                    &hub,
-                    None,
-                    &cmd.name,
-                    self.0.cfg.registration_timeout,
-                    |m| {
-                        seen |= m.is_some();
-                        match m {
-                            None if seen => Check::Failed("the ManagedCluster was deleted".into()),
-                            None => Check::Pending(
-                                "the watch has not seen the ManagedCluster yet".into(),
-                            ),
-                            Some(m)
-                                if m.condition("ManagedClusterConditionAvailable")
-                                    == Some("True") =>
-                            {
-                                Check::Done(())
-                            }
-                            Some(m) => Check::Pending(
-                                ferry_kube::kinds::condition_message(
-                                    &m.status,
-                                    "ManagedClusterConditionAvailable",
-                                )
-                                .unwrap_or_else(|| "not joined yet".into()),
-                            ),
-                        }
-                    },
-                )
+                .wait_object::<ManagedCluster, ()>(HUB, &hub, None, &cmd.name, self.0.cfg.registration_timeout, |m| {
+                    seen |= m.is_some();
+                    match m {
+                        None if seen => Check::Failed("the ManagedCluster was deleted".into()),
+                        None => Check::Pending("the watch has not seen the ManagedCluster yet".into()),
+                        Some(m) if m.condition("ManagedClusterConditionAvailable") == Some("True") => Check::Done(()),
+                        Some(m) => Check::Pending(
+                            ferry_kube::kinds::condition_message(&m.status, "ManagedClusterConditionAvailable").unwrap_or_else(|| "not joined yet".into()),
+                        ),
+                    }
+                })
                 .await
                 .map_err(wait_err)?;
-            let set = cmd
-                .ocm
-                .cluster_set
-                .clone()
-                .unwrap_or_else(|| "default".into());
-            cx.progress(
-                100,
-                format!("registered with OCM in ManagedClusterSet {set}"),
-            );
+            let set = cmd.ocm.cluster_set.clone().unwrap_or_else(|| "default".into());
+            cx.progress(100, format!("registered with OCM in ManagedClusterSet {set}"));
             Ok(json!({"managed_cluster": cmd.name, "cluster_set": set}))
         }
         .boxed()
     }
 
-    fn undo<'a>(
-        &'a self,
-        cx: &'a StepContext<'a, ClusterCommand>,
-        _: Option<&'a Value>,
-    ) -> BoxFuture<'a, Result<(), StepError>> {
+    fn undo<'a>(&'a self, cx: &'a StepContext<'a, ClusterCommand>, _: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>> {
         async move {
             deregister(&self.0, cx.spec).await?;
             Ok(())
@@ -1139,30 +794,17 @@ pub struct Counts {
 /// The Ferry-made Cluster of `cmd`, or a rejection.
 async fn own_cluster(inner: &Inner, cmd: &ClusterCommand) -> Result<CapiCluster, StepError> {
     let (ns, name) = (cmd.namespace(), cmd.name.as_str());
-    let Some(c) = clusters_api(&inner.hub(), ns)
-        .get_opt(name)
-        .await
-        .map_err(hub_err)?
-    else {
-        return Err(StepError::rejected(
-            "CLUSTER_NOT_FOUND",
-            format!("no Cluster {ns}/{name}"),
-        ));
+    let Some(c) = clusters_api(&inner.hub(), ns).get_opt(name).await.map_err(hub_err)? else {
+        return Err(StepError::rejected("CLUSTER_NOT_FOUND", format!("no Cluster {ns}/{name}")));
     };
     if !is_ferrys(&c.metadata) {
         return Err(StepError::rejected(
             "CLUSTER_NOT_FERRYS",
-            format!(
-                "Cluster {ns}/{name} was not created by Ferry (no label {}={})",
-                MANAGED_BY.0, MANAGED_BY.1
-            ),
+            format!("Cluster {ns}/{name} was not created by Ferry (no label {}={})", MANAGED_BY.0, MANAGED_BY.1),
         ));
     }
     if c.metadata.deletion_timestamp.is_some() {
-        return Err(StepError::rejected(
-            "CLUSTER_DELETING",
-            format!("Cluster {ns}/{name} is being deleted"),
-        ));
+        return Err(StepError::rejected("CLUSTER_DELETING", format!("Cluster {ns}/{name} is being deleted")));
     }
     Ok(c)
 }
@@ -1170,10 +812,7 @@ async fn own_cluster(inner: &Inner, cmd: &ClusterCommand) -> Result<CapiCluster,
 /// Where a cluster's replica counts live: its control plane and MachineDeployment, or its
 /// topology.
 enum Replicas {
-    Objects {
-        control_plane: Value,
-        workers: Value,
-    },
+    Objects { control_plane: Value, workers: Value },
     Topology,
 }
 
@@ -1181,66 +820,30 @@ fn replicas_of(cluster: &CapiCluster, cmd: &ClusterCommand) -> Replicas {
     if cluster.spec.get("topology").is_some() {
         return Replicas::Topology;
     }
-    let cp = cluster
-        .spec
-        .get("controlPlaneRef")
-        .cloned()
-        .unwrap_or_default();
-    let group = cp["apiGroup"]
-        .as_str()
-        .unwrap_or("controlplane.cluster.x-k8s.io");
+    let cp = cluster.spec.get("controlPlaneRef").cloned().unwrap_or_default();
+    let group = cp["apiGroup"].as_str().unwrap_or("controlplane.cluster.x-k8s.io");
     Replicas::Objects {
         control_plane: json!({"apiVersion": format!("{group}/v1beta2"), "kind": cp["kind"], "metadata": {"name": cp["name"], "namespace": cmd.namespace()}}),
         workers: json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment", "metadata": {"name": render::workers_name(cmd), "namespace": cmd.namespace()}}),
     }
 }
 
-async fn read_counts(
-    inner: &Inner,
-    cmd: &ClusterCommand,
-    cluster: &CapiCluster,
-) -> Result<Counts, StepError> {
+async fn read_counts(inner: &Inner, cmd: &ClusterCommand, cluster: &CapiCluster) -> Result<Counts, StepError> {
     let get = |o: Value| async move {
-        let found = inner
-            .cfg
-            .clusters
-            .get(HUB, &o)
-            .await
-            .map_err(|e| kube_err("HUB_API", e))?;
-        Ok::<i64, StepError>(
-            found
-                .and_then(|d| d.data.pointer("/spec/replicas").and_then(Value::as_i64))
-                .unwrap_or(0),
-        )
+        let found = inner.cfg.clusters.get(HUB, &o).await.map_err(|e| kube_err("HUB_API", e))?;
+        Ok::<i64, StepError>(found.and_then(|d| d.data.pointer("/spec/replicas").and_then(Value::as_i64)).unwrap_or(0))
     };
     Ok(match replicas_of(cluster, cmd) {
         Replicas::Topology => Counts {
-            control_plane: cluster
-                .spec
-                .pointer("/topology/controlPlane/replicas")
-                .and_then(Value::as_i64)
-                .unwrap_or(1),
-            workers: cluster
-                .spec
-                .pointer("/topology/workers/machineDeployments/0/replicas")
-                .and_then(Value::as_i64)
-                .unwrap_or(0),
+            control_plane: cluster.spec.pointer("/topology/controlPlane/replicas").and_then(Value::as_i64).unwrap_or(1),
+            workers: cluster.spec.pointer("/topology/workers/machineDeployments/0/replicas").and_then(Value::as_i64).unwrap_or(0),
         },
-        Replicas::Objects {
-            control_plane,
-            workers,
-        } => Counts {
-            control_plane: get(control_plane).await?,
-            workers: get(workers).await?,
-        },
+        Replicas::Objects { control_plane, workers } => Counts { control_plane: get(control_plane).await?, workers: get(workers).await? },
     })
 }
 
 async fn set_counts(inner: &Inner, cmd: &ClusterCommand, to: &Counts) -> Result<(), StepError> {
-    let cluster = clusters_api(&inner.hub(), cmd.namespace())
-        .get(&cmd.name)
-        .await
-        .map_err(hub_err)?;
+    let cluster = clusters_api(&inner.hub(), cmd.namespace()).get(&cmd.name).await.map_err(hub_err)?;
     let pp = PatchParams::default();
     match replicas_of(&cluster, cmd) {
         Replicas::Topology => {
@@ -1249,35 +852,15 @@ async fn set_counts(inner: &Inner, cmd: &ClusterCommand, to: &Counts) -> Result<
             if let Some(md) = topo.pointer_mut("/workers/machineDeployments/0") {
                 md["replicas"] = json!(to.workers);
             }
-            clusters_api(&inner.hub(), cmd.namespace())
-                .patch(
-                    &cmd.name,
-                    &pp,
-                    &Patch::Merge(&json!({"spec": {"topology": topo}})),
-                )
-                .await
-                .map_err(hub_err)?;
+            clusters_api(&inner.hub(), cmd.namespace()).patch(&cmd.name, &pp, &Patch::Merge(&json!({"spec": {"topology": topo}}))).await.map_err(hub_err)?;
         }
-        Replicas::Objects {
-            control_plane,
-            workers,
-        } => {
+        Replicas::Objects { control_plane, workers } => {
             for (o, n) in [(control_plane, to.control_plane), (workers, to.workers)] {
                 let gvk = ferry_kube::clusters::gvk_of(&o).map_err(|e| kube_err("HUB_API", e))?;
-                let api = inner
-                    .cfg
-                    .clusters
-                    .api(HUB, &gvk, Some(cmd.namespace()))
-                    .await
-                    .map_err(|e| kube_err("HUB_API", e))?;
-                let name = o["metadata"]["name"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned();
+                let api = inner.cfg.clusters.api(HUB, &gvk, Some(cmd.namespace())).await.map_err(|e| kube_err("HUB_API", e))?;
+                let name = o["metadata"]["name"].as_str().unwrap_or_default().to_owned();
                 // A merge patch of replicas only: the create's applied fields stay its own.
-                api.patch(&name, &pp, &Patch::Merge(&json!({"spec": {"replicas": n}})))
-                    .await
-                    .map_err(hub_err)?;
+                api.patch(&name, &pp, &Patch::Merge(&json!({"spec": {"replicas": n}}))).await.map_err(hub_err)?;
             }
         }
     }
@@ -1291,47 +874,27 @@ impl Step<ClusterCommand> for ScaleCheck {
         "check"
     }
 
-    fn run<'a>(
-        &'a self,
-        cx: &'a StepContext<'a, ClusterCommand>,
-    ) -> BoxFuture<'a, Result<Value, StepError>> {
+    fn run<'a>(&'a self, cx: &'a StepContext<'a, ClusterCommand>) -> BoxFuture<'a, Result<Value, StepError>> {
         async move {
             let c = own_cluster(&self.0, cx.spec).await?;
             let before = read_counts(&self.0, cx.spec, &c).await?;
-            cx.progress(
-                100,
-                format!(
-                    "now {} control-plane and {} worker machines",
-                    before.control_plane, before.workers
-                ),
-            );
+            cx.progress(100, format!("now {} control-plane and {} worker machines", before.control_plane, before.workers));
             Ok(serde_json::to_value(before).unwrap_or_default())
         }
         .boxed()
     }
 
-    fn undo<'a>(
-        &'a self,
-        _: &'a StepContext<'a, ClusterCommand>,
-        _: Option<&'a Value>,
-    ) -> BoxFuture<'a, Result<(), StepError>> {
+    fn undo<'a>(&'a self, _: &'a StepContext<'a, ClusterCommand>, _: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>> {
         async { Ok(()) }.boxed()
     }
 }
 
 fn before(cx: &StepContext<'_, ClusterCommand>) -> Result<Counts, StepError> {
-    cx.output_of("check")
-        .ok_or_else(|| StepError::permanent("INTERNAL", "the check step left no output"))
+    cx.output_of("check").ok_or_else(|| StepError::permanent("INTERNAL", "the check step left no output"))
 }
 
 fn target(cmd: &ClusterCommand, before: &Counts) -> Counts {
-    Counts {
-        control_plane: cmd
-            .control_plane
-            .count
-            .map_or(before.control_plane, i64::from),
-        workers: cmd.workers.count.map_or(before.workers, i64::from),
-    }
+    Counts { control_plane: cmd.control_plane.count.map_or(before.control_plane, i64::from), workers: cmd.workers.count.map_or(before.workers, i64::from) }
 }
 
 struct ScaleStep(Arc<Inner>);
@@ -1345,48 +908,22 @@ impl Step<ClusterCommand> for ScaleStep {
         wait_policy(Duration::from_secs(1800))
     }
 
-    fn run<'a>(
-        &'a self,
-        cx: &'a StepContext<'a, ClusterCommand>,
-    ) -> BoxFuture<'a, Result<Value, StepError>> {
+    fn run<'a>(&'a self, cx: &'a StepContext<'a, ClusterCommand>) -> BoxFuture<'a, Result<Value, StepError>> {
         async move {
             let to = target(cx.spec, &before(cx)?);
             set_counts(&self.0, cx.spec, &to).await?;
-            cx.progress(
-                100,
-                format!(
-                    "asked for {} control-plane and {} worker machines",
-                    to.control_plane, to.workers
-                ),
-            );
+            cx.progress(100, format!("asked for {} control-plane and {} worker machines", to.control_plane, to.workers));
             Ok(serde_json::to_value(to).unwrap_or_default())
         }
         .boxed()
     }
 
-    fn undo<'a>(
-        &'a self,
-        cx: &'a StepContext<'a, ClusterCommand>,
-        _: Option<&'a Value>,
-    ) -> BoxFuture<'a, Result<(), StepError>> {
+    fn undo<'a>(&'a self, cx: &'a StepContext<'a, ClusterCommand>, _: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>> {
         async move {
             let b = before(cx)?;
             set_counts(&self.0, cx.spec, &b).await?;
-            cx.progress(
-                50,
-                format!(
-                    "restoring {} control-plane and {} worker machines",
-                    b.control_plane, b.workers
-                ),
-            );
-            wait_nodes(
-                &self.0,
-                cx.spec,
-                (b.control_plane + b.workers) as usize,
-                ready_timeout(cx.spec),
-                cx,
-            )
-            .await?;
+            cx.progress(50, format!("restoring {} control-plane and {} worker machines", b.control_plane, b.workers));
+            wait_nodes(&self.0, cx.spec, (b.control_plane + b.workers) as usize, ready_timeout(cx.spec), cx).await?;
             Ok(())
         }
         .boxed()
@@ -1404,31 +941,17 @@ impl Step<ClusterCommand> for ScaleWait {
         wait_policy(Duration::from_secs(1800))
     }
 
-    fn run<'a>(
-        &'a self,
-        cx: &'a StepContext<'a, ClusterCommand>,
-    ) -> BoxFuture<'a, Result<Value, StepError>> {
+    fn run<'a>(&'a self, cx: &'a StepContext<'a, ClusterCommand>) -> BoxFuture<'a, Result<Value, StepError>> {
         async move {
             let to = target(cx.spec, &before(cx)?);
-            let nodes = wait_nodes(
-                &self.0,
-                cx.spec,
-                (to.control_plane + to.workers) as usize,
-                ready_timeout(cx.spec),
-                cx,
-            )
-            .await?;
+            let nodes = wait_nodes(&self.0, cx.spec, (to.control_plane + to.workers) as usize, ready_timeout(cx.spec), cx).await?;
             cx.progress(100, format!("{} nodes Ready", nodes.len()));
             Ok(json!({"nodes": nodes}))
         }
         .boxed()
     }
 
-    fn undo<'a>(
-        &'a self,
-        _: &'a StepContext<'a, ClusterCommand>,
-        _: Option<&'a Value>,
-    ) -> BoxFuture<'a, Result<(), StepError>> {
+    fn undo<'a>(&'a self, _: &'a StepContext<'a, ClusterCommand>, _: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>> {
         async { Ok(()) }.boxed()
     }
 }
@@ -1443,30 +966,17 @@ impl Step<ClusterCommand> for DeleteCheck {
         "check"
     }
 
-    fn run<'a>(
-        &'a self,
-        cx: &'a StepContext<'a, ClusterCommand>,
-    ) -> BoxFuture<'a, Result<Value, StepError>> {
+    fn run<'a>(&'a self, cx: &'a StepContext<'a, ClusterCommand>) -> BoxFuture<'a, Result<Value, StepError>> {
         async move {
             let c = own_cluster(&self.0, cx.spec).await?;
             let registered = own_managed_cluster(&self.0, cx.spec).await?.is_some();
-            cx.progress(
-                100,
-                format!(
-                    "Cluster created by task {}; registered with OCM: {registered}",
-                    task_of(&c.metadata)
-                ),
-            );
+            cx.progress(100, format!("Cluster created by task {}; registered with OCM: {registered}", task_of(&c.metadata)));
             Ok(json!({"registered": registered}))
         }
         .boxed()
     }
 
-    fn undo<'a>(
-        &'a self,
-        _: &'a StepContext<'a, ClusterCommand>,
-        _: Option<&'a Value>,
-    ) -> BoxFuture<'a, Result<(), StepError>> {
+    fn undo<'a>(&'a self, _: &'a StepContext<'a, ClusterCommand>, _: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>> {
         async { Ok(()) }.boxed()
     }
 }
@@ -1482,48 +992,24 @@ impl Step<ClusterCommand> for DeregisterStep {
         wait_policy(self.0.cfg.removal_timeout)
     }
 
-    fn run<'a>(
-        &'a self,
-        cx: &'a StepContext<'a, ClusterCommand>,
-    ) -> BoxFuture<'a, Result<Value, StepError>> {
+    fn run<'a>(&'a self, cx: &'a StepContext<'a, ClusterCommand>) -> BoxFuture<'a, Result<Value, StepError>> {
         async move {
             let removed = deregister(&self.0, cx.spec).await?;
-            cx.progress(
-                100,
-                if removed {
-                    "ManagedCluster removed"
-                } else {
-                    "not registered with OCM"
-                },
-            );
+            cx.progress(100, if removed { "ManagedCluster removed" } else { "not registered with OCM" });
             Ok(json!({"removed": removed}))
         }
         .boxed()
     }
 
-    fn undo<'a>(
-        &'a self,
-        cx: &'a StepContext<'a, ClusterCommand>,
-        out: Option<&'a Value>,
-    ) -> BoxFuture<'a, Result<(), StepError>> {
+    fn undo<'a>(&'a self, cx: &'a StepContext<'a, ClusterCommand>, out: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>> {
         async move {
             // Re-register while the Cluster still stands (the deletion failed before it began).
-            let registered: bool = cx
-                .output_of::<Value>("check")
-                .and_then(|v| v["registered"].as_bool())
-                .unwrap_or(false);
-            let removed = out
-                .and_then(|o| o["removed"].as_bool())
-                .unwrap_or(registered);
+            let registered: bool = cx.output_of::<Value>("check").and_then(|v| v["registered"].as_bool()).unwrap_or(false);
+            let removed = out.and_then(|o| o["removed"].as_bool()).unwrap_or(registered);
             if removed && own_cluster(&self.0, cx.spec).await.is_ok() {
                 let mut cmd = cx.spec.clone();
                 cmd.ocm.enabled = true;
-                self.0
-                    .cfg
-                    .clusters
-                    .apply(HUB, &render::managed_cluster(&cmd), MANAGER)
-                    .await
-                    .map_err(|e| kube_err("HUB_API", e))?;
+                self.0.cfg.clusters.apply(HUB, &render::managed_cluster(&cmd), MANAGER).await.map_err(|e| kube_err("HUB_API", e))?;
             }
             Ok(())
         }
@@ -1541,10 +1027,7 @@ const RENDERED_KINDS: &[(&str, &str)] = &[
     ("infrastructure.cluster.x-k8s.io", "DockerCluster"),
     ("infrastructure.cluster.x-k8s.io", "DockerMachineTemplate"),
     ("infrastructure.cluster.x-k8s.io", "OpenStackCluster"),
-    (
-        "infrastructure.cluster.x-k8s.io",
-        "OpenStackMachineTemplate",
-    ),
+    ("infrastructure.cluster.x-k8s.io", "OpenStackMachineTemplate"),
 ];
 
 struct DeleteStep(Arc<Inner>);
@@ -1558,30 +1041,19 @@ impl Step<ClusterCommand> for DeleteStep {
         wait_policy(self.0.cfg.removal_timeout)
     }
 
-    fn run<'a>(
-        &'a self,
-        cx: &'a StepContext<'a, ClusterCommand>,
-    ) -> BoxFuture<'a, Result<Value, StepError>> {
+    fn run<'a>(&'a self, cx: &'a StepContext<'a, ClusterCommand>) -> BoxFuture<'a, Result<Value, StepError>> {
         async move {
             let cmd = cx.spec;
             let inner = &self.0;
             let hub = inner.hub();
             let (ns, name) = (cmd.namespace(), cmd.name.as_str());
-            match clusters_api(&hub, ns)
-                .delete(name, &kube::api::DeleteParams::background())
-                .await
-            {
+            match clusters_api(&hub, ns).delete(name, &kube::api::DeleteParams::background()).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
                 Err(e) => return Err(hub_err(e)),
             }
             cx.progress(10, format!("Cluster {ns}/{name} deleting"));
-            inner
-                .cfg
-                .watches
-                .wait_deleted::<CapiCluster>(HUB, &hub, Some(ns), name, inner.cfg.removal_timeout)
-                .await
-                .map_err(wait_err)?;
+            inner.cfg.watches.wait_deleted::<CapiCluster>(HUB, &hub, Some(ns), name, inner.cfg.removal_timeout).await.map_err(wait_err)?;
             inner.cfg.watches.forget(name);
             cx.progress(80, "Cluster gone; deleting its templates");
             let mut removed = BTreeMap::new();
@@ -1592,10 +1064,7 @@ impl Step<ClusterCommand> for DeleteStep {
                     Err(ClusterError::NotServed { .. }) => continue,
                     Err(e) => return Err(kube_err("HUB_API", e)),
                 };
-                let lp = ListParams::default().labels(&format!(
-                    "{CLUSTER_LABEL}={name},{}={}",
-                    MANAGED_BY.0, MANAGED_BY.1
-                ));
+                let lp = ListParams::default().labels(&format!("{CLUSTER_LABEL}={name},{}={}", MANAGED_BY.0, MANAGED_BY.1));
                 for o in api.list(&lp).await.map_err(hub_err)?.items {
                     let n = o.metadata.name.clone().unwrap_or_default();
                     match api.delete(&n, &Default::default()).await {
@@ -1612,11 +1081,7 @@ impl Step<ClusterCommand> for DeleteStep {
         .boxed()
     }
 
-    fn undo<'a>(
-        &'a self,
-        cx: &'a StepContext<'a, ClusterCommand>,
-        out: Option<&'a Value>,
-    ) -> BoxFuture<'a, Result<(), StepError>> {
+    fn undo<'a>(&'a self, cx: &'a StepContext<'a, ClusterCommand>, out: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>> {
         async move {
             let gone_or_going = match clusters_api(&self.0.hub(), cx.spec.namespace()).get_opt(&cx.spec.name).await.map_err(hub_err)? {
                 None => true,
@@ -1654,43 +1119,21 @@ impl TaskHandler for ClusterHandler {
                 let mut steps: Vec<Arc<dyn Step<ClusterCommand>>> = vec![
                     Arc::new(CreateCheck(i.clone())),
                     Arc::new(ApplyStep(i.clone())),
-                    Arc::new(ClusterWait {
-                        inner: i.clone(),
-                        step: "infrastructure",
-                        field: "infrastructureProvisioned",
-                        what: "infrastructure provisioned",
-                    }),
-                    Arc::new(ClusterWait {
-                        inner: i.clone(),
-                        step: "control-plane",
-                        field: "controlPlaneInitialized",
-                        what: "control plane initialized",
-                    }),
+                    Arc::new(ClusterWait { inner: i.clone(), step: "infrastructure", field: "infrastructureProvisioned", what: "infrastructure provisioned" }),
+                    Arc::new(ClusterWait { inner: i.clone(), step: "control-plane", field: "controlPlaneInitialized", what: "control plane initialized" }),
                     Arc::new(KubeconfigStep(i.clone())),
                     Arc::new(NodesStep(i.clone())),
                 ];
                 for a in &spec.addons {
-                    steps.push(Arc::new(AddonStep {
-                        inner: i.clone(),
-                        addon: a.clone(),
-                        step: format!("addon-{}", a.name),
-                    }));
+                    steps.push(Arc::new(AddonStep { inner: i.clone(), addon: a.clone(), step: format!("addon-{}", a.name) }));
                 }
                 if spec.ocm.enabled {
                     steps.push(Arc::new(RegisterStep(i.clone())));
                 }
                 steps
             }
-            ClusterOperation::Scale => vec![
-                Arc::new(ScaleCheck(i.clone())),
-                Arc::new(ScaleStep(i.clone())),
-                Arc::new(ScaleWait(i.clone())),
-            ],
-            ClusterOperation::Delete => vec![
-                Arc::new(DeleteCheck(i.clone())),
-                Arc::new(DeregisterStep(i.clone())),
-                Arc::new(DeleteStep(i.clone())),
-            ],
+            ClusterOperation::Scale => vec![Arc::new(ScaleCheck(i.clone())), Arc::new(ScaleStep(i.clone())), Arc::new(ScaleWait(i.clone()))],
+            ClusterOperation::Delete => vec![Arc::new(DeleteCheck(i.clone())), Arc::new(DeregisterStep(i.clone())), Arc::new(DeleteStep(i.clone()))],
         }
     }
 }

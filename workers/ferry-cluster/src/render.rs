@@ -88,14 +88,7 @@ pub fn required_kinds(cmd: &ClusterCommand) -> Vec<(&'static str, &'static str)>
     }
     let (ic, imt) = infra_kinds(cmd);
     let (cp, bt) = control_plane_kinds(cmd);
-    vec![
-        (CAPI, "Cluster"),
-        (CAPI, "MachineDeployment"),
-        (INFRA, ic),
-        (INFRA, imt),
-        (CONTROL_PLANE, cp),
-        (BOOTSTRAP, bt),
-    ]
+    vec![(CAPI, "Cluster"), (CAPI, "MachineDeployment"), (INFRA, ic), (INFRA, imt), (CONTROL_PLANE, cp), (BOOTSTRAP, bt)]
 }
 
 fn cluster_network(cmd: &ClusterCommand) -> Value {
@@ -112,23 +105,16 @@ fn machine_template(cmd: &ClusterCommand, name: &str, flavor: Option<&str>, task
         "openstack" => {
             let os = cmd.openstack.clone().unwrap_or_default();
             // v1beta2 names flavors and images by filter (or id).
-            let mut s = json!({"flavor": {"filter": {"name": flavor.unwrap_or_default()}}, "image": {"filter": {"name": cmd.image.clone().unwrap_or_default()}}});
+            let mut s =
+                json!({"flavor": {"filter": {"name": flavor.unwrap_or_default()}}, "image": {"filter": {"name": cmd.image.clone().unwrap_or_default()}}});
             if let Some(k) = &os.ssh_key {
                 s["sshKeyName"] = json!(k);
             }
             s
         }
-        _ => cmd
-            .image
-            .as_ref()
-            .map_or_else(|| json!({}), |i| json!({"customImage": i})),
+        _ => cmd.image.as_ref().map_or_else(|| json!({}), |i| json!({"customImage": i})),
     };
-    obj(
-        &gv(INFRA),
-        kind,
-        meta(cmd, name, task),
-        json!({"template": {"spec": spec}}),
-    )
+    obj(&gv(INFRA), kind, meta(cmd, name, task), json!({"template": {"spec": spec}}))
 }
 
 fn infra_cluster(cmd: &ClusterCommand, task: &str) -> Value {
@@ -172,11 +158,7 @@ fn kubelet_args(cmd: &ClusterCommand) -> Value {
 /// The control plane's kubeadm settings: API server names and every node's kubelet flags.
 fn kubeadm_config_spec(cmd: &ClusterCommand) -> Value {
     let mut sans = vec![json!("localhost"), json!("127.0.0.1")];
-    if let Some(ip) = cmd
-        .openstack
-        .as_ref()
-        .and_then(|o| o.api_server_floating_ip.clone())
-    {
+    if let Some(ip) = cmd.openstack.as_ref().and_then(|o| o.api_server_floating_ip.clone()) {
         sans.push(json!(ip));
     }
     json!({
@@ -188,11 +170,7 @@ fn kubeadm_config_spec(cmd: &ClusterCommand) -> Value {
 
 /// A k3s control plane wants a k3s release version (`v1.33.1+k3s1`).
 fn k3s_version(v: &str) -> String {
-    if v.contains('+') {
-        v.to_owned()
-    } else {
-        format!("{v}+k3s1")
-    }
+    if v.contains('+') { v.to_owned() } else { format!("{v}+k3s1") }
 }
 
 /// The Cluster object: its labels and annotation, network, and refs or topology.
@@ -232,15 +210,7 @@ pub fn objects(cmd: &ClusterCommand, task: &str, worker_class: Option<&str>) -> 
     let (_, imt) = infra_kinds(cmd);
     let (cp_kind, bt_kind) = control_plane_kinds(cmd);
     let cp_template = machine_template(cmd, &cp_name, cmd.control_plane.flavor.as_deref(), task);
-    let md_template = machine_template(
-        cmd,
-        &md_name,
-        cmd.workers
-            .flavor
-            .as_deref()
-            .or(cmd.control_plane.flavor.as_deref()),
-        task,
-    );
+    let md_template = machine_template(cmd, &md_name, cmd.workers.flavor.as_deref().or(cmd.control_plane.flavor.as_deref()), task);
     let control_plane = if cp_kind == "KThreesControlPlane" {
         // cluster-api-k3s still refers to templates by apiVersion.
         obj(
@@ -272,17 +242,8 @@ pub fn objects(cmd: &ClusterCommand, task: &str, worker_class: Option<&str>) -> 
     } else {
         json!({})
     };
-    let bootstrap = obj(
-        &gv(BOOTSTRAP),
-        bt_kind,
-        meta(cmd, &md_name, task),
-        json!({"template": {"spec": bootstrap_spec}}),
-    );
-    let version = if cp_kind == "KThreesControlPlane" {
-        k3s_version(&cmd.version)
-    } else {
-        cmd.version.clone()
-    };
+    let bootstrap = obj(&gv(BOOTSTRAP), bt_kind, meta(cmd, &md_name, task), json!({"template": {"spec": bootstrap_spec}}));
+    let version = if cp_kind == "KThreesControlPlane" { k3s_version(&cmd.version) } else { cmd.version.clone() };
     let md = obj(
         &gv(CAPI),
         "MachineDeployment",
@@ -302,15 +263,7 @@ pub fn objects(cmd: &ClusterCommand, task: &str, worker_class: Option<&str>) -> 
             },
         }),
     );
-    vec![
-        cp_template,
-        md_template,
-        bootstrap,
-        infra_cluster(cmd, task),
-        control_plane,
-        md,
-        cluster(cmd, task, worker_class),
-    ]
+    vec![cp_template, md_template, bootstrap, infra_cluster(cmd, task), control_plane, md, cluster(cmd, task, worker_class)]
 }
 
 /// The OCM ManagedCluster of the command's cluster (accepted by the hub).
@@ -338,14 +291,8 @@ mod tests {
             name: "edge-1".into(),
             infrastructure: "docker".into(),
             version: "v1.33.1".into(),
-            control_plane: MachinePool {
-                count: Some(3),
-                flavor: None,
-            },
-            workers: WorkerPool {
-                count: Some(2),
-                flavor: None,
-            },
+            control_plane: MachinePool { count: Some(3), flavor: None },
+            workers: WorkerPool { count: Some(2), flavor: None },
             ..ClusterCommand::default()
         }
     }
@@ -356,29 +303,17 @@ mod tests {
         let kinds: Vec<&str> = objs.iter().map(|o| o["kind"].as_str().unwrap()).collect();
         assert_eq!(
             kinds,
-            [
-                "DockerMachineTemplate",
-                "DockerMachineTemplate",
-                "KubeadmConfigTemplate",
-                "DockerCluster",
-                "KubeadmControlPlane",
-                "MachineDeployment",
-                "Cluster"
-            ]
+            ["DockerMachineTemplate", "DockerMachineTemplate", "KubeadmConfigTemplate", "DockerCluster", "KubeadmControlPlane", "MachineDeployment", "Cluster"]
         );
         let c = &objs[6];
         assert_eq!(
             c["spec"]["controlPlaneRef"],
             json!({"apiGroup": "controlplane.cluster.x-k8s.io", "kind": "KubeadmControlPlane", "name": "edge-1-control-plane"})
         );
-        assert_eq!(
-            c["metadata"]["labels"]["app.kubernetes.io/managed-by"],
-            "ferry"
-        );
+        assert_eq!(c["metadata"]["labels"]["app.kubernetes.io/managed-by"], "ferry");
         assert_eq!(objs[4]["spec"]["replicas"], 3);
         assert_eq!(objs[5]["spec"]["replicas"], 2);
-        assert!(objs.iter().all(|o| o["metadata"]["namespace"] == "default"
-            && o["apiVersion"].as_str().unwrap().ends_with("/v1beta2")));
+        assert!(objs.iter().all(|o| o["metadata"]["namespace"] == "default" && o["apiVersion"].as_str().unwrap().ends_with("/v1beta2")));
     }
 
     #[test]
@@ -395,23 +330,11 @@ mod tests {
             ..OpenStackSettings::default()
         });
         let objs = objects(&c, "t1", None);
-        assert_eq!(
-            objs[0]["spec"]["template"]["spec"]["flavor"]["filter"]["name"],
-            "m1.medium"
-        );
-        assert_eq!(
-            objs[1]["spec"]["template"]["spec"]["flavor"]["filter"]["name"],
-            "m1.large"
-        );
-        assert_eq!(
-            objs[3]["spec"]["externalNetwork"]["id"],
-            "6c90b532-7ba0-418a-a276-5ae55060b5b0"
-        );
+        assert_eq!(objs[0]["spec"]["template"]["spec"]["flavor"]["filter"]["name"], "m1.medium");
+        assert_eq!(objs[1]["spec"]["template"]["spec"]["flavor"]["filter"]["name"], "m1.large");
+        assert_eq!(objs[3]["spec"]["externalNetwork"]["id"], "6c90b532-7ba0-418a-a276-5ae55060b5b0");
         assert_eq!(objs[3]["spec"]["apiServer"]["floatingIP"], "172.24.4.10");
-        assert_eq!(
-            objs[3]["spec"]["identityRef"],
-            json!({"cloudName": "openstack", "name": "cloud-config"})
-        );
+        assert_eq!(objs[3]["spec"]["identityRef"], json!({"cloudName": "openstack", "name": "cloud-config"}));
     }
 
     #[test]
@@ -420,10 +343,7 @@ mod tests {
         c.cluster_class = Some("quick-start".into());
         let objs = objects(&c, "t1", Some("default-worker"));
         assert_eq!(objs.len(), 1);
-        assert_eq!(
-            objs[0]["spec"]["topology"]["workers"]["machineDeployments"][0],
-            json!({"class": "default-worker", "name": "md-0", "replicas": 2})
-        );
+        assert_eq!(objs[0]["spec"]["topology"]["workers"]["machineDeployments"][0], json!({"class": "default-worker", "name": "md-0", "replicas": 2}));
         assert!(objs[0]["spec"].get("controlPlaneRef").is_none());
     }
 }

@@ -5,9 +5,7 @@
 use std::path::PathBuf;
 
 use ferry_cluster::render;
-use ferry_cluster::spec::{
-    ClusterCommand, MachinePool, OcmRegistration, OpenStackSettings, WorkerPool,
-};
+use ferry_cluster::spec::{ClusterCommand, MachinePool, OcmRegistration, OpenStackSettings, WorkerPool};
 use ferry_fleet::{Fleet, FleetOptions};
 use ferry_kube::{Clusters, HUB};
 use k8s_openapi::api::core::v1::Namespace;
@@ -25,35 +23,20 @@ fn commands() -> Vec<ClusterCommand> {
         namespace: Some("fleet".into()),
         infrastructure: "docker".into(),
         version: "v1.33.1".into(),
-        control_plane: MachinePool {
-            count: Some(3),
-            flavor: None,
-        },
-        workers: WorkerPool {
-            count: Some(2),
-            flavor: None,
-        },
+        control_plane: MachinePool { count: Some(3), flavor: None },
+        workers: WorkerPool { count: Some(2), flavor: None },
         image: Some("kindest/node:v1.33.1".into()),
         pods_cidr: Some("10.244.0.0/16".into()),
         labels: [("tier".to_owned(), "edge".to_owned())].into(),
-        ocm: OcmRegistration {
-            enabled: true,
-            cluster_set: Some("edge".into()),
-        },
+        ocm: OcmRegistration { enabled: true, cluster_set: Some("edge".into()) },
         ..ClusterCommand::default()
     };
     let openstack = ClusterCommand {
         name: "cloud-1".into(),
         infrastructure: "openstack".into(),
         image: Some("ubuntu-2404-kube-v1.33.1".into()),
-        control_plane: MachinePool {
-            count: Some(1),
-            flavor: Some("m1.medium".into()),
-        },
-        workers: WorkerPool {
-            count: Some(3),
-            flavor: Some("m1.large".into()),
-        },
+        control_plane: MachinePool { count: Some(1), flavor: Some("m1.medium".into()) },
+        workers: WorkerPool { count: Some(3), flavor: Some("m1.large".into()) },
         openstack: Some(OpenStackSettings {
             cloud_secret: "cloud-config".into(),
             cloud: Some("mycloud".into()),
@@ -65,11 +48,7 @@ fn commands() -> Vec<ClusterCommand> {
         }),
         ..docker.clone()
     };
-    let topology = ClusterCommand {
-        name: "classy".into(),
-        cluster_class: Some("quick-start".into()),
-        ..docker.clone()
-    };
+    let topology = ClusterCommand { name: "classy".into(), cluster_class: Some("quick-start".into()), ..docker.clone() };
     vec![docker, openstack, topology]
 }
 
@@ -107,35 +86,16 @@ async fn rendered_manifests_pass_the_upstream_schemas() {
         println!("note: the test bed is not installed (scripts/install-testbed.sh); skipping");
         return;
     }
-    let fleet = Fleet::start(FleetOptions {
-        controllers: false,
-        ..FleetOptions::hub_and(0)
-    })
-    .await
-    .unwrap();
+    let fleet = Fleet::start(FleetOptions { controllers: false, ..FleetOptions::hub_and(0) }).await.unwrap();
     let hub = fleet.hub().client().await.unwrap();
     let mut installed = Vec::new();
-    for dir in [
-        "cluster-api",
-        "cluster-api-provider-openstack",
-        "open-cluster-management",
-    ] {
-        installed.extend(
-            ferry_fleet::crds::install_dir(&hub, &crds.join(dir))
-                .await
-                .unwrap(),
-        );
+    for dir in ["cluster-api", "cluster-api-provider-openstack", "open-cluster-management"] {
+        installed.extend(ferry_fleet::crds::install_dir(&hub, &crds.join(dir)).await.unwrap());
     }
     assert!(installed.len() >= 15, "{installed:?}");
     let pp = PatchParams::apply("test");
     Api::<Namespace>::all(hub.clone())
-        .patch(
-            "fleet",
-            &pp,
-            &Patch::Apply(
-                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "fleet"}}),
-            ),
-        )
+        .patch("fleet", &pp, &Patch::Apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "fleet"}})))
         .await
         .unwrap();
     let clusters = Clusters::new(hub.clone());
@@ -143,35 +103,22 @@ async fn rendered_manifests_pass_the_upstream_schemas() {
     let mut checked = 0;
     for cmd in commands() {
         let worker_class = cmd.cluster_class.as_ref().map(|_| "default-worker");
-        let mut objects =
-            render::objects(&cmd, "0f0e0d0c-0b0a-0908-0706-050403020100", worker_class);
+        let mut objects = render::objects(&cmd, "0f0e0d0c-0b0a-0908-0706-050403020100", worker_class);
         objects.push(render::managed_cluster(&cmd));
         for o in &objects {
             let got = match clusters.dry_run_apply(HUB, o, render::MANAGER).await {
                 Ok(got) => got,
-                Err(e) => panic!(
-                    "{} {} of {} fails the upstream schema: {e}",
-                    o["kind"], o["metadata"]["name"], cmd.name
-                ),
+                Err(e) => panic!("{} {} of {} fails the upstream schema: {e}", o["kind"], o["metadata"]["name"], cmd.name),
             };
             // The API server prunes fields a schema does not know: a misspelt field would
             // vanish silently. Everything sent must come back.
             let mut lost = Vec::new();
             missing(&o["spec"], &got.data["spec"], "spec", &mut lost);
-            assert!(
-                lost.is_empty(),
-                "{} {}: the schema pruned {lost:?}",
-                o["kind"],
-                o["metadata"]["name"]
-            );
+            assert!(lost.is_empty(), "{} {}: the schema pruned {lost:?}", o["kind"], o["metadata"]["name"]);
             checked += 1;
         }
     }
-    assert_eq!(
-        checked,
-        7 + 1 + 7 + 1 + 1 + 1,
-        "every object of the three commands was checked"
-    );
+    assert_eq!(checked, 7 + 1 + 7 + 1 + 1 + 1, "every object of the three commands was checked");
 
     // The dry runs validate for real: schema violations are refused.
     let broken = [
@@ -195,15 +142,7 @@ async fn rendered_manifests_pass_the_upstream_schemas() {
         },
     ];
     for o in &broken {
-        let e = clusters
-            .dry_run_apply(HUB, o, render::MANAGER)
-            .await
-            .expect_err(&format!("{} must be refused", o["kind"]));
-        assert!(
-            e.to_string().contains("Invalid")
-                || e.to_string().contains("invalid")
-                || e.to_string().contains("Required"),
-            "{e}"
-        );
+        let e = clusters.dry_run_apply(HUB, o, render::MANAGER).await.expect_err(&format!("{} must be refused", o["kind"]));
+        assert!(e.to_string().contains("Invalid") || e.to_string().contains("invalid") || e.to_string().contains("Required"), "{e}");
     }
 }

@@ -6,19 +6,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_cluster::spec::{
-    AddonRequest, ClusterCommand, ClusterOperation, MachinePool, OcmRegistration, WorkerPool,
-};
+use ferry_cluster::spec::{AddonRequest, ClusterCommand, ClusterOperation, MachinePool, OcmRegistration, WorkerPool};
 use ferry_cluster::{Catalog, ClusterConfig, ClusterHandler, demo};
 use ferry_fleet::emulated_capi::{CapiOptions, EmulatedCapi};
 use ferry_fleet::emulated_ocm::EmulatedOcm;
 use ferry_fleet::{Fleet, FleetOptions};
 use ferry_kube::Clusters;
 use ferry_kube::kinds::CapiCluster;
-use ferry_runtime::{
-    Client, EmbeddedBroker, EventType, KafkaConfig, ProgressEvent, SubmitOptions, TaskKind, Topics,
-    Worker, WorkerOptions,
-};
+use ferry_runtime::{Client, EmbeddedBroker, EventType, KafkaConfig, ProgressEvent, SubmitOptions, TaskKind, Topics, Worker, WorkerOptions};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
@@ -38,10 +33,7 @@ struct Bed {
 
 impl Bed {
     async fn start(opts: CapiOptions) -> Option<Self> {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
-            .with_test_writer()
-            .try_init();
+        let _ = tracing_subscriber::fmt().with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into())).with_test_writer().try_init();
         if !ferry_fleet::binaries::Binaries::installed() {
             println!("note: the test bed is not installed (scripts/install-testbed.sh); skipping");
             return None;
@@ -49,22 +41,12 @@ impl Bed {
         let fleet = Fleet::start(FleetOptions::hub_and(0)).await.expect("fleet");
         fleet.install_project_crds().await.expect("CRDs");
         let ocm = EmulatedOcm::start(&fleet).await.expect("emulated OCM");
-        let capi = EmulatedCapi::start(&fleet, opts)
-            .await
-            .expect("emulated Cluster API");
+        let capi = EmulatedCapi::start(&fleet, opts).await.expect("emulated Cluster API");
         capi.set_default(|k| k.provision_delay = Duration::from_millis(300));
         let topics = Topics::standard();
         let broker = EmbeddedBroker::start(1, &topics).expect("broker");
         let kafka = KafkaConfig::for_embedded(broker.bootstrap());
-        Some(Self {
-            fleet,
-            capi,
-            _ocm: ocm,
-            broker: Some(broker),
-            kafka,
-            topics,
-            stop: CancellationToken::new(),
-        })
+        Some(Self { fleet, capi, _ocm: ocm, broker: Some(broker), kafka, topics, stop: CancellationToken::new() })
     }
 
     /// Starts a worker (its own process in production; a task here, which a test may
@@ -80,12 +62,7 @@ impl Bed {
         opts.shutdown_grace = Duration::from_secs(2);
         opts.revoke_grace = Duration::from_secs(1);
         let stop = self.stop.clone();
-        tokio::spawn(async move {
-            Worker::new(opts, ClusterHandler::new(cfg))
-                .run(stop)
-                .await
-                .expect("create-cluster worker")
-        })
+        tokio::spawn(async move { Worker::new(opts, ClusterHandler::new(cfg)).run(stop).await.expect("create-cluster worker") })
     }
 
     fn client(&self) -> Client {
@@ -113,14 +90,8 @@ fn small(name: &str) -> ClusterCommand {
         namespace: Some("fleet".into()),
         infrastructure: "docker".into(),
         version: "v1.33.1".into(),
-        control_plane: MachinePool {
-            count: Some(1),
-            flavor: None,
-        },
-        workers: WorkerPool {
-            count: Some(1),
-            flavor: None,
-        },
+        control_plane: MachinePool { count: Some(1), flavor: None },
+        workers: WorkerPool { count: Some(1), flavor: None },
         ready_timeout_seconds: Some(240),
         addon_timeout_seconds: Some(60),
         ..ClusterCommand::default()
@@ -135,13 +106,7 @@ async fn nodes_of(hub: &kube::Client, cluster: &str) -> usize {
         .unwrap()
         .items
         .iter()
-        .filter(|n| {
-            n.metadata
-                .name
-                .as_deref()
-                .unwrap_or("")
-                .starts_with(&format!("{cluster}-"))
-        })
+        .filter(|n| n.metadata.name.as_deref().unwrap_or("").starts_with(&format!("{cluster}-")))
         .count()
 }
 
@@ -155,167 +120,101 @@ async fn create_with_addons_and_ocm_then_scale_revert_and_delete() {
     let hub = bed.hub().await;
 
     // `ferry dev --demo create-cluster`: create (CNI, MetalLB, OCM), scale 2 → 3, delete.
-    assert!(
-        demo::run(&client, &hub).await.unwrap(),
-        "the demo's checks failed (see its output)"
-    );
+    assert!(demo::run(&client, &hub).await.unwrap(), "the demo's checks failed (see its output)");
 
     // Every step reported progress with a percent; the add-ons were steps of their own.
     let cmd = small("scaled");
     let mut with_addon = cmd.clone();
-    with_addon.addons = vec![AddonRequest {
-        name: "ingress-nginx".into(),
-        ..AddonRequest::default()
-    }];
+    with_addon.addons = vec![AddonRequest { name: "ingress-nginx".into(), ..AddonRequest::default() }];
     let (id, evs) = demo::submit(&client, &with_addon, WAIT).await.unwrap();
     assert_eq!(last(&evs).event, EventType::Succeeded, "{:?}", last(&evs));
-    let steps: Vec<String> = evs
-        .iter()
-        .filter(|e| e.event == EventType::StepSucceeded)
-        .filter_map(|e| e.step_name.clone())
-        .collect();
-    assert_eq!(
-        steps,
-        [
-            "check",
-            "apply",
-            "infrastructure",
-            "control-plane",
-            "kubeconfig",
-            "nodes",
-            "addon-ingress-nginx"
-        ]
-    );
+    let steps: Vec<String> = evs.iter().filter(|e| e.event == EventType::StepSucceeded).filter_map(|e| e.step_name.clone()).collect();
+    assert_eq!(steps, ["check", "apply", "infrastructure", "control-plane", "kubeconfig", "nodes", "addon-ingress-nginx"]);
     for s in &steps {
         assert!(
-            evs.iter().any(|e| e.event == EventType::StepProgress
-                && e.step_name.as_ref() == Some(s)
-                && e.percent.is_some()),
+            evs.iter().any(|e| e.event == EventType::StepProgress && e.step_name.as_ref() == Some(s) && e.percent.is_some()),
             "no progress percent from step {s}"
         );
     }
     // The task names the kubeconfig Secret; the kubeconfig itself never reaches Kafka.
     let snap = client.snapshot(id).await.unwrap().unwrap();
-    let kc = snap
-        .journal
-        .iter()
-        .find(|j| j.name == "kubeconfig")
-        .and_then(|j| j.output.clone())
-        .unwrap();
+    let kc = snap.journal.iter().find(|j| j.name == "kubeconfig").and_then(|j| j.output.clone()).unwrap();
     assert!(kc.contains("fleet/scaled-kubeconfig"), "{kc}");
     assert_eq!(nodes_of(&hub, "scaled").await, 2);
+    let secret = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(hub.clone(), "fleet").get("scaled-kubeconfig").await.unwrap();
+    let text = String::from_utf8(secret.data.unwrap()["value"].0.clone()).unwrap();
+    let token: Vec<String> = text.lines().filter_map(|l| l.trim().strip_prefix("token: ").map(str::to_owned)).collect();
+    assert_eq!(token.len(), 1, "the workload kubeconfig has a token");
+    let mut scanned = 0;
+    for t in bed.topics.all() {
+        for (_, payload) in client.read_to_end(&t.name).await.unwrap() {
+            assert_eq!(ferry_runtime::secrets::find_with(&payload, &token), None, "secret material on {}", t.name);
+            scanned += 1;
+        }
+    }
+    assert!(scanned > 50, "the scan read the topics ({scanned} records)");
 
     // Scale to 3 workers, then revert the scale: back to 1 worker.
-    let (id, evs) = demo::submit(&client, &demo::scale(&cmd, 3), WAIT)
-        .await
-        .unwrap();
+    let (id, evs) = demo::submit(&client, &demo::scale(&cmd, 3), WAIT).await.unwrap();
     assert_eq!(last(&evs).event, EventType::Succeeded, "{:?}", last(&evs));
     assert_eq!(nodes_of(&hub, "scaled").await, 4);
     let mut events = client.events(false).await.unwrap();
     client.revert(id).await.unwrap();
-    let evs = events
-        .until(id, WAIT, |e| e.event.is_final())
-        .await
-        .unwrap();
+    let evs = events.until(id, WAIT, |e| e.event.is_final()).await.unwrap();
     assert_eq!(last(&evs).event, EventType::Reverted, "{:?}", last(&evs));
-    assert_eq!(
-        nodes_of(&hub, "scaled").await,
-        2,
-        "the revert restored 1 control-plane and 1 worker node"
-    );
+    assert_eq!(nodes_of(&hub, "scaled").await, 2, "the revert restored 1 control-plane and 1 worker node");
 
     // A revert of the create deletes what it created.
     let mut events = client.events(false).await.unwrap();
     let snaps = client.snapshots().await.unwrap();
-    let create = snaps
-        .iter()
-        .find(|s| {
-            s.subject == "fleet/scaled"
-                && s.kind == TaskKind::CreateCluster
-                && s.journal.iter().any(|j| j.name == "apply")
-        })
-        .unwrap();
+    let create =
+        snaps.iter().find(|s| s.subject == "fleet/scaled" && s.kind == TaskKind::CreateCluster && s.journal.iter().any(|j| j.name == "apply")).unwrap();
     let create_id = create.task_id.parse().unwrap();
     client.revert(create_id).await.unwrap();
-    let evs = events
-        .until(create_id, WAIT, |e| e.event.is_final())
-        .await
-        .unwrap();
+    let evs = events.until(create_id, WAIT, |e| e.event.is_final()).await.unwrap();
     assert_eq!(last(&evs).event, EventType::Reverted, "{:?}", last(&evs));
-    assert_eq!(
-        demo::leftovers(&hub, &cmd).await.unwrap(),
-        Vec::<String>::new()
-    );
+    assert_eq!(demo::leftovers(&hub, &cmd).await.unwrap(), Vec::<String>::new());
 
     bed.stop(h).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failing_addon_reverts_the_cluster_and_bad_input_is_rejected() {
+async fn failures_revert_bad_input_is_rejected_and_a_topology_works() {
     let Some(bed) = Bed::start(CapiOptions::default()).await else {
         return;
     };
     let h = bed.start_worker().await;
     let client = bed.client();
     let hub = bed.hub().await;
-    bed.capi
-        .set_default(|k| k.crashing_images = vec!["ferry.invalid/crashing".into()]);
+    bed.capi.set_default(|k| k.crashing_images = vec!["ferry.invalid/crashing".into()]);
     demo::cluster_set(&hub, "edge").await.unwrap();
 
     // The second add-on crash-loops: the task fails there and reverts everything.
     let mut cmd = small("doomed");
-    cmd.addons = vec![
-        AddonRequest {
-            name: "cni".into(),
-            ..AddonRequest::default()
-        },
-        AddonRequest {
-            name: "crashing".into(),
-            ..AddonRequest::default()
-        },
-    ];
-    cmd.ocm = OcmRegistration {
-        enabled: true,
-        cluster_set: Some("edge".into()),
-    };
+    cmd.addons = vec![AddonRequest { name: "cni".into(), ..AddonRequest::default() }, AddonRequest { name: "crashing".into(), ..AddonRequest::default() }];
+    cmd.ocm = OcmRegistration { enabled: true, cluster_set: Some("edge".into()) };
     let (_, evs) = demo::submit(&client, &cmd, WAIT).await.unwrap();
     assert_eq!(last(&evs).event, EventType::Reverted, "{:?}", last(&evs));
-    let failed = evs
-        .iter()
-        .find(|e| e.event == EventType::StepFailed)
-        .unwrap();
+    let failed = evs.iter().find(|e| e.event == EventType::StepFailed).unwrap();
     assert_eq!(failed.step_name.as_deref(), Some("addon-crashing"));
     assert_eq!(failed.code.as_deref(), Some("ADDON_FAILED"));
-    assert!(
-        failed
-            .message
-            .as_deref()
-            .unwrap_or("")
-            .contains("CrashLoopBackOff"),
-        "{failed:?}"
-    );
-    let reverted: Vec<String> = evs
-        .iter()
-        .filter(|e| e.event == EventType::StepReverted)
-        .filter_map(|e| e.step_name.clone())
-        .collect();
-    assert!(
-        reverted.contains(&"addon-cni".to_owned()) && reverted.contains(&"apply".to_owned()),
-        "{reverted:?}"
-    );
-    assert_eq!(
-        demo::leftovers(&hub, &cmd).await.unwrap(),
-        Vec::<String>::new(),
-        "the revert left the hub as before"
-    );
-    assert!(
-        Api::<k8s_openapi::api::core::v1::Namespace>::all(hub.clone())
-            .get_opt("fleet")
-            .await
-            .unwrap()
-            .is_none(),
-        "the namespace the task created is gone"
-    );
+    assert!(failed.message.as_deref().unwrap_or("").contains("CrashLoopBackOff"), "{failed:?}");
+    let reverted: Vec<String> = evs.iter().filter(|e| e.event == EventType::StepReverted).filter_map(|e| e.step_name.clone()).collect();
+    assert!(reverted.contains(&"addon-cni".to_owned()) && reverted.contains(&"apply".to_owned()), "{reverted:?}");
+    assert_eq!(demo::leftovers(&hub, &cmd).await.unwrap(), Vec::<String>::new(), "the revert left the hub as before");
+    assert!(Api::<k8s_openapi::api::core::v1::Namespace>::all(hub.clone()).get_opt("fleet").await.unwrap().is_none(), "the namespace the task created is gone");
+
+    // A cluster whose control plane never initializes fails at its deadline, with the
+    // last state seen, and reverts.
+    bed.capi.set("stuck", |k| k.never_ready = true);
+    let mut stuck = small("stuck");
+    stuck.ready_timeout_seconds = Some(5);
+    let (_, evs) = demo::submit(&client, &stuck, WAIT).await.unwrap();
+    assert_eq!(last(&evs).event, EventType::Reverted, "{:?}", last(&evs));
+    let failed = evs.iter().find(|e| e.event == EventType::StepFailed).unwrap();
+    assert_eq!((failed.step_name.as_deref(), failed.code.as_deref()), (Some("control-plane"), Some("DEADLINE_EXCEEDED")), "{failed:?}");
+    assert!(failed.message.as_deref().unwrap_or("").contains("phase Provisioning"), "{failed:?}");
+    assert_eq!(demo::leftovers(&hub, &stuck).await.unwrap(), Vec::<String>::new());
 
     // Bad input: each refused with its reason, nothing applied.
     let bad = |f: &dyn Fn(&mut ClusterCommand)| {
@@ -324,41 +223,13 @@ async fn a_failing_addon_reverts_the_cluster_and_bad_input_is_rejected() {
         c
     };
     let cases: Vec<(ClusterCommand, &str)> = vec![
-        (
-            bad(&|c| c.infrastructure = "vsphere".into()),
-            "infrastructure provider \"vsphere\" is not supported",
-        ),
-        (
-            bad(&|c| c.control_plane.count = Some(0)),
-            "control_plane.count is 0",
-        ),
-        (
-            bad(&|c| c.control_plane.count = Some(4)),
-            "control_plane.count 4 is even",
-        ),
-        (
-            bad(&|c| {
-                c.addons = vec![AddonRequest {
-                    name: "istio".into(),
-                    ..AddonRequest::default()
-                }]
-            }),
-            "unknown add-on \"istio\"",
-        ),
+        (bad(&|c| c.infrastructure = "vsphere".into()), "infrastructure provider \"vsphere\" is not supported"),
+        (bad(&|c| c.control_plane.count = Some(0)), "control_plane.count is 0"),
+        (bad(&|c| c.control_plane.count = Some(4)), "control_plane.count 4 is even"),
+        (bad(&|c| c.addons = vec![AddonRequest { name: "istio".into(), ..AddonRequest::default() }]), "unknown add-on \"istio\""),
         // The hub has no k3s control-plane provider.
-        (
-            bad(&|c| c.control_plane_provider = Some("k3s".into())),
-            "does not serve controlplane.cluster.x-k8s.io/v1beta2 KThreesControlPlane",
-        ),
-        (
-            bad(&|c| {
-                c.ocm = OcmRegistration {
-                    enabled: true,
-                    cluster_set: Some("nowhere".into()),
-                }
-            }),
-            "ManagedClusterSet \"nowhere\" does not exist",
-        ),
+        (bad(&|c| c.control_plane_provider = Some("k3s".into())), "does not serve controlplane.cluster.x-k8s.io/v1beta2 KThreesControlPlane"),
+        (bad(&|c| c.ocm = OcmRegistration { enabled: true, cluster_set: Some("nowhere".into()) }), "ManagedClusterSet \"nowhere\" does not exist"),
     ];
     let mut names = cases.iter().map(|(c, _)| c.subject()).collect::<Vec<_>>();
     names.dedup();
@@ -366,80 +237,32 @@ async fn a_failing_addon_reverts_the_cluster_and_bad_input_is_rejected() {
         let (_, evs) = demo::submit(&client, c, WAIT).await.unwrap();
         let e = last(&evs);
         assert_eq!(e.event, EventType::Rejected, "{c:?}: {e:?}");
-        assert!(
-            e.message.as_deref().unwrap_or("").contains(want),
-            "{:?} should contain {want:?}",
-            e.message
-        );
+        assert!(e.message.as_deref().unwrap_or("").contains(want), "{:?} should contain {want:?}", e.message);
     }
     // A name that is not a DNS-1123 label is refused before a subject check could pass.
     let mut c = small("Bad_Name");
     c.name = "Bad_Name".into();
     let mut events = client.events(false).await.unwrap();
-    let id = client
-        .submit(
-            TaskKind::CreateCluster,
-            &c.subject(),
-            &c,
-            SubmitOptions::default(),
-        )
-        .await
-        .unwrap();
-    let evs = events
-        .until(id, WAIT, |e| e.event.is_final())
-        .await
-        .unwrap();
+    let id = client.submit(TaskKind::CreateCluster, &c.subject(), &c, SubmitOptions::default()).await.unwrap();
+    let evs = events.until(id, WAIT, |e| e.event.is_final()).await.unwrap();
     assert_eq!(last(&evs).event, EventType::Rejected);
-    assert!(
-        last(&evs)
-            .message
-            .as_deref()
-            .unwrap_or("")
-            .contains("is not a DNS-1123 label"),
-        "{:?}",
-        last(&evs)
-    );
-    assert_eq!(
-        demo::leftovers(&hub, &small("bad-input")).await.unwrap(),
-        Vec::<String>::new()
-    );
+    assert!(last(&evs).message.as_deref().unwrap_or("").contains("is not a DNS-1123 label"), "{:?}", last(&evs));
+    assert_eq!(demo::leftovers(&hub, &small("bad-input")).await.unwrap(), Vec::<String>::new());
 
     // A Cluster of that name that Ferry did not create: refused, and left as it was.
-    let foreign = json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster", "metadata": {"name": "theirs", "namespace": "default"}, "spec": {"paused": true}});
+    let foreign =
+        json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster", "metadata": {"name": "theirs", "namespace": "default"}, "spec": {"paused": true}});
     let api: Api<CapiCluster> = Api::namespaced(hub.clone(), "default");
-    api.patch(
-        "theirs",
-        &PatchParams::apply("someone-else"),
-        &Patch::Apply(&foreign),
-    )
-    .await
-    .unwrap();
+    api.patch("theirs", &PatchParams::apply("someone-else"), &Patch::Apply(&foreign)).await.unwrap();
     let mut theirs = small("theirs");
     theirs.namespace = None;
-    for op in [
-        ClusterOperation::Create,
-        ClusterOperation::Scale,
-        ClusterOperation::Delete,
-    ] {
+    for op in [ClusterOperation::Create, ClusterOperation::Scale, ClusterOperation::Delete] {
         theirs.operation = op;
         let (_, evs) = demo::submit(&client, &theirs, WAIT).await.unwrap();
-        assert_eq!(
-            last(&evs).event,
-            EventType::Rejected,
-            "{op:?}: {:?}",
-            last(&evs)
-        );
+        assert_eq!(last(&evs).event, EventType::Rejected, "{op:?}: {:?}", last(&evs));
         assert!(
-            last(&evs)
-                .message
-                .as_deref()
-                .unwrap_or("")
-                .contains("Ferry did not create")
-                || last(&evs)
-                    .message
-                    .as_deref()
-                    .unwrap_or("")
-                    .contains("not created by Ferry"),
+            last(&evs).message.as_deref().unwrap_or("").contains("Ferry did not create")
+                || last(&evs).message.as_deref().unwrap_or("").contains("not created by Ferry"),
             "{:?}",
             last(&evs)
         );
@@ -447,6 +270,26 @@ async fn a_failing_addon_reverts_the_cluster_and_bad_input_is_rejected() {
     let still = api.get("theirs").await.unwrap();
     assert!(still.metadata.deletion_timestamp.is_none());
     assert_eq!(still.spec["paused"], true);
+
+    // A ClusterClass topology: the Cluster alone, its replicas scaled in the topology.
+    let class = json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "ClusterClass", "metadata": {"name": "quick-start", "namespace": "default"},
+        "spec": {"workers": {"machineDeployments": [{"class": "default-worker"}]}}});
+    Clusters::new(hub.clone()).apply(ferry_kube::HUB, &class, "test").await.unwrap();
+    let mut classy = small("classy");
+    classy.namespace = None;
+    classy.cluster_class = Some("quick-start".into());
+    let (_, evs) = demo::submit(&client, &classy, WAIT).await.unwrap();
+    assert_eq!(last(&evs).event, EventType::Succeeded, "{:?}", last(&evs));
+    let c = api.get("classy").await.unwrap();
+    assert_eq!(c.spec["topology"]["workers"]["machineDeployments"][0]["class"], "default-worker");
+    assert_eq!(nodes_of(&hub, "classy").await, 2);
+    let (_, evs) = demo::submit(&client, &demo::scale(&classy, 2), WAIT).await.unwrap();
+    assert_eq!(last(&evs).event, EventType::Succeeded, "{:?}", last(&evs));
+    assert_eq!(api.get("classy").await.unwrap().spec["topology"]["workers"]["machineDeployments"][0]["replicas"], 2);
+    assert_eq!(nodes_of(&hub, "classy").await, 3);
+    let (_, evs) = demo::submit(&client, &demo::delete(&classy), WAIT).await.unwrap();
+    assert_eq!(last(&evs).event, EventType::Succeeded, "{:?}", last(&evs));
+    assert!(api.get_opt("classy").await.unwrap().is_none());
 
     bed.stop(h).await;
 }
@@ -458,63 +301,29 @@ async fn a_worker_lost_during_provisioning_is_resumed_and_one_cluster_exists() {
     let Some(bed) = Bed::start(CapiOptions::default()).await else {
         return;
     };
-    bed.capi
-        .set_default(|k| k.provision_delay = Duration::from_secs(3));
+    bed.capi.set_default(|k| k.provision_delay = Duration::from_secs(3));
     let first = bed.start_worker().await;
     let client = bed.client();
     let hub = bed.hub().await;
     let cmd = small("resumed");
     let mut events = client.events(false).await.unwrap();
-    let id = client
-        .submit(
-            TaskKind::CreateCluster,
-            &cmd.subject(),
-            &cmd,
-            SubmitOptions::default(),
-        )
-        .await
-        .unwrap();
-    let early = events
-        .until(id, WAIT, |e| {
-            e.event == EventType::StepStarted && e.step_name.as_deref() == Some("infrastructure")
-        })
-        .await
-        .unwrap();
+    let id = client.submit(TaskKind::CreateCluster, &cmd.subject(), &cmd, SubmitOptions::default()).await.unwrap();
+    let early = events.until(id, WAIT, |e| e.event == EventType::StepStarted && e.step_name.as_deref() == Some("infrastructure")).await.unwrap();
     let api: Api<CapiCluster> = Api::namespaced(hub.clone(), "fleet");
     let uid = api.get("resumed").await.unwrap().metadata.uid;
     first.abort();
     let _ = first.await;
     let second = bed.start_worker().await;
-    let evs = events
-        .until(id, WAIT, |e| e.event.is_final())
-        .await
-        .unwrap();
+    let evs = events.until(id, WAIT, |e| e.event.is_final()).await.unwrap();
     assert_eq!(last(&evs).event, EventType::Succeeded, "{:?}", last(&evs));
-    assert_ne!(
-        last(&evs).worker,
-        last(&early).worker,
-        "the second worker finished the task"
-    );
-    assert!(
-        !evs.iter().any(|e| e.step_name.as_deref() == Some("apply")),
-        "apply was journaled and did not run again"
-    );
+    assert_ne!(last(&evs).worker, last(&early).worker, "the second worker finished the task");
+    assert!(!evs.iter().any(|e| e.step_name.as_deref() == Some("apply")), "apply was journaled and did not run again");
     let clusters = api.list(&ListParams::default()).await.unwrap().items;
     assert_eq!(clusters.len(), 1);
-    assert_eq!(
-        clusters[0].metadata.uid, uid,
-        "the same Cluster, not a second one"
-    );
+    assert_eq!(clusters[0].metadata.uid, uid, "the same Cluster, not a second one");
     let machines = ferry_kube::Clusters::new(hub.clone());
     let gvk = kube::core::GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "Machine");
-    let m = machines
-        .api(ferry_kube::HUB, &gvk, Some("fleet"))
-        .await
-        .unwrap()
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items;
+    let m = machines.api(ferry_kube::HUB, &gvk, Some("fleet")).await.unwrap().list(&ListParams::default()).await.unwrap().items;
     assert_eq!(m.len(), 2, "one control-plane and one worker machine");
     bed.stop(second).await;
 }
@@ -522,12 +331,7 @@ async fn a_worker_lost_during_provisioning_is_resumed_and_one_cluster_exists() {
 /// 50 clusters requested at once all finish (2 with API servers of their own, 48 virtual).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_clusters_requested_at_once_all_finish() {
-    let Some(bed) = Bed::start(CapiOptions {
-        real_api_servers: 2,
-        ..CapiOptions::default()
-    })
-    .await
-    else {
+    let Some(bed) = Bed::start(CapiOptions { real_api_servers: 2, ..CapiOptions::default() }).await else {
         return;
     };
     let h = bed.start_worker().await;
@@ -536,48 +340,23 @@ async fn fifty_clusters_requested_at_once_all_finish() {
     let mut ids = Vec::new();
     for i in 0..50 {
         let cmd = small(&format!("many-{i:02}"));
-        ids.push(
-            client
-                .submit(
-                    TaskKind::CreateCluster,
-                    &cmd.subject(),
-                    &cmd,
-                    SubmitOptions::default(),
-                )
-                .await
-                .unwrap(),
-        );
+        ids.push(client.submit(TaskKind::CreateCluster, &cmd.subject(), &cmd, SubmitOptions::default()).await.unwrap());
     }
     let mut finals = std::collections::HashMap::new();
     let mut failures = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(900);
     while finals.len() < ids.len() {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let e = tokio::time::timeout(left, events.next())
-            .await
-            .expect("50 clusters within the deadline")
-            .expect("the event stream ended");
+        let e = tokio::time::timeout(left, events.next()).await.expect("50 clusters within the deadline").expect("the event stream ended");
         if e.event == EventType::StepFailed && failures.len() < 5 {
-            failures.push(format!(
-                "{}: {}: {}",
-                e.subject,
-                e.step_name.clone().unwrap_or_default(),
-                e.message.clone().unwrap_or_default()
-            ));
+            failures.push(format!("{}: {}: {}", e.subject, e.step_name.clone().unwrap_or_default(), e.message.clone().unwrap_or_default()));
         }
         if e.event.is_final() {
             finals.insert(e.task_id.clone(), e);
         }
     }
-    let failed: Vec<&ProgressEvent> = finals
-        .values()
-        .filter(|e| e.event != EventType::Succeeded)
-        .collect();
-    assert!(
-        failed.is_empty(),
-        "{} of 50 did not succeed; first failures: {failures:#?}",
-        failed.len()
-    );
+    let failed: Vec<&ProgressEvent> = finals.values().filter(|e| e.event != EventType::Succeeded).collect();
+    assert!(failed.is_empty(), "{} of 50 did not succeed; first failures: {failures:#?}", failed.len());
     assert_eq!(bed.capi.workload_count().await, 50);
     bed.stop(h).await;
 }

@@ -9,10 +9,7 @@ use ferry_cluster::spec::ClusterCommand;
 #[test]
 fn committed_schema_equals_the_rust_type() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../schemas");
-    if let Err(problems) = ferry_runtime::wire::check_committed(
-        &dir,
-        &[("ClusterCommand.avsc", ClusterCommand::get_schema())],
-    ) {
+    if let Err(problems) = ferry_runtime::wire::check_committed(&dir, &[("ClusterCommand.avsc", ClusterCommand::get_schema())]) {
         panic!("{}", problems.join("\n"));
     }
 }
@@ -42,17 +39,10 @@ ocm: {enabled: true, cluster_set: edge}
 #[test]
 fn the_examples_are_valid_commands() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
-    for f in [
-        "create-cluster.yaml",
-        "create-cluster-openstack.yaml",
-        "scale-cluster.yaml",
-        "delete-cluster.yaml",
-    ] {
+    for f in ["create-cluster.yaml", "create-cluster-openstack.yaml", "scale-cluster.yaml", "delete-cluster.yaml"] {
         let text = std::fs::read_to_string(dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
         let file: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).unwrap();
-        let cmd: ClusterCommand =
-            serde_yaml_ng::from_value(file["spec"].clone()).unwrap_or_else(|e| panic!("{f}: {e}"));
-        ferry_cluster::validate::validate(&cmd.subject(), &cmd, &Catalog::builtin())
-            .unwrap_or_else(|e| panic!("{f}: {e}"));
+        let cmd: ClusterCommand = serde_yaml_ng::from_value(file["spec"].clone()).unwrap_or_else(|e| panic!("{f}: {e}"));
+        ferry_cluster::validate::validate(&cmd.subject(), &cmd, &Catalog::builtin()).unwrap_or_else(|e| panic!("{f}: {e}"));
     }
 }

@@ -16,6 +16,9 @@ use clap::Parser;
 async fn main() -> ExitCode {
     let args = cli::Cli::parse();
     cli::init_tracing(args.verbose);
+    // One process-wide TLS crypto provider (ring) for every rustls user: kube, and reqwest
+    // (OTLP export, add-on manifests), which is built without a provider of its own.
+    ferry_kube::init_crypto();
     let otel = match cli::otlp::init(args.command.name()) {
         Ok(p) => p,
         Err(e) => {

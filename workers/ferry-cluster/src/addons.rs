@@ -212,6 +212,8 @@ impl Catalog {
             let p = self.base.join(path);
             return std::fs::read_to_string(&p).map_err(|e| err(format!("{}: {e}", p.display())));
         }
+        // reqwest is built without its own TLS provider: the process-wide one (ring).
+        ferry_kube::init_crypto();
         let resp = reqwest::Client::new().get(src).send().await.map_err(|e| err(e.to_string()))?;
         let resp = resp.error_for_status().map_err(|e| err(e.to_string()))?;
         resp.text().await.map_err(|e| err(e.to_string()))

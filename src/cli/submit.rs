@@ -20,7 +20,7 @@ use super::tasks::{print_event, print_snapshot};
 pub struct SubmitArgs {
     /// Task kind.
     pub kind: TaskKind,
-    /// YAML or JSON file: `subject:` and `spec:` (the kind's fields); deploy and create-cluster specs may
+    /// YAML or JSON file: `subject:` and `spec:` (the kind's fields); deploy, create-cluster and peer specs may
     /// leave out `subject:` (it is `<namespace>/<name>`).
     #[arg(short = 'f', long = "file", required_unless_present = "tosca", conflicts_with = "tosca")]
     pub file: Option<PathBuf>,
@@ -95,6 +95,10 @@ pub fn encode_spec(client: &ferry_runtime::Client, kind: TaskKind, spec: serde_j
                 serde_json::from_value(spec).context("spec does not match the create-cluster kind's fields (ClusterCommand)")?;
             Ok(client.registry().encode(&s)?)
         }
+        TaskKind::Peer => {
+            let s: ferry_peer::spec::PeerClusters = serde_json::from_value(spec).context("spec does not match the peer kind's fields (PeerClusters)")?;
+            Ok(client.registry().encode(&s)?)
+        }
         other => anyhow::bail!("no spec schema for {other} yet: its worker is not built"),
     }
 }
@@ -111,6 +115,10 @@ pub async fn run(conn: &Conn, a: SubmitArgs) -> anyhow::Result<ExitCode> {
             let c: ferry_cluster::spec::ClusterCommand =
                 serde_json::from_value(file.spec.clone()).context("spec does not match the create-cluster kind's fields (ClusterCommand)")?;
             c.subject()
+        }
+        (None, TaskKind::Peer) => {
+            let p: ferry_peer::spec::PeerClusters = serde_json::from_value(file.spec.clone()).context("spec does not match the peer kind's fields (PeerClusters)")?;
+            p.subject()
         }
         (None, kind) => anyhow::bail!("the spec file has no subject: (required for {kind} tasks)"),
     };

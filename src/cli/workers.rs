@@ -110,7 +110,11 @@ pub async fn run(conn: &common::Conn, a: WorkerArgs) -> anyhow::Result<ExitCode>
             cfg.catalog = Arc::new(catalog(a.addons.as_deref())?);
             serve(opts, ferry_cluster::ClusterHandler::new(cfg), shutdown).await?;
         }
-        other => anyhow::bail!("the {other} worker is not built yet; available: test, score, deploy, create-cluster"),
+        TaskKind::Peer => {
+            let cfg = ferry_peer::PeerConfig::new(hub(a.kubeconfig.as_deref()).await?);
+            serve(opts, ferry_peer::PeerHandler::new(cfg), shutdown).await?;
+        }
+        other => anyhow::bail!("the {other} worker is not built yet; available: test, score, deploy, create-cluster, peer"),
     }
     Ok(ExitCode::SUCCESS)
 }

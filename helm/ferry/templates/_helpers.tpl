@@ -115,12 +115,16 @@ through their kubeconfig Secrets (Cluster API's <cluster>-kubeconfig), never clu
 {{- else if eq . "peer" }}
 - {{ toYaml $readKubeconfigs | nindent 2 | trim }}
 - {{ toYaml $watchClusters | nindent 2 | trim }}
+# Submariner: the cluster-set label of the pair (restored on revert).
 - apiGroups: [cluster.open-cluster-management.io]
   resources: [managedclusters]
   verbs: [patch]
 - apiGroups: [cluster.open-cluster-management.io]
   resources: [managedclustersets]
-  verbs: [get, list, watch, create, patch]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [addon.open-cluster-management.io]
+  resources: [clustermanagementaddons]
+  verbs: [get]
 - apiGroups: [addon.open-cluster-management.io]
   resources: [managedclusteraddons]
   verbs: [get, list, watch, create, patch, delete]

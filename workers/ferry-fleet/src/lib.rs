@@ -10,6 +10,7 @@
 //! - [`kubelet`]: the emulated node agent (nodes, pod status, job completion).
 //! - [`binaries`]: where the control-plane binaries are.
 //! - [`emulated_capi`]: Cluster API providers played for tests: workload clusters appear.
+//! - [`emulated_liqo`]: Liqo peering and the Submariner add-on played for tests.
 //! - [`emulated_ocm`]: OCM registration, work agents and placement, played for tests.
 
 pub mod binaries;
@@ -17,6 +18,7 @@ pub mod crds;
 pub mod describe;
 pub mod emulate;
 pub mod emulated_capi;
+pub mod emulated_liqo;
 pub mod emulated_ocm;
 pub mod fault_proxy;
 pub mod fleet;

@@ -20,6 +20,7 @@ pub const EMBEDDED: &[(u32, &str, &str)] = &[
     (4, "TestTaskSpec.avsc", include_str!("../../../schemas/TestTaskSpec.avsc")),
     (10, "ScoreClusters.avsc", include_str!("../../../schemas/ScoreClusters.avsc")),
     (11, "ClusterScore.avsc", include_str!("../../../schemas/ClusterScore.avsc")),
+    (20, "PeerClusters.avsc", include_str!("../../../schemas/PeerClusters.avsc")),
     (30, "ClusterCommand.avsc", include_str!("../../../schemas/ClusterCommand.avsc")),
     (50, "DeployApp.avsc", include_str!("../../../schemas/DeployApp.avsc")),
 ];

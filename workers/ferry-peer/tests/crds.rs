@@ -1,0 +1,95 @@
+//! Every object the peer worker creates passes a real API server's validation against the
+//! upstream CRDs (../shared/crds: Liqo v1, OCM, the Submariner add-on), by server-side dry
+//! run, and nothing it sends is pruned as unknown.
+
+use std::path::PathBuf;
+
+use ferry_fleet::{Fleet, FleetOptions};
+use ferry_kube::{Clusters, HUB};
+use ferry_peer::{liqo, submariner};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::{Value, json};
+
+fn shared_crds() -> Option<PathBuf> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/crds");
+    p.is_dir().then_some(p)
+}
+
+/// Paths of `sent` that are not in `got`.
+fn missing(sent: &Value, got: &Value, path: &str, out: &mut Vec<String>) {
+    match sent {
+        Value::Object(m) => {
+            for (k, v) in m {
+                let p = format!("{path}.{k}");
+                match got.get(k) {
+                    Some(g) => missing(v, g, &p, out),
+                    None => out.push(p),
+                }
+            }
+        }
+        Value::Array(a) => {
+            for (i, v) in a.iter().enumerate() {
+                match got.get(i) {
+                    Some(g) => missing(v, g, &format!("{path}[{i}]"), out),
+                    None => out.push(format!("{path}[{i}]")),
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peering_objects_pass_the_upstream_schemas() {
+    let Some(crds) = shared_crds() else {
+        println!("note: ../shared/crds is not present beside the project; skipping");
+        return;
+    };
+    if !ferry_fleet::binaries::Binaries::installed() {
+        println!("note: the test bed is not installed (scripts/install-testbed.sh); skipping");
+        return;
+    }
+    let fleet = Fleet::start(FleetOptions { controllers: false, ..FleetOptions::hub_and(0) }).await.unwrap();
+    let hub = fleet.hub().client().await.unwrap();
+    let mut installed = Vec::new();
+    for dir in ["liqo", "open-cluster-management", "submariner-addon"] {
+        installed.extend(ferry_fleet::crds::install_dir(&hub, &crds.join(dir)).await.unwrap());
+    }
+    assert!(installed.len() >= 25, "{installed:?}");
+    let pp = PatchParams::apply("test");
+    for ns in [liqo::tenant_namespace("member-1"), liqo::tenant_namespace("member-2"), "member-1".into(), "member-2".into()] {
+        Api::<Namespace>::all(hub.clone()).patch(&ns, &pp, &Patch::Apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}))).await.unwrap();
+    }
+    let clusters = Clusters::new(hub.clone());
+    let pair = liqo::pair_label("member-1", "member-2");
+    let objects = [
+        liqo::namespace("member-2", &pair),
+        liqo::foreign_cluster("member-2", &pair),
+        liqo::configuration("member-1", "member-2", &pair),
+        liqo::gateway_server("member-1", &pair),
+        liqo::gateway_client("member-2", "198.51.100.7", &pair),
+        liqo::tenant("member-1", &pair),
+        liqo::resource_slice("member-1", "member-2", &pair),
+        submariner::cluster_set("submariner", &pair),
+        submariner::config("member-1", &pair),
+        submariner::addon("member-1", &pair),
+    ];
+    for o in &objects {
+        let got = match clusters.dry_run_apply(HUB, o, "ferry-peer").await {
+            Ok(got) => got,
+            Err(e) => panic!("{} {} fails the upstream schema: {e}", o["kind"], o["metadata"]["name"]),
+        };
+        let mut lost = Vec::new();
+        if o.get("spec").is_some() {
+            missing(&o["spec"], &got.data["spec"], "spec", &mut lost);
+        }
+        assert!(lost.is_empty(), "{} {}: the schema pruned {lost:?}", o["kind"], o["metadata"]["name"]);
+    }
+
+    // The validation is real: a GatewayClient's protocol is an enum.
+    let mut broken = liqo::gateway_client("member-2", "198.51.100.7", &pair);
+    broken["spec"]["endpoint"]["protocol"] = json!("SCTP");
+    let e = clusters.dry_run_apply(HUB, &broken, "ferry-peer").await.expect_err("an invalid protocol is refused");
+    assert!(e.to_string().contains("protocol"), "{e}");
+}

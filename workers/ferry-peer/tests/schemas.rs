@@ -1,0 +1,26 @@
+//! The committed `schemas/PeerClusters.avsc` equals the Rust type (`FERRY_BLESS=1`
+//! rewrites it) and is registered; a command round-trips; the examples are valid.
+
+use apache_avro::AvroSchema;
+use ferry_peer::spec::{PeerClusters, validate};
+
+#[test]
+fn committed_schema_equals_the_rust_type() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../schemas");
+    if let Err(problems) = ferry_runtime::wire::check_committed(&dir, &[("PeerClusters.avsc", PeerClusters::get_schema())]) {
+        panic!("{}", problems.join("\n"));
+    }
+}
+
+#[test]
+fn a_command_round_trips_and_the_examples_are_valid() {
+    let r = ferry_runtime::wire::Registry::embedded();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    for f in ["peer-liqo.yaml", "peer-submariner.yaml"] {
+        let file: serde_yaml_ng::Value = serde_yaml_ng::from_str(&std::fs::read_to_string(dir.join(f)).unwrap()).unwrap();
+        let p: PeerClusters = serde_yaml_ng::from_value(file["spec"].clone()).unwrap_or_else(|e| panic!("{f}: {e}"));
+        validate(&p.subject(), &p).unwrap_or_else(|e| panic!("{f}: {e}"));
+        let bytes = r.encode(&p).unwrap();
+        assert_eq!(r.decode::<PeerClusters>(&bytes).unwrap(), p);
+    }
+}

@@ -29,6 +29,13 @@ pub const CLUSTER_ID_CONFIGMAP: &str = "liqo-clusterid-configmap";
 pub const CONTROLLER_MANAGER: &str = "liqo-controller-manager";
 /// Label of a virtual node: the provider's cluster id.
 pub const REMOTE_ID_LABEL: &str = "liqo.io/remote-cluster-id";
+/// Selector of the virtual nodes (label `liqo.io/type`).
+pub const VIRTUAL_NODE_SELECTOR: &str = "liqo.io/type=virtual-node";
+/// Taint of every virtual node (`=true:NoExecute`), as Liqo's: only tolerating pods go there.
+pub const NOT_ALLOWED_TAINT: &str = "virtual-node.liqo.io/not-allowed";
+/// Per-provider taint of the emulated virtual nodes (`=<provider>:NoSchedule`): it stands
+/// in for the node affinity Liqo's webhook injects (see [`crate::emulated_offloading`]).
+pub const PROVIDER_TAINT: &str = "emulated.liqo.io/remote-cluster-id";
 const MANAGER: &str = "ferry-emulated-liqo";
 const TICK: Duration = Duration::from_millis(250);
 
@@ -102,8 +109,13 @@ impl EmulatedLiqo {
             members.push(Member { name: c.name.clone(), client: c.client().await?, installed: false });
         }
         // The Submariner add-on's registration on the hub (what installing submariner-addon does).
-        let cma: Api<DynamicObject> =
-            Api::all_with(hub.clone(), &ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("addon.open-cluster-management.io", "v1alpha1", "ClusterManagementAddOn"), "clustermanagementaddons"));
+        let cma: Api<DynamicObject> = Api::all_with(
+            hub.clone(),
+            &ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("addon.open-cluster-management.io", "v1alpha1", "ClusterManagementAddOn"),
+                "clustermanagementaddons",
+            ),
+        );
         let obj = json!({"apiVersion": "addon.open-cluster-management.io/v1alpha1", "kind": "ClusterManagementAddOn", "metadata": {"name": "submariner"},
             "spec": {"addOnMeta": {"displayName": "Submariner", "description": "cross-cluster pod and service networking"}}});
         apply(&cma, &obj).await.map_err(|e| FleetError::Client { cluster: "hub".into(), source: Box::new(e) })?;
@@ -275,8 +287,10 @@ async fn networking(m: &Member, clients: &BTreeMap<String, kube::Client>, knob: 
     let conns: Api<DynamicObject> = Api::all_with(m.client.clone(), &net("Connection", "connections"));
     for c in conns.list(&ListParams::default()).await?.items {
         let ns = ns_of(&c);
-        let gc = Api::<DynamicObject>::namespaced_with(m.client.clone(), &ns, &net("GatewayClient", "gatewayclients")).list(&ListParams::default()).await?.items;
-        let gs = Api::<DynamicObject>::namespaced_with(m.client.clone(), &ns, &net("GatewayServer", "gatewayservers")).list(&ListParams::default()).await?.items;
+        let gc =
+            Api::<DynamicObject>::namespaced_with(m.client.clone(), &ns, &net("GatewayClient", "gatewayclients")).list(&ListParams::default()).await?.items;
+        let gs =
+            Api::<DynamicObject>::namespaced_with(m.client.clone(), &ns, &net("GatewayServer", "gatewayservers")).list(&ListParams::default()).await?.items;
         if gc.is_empty() && gs.is_empty() {
             let api: Api<DynamicObject> = Api::namespaced_with(m.client.clone(), &ns, &net("Connection", "connections"));
             let _ = api.delete(&name_of(&c), &DeleteParams::default()).await;
@@ -331,17 +345,27 @@ async fn resources(m: &Member, clients: &BTreeMap<String, kube::Client>) -> Resu
         let Some(provider) = s.data.pointer("/spec/providerClusterID").and_then(Value::as_str) else { continue };
         let Some(pc) = clients.get(provider) else { continue };
         let tenants: Api<DynamicObject> = Api::all_with(pc.clone(), &auth("Tenant", "tenants"));
-        let authed = tenants.list(&ListParams::default()).await?.items.iter().any(|t| t.data.pointer("/spec/clusterID").and_then(Value::as_str) == Some(&m.name));
+        let authed =
+            tenants.list(&ListParams::default()).await?.items.iter().any(|t| t.data.pointer("/spec/clusterID").and_then(Value::as_str) == Some(&m.name));
         let api: Api<DynamicObject> = Api::namespaced_with(m.client.clone(), &ns_of(s), &auth("ResourceSlice", "resourceslices"));
         if !authed {
             set_status(&api, &name_of(s), json!({"conditions": [cond("Authentication", "Denied"), cond("Resources", "Denied")]})).await?;
             continue;
         }
         let (cpu, memory) = capacity(pc).await?;
-        let accepted = s.data.pointer("/status/conditions").and_then(Value::as_array).is_some_and(|cs| cs.iter().any(|c| c["type"] == "Resources" && c["status"] == "Accepted"));
+        let accepted = s
+            .data
+            .pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Resources" && c["status"] == "Accepted"));
         if !accepted {
-            set_status(&api, &name_of(s), json!({"conditions": [cond("Authentication", "Accepted"), cond("Resources", "Accepted")],
-                "resources": {"cpu": cpu, "memory": memory, "pods": "110"}})).await?;
+            set_status(
+                &api,
+                &name_of(s),
+                json!({"conditions": [cond("Authentication", "Accepted"), cond("Resources", "Accepted")],
+                "resources": {"cpu": cpu, "memory": memory, "pods": "110"}}),
+            )
+            .await?;
         }
         let vns: Api<DynamicObject> = Api::namespaced_with(m.client.clone(), &ns_of(s), &ar("offloading.liqo.io", "VirtualNode", "virtualnodes"));
         let vn = json!({"apiVersion": "offloading.liqo.io/v1beta1", "kind": "VirtualNode", "metadata": {"name": provider, "namespace": ns_of(s),
@@ -352,16 +376,29 @@ async fn resources(m: &Member, clients: &BTreeMap<String, kube::Client>) -> Resu
         }
         let node_name = format!("liqo-{provider}");
         wanted.push(node_name.clone());
-        if nodes.get_opt(&node_name).await?.is_none() {
+        let existing = nodes.get_opt(&node_name).await?;
+        if existing.is_none() {
             let node: Node = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node_name,
                 "labels": {REMOTE_ID_LABEL: provider, "liqo.io/type": "virtual-node", "kubernetes.io/hostname": node_name}},
-                "spec": {"taints": [{"key": "virtual-node.liqo.io/not-allowed", "value": "true", "effect": "NoExecute"}]}}))
+                "spec": {"taints": virtual_node_taints(provider)}}))
             .expect("valid node");
             match nodes.create(&PostParams::default(), &node).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.code == 409 => {}
                 Err(e) => return Err(e),
             }
+        }
+        // Admission adds the not-ready taint at creation: its own taints only, before it reports
+        // Ready (so a Ready virtual node has its final taints); both repaired on later ticks.
+        let taints = existing.as_ref().and_then(|n| n.spec.as_ref()).and_then(|s| serde_json::to_value(&s.taints).ok());
+        if taints.as_ref() != Some(&virtual_node_taints(provider)) {
+            nodes.patch(&node_name, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"taints": virtual_node_taints(provider)}}))).await?;
+        }
+        let ready = existing
+            .as_ref()
+            .and_then(|n| n.status.as_ref()?.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        if !ready {
             let status = json!({"status": {"capacity": {"cpu": cpu, "memory": memory, "pods": "110"}, "allocatable": {"cpu": cpu, "memory": memory, "pods": "110"},
                 "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "emulated Liqo virtual kubelet", "lastHeartbeatTime": now(), "lastTransitionTime": now()}]}});
             nodes.patch_status(&node_name, &PatchParams::default(), &Patch::Merge(&status)).await?;
@@ -373,11 +410,17 @@ async fn resources(m: &Member, clients: &BTreeMap<String, kube::Client>) -> Resu
         if !wanted.contains(&name) {
             nodes.delete(&name, &DeleteParams::default()).await?;
             let provider = name.trim_start_matches("liqo-").to_owned();
-            let vns: Api<DynamicObject> = Api::namespaced_with(m.client.clone(), &tenant_namespace(&provider), &ar("offloading.liqo.io", "VirtualNode", "virtualnodes"));
+            let vns: Api<DynamicObject> =
+                Api::namespaced_with(m.client.clone(), &tenant_namespace(&provider), &ar("offloading.liqo.io", "VirtualNode", "virtualnodes"));
             let _ = vns.delete(&provider, &DeleteParams::default()).await;
         }
     }
     Ok(())
+}
+
+/// Liqo's taint and the emulation's per-provider taint.
+fn virtual_node_taints(provider: &str) -> Value {
+    json!([{"key": NOT_ALLOWED_TAINT, "value": "true", "effect": "NoExecute"}, {"key": PROVIDER_TAINT, "value": provider, "effect": "NoSchedule"}])
 }
 
 /// ForeignCluster status: each module established or not, from what exists.
@@ -390,7 +433,10 @@ async fn foreign_clusters(m: &Member) -> Result<(), kube::Error> {
             let api: Api<DynamicObject> = Api::namespaced_with(m.client.clone(), &ns, &ar(group, kind, plural));
             async move { api.list(&ListParams::default()).await.map(|l| l.items) }
         };
-        let connected = count("Connection", "connections", "networking.liqo.io").await?.iter().any(|c| c.data.pointer("/status/value").and_then(Value::as_str) == Some("Connected"));
+        let connected = count("Connection", "connections", "networking.liqo.io")
+            .await?
+            .iter()
+            .any(|c| c.data.pointer("/status/value").and_then(Value::as_str) == Some("Connected"));
         let tenant = !count("Tenant", "tenants", "authentication.liqo.io").await?.is_empty();
         let identity = !count("Identity", "identities", "authentication.liqo.io").await?.is_empty();
         let virtual_node = !count("VirtualNode", "virtualnodes", "offloading.liqo.io").await?.is_empty();
@@ -434,8 +480,13 @@ async fn foreign_clusters(m: &Member) -> Result<(), kube::Error> {
 /// The hub's `submariner` ManagedClusterAddOns become Available (the add-on's agent
 /// deployed and its gateway connected), unless the cluster's knob says otherwise.
 async fn submariner(hub: &kube::Client, knob: &impl Fn(&str) -> LiqoKnobs) -> Result<(), kube::Error> {
-    let api: Api<DynamicObject> =
-        Api::all_with(hub.clone(), &ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("addon.open-cluster-management.io", "v1alpha1", "ManagedClusterAddOn"), "managedclusteraddons"));
+    let api: Api<DynamicObject> = Api::all_with(
+        hub.clone(),
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("addon.open-cluster-management.io", "v1alpha1", "ManagedClusterAddOn"),
+            "managedclusteraddons",
+        ),
+    );
     for a in api.list(&ListParams::default()).await?.items {
         if name_of(&a) != "submariner" || a.metadata.deletion_timestamp.is_some() {
             continue;
@@ -443,9 +494,22 @@ async fn submariner(hub: &kube::Client, knob: &impl Fn(&str) -> LiqoKnobs) -> Re
         let cluster = ns_of(&a);
         let ok = !knob(&cluster).submariner_unavailable;
         let want = if ok { "True" } else { "False" };
-        let have = a.data.pointer("/status/conditions").and_then(Value::as_array).and_then(|cs| cs.iter().find(|c| c["type"] == "Available")).and_then(|c| c["status"].as_str()).map(str::to_owned);
+        let have = a
+            .data
+            .pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .and_then(|cs| cs.iter().find(|c| c["type"] == "Available"))
+            .and_then(|c| c["status"].as_str())
+            .map(str::to_owned);
         if have.as_deref() != Some(want) {
-            let ns_api: Api<DynamicObject> = Api::namespaced_with(hub.clone(), &cluster, &ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("addon.open-cluster-management.io", "v1alpha1", "ManagedClusterAddOn"), "managedclusteraddons"));
+            let ns_api: Api<DynamicObject> = Api::namespaced_with(
+                hub.clone(),
+                &cluster,
+                &ApiResource::from_gvk_with_plural(
+                    &GroupVersionKind::gvk("addon.open-cluster-management.io", "v1alpha1", "ManagedClusterAddOn"),
+                    "managedclusteraddons",
+                ),
+            );
             let conds = json!([
                 {"type": "Available", "status": want, "reason": if ok { "AddonAvailable" } else { "GatewayNotConnected" }, "message": if ok { "submariner gateway connected" } else { "the gateway never connected (emulated)" }, "lastTransitionTime": now()},
                 {"type": "SubmarinerGatewayNodesLabeled", "status": "True", "reason": "Labeled", "message": "", "lastTransitionTime": now()},

@@ -11,6 +11,7 @@
 //! - [`binaries`]: where the control-plane binaries are.
 //! - [`emulated_capi`]: Cluster API providers played for tests: workload clusters appear.
 //! - [`emulated_liqo`]: Liqo peering and the Submariner add-on played for tests.
+//! - [`emulated_offloading`]: Liqo namespace offloading and its virtual kubelet, played for tests.
 //! - [`emulated_ocm`]: OCM registration, work agents and placement, played for tests.
 
 pub mod binaries;
@@ -19,6 +20,7 @@ pub mod describe;
 pub mod emulate;
 pub mod emulated_capi;
 pub mod emulated_liqo;
+pub mod emulated_offloading;
 pub mod emulated_ocm;
 pub mod fault_proxy;
 pub mod fleet;

@@ -1,0 +1,254 @@
+//! Emulated Liqo namespace offloading on real API servers: a consumer (member-1) peered
+//! with two providers (member-2, member-3) through the objects the emulated Liqo reacts
+//! to; a NamespaceOffloading selecting one provider; a Deployment larger than the
+//! consumer whose overflow runs on the provider through the emulated virtual kubelet;
+//! deletion taking everything back; a provider whose twin namespaces cannot be created.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_fleet::emulated_liqo::{EmulatedLiqo, NOT_ALLOWED_TAINT, PROVIDER_TAINT, tenant_namespace};
+use ferry_fleet::emulated_offloading::{
+    EmulatedOffloading, FINALIZER, ORIGIN_CLUSTER_LABEL, ORIGIN_NAMESPACE_LABEL, OffloadingKnobs, REMOTE_ID_LABEL, namespace_offloading_resource,
+};
+use ferry_fleet::{Fleet, FleetOptions, Kubelet, NodeFlavor};
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
+use kube::runtime::reflector::{self, store::Writer};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(120);
+const CONSUMER: &str = "member-1";
+
+/// Watches `api` until `done` holds for what it lists, within [`WAIT`]; what it listed last.
+async fn wait_for<K>(what: &str, api: Api<K>, dyntype: K::DynamicType, config: watcher::Config, done: impl Fn(&[Arc<K>]) -> bool) -> Vec<Arc<K>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    let writer = Writer::new(dyntype);
+    let store = writer.as_reader();
+    let mut events = reflector::reflector(writer, watcher(api, config).default_backoff()).boxed();
+    let met = tokio::time::timeout(WAIT, async {
+        while let Some(ev) = events.next().await {
+            let listed = matches!(store.wait_until_ready().now_or_never(), Some(Ok(())));
+            if ev.is_ok() && listed && done(&store.state()) {
+                return true;
+            }
+        }
+        false
+    })
+    .await
+    .unwrap_or(false);
+    if !met {
+        let seen: Vec<String> = store.state().iter().map(|o| summary(&serde_json::to_value(&**o).unwrap())).collect();
+        panic!("{what}: not within {WAIT:?}; last seen: {seen:#?}");
+    }
+    store.state()
+}
+
+/// Name, node and status of an object, short enough for a failure message.
+fn summary(o: &Value) -> String {
+    let mut s = format!("{} {} {}", o["metadata"]["name"], o["spec"]["nodeName"], o["status"]);
+    s.truncate(600);
+    s
+}
+
+fn by_name(name: &str) -> watcher::Config {
+    watcher::Config::default().fields(&format!("metadata.name={name}"))
+}
+
+fn dynamic(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
+}
+
+async fn apply(client: &kube::Client, ar: &ApiResource, obj: Value) {
+    let name = obj["metadata"]["name"].as_str().unwrap().to_owned();
+    let api: Api<DynamicObject> = match obj["metadata"]["namespace"].as_str() {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, ar),
+        None => Api::all_with(client.clone(), ar),
+    };
+    api.patch(&name, &PatchParams::apply("offloading-test"), &Patch::Apply(&obj)).await.unwrap_or_else(|e| panic!("applying {name}: {e}"));
+}
+
+async fn namespace(client: &kube::Client, name: &str) {
+    apply(client, &dynamic("", "v1", "Namespace", "namespaces"), json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})).await;
+}
+
+/// The objects of a Liqo peering the emulated Liqo needs for a virtual node (as
+/// `ferry_peer::liqo` builds them): the Tenant on the provider, the ResourceSlice on the
+/// consumer, each in its tenant namespace.
+async fn peer(consumer: &kube::Client, provider: &kube::Client, provider_id: &str) {
+    namespace(provider, &tenant_namespace(CONSUMER)).await;
+    let tenant = json!({"apiVersion": "authentication.liqo.io/v1beta1", "kind": "Tenant",
+        "metadata": {"name": CONSUMER, "namespace": tenant_namespace(CONSUMER), "labels": {REMOTE_ID_LABEL: CONSUMER}},
+        "spec": {"clusterID": CONSUMER, "tenantCondition": "Active"}});
+    apply(provider, &dynamic("authentication.liqo.io", "v1beta1", "Tenant", "tenants"), tenant).await;
+    namespace(consumer, &tenant_namespace(provider_id)).await;
+    let slice = json!({"apiVersion": "authentication.liqo.io/v1beta1", "kind": "ResourceSlice",
+        "metadata": {"name": provider_id, "namespace": tenant_namespace(provider_id), "labels": {REMOTE_ID_LABEL: provider_id}},
+        "spec": {"consumerClusterID": CONSUMER, "providerClusterID": provider_id, "class": "default"}});
+    apply(consumer, &dynamic("authentication.liqo.io", "v1beta1", "ResourceSlice", "resourceslices"), slice).await;
+}
+
+fn offloading(ns: &str, spec: Value) -> Value {
+    json!({"apiVersion": "offloading.liqo.io/v1beta1", "kind": "NamespaceOffloading", "metadata": {"name": "offloading", "namespace": ns}, "spec": spec})
+}
+
+fn only(provider: &str) -> Value {
+    json!({"nodeSelectorTerms": [{"matchExpressions": [{"key": REMOTE_ID_LABEL, "operator": "In", "values": [provider]}]}]})
+}
+
+/// Waits until the NamespaceOffloading of `ns` reports `phase`.
+async fn phase(client: &kube::Client, ns: &str, phase: &str) -> Arc<DynamicObject> {
+    let api = Api::namespaced_with(client.clone(), ns, &namespace_offloading_resource());
+    let done = |l: &[Arc<DynamicObject>]| l.iter().any(|o| o.data.pointer("/status/offloadingPhase") == Some(&json!(phase)));
+    wait_for(&format!("{ns}: offloading phase {phase}"), api, namespace_offloading_resource(), by_name("offloading"), done).await.remove(0)
+}
+
+/// The `Ready` condition of `provider` in an offloading's status: (status, reason, message).
+fn ready_condition(o: &DynamicObject, provider: &str) -> (String, String, String) {
+    let cs = o.data.pointer(&format!("/status/remoteNamespacesConditions/{provider}")).and_then(Value::as_array).cloned().unwrap_or_default();
+    let c = cs.iter().find(|c| c["type"] == "Ready").unwrap_or_else(|| panic!("no Ready condition for {provider}: {:?}", o.data["status"]));
+    let s = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
+    (s("status"), s("reason"), s("message"))
+}
+
+async fn twins(client: &kube::Client) -> Vec<String> {
+    let lp = ListParams::default().labels(ORIGIN_NAMESPACE_LABEL);
+    Api::<Namespace>::all(client.clone()).list(&lp).await.unwrap().items.into_iter().filter_map(|n| n.metadata.name).collect()
+}
+
+fn node_of(p: &Pod) -> String {
+    p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespaces_offload_pods_overflow_to_the_provider_and_deletion_takes_them_back() {
+    let _ = tracing_subscriber::fmt().with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into())).with_test_writer().try_init();
+    if !ferry_fleet::binaries::Binaries::installed() {
+        println!("note: the test bed is not installed (scripts/install-testbed.sh); skipping");
+        return;
+    }
+    let started = std::time::Instant::now();
+    let fleet = Fleet::start(FleetOptions::hub_and(3)).await.expect("fleet");
+    fleet.install_project_crds().await.expect("CRDs");
+    let client = |name: &str| fleet.cluster(name).unwrap().client();
+    let (m1, m2, m3) = (client("member-1").await.unwrap(), client("member-2").await.unwrap(), client("member-3").await.unwrap());
+    let mut kubelets = Vec::new();
+    for (c, nodes) in [("member-1", 1), ("member-2", 2), ("member-3", 2)] {
+        let k = Kubelet::start(c, client(c).await.unwrap(), Duration::from_millis(100));
+        k.add_nodes("node", nodes, &NodeFlavor::default()).await.unwrap();
+        kubelets.push(k);
+    }
+    let _liqo = EmulatedLiqo::start(&fleet, HashMap::new()).await.expect("emulated Liqo");
+    // member-3 cannot get twin namespaces until the knob is cleared.
+    let knobs = HashMap::from([("member-3".to_owned(), OffloadingKnobs { fails: true })]);
+    let offload = EmulatedOffloading::start(&fleet, knobs).await.expect("emulated offloading");
+
+    // Liqo runs on the consumer (its controller manager placed on a real node) before peering.
+    let available = |l: &[Arc<Deployment>]| l.iter().any(|d| d.status.as_ref().and_then(|s| s.available_replicas) == Some(1));
+    wait_for("Liqo's controller manager", Api::namespaced(m1.clone(), "liqo"), (), by_name("liqo-controller-manager"), available).await;
+    peer(&m1, &m2, "member-2").await;
+    peer(&m1, &m3, "member-3").await;
+    let ready = |l: &[Arc<Node>]| {
+        l.len() == 2
+            && l.iter()
+                .all(|n| n.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")))
+    };
+    let vnodes = wait_for("two Ready virtual nodes", Api::all(m1.clone()), (), watcher::Config::default().labels("liqo.io/type=virtual-node"), ready).await;
+    for n in &vnodes {
+        let provider = n.metadata.labels.as_ref().unwrap()[REMOTE_ID_LABEL].clone();
+        let taints: BTreeSet<(String, String, String)> =
+            n.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default().into_iter().map(|t| (t.key, t.value.unwrap_or_default(), t.effect)).collect();
+        let want = BTreeSet::from([
+            (NOT_ALLOWED_TAINT.to_owned(), "true".to_owned(), "NoExecute".to_owned()),
+            (PROVIDER_TAINT.to_owned(), provider, "NoSchedule".to_owned()),
+        ]);
+        assert_eq!(taints, want, "virtual node {:?}: Liqo's taint and the provider's, nothing else", n.metadata.name);
+    }
+    println!("peered in {:?}", started.elapsed());
+
+    // Offload `web` to member-2 only.
+    namespace(&m1, "web").await;
+    apply(&m1, &namespace_offloading_resource(), offloading("web", json!({"clusterSelector": only("member-2"), "namespaceMappingStrategy": "DefaultName"})))
+        .await;
+    let nso = phase(&m1, "web", "Ready").await;
+    assert!(nso.metadata.finalizers.iter().flatten().any(|f| f == FINALIZER), "Liqo's finalizer: {:?}", nso.metadata.finalizers);
+    assert_eq!(nso.data.pointer("/status/remoteNamespaceName"), Some(&json!("web-member-1")));
+    assert_eq!(ready_condition(&nso, "member-2").0, "True");
+    assert!(nso.data.pointer("/status/remoteNamespacesConditions/member-3").is_none(), "member-3 is not selected: {:?}", nso.data["status"]);
+    let twin = Api::<Namespace>::all(m2.clone()).get("web-member-1").await.expect("the twin namespace on member-2");
+    let labels = twin.metadata.labels.unwrap();
+    assert_eq!((labels[REMOTE_ID_LABEL].as_str(), labels[ORIGIN_NAMESPACE_LABEL].as_str()), (CONSUMER, "web"));
+    assert_eq!(twins(&m3).await, Vec::<String>::new(), "nothing on member-3");
+
+    // 7 replicas of 1 CPU: member-1's one node (4 CPUs) takes at most 4, the rest go remote;
+    // member-2 (2 nodes of 4 CPUs, a virtual node of 8) runs any split.
+    let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "app", "namespace": "web"},
+        "spec": {"replicas": 7, "selector": {"matchLabels": {"app": "app"}},
+                 "template": {"metadata": {"labels": {"app": "app"}},
+                              "spec": {"containers": [{"name": "app", "image": "nginx:1.25", "resources": {"requests": {"cpu": "1"}}}]}}}});
+    apply(&m1, &dynamic("apps", "v1", "Deployment", "deployments"), deployment).await;
+    let all_ready = |l: &[Arc<Deployment>]| l.iter().any(|d| d.status.as_ref().and_then(|s| s.ready_replicas) == Some(7));
+    wait_for("7 ready replicas", Api::namespaced(m1.clone(), "web"), (), by_name("app"), all_ready).await;
+    println!("7 replicas ready at {:?}", started.elapsed());
+    let pods = Api::<Pod>::namespaced(m1.clone(), "web").list(&ListParams::default()).await.unwrap().items;
+    let remote: BTreeSet<String> = pods.iter().filter(|p| node_of(p) == "liqo-member-2").filter_map(|p| p.metadata.name.clone()).collect();
+    assert!(pods.iter().all(|p| ["member-1-node-0", "liqo-member-2"].contains(&node_of(p).as_str())), "local node or member-2's virtual node only");
+    assert!(remote.len() >= 3, "the overflow runs on liqo-member-2: {remote:?}");
+    let reflections = Api::<Pod>::namespaced(m2.clone(), "web-member-1").list(&ListParams::default()).await.unwrap().items;
+    let reflected: BTreeSet<String> = reflections.iter().filter_map(|p| p.metadata.name.clone()).collect();
+    assert_eq!(reflected, remote, "each offloaded pod has its reflection on member-2");
+    for r in &reflections {
+        assert!(node_of(r).starts_with("member-2-node-"), "{:?} runs on member-2's nodes", r.metadata.name);
+        assert_eq!(r.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Running"));
+        assert_eq!(r.metadata.labels.as_ref().unwrap()[ORIGIN_CLUSTER_LABEL], CONSUMER);
+    }
+
+    // Deleting the offloading takes everything back.
+    Api::<DynamicObject>::namespaced_with(m1.clone(), "web", &namespace_offloading_resource()).delete("offloading", &DeleteParams::default()).await.unwrap();
+    let gone = |l: &[Arc<DynamicObject>]| l.is_empty();
+    wait_for(
+        "the offloading gone",
+        Api::namespaced_with(m1.clone(), "web", &namespace_offloading_resource()),
+        namespace_offloading_resource(),
+        by_name("offloading"),
+        gone,
+    )
+    .await;
+    wait_for("the twin namespace gone", Api::<Namespace>::all(m2.clone()), (), by_name("web-member-1"), |l| l.is_empty()).await;
+    let local = |l: &[Arc<Pod>]| !l.is_empty() && l.iter().all(|p| !node_of(p).starts_with("liqo-"));
+    wait_for("no pod of web on a virtual node", Api::namespaced(m1.clone(), "web"), (), watcher::Config::default(), local).await;
+    println!("offloading deleted at {:?}", started.elapsed());
+
+    // member-3 fails: SomeFailed when selected with member-2, AllFailed alone; then it recovers.
+    namespace(&m1, "api").await;
+    namespace(&m1, "batch").await;
+    let api_spec = json!({"namespaceMappingStrategy": "SelectedName", "remoteNamespaceName": "api-remote", "podOffloadingStrategy": "Local"});
+    apply(&m1, &namespace_offloading_resource(), offloading("api", api_spec)).await;
+    apply(
+        &m1,
+        &namespace_offloading_resource(),
+        offloading("batch", json!({"clusterSelector": only("member-3"), "namespaceMappingStrategy": "EnforceSameName"})),
+    )
+    .await;
+    let some = phase(&m1, "api", "SomeFailed").await;
+    assert_eq!(ready_condition(&some, "member-2").0, "True");
+    let (status, reason, message) = ready_condition(&some, "member-3");
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "CreationFailed"), "{message}");
+    assert!(message.contains("member-3"), "{message}");
+    let all = phase(&m1, "batch", "AllFailed").await;
+    assert_eq!(ready_condition(&all, "member-3").1, "CreationFailed");
+    assert!(Api::<Namespace>::all(m2.clone()).get_opt("api-remote").await.unwrap().is_some(), "member-2's twin exists meanwhile");
+    assert_eq!(twins(&m3).await, Vec::<String>::new(), "nothing created on the failing member-3");
+    offload.set("member-3", |k| k.fails = false);
+    phase(&m1, "batch", "Ready").await;
+    phase(&m1, "api", "Ready").await;
+    assert_eq!(twins(&m3).await, ["api-remote", "batch"], "twins on member-3 once it recovers");
+    println!("done in {:?}", started.elapsed());
+}

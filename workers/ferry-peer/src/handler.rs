@@ -23,8 +23,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::liqo::{self, PEERING_LABEL};
-use crate::submariner::{self, CLUSTERSET_LABEL};
 use crate::spec::{PeerClusters, PeerMethod, PeerOperation};
+use crate::submariner::{self, CLUSTERSET_LABEL};
 
 ferry_kube::resource!(
     /// Liqo Connection (a gateway's tunnel state in `status.value`).
@@ -147,8 +147,29 @@ impl Inner {
         Ok(())
     }
 
-    /// Waits until Liqo runs on `cluster`; its cluster id.
+    /// Waits until `cluster` has a Ready node of its own (not a virtual one).
+    async fn cluster_ready(&self, cluster: &str, timeout: Duration) -> Result<(), StepError> {
+        let client = self.client(cluster).await?;
+        self.cfg
+            .watches
+            .wait_store::<Node, ()>(cluster, &client, None, "a Ready node", timeout, |s| {
+                let real: Vec<_> =
+                    s.state().into_iter().filter(|n| !n.metadata.labels.as_ref().is_some_and(|l| l.contains_key(liqo::REMOTE_ID_LABEL))).collect();
+                let ready = real
+                    .iter()
+                    .filter(|n| {
+                        n.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+                    })
+                    .count();
+                if ready > 0 { Check::Done(()) } else { Check::Pending(format!("{ready} of {} nodes Ready", real.len())) }
+            })
+            .await
+            .map_err(|e| wait_err("CLUSTER_NOT_READY", e))
+    }
+
+    /// Waits until `cluster` is ready and Liqo runs on it; its cluster id.
     async fn liqo_ready(&self, cluster: &str, timeout: Duration) -> Result<String, StepError> {
+        self.cluster_ready(cluster, timeout).await?;
         let client = self.client(cluster).await?;
         self.cfg
             .watches
@@ -157,7 +178,11 @@ impl Inner {
                 Some(d) => {
                     let st = d.status.clone().unwrap_or_default();
                     let want = d.spec.replicas.unwrap_or(1);
-                    if st.available_replicas.unwrap_or(0) >= want { Check::Done(()) } else { Check::Pending(format!("{}/{want} available", st.available_replicas.unwrap_or(0))) }
+                    if st.available_replicas.unwrap_or(0) >= want {
+                        Check::Done(())
+                    } else {
+                        Check::Pending(format!("{}/{want} available", st.available_replicas.unwrap_or(0)))
+                    }
                 }
             })
             .await
@@ -166,8 +191,9 @@ impl Inner {
             .get_opt(liqo::CLUSTER_ID_CONFIGMAP)
             .await
             .map_err(|e| kube_err("CLUSTER_API", ClusterError::Kube { cluster: cluster.into(), source: e }))?;
-        cm.and_then(|c| c.data?.get("CLUSTER_ID").cloned())
-            .ok_or_else(|| StepError::permanent("LIQO_NOT_READY", format!("Liqo on {cluster} has no cluster id (ConfigMap liqo/{})", liqo::CLUSTER_ID_CONFIGMAP)))
+        cm.and_then(|c| c.data?.get("CLUSTER_ID").cloned()).ok_or_else(|| {
+            StepError::permanent("LIQO_NOT_READY", format!("Liqo on {cluster} has no cluster id (ConfigMap liqo/{})", liqo::CLUSTER_ID_CONFIGMAP))
+        })
     }
 }
 
@@ -206,7 +232,10 @@ impl Step<PeerClusters> for ObjectsStep {
             let objs = (self.objects)(cx.spec, &ids);
             for (i, (cluster, o)) in objs.iter().enumerate() {
                 self.inner.apply(cluster, o).await?;
-                cx.progress((50 * (i + 1) / objs.len().max(1)) as u8, format!("{} {} on {cluster}", o["kind"].as_str().unwrap_or("?"), o["metadata"]["name"].as_str().unwrap_or("?")));
+                cx.progress(
+                    (50 * (i + 1) / objs.len().max(1)) as u8,
+                    format!("{} {} on {cluster}", o["kind"].as_str().unwrap_or("?"), o["metadata"]["name"].as_str().unwrap_or("?")),
+                );
             }
             let out = match &self.ready {
                 Some(w) => w(&self.inner, cx.spec, &ids).await?,
@@ -323,7 +352,9 @@ where
     inner
         .cfg
         .watches
-        .wait_store::<K, ()>(cluster, &client, Some(&ns), what, timeout, |s| if s.state().is_empty() { Check::Done(()) } else { Check::Pending(format!("{} left", s.state().len())) })
+        .wait_store::<K, ()>(cluster, &client, Some(&ns), what, timeout, |s| {
+            if s.state().is_empty() { Check::Done(()) } else { Check::Pending(format!("{} left", s.state().len())) }
+        })
         .await
         .map_err(|e| wait_err("REMOVAL", e))
 }
@@ -490,7 +521,11 @@ fn resources(inner: &Arc<Inner>, p: &PeerClusters, reverse: bool) -> ObjectsStep
                     .cfg
                     .watches
                     .wait_object::<LiqoResourceSlice, Value>(&consumer, &client, Some(&ns), &provider_id, p.timeout(), |s| {
-                        let res = s.and_then(|s| s.status_at("/conditions")).and_then(Value::as_array).and_then(|cs| cs.iter().find(|c| c["type"] == "Resources")).and_then(|c| c["status"].as_str());
+                        let res = s
+                            .and_then(|s| s.status_at("/conditions"))
+                            .and_then(Value::as_array)
+                            .and_then(|cs| cs.iter().find(|c| c["type"] == "Resources"))
+                            .and_then(|c| c["status"].as_str());
                         match res {
                             Some("Accepted") => Check::Done(s.and_then(|s| s.status_at("/resources")).cloned().unwrap_or_default()),
                             Some("Denied") => Check::Failed("the provider denied the ResourceSlice".into()),
@@ -504,7 +539,10 @@ fn resources(inner: &Arc<Inner>, p: &PeerClusters, reverse: bool) -> ObjectsStep
                     .cfg
                     .watches
                     .wait_object::<Node, ()>(&consumer, &client, None, &node, p.timeout(), |n| {
-                        let ready = n.and_then(|n| n.status.as_ref()).and_then(|s| s.conditions.as_ref()).is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+                        let ready = n
+                            .and_then(|n| n.status.as_ref())
+                            .and_then(|s| s.conditions.as_ref())
+                            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
                         if ready { Check::Done(()) } else { Check::Pending("the virtual node is not Ready yet".into()) }
                     })
                     .await
@@ -517,7 +555,12 @@ fn resources(inner: &Arc<Inner>, p: &PeerClusters, reverse: bool) -> ObjectsStep
             async move {
                 let (consumer, _, _, provider_id) = roles(p, ids, reverse);
                 let Ok(client) = inner.cfg.clusters.client(&consumer).await else { return Ok(json!({})) };
-                inner.cfg.watches.wait_deleted::<Node>(&consumer, &client, None, &format!("liqo-{provider_id}"), inner.cfg.removal_timeout).await.map_err(|e| wait_err("REMOVAL", e))?;
+                inner
+                    .cfg
+                    .watches
+                    .wait_deleted::<Node>(&consumer, &client, None, &format!("liqo-{provider_id}"), inner.cfg.removal_timeout)
+                    .await
+                    .map_err(|e| wait_err("REMOVAL", e))?;
                 Ok(json!({}))
             }
             .boxed()
@@ -561,7 +604,11 @@ impl Step<PeerClusters> for Established {
                                 .unwrap_or("(none)")
                                 .to_owned()
                         };
-                        let (n, a, o) = (status("networking", "NetworkConnectionStatus"), status("authentication", "AuthIdentityControlPlaneStatus"), status("offloading", "OffloadingVirtualNodeStatus"));
+                        let (n, a, o) = (
+                            status("networking", "NetworkConnectionStatus"),
+                            status("authentication", "AuthIdentityControlPlaneStatus"),
+                            status("offloading", "OffloadingVirtualNodeStatus"),
+                        );
                         if n == "Established" && a == "Established" && o == "Ready" {
                             Check::Done(fc.status_at("/role").and_then(Value::as_str).unwrap_or("").to_owned())
                         } else {
@@ -673,7 +720,9 @@ impl ClusterSet {
     async fn label(&self, cluster: &str, set: Option<&str>) -> Result<(), StepError> {
         let api: Api<ManagedCluster> = Api::all(self.0.cfg.clusters.hub().clone());
         let patch = json!({"metadata": {"labels": {CLUSTERSET_LABEL: set}}});
-        api.patch(cluster, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(|e| kube_err("HUB_API", ClusterError::Kube { cluster: HUB.into(), source: e }))?;
+        api.patch(cluster, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| kube_err("HUB_API", ClusterError::Kube { cluster: HUB.into(), source: e }))?;
         Ok(())
     }
 }
@@ -735,12 +784,22 @@ fn submariner_steps(inner: &Arc<Inner>, p: &PeerClusters) -> Vec<Arc<dyn Step<Pe
             async move {
                 let hub = inner.cfg.clusters.hub().clone();
                 for c in [&p.a, &p.b] {
+                    // The shared watch may still hold an add-on an earlier peering removed:
+                    // only the one there now (by uid, read fresh) counts.
+                    let now = Api::<ManagedClusterAddOn>::namespaced(hub.clone(), c)
+                        .get_opt("submariner")
+                        .await
+                        .map_err(|e| kube_err("HUB_API", ClusterError::Kube { cluster: HUB.into(), source: e }))?;
+                    let uid = now.and_then(|a| a.metadata.uid);
                     inner
                         .cfg
                         .watches
                         .wait_object::<ManagedClusterAddOn, ()>(HUB, &hub, Some(c), "submariner", p.timeout(), |a| match a {
+                            Some(a) if a.metadata.uid != uid => Check::Pending("the watch has not seen the current add-on yet".into()),
                             Some(a) if a.condition("Available") == Some("True") => Check::Done(()),
-                            Some(a) => Check::Pending(ferry_kube::kinds::condition_message(&a.status, "Available").unwrap_or_else(|| "no Available condition yet".into())),
+                            Some(a) => Check::Pending(
+                                ferry_kube::kinds::condition_message(&a.status, "Available").unwrap_or_else(|| "no Available condition yet".into()),
+                            ),
                             None => Check::Pending("not seen yet".into()),
                         })
                         .await
@@ -754,7 +813,12 @@ fn submariner_steps(inner: &Arc<Inner>, p: &PeerClusters) -> Vec<Arc<dyn Step<Pe
             async move {
                 let hub = inner.cfg.clusters.hub().clone();
                 for c in [&p.a, &p.b] {
-                    inner.cfg.watches.wait_deleted::<ManagedClusterAddOn>(HUB, &hub, Some(c), "submariner", inner.cfg.removal_timeout).await.map_err(|e| wait_err("REMOVAL", e))?;
+                    inner
+                        .cfg
+                        .watches
+                        .wait_deleted::<ManagedClusterAddOn>(HUB, &hub, Some(c), "submariner", inner.cfg.removal_timeout)
+                        .await
+                        .map_err(|e| wait_err("REMOVAL", e))?;
                 }
                 Ok(json!({}))
             }

@@ -97,7 +97,12 @@ mod tests {
     fn objects_are_labelled_for_the_pair_and_placed_in_tenant_namespaces() {
         let pair = pair_label("member-2", "member-1");
         assert_eq!(pair, "member-1.member-2");
-        for o in [foreign_cluster("member-2", &pair), configuration("member-1", "member-2", &pair), gateway_client("member-2", "203.0.113.5", &pair), resource_slice("member-1", "member-2", &pair)] {
+        for o in [
+            foreign_cluster("member-2", &pair),
+            configuration("member-1", "member-2", &pair),
+            gateway_client("member-2", "203.0.113.5", &pair),
+            resource_slice("member-1", "member-2", &pair),
+        ] {
             assert_eq!(o["metadata"]["labels"][PEERING_LABEL], pair);
         }
         assert_eq!(gateway_server("member-1", &pair)["metadata"]["namespace"], "liqo-tenant-member-1");

@@ -59,7 +59,10 @@ async fn peering_objects_pass_the_upstream_schemas() {
     assert!(installed.len() >= 25, "{installed:?}");
     let pp = PatchParams::apply("test");
     for ns in [liqo::tenant_namespace("member-1"), liqo::tenant_namespace("member-2"), "member-1".into(), "member-2".into()] {
-        Api::<Namespace>::all(hub.clone()).patch(&ns, &pp, &Patch::Apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}))).await.unwrap();
+        Api::<Namespace>::all(hub.clone())
+            .patch(&ns, &pp, &Patch::Apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})))
+            .await
+            .unwrap();
     }
     let clusters = Clusters::new(hub.clone());
     let pair = liqo::pair_label("member-1", "member-2");

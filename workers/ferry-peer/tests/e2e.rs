@@ -98,7 +98,10 @@ async fn submit(client: &Client, p: &PeerClusters) -> (TaskId, Vec<ProgressEvent
     let mut evs = Vec::new();
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        let e = tokio::time::timeout_at(deadline, events.next()).await.unwrap_or_else(|_| panic!("{id} did not end within {WAIT:?}; seen: {evs:#?}")).expect("the stream goes on");
+        let e = tokio::time::timeout_at(deadline, events.next())
+            .await
+            .unwrap_or_else(|_| panic!("{id} did not end within {WAIT:?}; seen: {evs:#?}"))
+            .expect("the stream goes on");
         if e.task_id == id.to_string() {
             println!("{id}: {:?} {} {}", e.event, e.step_name.as_deref().unwrap_or(""), e.message.as_deref().unwrap_or(""));
             let fin = e.event.is_final();
@@ -130,11 +133,26 @@ fn peer(a: &str, b: &str) -> PeerClusters {
 /// Everything labelled for a peering on `cluster`: namespaces, ForeignClusters, virtual nodes.
 async fn peering_objects(c: &kube::Client) -> Vec<String> {
     let lp = ListParams::default().labels(PEERING_LABEL);
-    let mut out: Vec<String> = Api::<Namespace>::all(c.clone()).list(&lp).await.unwrap().items.into_iter().map(|n| format!("Namespace {}", n.metadata.name.unwrap())).collect();
+    let mut out: Vec<String> =
+        Api::<Namespace>::all(c.clone()).list(&lp).await.unwrap().items.into_iter().map(|n| format!("Namespace {}", n.metadata.name.unwrap())).collect();
     let fc = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("core.liqo.io", "v1beta1", "ForeignCluster"), "foreignclusters");
-    out.extend(Api::<DynamicObject>::all_with(c.clone(), &fc).list(&lp).await.unwrap().items.into_iter().map(|f| format!("ForeignCluster {}", f.metadata.name.unwrap())));
     out.extend(
-        Api::<Node>::all(c.clone()).list(&ListParams::default().labels("liqo.io/type=virtual-node")).await.unwrap().items.into_iter().map(|n| format!("Node {}", n.metadata.name.unwrap())),
+        Api::<DynamicObject>::all_with(c.clone(), &fc)
+            .list(&lp)
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|f| format!("ForeignCluster {}", f.metadata.name.unwrap())),
+    );
+    out.extend(
+        Api::<Node>::all(c.clone())
+            .list(&ListParams::default().labels("liqo.io/type=virtual-node"))
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|n| format!("Node {}", n.metadata.name.unwrap())),
     );
     out
 }
@@ -232,21 +250,24 @@ async fn unready_components_fail_at_the_deadline_and_commands_of_a_pair_never_in
     let mut un = peer("member-2", "member-1");
     un.operation = PeerOperation::Unpeer;
     let second = client.submit(TaskKind::Peer, &un.subject(), &un, SubmitOptions::default()).await.unwrap();
-    let mut seen: Vec<(TaskId, EventType)> = Vec::new();
+    // Events of different tasks may sit in different partitions of the progress topic, so
+    // the order is read from the events' clocks (one worker process), not arrival order.
+    let mut seen: Vec<ProgressEvent> = Vec::new();
     let mut finals = 0;
     while finals < 2 {
         let e = tokio::time::timeout(WAIT, events.next()).await.expect("both end").expect("the stream goes on");
         let id: TaskId = e.task_id.parse().unwrap();
         if id == first || id == second {
             finals += usize::from(e.event.is_final());
-            seen.push((id, e.event));
+            seen.push(e);
         }
     }
-    let first_end = seen.iter().position(|(i, e)| *i == first && e.is_final()).unwrap();
-    let second_start = seen.iter().position(|(i, e)| *i == second && *e == EventType::StepStarted).unwrap();
-    assert!(second_start > first_end, "the unpeer started before the peer ended: {seen:?}");
-    assert_eq!(seen[first_end].1, EventType::Succeeded);
-    assert_eq!(seen.last().unwrap(), &(second, EventType::Succeeded));
+    let of = |id: TaskId| seen.iter().filter(move |e| e.task_id == id.to_string());
+    let first_end = of(first).find(|e| e.event.is_final()).unwrap();
+    let second_start = of(second).find(|e| e.event == EventType::StepStarted).unwrap();
+    assert!(second_start.at_ms >= first_end.at_ms, "the unpeer started at {} before the peer ended at {}", second_start.at_ms, first_end.at_ms);
+    assert_eq!(first_end.event, EventType::Succeeded);
+    assert_eq!(of(second).next_back().unwrap().event, EventType::Succeeded);
     assert_eq!(peering_objects(&m1).await, Vec::<String>::new());
     bed.stop().await;
 }
@@ -261,7 +282,10 @@ async fn submariner_through_ocm_and_its_revert() {
         Api::<DynamicObject>::namespaced_with(
             hub.clone(),
             ns,
-            &ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("addon.open-cluster-management.io", "v1alpha1", "ManagedClusterAddOn"), "managedclusteraddons"),
+            &ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("addon.open-cluster-management.io", "v1alpha1", "ManagedClusterAddOn"),
+                "managedclusteraddons",
+            ),
         )
     };
     let set_of = |m: ManagedCluster| m.metadata.labels.and_then(|l| l.get("cluster.open-cluster-management.io/clusterset").cloned());

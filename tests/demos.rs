@@ -9,11 +9,7 @@ fn demo(name: &str) {
         return;
     }
     let state = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_ferry"))
-        .args(["dev", "--demo", name])
-        .env("FERRY_STATE", state.path())
-        .output()
-        .expect("ferry runs");
+    let out = Command::new(env!("CARGO_BIN_EXE_ferry")).args(["dev", "--demo", name]).env("FERRY_STATE", state.path()).output().expect("ferry runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
     println!("{stdout}");
     assert!(out.status.success(), "ferry dev --demo {name} exited {:?}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
@@ -33,4 +29,9 @@ fn deploy_demo_runs_an_app_across_two_clusters_and_deletes_it() {
 #[test]
 fn create_cluster_demo_creates_scales_and_deletes_a_cluster() {
     demo("create-cluster");
+}
+
+#[test]
+fn peer_offload_demo_peers_offloads_runs_a_pod_remotely_and_undoes_it() {
+    demo("peer-offload");
 }

@@ -41,6 +41,8 @@ pub enum Demo {
     Deploy,
     /// A Cluster API cluster with add-ons, registered with OCM, scaled, then deleted.
     CreateCluster,
+    /// Liqo peering, a namespace offloaded and a pod run remotely, then undone.
+    PeerOffload,
 }
 
 pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
@@ -71,11 +73,25 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
         // Onboarding scorings would race the demo's own; they run in the interactive mode.
         let onboarding = if a.demo.is_none() { Some(Client::new(kafka.clone(), topics.clone())?) } else { None };
         workers.push(tokio::spawn(super::workers::score(opts.clone(), clusters.clone(), onboarding, shutdown.clone())));
-        workers.push(tokio::spawn(super::workers::serve(opts.clone(), ferry_deploy::DeployHandler::new(ferry_deploy::DeployConfig::new(clusters.clone())), shutdown.clone())));
-        let mut cluster_cfg = ferry_cluster::ClusterConfig::new(clusters);
+        workers.push(tokio::spawn(super::workers::serve(
+            opts.clone(),
+            ferry_deploy::DeployHandler::new(ferry_deploy::DeployConfig::new(clusters.clone())),
+            shutdown.clone(),
+        )));
+        let mut cluster_cfg = ferry_cluster::ClusterConfig::new(clusters.clone());
         cluster_cfg.catalog = Arc::new(ferry_cluster::Catalog::emulated());
         workers.push(tokio::spawn(super::workers::serve(opts.clone(), ferry_cluster::ClusterHandler::new(cluster_cfg), shutdown.clone())));
-        names.extend(["score", "deploy", "create-cluster"]);
+        workers.push(tokio::spawn(super::workers::serve(
+            opts.clone(),
+            ferry_peer::PeerHandler::new(ferry_peer::PeerConfig::new(clusters.clone())),
+            shutdown.clone(),
+        )));
+        workers.push(tokio::spawn(super::workers::serve(
+            opts.clone(),
+            ferry_offload::OffloadHandler::new(ferry_offload::OffloadConfig::new(clusters.clone())),
+            shutdown.clone(),
+        )));
+        names.extend(["score", "deploy", "create-cluster", "peer", "offload"]);
     }
     eprintln!("ferry dev: workers running: {}", names.join(", "));
 
@@ -95,6 +111,13 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
             let client = Client::new(kafka.clone(), topics.clone())?;
             let (fleet, _) = fleet.as_ref().context("the create-cluster demo needs the fleet")?;
             if ferry_cluster::demo::run(&client, &fleet.hub().client().await?).await? { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+        }
+        Some(Demo::PeerOffload) => {
+            let client = Client::new(kafka.clone(), topics.clone())?;
+            let (fleet, _) = fleet.as_ref().context("the peer-offload demo needs the fleet")?;
+            let member = |n: &str| fleet.cluster(n).with_context(|| format!("the fleet has no {n}: run with --clusters 2 or more"));
+            let (consumer, provider) = (member(ferry_offload::demo::CONSUMER)?.client().await?, member(ferry_offload::demo::PROVIDER)?.client().await?);
+            if ferry_offload::demo::run(&client, &consumer, &provider).await? { ExitCode::SUCCESS } else { ExitCode::FAILURE }
         }
         None => {
             eprintln!("ferry dev: ready. In another terminal: ferry submit test -f examples/test-task.yaml --wait");
@@ -143,11 +166,14 @@ async fn start_fleet(a: &DevArgs, state: &std::path::Path) -> anyhow::Result<(fe
     let ocm = ferry_fleet::emulated_ocm::EmulatedOcm::start(&fleet).await?;
     // Cluster API's part: Clusters on the hub become workload clusters.
     let capi = ferry_fleet::emulated_capi::EmulatedCapi::start(&fleet, ferry_fleet::emulated_capi::CapiOptions::default()).await?;
+    // Liqo's part on the managed clusters: peering, virtual nodes, namespace offloading.
+    let liqo = ferry_fleet::emulated_liqo::EmulatedLiqo::start(&fleet, Default::default()).await?;
+    let offloading = ferry_fleet::emulated_offloading::EmulatedOffloading::start(&fleet, Default::default()).await?;
     for c in &fleet.clusters {
         println!("kubeconfig {}: {}", c.name, c.kubeconfig.display());
     }
     println!("kubeconfig: {}", fleet.hub().kubeconfig.display());
-    Ok((fleet, SimulatedParts { _kubelets: kubelets, _ocm: ocm, _capi: capi }))
+    Ok((fleet, SimulatedParts { _kubelets: kubelets, _ocm: ocm, _capi: capi, _liqo: liqo, _offloading: offloading }))
 }
 
 /// The emulated parts of the fleet; dropped before the API servers they talk to.
@@ -155,6 +181,8 @@ struct SimulatedParts {
     _kubelets: Vec<ferry_fleet::Kubelet>,
     _ocm: ferry_fleet::emulated_ocm::EmulatedOcm,
     _capi: ferry_fleet::emulated_capi::EmulatedCapi,
+    _liqo: ferry_fleet::emulated_liqo::EmulatedLiqo,
+    _offloading: ferry_fleet::emulated_offloading::EmulatedOffloading,
 }
 
 /// One scripted task and the final event it must reach.

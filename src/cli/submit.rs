@@ -20,8 +20,8 @@ use super::tasks::{print_event, print_snapshot};
 pub struct SubmitArgs {
     /// Task kind.
     pub kind: TaskKind,
-    /// YAML or JSON file: `subject:` and `spec:` (the kind's fields); deploy, create-cluster and peer specs may
-    /// leave out `subject:` (it is `<namespace>/<name>`).
+    /// YAML or JSON file: `subject:` and `spec:` (the kind's fields); deploy, create-cluster, peer and offload specs may
+    /// leave out `subject:` (derived: deploy `<namespace>/<name>`, offload `<cluster>/<namespace>`, ...).
     #[arg(short = 'f', long = "file", required_unless_present = "tosca", conflicts_with = "tosca")]
     pub file: Option<PathBuf>,
     /// deploy: convert this TOSCA blueprint into the DeployApp command.
@@ -76,18 +76,15 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 pub fn encode_spec(client: &ferry_runtime::Client, kind: TaskKind, spec: serde_json::Value) -> anyhow::Result<Vec<u8>> {
     match kind {
         TaskKind::Test => {
-            let s: ferry_runtime::testkind::TestTaskSpec =
-                serde_json::from_value(spec).context("spec does not match the test kind's fields")?;
+            let s: ferry_runtime::testkind::TestTaskSpec = serde_json::from_value(spec).context("spec does not match the test kind's fields")?;
             Ok(client.registry().encode(&s)?)
         }
         TaskKind::Score => {
-            let s: ferry_score::spec::ScoreClusters =
-                serde_json::from_value(spec).context("spec does not match the score kind's fields (ScoreClusters)")?;
+            let s: ferry_score::spec::ScoreClusters = serde_json::from_value(spec).context("spec does not match the score kind's fields (ScoreClusters)")?;
             Ok(client.registry().encode(&s)?)
         }
         TaskKind::Deploy => {
-            let s: ferry_deploy::spec::DeployApp =
-                serde_json::from_value(spec).context("spec does not match the deploy kind's fields (DeployApp)")?;
+            let s: ferry_deploy::spec::DeployApp = serde_json::from_value(spec).context("spec does not match the deploy kind's fields (DeployApp)")?;
             Ok(client.registry().encode(&s)?)
         }
         TaskKind::CreateCluster => {
@@ -99,7 +96,11 @@ pub fn encode_spec(client: &ferry_runtime::Client, kind: TaskKind, spec: serde_j
             let s: ferry_peer::spec::PeerClusters = serde_json::from_value(spec).context("spec does not match the peer kind's fields (PeerClusters)")?;
             Ok(client.registry().encode(&s)?)
         }
-        other => anyhow::bail!("no spec schema for {other} yet: its worker is not built"),
+        TaskKind::Offload => {
+            let s: ferry_offload::spec::OffloadCommand =
+                serde_json::from_value(spec).context("spec does not match the offload kind's fields (OffloadCommand)")?;
+            Ok(client.registry().encode(&s)?)
+        }
     }
 }
 
@@ -108,7 +109,8 @@ pub async fn run(conn: &Conn, a: SubmitArgs) -> anyhow::Result<ExitCode> {
     let subject = match (file.subject, a.kind) {
         (Some(s), _) => s,
         (None, TaskKind::Deploy) => {
-            let app: ferry_deploy::spec::DeployApp = serde_json::from_value(file.spec.clone()).context("spec does not match the deploy kind's fields (DeployApp)")?;
+            let app: ferry_deploy::spec::DeployApp =
+                serde_json::from_value(file.spec.clone()).context("spec does not match the deploy kind's fields (DeployApp)")?;
             app.subject()
         }
         (None, TaskKind::CreateCluster) => {
@@ -117,8 +119,14 @@ pub async fn run(conn: &Conn, a: SubmitArgs) -> anyhow::Result<ExitCode> {
             c.subject()
         }
         (None, TaskKind::Peer) => {
-            let p: ferry_peer::spec::PeerClusters = serde_json::from_value(file.spec.clone()).context("spec does not match the peer kind's fields (PeerClusters)")?;
+            let p: ferry_peer::spec::PeerClusters =
+                serde_json::from_value(file.spec.clone()).context("spec does not match the peer kind's fields (PeerClusters)")?;
             p.subject()
+        }
+        (None, TaskKind::Offload) => {
+            let c: ferry_offload::spec::OffloadCommand =
+                serde_json::from_value(file.spec.clone()).context("spec does not match the offload kind's fields (OffloadCommand)")?;
+            c.subject()
         }
         (None, kind) => anyhow::bail!("the spec file has no subject: (required for {kind} tasks)"),
     };
@@ -126,12 +134,7 @@ pub async fn run(conn: &Conn, a: SubmitArgs) -> anyhow::Result<ExitCode> {
     let spec = encode_spec(&client, a.kind, file.spec)?;
     // Follow from the current end before sending, so no event is missed.
     let mut events = if a.wait { Some(client.events(false).await?) } else { None };
-    let opts = SubmitOptions {
-        idempotency_key: a.idempotency_key,
-        deadline: a.deadline,
-        keep_partial: a.keep_partial,
-        trace_parent: None,
-    };
+    let opts = SubmitOptions { idempotency_key: a.idempotency_key, deadline: a.deadline, keep_partial: a.keep_partial, trace_parent: None };
     let id = client.submit_encoded(a.kind, &subject, spec, opts).await?;
     let Some(events) = events.as_mut() else {
         match a.output {
@@ -190,8 +193,9 @@ pub async fn wait_for_end(
         }
     };
     if output != Output::Table
-        && let Some(s) = client.snapshot(id).await? {
-            print_snapshot(&s, output)?;
-        }
+        && let Some(s) = client.snapshot(id).await?
+    {
+        print_snapshot(&s, output)?;
+    }
     Ok(if last == Some(success) { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }

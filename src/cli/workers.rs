@@ -36,6 +36,9 @@ pub struct WorkerArgs {
     /// the emulated fleet's).
     #[arg(long, env = "FERRY_ADDONS")]
     pub addons: Option<String>,
+    /// offload: the latency matrix bursts rank peers by (YAML `from: {to: milliseconds}`).
+    #[arg(long, env = "FERRY_LATENCY")]
+    pub latency: Option<PathBuf>,
 }
 
 /// The add-on catalog named by `--addons`.
@@ -114,7 +117,13 @@ pub async fn run(conn: &common::Conn, a: WorkerArgs) -> anyhow::Result<ExitCode>
             let cfg = ferry_peer::PeerConfig::new(hub(a.kubeconfig.as_deref()).await?);
             serve(opts, ferry_peer::PeerHandler::new(cfg), shutdown).await?;
         }
-        other => anyhow::bail!("the {other} worker is not built yet; available: test, score, deploy, create-cluster, peer"),
+        TaskKind::Offload => {
+            let mut cfg = ferry_offload::OffloadConfig::new(hub(a.kubeconfig.as_deref()).await?);
+            if let Some(p) = &a.latency {
+                cfg.latency = ferry_offload::latency::LatencyMatrix::load(p)?;
+            }
+            serve(opts, ferry_offload::OffloadHandler::new(cfg), shutdown).await?;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

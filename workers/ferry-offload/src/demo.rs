@@ -1,0 +1,136 @@
+//! `ferry dev --demo peer-offload`: member-1 peers with member-2 through Liqo (peer
+//! worker); namespace `demo-web` of member-1 is offloaded to member-2 (offload worker); a
+//! pod pinned to the virtual node runs in member-2's twin namespace; then the namespace is
+//! unoffloaded and the clusters unpeered, and both clusters checked to hold nothing of it.
+
+use std::time::Duration;
+
+use ferry_peer::spec::{PeerClusters, PeerOperation};
+use ferry_runtime::{Client, EventType, ProgressEvent, SubmitOptions, TaskId, TaskKind};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use crate::spec::{OffloadCommand, OffloadOperation};
+
+/// The consumer, the provider and the namespace.
+pub const CONSUMER: &str = "member-1";
+/// The provider.
+pub const PROVIDER: &str = "member-2";
+/// The offloaded namespace.
+pub const NAMESPACE: &str = "demo-web";
+
+const WAIT: Duration = Duration::from_secs(300);
+
+async fn submit<T: serde::Serialize + apache_avro::AvroSchema + 'static>(
+    client: &Client,
+    kind: TaskKind,
+    subject: &str,
+    spec: &T,
+) -> anyhow::Result<(TaskId, Vec<ProgressEvent>)> {
+    let mut events = client.events(false).await?;
+    let id = client.submit(kind, subject, spec, SubmitOptions::default()).await?;
+    let evs = events.until(id, WAIT, |e| e.event.is_final()).await?;
+    Ok((id, evs))
+}
+
+fn report(what: &str, id: TaskId, evs: &[ProgressEvent]) -> bool {
+    for e in evs.iter().filter(|e| e.event == EventType::StepSucceeded || e.event == EventType::StepFailed) {
+        println!("{what} step {:<16} {:?}", e.step_name.clone().unwrap_or_default(), e.event);
+    }
+    let last = evs.last().map(|e| e.event);
+    println!("{what} {id} ended {last:?}");
+    if last != Some(EventType::Succeeded) {
+        if let Some(e) = evs.iter().rev().find(|e| e.message.is_some()) {
+            println!("{what}: {}", e.message.clone().unwrap_or_default());
+        }
+        return false;
+    }
+    true
+}
+
+fn check(what: &str, ok: bool, detail: impl std::fmt::Display) -> bool {
+    println!("{what}: {detail}: {}", if ok { "ok" } else { "MISMATCH" });
+    ok
+}
+
+/// Polls `f` until it yields Some or `within` passes (the demo's own bounded wait).
+async fn eventually<T, F, Fut>(within: Duration, mut f: F) -> anyhow::Result<Option<T>>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Option<T>>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(t) = f().await? {
+            return Ok(Some(t));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Ok(None);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Runs the demo: `consumer` and `provider` are the two clusters' clients; true when every
+/// check passed.
+pub async fn run(client: &Client, consumer: &kube::Client, provider: &kube::Client) -> anyhow::Result<bool> {
+    let mut ok = true;
+    let peer = PeerClusters { a: CONSUMER.into(), b: PROVIDER.into(), timeout_seconds: Some(120), ..PeerClusters::default() };
+    let (id, evs) = submit(client, TaskKind::Peer, &peer.subject(), &peer).await?;
+    if !report("peer", id, &evs) {
+        return Ok(false);
+    }
+    let vnode = format!("liqo-{PROVIDER}");
+    let ready = Api::<Node>::all(consumer.clone())
+        .get_opt(&vnode)
+        .await?
+        .and_then(|n| n.status?.conditions)
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    ok &= check("peer", ready, format!("virtual node {vnode} Ready on {CONSUMER}"));
+
+    Api::<Namespace>::all(consumer.clone())
+        .patch(NAMESPACE, &PatchParams::apply("ferry-demo"), &Patch::Apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})))
+        .await?;
+    let offload = OffloadCommand {
+        cluster: CONSUMER.into(),
+        namespace: NAMESPACE.into(),
+        clusters: vec![PROVIDER.into()],
+        timeout_seconds: Some(120),
+        ..OffloadCommand::default()
+    };
+    let (id, evs) = submit(client, TaskKind::Offload, &offload.subject(), &offload).await?;
+    ok &= report("offload", id, &evs);
+    let twin = format!("{NAMESPACE}-{CONSUMER}");
+    ok &= check("offload", Api::<Namespace>::all(provider.clone()).get_opt(&twin).await?.is_some(), format!("twin namespace {twin} on {PROVIDER}"));
+
+    // A pod pinned to the virtual node: it runs in the provider's twin namespace.
+    let pod: Pod = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "hello", "namespace": NAMESPACE},
+        "spec": {"nodeSelector": {"liqo.io/type": "virtual-node"},
+            "containers": [{"name": "hello", "image": "ghcr.io/ferry/hello:1", "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]}}))?;
+    Api::<Pod>::namespaced(consumer.clone(), NAMESPACE).create(&PostParams::default(), &pod).await?;
+    let running = |p: &Pod| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+    let remote = eventually(Duration::from_secs(120), || async {
+        let local = Api::<Pod>::namespaced(consumer.clone(), NAMESPACE).get_opt("hello").await?;
+        let remote = Api::<Pod>::namespaced(provider.clone(), &twin).list(&ListParams::default()).await?.items;
+        let on_vnode = local.as_ref().and_then(|p| p.spec.as_ref()?.node_name.clone()).as_deref() == Some(vnode.as_str());
+        Ok((on_vnode && local.as_ref().is_some_and(running) && remote.iter().any(running))
+            .then(|| remote.iter().find(|p| running(p)).and_then(|p| p.spec.as_ref()?.node_name.clone()).unwrap_or_default()))
+    })
+    .await?;
+    ok &= check("offload", remote.is_some(), format!("pod hello on {vnode} runs on {PROVIDER} (node {})", remote.unwrap_or_else(|| "-".into())));
+    Api::<Pod>::namespaced(consumer.clone(), NAMESPACE).delete("hello", &Default::default()).await?;
+
+    let unoffload = OffloadCommand { operation: OffloadOperation::Unoffload, clusters: vec![], ..offload.clone() };
+    let (id, evs) = submit(client, TaskKind::Offload, &unoffload.subject(), &unoffload).await?;
+    ok &= report("unoffload", id, &evs);
+    ok &= check("unoffload", Api::<Namespace>::all(provider.clone()).get_opt(&twin).await?.is_none(), format!("twin namespace {twin} gone"));
+
+    let unpeer = PeerClusters { operation: PeerOperation::Unpeer, ..peer };
+    let (id, evs) = submit(client, TaskKind::Peer, &unpeer.subject(), &unpeer).await?;
+    ok &= report("unpeer", id, &evs);
+    let left = Api::<Node>::all(consumer.clone()).list(&ListParams::default().labels("liqo.io/type=virtual-node")).await?.items.len();
+    ok &= check("unpeer", left == 0, format!("{left} virtual nodes left on {CONSUMER}"));
+    println!("peer-offload: {}", if ok { "peered, offloaded, ran a pod remotely, unoffloaded, unpeered" } else { "FAILED" });
+    Ok(ok)
+}

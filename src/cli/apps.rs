@@ -103,35 +103,11 @@ pub async fn run(conn: &Conn, cmd: AppsCommand) -> anyhow::Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferry_runtime::protocol::Bytes;
     use ferry_runtime::wire::Registry;
-    use ferry_runtime::EventType;
 
     fn snap(r: &Registry, n: i64, op: DeployOperation, name: &str, owner: &str, state: TaskState) -> TaskSnapshot {
         let spec = DeployApp { operation: op, name: name.into(), owner: owner.into(), ..DeployApp::default() };
-        TaskSnapshot {
-            task_id: format!("tsk_{n}"),
-            kind: TaskKind::Deploy,
-            subject: spec.subject(),
-            state,
-            seq: 1,
-            last_event: EventType::Succeeded,
-            idempotency_key: None,
-            requested_by: "test".into(),
-            origin_partition: 0,
-            origin_offset: n,
-            created_at_ms: n,
-            updated_at_ms: n,
-            deadline_ms: None,
-            keep_partial: false,
-            worker: "w".into(),
-            trace_parent: None,
-            spec: Bytes(r.encode(&spec).unwrap()),
-            journal: Vec::new(),
-            error: None,
-            cancel_requested: false,
-            revert_requested: false,
-        }
+        crate::cli::fleet_view::tests::snap(r, n, TaskKind::Deploy, &spec.subject(), &spec, state, Vec::new())
     }
 
     #[test]

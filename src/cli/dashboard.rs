@@ -3,7 +3,8 @@
 //! `/api/events` (server-sent events: every progress event, from one shared consumer of
 //! the progress topic) and updates rows in place; its Revert and Cancel buttons POST to
 //! `/api/tasks/{id}/revert|cancel`, which send the commands through Kafka. `/api/fleet`
-//! has the latest score of each cluster and the apps the deploy worker runs.
+//! has the latest score of each cluster, the apps the deploy worker runs, and the
+//! clusters, peerings and offloaded namespaces the other workers made (`fleet_view`).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -64,6 +65,9 @@ async fn tasks(State(app): State<Shared>) -> Response {
 struct Fleet {
     scores: Vec<ferry_score::spec::ClusterScore>,
     apps: Vec<super::apps::AppView>,
+    clusters: Vec<super::fleet_view::ClusterView>,
+    peerings: Vec<super::fleet_view::PeeringView>,
+    offloads: Vec<super::fleet_view::OffloadView>,
 }
 
 async fn fleet(State(app): State<Shared>) -> Response {
@@ -75,11 +79,15 @@ async fn fleet(State(app): State<Shared>) -> Response {
         }
         Err(e) => return error(StatusCode::BAD_GATEWAY, e),
     };
-    let apps = match app.client.snapshots().await {
-        Ok(s) => super::apps::apps(app.client.registry(), s),
+    let snapshots = match app.client.snapshots().await {
+        Ok(s) => s,
         Err(e) => return error(StatusCode::BAD_GATEWAY, e),
     };
-    Json(Fleet { scores, apps }).into_response()
+    let r = app.client.registry();
+    let (clusters, peerings, offloads) =
+        (super::fleet_view::clusters(r, &snapshots), super::fleet_view::peerings(r, &snapshots), super::fleet_view::offloads(r, &snapshots));
+    let apps = super::apps::apps(r, snapshots);
+    Json(Fleet { scores, apps, clusters, peerings, offloads }).into_response()
 }
 
 async fn control(app: Shared, id: String, revert: bool) -> Response {

@@ -9,6 +9,7 @@ pub mod common;
 pub mod config;
 pub mod dashboard;
 pub mod dev;
+pub mod fleet_view;
 pub mod otlp;
 pub mod submit;
 pub mod tasks;

@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use ferry_kube::kinds::{CapiCluster, ManagedCluster};
-use ferry_runtime::{Client, EventType, ProgressEvent, SubmitOptions, TaskId, TaskKind};
+use ferry_runtime::report::print_outcome;
+use ferry_runtime::{Client, ProgressEvent, SubmitOptions, TaskId, TaskKind};
 use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::{Api, ListParams};
 use serde_json::json;
@@ -110,21 +111,6 @@ pub async fn leftovers(hub: &kube::Client, cmd: &ClusterCommand) -> anyhow::Resu
     Ok(left)
 }
 
-fn report(what: &str, id: TaskId, evs: &[ProgressEvent]) -> bool {
-    for e in evs.iter().filter(|e| e.event == EventType::StepSucceeded || e.event == EventType::StepFailed) {
-        println!("{what} step {:<16} {:?}", e.step_name.clone().unwrap_or_default(), e.event);
-    }
-    let last = evs.last().map(|e| e.event);
-    println!("{what} {id} ended {last:?}");
-    if last != Some(EventType::Succeeded) {
-        if let Some(e) = evs.iter().rev().find(|e| e.message.is_some()) {
-            println!("{what}: {}", e.message.clone().unwrap_or_default());
-        }
-        return false;
-    }
-    true
-}
-
 async fn ready_nodes(hub: &kube::Client, cluster: &str) -> anyhow::Result<usize> {
     let client = ferry_kube::Clusters::new(hub.clone()).client(cluster).await?;
     let nodes = Api::<Node>::all(client).list(&ListParams::default()).await?;
@@ -144,7 +130,7 @@ pub async fn run(client: &Client, hub: &kube::Client) -> anyhow::Result<bool> {
     let wait = Duration::from_secs(600);
 
     let (id, evs) = submit(client, &cmd, wait).await?;
-    if !report("create", id, &evs) {
+    if !print_outcome("create", id, &evs) {
         return Ok(false);
     }
     let mut ok = true;
@@ -157,13 +143,13 @@ pub async fn run(client: &Client, hub: &kube::Client) -> anyhow::Result<bool> {
     println!("create: ManagedCluster {} available: {}", cmd.name, if available { "ok" } else { "MISMATCH" });
 
     let (id, evs) = submit(client, &scale(&cmd, 3), wait).await?;
-    ok &= report("scale", id, &evs);
+    ok &= print_outcome("scale", id, &evs);
     let nodes = ready_nodes(hub, &cmd.name).await?;
     ok &= nodes == 4;
     println!("scale: {nodes} Ready nodes: {}", if nodes == 4 { "ok" } else { "MISMATCH" });
 
     let (id, evs) = submit(client, &delete(&cmd), wait).await?;
-    ok &= report("delete", id, &evs);
+    ok &= print_outcome("delete", id, &evs);
     let left = leftovers(hub, &cmd).await?;
     println!("delete: left behind on the hub {left:?}: {}", if left.is_empty() { "ok" } else { "MISMATCH" });
     ok &= left.is_empty();

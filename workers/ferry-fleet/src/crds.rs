@@ -63,10 +63,8 @@ pub fn strip_cel(v: &mut Value) {
                 .map(|a| a.iter().filter_map(|k| k.as_str().map(str::to_owned)).collect())
                 .unwrap_or_default();
             if let Some(items) = m.get_mut("items").and_then(Value::as_object_mut) {
-                let lacking: Vec<String> = keys
-                    .into_iter()
-                    .filter(|k| items.get("properties").and_then(|p| p.get(k)).is_some_and(|p| p.get("default").is_none()))
-                    .collect();
+                let lacking: Vec<String> =
+                    keys.into_iter().filter(|k| items.get("properties").and_then(|p| p.get(k)).is_some_and(|p| p.get("default").is_none())).collect();
                 if !lacking.is_empty() {
                     let req = items.entry("required").or_insert_with(|| Value::Array(Vec::new()));
                     if let Value::Array(req) = req {
@@ -138,6 +136,36 @@ pub async fn install(client: &kube::Client, crds: Vec<Value>) -> Result<Vec<Stri
         }
     }
     Ok(names)
+}
+
+/// The paths of `sent` missing from `got`: what an API server pruned from an object
+/// because its schema does not know them (a misspelt field vanishes silently).
+pub fn pruned(sent: &serde_json::Value, got: &serde_json::Value) -> Vec<String> {
+    fn walk(sent: &serde_json::Value, got: &serde_json::Value, path: &str, out: &mut Vec<String>) {
+        match sent {
+            serde_json::Value::Object(m) => {
+                for (k, v) in m {
+                    let p = format!("{path}.{k}");
+                    match got.get(k) {
+                        Some(g) => walk(v, g, &p, out),
+                        None => out.push(p),
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => {
+                for (i, v) in a.iter().enumerate() {
+                    match got.get(i) {
+                        Some(g) => walk(v, g, &format!("{path}[{i}]"), out),
+                        None => out.push(format!("{path}[{i}]")),
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk(sent, got, "", &mut out);
+    out
 }
 
 /// Installs every CRD of every `.yaml` file in `dir` (sorted by name).

@@ -126,8 +126,9 @@ impl EmulatedLiqo {
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 every.tick().await;
-                let snapshot = k.lock().expect("knobs lock").clone();
-                if let Err(e) = tick(&hub, &mut members, &snapshot).await {
+                // Knobs are read live, when each object is decided: a knob set before an
+                // object exists then always applies to it, even mid-tick.
+                if let Err(e) = tick(&hub, &mut members, &k).await {
                     tracing::debug!(error = %e, "emulated Liqo: retrying on the next tick");
                 }
             }
@@ -222,8 +223,8 @@ fn parse_mem(s: &str) -> i64 {
     s.parse().unwrap_or(0)
 }
 
-async fn tick(hub: &kube::Client, members: &mut [Member], knobs: &HashMap<String, LiqoKnobs>) -> Result<(), kube::Error> {
-    let knob = |c: &str| knobs.get(c).cloned().unwrap_or_default();
+async fn tick(hub: &kube::Client, members: &mut [Member], knobs: &Mutex<HashMap<String, LiqoKnobs>>) -> Result<(), kube::Error> {
+    let knob = |c: &str| knobs.lock().expect("knobs lock").get(c).cloned().unwrap_or_default();
     for m in members.iter_mut() {
         if !m.installed && !knob(&m.name).not_installed {
             install(m).await?;

@@ -226,8 +226,8 @@ impl EmulatedOffloading {
                 let mut reflected = HashSet::new();
                 loop {
                     every.tick().await;
-                    let snapshot = knobs.lock().expect("knobs lock").clone();
-                    tick(&members, me, &snapshot, &mut reflected).await;
+                    // Knobs are read live, when each twin is decided.
+                    tick(&members, me, &knobs, &mut reflected).await;
                 }
             }));
         }
@@ -338,7 +338,7 @@ struct Offload {
     ready: BTreeMap<String, String>,
 }
 
-async fn tick(members: &[Member], me: usize, knobs: &HashMap<String, OffloadingKnobs>, reflected: &mut HashSet<String>) {
+async fn tick(members: &[Member], me: usize, knobs: &Mutex<HashMap<String, OffloadingKnobs>>, reflected: &mut HashSet<String>) {
     let consumer = &members[me];
     if !consumer.synced_as_consumer() || !members.iter().all(Member::synced_as_provider) {
         tracing::debug!(cluster = %consumer.name, "emulated offloading: caches not synced yet");
@@ -381,7 +381,7 @@ async fn offloading(
     ns: &str,
     virtual_nodes: &[Arc<Node>],
     twins: &[(&Member, Arc<Namespace>)],
-    knobs: &HashMap<String, OffloadingKnobs>,
+    knobs: &Mutex<HashMap<String, OffloadingKnobs>>,
 ) -> Offload {
     let api: Api<DynamicObject> = Api::namespaced_with(consumer.client.clone(), ns, &namespace_offloading_resource());
     let what = |w: &str| format!("{w} NamespaceOffloading {ns}/{OFFLOADING_NAME}");
@@ -426,8 +426,9 @@ async fn offloading(
     let mut failed = 0;
     let mut conditions = serde_json::Map::new();
     for p in &selected {
+        let fails = knobs.lock().expect("knobs lock").get(p).is_some_and(|k| k.fails);
         let outcome = match &remote {
-            Ok(rns) => twin(consumer, members, ns, rns, p, twins, knobs.get(p).is_some_and(|k| k.fails)).await,
+            Ok(rns) => twin(consumer, members, ns, rns, p, twins, fails).await,
             Err(why) => Err(NotReady::Failed(why.clone())),
         };
         let old_conds = old.pointer(&format!("/remoteNamespacesConditions/{p}"));

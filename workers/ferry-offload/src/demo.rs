@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use ferry_peer::spec::{PeerClusters, PeerOperation};
-use ferry_runtime::{Client, EventType, ProgressEvent, SubmitOptions, TaskId, TaskKind};
+use ferry_runtime::report::print_outcome;
+use ferry_runtime::{Client, ProgressEvent, SubmitOptions, TaskId, TaskKind};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -32,21 +33,6 @@ async fn submit<T: serde::Serialize + apache_avro::AvroSchema + 'static>(
     let id = client.submit(kind, subject, spec, SubmitOptions::default()).await?;
     let evs = events.until(id, WAIT, |e| e.event.is_final()).await?;
     Ok((id, evs))
-}
-
-fn report(what: &str, id: TaskId, evs: &[ProgressEvent]) -> bool {
-    for e in evs.iter().filter(|e| e.event == EventType::StepSucceeded || e.event == EventType::StepFailed) {
-        println!("{what} step {:<16} {:?}", e.step_name.clone().unwrap_or_default(), e.event);
-    }
-    let last = evs.last().map(|e| e.event);
-    println!("{what} {id} ended {last:?}");
-    if last != Some(EventType::Succeeded) {
-        if let Some(e) = evs.iter().rev().find(|e| e.message.is_some()) {
-            println!("{what}: {}", e.message.clone().unwrap_or_default());
-        }
-        return false;
-    }
-    true
 }
 
 fn check(what: &str, ok: bool, detail: impl std::fmt::Display) -> bool {
@@ -78,7 +64,7 @@ pub async fn run(client: &Client, consumer: &kube::Client, provider: &kube::Clie
     let mut ok = true;
     let peer = PeerClusters { a: CONSUMER.into(), b: PROVIDER.into(), timeout_seconds: Some(120), ..PeerClusters::default() };
     let (id, evs) = submit(client, TaskKind::Peer, &peer.subject(), &peer).await?;
-    if !report("peer", id, &evs) {
+    if !print_outcome("peer", id, &evs) {
         return Ok(false);
     }
     let vnode = format!("liqo-{PROVIDER}");
@@ -100,7 +86,7 @@ pub async fn run(client: &Client, consumer: &kube::Client, provider: &kube::Clie
         ..OffloadCommand::default()
     };
     let (id, evs) = submit(client, TaskKind::Offload, &offload.subject(), &offload).await?;
-    ok &= report("offload", id, &evs);
+    ok &= print_outcome("offload", id, &evs);
     let twin = format!("{NAMESPACE}-{CONSUMER}");
     ok &= check("offload", Api::<Namespace>::all(provider.clone()).get_opt(&twin).await?.is_some(), format!("twin namespace {twin} on {PROVIDER}"));
 
@@ -123,12 +109,12 @@ pub async fn run(client: &Client, consumer: &kube::Client, provider: &kube::Clie
 
     let unoffload = OffloadCommand { operation: OffloadOperation::Unoffload, clusters: vec![], ..offload.clone() };
     let (id, evs) = submit(client, TaskKind::Offload, &unoffload.subject(), &unoffload).await?;
-    ok &= report("unoffload", id, &evs);
+    ok &= print_outcome("unoffload", id, &evs);
     ok &= check("unoffload", Api::<Namespace>::all(provider.clone()).get_opt(&twin).await?.is_none(), format!("twin namespace {twin} gone"));
 
     let unpeer = PeerClusters { operation: PeerOperation::Unpeer, ..peer };
     let (id, evs) = submit(client, TaskKind::Peer, &unpeer.subject(), &unpeer).await?;
-    ok &= report("unpeer", id, &evs);
+    ok &= print_outcome("unpeer", id, &evs);
     let left = Api::<Node>::all(consumer.clone()).list(&ListParams::default().labels("liqo.io/type=virtual-node")).await?.items.len();
     ok &= check("unpeer", left == 0, format!("{left} virtual nodes left on {CONSUMER}"));
     println!("peer-offload: {}", if ok { "peered, offloaded, ran a pod remotely, unoffloaded, unpeered" } else { "FAILED" });

@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod preflight;
 pub mod protocol;
 pub mod publisher;
+pub mod report;
 mod runner;
 mod scheduler;
 pub mod schema_registry;

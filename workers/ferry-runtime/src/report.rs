@@ -1,0 +1,21 @@
+//! One finished task printed for a person (the demos, scripts): each step's outcome, the
+//! final event, and the last message when it did not succeed.
+
+use crate::{EventType, ProgressEvent, TaskId};
+
+/// Prints `evs` of task `id` as `<what> step <name> <outcome>` lines and the end; true when
+/// the task succeeded.
+pub fn print_outcome(what: &str, id: TaskId, evs: &[ProgressEvent]) -> bool {
+    for e in evs.iter().filter(|e| e.event == EventType::StepSucceeded || e.event == EventType::StepFailed) {
+        println!("{what} step {:<16} {:?}", e.step_name.clone().unwrap_or_default(), e.event);
+    }
+    let last = evs.last().map(|e| e.event);
+    println!("{what} {id} ended {last:?}");
+    if last != Some(EventType::Succeeded) {
+        if let Some(e) = evs.iter().rev().find(|e| e.message.is_some()) {
+            println!("{what}: {}", e.message.clone().unwrap_or_default());
+        }
+        return false;
+    }
+    true
+}

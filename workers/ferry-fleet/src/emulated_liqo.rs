@@ -7,7 +7,8 @@
 //! VirtualNode and a virtual Node carrying the provider's capacity; ForeignCluster
 //! statuses report each module. On the hub, a `submariner` ManagedClusterAddOn becomes
 //! Available. [`LiqoKnobs`]: a cluster whose Liqo is never installed or whose gateway
-//! never connects; a cluster whose Submariner add-on never becomes available.
+//! never connects or connects late; a cluster whose Submariner add-on never becomes
+//! available.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -46,6 +47,9 @@ pub struct LiqoKnobs {
     pub not_installed: bool,
     /// Gateways involving this cluster never connect.
     pub gateway_never_connects: bool,
+    /// Gateways involving this cluster connect only once the GatewayClient is this old
+    /// (seconds granularity: creation timestamps are whole seconds).
+    pub gateway_delay: Duration,
     /// The cluster's Submariner add-on never becomes available.
     pub submariner_unavailable: bool,
 }
@@ -263,7 +267,11 @@ async fn networking(m: &Member, clients: &BTreeMap<String, kube::Client>, knob: 
         let Some(rc) = clients.get(remote) else { continue };
         let servers: Api<DynamicObject> = Api::namespaced_with(rc.clone(), &tenant_namespace(&m.name), &net("GatewayServer", "gatewayservers"));
         let server = servers.list(&ListParams::default()).await?.items.into_iter().next();
-        let connected = server.is_some() && !knob(&m.name).gateway_never_connects && !knob(remote).gateway_never_connects;
+        let (here, there) = (knob(&m.name), knob(remote));
+        let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+        let age_ms = gc.metadata.creation_timestamp.as_ref().map_or(0, |t| now_ms - t.0.as_millisecond());
+        let old_enough = age_ms >= here.gateway_delay.max(there.gateway_delay).as_millis() as i64;
+        let connected = server.is_some() && !here.gateway_never_connects && !there.gateway_never_connects && old_enough;
         let value = if connected { "Connected" } else { "Connecting" };
         // Our side always reports; the server's side once it exists.
         let mut sides = vec![(&m.client, ns.clone(), remote.to_owned())];

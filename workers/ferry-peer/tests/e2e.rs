@@ -238,6 +238,15 @@ async fn unready_components_fail_at_the_deadline_and_commands_of_a_pair_never_in
     assert_eq!(peering_objects(&m2).await, Vec::<String>::new());
     bed.liqo.set("member-2", |k| k.gateway_never_connects = false);
 
+    // A gateway that connects late: the network step waits for it (the delay bounds its
+    // duration from below; creation timestamps are whole seconds) and the peering succeeds.
+    bed.liqo.set("member-2", |k| k.gateway_delay = Duration::from_secs(2));
+    let (_, evs) = submit(&client, &peer("member-1", "member-2")).await;
+    assert_eq!(end(&evs), EventType::Succeeded, "{}", last(&evs));
+    let at = |t: EventType| evs.iter().find(|e| e.event == t && e.step_name.as_deref() == Some("network")).unwrap().at_ms;
+    assert!(at(EventType::StepSucceeded) - at(EventType::StepStarted) >= 1000, "the network step waited for the late gateway");
+    bed.liqo.set("member-2", |k| k.gateway_delay = Duration::ZERO);
+
     // An unknown cluster is refused.
     let (_, evs) = submit(&client, &peer("member-1", "nowhere")).await;
     assert_eq!(end(&evs), EventType::Rejected, "{}", last(&evs));

@@ -194,15 +194,18 @@ fn remote_of(ns: &str) -> Option<&str> {
     ns.strip_prefix("liqo-tenant-")
 }
 
-/// Allocatable CPU and memory of a cluster's real (not virtual) nodes.
+/// Spare CPU and memory of a cluster's real (not virtual) nodes: allocatable less the
+/// requests of the pods bound to them.
 async fn capacity(client: &kube::Client) -> Result<(String, String), kube::Error> {
     let nodes: Api<Node> = Api::all(client.clone());
     let mut cpu_m: i64 = 0;
     let mut mem: i64 = 0;
+    let mut real = std::collections::HashSet::new();
     for n in nodes.list(&ListParams::default()).await?.items {
         if n.metadata.labels.as_ref().is_some_and(|l| l.contains_key(REMOTE_ID_LABEL)) {
             continue;
         }
+        real.insert(n.metadata.name.clone().unwrap_or_default());
         let alloc = n.status.and_then(|s| s.allocatable).unwrap_or_default();
         if let Some(q) = alloc.get("cpu") {
             cpu_m += parse_cpu(&q.0);
@@ -211,7 +214,20 @@ async fn capacity(client: &kube::Client) -> Result<(String, String), kube::Error
             mem += parse_mem(&q.0);
         }
     }
-    Ok((format!("{cpu_m}m"), format!("{}Mi", mem / (1024 * 1024))))
+    // Spare: less what the pods on those nodes request.
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::all(client.clone());
+    for p in pods.list(&ListParams::default().fields("status.phase!=Succeeded,status.phase!=Failed")).await?.items {
+        let Some(spec) = p.spec else { continue };
+        if !spec.node_name.as_ref().is_some_and(|n| real.contains(n)) {
+            continue;
+        }
+        for c in &spec.containers {
+            let req = c.resources.as_ref().and_then(|r| r.requests.as_ref());
+            cpu_m -= req.and_then(|r| r.get("cpu")).map_or(0, |q| parse_cpu(&q.0));
+            mem -= req.and_then(|r| r.get("memory")).map_or(0, |q| parse_mem(&q.0));
+        }
+    }
+    Ok((format!("{}m", cpu_m.max(0)), format!("{}Mi", mem.max(0) / (1024 * 1024))))
 }
 
 fn parse_cpu(s: &str) -> i64 {

@@ -15,7 +15,7 @@ use ferry_peer::liqo::PEERING_LABEL;
 use ferry_peer::spec::{PeerClusters, PeerMethod, PeerOperation};
 use ferry_peer::{PeerConfig, PeerHandler};
 use ferry_runtime::{Client, EmbeddedBroker, EventType, KafkaConfig, ProgressEvent, SubmitOptions, TaskId, TaskKind, Topics, Worker, WorkerOptions};
-use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
@@ -172,6 +172,13 @@ async fn liqo_peer_unpeer_and_revert_remove_exactly_what_was_created() {
     let client = bed.client();
     let (m1, m2) = (bed.member("member-1").await, bed.member("member-2").await);
 
+    // A pod of 1 CPU already runs on member-2: its spare capacity is what it offers.
+    let node = Api::<Node>::all(m2.clone()).list(&ListParams::default()).await.unwrap().items[0].metadata.name.clone().unwrap();
+    let pod: Pod = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "busy", "namespace": "default"},
+        "spec": {"nodeName": node, "containers": [{"name": "busy", "image": "busy:1", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]}}))
+    .unwrap();
+    Api::<Pod>::namespaced(m2.clone(), "default").create(&Default::default(), &pod).await.unwrap();
+
     // Peer member-1 (consumer) with member-2 (provider).
     let (id, evs) = submit(&client, &peer("member-1", "member-2")).await;
     assert_eq!(end(&evs), EventType::Succeeded, "{}", last(&evs));
@@ -181,7 +188,7 @@ async fn liqo_peer_unpeer_and_revert_remove_exactly_what_was_created() {
     assert!(!virtual_node_ready(&m2, "liqo-member-1").await, "one direction only");
     let snap = client.snapshot(id).await.unwrap().unwrap();
     let res = snap.journal.iter().find(|j| j.name == "resources").and_then(|j| j.output.clone()).unwrap();
-    assert!(res.contains("8000m"), "the provider's capacity (2 nodes of 4 CPUs) is offered: {res}");
+    assert!(res.contains("7000m"), "the provider's spare capacity (2 nodes of 4 CPUs, 1 requested) is offered: {res}");
 
     // Unpeer: everything labelled for the pair is gone on both sides.
     let mut un = peer("member-2", "member-1");

@@ -147,12 +147,7 @@ async fn revert(client: &Client, id: TaskId) -> Vec<ProgressEvent> {
 }
 
 fn last(evs: &[ProgressEvent]) -> String {
-    let failures: Vec<String> = evs
-        .iter()
-        .filter(|e| matches!(e.event, EventType::StepFailed | EventType::RevertFailed | EventType::Rejected))
-        .map(|e| format!("{:?} {}: {}", e.event, e.step_name.clone().unwrap_or_default(), e.message.clone().unwrap_or_default()))
-        .collect();
-    format!("{:?} {failures:?}", evs.last().unwrap().event)
+    ferry_runtime::report::summary(evs)
 }
 
 fn end(evs: &[ProgressEvent]) -> EventType {

@@ -19,3 +19,14 @@ pub fn print_outcome(what: &str, id: TaskId, evs: &[ProgressEvent]) -> bool {
     }
     true
 }
+
+/// The final event of `evs` and every failure or rejection on the way, on one line (for
+/// assertion messages).
+pub fn summary(evs: &[ProgressEvent]) -> String {
+    let failures: Vec<String> = evs
+        .iter()
+        .filter(|e| matches!(e.event, EventType::StepFailed | EventType::RevertFailed | EventType::Rejected))
+        .map(|e| format!("{:?} {}: {}", e.event, e.step_name.clone().unwrap_or_default(), e.message.clone().unwrap_or_default()))
+        .collect();
+    format!("{:?} {failures:?}", evs.last().map(|e| e.event))
+}

@@ -22,6 +22,10 @@ fn style() -> ProgressStyle {
     ProgressStyle::with_template("{prefix:.bold} [{bar:24.cyan/blue}] {pos:>3}% {wide_msg}").expect("valid template").progress_chars("=> ")
 }
 
+/// How long a watched task may be unknown (submitted, not yet accepted) before the watch
+/// gives up on it.
+const UNKNOWN_GRACE: Duration = Duration::from_secs(30);
+
 fn short(id: &str) -> &str {
     &id[..id.len().min(16)]
 }
@@ -58,15 +62,25 @@ pub async fn run(conn: &Conn, ids: Vec<TaskId>) -> anyhow::Result<ExitCode> {
     if !ids.is_empty() && waiting.is_empty() {
         return Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS });
     }
-    if !ids.is_empty() && let Some(missing) = waiting.iter().find(|w| !bars.contains_key(*w)) {
-        anyhow::bail!("no task {missing} is known");
-    }
-    while let Some(e) = tokio::time::timeout(Duration::from_secs(3600), events.next()).await.ok().flatten() {
+    // A task just submitted may not be in the state yet: its events are awaited a while.
+    let mut unknown: BTreeSet<String> = waiting.iter().filter(|w| !bars.contains_key(*w)).cloned().collect();
+    let unknown_until = tokio::time::Instant::now() + UNKNOWN_GRACE;
+    loop {
+        let limit = if unknown.is_empty() { tokio::time::Instant::now() + Duration::from_secs(3600) } else { unknown_until };
+        let e = match tokio::time::timeout_at(limit, events.next()).await {
+            Ok(Some(e)) => e,
+            Ok(None) => break,
+            Err(_) if !unknown.is_empty() => {
+                anyhow::bail!("no task {} is known (not in the task state, no events within {UNKNOWN_GRACE:?})", unknown.first().expect("not empty"))
+            }
+            Err(_) => break,
+        };
         if !ids.is_empty() && !waiting.contains(&e.task_id) {
             continue;
         }
+        let first_seen = unknown.remove(&e.task_id);
         if !bars.contains_key(&e.task_id) {
-            if e.event.is_final() {
+            if e.event.is_final() && !first_seen {
                 continue;
             }
             let bar = add(&multi, e.kind.as_str(), &e.subject, &e.task_id);

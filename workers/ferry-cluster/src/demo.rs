@@ -118,7 +118,7 @@ async fn ready_nodes(hub: &kube::Client, cluster: &str) -> anyhow::Result<usize>
         .items
         .iter()
         .filter(|n| n.metadata.name.as_deref().is_some_and(|x| x.starts_with(&format!("{cluster}-"))))
-        .filter(|n| n.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")))
+        .filter(|n| ferry_kube::kinds::node_ready(n))
         .count())
 }
 

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_kube::kinds::{CapiCluster, CapiMachine, ManagedCluster};
+use ferry_kube::step_errors::{hub_err, kube_err};
 use ferry_kube::{Check, ClusterError, Clusters, HUB, WaitError, Watches};
 use ferry_runtime::{Rejection, Step, StepContext, StepError, StepPolicy, TaskHandler, TaskKind};
 use futures::FutureExt;
@@ -80,14 +81,6 @@ impl ClusterHandler {
     pub fn new(cfg: ClusterConfig) -> Self {
         Self { inner: Arc::new(Inner { cfg }) }
     }
-}
-
-fn kube_err(code: &str, e: ClusterError) -> StepError {
-    if e.is_transient() { StepError::transient(code, e.to_string()) } else { StepError::permanent(code, e.to_string()) }
-}
-
-fn hub_err(e: kube::Error) -> StepError {
-    kube_err("HUB_API", ClusterError::Kube { cluster: HUB.into(), source: e })
 }
 
 fn wait_err(e: WaitError) -> StepError {
@@ -261,7 +254,7 @@ impl Step<ClusterCommand> for CreateCheck {
 }
 
 fn create_checked(cx: &StepContext<'_, ClusterCommand>) -> Result<CreateChecked, StepError> {
-    cx.output_of("check").ok_or_else(|| StepError::permanent("INTERNAL", "the check step left no output"))
+    cx.required("check")
 }
 
 // ---------------------------------------------------------------------------------------
@@ -508,16 +501,7 @@ async fn wait_nodes(
         .cfg
         .watches
         .wait_store::<Node, ()>(&cmd.name, &client, None, "Ready nodes", timeout, |store| {
-            let ready = |n: &str| {
-                store.state().iter().any(|node| {
-                    node.metadata.name.as_deref() == Some(n)
-                        && node
-                            .status
-                            .as_ref()
-                            .and_then(|s| s.conditions.as_ref())
-                            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-                })
-            };
+            let ready = |n: &str| store.state().iter().any(|node| node.metadata.name.as_deref() == Some(n) && ferry_kube::kinds::node_ready(node));
             let not_ready: Vec<&String> = wanted.iter().filter(|n| !ready(n)).collect();
             if not_ready.is_empty() { Check::Done(()) } else { Check::Pending(format!("not Ready yet: {not_ready:?}")) }
         })
@@ -890,7 +874,7 @@ impl Step<ClusterCommand> for ScaleCheck {
 }
 
 fn before(cx: &StepContext<'_, ClusterCommand>) -> Result<Counts, StepError> {
-    cx.output_of("check").ok_or_else(|| StepError::permanent("INTERNAL", "the check step left no output"))
+    cx.required("check")
 }
 
 fn target(cmd: &ClusterCommand, before: &Counts) -> Counts {

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ferry_kube::kinds::{ManagedCluster, ManifestWork, PlacementDecision};
+use ferry_kube::step_errors::{hub_err, kube_err};
 use ferry_kube::{Check, ClusterError, Clusters, HUB, Watches};
 use ferry_runtime::{Rejection, Step, StepContext, StepError, StepPolicy, TaskHandler, TaskKind};
 use ferry_score::handler::CLUSTERSET_LABEL;
@@ -75,18 +76,6 @@ impl DeployHandler {
     pub fn new(cfg: DeployConfig) -> Self {
         Self { inner: Arc::new(Inner { cfg }) }
     }
-}
-
-fn kube_err(code: &str, e: ClusterError) -> StepError {
-    if e.is_transient() { StepError::transient(code, e.to_string()) } else { StepError::permanent(code, e.to_string()) }
-}
-
-fn hub_err(e: kube::Error) -> StepError {
-    kube_err("HUB_API", ClusterError::Kube { cluster: HUB.into(), source: e })
-}
-
-fn internal(what: &str) -> StepError {
-    StepError::permanent("INTERNAL", format!("the {what} step left no output"))
 }
 
 /// Output of `check`: the app as it was before this task.
@@ -281,7 +270,7 @@ fn base64_encode(b: &[u8]) -> String {
 }
 
 fn checked(cx: &StepContext<'_, DeployApp>) -> Result<Checked, StepError> {
-    cx.output_of("check").ok_or_else(|| internal("check"))
+    cx.required("check")
 }
 
 /// The state this task makes: None for a delete.
@@ -289,7 +278,7 @@ fn desired(cx: &StepContext<'_, DeployApp>) -> Result<Option<AppState>, StepErro
     if cx.spec.operation == DeployOperation::Delete {
         return Ok(None);
     }
-    let placed: Placed = cx.output_of("place").ok_or_else(|| internal("place"))?;
+    let placed: Placed = cx.required("place")?;
     Ok(Some(AppState { spec: cx.spec.clone(), targets: placed.targets }))
 }
 

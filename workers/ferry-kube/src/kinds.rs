@@ -57,6 +57,11 @@ macro_rules! __scope {
 #[doc(hidden)]
 pub use __scope as scope;
 
+/// True when the Node reports `Ready=True`.
+pub fn node_ready(n: &k8s_openapi::api::core::v1::Node) -> bool {
+    n.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
 /// The `status` of condition `type_` in `status.conditions`.
 pub fn condition<'a>(status: &'a Value, type_: &str) -> Option<&'a str> {
     status.get("conditions")?.as_array()?.iter().find(|c| c.get("type").and_then(Value::as_str) == Some(type_))?.get("status")?.as_str()

@@ -9,11 +9,13 @@
 //! - [`kinds`]: typed handles (JSON spec/status) of the OCM, Cluster API and Liqo kinds.
 //! - [`names`]: DNS-1123 names and label keys and values.
 //! - [`quantity`]: resource quantities parsed as Kubernetes parses them.
+//! - [`step_errors`]: Kubernetes errors as task-step errors, alike in every worker.
 
 pub mod clusters;
 pub mod kinds;
 pub mod names;
 pub mod quantity;
+pub mod step_errors;
 pub mod watches;
 
 pub use clusters::{ClusterError, Clusters, HUB};

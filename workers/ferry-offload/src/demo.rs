@@ -68,11 +68,7 @@ pub async fn run(client: &Client, consumer: &kube::Client, provider: &kube::Clie
         return Ok(false);
     }
     let vnode = format!("liqo-{PROVIDER}");
-    let ready = Api::<Node>::all(consumer.clone())
-        .get_opt(&vnode)
-        .await?
-        .and_then(|n| n.status?.conditions)
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    let ready = Api::<Node>::all(consumer.clone()).get_opt(&vnode).await?.is_some_and(|n| ferry_kube::kinds::node_ready(&n));
     ok &= check("peer", ready, format!("virtual node {vnode} Ready on {CONSUMER}"));
 
     Api::<Namespace>::all(consumer.clone())

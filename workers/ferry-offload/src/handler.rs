@@ -12,7 +12,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_kube::{Check, ClusterError, Clusters, WaitError, Watches};
+use ferry_kube::kinds::node_ready;
+use ferry_kube::step_errors::{api_err, client_err, kube_err, wait_err};
+use ferry_kube::{Check, ClusterError, Clusters, Watches};
 use ferry_runtime::{Rejection, Step, StepContext, StepError, StepPolicy, TaskHandler, TaskKind};
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -78,18 +80,6 @@ impl OffloadHandler {
     }
 }
 
-fn kube_err(code: &str, e: ClusterError) -> StepError {
-    if e.is_transient() { StepError::transient(code, e.to_string()) } else { StepError::permanent(code, e.to_string()) }
-}
-
-fn api_err(cluster: &str) -> impl Fn(kube::Error) -> StepError + '_ {
-    move |source| kube_err("CLUSTER_API", ClusterError::Kube { cluster: cluster.to_owned(), source })
-}
-
-fn wait_err(code: &str, e: WaitError) -> StepError {
-    StepError::permanent(if matches!(e, WaitError::Timeout { .. }) { "DEADLINE_EXCEEDED" } else { code }, format!("{code}: {e}"))
-}
-
 fn policy(c: &OffloadCommand) -> StepPolicy {
     StepPolicy { timeout: c.timeout() * 3 + Duration::from_secs(600), ..StepPolicy::default() }
 }
@@ -122,11 +112,7 @@ pub struct Checked {
 }
 
 fn checked(cx: &StepContext<'_, OffloadCommand>) -> Result<Checked, StepError> {
-    cx.output_of("check").ok_or_else(|| StepError::permanent("INTERNAL", "the check step left no output"))
-}
-
-fn node_ready(n: &Node) -> bool {
-    n.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    cx.required("check")
 }
 
 fn remote_id(n: &Node) -> Option<String> {
@@ -135,10 +121,7 @@ fn remote_id(n: &Node) -> Option<String> {
 
 impl Inner {
     async fn client(&self, cluster: &str) -> Result<kube::Client, StepError> {
-        self.cfg.clusters.client(cluster).await.map_err(|e| match e {
-            ClusterError::Unknown { .. } => StepError::rejected("CLUSTER_UNKNOWN", e.to_string()),
-            e => kube_err("CLUSTER_API", e),
-        })
+        self.cfg.clusters.client(cluster).await.map_err(client_err)
     }
 
     /// The Liqo cluster id of `cluster`.
@@ -344,7 +327,7 @@ impl Step<OffloadCommand> for CheckStep {
 fn offload_targets(cx: &StepContext<'_, OffloadCommand>) -> Result<Vec<Target>, StepError> {
     match cx.spec.operation {
         OffloadOperation::Burst => {
-            let shares: Vec<Share> = cx.output_of("place").ok_or_else(|| StepError::permanent("INTERNAL", "the place step left no output"))?;
+            let shares: Vec<Share> = cx.required("place")?;
             Ok(shares.into_iter().map(|s| Target { cluster: Some(s.cluster), id: s.id, node: s.node }).collect())
         }
         _ => Ok(checked(cx)?.targets),

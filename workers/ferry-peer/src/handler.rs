@@ -11,8 +11,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_kube::kinds::{ManagedCluster, ManagedClusterAddOn};
-use ferry_kube::{Check, ClusterError, Clusters, HUB, WaitError, Watches};
+use ferry_kube::kinds::{ManagedCluster, ManagedClusterAddOn, node_ready};
+use ferry_kube::step_errors::{api_err, client_err, hub_err, kube_err, wait_err};
+use ferry_kube::{Check, ClusterError, Clusters, HUB, Watches};
 use ferry_runtime::{Rejection, Step, StepContext, StepError, StepPolicy, TaskHandler, TaskKind};
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -91,14 +92,6 @@ impl PeerHandler {
     }
 }
 
-fn kube_err(code: &str, e: ClusterError) -> StepError {
-    if e.is_transient() { StepError::transient(code, e.to_string()) } else { StepError::permanent(code, e.to_string()) }
-}
-
-fn wait_err(code: &str, e: WaitError) -> StepError {
-    StepError::permanent(if matches!(e, WaitError::Timeout { .. }) { "DEADLINE_EXCEEDED" } else { code }, format!("{code}: {e}"))
-}
-
 fn policy(p: &PeerClusters) -> StepPolicy {
     // Waits are bounded by the command's timeout, removals by the worker's (300 s default).
     StepPolicy { timeout: p.timeout() * 3 + Duration::from_secs(600), ..StepPolicy::default() }
@@ -114,15 +107,12 @@ pub struct Ids {
 }
 
 fn ids(cx: &StepContext<'_, PeerClusters>) -> Result<Ids, StepError> {
-    cx.output_of("check").ok_or_else(|| StepError::permanent("INTERNAL", "the check step left no output"))
+    cx.required("check")
 }
 
 impl Inner {
     async fn client(&self, cluster: &str) -> Result<kube::Client, StepError> {
-        self.cfg.clusters.client(cluster).await.map_err(|e| match e {
-            ClusterError::Unknown { .. } => StepError::rejected("CLUSTER_UNKNOWN", e.to_string()),
-            e => kube_err("CLUSTER_API", e),
-        })
+        self.cfg.clusters.client(cluster).await.map_err(client_err)
     }
 
     async fn apply(&self, cluster: &str, obj: &Value) -> Result<(), StepError> {
@@ -155,12 +145,7 @@ impl Inner {
             .wait_store::<Node, ()>(cluster, &client, None, "a Ready node", timeout, |s| {
                 let real: Vec<_> =
                     s.state().into_iter().filter(|n| !n.metadata.labels.as_ref().is_some_and(|l| l.contains_key(liqo::REMOTE_ID_LABEL))).collect();
-                let ready = real
-                    .iter()
-                    .filter(|n| {
-                        n.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-                    })
-                    .count();
+                let ready = real.iter().filter(|n| node_ready(n)).count();
                 if ready > 0 { Check::Done(()) } else { Check::Pending(format!("{ready} of {} nodes Ready", real.len())) }
             })
             .await
@@ -187,10 +172,7 @@ impl Inner {
             })
             .await
             .map_err(|e| wait_err("LIQO_NOT_READY", e))?;
-        let cm = Api::<ConfigMap>::namespaced(client, liqo::LIQO_NAMESPACE)
-            .get_opt(liqo::CLUSTER_ID_CONFIGMAP)
-            .await
-            .map_err(|e| kube_err("CLUSTER_API", ClusterError::Kube { cluster: cluster.into(), source: e }))?;
+        let cm = Api::<ConfigMap>::namespaced(client, liqo::LIQO_NAMESPACE).get_opt(liqo::CLUSTER_ID_CONFIGMAP).await.map_err(api_err(cluster))?;
         cm.and_then(|c| c.data?.get("CLUSTER_ID").cloned()).ok_or_else(|| {
             StepError::permanent("LIQO_NOT_READY", format!("Liqo on {cluster} has no cluster id (ConfigMap liqo/{})", liqo::CLUSTER_ID_CONFIGMAP))
         })
@@ -539,11 +521,7 @@ fn resources(inner: &Arc<Inner>, p: &PeerClusters, reverse: bool) -> ObjectsStep
                     .cfg
                     .watches
                     .wait_object::<Node, ()>(&consumer, &client, None, &node, p.timeout(), |n| {
-                        let ready = n
-                            .and_then(|n| n.status.as_ref())
-                            .and_then(|s| s.conditions.as_ref())
-                            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-                        if ready { Check::Done(()) } else { Check::Pending("the virtual node is not Ready yet".into()) }
+                        if n.is_some_and(node_ready) { Check::Done(()) } else { Check::Pending("the virtual node is not Ready yet".into()) }
                     })
                     .await
                     .map_err(|e| wait_err("VIRTUAL_NODE", e))?;
@@ -657,7 +635,7 @@ pub struct Sets {
 }
 
 fn sets(cx: &StepContext<'_, PeerClusters>) -> Result<Sets, StepError> {
-    cx.output_of("check").ok_or_else(|| StepError::permanent("INTERNAL", "the check step left no output"))
+    cx.required("check")
 }
 
 struct SubmarinerCheck(Arc<Inner>);
@@ -674,14 +652,14 @@ impl Step<PeerClusters> for SubmarinerCheck {
             let mcs: Api<ManagedCluster> = Api::all(hub.clone());
             let mut labels = Vec::new();
             for c in [&p.a, &p.b] {
-                let Some(mc) = mcs.get_opt(c).await.map_err(|e| kube_err("HUB_API", ClusterError::Kube { cluster: HUB.into(), source: e }))? else {
+                let Some(mc) = mcs.get_opt(c).await.map_err(hub_err)? else {
                     return Err(StepError::rejected("CLUSTER_UNKNOWN", format!("{c} is not a ManagedCluster of the hub")));
                 };
                 labels.push(mc.metadata.labels.as_ref().and_then(|l| l.get(CLUSTERSET_LABEL)).cloned());
             }
             let gvk = kube::core::GroupVersionKind::gvk("addon.open-cluster-management.io", "v1alpha1", "ClusterManagementAddOn");
             let cma = self.0.cfg.clusters.api(HUB, &gvk, None).await.map_err(|e| kube_err("HUB_API", e))?;
-            if cma.get_opt("submariner").await.map_err(|e| kube_err("HUB_API", ClusterError::Kube { cluster: HUB.into(), source: e }))?.is_none() {
+            if cma.get_opt("submariner").await.map_err(hub_err)?.is_none() {
                 return Err(StepError::rejected("SUBMARINER_MISSING", "the hub has no ClusterManagementAddOn submariner: install the submariner-addon first"));
             }
             for c in [&p.a, &p.b] {
@@ -702,7 +680,7 @@ impl Step<PeerClusters> for SubmarinerCheck {
             };
             let gvk = kube::core::GroupVersionKind::gvk("cluster.open-cluster-management.io", "v1beta2", "ManagedClusterSet");
             let api = self.0.cfg.clusters.api(HUB, &gvk, None).await.map_err(|e| kube_err("HUB_API", e))?;
-            let existed = api.get_opt(&target).await.map_err(|e| kube_err("HUB_API", ClusterError::Kube { cluster: HUB.into(), source: e }))?.is_some();
+            let existed = api.get_opt(&target).await.map_err(hub_err)?.is_some();
             cx.progress(100, format!("both clusters available; they join ManagedClusterSet {target}"));
             Ok(serde_json::to_value(Sets { a: labels[0].clone(), b: labels[1].clone(), target, existed }).unwrap_or_default())
         }
@@ -720,9 +698,7 @@ impl ClusterSet {
     async fn label(&self, cluster: &str, set: Option<&str>) -> Result<(), StepError> {
         let api: Api<ManagedCluster> = Api::all(self.0.cfg.clusters.hub().clone());
         let patch = json!({"metadata": {"labels": {CLUSTERSET_LABEL: set}}});
-        api.patch(cluster, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(|e| kube_err("HUB_API", ClusterError::Kube { cluster: HUB.into(), source: e }))?;
+        api.patch(cluster, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(hub_err)?;
         Ok(())
     }
 }
@@ -786,10 +762,7 @@ fn submariner_steps(inner: &Arc<Inner>, p: &PeerClusters) -> Vec<Arc<dyn Step<Pe
                 for c in [&p.a, &p.b] {
                     // The shared watch may still hold an add-on an earlier peering removed:
                     // only the one there now (by uid, read fresh) counts.
-                    let now = Api::<ManagedClusterAddOn>::namespaced(hub.clone(), c)
-                        .get_opt("submariner")
-                        .await
-                        .map_err(|e| kube_err("HUB_API", ClusterError::Kube { cluster: HUB.into(), source: e }))?;
+                    let now = Api::<ManagedClusterAddOn>::namespaced(hub.clone(), c).get_opt("submariner").await.map_err(hub_err)?;
                     let uid = now.and_then(|a| a.metadata.uid);
                     inner
                         .cfg

@@ -153,12 +153,7 @@ async fn peering_objects(c: &kube::Client) -> Vec<String> {
 }
 
 async fn virtual_node_ready(c: &kube::Client, name: &str) -> bool {
-    Api::<Node>::all(c.clone())
-        .get_opt(name)
-        .await
-        .unwrap()
-        .and_then(|n| n.status?.conditions)
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    Api::<Node>::all(c.clone()).get_opt(name).await.unwrap().is_some_and(|n| ferry_kube::kinds::node_ready(&n))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -140,6 +140,11 @@ impl<S> StepContext<'_, S> {
     pub fn output_of<T: DeserializeOwned>(&self, step: &str) -> Option<T> {
         self.outputs.get(step).and_then(|v| serde_json::from_value(v.clone()).ok())
     }
+
+    /// The output of an earlier step the plan guarantees ran; an internal error if absent.
+    pub fn required<T: DeserializeOwned>(&self, step: &str) -> Result<T, StepError> {
+        self.output_of(step).ok_or_else(|| StepError::permanent("INTERNAL", format!("the {step} step left no output")))
+    }
 }
 
 /// One step of a task: an idempotent `run` and its `undo`.

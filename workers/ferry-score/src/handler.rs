@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_kube::kinds::ManagedCluster;
+use ferry_kube::step_errors::{hub_err, kube_err};
 use ferry_kube::{ClusterError, Clusters, HUB, Watches};
 use ferry_runtime::wire::Registry;
 use ferry_runtime::{KafkaConfig, Rejection, Step, StepContext, StepError, StepPolicy, TaskHandler, TaskKind, Topics};
@@ -84,14 +85,6 @@ impl ScoreHandler {
         let producer: FutureProducer = cfg.kafka.producer().create()?;
         Ok(Self { inner: Arc::new(Inner { cfg, producer, registry: Registry::embedded() }) })
     }
-}
-
-fn kube_err(code: &str, e: ClusterError) -> StepError {
-    if e.is_transient() { StepError::transient(code, e.to_string()) } else { StepError::permanent(code, e.to_string()) }
-}
-
-fn hub_err(e: kube::Error) -> StepError {
-    kube_err("HUB_API", ClusterError::Kube { cluster: HUB.into(), source: e })
 }
 
 /// Output of the resolve step.
@@ -197,7 +190,7 @@ impl Step<ScoreClusters> for Resolve {
 }
 
 fn resolved(cx: &StepContext<'_, ScoreClusters>) -> Result<Resolved, StepError> {
-    cx.output_of("resolve-clusters").ok_or_else(|| StepError::permanent("INTERNAL", "the resolve step left no output"))
+    cx.required("resolve-clusters")
 }
 
 /// Measures one cluster's load through its kubeconfig.
@@ -310,7 +303,7 @@ impl Step<ScoreClusters> for ScoreStep {
     fn run<'a>(&'a self, cx: &'a StepContext<'a, ScoreClusters>) -> BoxFuture<'a, Result<Value, StepError>> {
         async move {
             let r = resolved(cx)?;
-            let m: Measured = cx.output_of("measure").ok_or_else(|| StepError::permanent("INTERNAL", "the measure step left no output"))?;
+            let m: Measured = cx.required("measure")?;
             let ranking = score(cx.spec, &r, &m).map_err(|e| StepError::permanent("BAD_SPEC", e.reason))?;
             if let Some(top) = ranking.first() {
                 cx.progress(100, format!("best: {} ({}): {}", top.cluster, top.score, top.reason));
@@ -370,7 +363,7 @@ impl Step<ScoreClusters> for Publish {
     fn run<'a>(&'a self, cx: &'a StepContext<'a, ScoreClusters>) -> BoxFuture<'a, Result<Value, StepError>> {
         async move {
             let r = resolved(cx)?;
-            let out = cx.output_of::<Value>("score").ok_or_else(|| StepError::permanent("INTERNAL", "the score step left no output"))?;
+            let out = cx.required::<Value>("score")?;
             let ranking: Vec<Ranked> = serde_json::from_value(out["ranking"].clone()).map_err(|e| StepError::permanent("INTERNAL", e.to_string()))?;
             let now = jiff::Timestamp::now();
             let valid_for = jiff::SignedDuration::from_secs(i64::from(cx.spec.valid_for_seconds.unwrap_or(600)));

@@ -1,0 +1,37 @@
+//! Kubernetes errors as task-step errors, the same in every worker: an unknown cluster is
+//! a rejection, transient API errors are retried, the rest are permanent; a wait that
+//! ran out of time is `DEADLINE_EXCEEDED`.
+
+use ferry_runtime::StepError;
+
+use crate::{ClusterError, HUB, WaitError};
+
+/// `e` under `code`: transient when the API error is, else permanent.
+pub fn kube_err(code: &str, e: ClusterError) -> StepError {
+    if e.is_transient() { StepError::transient(code, e.to_string()) } else { StepError::permanent(code, e.to_string()) }
+}
+
+/// An error of the hub's API (`HUB_API`).
+pub fn hub_err(e: kube::Error) -> StepError {
+    kube_err("HUB_API", ClusterError::Kube { cluster: HUB.into(), source: e })
+}
+
+/// Errors of `cluster`'s API (`CLUSTER_API`), for `map_err`.
+pub fn api_err(cluster: &str) -> impl Fn(kube::Error) -> StepError + '_ {
+    move |source| kube_err("CLUSTER_API", ClusterError::Kube { cluster: cluster.to_owned(), source })
+}
+
+/// Reaching a cluster failed: rejected (`CLUSTER_UNKNOWN`) when Ferry knows no such
+/// cluster, else as [`kube_err`] under `CLUSTER_API`.
+pub fn client_err(e: ClusterError) -> StepError {
+    match e {
+        ClusterError::Unknown { .. } => StepError::rejected("CLUSTER_UNKNOWN", e.to_string()),
+        e => kube_err("CLUSTER_API", e),
+    }
+}
+
+/// A failed wait: `DEADLINE_EXCEEDED` at the deadline, else `code`; the message names
+/// `code` and the last state seen.
+pub fn wait_err(code: &str, e: WaitError) -> StepError {
+    StepError::permanent(if matches!(e, WaitError::Timeout { .. }) { "DEADLINE_EXCEEDED" } else { code }, format!("{code}: {e}"))
+}

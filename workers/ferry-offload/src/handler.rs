@@ -19,7 +19,7 @@ use ferry_runtime::{Rejection, Step, StepContext, StepError, StepPolicy, TaskHan
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -115,6 +115,11 @@ fn checked(cx: &StepContext<'_, OffloadCommand>) -> Result<Checked, StepError> {
     cx.required("check")
 }
 
+/// The Ferry task that made offloading `o` (its [`liqo::TASK_LABEL`]), if one did.
+fn made_by(o: &NamespaceOffloading) -> Option<&str> {
+    o.metadata.labels.as_ref()?.get(liqo::TASK_LABEL).map(String::as_str)
+}
+
 fn remote_id(n: &Node) -> Option<String> {
     n.metadata.labels.as_ref().and_then(|l| l.get(REMOTE_ID_LABEL)).cloned()
 }
@@ -127,11 +132,7 @@ impl Inner {
     /// The Liqo cluster id of `cluster`.
     async fn liqo_id(&self, cluster: &str) -> Result<String, StepError> {
         let client = self.client(cluster).await?;
-        let cm = Api::<ConfigMap>::namespaced(client, ferry_peer::liqo::LIQO_NAMESPACE)
-            .get_opt(ferry_peer::liqo::CLUSTER_ID_CONFIGMAP)
-            .await
-            .map_err(api_err(cluster))?;
-        cm.and_then(|c| c.data?.get("CLUSTER_ID").cloned()).ok_or_else(|| {
+        ferry_peer::liqo::cluster_id(client).await.map_err(api_err(cluster))?.ok_or_else(|| {
             StepError::rejected(
                 "LIQO_MISSING",
                 format!("{cluster} runs no Liqo (no ConfigMap {}/{})", ferry_peer::liqo::LIQO_NAMESPACE, ferry_peer::liqo::CLUSTER_ID_CONFIGMAP),
@@ -282,7 +283,7 @@ impl Step<OffloadCommand> for CheckStep {
                 return Err(StepError::rejected("NAMESPACE_MISSING", format!("namespace {} does not exist on {}", c.namespace, c.cluster)));
             }
             let current = self.0.offloading(c).await?;
-            let previous_task = current.as_ref().and_then(|o| o.metadata.labels.as_ref()).and_then(|l| l.get(liqo::TASK_LABEL)).cloned();
+            let previous_task = current.as_ref().and_then(made_by).map(str::to_owned);
             let mut out = Checked { previous: current.map(|o| o.spec), previous_task, ..Checked::default() };
             match c.operation {
                 OffloadOperation::Unoffload => {
@@ -358,12 +359,7 @@ impl Step<OffloadCommand> for OffloadStep {
             // A burst into a namespace someone else offloaded: only within their targets.
             if burst && let Some(prev) = checked(cx)?.previous {
                 let current = self.0.offloading(c).await?;
-                let ours = current
-                    .as_ref()
-                    .and_then(|o| o.metadata.labels.as_ref())
-                    .and_then(|l| l.get(liqo::TASK_LABEL))
-                    .is_some_and(|t| *t == cx.task_id.to_string());
-                if !ours {
+                if current.as_ref().and_then(made_by) != Some(&cx.task_id.to_string()) {
                     let status = current.map(|o| o.status).unwrap_or_default();
                     return match liqo::progress(&status, None, &ids) {
                         Progress::Ready(n) => {
@@ -397,9 +393,7 @@ impl Step<OffloadCommand> for OffloadStep {
                 return Ok(());
             }
             let current = self.0.offloading(c).await?;
-            let ours =
-                current.as_ref().and_then(|o| o.metadata.labels.as_ref()).and_then(|l| l.get(liqo::TASK_LABEL)).is_some_and(|t| *t == cx.task_id.to_string());
-            if !ours {
+            if current.as_ref().and_then(made_by) != Some(&cx.task_id.to_string()) {
                 return Ok(());
             }
             let ch = checked(cx)?;

@@ -18,7 +18,7 @@ use ferry_runtime::{Rejection, Step, StepContext, StepError, StepPolicy, TaskHan
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node};
+use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::api::{Api, Patch, PatchParams};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -172,8 +172,7 @@ impl Inner {
             })
             .await
             .map_err(|e| wait_err("LIQO_NOT_READY", e))?;
-        let cm = Api::<ConfigMap>::namespaced(client, liqo::LIQO_NAMESPACE).get_opt(liqo::CLUSTER_ID_CONFIGMAP).await.map_err(api_err(cluster))?;
-        cm.and_then(|c| c.data?.get("CLUSTER_ID").cloned()).ok_or_else(|| {
+        liqo::cluster_id(client).await.map_err(api_err(cluster))?.ok_or_else(|| {
             StepError::permanent("LIQO_NOT_READY", format!("Liqo on {cluster} has no cluster id (ConfigMap liqo/{})", liqo::CLUSTER_ID_CONFIGMAP))
         })
     }

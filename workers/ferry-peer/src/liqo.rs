@@ -2,7 +2,8 @@
 //! per side a tenant namespace and a ForeignCluster; the network (a Configuration on each
 //! side, a GatewayServer on the provider, a GatewayClient on the consumer); the
 //! authentication (a Tenant on the provider); the resources (a ResourceSlice on the
-//! consumer). Everything carries [`PEERING_LABEL`] so exactly it is removed. Pure.
+//! consumer). Everything carries [`PEERING_LABEL`] so exactly it is removed. Pure, but
+//! for [`cluster_id`], which reads a cluster's Liqo id.
 
 use serde_json::{Value, json};
 
@@ -18,6 +19,12 @@ pub const CLUSTER_ID_CONFIGMAP: &str = "liqo-clusterid-configmap";
 pub const CONTROLLER_MANAGER: &str = "liqo-controller-manager";
 /// The gateway port.
 pub const GATEWAY_PORT: i64 = 51840;
+
+/// The Liqo cluster id of the cluster `client` reaches (None: no id ConfigMap or key).
+pub async fn cluster_id(client: kube::Client) -> Result<Option<String>, kube::Error> {
+    let cm = kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client, LIQO_NAMESPACE).get_opt(CLUSTER_ID_CONFIGMAP).await?;
+    Ok(cm.and_then(|c| c.data?.get("CLUSTER_ID").cloned()))
+}
 
 /// The label value of a pair.
 pub fn pair_label(a: &str, b: &str) -> String {

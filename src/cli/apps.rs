@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use clap::Subcommand;
 use ferry_deploy::spec::{DeployApp, DeployOperation};
-use ferry_runtime::{TaskKind, TaskSnapshot, TaskState};
+use ferry_runtime::{TaskKind, TaskSnapshot};
 use serde::Serialize;
 
 use super::common::{Conn, Output};
@@ -42,21 +42,15 @@ pub struct AppView {
 }
 
 /// The apps in `snapshots` (deploy tasks; others are ignored).
-pub fn apps(registry: &ferry_runtime::wire::Registry, mut snapshots: Vec<TaskSnapshot>) -> Vec<AppView> {
-    snapshots.retain(|s| s.kind == TaskKind::Deploy && s.state == TaskState::Succeeded);
-    snapshots.sort_by_key(|s| (s.created_at_ms, s.origin_partition, s.origin_offset));
+pub fn apps(registry: &ferry_runtime::wire::Registry, snapshots: &[TaskSnapshot]) -> Vec<AppView> {
     let mut live: BTreeMap<String, AppView> = BTreeMap::new();
-    for s in snapshots {
-        let Ok(spec) = registry.decode::<DeployApp>(&s.spec.0) else { continue };
+    for (s, spec) in super::fleet_view::replay::<DeployApp>(registry, snapshots, TaskKind::Deploy) {
         if spec.operation == DeployOperation::Delete {
             live.remove(&s.subject);
             continue;
         }
         let mut clusters: Vec<String> = s
-            .journal
-            .iter()
-            .find(|j| j.name == "wait")
-            .and_then(|j| serde_json::from_str::<serde_json::Value>(j.output.as_deref()?).ok())
+            .output_of::<serde_json::Value>("wait")
             .and_then(|o| o["components"].as_array().cloned())
             .into_iter()
             .flatten()
@@ -83,7 +77,7 @@ pub async fn run(conn: &Conn, cmd: AppsCommand) -> anyhow::Result<ExitCode> {
     let client = conn.client().await?;
     match cmd {
         AppsCommand::List { owner, output } => {
-            let mut views = apps(client.registry(), client.snapshots().await?);
+            let mut views = apps(client.registry(), &client.snapshots().await?);
             views.retain(|v| owner.as_ref().is_none_or(|o| &v.owner == o));
             match output {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&views)?),
@@ -103,6 +97,7 @@ pub async fn run(conn: &Conn, cmd: AppsCommand) -> anyhow::Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferry_runtime::TaskState;
     use ferry_runtime::wire::Registry;
 
     fn snap(r: &Registry, n: i64, op: DeployOperation, name: &str, owner: &str, state: TaskState) -> TaskSnapshot {
@@ -120,7 +115,7 @@ mod tests {
             snap(&r, 4, DeployOperation::Delete, "blog", "", TaskState::Succeeded),
             snap(&r, 5, DeployOperation::Deploy, "wiki", "team-a", TaskState::Reverted),
         ];
-        let views = apps(&r, all);
+        let views = apps(&r, &all);
         let got: Vec<(&str, &str, &str)> = views.iter().map(|v| (v.app.as_str(), v.owner.as_str(), v.task_id.as_str())).collect();
         assert_eq!(got, [("shop/shop", "team-a", "tsk_1")]);
     }

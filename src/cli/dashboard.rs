@@ -84,10 +84,14 @@ async fn fleet(State(app): State<Shared>) -> Response {
         Err(e) => return error(StatusCode::BAD_GATEWAY, e),
     };
     let r = app.client.registry();
-    let (clusters, peerings, offloads) =
-        (super::fleet_view::clusters(r, &snapshots), super::fleet_view::peerings(r, &snapshots), super::fleet_view::offloads(r, &snapshots));
-    let apps = super::apps::apps(r, snapshots);
-    Json(Fleet { scores, apps, clusters, peerings, offloads }).into_response()
+    Json(Fleet {
+        scores,
+        apps: super::apps::apps(r, &snapshots),
+        clusters: super::fleet_view::clusters(r, &snapshots),
+        peerings: super::fleet_view::peerings(r, &snapshots),
+        offloads: super::fleet_view::offloads(r, &snapshots),
+    })
+    .into_response()
 }
 
 async fn control(app: Shared, id: String, revert: bool) -> Response {

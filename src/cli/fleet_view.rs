@@ -59,14 +59,14 @@ pub struct OffloadView {
 }
 
 /// The succeeded tasks of `kind`, oldest first, with their decoded specs.
-fn replay<S: DeserializeOwned + apache_avro::AvroSchema + 'static>(registry: &Registry, snapshots: &[TaskSnapshot], kind: TaskKind) -> Vec<(TaskSnapshot, S)> {
+pub(crate) fn replay<'s, S: DeserializeOwned + apache_avro::AvroSchema + 'static>(
+    registry: &Registry,
+    snapshots: &'s [TaskSnapshot],
+    kind: TaskKind,
+) -> Vec<(&'s TaskSnapshot, S)> {
     let mut v: Vec<&TaskSnapshot> = snapshots.iter().filter(|s| s.kind == kind && s.state == TaskState::Succeeded).collect();
     v.sort_by_key(|s| (s.created_at_ms, s.origin_partition, s.origin_offset));
-    v.into_iter().filter_map(|s| Some((s.clone(), registry.decode::<S>(&s.spec.0).ok()?))).collect()
-}
-
-fn output(s: &TaskSnapshot, step: &str) -> serde_json::Value {
-    s.journal.iter().find(|j| j.name == step).and_then(|j| serde_json::from_str(j.output.as_deref()?).ok()).unwrap_or_default()
+    v.into_iter().filter_map(|s| Some((s, registry.decode::<S>(&s.spec.0).ok()?))).collect()
 }
 
 /// Clusters created and not deleted.
@@ -82,14 +82,14 @@ pub fn clusters(registry: &Registry, snapshots: &[TaskSnapshot]) -> Vec<ClusterV
                         infrastructure: c.infrastructure,
                         version: c.version,
                         workers: c.workers.count,
-                        task_id: s.task_id,
+                        task_id: s.task_id.clone(),
                     },
                 );
             }
             ClusterOperation::Scale => {
                 if let Some(v) = live.get_mut(&s.subject) {
                     v.workers = c.workers.count.or(v.workers);
-                    v.task_id = s.task_id;
+                    v.task_id = s.task_id.clone();
                 }
             }
             ClusterOperation::Delete => {
@@ -110,7 +110,10 @@ pub fn peerings(registry: &Registry, snapshots: &[TaskSnapshot]) -> Vec<PeeringV
                     PeerMethod::Liqo => "liqo",
                     PeerMethod::Submariner => "submariner",
                 };
-                live.insert(s.subject.clone(), PeeringView { a: p.a, b: p.b, method: method.into(), bidirectional: p.bidirectional, task_id: s.task_id });
+                live.insert(
+                    s.subject.clone(),
+                    PeeringView { a: p.a, b: p.b, method: method.into(), bidirectional: p.bidirectional, task_id: s.task_id.clone() },
+                );
             }
             PeerOperation::Unpeer => {
                 live.remove(&s.subject);
@@ -128,15 +131,19 @@ pub fn offloads(registry: &Registry, snapshots: &[TaskSnapshot]) -> Vec<OffloadV
             live.remove(&s.subject);
             continue;
         }
-        let targets: Vec<String> =
-            output(&s, "offload")["targets"].as_array().into_iter().flatten().filter_map(|t| t["id"].as_str().map(str::to_owned)).collect();
+        let targets: Vec<String> = s.output_of::<serde_json::Value>("offload").unwrap_or_default()["targets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["id"].as_str().map(str::to_owned))
+            .collect();
         if targets.is_empty() {
             // A burst that fit at home offloaded nothing.
             continue;
         }
         let burst =
             (c.operation == OffloadOperation::Burst).then(|| format!("{} × {}", c.deployment.clone().unwrap_or_default(), c.replicas.unwrap_or_default()));
-        live.insert(s.subject.clone(), OffloadView { cluster: c.cluster, namespace: c.namespace, targets, burst, task_id: s.task_id });
+        live.insert(s.subject.clone(), OffloadView { cluster: c.cluster, namespace: c.namespace, targets, burst, task_id: s.task_id.clone() });
     }
     live.into_values().collect()
 }

@@ -276,8 +276,7 @@ async fn burst_sends_the_overflow_to_the_nearest_peers_with_room_and_revert_take
     assert_eq!(end(&evs), EventType::Succeeded, "{}", last(&evs));
     assert_eq!(steps(&evs), ["check", "scale", "place", "offload", "ready"]);
     let snap = client.snapshot(id).await.unwrap().unwrap();
-    let place = snap.journal.iter().find(|j| j.name == "place").and_then(|j| j.output.clone()).unwrap();
-    let shares: serde_json::Value = serde_json::from_str(&place).unwrap();
+    let shares: serde_json::Value = snap.output_of("place").unwrap();
     assert_eq!(shares.as_array().unwrap().iter().map(|s| (s["cluster"].as_str().unwrap(), s["pods"].as_u64().unwrap())).collect::<Vec<_>>(), [("member-3", 2)]);
     assert_eq!(placement(&m1, "shop", "api").await, HashMap::from([("home".to_owned(), 4), ("liqo-member-3".to_owned(), 2)]));
     let reflected = Api::<Pod>::namespaced(m3.clone(), "shop-member-1").list(&ListParams::default()).await.unwrap().items;
@@ -295,8 +294,7 @@ async fn burst_sends_the_overflow_to_the_nearest_peers_with_room_and_revert_take
     let (id, evs) = offload(&client, &burst(10)).await;
     assert_eq!(end(&evs), EventType::Succeeded, "{}", last(&evs));
     let snap = client.snapshot(id).await.unwrap().unwrap();
-    let place = snap.journal.iter().find(|j| j.name == "place").and_then(|j| j.output.clone()).unwrap();
-    let shares: serde_json::Value = serde_json::from_str(&place).unwrap();
+    let shares: serde_json::Value = snap.output_of("place").unwrap();
     assert_eq!(
         shares.as_array().unwrap().iter().map(|s| (s["cluster"].as_str().unwrap(), s["pods"].as_u64().unwrap())).collect::<Vec<_>>(),
         [("member-3", 2), ("member-2", 4)]

@@ -293,6 +293,14 @@ pub struct TaskSnapshot {
     pub revert_requested: bool,
 }
 
+impl TaskSnapshot {
+    /// The journaled output of step `step`, decoded (None: no such step, no output, or
+    /// not a `T`).
+    pub fn output_of<T: serde::de::DeserializeOwned>(&self, step: &str) -> Option<T> {
+        self.journal.iter().find(|j| j.name == step).and_then(|j| serde_json::from_str(j.output.as_deref()?).ok())
+    }
+}
+
 /// Milliseconds since the epoch, now.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()

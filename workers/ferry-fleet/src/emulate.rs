@@ -108,3 +108,8 @@ where
     });
     Emulated { knobs, task }
 }
+
+/// Now, as Kubernetes writes condition times (RFC 3339, whole seconds, UTC).
+pub fn now() -> String {
+    k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}

@@ -19,6 +19,7 @@ use kube::core::GroupVersionKind;
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
+use crate::emulate::now;
 use crate::fleet::{ClusterSpawner, kubeconfig_secret};
 use crate::{Cluster, Fleet, FleetError, Kubelet, NodeFlavor};
 
@@ -168,10 +169,6 @@ impl Ctx {
     fn api(&self, ns: &str, group: &str, kind: &str) -> Api<DynamicObject> {
         Api::namespaced_with(self.hub.clone(), ns, &gvk(group, kind))
     }
-}
-
-fn now() -> String {
-    k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
 fn cond(type_: &str, ok: bool, reason: &str, old: Option<&Value>) -> Value {
@@ -413,4 +410,3 @@ async fn workload(cx: &Ctx, s: &mut State, ns: &str, name: &str, uid: &str, knob
     secrets.patch(&format!("{name}-kubeconfig"), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&secret)).await.map_err(err)?;
     Ok(Workload { _server: server, kubelet, pools: HashMap::new(), uid: uid.to_owned() })
 }
-

@@ -20,7 +20,9 @@ use kube::core::GroupVersionKind;
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
+use crate::emulate::now;
 use crate::{Fleet, FleetError};
+use ferry_kube::quantity::{millicores, units};
 
 /// Liqo's namespace on every cluster.
 pub const LIQO_NAMESPACE: &str = "liqo";
@@ -69,10 +71,6 @@ fn net(kind: &str, plural: &str) -> ApiResource {
 
 fn auth(kind: &str, plural: &str) -> ApiResource {
     ar("authentication.liqo.io", kind, plural)
-}
-
-fn now() -> String {
-    k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
 fn cond(type_: &str, status: &str) -> Value {
@@ -208,10 +206,10 @@ async fn capacity(client: &kube::Client) -> Result<(String, String), kube::Error
         real.insert(n.metadata.name.clone().unwrap_or_default());
         let alloc = n.status.and_then(|s| s.allocatable).unwrap_or_default();
         if let Some(q) = alloc.get("cpu") {
-            cpu_m += parse_cpu(&q.0);
+            cpu_m += millicores(&q.0).unwrap_or(0);
         }
         if let Some(q) = alloc.get("memory") {
-            mem += parse_mem(&q.0);
+            mem += units(&q.0).unwrap_or(0);
         }
     }
     // Spare: less what the pods on those nodes request.
@@ -223,24 +221,11 @@ async fn capacity(client: &kube::Client) -> Result<(String, String), kube::Error
         }
         for c in &spec.containers {
             let req = c.resources.as_ref().and_then(|r| r.requests.as_ref());
-            cpu_m -= req.and_then(|r| r.get("cpu")).map_or(0, |q| parse_cpu(&q.0));
-            mem -= req.and_then(|r| r.get("memory")).map_or(0, |q| parse_mem(&q.0));
+            cpu_m -= req.and_then(|r| r.get("cpu")).map_or(0, |q| millicores(&q.0).unwrap_or(0));
+            mem -= req.and_then(|r| r.get("memory")).map_or(0, |q| units(&q.0).unwrap_or(0));
         }
     }
     Ok((format!("{}m", cpu_m.max(0)), format!("{}Mi", mem.max(0) / (1024 * 1024))))
-}
-
-fn parse_cpu(s: &str) -> i64 {
-    s.strip_suffix('m').map_or_else(|| s.parse::<i64>().unwrap_or(0) * 1000, |m| m.parse().unwrap_or(0))
-}
-
-fn parse_mem(s: &str) -> i64 {
-    for (suffix, mult) in [("Ki", 1i64 << 10), ("Mi", 1 << 20), ("Gi", 1 << 30), ("Ti", 1 << 40)] {
-        if let Some(n) = s.strip_suffix(suffix) {
-            return n.parse::<i64>().unwrap_or(0) * mult;
-        }
-    }
-    s.parse().unwrap_or(0)
 }
 
 async fn tick(hub: &kube::Client, members: &mut [Member], knobs: &Mutex<HashMap<String, LiqoKnobs>>) -> Result<(), kube::Error> {

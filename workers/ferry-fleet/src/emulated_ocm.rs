@@ -19,6 +19,7 @@ use kube::discovery::{ApiCapabilities, Scope};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
+use crate::emulate::now;
 use crate::fleet::Fleet;
 
 /// How often each emulated controller looks again.
@@ -52,10 +53,6 @@ fn bindings() -> ApiResource {
 }
 fn scores() -> ApiResource {
     ar("cluster.open-cluster-management.io", "v1alpha1", "AddOnPlacementScore", "addonplacementscores")
-}
-
-fn now() -> String {
-    k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
 fn condition(type_: &str, ok: bool, reason: &str, message: &str, generation: i64) -> Value {

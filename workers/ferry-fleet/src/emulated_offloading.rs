@@ -44,6 +44,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
+use crate::emulate::now;
 pub use crate::emulated_liqo::{NOT_ALLOWED_TAINT, PROVIDER_TAINT, REMOTE_ID_LABEL, VIRTUAL_NODE_SELECTOR};
 use crate::{Fleet, FleetError};
 
@@ -280,10 +281,6 @@ fn logged<T>(cluster: &str, what: impl FnOnce() -> String, r: Result<T, kube::Er
             None
         }
     }
-}
-
-fn now() -> String {
-    k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
 fn label<'a>(meta: &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta, key: &str) -> Option<&'a str> {

@@ -2,20 +2,12 @@
 //! upstream CRDs (../shared/crds: Cluster API v1.14, CAPO v0.15, OCM v1.3), by server-side
 //! dry run; and the validation is real: a manifest that breaks a schema is refused.
 
-use std::path::PathBuf;
-
 use ferry_cluster::render;
 use ferry_cluster::spec::{ClusterCommand, MachinePool, OcmRegistration, OpenStackSettings, WorkerPool};
-use ferry_fleet::{Fleet, FleetOptions};
 use ferry_kube::{Clusters, HUB};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
-
-fn shared_crds() -> Option<PathBuf> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/crds");
-    p.is_dir().then_some(p)
-}
 
 fn commands() -> Vec<ClusterCommand> {
     let docker = ClusterCommand {
@@ -54,20 +46,11 @@ fn commands() -> Vec<ClusterCommand> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rendered_manifests_pass_the_upstream_schemas() {
-    let Some(crds) = shared_crds() else {
-        println!("note: ../shared/crds is not present beside the project; skipping");
+    let Some((_fleet, hub, installed)) =
+        ferry_fleet::crds::upstream_hub(&["cluster-api", "cluster-api-provider-openstack", "open-cluster-management"]).await.unwrap()
+    else {
         return;
     };
-    if !ferry_fleet::binaries::Binaries::installed() {
-        println!("note: the test bed is not installed (scripts/install-testbed.sh); skipping");
-        return;
-    }
-    let fleet = Fleet::start(FleetOptions { controllers: false, ..FleetOptions::hub_and(0) }).await.unwrap();
-    let hub = fleet.hub().client().await.unwrap();
-    let mut installed = Vec::new();
-    for dir in ["cluster-api", "cluster-api-provider-openstack", "open-cluster-management"] {
-        installed.extend(ferry_fleet::crds::install_dir(&hub, &crds.join(dir)).await.unwrap());
-    }
     assert!(installed.len() >= 15, "{installed:?}");
     let pp = PatchParams::apply("test");
     Api::<Namespace>::all(hub.clone())

@@ -2,7 +2,7 @@
 //! rules (`x-kubernetes-validations`, unknown to 1.20), keeps only the storage version (no
 //! conversion webhooks here) and waits until each CRD is Established.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -136,6 +136,34 @@ pub async fn install(client: &kube::Client, crds: Vec<Value>) -> Result<Vec<Stri
         }
     }
     Ok(names)
+}
+
+/// The upstream CRDs beside the project (`../shared/crds`), if present: tests that read
+/// them skip with a note when they are not.
+pub fn shared_dir() -> Option<PathBuf> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/crds");
+    p.is_dir().then_some(p)
+}
+
+/// For schema tests: a hub without controllers holding the upstream CRDs of `dirs` (under
+/// [`shared_dir`]) and their names; None, with a printed note, when the CRDs or the test
+/// bed are missing.
+pub async fn upstream_hub(dirs: &[&str]) -> Result<Option<(crate::Fleet, kube::Client, Vec<String>)>, Box<dyn std::error::Error + Send + Sync>> {
+    let Some(crds) = shared_dir() else {
+        println!("note: ../shared/crds is not present beside the project; skipping");
+        return Ok(None);
+    };
+    if !crate::binaries::Binaries::installed() {
+        println!("note: the test bed is not installed (scripts/install-testbed.sh); skipping");
+        return Ok(None);
+    }
+    let fleet = crate::Fleet::start(crate::FleetOptions { controllers: false, ..crate::FleetOptions::hub_and(0) }).await?;
+    let hub = fleet.hub().client().await?;
+    let mut installed = Vec::new();
+    for dir in dirs {
+        installed.extend(install_dir(&hub, &crds.join(dir)).await?);
+    }
+    Ok(Some((fleet, hub, installed)))
 }
 
 /// The paths of `sent` missing from `got`: what an API server pruned from an object

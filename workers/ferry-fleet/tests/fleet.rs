@@ -3,7 +3,6 @@
 //! nodes, Jobs, and the upstream CRDs' validation.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use ferry_fleet::{Fleet, FleetOptions, Kubelet, NodeFlavor};
@@ -204,15 +203,10 @@ async fn pods_beyond_capacity_stay_pending_and_a_job_completes() {
     tokio::time::timeout(WAIT, await_condition(nodes, &gpu[0], renewed)).await.expect("a new heartbeat").unwrap();
 }
 
-fn shared_crds() -> Option<PathBuf> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/crds");
-    p.exists().then_some(p)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_crds_install_and_the_server_validates_against_them() {
     init();
-    let Some(dir) = shared_crds() else {
+    let Some(dir) = ferry_fleet::crds::shared_dir() else {
         println!("skipped: ../shared/crds is not present beside the project");
         return;
     };
@@ -238,7 +232,7 @@ async fn upstream_crds_install_and_the_server_validates_against_them() {
 async fn the_projects_crd_subset_matches_upstream_names_and_serves_objects() {
     init();
     // Names, scope and storage version agree with the upstream CRDs (when present).
-    if let Some(dir) = shared_crds() {
+    if let Some(dir) = ferry_fleet::crds::shared_dir() {
         let mut upstream = std::collections::HashMap::new();
         for sub in std::fs::read_dir(&dir).unwrap().flatten().filter(|e| e.path().is_dir()) {
             for f in std::fs::read_dir(sub.path()).unwrap().flatten() {

@@ -2,36 +2,17 @@
 //! upstream CRDs (../shared/crds: Liqo v1, OCM, the Submariner add-on), by server-side dry
 //! run, and nothing it sends is pruned as unknown.
 
-use std::path::PathBuf;
-
-use ferry_fleet::{Fleet, FleetOptions};
 use ferry_kube::{Clusters, HUB};
 use ferry_peer::{liqo, submariner};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-fn shared_crds() -> Option<PathBuf> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/crds");
-    p.is_dir().then_some(p)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peering_objects_pass_the_upstream_schemas() {
-    let Some(crds) = shared_crds() else {
-        println!("note: ../shared/crds is not present beside the project; skipping");
+    let Some((_fleet, hub, installed)) = ferry_fleet::crds::upstream_hub(&["liqo", "open-cluster-management", "submariner-addon"]).await.unwrap() else {
         return;
     };
-    if !ferry_fleet::binaries::Binaries::installed() {
-        println!("note: the test bed is not installed (scripts/install-testbed.sh); skipping");
-        return;
-    }
-    let fleet = Fleet::start(FleetOptions { controllers: false, ..FleetOptions::hub_and(0) }).await.unwrap();
-    let hub = fleet.hub().client().await.unwrap();
-    let mut installed = Vec::new();
-    for dir in ["liqo", "open-cluster-management", "submariner-addon"] {
-        installed.extend(ferry_fleet::crds::install_dir(&hub, &crds.join(dir)).await.unwrap());
-    }
     assert!(installed.len() >= 25, "{installed:?}");
     let pp = PatchParams::apply("test");
     for ns in [liqo::tenant_namespace("member-1"), liqo::tenant_namespace("member-2"), "member-1".into(), "member-2".into()] {

@@ -1,25 +1,33 @@
 //! The fault campaign: 1,000 mixed tasks (runtime `test` tasks that succeed, fail and
 //! revert, retry, or are cancelled; `score` tasks against real API servers, some reverted;
 //! `deploy` tasks through the emulated OCM, some reverted; `create-cluster` tasks through
-//! the emulated Cluster API, some reverted) run on worker *processes* while
-//! workers are SIGKILLed and restarted, the broker goes down and comes back, and the hub's
-//! API answers 500 and 429, slows down and blacks out (through the test bed's fault proxy).
+//! the emulated Cluster API, some reverted; a Liqo `peer` task and Submariner ones that are
+//! reverted; `offload` tasks over the Liqo peering, some reverted) run on worker
+//! *processes* while workers are SIGKILLed and restarted (the peer and offload workers in
+//! the middle of a task), the broker goes down and comes back, then fails produce, fetch,
+//! commit and heartbeat requests, and the hub's API answers 500 and 429, slows down and
+//! blacks out (through the test bed's fault proxy).
 //! Every task must end in its expected final state, none may be lost, reverted scorings
-//! must leave no placement score, reverted deploys no ManifestWork or Deployment and
-//! reverted clusters nothing on the hub behind, every created cluster must exist exactly
-//! once, and no topic may hold secret material afterwards.
+//! must leave no placement score, reverted deploys no ManifestWork or Deployment,
+//! reverted clusters nothing on the hub, reverted tunnels no Submariner object and
+//! reverted offloads no NamespaceOffloading or twin namespace behind; every created
+//! cluster must exist exactly once, the peering and the standing offloads must be in
+//! place, and no topic may hold secret material afterwards.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use ferry_fleet::inventory::{Inventory, ObjectRef};
 use ferry_fleet::{FaultProxy, Fleet, FleetOptions, Kubelet, NodeFlavor};
-use ferry_kube::kinds::{AddOnPlacementScore, ManifestWork};
+use ferry_kube::kinds::{AddOnPlacementScore, ManagedCluster, ManagedClusterAddOn, ManifestWork};
 use ferry_runtime::testkind::TestTaskSpec;
-use ferry_runtime::{Client, EmbeddedBroker, EventType, KafkaConfig, SubmitOptions, TaskId, TaskKind, TaskState, Topics};
+use ferry_runtime::{Client, CommandAction, EmbeddedBroker, EventType, KafkaConfig, SubmitOptions, TaskId, TaskKind, TaskState, Topics};
 use ferry_score::spec::ScoreClusters;
 use k8s_openapi::api::apps::v1::Deployment;
-use kube::api::{Api, ListParams};
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use kube::api::{Api, DynamicObject, ListParams};
+use kube::core::{ApiResource, GroupVersionKind};
 use rand::Rng;
 
 const TASKS: usize = 1000;
@@ -48,6 +56,9 @@ impl Workers {
         if kind == TaskKind::CreateCluster {
             cmd.arg("--kubeconfig").arg(&self.hub_kubeconfig).args(["--addons", "emulated"]);
         }
+        if matches!(kind, TaskKind::Peer | TaskKind::Offload) {
+            cmd.arg("--kubeconfig").arg(&self.hub_kubeconfig);
+        }
         self.procs.push((kind, cmd.spawn().expect("spawn ferry worker")));
     }
 
@@ -59,6 +70,18 @@ impl Workers {
         c.kill().expect("SIGKILL");
         c.wait().unwrap();
         self.spawn(kind);
+    }
+
+    /// SIGKILLs the worker process named in an event's `worker` (`host-pid-random`), the
+    /// one holding that task, and starts a fresh one of its kind.
+    fn kill_holder(&mut self, worker: &str) -> bool {
+        let pid = worker.rsplit('-').nth(1).and_then(|p| p.parse::<u32>().ok());
+        let Some(i) = self.procs.iter().position(|(_, c)| Some(c.id()) == pid) else { return false };
+        let (kind, mut c) = self.procs.remove(i);
+        c.kill().expect("SIGKILL");
+        c.wait().unwrap();
+        self.spawn(kind);
+        true
     }
 }
 
@@ -83,13 +106,22 @@ enum Plan {
     DeployThenRevert,
     Cluster,
     ClusterThenRevert,
+    Peer,
+    TunnelThenRevert,
+    Offload,
+    OffloadThenRevert,
 }
 
 impl Plan {
     fn expect(self) -> EventType {
         match self {
-            Plan::Succeed | Plan::Flaky | Plan::Score | Plan::Deploy | Plan::Cluster => EventType::Succeeded,
-            Plan::FailAndRevert | Plan::ScoreThenRevert | Plan::DeployThenRevert | Plan::ClusterThenRevert => EventType::Reverted,
+            Plan::Succeed | Plan::Flaky | Plan::Score | Plan::Deploy | Plan::Cluster | Plan::Peer | Plan::Offload => EventType::Succeeded,
+            Plan::FailAndRevert
+            | Plan::ScoreThenRevert
+            | Plan::DeployThenRevert
+            | Plan::ClusterThenRevert
+            | Plan::TunnelThenRevert
+            | Plan::OffloadThenRevert => EventType::Reverted,
             Plan::Cancel => EventType::Cancelled,
         }
     }
@@ -106,7 +138,33 @@ fn plan(i: usize) -> Plan {
         _ if i % 50 == 39 => Plan::DeployThenRevert,
         _ if i % 100 == 29 => Plan::Cluster,
         _ if i % 100 == 79 => Plan::ClusterThenRevert,
+        _ if i == 49 => Plan::Peer,
+        _ if i % 200 == 49 => Plan::TunnelThenRevert,
+        _ if i % 200 == 99 => Plan::Offload,
+        _ if i % 200 == 199 => Plan::OffloadThenRevert,
         _ => Plan::Score,
+    }
+}
+
+/// The peering: member-1 consumes member-2 through Liqo. It stands.
+fn peering() -> ferry_peer::spec::PeerClusters {
+    ferry_peer::spec::PeerClusters { a: "member-1".into(), b: "member-2".into(), timeout_seconds: Some(180), ..Default::default() }
+}
+
+/// A Submariner tunnel between the same pair (the same subject, so after the peering);
+/// the clusters stay in their set, `campaign`.
+fn tunnel() -> ferry_peer::spec::PeerClusters {
+    ferry_peer::spec::PeerClusters { method: ferry_peer::spec::PeerMethod::Submariner, ..peering() }
+}
+
+/// The offload of task `i`: member-1's namespace `camp-off-<i>` to member-2.
+fn offload(i: usize) -> ferry_offload::spec::OffloadCommand {
+    ferry_offload::spec::OffloadCommand {
+        cluster: "member-1".into(),
+        namespace: format!("camp-off-{i}"),
+        clusters: vec!["member-2".into()],
+        timeout_seconds: Some(180),
+        ..Default::default()
     }
 }
 
@@ -126,8 +184,35 @@ fn cluster(i: usize) -> ferry_cluster::spec::ClusterCommand {
     }
 }
 
+/// Whether `name` mentions `token` as a whole part between `-`, `.`, `:` or `/`
+/// (`app-19-web` and `x:app-19` mention `app-19`; `app-119` does not).
+fn mentions(name: &str, token: &str) -> bool {
+    let edge = |c: Option<char>| c.is_none_or(|c| matches!(c, '-' | '.' | ':' | '/'));
+    name.match_indices(token).any(|(at, _)| edge(name[..at].chars().next_back()) && edge(name[at + token.len()..].chars().next()))
+}
+
+/// Whether an object that appeared on `cluster` during the campaign belongs to something
+/// that stands: a deployed app, a created cluster, an offloaded namespace or its twin (by
+/// name, namespace or a label value), the Liqo peering on the members (its labels, its
+/// tenant namespaces; Liqo's installation, which the emulator makes on its first tick),
+/// a placement score (checked on its own, by task), or a service-account token Secret
+/// (Kubernetes 1.20's token controller adds them to namespaces made just before).
+fn explained(cluster: &str, o: &ObjectRef, labels: &BTreeMap<String, String>, standing: &[String], peered: bool) -> bool {
+    use ferry_peer::liqo::{LIQO_NAMESPACE, PEERING_LABEL, REMOTE_ID_LABEL};
+    let ours = standing.iter().any(|t| mentions(&o.name, t) || mentions(&o.namespace, t) || labels.values().any(|v| mentions(v, t)));
+    let liqo = cluster != "hub"
+        && peered
+        && (labels.contains_key(PEERING_LABEL)
+            || labels.contains_key(REMOTE_ID_LABEL)
+            || o.namespace.starts_with("liqo-tenant-")
+            || (o.kind == "Namespace" && o.name.starts_with("liqo-tenant-")));
+    let liqo_installed = cluster != "hub" && (o.namespace == LIQO_NAMESPACE || (o.kind == "Namespace" && o.name == LIQO_NAMESPACE));
+    let token = o.kind == "Secret" && o.name.starts_with("default-token-");
+    ours || liqo || liqo_installed || token || o.kind == "AddOnPlacementScore"
+}
+
 fn kube_heavy(p: Plan) -> bool {
-    matches!(p, Plan::Score | Plan::ScoreThenRevert | Plan::Deploy | Plan::DeployThenRevert | Plan::Cluster | Plan::ClusterThenRevert)
+    !matches!(p, Plan::Succeed | Plan::FailAndRevert | Plan::Flaky | Plan::Cancel)
 }
 
 /// The app of deploy task `i`: one small component on member-1 or member-2, in its own
@@ -169,7 +254,7 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
     // Cluster API's part, also on the hub directly; every workload cluster is virtual.
     let capi_options = ferry_fleet::emulated_capi::CapiOptions { real_api_servers: 0, ..Default::default() };
     let capi = ferry_fleet::emulated_capi::EmulatedCapi::start(&fleet, capi_options).await.unwrap();
-    Api::<k8s_openapi::api::core::v1::Namespace>::all(hub.clone())
+    Api::<Namespace>::all(hub.clone())
         .patch(
             "campaign",
             &kube::api::PatchParams::apply("campaign"),
@@ -183,6 +268,17 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
         k.add_nodes("node", 2, &NodeFlavor::default()).await.unwrap();
         kubelets.push(k);
     }
+    // Liqo's part on the members (and the Submariner add-on's on the hub), and the
+    // namespaces to offload.
+    let liqo = ferry_fleet::emulated_liqo::EmulatedLiqo::start(&fleet, HashMap::new()).await.unwrap();
+    let offloading = ferry_fleet::emulated_offloading::EmulatedOffloading::start(&fleet, HashMap::new()).await.unwrap();
+    let m1 = fleet.cluster("member-1").unwrap().client().await.unwrap();
+    let m2 = fleet.cluster("member-2").unwrap().client().await.unwrap();
+    for i in (0..TASKS).filter(|i| matches!(plan(*i), Plan::Offload | Plan::OffloadThenRevert)) {
+        let ns = offload(i).namespace;
+        let obj = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+        Api::<Namespace>::all(m1.clone()).patch(&ns, &kube::api::PatchParams::apply("campaign"), &kube::api::Patch::Apply(obj)).await.unwrap();
+    }
     // The score workers reach the hub through the fault proxy; the members directly.
     let proxy = FaultProxy::start(hub.clone()).await.unwrap();
     let faults = proxy.handle();
@@ -194,10 +290,14 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
     let bootstrap = broker.bootstrap();
     let client = Client::new(KafkaConfig::for_embedded(bootstrap.clone()), topics.clone()).unwrap();
     let mut events = client.events(false).await.unwrap();
+    // Every object of every cluster before Ferry touches them.
+    let mut before = Vec::new();
+    for c in &fleet.clusters {
+        before.push((c.name.clone(), Inventory::take(&c.client().await.unwrap()).await.unwrap()));
+    }
     let mut workers = Workers { bootstrap, hub_kubeconfig, procs: Vec::new() };
-    for kind in
-        [TaskKind::Test, TaskKind::Test, TaskKind::Score, TaskKind::Score, TaskKind::Deploy, TaskKind::Deploy, TaskKind::CreateCluster, TaskKind::CreateCluster]
-    {
+    for kind in [TaskKind::Test, TaskKind::Score, TaskKind::Deploy, TaskKind::CreateCluster, TaskKind::Peer, TaskKind::Offload] {
+        workers.spawn(kind);
         workers.spawn(kind);
     }
 
@@ -220,6 +320,12 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
                 let c = cluster(i);
                 client.submit(TaskKind::CreateCluster, &c.subject(), &c, SubmitOptions::default()).await.unwrap()
             }
+            Plan::Peer | Plan::TunnelThenRevert => {
+                let p = if p == Plan::Peer { peering() } else { tunnel() };
+                client.submit(TaskKind::Peer, &p.subject(), &p, SubmitOptions::default()).await.unwrap()
+            }
+            // Submitted once the peering stands, as a service would.
+            Plan::Offload | Plan::OffloadThenRevert => continue,
             Plan::Cancel => {
                 // Own subjects: see docs/ARCHITECTURE.md "Notes" on cancelled tasks sharing lanes.
                 let spec = TestTaskSpec { block_at: Some(2), ..TestTaskSpec::steps(3) };
@@ -257,6 +363,9 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
     let mut expected: HashMap<String, EventType> = plans.iter().map(|(id, (p, _))| (id.clone(), p.expect())).collect();
     let mut failed_by_faults = HashSet::new();
     let mut delivered: HashSet<(TaskId, i64)> = HashSet::new();
+    let mut offload_ids: HashMap<usize, TaskId> = HashMap::new();
+    // The peer and offload workers are killed once each while they hold a task mid-way.
+    let (mut peer_killed, mut offload_killed) = (false, false);
     while !expected.iter().all(|(id, want)| settled.get(id) == Some(want)) {
         let ev = tokio::time::timeout_at(deadline, events.next())
             .await
@@ -276,7 +385,7 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
         if !delivered.insert((id, ev.seq)) {
             continue;
         }
-        if matches!(p, Plan::Score | Plan::Deploy | Plan::Cluster)
+        if matches!(p, Plan::Score | Plan::Deploy | Plan::Cluster | Plan::Peer | Plan::Offload)
             && ev.event == EventType::StepFailed
             && ev.message.as_deref().is_some_and(|m| m.contains("gave up after"))
         {
@@ -285,16 +394,46 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
             expected.insert(id.to_string(), EventType::Reverted);
         }
         if p == Plan::Cancel && ev.event == EventType::StepProgress && cancelled.insert(id) {
-            client.cancel(id).await.unwrap();
+            client.control(ev.kind, &ev.subject, id, CommandAction::Cancel, Some("campaign".into())).await.unwrap();
+        }
+        let mid_task = |kill: bool, step: &str| !kill && ev.event == EventType::StepStarted && ev.step_name.as_deref() == Some(step);
+        let lag = (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64 - ev.at_ms) as f64 / 1000.0;
+        if p == Plan::Peer && mid_task(peer_killed, "network") {
+            peer_killed = workers.kill_holder(&ev.worker);
+            println!(
+                "campaign: {:>5.1} s: SIGKILL of {} holding the peering in its network step (event {lag:.1} s old): {peer_killed}",
+                started.elapsed().as_secs_f64(),
+                ev.worker
+            );
+        }
+        if matches!(p, Plan::Offload | Plan::OffloadThenRevert) && mid_task(offload_killed, "offload") {
+            offload_killed = workers.kill_holder(&ev.worker);
+            println!(
+                "campaign: {:>5.1} s: SIGKILL of {} holding {id} in its offload step (event {lag:.1} s old): {offload_killed}",
+                started.elapsed().as_secs_f64(),
+                ev.worker
+            );
+        }
+        // The offloads go out once the peering has ended; without it they are refused.
+        if p == Plan::Peer && ev.event.is_final() {
+            for i in (0..TASKS).filter(|i| matches!(plan(*i), Plan::Offload | Plan::OffloadThenRevert)) {
+                let o = offload(i);
+                let oid = client.submit(TaskKind::Offload, &o.subject(), &o, SubmitOptions::default()).await.unwrap();
+                plans.insert(oid.to_string(), (plan(i), oid));
+                let want = if ev.event == EventType::Succeeded { plan(i).expect() } else { EventType::Rejected };
+                expected.insert(oid.to_string(), want);
+                offload_ids.insert(i, oid);
+            }
         }
         if ev.event.is_final() {
             settled.insert(ev.task_id.clone(), ev.event);
             if kube_heavy(p) {
                 scored.insert(ev.task_id.clone());
             }
-            if matches!(p, Plan::ScoreThenRevert | Plan::DeployThenRevert | Plan::ClusterThenRevert) && ev.event == EventType::Succeeded && reverted.insert(id)
-            {
-                client.revert(id).await.unwrap();
+            let then_revert =
+                matches!(p, Plan::ScoreThenRevert | Plan::DeployThenRevert | Plan::ClusterThenRevert | Plan::TunnelThenRevert | Plan::OffloadThenRevert);
+            if then_revert && ev.event == EventType::Succeeded && reverted.insert(id) {
+                client.control(ev.kind, &ev.subject, id, CommandAction::Revert, Some("campaign".into())).await.unwrap();
             }
             // An undo that ran out of retries (the hub failing 30 requests in a row) ends
             // RevertFailed; the operator's answer is to revert again, as here.
@@ -303,15 +442,16 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
                 *n += 1;
                 assert!(*n <= 3, "task {id} failed to revert three times: {:?}", ev.message);
                 println!("campaign: {id} RevertFailed ({:?}); reverting again", ev.message);
-                client.revert(id).await.unwrap();
+                client.control(ev.kind, &ev.subject, id, CommandAction::Revert, Some("campaign".into())).await.unwrap();
             }
         }
         let n = scored.len();
-        let chaos: [(usize, &str); 9] = [
+        let chaos: [(usize, &str); 10] = [
             (5, "kill a test worker"),
             (15, "hub answers 500"),
             (25, "kill a score worker"),
             (35, "broker outage"),
+            (40, "broker fails requests"),
             (45, "hub answers 429"),
             (55, "hub slow"),
             (65, "hub recovers"),
@@ -330,20 +470,23 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
                     tokio::time::sleep(Duration::from_secs(5)).await;
                     broker.all_up().unwrap();
                 }
-                4 => faults.fail_next(12, 429),
-                5 => faults.set_latency(Duration::from_millis(300)),
-                6 => faults.clear(),
-                7 => faults.blackout(Duration::from_secs(5)),
+                4 => broker.fail_requests(20),
+                5 => faults.fail_next(12, 429),
+                6 => faults.set_latency(Duration::from_millis(300)),
+                7 => faults.clear(),
+                8 => faults.blackout(Duration::from_secs(5)),
                 _ => {
                     workers.kill_and_replace(TaskKind::Test);
                     workers.kill_and_replace(TaskKind::Score);
                     workers.kill_and_replace(TaskKind::CreateCluster);
+                    workers.kill_and_replace(TaskKind::Peer);
+                    workers.kill_and_replace(TaskKind::Offload);
                 }
             }
             step += 1;
         }
     }
-    assert_eq!(step, 9, "every fault was injected");
+    assert_eq!(step, 10, "every fault was injected");
     println!("campaign: every task in its expected state after {:.1} s", started.elapsed().as_secs_f64());
     let (requests, injected) = faults.counts();
     assert!(injected >= 12, "the hub's faults were hit ({injected} of {requests} requests)");
@@ -355,6 +498,7 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
         let want = match expected[id] {
             EventType::Succeeded => TaskState::Succeeded,
             EventType::Reverted => TaskState::Reverted,
+            EventType::Rejected => TaskState::Rejected,
             _ => TaskState::Cancelled,
         };
         assert_eq!(snaps.get(id), Some(&want), "task {id} ({p:?})");
@@ -407,6 +551,50 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
     }
     println!("campaign: {created} created clusters exist once each, the reverted ones left nothing");
 
+    // The Liqo peering stands: member-1 has a Ready virtual node of member-2. The reverted
+    // tunnels left no Submariner object on the hub, and the clusters are still in their set.
+    let peer_id = plans.values().find(|(p, _)| *p == Plan::Peer).map(|(_, id)| id.to_string()).unwrap();
+    if expected[&peer_id] == EventType::Succeeded {
+        let lp = ListParams::default().labels(ferry_peer::liqo::REMOTE_ID_LABEL);
+        let virtual_nodes = Api::<Node>::all(m1.clone()).list(&lp).await.unwrap().items;
+        assert!(virtual_nodes.iter().any(ferry_kube::kinds::node_ready), "member-1 has a Ready virtual node of member-2: {virtual_nodes:?}");
+    }
+    let configs = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("submarineraddon.open-cluster-management.io", "v1alpha1", "SubmarinerConfig"),
+        "submarinerconfigs",
+    );
+    for c in ["member-1", "member-2"] {
+        assert!(Api::<ManagedClusterAddOn>::namespaced(hub.clone(), c).get_opt("submariner").await.unwrap().is_none(), "a reverted tunnel left {c}'s add-on");
+        assert!(
+            Api::<DynamicObject>::namespaced_with(hub.clone(), c, &configs).get_opt("submariner").await.unwrap().is_none(),
+            "a reverted tunnel left {c}'s SubmarinerConfig"
+        );
+        let mc = Api::<ManagedCluster>::all(hub.clone()).get(c).await.unwrap();
+        let set = mc.metadata.labels.as_ref().and_then(|l| l.get(ferry_peer::submariner::CLUSTERSET_LABEL)).cloned();
+        assert_eq!(set.as_deref(), Some("campaign"), "{c} is back in its ManagedClusterSet");
+    }
+
+    // Standing offloads are Ready with their twin on member-2; reverted ones left neither.
+    let offloadings = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("offloading.liqo.io", "v1beta1", "NamespaceOffloading"), "namespaceoffloadings");
+    let mut offloaded = 0;
+    for (i, p) in (0..TASKS).map(|i| (i, plan(i))).filter(|(_, p)| matches!(p, Plan::Offload | Plan::OffloadThenRevert)) {
+        let ns = offload(i).namespace;
+        let o = Api::<DynamicObject>::namespaced_with(m1.clone(), &ns, &offloadings).get_opt("offloading").await.unwrap();
+        let twin = Api::<Namespace>::all(m2.clone()).get_opt(&format!("{ns}-member-1")).await.unwrap();
+        match expected[&offload_ids[&i].to_string()] {
+            EventType::Succeeded => {
+                offloaded += 1;
+                assert_eq!(o.map(|o| o.data["status"]["offloadingPhase"].clone()), Some(serde_json::json!("Ready")), "{ns} ({p:?}) is offloaded");
+                assert!(twin.is_some_and(|t| t.metadata.deletion_timestamp.is_none()), "{ns} ({p:?}) has its twin on member-2");
+            }
+            _ => {
+                assert!(o.is_none(), "reverted {ns} ({p:?}) left its NamespaceOffloading");
+                assert!(twin.is_none(), "reverted {ns} ({p:?}) left its twin namespace on member-2");
+            }
+        }
+    }
+    println!("campaign: the peering stands, the reverted tunnels left nothing, {offloaded} offloads stand and the reverted ones left nothing");
+
     let reverted: HashSet<String> = reverted.iter().chain(&failed_by_faults).map(TaskId::to_string).collect();
     let mut remaining = 0;
     for ns in ["member-1", "member-2"] {
@@ -416,7 +604,28 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
             remaining += 1;
         }
     }
-    println!("campaign: {} reverted scorings; {remaining} placement scores remain, none of theirs", reverted.len());
+    println!("campaign: {} tasks reverted; {remaining} placement scores remain, none of a reverted scoring", reverted.len());
+
+    // Every object that appeared belongs to something that stands; nothing that was
+    // there before is gone.
+    let standing: Vec<String> = (0..TASKS)
+        .filter_map(|i| match plan(i) {
+            Plan::Deploy if expected[&deploy_ids[&i].to_string()] == EventType::Succeeded => Some(app(i).name),
+            Plan::Cluster if expected[&cluster_ids[&i].to_string()] == EventType::Succeeded => Some(cluster(i).name),
+            Plan::Offload if expected[&offload_ids[&i].to_string()] == EventType::Succeeded => Some(offload(i).namespace),
+            _ => None,
+        })
+        .collect();
+    let peered = expected[&peer_id] == EventType::Succeeded;
+    for (name, was) in &before {
+        let now = Inventory::take(&fleet.cluster(name).unwrap().client().await.unwrap()).await.unwrap();
+        let unexplained: Vec<String> =
+            was.added(&now).into_iter().filter(|(o, labels)| !explained(name, o, labels, &standing, peered)).map(|(o, _)| o.to_string()).collect();
+        assert!(unexplained.is_empty(), "{name} has objects no standing task explains (left behind): {unexplained:#?}");
+        let gone: Vec<String> = was.removed(&now).into_iter().map(ToString::to_string).collect();
+        assert!(gone.is_empty(), "{name} lost objects it had before the campaign: {gone:#?}");
+        println!("campaign: {name}: {} objects added, every one explained; none removed", was.added(&now).len());
+    }
 
     // No secret material on any topic.
     let tokens: Vec<String> = fleet
@@ -436,5 +645,7 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
     drop(broker);
     drop(capi);
     drop(ocm);
+    drop(offloading);
+    drop(liqo);
     drop(kubelets);
 }

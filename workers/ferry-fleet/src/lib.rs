@@ -13,6 +13,7 @@
 //! - [`emulated_liqo`]: Liqo peering and the Submariner add-on played for tests.
 //! - [`emulated_offloading`]: Liqo namespace offloading and its virtual kubelet, played for tests.
 //! - [`emulated_ocm`]: OCM registration, work agents and placement, played for tests.
+//! - [`inventory`]: every object on a cluster, to compare before and after.
 
 pub mod binaries;
 pub mod crds;
@@ -24,6 +25,7 @@ pub mod emulated_offloading;
 pub mod emulated_ocm;
 pub mod fault_proxy;
 pub mod fleet;
+pub mod inventory;
 pub mod kinds;
 pub mod kubelet;
 pub mod measure;

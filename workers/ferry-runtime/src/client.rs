@@ -200,14 +200,17 @@ impl Client {
         self.send(&env, None).await
     }
 
-    /// Cancels a task, looking up its kind and subject on the task-state topic.
+    /// Cancels a task, looking up its kind and subject on the task-state topic (a read of
+    /// the whole topic: a service that knows them, from its command or a progress event,
+    /// sends [`Self::control`] instead).
     pub async fn cancel(&self, id: TaskId) -> Result<TaskSnapshot, ClientError> {
         let snap = self.snapshot(id).await?.ok_or(ClientError::UnknownTask(id))?;
         self.control(snap.kind, &snap.subject, id, CommandAction::Cancel, None).await?;
         Ok(snap)
     }
 
-    /// Reverts a task, looking up its kind and subject on the task-state topic.
+    /// Reverts a task, looking up its kind and subject on the task-state topic (a read of
+    /// the whole topic; see [`Self::cancel`]).
     pub async fn revert(&self, id: TaskId) -> Result<TaskSnapshot, ClientError> {
         let snap = self.snapshot(id).await?.ok_or(ClientError::UnknownTask(id))?;
         self.control(snap.kind, &snap.subject, id, CommandAction::Revert, None).await?;

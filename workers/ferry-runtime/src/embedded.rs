@@ -112,6 +112,19 @@ impl EmbeddedBroker {
         Ok(())
     }
 
+    /// Fails the next `n` produce, fetch, offset-commit and heartbeat requests (whichever
+    /// client sends them) with the retriable errors a real cluster gives while a leader or
+    /// coordinator moves: NOT_ENOUGH_REPLICAS, NOT_LEADER_FOR_PARTITION,
+    /// COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE.
+    pub fn fail_requests(&self, n: usize) {
+        use rdkafka::types::{RDKafkaApiKey as Api, RDKafkaRespErr as Err};
+        let c = self.cluster();
+        c.request_errors(Api::Produce, &vec![Err::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS; n]);
+        c.request_errors(Api::Fetch, &vec![Err::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION; n]);
+        c.request_errors(Api::OffsetCommit, &vec![Err::RD_KAFKA_RESP_ERR_COORDINATOR_LOAD_IN_PROGRESS; n]);
+        c.request_errors(Api::Heartbeat, &vec![Err::RD_KAFKA_RESP_ERR_COORDINATOR_NOT_AVAILABLE; n]);
+    }
+
     /// The raw mock cluster, for other fault injection (request errors).
     pub fn mock(&self) -> MockCluster<'_, DefaultProducerContext> {
         self.cluster()

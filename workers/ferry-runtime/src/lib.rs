@@ -47,7 +47,7 @@ pub use ids::TaskId;
 pub use intake::IntakeError;
 pub use kafka::KafkaConfig;
 pub use kind::TaskKind;
-pub use protocol::{EventType, ProgressEvent, TaskSnapshot, TaskState};
+pub use protocol::{CommandAction, EventType, ProgressEvent, TaskSnapshot, TaskState};
 pub use step::{Rejection, Step, StepContext, StepError, StepPolicy, TaskHandler};
 pub use topics::Topics;
 pub use worker::{Worker, WorkerError, WorkerHandle, WorkerOptions};

@@ -211,6 +211,16 @@ fn explained(cluster: &str, o: &ObjectRef, labels: &BTreeMap<String, String>, st
     ours || liqo || liqo_installed || token || o.kind == "AddOnPlacementScore"
 }
 
+/// Awaits `f`, saying so when it took more than 2 s (where the campaign stalls).
+async fn timed<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    let t = std::time::Instant::now();
+    let out = f.await;
+    if t.elapsed() > Duration::from_secs(2) {
+        println!("campaign: {what} took {:.1} s", t.elapsed().as_secs_f64());
+    }
+    out
+}
+
 fn kube_heavy(p: Plan) -> bool {
     !matches!(p, Plan::Succeed | Plan::FailAndRevert | Plan::Flaky | Plan::Cancel)
 }
@@ -366,8 +376,9 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
     let mut offload_ids: HashMap<usize, TaskId> = HashMap::new();
     // The peer and offload workers are killed once each while they hold a task mid-way.
     let (mut peer_killed, mut offload_killed) = (false, false);
+    let (mut back_up, mut reported) = (None::<(std::time::Instant, usize)>, 0);
     while !expected.iter().all(|(id, want)| settled.get(id) == Some(want)) {
-        let ev = tokio::time::timeout_at(deadline, events.next())
+        let ev = tokio::time::timeout_at(deadline, timed("reading the next event", events.next()))
             .await
             .unwrap_or_else(|_| {
                 let missing: Vec<_> = expected
@@ -394,10 +405,27 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
             expected.insert(id.to_string(), EventType::Reverted);
         }
         if p == Plan::Cancel && ev.event == EventType::StepProgress && cancelled.insert(id) {
-            client.control(ev.kind, &ev.subject, id, CommandAction::Cancel, Some("campaign".into())).await.unwrap();
+            timed("a cancel", client.control(ev.kind, &ev.subject, id, CommandAction::Cancel, Some("campaign".into()))).await.unwrap();
         }
         let mid_task = |kill: bool, step: &str| !kill && ev.event == EventType::StepStarted && ev.step_name.as_deref() == Some(step);
         let lag = (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64 - ev.at_ms) as f64 / 1000.0;
+        // How the system comes back after the broker outage: the first event read, and
+        // every 50 tasks settled since, with how old the event was when read.
+        if let Some((up, n0)) = back_up
+            && (reported == 0 || settled.len() >= n0 + 50 * reported)
+        {
+            println!(
+                "campaign: {:>5.1} s after the outage: {} tasks settled since; {:?} of {} {lag:.1} s old when read",
+                up.elapsed().as_secs_f64(),
+                settled.len() - n0,
+                ev.event,
+                ev.kind
+            );
+            reported += 1;
+            if reported > 10 {
+                back_up = None;
+            }
+        }
         if p == Plan::Peer && mid_task(peer_killed, "network") {
             peer_killed = workers.kill_holder(&ev.worker);
             println!(
@@ -433,7 +461,7 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
             let then_revert =
                 matches!(p, Plan::ScoreThenRevert | Plan::DeployThenRevert | Plan::ClusterThenRevert | Plan::TunnelThenRevert | Plan::OffloadThenRevert);
             if then_revert && ev.event == EventType::Succeeded && reverted.insert(id) {
-                client.control(ev.kind, &ev.subject, id, CommandAction::Revert, Some("campaign".into())).await.unwrap();
+                timed("a revert", client.control(ev.kind, &ev.subject, id, CommandAction::Revert, Some("campaign".into()))).await.unwrap();
             }
             // An undo that ran out of retries (the hub failing 30 requests in a row) ends
             // RevertFailed; the operator's answer is to revert again, as here.
@@ -442,7 +470,7 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
                 *n += 1;
                 assert!(*n <= 3, "task {id} failed to revert three times: {:?}", ev.message);
                 println!("campaign: {id} RevertFailed ({:?}); reverting again", ev.message);
-                client.control(ev.kind, &ev.subject, id, CommandAction::Revert, Some("campaign".into())).await.unwrap();
+                timed("a revert", client.control(ev.kind, &ev.subject, id, CommandAction::Revert, Some("campaign".into()))).await.unwrap();
             }
         }
         let n = scored.len();
@@ -469,6 +497,7 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
                     // The outage's length, not a synchronisation.
                     tokio::time::sleep(Duration::from_secs(5)).await;
                     broker.all_up().unwrap();
+                    back_up = Some((std::time::Instant::now(), settled.len()));
                 }
                 4 => broker.fail_requests(20),
                 5 => faults.fail_next(12, 429),

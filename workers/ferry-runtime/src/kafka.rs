@@ -72,6 +72,13 @@ impl KafkaConfig {
         c.set("bootstrap.servers", &self.bootstrap);
         // Loopback brokers advertise 127.0.0.1; IPv4 avoids `localhost` resolving to ::1.
         c.set("broker.address.family", "v4");
+        // A request on a connection that went dead without a reset (a frozen broker, a
+        // partition, the embedded broker's outage) blocks its producer or reader until
+        // this timeout: librdkafka's 60 s cost the fault campaign 60 s stalls after a 5 s
+        // outage. Ferry's records are small; 10 s (the Java clients' connection-setup
+        // default) is ample. `--kafka-property` overrides both.
+        c.set("socket.timeout.ms", "10000");
+        c.set("socket.connection.setup.timeout.ms", "10000");
         let opt = [
             ("security.protocol", &self.security_protocol),
             ("sasl.mechanism", &self.sasl_mechanism),

@@ -1,0 +1,177 @@
+//! Poison input through the broker: a corpus of malformed commands on every worker kind's
+//! command topic, read by real `ferry worker` processes of all six kinds. Records that do
+//! not decode (garbage, an unknown schema id, an empty payload, a cut envelope) each come
+//! back as a dead-letter record with their original bytes; envelopes whose spec does not
+//! decode, is another kind's, or fails validation each end Rejected with a reason. No
+//! worker crashes, and each goes past the poison: the last record of each kind, on the
+//! same partition as the rest, is answered too.
+
+use std::collections::HashMap;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use ferry_fleet::{Fleet, FleetOptions};
+use ferry_runtime::protocol::{Bytes, CommandEnvelope};
+use ferry_runtime::publisher::DLQ_REASON;
+use ferry_runtime::testkind::TestTaskSpec;
+use ferry_runtime::{Client, CommandAction, EmbeddedBroker, EventType, KafkaConfig, SubmitOptions, TaskId, TaskKind, Topics};
+use rdkafka::Message;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, OwnedHeaders};
+
+const WAIT: Duration = Duration::from_secs(120);
+
+/// A command of `kind` that decodes but fails validation, and its subject.
+fn invalid(client: &Client, kind: TaskKind) -> (String, Vec<u8>) {
+    let r = client.registry();
+    match kind {
+        TaskKind::Test => ("poison/test".into(), r.encode(&TestTaskSpec::steps(0)).unwrap()),
+        TaskKind::Score => ("poison/score".into(), r.encode(&ferry_score::spec::ScoreClusters::default()).unwrap()),
+        TaskKind::Deploy => {
+            let a = ferry_deploy::spec::DeployApp { name: "web".into(), owner: "poison".into(), ..Default::default() };
+            (a.subject(), r.encode(&a).unwrap())
+        }
+        TaskKind::CreateCluster => {
+            let c = ferry_cluster::spec::ClusterCommand { name: "Not_A_Name".into(), infrastructure: "docker".into(), ..Default::default() };
+            (c.subject(), r.encode(&c).unwrap())
+        }
+        TaskKind::Peer => {
+            let p = ferry_peer::spec::PeerClusters { a: "member-1".into(), b: "member-1".into(), ..Default::default() };
+            (p.subject(), r.encode(&p).unwrap())
+        }
+        TaskKind::Offload => {
+            let o = ferry_offload::spec::OffloadCommand { cluster: "member-1".into(), namespace: "kube-system".into(), ..Default::default() };
+            (o.subject(), r.encode(&o).unwrap())
+        }
+    }
+}
+
+/// An envelope of a valid-looking command, encoded.
+fn envelope(client: &Client, kind: TaskKind, subject: &str, spec: Vec<u8>) -> Vec<u8> {
+    let env = CommandEnvelope {
+        task_id: TaskId::new().to_string(),
+        kind,
+        action: CommandAction::Start,
+        subject: subject.into(),
+        idempotency_key: None,
+        requested_by: "poison".into(),
+        created_at_ms: 1,
+        deadline_ms: None,
+        keep_partial: false,
+        reason: None,
+        spec: Bytes(spec),
+    };
+    client.registry().encode(&env).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_commands_are_rejected_or_dead_lettered_and_no_worker_crashes() {
+    if !ferry_fleet::binaries::Binaries::installed() {
+        println!("note: the test bed is not installed (scripts/install-testbed.sh); skipping");
+        return;
+    }
+    // The Kubernetes workers start against a real hub; the poison never reaches it.
+    let fleet = Fleet::start(FleetOptions::hub_and(0)).await.unwrap();
+    let topics = Topics::standard();
+    let broker = EmbeddedBroker::start(1, &topics).unwrap();
+    let client = Client::new(KafkaConfig::for_embedded(broker.bootstrap()), topics.clone()).unwrap();
+    let mut events = client.events(false).await.unwrap();
+    let kinds = [TaskKind::Test, TaskKind::Score, TaskKind::Deploy, TaskKind::CreateCluster, TaskKind::Peer, TaskKind::Offload];
+    let mut workers: Vec<(TaskKind, Child)> = Vec::new();
+    for kind in kinds {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferry"));
+        cmd.args(["worker", &kind.to_string(), "--brokers", &broker.bootstrap(), "--kafka-property", "fetch.wait.max.ms=5"])
+            .env("RUST_LOG", "error")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        match kind {
+            TaskKind::Test => {}
+            TaskKind::Score => {
+                cmd.arg("--kubeconfig").arg(&fleet.hub().kubeconfig).arg("--no-onboarding");
+            }
+            _ => {
+                cmd.arg("--kubeconfig").arg(&fleet.hub().kubeconfig);
+            }
+        }
+        workers.push((kind, cmd.spawn().expect("spawn ferry worker")));
+    }
+
+    // Per kind: four records that do not decode, then three envelopes to reject, all keyed
+    // by one subject (one partition, in order).
+    // Some bytes repeat across kinds (the empty payload): count them.
+    let mut dead: HashMap<Vec<u8>, Vec<String>> = HashMap::new();
+    let mut rejected: HashMap<String, String> = HashMap::new();
+    for kind in kinds {
+        let (subject, spec) = invalid(&client, kind);
+        let topic = topics.command(kind).name.clone();
+        let cut = envelope(&client, kind, &subject, spec.clone());
+        let garbage: [(Vec<u8>, &str); 4] = [
+            (format!("poison for {kind}: not a record").into_bytes(), "garbage"),
+            ([&[0, 0, 0, 0x7f, 0xff][..], kind.to_string().as_bytes()].concat(), "an unknown schema id"),
+            (Vec::new(), "an empty payload"),
+            (cut[..cut.len() / 2].to_vec(), "a cut envelope"),
+        ];
+        for (bytes, what) in garbage {
+            client.send_raw(&topic, Some(subject.as_bytes()), &bytes, OwnedHeaders::new()).await.unwrap();
+            dead.entry(bytes).or_default().push(format!("{kind}: {what}"));
+        }
+        let other = if kind == TaskKind::Test { invalid(&client, TaskKind::Peer).1 } else { invalid(&client, TaskKind::Test).1 };
+        // The kind's own schema id with a datum that ends too soon.
+        let broken = [&spec[..5], &[0xff][..]].concat();
+        for (bytes, what) in [(broken, "a spec that does not decode"), (other, "another kind's spec"), (spec, "an invalid spec")] {
+            let id = client.submit_encoded(kind, &subject, bytes, SubmitOptions::default()).await.unwrap();
+            rejected.insert(id.to_string(), format!("{kind}: {what}"));
+        }
+    }
+
+    // Every envelope ends Rejected with a reason.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut reasons: HashMap<String, String> = HashMap::new();
+    while reasons.len() < rejected.len() {
+        let ev = tokio::time::timeout_at(deadline, events.next())
+            .await
+            .unwrap_or_else(|_| panic!("not answered: {:?}", rejected.iter().filter(|(id, _)| !reasons.contains_key(*id)).map(|(_, w)| w).collect::<Vec<_>>()))
+            .expect("event stream");
+        let Some(what) = rejected.get(&ev.task_id) else { continue };
+        if ev.event.is_final() {
+            assert_eq!(ev.event, EventType::Rejected, "{what}: {:?}", ev.message);
+            let reason = ev.message.clone().unwrap_or_default();
+            assert!(!reason.is_empty(), "{what} was rejected without a reason");
+            println!("poison: {what}: Rejected: {reason}");
+            reasons.insert(ev.task_id.clone(), reason);
+        }
+    }
+
+    // Every record that does not decode is a dead letter with its bytes and a reason.
+    let reader: BaseConsumer = KafkaConfig::for_embedded(broker.bootstrap()).reader().create().unwrap();
+    reader.subscribe(&[&topics.dead_letter().name]).unwrap();
+    let mut lettered: HashMap<Vec<u8>, Vec<String>> = HashMap::new();
+    let missing = |lettered: &HashMap<Vec<u8>, Vec<String>>| -> Vec<String> {
+        dead.iter().filter(|(k, w)| lettered.get(*k).map_or(0, Vec::len) < w.len()).flat_map(|(_, w)| w.clone()).collect()
+    };
+    let deadline = std::time::Instant::now() + WAIT;
+    while !missing(&lettered).is_empty() {
+        assert!(std::time::Instant::now() < deadline, "no dead letter for {:?}", missing(&lettered));
+        if let Some(Ok(m)) = reader.poll(Duration::from_millis(200)) {
+            let reason =
+                m.headers().and_then(|h| h.iter().find(|h| h.key == DLQ_REASON).and_then(|h| h.value)).map(|v| String::from_utf8_lossy(v).into_owned());
+            let payload = m.payload().unwrap_or_default().to_vec();
+            let reason = reason.unwrap_or_default();
+            assert!(!reason.is_empty(), "a dead letter without a reason: {payload:?}");
+            let n = lettered.get(&payload).map_or(0, Vec::len);
+            if let Some(what) = dead.get(&payload).and_then(|w| w.get(n)) {
+                println!("poison: {what}: dead letter: {reason}");
+            }
+            lettered.entry(payload).or_default().push(reason);
+        }
+    }
+
+    // No worker crashed.
+    for (kind, c) in &mut workers {
+        assert!(c.try_wait().unwrap().is_none(), "the {kind} worker exited");
+    }
+    for (_, c) in &mut workers {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}

@@ -65,6 +65,49 @@ pub enum BrokerChoice {
     External,
 }
 
+/// The broker a benchmark runs through; it stops when this is dropped.
+pub enum BenchBroker {
+    /// librdkafka's mock cluster in this process.
+    Embedded(EmbeddedBroker),
+    /// A tansu process.
+    Tansu(ferry_runtime::tansu::Tansu),
+    /// Someone else's broker.
+    External,
+}
+
+impl BenchBroker {
+    /// Starts `choice` with Ferry's topics (`brokers` mock brokers when embedded); the
+    /// config to reach it.
+    pub async fn start(choice: BrokerChoice, bootstrap: Option<&str>, topics: &Topics, brokers: i32) -> anyhow::Result<(Self, KafkaConfig)> {
+        Ok(match choice {
+            BrokerChoice::Embedded => {
+                let b = EmbeddedBroker::start(brokers, topics)?;
+                let k = KafkaConfig::for_embedded(b.bootstrap());
+                (Self::Embedded(b), k)
+            }
+            BrokerChoice::Tansu => {
+                let t = ferry_runtime::tansu::Tansu::start(topics).await?;
+                let k = t.kafka();
+                (Self::Tansu(t), k)
+            }
+            BrokerChoice::External => {
+                let b = bootstrap.ok_or_else(|| anyhow::anyhow!("--bootstrap is required with --broker external"))?;
+                (Self::External, KafkaConfig::plaintext(b))
+            }
+        })
+    }
+
+    /// Creates a topic for the benchmark's own use (an external broker must have it).
+    pub async fn create_topic(&self, name: &str, partitions: i32) -> anyhow::Result<()> {
+        match self {
+            Self::Embedded(b) => b.create_topic(name, partitions, 3)?,
+            Self::Tansu(t) => t.create_topic(name, partitions).await?,
+            Self::External => {}
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Serialize)]
 struct Report {
     broker: String,
@@ -103,27 +146,8 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
     };
     let topics = Topics::standard();
     let bench_topic = "ferry.bench.raw";
-    let mut _embedded = None;
-    let mut _tansu = None;
-    let kafka = match a.broker {
-        BrokerChoice::Embedded => {
-            let b = EmbeddedBroker::start(3, &topics)?;
-            b.create_topic(bench_topic, 6, 3)?;
-            let k = KafkaConfig::for_embedded(b.bootstrap());
-            _embedded = Some(b);
-            k
-        }
-        BrokerChoice::Tansu => {
-            let t = ferry_runtime::tansu::Tansu::start(&topics).await?;
-            t.create_topic(bench_topic, 6).await?;
-            let k = t.kafka();
-            _tansu = Some(t);
-            k
-        }
-        BrokerChoice::External => KafkaConfig::plaintext(
-            a.bootstrap.clone().ok_or_else(|| anyhow::anyhow!("--bootstrap is required with --broker external"))?,
-        ),
-    };
+    let (broker, kafka) = BenchBroker::start(a.broker, a.bootstrap.as_deref(), &topics, 3).await?;
+    broker.create_topic(bench_topic, 6).await?;
     let (rate, rtt) = raw_baseline(&kafka, bench_topic, a.messages).await?;
     let mut rtt = rtt;
 

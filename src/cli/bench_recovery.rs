@@ -8,11 +8,14 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use ferry_runtime::testkind::TestTaskSpec;
-use ferry_runtime::{Client, EmbeddedBroker, EventType, KafkaConfig, Topics};
+use ferry_runtime::{Client, EventType, Topics};
 use serde::Serialize;
 
 #[derive(Debug, Args)]
 pub struct RecoveryArgs {
+    /// Which broker to measure through.
+    #[arg(long, value_enum, default_value = "embedded")]
+    pub broker: super::bench::BrokerChoice,
     /// Tasks in flight when the worker dies.
     #[arg(long, default_value_t = 10_000)]
     pub tasks: usize,
@@ -29,6 +32,7 @@ pub struct RecoveryArgs {
 
 #[derive(Debug, Serialize)]
 struct Report {
+    broker: String,
     tasks: usize,
     session_timeout_ms: u64,
     in_flight_after_s: f64,
@@ -63,9 +67,9 @@ fn worker(bootstrap: &str, id: &str, session_ms: u64) -> anyhow::Result<Proc> {
 
 pub async fn run(a: RecoveryArgs) -> anyhow::Result<std::process::ExitCode> {
     let topics = Topics::standard();
-    let broker = EmbeddedBroker::start(3, &topics)?;
-    let bootstrap = broker.bootstrap();
-    let client = Client::new(KafkaConfig::for_embedded(bootstrap.clone()), topics)?;
+    let (broker, kafka) = super::bench::BenchBroker::start(a.broker, None, &topics, 3).await?;
+    let bootstrap = kafka.bootstrap.clone();
+    let client = Client::new(kafka, topics)?;
     let mut events = client.events(false).await?;
     let mut first = worker(&bootstrap, "first", a.session_timeout_ms)?;
 
@@ -102,6 +106,7 @@ pub async fn run(a: RecoveryArgs) -> anyhow::Result<std::process::ExitCode> {
         }
     }
     let report = Report {
+        broker: format!("{:?}", a.broker).to_lowercase(),
         tasks: a.tasks,
         session_timeout_ms: a.session_timeout_ms,
         in_flight_after_s: in_flight_after,
@@ -118,6 +123,7 @@ pub async fn run(a: RecoveryArgs) -> anyhow::Result<std::process::ExitCode> {
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
+        println!("broker                    {}", report.broker);
         println!("tasks in flight           {} (all mid-step after {:.1} s)", report.tasks, report.in_flight_after_s);
         println!("kill -9 -> all resumed    {:.1} s (session timeout {} ms)", report.kill_to_all_resumed_s, report.session_timeout_ms);
         println!("kill -9 -> all succeeded  {:.1} s (each resumed step reruns its {} s)", report.kill_to_all_succeeded_s, a.step_seconds);

@@ -8,12 +8,15 @@ use clap::Args;
 use ferry_runtime::protocol::{Bytes, EventType, JournalEntry, StepStatus, TaskSnapshot, TaskState};
 use ferry_runtime::testkind::TestTaskSpec;
 use ferry_runtime::wire::Registry;
-use ferry_runtime::{Client, EmbeddedBroker, KafkaConfig, TaskId, TaskKind, Topics};
+use ferry_runtime::{Client, TaskId, TaskKind, Topics};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde::Serialize;
 
 #[derive(Debug, Args)]
 pub struct TrackerArgs {
+    /// Which broker to measure through.
+    #[arg(long, value_enum, default_value = "embedded")]
+    pub broker: super::bench::BrokerChoice,
     /// Tasks in the task-state topic.
     #[arg(long, default_value_t = 100_000)]
     pub tasks: usize,
@@ -24,6 +27,7 @@ pub struct TrackerArgs {
 
 #[derive(Debug, Serialize)]
 struct Report {
+    broker: String,
     tasks: usize,
     snapshot_bytes: usize,
     fill_s: f64,
@@ -71,8 +75,7 @@ fn snapshot(r: &Registry, i: usize) -> TaskSnapshot {
 
 pub async fn run(a: TrackerArgs) -> anyhow::Result<std::process::ExitCode> {
     let topics = Topics::standard();
-    let broker = EmbeddedBroker::start(1, &topics)?;
-    let kafka = KafkaConfig::for_embedded(broker.bootstrap());
+    let (broker, kafka) = super::bench::BenchBroker::start(a.broker, None, &topics, 1).await?;
     let registry = Registry::embedded();
     let producer: FutureProducer = kafka.producer().set("linger.ms", "20").create()?;
     let topic = topics.task_state().name.clone();
@@ -101,12 +104,21 @@ pub async fn run(a: TrackerArgs) -> anyhow::Result<std::process::ExitCode> {
     let failed = all.iter().filter(|s| s.state == TaskState::Failed).count();
     let read_all_s = read.elapsed().as_secs_f64();
     anyhow::ensure!(all.len() == a.tasks, "read {} of {} tasks", all.len(), a.tasks);
-    let report = Report { tasks: a.tasks, snapshot_bytes: bytes, fill_s, read_all_s, tasks_per_s: a.tasks as f64 / read_all_s, failed_found: failed };
+    let report = Report {
+        broker: format!("{:?}", a.broker).to_lowercase(),
+        tasks: a.tasks,
+        snapshot_bytes: bytes,
+        fill_s,
+        read_all_s,
+        tasks_per_s: a.tasks as f64 / read_all_s,
+        failed_found: failed,
+    };
     drop(client);
     drop(broker);
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
+        println!("broker                    {}", report.broker);
         println!("tasks in ferry.task-state {} ({} bytes per snapshot; filled in {:.1} s)", report.tasks, report.snapshot_bytes, report.fill_s);
         println!("read all + filter         {:.2} s ({:.0} tasks/s; {} failed found)", report.read_all_s, report.tasks_per_s, report.failed_found);
     }

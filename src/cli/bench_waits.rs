@@ -11,7 +11,7 @@ use anyhow::Context;
 use clap::Args;
 use ferry_kube::{Check, Clusters, HUB, Watches};
 use ferry_runtime::testkind::TestTaskSpec;
-use ferry_runtime::{Client, EmbeddedBroker, EventType, KafkaConfig, Rejection, Step, StepContext, StepError, StepPolicy, TaskHandler, TaskKind, Topics, Worker, WorkerOptions};
+use ferry_runtime::{Client, EventType, Rejection, Step, StepContext, StepError, StepPolicy, TaskHandler, TaskKind, Topics, Worker, WorkerOptions};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -24,6 +24,9 @@ pub struct WaitsArgs {
     /// Waiting tasks.
     #[arg(long, default_value_t = 10_000)]
     pub tasks: usize,
+    /// Which broker to measure through.
+    #[arg(long, value_enum, default_value = "embedded")]
+    pub broker: super::bench::BrokerChoice,
     /// Simulated clusters they wait for.
     #[arg(long, default_value_t = 100)]
     pub clusters: usize,
@@ -98,6 +101,7 @@ impl TaskHandler for WaitHandler {
 
 #[derive(Debug, Serialize)]
 struct Report {
+    broker: String,
     tasks: usize,
     clusters: usize,
     open_watches: usize,
@@ -156,8 +160,7 @@ pub async fn run(a: WaitsArgs) -> anyhow::Result<std::process::ExitCode> {
     }
 
     let topics = Topics::standard();
-    let broker = EmbeddedBroker::start(1, &topics)?;
-    let kafka = KafkaConfig::for_embedded(broker.bootstrap());
+    let (broker, kafka) = super::bench::BenchBroker::start(a.broker, None, &topics, 1).await?;
     let watches = Arc::new(Watches::new());
     let handler = WaitHandler { step: Arc::new(WaitStep { hub: hub.clone(), watches: watches.clone() }) };
     let mut opts = WorkerOptions::new(kafka.clone());
@@ -194,6 +197,7 @@ pub async fn run(a: WaitsArgs) -> anyhow::Result<std::process::ExitCode> {
         }
     }
     let report = Report {
+        broker: format!("{:?}", a.broker).to_lowercase(),
         tasks: a.tasks,
         clusters: a.clusters,
         open_watches,
@@ -212,6 +216,7 @@ pub async fn run(a: WaitsArgs) -> anyhow::Result<std::process::ExitCode> {
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
+        println!("broker                    {}", report.broker);
         println!("tasks waiting             {} on {} simulated clusters (all waiting after {:.1} s)", report.tasks, report.clusters, report.all_waiting_after_s);
         println!("open watches              {}", report.open_watches);
         println!("API server connections    {}", report.api_connections);

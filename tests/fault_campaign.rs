@@ -15,10 +15,10 @@
 //! place, and no topic may hold secret material afterwards.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use ferry_fleet::inventory::{Inventory, ObjectRef};
+use ferry_fleet::process::Managed;
 use ferry_fleet::{FaultProxy, Fleet, FleetOptions, Kubelet, NodeFlavor};
 use ferry_kube::kinds::{AddOnPlacementScore, ManagedCluster, ManagedClusterAddOn, ManifestWork};
 use ferry_runtime::testkind::TestTaskSpec;
@@ -32,65 +32,53 @@ use rand::Rng;
 
 const TASKS: usize = 1000;
 
+/// The worker processes, each under the test bed's guard (they die with the test, even
+/// on SIGKILL) and named by its HOSTNAME, which starts its worker id (`w7-<pid>-<rand>`).
 struct Workers {
     bootstrap: String,
     hub_kubeconfig: std::path::PathBuf,
-    procs: Vec<(TaskKind, Child)>,
+    logs: std::path::PathBuf,
+    started: usize,
+    procs: Vec<(TaskKind, String, Managed)>,
 }
 
 impl Workers {
     fn spawn(&mut self, kind: TaskKind) {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferry"));
-        cmd.args(["worker", &kind.to_string(), "--brokers", &self.bootstrap])
-            .args(["--kafka-property", "session.timeout.ms=6000", "--kafka-property", "heartbeat.interval.ms=500"])
-            .args(["--kafka-property", "fetch.wait.max.ms=5"])
-            .env("RUST_LOG", "error")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        if kind == TaskKind::Score {
-            cmd.arg("--kubeconfig").arg(&self.hub_kubeconfig).arg("--no-onboarding");
+        self.started += 1;
+        let name = format!("w{}", self.started);
+        let mut args: Vec<String> = vec![format!("HOSTNAME={name}"), "RUST_LOG=error".into(), env!("CARGO_BIN_EXE_ferry").into()];
+        args.extend(["worker", &kind.to_string(), "--brokers", &self.bootstrap].map(String::from));
+        args.extend(["--kafka-property", "session.timeout.ms=6000", "--kafka-property", "heartbeat.interval.ms=500"].map(String::from));
+        args.extend(["--kafka-property", "fetch.wait.max.ms=5"].map(String::from));
+        if kind != TaskKind::Test {
+            args.extend(["--kubeconfig".to_owned(), self.hub_kubeconfig.display().to_string()]);
         }
-        if kind == TaskKind::Deploy {
-            cmd.arg("--kubeconfig").arg(&self.hub_kubeconfig);
+        match kind {
+            TaskKind::Score => args.push("--no-onboarding".into()),
+            TaskKind::CreateCluster => args.extend(["--addons", "emulated"].map(String::from)),
+            _ => {}
         }
-        if kind == TaskKind::CreateCluster {
-            cmd.arg("--kubeconfig").arg(&self.hub_kubeconfig).args(["--addons", "emulated"]);
-        }
-        if matches!(kind, TaskKind::Peer | TaskKind::Offload) {
-            cmd.arg("--kubeconfig").arg(&self.hub_kubeconfig);
-        }
-        self.procs.push((kind, cmd.spawn().expect("spawn ferry worker")));
+        let log = self.logs.join(format!("{name}-{kind}.log"));
+        let p = Managed::spawn(&name, std::path::Path::new("/usr/bin/env"), &args, &log).expect("spawn ferry worker");
+        self.procs.push((kind, name, p));
     }
 
-    /// SIGKILLs a random worker of `kind` and starts a fresh one.
+    /// SIGKILLs a random worker of `kind` (dropping its guard) and starts a fresh one.
     fn kill_and_replace(&mut self, kind: TaskKind) {
-        let of_kind: Vec<usize> = self.procs.iter().enumerate().filter(|(_, (k, _))| *k == kind).map(|(i, _)| i).collect();
+        let of_kind: Vec<usize> = self.procs.iter().enumerate().filter(|(_, (k, _, _))| *k == kind).map(|(i, _)| i).collect();
         let i = of_kind[rand::rng().random_range(0..of_kind.len())];
-        let (_, mut c) = self.procs.remove(i);
-        c.kill().expect("SIGKILL");
-        c.wait().unwrap();
+        drop(self.procs.remove(i));
         self.spawn(kind);
     }
 
-    /// SIGKILLs the worker process named in an event's `worker` (`host-pid-random`), the
-    /// one holding that task, and starts a fresh one of its kind.
+    /// SIGKILLs the worker process named in an event's `worker`, the one holding that
+    /// task, and starts a fresh one of its kind.
     fn kill_holder(&mut self, worker: &str) -> bool {
-        let pid = worker.rsplit('-').nth(1).and_then(|p| p.parse::<u32>().ok());
-        let Some(i) = self.procs.iter().position(|(_, c)| Some(c.id()) == pid) else { return false };
-        let (kind, mut c) = self.procs.remove(i);
-        c.kill().expect("SIGKILL");
-        c.wait().unwrap();
+        let Some(i) = self.procs.iter().position(|(_, name, _)| worker.starts_with(&format!("{name}-"))) else { return false };
+        let (kind, _, p) = self.procs.remove(i);
+        drop(p);
         self.spawn(kind);
         true
-    }
-}
-
-impl Drop for Workers {
-    fn drop(&mut self) {
-        for (_, c) in &mut self.procs {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
     }
 }
 
@@ -305,7 +293,7 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
     for c in &fleet.clusters {
         before.push((c.name.clone(), Inventory::take(&c.client().await.unwrap()).await.unwrap()));
     }
-    let mut workers = Workers { bootstrap, hub_kubeconfig, procs: Vec::new() };
+    let mut workers = Workers { bootstrap, hub_kubeconfig, logs: fleet.dir.clone(), started: 0, procs: Vec::new() };
     for kind in [TaskKind::Test, TaskKind::Score, TaskKind::Deploy, TaskKind::CreateCluster, TaskKind::Peer, TaskKind::Offload] {
         workers.spawn(kind);
         workers.spawn(kind);

@@ -7,9 +7,9 @@
 //! same partition as the rest, is answered too.
 
 use std::collections::HashMap;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use ferry_fleet::process::Managed;
 use ferry_fleet::{Fleet, FleetOptions};
 use ferry_runtime::protocol::{Bytes, CommandEnvelope};
 use ferry_runtime::publisher::DLQ_REASON;
@@ -77,23 +77,21 @@ async fn malformed_commands_are_rejected_or_dead_lettered_and_no_worker_crashes(
     let client = Client::new(KafkaConfig::for_embedded(broker.bootstrap()), topics.clone()).unwrap();
     let mut events = client.events(false).await.unwrap();
     let kinds = [TaskKind::Test, TaskKind::Score, TaskKind::Deploy, TaskKind::CreateCluster, TaskKind::Peer, TaskKind::Offload];
-    let mut workers: Vec<(TaskKind, Child)> = Vec::new();
+    // Each under the test bed's guard: they die with the test, even on SIGKILL.
+    let mut workers: Vec<(TaskKind, u16, Managed)> = Vec::new();
     for kind in kinds {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferry"));
-        cmd.args(["worker", &kind.to_string(), "--brokers", &broker.bootstrap(), "--kafka-property", "fetch.wait.max.ms=5"])
-            .env("RUST_LOG", "error")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        match kind {
-            TaskKind::Test => {}
-            TaskKind::Score => {
-                cmd.arg("--kubeconfig").arg(&fleet.hub().kubeconfig).arg("--no-onboarding");
-            }
-            _ => {
-                cmd.arg("--kubeconfig").arg(&fleet.hub().kubeconfig);
-            }
+        let port = ferry_fleet::process::free_port().unwrap();
+        let mut args: Vec<String> = vec!["RUST_LOG=error".into(), env!("CARGO_BIN_EXE_ferry").into()];
+        args.extend(["worker", &kind.to_string(), "--brokers", &broker.bootstrap(), "--kafka-property", "fetch.wait.max.ms=5"].map(String::from));
+        args.extend(["--http".to_owned(), format!("127.0.0.1:{port}")]);
+        if kind != TaskKind::Test {
+            args.extend(["--kubeconfig".to_owned(), fleet.hub().kubeconfig.display().to_string()]);
         }
-        workers.push((kind, cmd.spawn().expect("spawn ferry worker")));
+        if kind == TaskKind::Score {
+            args.push("--no-onboarding".into());
+        }
+        let log = fleet.dir.join(format!("{kind}-worker.log"));
+        workers.push((kind, port, Managed::spawn(&kind.to_string(), std::path::Path::new("/usr/bin/env"), &args, &log).expect("spawn ferry worker")));
     }
 
     // Per kind: four records that do not decode, then three envelopes to reject, all keyed
@@ -166,12 +164,22 @@ async fn malformed_commands_are_rejected_or_dead_lettered_and_no_worker_crashes(
         }
     }
 
-    // No worker crashed.
-    for (kind, c) in &mut workers {
-        assert!(c.try_wait().unwrap().is_none(), "the {kind} worker exited");
+    // No worker crashed: each still answers its liveness probe.
+    for (kind, port, _) in &workers {
+        let answer = healthz(*port).await;
+        assert!(answer.starts_with("HTTP/1.0 200"), "the {kind} worker's /healthz: {answer:?}");
     }
-    for (_, c) in &mut workers {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
+}
+
+/// The first line of `GET /healthz` on a worker's probe port, or why there is none.
+async fn healthz(port: u16) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+        Ok(s) => s,
+        Err(e) => return format!("no answer: {e}"),
+    };
+    s.write_all(b"GET /healthz HTTP/1.0\r\nHost: x\r\n\r\n").await.unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out).await;
+    out.lines().next().unwrap_or_default().to_owned()
 }

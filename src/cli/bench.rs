@@ -65,6 +65,17 @@ pub enum BrokerChoice {
     External,
 }
 
+impl BrokerChoice {
+    /// The name reports print.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Embedded => "embedded",
+            Self::Tansu => "tansu",
+            Self::External => "external",
+        }
+    }
+}
+
 /// The broker a benchmark runs through; it stops when this is dropped.
 pub enum BenchBroker {
     /// librdkafka's mock cluster in this process.
@@ -197,7 +208,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
     shutdown.cancel();
     worker.await??;
     let report = Report {
-        broker: format!("{:?}", a.broker).to_lowercase(),
+        broker: a.broker.name().to_owned(),
         machine: format!("{} cores", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)),
         raw_messages: a.messages,
         raw_messages_per_s: rate,

@@ -16,6 +16,9 @@ pub struct RecoveryArgs {
     /// Which broker to measure through.
     #[arg(long, value_enum, default_value = "embedded")]
     pub broker: super::bench::BrokerChoice,
+    /// Bootstrap of an external broker (with --broker external).
+    #[arg(long)]
+    pub bootstrap: Option<String>,
     /// Tasks in flight when the worker dies.
     #[arg(long, default_value_t = 10_000)]
     pub tasks: usize,
@@ -67,7 +70,7 @@ fn worker(bootstrap: &str, id: &str, session_ms: u64) -> anyhow::Result<Proc> {
 
 pub async fn run(a: RecoveryArgs) -> anyhow::Result<std::process::ExitCode> {
     let topics = Topics::standard();
-    let (broker, kafka) = super::bench::BenchBroker::start(a.broker, None, &topics, 3).await?;
+    let (broker, kafka) = super::bench::BenchBroker::start(a.broker, a.bootstrap.as_deref(), &topics, 3).await?;
     let bootstrap = kafka.bootstrap.clone();
     let client = Client::new(kafka, topics)?;
     let mut events = client.events(false).await?;
@@ -106,7 +109,7 @@ pub async fn run(a: RecoveryArgs) -> anyhow::Result<std::process::ExitCode> {
         }
     }
     let report = Report {
-        broker: format!("{:?}", a.broker).to_lowercase(),
+        broker: a.broker.name().to_owned(),
         tasks: a.tasks,
         session_timeout_ms: a.session_timeout_ms,
         in_flight_after_s: in_flight_after,

@@ -17,6 +17,9 @@ pub struct TrackerArgs {
     /// Which broker to measure through.
     #[arg(long, value_enum, default_value = "embedded")]
     pub broker: super::bench::BrokerChoice,
+    /// Bootstrap of an external broker (with --broker external).
+    #[arg(long)]
+    pub bootstrap: Option<String>,
     /// Tasks in the task-state topic.
     #[arg(long, default_value_t = 100_000)]
     pub tasks: usize,
@@ -75,7 +78,7 @@ fn snapshot(r: &Registry, i: usize) -> TaskSnapshot {
 
 pub async fn run(a: TrackerArgs) -> anyhow::Result<std::process::ExitCode> {
     let topics = Topics::standard();
-    let (broker, kafka) = super::bench::BenchBroker::start(a.broker, None, &topics, 1).await?;
+    let (broker, kafka) = super::bench::BenchBroker::start(a.broker, a.bootstrap.as_deref(), &topics, 1).await?;
     let registry = Registry::embedded();
     let producer: FutureProducer = kafka.producer().set("linger.ms", "20").create()?;
     let topic = topics.task_state().name.clone();
@@ -105,7 +108,7 @@ pub async fn run(a: TrackerArgs) -> anyhow::Result<std::process::ExitCode> {
     let read_all_s = read.elapsed().as_secs_f64();
     anyhow::ensure!(all.len() == a.tasks, "read {} of {} tasks", all.len(), a.tasks);
     let report = Report {
-        broker: format!("{:?}", a.broker).to_lowercase(),
+        broker: a.broker.name().to_owned(),
         tasks: a.tasks,
         snapshot_bytes: bytes,
         fill_s,

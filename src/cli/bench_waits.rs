@@ -27,6 +27,9 @@ pub struct WaitsArgs {
     /// Which broker to measure through.
     #[arg(long, value_enum, default_value = "embedded")]
     pub broker: super::bench::BrokerChoice,
+    /// Bootstrap of an external broker (with --broker external).
+    #[arg(long)]
+    pub bootstrap: Option<String>,
     /// Simulated clusters they wait for.
     #[arg(long, default_value_t = 100)]
     pub clusters: usize,
@@ -160,7 +163,7 @@ pub async fn run(a: WaitsArgs) -> anyhow::Result<std::process::ExitCode> {
     }
 
     let topics = Topics::standard();
-    let (broker, kafka) = super::bench::BenchBroker::start(a.broker, None, &topics, 1).await?;
+    let (broker, kafka) = super::bench::BenchBroker::start(a.broker, a.bootstrap.as_deref(), &topics, 1).await?;
     let watches = Arc::new(Watches::new());
     let handler = WaitHandler { step: Arc::new(WaitStep { hub: hub.clone(), watches: watches.clone() }) };
     let mut opts = WorkerOptions::new(kafka.clone());
@@ -197,7 +200,7 @@ pub async fn run(a: WaitsArgs) -> anyhow::Result<std::process::ExitCode> {
         }
     }
     let report = Report {
-        broker: format!("{:?}", a.broker).to_lowercase(),
+        broker: a.broker.name().to_owned(),
         tasks: a.tasks,
         clusters: a.clusters,
         open_watches,

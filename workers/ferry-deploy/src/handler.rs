@@ -106,6 +106,13 @@ pub struct ComponentStatus {
     pub address: Option<String>,
 }
 
+/// Whether the work agent has applied `w` as it is now: Applied=True observed at the
+/// current generation (older conditions and feedback describe the previous spec).
+fn applied_now(w: &ManifestWork) -> bool {
+    let applied = w.status.get("conditions").and_then(Value::as_array).and_then(|cs| cs.iter().find(|c| c["type"] == "Applied"));
+    applied.is_some_and(|c| c["status"] == "True" && c["observedGeneration"].as_i64() == w.metadata.generation)
+}
+
 impl Inner {
     fn hub(&self) -> kube::Client {
         self.cfg.clusters.hub().clone()
@@ -217,6 +224,25 @@ impl Inner {
     }
 
     /// Waits until the objects `from` has and `to` has not are gone.
+    /// Waits until every ManifestWork of `state` is applied at its current generation: a
+    /// revert is done when the clusters run the previous spec again, not when the hub has it.
+    async fn wait_restored(&self, state: Option<&AppState>) -> Result<(), StepError> {
+        let Some(state) = state.filter(|s| s.spec.delivery == Delivery::ManifestWork) else { return Ok(()) };
+        let name = render::work_name(&state.spec);
+        for cluster in state.clusters() {
+            self.cfg
+                .watches
+                .wait_object::<ManifestWork, ()>(HUB, &self.hub(), Some(&cluster), &name, self.cfg.removal_timeout, |w| match w {
+                    Some(w) if applied_now(w) => Check::Done(()),
+                    Some(w) => Check::Pending(format!("the work agent has not applied generation {} yet", w.metadata.generation.unwrap_or(0))),
+                    None => Check::Pending("the ManifestWork is not there".into()),
+                })
+                .await
+                .map_err(|e| StepError::transient("NOT_RESTORED", e.to_string()))?;
+        }
+        Ok(())
+    }
+
     async fn wait_removed(&self, from: Option<&AppState>, to: Option<&AppState>) -> Result<(), StepError> {
         let Some(from) = from else { return Ok(()) };
         let keep = to.map(AppState::clusters).unwrap_or_default();
@@ -625,7 +651,8 @@ impl Step<DeployApp> for ApplyStep {
                 PlaceStep(self.0.clone()).converge_placements(cx.spec, previous.as_ref().map(|p| &p.spec), &cx.task_id.to_string()).await?;
             }
             self.0.converge(to.as_ref(), previous.as_ref(), cx.spec, &cx.task_id.to_string()).await?;
-            self.0.wait_removed(to.as_ref(), previous.as_ref()).await
+            self.0.wait_removed(to.as_ref(), previous.as_ref()).await?;
+            self.0.wait_restored(previous.as_ref()).await
         }
         .boxed()
     }
@@ -649,6 +676,9 @@ impl WaitStep {
                 let Some(w) = w else { return Check::Pending("the ManifestWork is not there".into()) };
                 if w.condition("Applied") == Some("False") {
                     return Check::Pending(ferry_kube::kinds::condition_message(&w.status, "Applied").unwrap_or_default());
+                }
+                if !applied_now(w) {
+                    return Check::Pending(format!("the work agent has not applied generation {} yet", w.metadata.generation.unwrap_or(0)));
                 }
                 let mut out = Vec::new();
                 let mut pending = Vec::new();
@@ -783,5 +813,24 @@ impl TaskHandler for DeployHandler {
             Arc::new(ApplyStep(self.inner.clone())),
             Arc::new(WaitStep(self.inner.clone(), ready)),
         ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn work(generation: i64, status: &str, observed: i64) -> ManifestWork {
+        serde_json::from_value(json!({"apiVersion": "work.open-cluster-management.io/v1", "kind": "ManifestWork",
+            "metadata": {"name": "w", "namespace": "member-1", "generation": generation},
+            "spec": {}, "status": {"conditions": [{"type": "Applied", "status": status, "observedGeneration": observed}]}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_work_is_applied_only_at_its_current_generation() {
+        assert!(applied_now(&work(3, "True", 3)));
+        assert!(!applied_now(&work(3, "True", 2)), "a condition of the previous spec");
+        assert!(!applied_now(&work(3, "False", 3)));
     }
 }

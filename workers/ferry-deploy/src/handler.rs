@@ -106,11 +106,19 @@ pub struct ComponentStatus {
     pub address: Option<String>,
 }
 
-/// Whether the work agent has applied `w` as it is now: Applied=True observed at the
-/// current generation (older conditions and feedback describe the previous spec).
-fn applied_now(w: &ManifestWork) -> bool {
+/// Why the work agent has not applied `w` as it is now, or None when it has: Applied=True
+/// observed at the current generation (older conditions and feedback describe the
+/// previous spec).
+fn unapplied(w: &ManifestWork) -> Option<String> {
+    if w.condition("Applied") == Some("False") {
+        return Some(ferry_kube::kinds::condition_message(&w.status, "Applied").unwrap_or_default());
+    }
     let applied = w.status.get("conditions").and_then(Value::as_array).and_then(|cs| cs.iter().find(|c| c["type"] == "Applied"));
-    applied.is_some_and(|c| c["status"] == "True" && c["observedGeneration"].as_i64() == w.metadata.generation)
+    if applied.is_some_and(|c| c["status"] == "True" && c["observedGeneration"].as_i64() == w.metadata.generation) {
+        None
+    } else {
+        Some(format!("the work agent has not applied generation {} yet", w.metadata.generation.unwrap_or(0)))
+    }
 }
 
 impl Inner {
@@ -223,7 +231,6 @@ impl Inner {
         self.write_state(app, to, task).await
     }
 
-    /// Waits until the objects `from` has and `to` has not are gone.
     /// Waits until every ManifestWork of `state` is applied at its current generation: a
     /// revert is done when the clusters run the previous spec again, not when the hub has it.
     async fn wait_restored(&self, state: Option<&AppState>) -> Result<(), StepError> {
@@ -233,8 +240,7 @@ impl Inner {
             self.cfg
                 .watches
                 .wait_object::<ManifestWork, ()>(HUB, &self.hub(), Some(&cluster), &name, self.cfg.removal_timeout, |w| match w {
-                    Some(w) if applied_now(w) => Check::Done(()),
-                    Some(w) => Check::Pending(format!("the work agent has not applied generation {} yet", w.metadata.generation.unwrap_or(0))),
+                    Some(w) => unapplied(w).map_or(Check::Done(()), Check::Pending),
                     None => Check::Pending("the ManifestWork is not there".into()),
                 })
                 .await
@@ -243,6 +249,7 @@ impl Inner {
         Ok(())
     }
 
+    /// Waits until the objects `from` has and `to` has not are gone.
     async fn wait_removed(&self, from: Option<&AppState>, to: Option<&AppState>) -> Result<(), StepError> {
         let Some(from) = from else { return Ok(()) };
         let keep = to.map(AppState::clusters).unwrap_or_default();
@@ -674,11 +681,8 @@ impl WaitStep {
             .watches
             .wait_object::<ManifestWork, Vec<ComponentStatus>>(HUB, &hub, Some(cluster), &name, self.1, |w| {
                 let Some(w) = w else { return Check::Pending("the ManifestWork is not there".into()) };
-                if w.condition("Applied") == Some("False") {
-                    return Check::Pending(ferry_kube::kinds::condition_message(&w.status, "Applied").unwrap_or_default());
-                }
-                if !applied_now(w) {
-                    return Check::Pending(format!("the work agent has not applied generation {} yet", w.metadata.generation.unwrap_or(0)));
+                if let Some(why) = unapplied(w) {
+                    return Check::Pending(why);
                 }
                 let mut out = Vec::new();
                 let mut pending = Vec::new();
@@ -829,8 +833,8 @@ mod tests {
 
     #[test]
     fn a_work_is_applied_only_at_its_current_generation() {
-        assert!(applied_now(&work(3, "True", 3)));
-        assert!(!applied_now(&work(3, "True", 2)), "a condition of the previous spec");
-        assert!(!applied_now(&work(3, "False", 3)));
+        assert_eq!(unapplied(&work(3, "True", 3)), None);
+        assert_eq!(unapplied(&work(3, "True", 2)).as_deref(), Some("the work agent has not applied generation 3 yet"), "a condition of the previous spec");
+        assert!(unapplied(&work(3, "False", 3)).is_some_and(|m| m.starts_with("Applied=False")));
     }
 }

@@ -9,5 +9,5 @@ fi
 echo "chromium: installing Debian's chromium and chromium-driver (apt-get)"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
-apt-get install -y -qq --no-install-recommends chromium chromium-driver > /dev/null
+apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends chromium chromium-driver > /dev/null
 echo "chromium: $(/usr/bin/chromium --version 2>/dev/null | head -1)"

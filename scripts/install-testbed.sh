@@ -26,7 +26,7 @@ step 1 "Debian packages: ${need_apt[*]:-none needed}"
 if [ ${#need_apt[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  apt-get -o DPkg::Lock::Timeout=600 install -y -qq "${need_apt[@]}" >/dev/null
 fi
 # etcd-server's package starts a system service on some images; the harness runs its own.
 command -v etcd >/dev/null || { echo "testbed: etcd missing after install" >&2; exit 1; }

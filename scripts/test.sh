@@ -1,12 +1,78 @@
 #!/usr/bin/env bash
 # Runs Ferry's whole test suite. Installs what the tests need first (cached outside the
-# clone, so later runs start at once): the tansu broker and the Kubernetes test bed.
+# clone, so later runs start at once): the tansu broker, the Kubernetes test bed, Chromium,
+# helm and dockerfilelint. The installs run beside the build of the tests, and the time of
+# every phase (each install, the build, each test binary) is printed at the end as
+# `phase:` lines (docs/BENCHMARKS.md, "CI", keeps the measured figures).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install-tansu.sh
-scripts/install-testbed.sh
-scripts/install-helm.sh
-scripts/install-dockerfilelint.sh
-scripts/install-chromium.sh
-# Two test binaries at a time at most: each starts brokers and API servers.
-cargo test --workspace --no-fail-fast -- --test-threads=2
+LOGS=$(mktemp -d)
+trap 'rm -rf "$LOGS"' EXIT
+PHASES=()
+phase() { PHASES+=("$(printf 'phase: %-34s %5d s' "$1" "$2")"); }
+started=$SECONDS
+
+# Runs the install scripts named in order, one after another, each logged with its time.
+# Chromium and the test bed both use apt-get, whose lock forbids two at once: they share a
+# chain. The npm installs are a chain of their own.
+chain() {
+  for name in "$@"; do
+    local t0=$SECONDS rc=0
+    "scripts/install-$name.sh" > "$LOGS/$name.log" 2>&1 || rc=$?
+    echo "$rc $((SECONDS - t0))" > "$LOGS/$name.done"
+    [ "$rc" -eq 0 ] || return "$rc"
+  done
+}
+INSTALLS=(chromium testbed tansu helm dockerfilelint)
+chain chromium testbed tansu &
+apt_chain=$!
+chain helm dockerfilelint &
+npm_chain=$!
+
+# The tests are built once, in the dev profile, for every binary at once.
+t0=$SECONDS
+cargo test --workspace --no-run
+phase "build tests (dev profile)" $((SECONDS - t0))
+
+t0=$SECONDS
+wait "$apt_chain" || true
+wait "$npm_chain" || true
+phase "waited for installs after build" $((SECONDS - t0))
+failed=0
+for name in "${INSTALLS[@]}"; do
+  echo "--- install $name"
+  cat "$LOGS/$name.log" 2>/dev/null || true
+  if [ -f "$LOGS/$name.done" ]; then
+    read -r rc secs < "$LOGS/$name.done"
+    phase "install $name (beside the build)" "$secs"
+    [ "$rc" -eq 0 ] || { echo "install $name failed (exit $rc)" >&2; failed=1; }
+  else
+    echo "install $name did not run (an earlier install of its chain failed)" >&2
+    failed=1
+  fi
+done
+[ "$failed" -eq 0 ] || exit 1
+
+# Two tests at a time within a binary: each starts brokers and API servers. Each binary's
+# time is taken from cargo's `Running` lines as they stream by.
+t0=$SECONDS
+current="" since=$SECONDS rc=0
+while IFS= read -r line; do
+  [[ "$line" == __exit* ]] || printf '%s\n' "$line"
+  if [[ "$line" =~ ^[[:space:]]+(Running|Doc-tests)[[:space:]]+(.*)$ ]]; then
+    [ -z "$current" ] || phase "test $current" $((SECONDS - since))
+    # "unittests src/lib.rs (target/debug/deps/ferry_kube-0a1b)" -> "ferry_kube src/lib.rs"
+    what="${BASH_REMATCH[2]}"
+    if [[ "$what" =~ ^(unittests[[:space:]]+)?([^ ]+)[[:space:]]+\(.*/([^/]+)-[0-9a-f]+\)$ ]]; then
+      what="${BASH_REMATCH[3]} ${BASH_REMATCH[2]}"
+    fi
+    current="$what" since=$SECONDS
+  fi
+done < <(cargo test --workspace --no-fail-fast -- --test-threads=2 2>&1; echo "__exit $?")
+# The last line the loop saw carries cargo's exit code.
+rc=$(printf '%s' "$line" | sed -n 's/^__exit //p')
+[ -z "$current" ] || phase "test $current" $((SECONDS - since))
+phase "all tests" $((SECONDS - t0))
+phase "total" $((SECONDS - started))
+printf '%s\n' "${PHASES[@]}"
+exit "${rc:-1}"

@@ -42,7 +42,7 @@ fn spawn(bootstrap: &str, hub_kubeconfig: &std::path::Path) -> Worker {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_create_cluster_worker_killed_mid_provisioning_is_resumed() {
     if !ferry_fleet::binaries::Binaries::installed() {
-        println!("note: the test bed is not installed (scripts/install-testbed.sh); skipping");
+        ferry_runtime::report::missing_prerequisite("the test bed is not installed (scripts/install-testbed.sh)");
         return;
     }
     let fleet = Fleet::start(FleetOptions::hub_and(0)).await.unwrap();

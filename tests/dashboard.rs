@@ -68,10 +68,35 @@ fn chromedriver() -> (Proc, u16) {
     (Proc(child), port)
 }
 
+/// Clicks the element `css` names as a person would: once it is shown and enabled, finding
+/// it again if the page replaced it between the find and the click (a stale handle is
+/// retried, never clicked), within `WAIT`.
+async fn click(browser: &fantoccini::Client, css: &str) {
+    let deadline = std::time::Instant::now() + WAIT;
+    let mut last = String::from("never found");
+    while std::time::Instant::now() < deadline {
+        let found = browser.wait().at_most(deadline - std::time::Instant::now()).for_element(Locator::Css(css)).await;
+        let outcome = match found {
+            Ok(e) => match (e.is_displayed().await, e.is_enabled().await) {
+                (Ok(true), Ok(true)) => match e.click().await {
+                    Ok(_) => return,
+                    Err(err) => format!("click: {err}"),
+                },
+                (shown, enabled) => format!("shown {shown:?}, enabled {enabled:?}"),
+            },
+            Err(err) => format!("find: {err}"),
+        };
+        last = outcome;
+        // Let the page run its pending updates before looking again (a browser round trip, not a sleep).
+        let _ = browser.execute("return await new Promise(r => requestAnimationFrame(() => r(null)));", vec![]).await;
+    }
+    panic!("{css} was not clickable within {WAIT:?}: {last}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_from_the_cli_appears_progresses_and_reverts_in_the_browser() {
     if !std::path::Path::new(CHROMEDRIVER).exists() || !std::path::Path::new(CHROMIUM).exists() {
-        println!("note: {CHROMIUM} or {CHROMEDRIVER} is missing (scripts/install-chromium.sh); skipping the browser test");
+        ferry_runtime::report::missing_prerequisite(&format!("{CHROMIUM} or {CHROMEDRIVER} is missing (scripts/install-chromium.sh)"));
         return;
     }
     let topics = Topics::standard();
@@ -130,7 +155,7 @@ async fn a_task_from_the_cli_appears_progresses_and_reverts_in_the_browser() {
     let width: String = browser.find(Locator::Css(&format!("{row} .bar > span"))).await.unwrap().attr("style").await.unwrap().unwrap_or_default();
     assert!(width.contains("100%"), "a finished task's bar is full: {width}");
 
-    browser.find(Locator::Css(&format!("{row} button.revert"))).await.unwrap().click().await.unwrap();
+    click(&browser, &format!("{row} button.revert")).await;
     browser.wait().at_most(WAIT).for_element(Locator::Css(&format!("{row}[data-state=Reverted]"))).await.expect("the revert shows on the page");
     std::fs::write(shots.join("dashboard-reverted.png"), browser.screenshot().await.unwrap()).unwrap();
     let marker = browser.execute("return window.ferryMarker || 0;", vec![]).await.unwrap();

@@ -5,7 +5,7 @@ use std::process::Command;
 
 fn demo(name: &str) {
     if !ferry_fleet::binaries::Binaries::installed() {
-        println!("note: the test bed is not installed (scripts/install-testbed.sh); skipping the {name} demo");
+        ferry_runtime::report::missing_prerequisite(&format!("the test bed is not installed (scripts/install-testbed.sh), needed by the {name} demo"));
         return;
     }
     let state = tempfile::tempdir().unwrap();

@@ -235,7 +235,7 @@ fn app(i: usize) -> ferry_deploy::spec::DeployApp {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
     if !ferry_fleet::binaries::Binaries::installed() {
-        println!("note: the test bed is not installed (scripts/install-testbed.sh); skipping");
+        ferry_runtime::report::missing_prerequisite("the test bed is not installed (scripts/install-testbed.sh)");
         return;
     }
     // Controllers run: deployed apps need Deployments to make Pods.

@@ -67,7 +67,7 @@ fn envelope(client: &Client, kind: TaskKind, subject: &str, spec: Vec<u8>) -> Ve
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_commands_are_rejected_or_dead_lettered_and_no_worker_crashes() {
     if !ferry_fleet::binaries::Binaries::installed() {
-        println!("note: the test bed is not installed (scripts/install-testbed.sh); skipping");
+        ferry_runtime::report::missing_prerequisite("the test bed is not installed (scripts/install-testbed.sh)");
         return;
     }
     // The Kubernetes workers start against a real hub; the poison never reaches it.

@@ -72,7 +72,7 @@ fn kinds(docs: &[Value]) -> Vec<String> {
 #[test]
 fn chart_grants_each_worker_only_what_it_touches() {
     let Some(helm) = helm() else {
-        println!("note: helm is not installed (scripts/install-helm.sh); skipping");
+        ferry_runtime::report::missing_prerequisite("helm is not installed (scripts/install-helm.sh)");
         return;
     };
     let docs = render_chart(&helm, &[]);
@@ -123,7 +123,7 @@ fn chart_grants_each_worker_only_what_it_touches() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn strimzi_resources_and_chart_pass_the_api_server() {
     if !ferry_fleet::binaries::Binaries::installed() {
-        println!("note: the test bed is not installed (scripts/install-testbed.sh); skipping");
+        ferry_runtime::report::missing_prerequisite("the test bed is not installed (scripts/install-testbed.sh)");
         return;
     }
     let fleet = Fleet::start(FleetOptions { controllers: false, ..FleetOptions::hub_and(0) }).await.unwrap();
@@ -214,7 +214,7 @@ fn dockerfile_passes_the_linter() {
     let cache = std::env::var_os("FERRY_CACHE").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/ferry"));
     let lint = cache.join("dockerfilelint-1.8.0/node_modules/.bin/dockerfilelint");
     if !lint.exists() {
-        println!("note: dockerfilelint is not installed (scripts/install-dockerfilelint.sh); skipping");
+        ferry_runtime::report::missing_prerequisite("dockerfilelint is not installed (scripts/install-dockerfilelint.sh)");
         return;
     }
     let out = Command::new(&lint).arg(root().join("Dockerfile")).output().unwrap();

@@ -10,7 +10,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 #[test]
 fn apply_creates_every_topic_once() {
     if !ferry_runtime::tansu::binary().exists() {
-        println!("note: tansu is not installed (scripts/install-tansu.sh); skipping");
+        ferry_runtime::report::missing_prerequisite("tansu is not installed (scripts/install-tansu.sh)");
         return;
     }
     let broker = ferry_runtime::tansu::Tansu::start_empty().unwrap();

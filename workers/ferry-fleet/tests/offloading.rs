@@ -131,7 +131,7 @@ fn node_of(p: &Pod) -> String {
 async fn namespaces_offload_pods_overflow_to_the_provider_and_deletion_takes_them_back() {
     let _ = tracing_subscriber::fmt().with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into())).with_test_writer().try_init();
     if !ferry_fleet::binaries::Binaries::installed() {
-        println!("note: the test bed is not installed (scripts/install-testbed.sh); skipping");
+        ferry_runtime::report::missing_prerequisite("the test bed is not installed (scripts/install-testbed.sh)");
         return;
     }
     let started = std::time::Instant::now();

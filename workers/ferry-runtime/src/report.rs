@@ -30,3 +30,11 @@ pub fn summary(evs: &[ProgressEvent]) -> String {
         .collect();
     format!("{:?} {failures:?}", evs.last().map(|e| e.event))
 }
+
+/// Says that a test's prerequisite (`what`, with the script that installs it) is missing.
+/// Outside CI the test then returns early with this note; in CI (`CI` set) it panics, so a
+/// missing install fails the run instead of passing as a silent skip.
+pub fn missing_prerequisite(what: &str) {
+    assert!(std::env::var_os("CI").is_none(), "missing in CI: {what}; the test cannot run without it");
+    println!("note: {what}; skipping");
+}

@@ -57,7 +57,7 @@ pub fn binary() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/ferry"));
     // Built with the libsql engine too: the SASL test needs users that outlive a restart.
-    cache.join("tansu-0.6.0-sql/bin/tansu")
+    cache.join("tansu-0.6.0-sql-o1/bin/tansu")
 }
 
 /// A running tansu broker, killed on drop.

@@ -30,7 +30,7 @@ impl Bed {
     async fn start() -> Option<Self> {
         let _ = tracing_subscriber::fmt().with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into())).with_test_writer().try_init();
         if !ferry_fleet::binaries::Binaries::installed() {
-            println!("note: the test bed is not installed (scripts/install-testbed.sh); skipping");
+            ferry_runtime::report::missing_prerequisite("the test bed is not installed (scripts/install-testbed.sh)");
             return None;
         }
         let fleet = Fleet::start(FleetOptions::hub_and(3)).await.expect("fleet");

@@ -243,11 +243,11 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
     fleet.install_project_crds().await.unwrap();
     fleet.publish_kubeconfigs().await.unwrap();
     let hub = fleet.hub().client().await.unwrap();
-    ferry_score::demo::register(&hub, &["member-1", "member-2"], "campaign").await.unwrap();
+    ferry_testkit::score::register(&hub, &["member-1", "member-2"], "campaign").await.unwrap();
     // OCM's part, talking to the hub directly (the workers go through the fault proxy).
     let ocm = ferry_fleet::emulated_ocm::EmulatedOcm::start(&fleet).await.unwrap();
     for i in (0..TASKS).filter(|i| matches!(plan(*i), Plan::Deploy | Plan::DeployThenRevert)) {
-        ferry_deploy::demo::bind(&hub, &app(i).name, "campaign").await.unwrap();
+        ferry_testkit::deploy::bind(&hub, &app(i).name, "campaign").await.unwrap();
     }
     // Cluster API's part, also on the hub directly; every workload cluster is virtual.
     let capi_options = ferry_fleet::emulated_capi::CapiOptions { real_api_servers: 0, ..Default::default() };
@@ -552,7 +552,7 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
     for (i, p) in (0..TASKS).map(|i| (i, plan(i))).filter(|(_, p)| matches!(p, Plan::Cluster | Plan::ClusterThenRevert)) {
         let c = cluster(i);
         let id = cluster_ids[&i].to_string();
-        let left = ferry_cluster::demo::leftovers(&hub, &c).await.unwrap();
+        let left = ferry_testkit::cluster::leftovers(&hub, &c).await.unwrap();
         match expected[&id] {
             EventType::Succeeded => {
                 created += 1;

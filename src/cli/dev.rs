@@ -100,24 +100,24 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
         Some(Demo::Score) => {
             let client = Client::new(kafka.clone(), topics.clone())?;
             let (fleet, _) = fleet.as_ref().context("the score demo needs the fleet")?;
-            if ferry_score::demo::run(&client, fleet).await? { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+            if ferry_testkit::score::run(&client, fleet).await? { ExitCode::SUCCESS } else { ExitCode::FAILURE }
         }
         Some(Demo::Deploy) => {
             let client = Client::new(kafka.clone(), topics.clone())?;
             let (fleet, _) = fleet.as_ref().context("the deploy demo needs the fleet")?;
-            if ferry_deploy::demo::run(&client, fleet).await? { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+            if ferry_testkit::deploy::run(&client, fleet).await? { ExitCode::SUCCESS } else { ExitCode::FAILURE }
         }
         Some(Demo::CreateCluster) => {
             let client = Client::new(kafka.clone(), topics.clone())?;
             let (fleet, _) = fleet.as_ref().context("the create-cluster demo needs the fleet")?;
-            if ferry_cluster::demo::run(&client, &fleet.hub().client().await?).await? { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+            if ferry_testkit::cluster::run(&client, &fleet.hub().client().await?).await? { ExitCode::SUCCESS } else { ExitCode::FAILURE }
         }
         Some(Demo::PeerOffload) => {
             let client = Client::new(kafka.clone(), topics.clone())?;
             let (fleet, _) = fleet.as_ref().context("the peer-offload demo needs the fleet")?;
             let member = |n: &str| fleet.cluster(n).with_context(|| format!("the fleet has no {n}: run with --clusters 2 or more"));
-            let (consumer, provider) = (member(ferry_offload::demo::CONSUMER)?.client().await?, member(ferry_offload::demo::PROVIDER)?.client().await?);
-            if ferry_offload::demo::run(&client, &consumer, &provider).await? { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+            let (consumer, provider) = (member(ferry_testkit::offload::CONSUMER)?.client().await?, member(ferry_testkit::offload::PROVIDER)?.client().await?);
+            if ferry_testkit::offload::run(&client, &consumer, &provider).await? { ExitCode::SUCCESS } else { ExitCode::FAILURE }
         }
         None => {
             eprintln!("ferry dev: ready. In another terminal: ferry submit test -f examples/test-task.yaml --wait");

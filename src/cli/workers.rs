@@ -54,7 +54,7 @@ pub fn catalog(arg: Option<&str>) -> anyhow::Result<ferry_cluster::Catalog> {
 pub async fn hub(kubeconfig: Option<&Path>) -> anyhow::Result<Arc<Clusters>> {
     ferry_kube::init_crypto();
     let client = match kubeconfig {
-        Some(p) => ferry_fleet::fleet::client_for("hub", p).await?,
+        Some(p) => ferry_kube::clusters::client_from_file(p).await.map_err(|e| anyhow::anyhow!("hub kubeconfig {}: {e}", p.display()))?,
         None => kube::Client::try_default().await.context("no hub kubeconfig: pass --kubeconfig, set KUBECONFIG, or run in a cluster")?,
     };
     Ok(Arc::new(Clusters::new(client)))

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use ferry_runtime::Rejection;
+use ferry_task::Rejection;
 use serde::Deserialize;
 use serde_json::Value;
 

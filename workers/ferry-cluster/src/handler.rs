@@ -12,7 +12,7 @@ use std::time::Duration;
 use ferry_kube::kinds::{CapiCluster, CapiMachine, ManagedCluster};
 use ferry_kube::step_errors::{hub_err, kube_err};
 use ferry_kube::{Check, ClusterError, Clusters, HUB, WaitError, Watches};
-use ferry_runtime::{Rejection, Step, StepContext, StepError, StepPolicy, TaskHandler, TaskKind};
+use ferry_task::{Rejection, Step, StepContext, StepError, StepPolicy, TaskHandler, TaskKind};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};

@@ -7,10 +7,8 @@
 //! - [`render`]: command → Cluster API objects and the ManagedCluster (pure).
 //! - [`addons`]: the add-on catalog (manifests, parameters, readiness).
 //! - [`handler`]: the steps.
-//! - [`demo`]: `ferry dev --demo create-cluster`.
 
 pub mod addons;
-pub mod demo;
 pub mod handler;
 pub mod render;
 pub mod spec;

@@ -19,8 +19,7 @@ pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "ferry");
 pub const TASK_ANNOTATION: &str = "ferry.dev/task";
 /// Cluster API's label naming an object's cluster.
 pub const CAPI_CLUSTER_LABEL: &str = "cluster.x-k8s.io/cluster-name";
-/// OCM's label placing a ManagedCluster in a ManagedClusterSet.
-pub const CLUSTERSET_LABEL: &str = "cluster.open-cluster-management.io/clusterset";
+pub use ferry_kube::vocab::ocm::CLUSTERSET_LABEL;
 
 const CAPI: &str = "cluster.x-k8s.io";
 const INFRA: &str = "infrastructure.cluster.x-k8s.io";

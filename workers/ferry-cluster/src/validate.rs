@@ -5,7 +5,7 @@
 use std::net::IpAddr;
 
 use ferry_kube::names::{is_dns1123_label, is_label_key, is_label_value};
-use ferry_runtime::Rejection;
+use ferry_task::Rejection;
 
 use crate::addons::Catalog;
 use crate::spec::{ClusterCommand, ClusterOperation};

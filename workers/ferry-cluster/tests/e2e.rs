@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_cluster::spec::{AddonRequest, ClusterCommand, ClusterOperation, MachinePool, OcmRegistration, WorkerPool};
-use ferry_cluster::{Catalog, ClusterConfig, ClusterHandler, demo};
+use ferry_cluster::{Catalog, ClusterConfig, ClusterHandler};
+use ferry_testkit::cluster as demo;
 use ferry_fleet::emulated_capi::{CapiOptions, EmulatedCapi};
 use ferry_fleet::emulated_ocm::EmulatedOcm;
 use ferry_fleet::{Fleet, FleetOptions};

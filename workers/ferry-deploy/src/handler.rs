@@ -11,8 +11,8 @@ use std::time::Duration;
 use ferry_kube::kinds::{ManagedCluster, ManifestWork, PlacementDecision};
 use ferry_kube::step_errors::{hub_err, kube_err};
 use ferry_kube::{Check, ClusterError, Clusters, HUB, Watches};
-use ferry_runtime::{Rejection, Step, StepContext, StepError, StepPolicy, TaskHandler, TaskKind};
-use ferry_score::handler::CLUSTERSET_LABEL;
+use ferry_task::{Rejection, Step, StepContext, StepError, StepPolicy, TaskHandler, TaskKind};
+use ferry_kube::vocab::ocm::CLUSTERSET_LABEL;
 use futures::FutureExt;
 use futures::future::{BoxFuture, join_all};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -419,7 +419,7 @@ impl CheckStep {
         let mut fits = 0;
         let mut seen = Vec::new();
         for cl in candidates {
-            match ferry_score::handler::measure_load(&self.0.cfg.clusters, cl).await {
+            match ferry_kube::capacity::measure(&self.0.cfg.clusters, cl).await {
                 Ok(load) => {
                     let n = load.replicas_that_fit(cpu.max(1), mem.max(1));
                     if n >= i64::from(c.replicas()) {

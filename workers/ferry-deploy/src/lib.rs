@@ -7,9 +7,7 @@
 //! - [`render`]: app → objects, ManifestWorks, Placements; feedback → readiness (pure).
 //! - [`handler`]: the steps check, place, apply, wait.
 //! - [`tosca`]: a TOSCA blueprint → `DeployApp`.
-//! - [`demo`]: `ferry dev --demo deploy`.
 
-pub mod demo;
 pub mod handler;
 pub mod render;
 pub mod spec;

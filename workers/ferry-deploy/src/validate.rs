@@ -5,8 +5,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use ferry_kube::quantity;
-use ferry_runtime::Rejection;
-use ferry_score::validate::is_dns1123_label;
+use ferry_task::Rejection;
+use ferry_kube::names::is_dns1123_label;
 
 use crate::spec::{Component, Delivery, DeployApp, DeployOperation};
 

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_deploy::spec::{Component, DeployApp, DeployOperation, PlacementSpec, Port};
-use ferry_deploy::{DeployConfig, DeployHandler, demo};
+use ferry_deploy::{DeployConfig, DeployHandler};
+use ferry_testkit::deploy as demo;
 use ferry_fleet::emulated_ocm::EmulatedOcm;
 use ferry_fleet::{Fleet, FleetOptions, Kubelet, NodeFlavor};
 use ferry_kube::Clusters;
@@ -209,13 +210,13 @@ async fn placements_follow_scores_deadlines_revert_and_bad_input_is_rejected() {
     // member-1 is busy, so the score worker ranks member-2 first; a placement
     // prioritized by that score lands there (without scores the tie goes to member-1).
     let m1 = bed.fleet.cluster("member-1").unwrap().client().await.unwrap();
-    ferry_score::demo::load(&m1, 3, 6).await.unwrap();
+    ferry_testkit::score::load(&m1, 3, 6).await.unwrap();
     let mut events = client.events(false).await.unwrap();
     let scoring = ScoreClusters { cluster_set: Some(demo::SET.into()), policy: ScorePolicy::ResourceUsage, ..ScoreClusters::default() };
     let sid = client.submit(TaskKind::Score, "placed/score", &scoring, SubmitOptions::default()).await.unwrap();
     let evs = events.until(sid, WAIT, |e| e.event.is_final()).await.unwrap();
     assert_eq!(last(&evs).event, EventType::Succeeded, "{:?}", last(&evs));
-    let ranking = ferry_score::demo::ranking(&client, sid).await.unwrap();
+    let ranking = ferry_testkit::score::ranking(&client, sid).await.unwrap();
     assert_eq!(ranking[0].cluster, "member-2", "{ranking:?}");
 
     let placed_app = |score: Option<&str>| DeployApp {

@@ -15,7 +15,7 @@ use std::time::Duration;
 use ferry_kube::kinds::node_ready;
 use ferry_kube::step_errors::{api_err, client_err, kube_err, wait_err};
 use ferry_kube::{Check, ClusterError, Clusters, Watches};
-use ferry_runtime::{Rejection, Step, StepContext, StepError, StepPolicy, TaskHandler, TaskKind};
+use ferry_task::{Rejection, Step, StepContext, StepError, StepPolicy, TaskHandler, TaskKind};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -132,10 +132,10 @@ impl Inner {
     /// The Liqo cluster id of `cluster`.
     async fn liqo_id(&self, cluster: &str) -> Result<String, StepError> {
         let client = self.client(cluster).await?;
-        ferry_peer::liqo::cluster_id(client).await.map_err(api_err(cluster))?.ok_or_else(|| {
+        ferry_kube::vocab::liqo::cluster_id(client).await.map_err(api_err(cluster))?.ok_or_else(|| {
             StepError::rejected(
                 "LIQO_MISSING",
-                format!("{cluster} runs no Liqo (no ConfigMap {}/{})", ferry_peer::liqo::LIQO_NAMESPACE, ferry_peer::liqo::CLUSTER_ID_CONFIGMAP),
+                format!("{cluster} runs no Liqo (no ConfigMap {}/{})", ferry_kube::vocab::liqo::LIQO_NAMESPACE, ferry_kube::vocab::liqo::CLUSTER_ID_CONFIGMAP),
             )
         })
     }

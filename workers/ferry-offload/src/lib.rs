@@ -9,9 +9,7 @@
 //! - [`placement`]: where overflow goes (pure).
 //! - [`latency`]: the latency matrix.
 //! - [`handler`]: the steps.
-//! - [`demo`]: `ferry dev --demo peer-offload`.
 
-pub mod demo;
 pub mod handler;
 pub mod latency;
 pub mod liqo;

@@ -11,7 +11,7 @@ use crate::spec::{NamespaceMappingStrategy, OffloadCommand, PodOffloadingStrateg
 /// The only name Liqo accepts for a NamespaceOffloading.
 pub const NAME: &str = "offloading";
 /// Label of a virtual node: its provider's cluster id.
-pub const REMOTE_ID_LABEL: &str = ferry_peer::liqo::REMOTE_ID_LABEL;
+pub use ferry_kube::vocab::liqo::REMOTE_ID_LABEL;
 /// Label selecting virtual nodes.
 pub const VIRTUAL_NODE_SELECTOR: &str = "liqo.io/type=virtual-node";
 /// Label on the NamespaceOffloading a task created: the task's id.

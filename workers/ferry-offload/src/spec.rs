@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use apache_avro::AvroSchema;
 use ferry_kube::names::is_dns1123_label;
-use ferry_runtime::Rejection;
+use ferry_task::Rejection;
 use serde::{Deserialize, Serialize};
 
 /// What to do.

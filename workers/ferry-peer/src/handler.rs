@@ -14,7 +14,7 @@ use std::time::Duration;
 use ferry_kube::kinds::{ManagedCluster, ManagedClusterAddOn, node_ready};
 use ferry_kube::step_errors::{api_err, client_err, hub_err, kube_err, wait_err};
 use ferry_kube::{Check, ClusterError, Clusters, HUB, Watches};
-use ferry_runtime::{Rejection, Step, StepContext, StepError, StepPolicy, TaskHandler, TaskKind};
+use ferry_task::{Rejection, Step, StepContext, StepError, StepPolicy, TaskHandler, TaskKind};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use k8s_openapi::api::apps::v1::Deployment;

@@ -9,22 +9,9 @@ use serde_json::{Value, json};
 
 /// Label on everything a peering created: `<first>.<second>` (the pair by name).
 pub const PEERING_LABEL: &str = "ferry.dev/peering";
-/// Label Liqo puts on per-remote objects.
-pub const REMOTE_ID_LABEL: &str = "liqo.io/remote-cluster-id";
-/// The Liqo namespace on every cluster.
-pub const LIQO_NAMESPACE: &str = "liqo";
-/// The ConfigMap with a cluster's id (key `CLUSTER_ID`).
-pub const CLUSTER_ID_CONFIGMAP: &str = "liqo-clusterid-configmap";
-/// Liqo's controller manager, whose readiness says Liqo runs.
-pub const CONTROLLER_MANAGER: &str = "liqo-controller-manager";
+pub use ferry_kube::vocab::liqo::{CLUSTER_ID_CONFIGMAP, CONTROLLER_MANAGER, LIQO_NAMESPACE, REMOTE_ID_LABEL, cluster_id};
 /// The gateway port.
 pub const GATEWAY_PORT: i64 = 51840;
-
-/// The Liqo cluster id of the cluster `client` reaches (None: no id ConfigMap or key).
-pub async fn cluster_id(client: kube::Client) -> Result<Option<String>, kube::Error> {
-    let cm = kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client, LIQO_NAMESPACE).get_opt(CLUSTER_ID_CONFIGMAP).await?;
-    Ok(cm.and_then(|c| c.data?.get("CLUSTER_ID").cloned()))
-}
 
 /// The label value of a pair.
 pub fn pair_label(a: &str, b: &str) -> String {

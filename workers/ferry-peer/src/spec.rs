@@ -4,7 +4,7 @@
 
 use apache_avro::AvroSchema;
 use ferry_kube::names::is_dns1123_label;
-use ferry_runtime::Rejection;
+use ferry_task::Rejection;
 use serde::{Deserialize, Serialize};
 
 /// Peer or unpeer.

@@ -6,8 +6,7 @@ use serde_json::{Value, json};
 
 use crate::liqo::PEERING_LABEL;
 
-/// OCM's cluster-set label.
-pub const CLUSTERSET_LABEL: &str = "cluster.open-cluster-management.io/clusterset";
+pub use ferry_kube::vocab::ocm::CLUSTERSET_LABEL;
 
 /// The ManagedClusterSet `name` (membership by the exclusive cluster-set label).
 pub fn cluster_set(name: &str, pair: &str) -> Value {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use ferry_kube::kinds::ManifestWork;
 use ferry_kube::{Check, HUB};
-use ferry_runtime::{StepContext, StepError};
+use ferry_task::{StepContext, StepError};
 use futures::future::join_all;
 use serde_json::{Value, json};
 

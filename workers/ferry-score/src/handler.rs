@@ -8,11 +8,12 @@ use std::time::Duration;
 use ferry_kube::kinds::ManagedCluster;
 use ferry_kube::step_errors::{hub_err, kube_err};
 use ferry_kube::{ClusterError, Clusters, HUB, Watches};
-use ferry_runtime::wire::Registry;
-use ferry_runtime::{KafkaConfig, Rejection, Step, StepContext, StepError, StepPolicy, TaskHandler, TaskKind, Topics};
+use ferry_task::wire::Registry;
+use ferry_runtime::{KafkaConfig, Topics};
+use ferry_task::{Rejection, Step, StepContext, StepError, StepPolicy, TaskHandler, TaskKind};
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::core::GroupVersionKind;
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -24,8 +25,7 @@ use crate::spec::{ClusterScore, ScoreClusters, ScorePolicy};
 
 /// Field manager of everything this worker applies.
 pub const MANAGER: &str = "ferry-score";
-/// Label of a ManagedClusterSet's members.
-pub const CLUSTERSET_LABEL: &str = "cluster.open-cluster-management.io/clusterset";
+pub use ferry_kube::vocab::ocm::CLUSTERSET_LABEL;
 /// Annotation naming the task that wrote an object.
 pub const TASK_ANNOTATION: &str = "ferry.io/task";
 
@@ -193,14 +193,6 @@ fn resolved(cx: &StepContext<'_, ScoreClusters>) -> Result<Resolved, StepError> 
     cx.required("resolve-clusters")
 }
 
-/// Measures one cluster's load through its kubeconfig.
-pub async fn measure_load(clusters: &Clusters, cluster: &str) -> Result<ClusterLoad, String> {
-    let client = clusters.client(cluster).await.map_err(|e| e.to_string())?;
-    let nodes = Api::<Node>::all(client.clone()).list(&ListParams::default()).await.map_err(|e| format!("listing nodes: {e}"))?;
-    let pods = Api::<Pod>::all(client).list(&ListParams::default()).await.map_err(|e| format!("listing pods: {e}"))?;
-    crate::observe::load(cluster, &nodes.items, &pods.items).map_err(|e| e.to_string())
-}
-
 impl Measure {
     async fn latency(&self, spec: &ScoreClusters) -> Result<LatencyMatrix, StepError> {
         if let Some(m) = &spec.latency_ms {
@@ -234,7 +226,7 @@ impl Step<ScoreClusters> for Measure {
                 ScorePolicy::ResourceUsage | ScorePolicy::WorstFit | ScorePolicy::BestFit => {
                     let n = r.clusters.len();
                     for (i, c) in r.clusters.iter().enumerate() {
-                        match measure_load(&self.0.cfg.clusters, c).await {
+                        match ferry_kube::capacity::measure(&self.0.cfg.clusters, c).await {
                             Ok(l) => out.loads.push(l),
                             Err(why) => {
                                 out.failed.insert(c.clone(), why);

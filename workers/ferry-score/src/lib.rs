@@ -4,25 +4,20 @@
 //! task's output. An onboarding watcher submits a scoring when a ManagedCluster joins.
 //!
 //! - [`spec`]: the command and the scores-topic record.
-//! - [`policy`]: the policies, pure functions with table tests.
-//! - [`observe`]: Nodes and Pods → loads, counting what the scheduler counts.
+//! - [`policy`]: the policies, pure functions with table tests, over loads measured by
+//!   `ferry_kube::capacity` (what the scheduler counts).
 //! - [`validate`]: the command's rules.
 //! - [`handler`]: the task's steps: resolve-clusters, measure, score, publish.
 //! - [`benchmark`]: the benchmark Job through a ManifestWork with feedback rules.
 //! - [`scores`]: the latest score of every cluster from the scores topic.
-//! - [`testbed`]: the benchmark image's part in the simulated fleet.
-//! - [`demo`]: `ferry dev --demo score`.
 //! - [`onboarding`]: submits a scoring when a ManagedCluster joins or becomes available.
 
 pub mod benchmark;
-pub mod demo;
 pub mod handler;
-pub mod observe;
 pub mod onboarding;
 pub mod policy;
 pub mod scores;
 pub mod spec;
-pub mod testbed;
 pub mod validate;
 
 pub use handler::{ScoreConfig, ScoreHandler};

@@ -1,5 +1,5 @@
 //! The scoring policies: pure functions from measurements to scores in [-100, 100], each
-//! with the reason for its number. Nothing here talks to a cluster; [`crate::observe`]
+//! with the reason for its number. Nothing here talks to a cluster; [`ferry_kube::capacity`]
 //! turns Nodes and Pods into [`ClusterLoad`]s.
 //!
 //! | policy | input | score |
@@ -15,70 +15,7 @@
 
 use std::collections::BTreeMap;
 
-/// One node as the scheduler sees it.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct NodeLoad {
-    /// The node.
-    pub name: String,
-    /// None when pods can be scheduled on it; otherwise why not (unschedulable, not
-    /// Ready, a NoSchedule/NoExecute taint).
-    pub excluded: Option<String>,
-    /// Allocatable CPU, millicores.
-    pub cpu_allocatable: i64,
-    /// Allocatable memory, bytes.
-    pub mem_allocatable: i64,
-    /// CPU requested by the unfinished pods on it, millicores.
-    pub cpu_requested: i64,
-    /// Memory requested by the unfinished pods on it, bytes.
-    pub mem_requested: i64,
-}
-
-impl NodeLoad {
-    /// Free CPU (negative when over-committed), millicores.
-    pub fn cpu_free(&self) -> i64 {
-        self.cpu_allocatable - self.cpu_requested
-    }
-
-    /// Free memory (negative when over-committed), bytes.
-    pub fn mem_free(&self) -> i64 {
-        self.mem_allocatable - self.mem_requested
-    }
-}
-
-/// One cluster's nodes.
-#[derive(Debug, Clone, PartialEq, Default, serde::Serialize, serde::Deserialize)]
-pub struct ClusterLoad {
-    /// The cluster.
-    pub cluster: String,
-    /// Its nodes.
-    pub nodes: Vec<NodeLoad>,
-}
-
-impl ClusterLoad {
-    fn schedulable(&self) -> impl Iterator<Item = &NodeLoad> {
-        self.nodes.iter().filter(|n| n.excluded.is_none())
-    }
-
-    /// Free CPU (millicores) and memory (bytes) summed over schedulable nodes; negative
-    /// when the cluster is over-committed.
-    pub fn available(&self) -> (i64, i64) {
-        self.schedulable().fold((0, 0), |(c, m), n| (c + n.cpu_free(), m + n.mem_free()))
-    }
-
-    /// How many replicas of `cpu` millicores and `mem` bytes fit, node by node (mck8s):
-    /// the sum over schedulable nodes of `min(floor(cpu free / cpu), floor(mem free / mem))`.
-    /// A zero request does not limit; both zero is refused by validation.
-    pub fn replicas_that_fit(&self, cpu: i64, mem: i64) -> i64 {
-        let per = |free: i64, req: i64| if req <= 0 { i64::MAX } else { free.max(0) / req };
-        self.schedulable().map(|n| per(n.cpu_free(), cpu).min(per(n.mem_free(), mem))).map(|k| k.min(1 << 40)).sum()
-    }
-
-    fn excluded_note(&self) -> String {
-        let excluded: Vec<String> =
-            self.nodes.iter().filter_map(|n| n.excluded.as_ref().map(|w| format!("{} ({w})", n.name))).collect();
-        if excluded.is_empty() { String::new() } else { format!("; not counted: {}", excluded.join(", ")) }
-    }
-}
+pub use ferry_kube::capacity::{ClusterLoad, NodeLoad};
 
 /// A cluster's score and why.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

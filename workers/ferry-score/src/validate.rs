@@ -2,7 +2,7 @@
 //! names the field and the rule.
 
 use ferry_kube::quantity;
-use ferry_runtime::Rejection;
+use ferry_task::Rejection;
 
 use crate::policy::{Bounds, Demand};
 use crate::spec::{ScoreClusters, ScorePolicy};

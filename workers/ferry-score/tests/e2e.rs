@@ -8,7 +8,8 @@ use ferry_fleet::{Fleet, FleetOptions, Kubelet, NodeFlavor};
 use ferry_kube::Clusters;
 use ferry_runtime::{Client, EmbeddedBroker, EventType, KafkaConfig, SubmitOptions, TaskKind, Topics, Worker, WorkerOptions};
 use ferry_score::spec::{ScoreClusters, ScorePolicy, Workload};
-use ferry_score::{ScoreConfig, ScoreHandler, demo};
+use ferry_score::{ScoreConfig, ScoreHandler};
+use ferry_testkit::score as demo;
 use ferry_kube::kinds::ManagedCluster;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
@@ -191,11 +192,11 @@ async fn a_benchmark_scoring_runs_through_manifest_works_and_cleans_up() {
     let _ocm = ferry_fleet::emulated_ocm::EmulatedOcm::start(&bed.fleet).await.unwrap();
     let hub = bed.fleet.hub().client().await.unwrap();
     demo::register(&hub, &["member-1", "member-2", "member-3"], "bench").await.unwrap();
-    let overrides: ferry_score::testbed::Overrides = Default::default();
+    let overrides: ferry_testkit::benchmark_image::Overrides = Default::default();
     overrides.lock().unwrap().extend([("member-1".to_owned(), Some(10.0)), ("member-2".to_owned(), Some(30.0)), ("member-3".to_owned(), None)]);
     let mut images = Vec::new();
     for c in ["member-1", "member-2", "member-3"] {
-        images.push(ferry_score::testbed::start(c, bed.fleet.cluster(c).unwrap().client().await.unwrap(), overrides.clone()));
+        images.push(ferry_testkit::benchmark_image::start(c, bed.fleet.cluster(c).unwrap().client().await.unwrap(), overrides.clone()));
     }
     let client = bed.client();
     let mut events = client.events(false).await.unwrap();

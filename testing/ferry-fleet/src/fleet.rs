@@ -5,8 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config};
+use kube::Client;
 
 use crate::binaries::{Binaries, Missing};
 use crate::process::{Managed, free_port};
@@ -119,10 +118,7 @@ impl Cluster {
 
 /// A `kube` client from a kubeconfig file.
 pub async fn client_for(cluster: &str, kubeconfig: &Path) -> Result<Client, FleetError> {
-    let err = |e: Box<dyn std::error::Error + Send + Sync>| FleetError::Client { cluster: cluster.to_owned(), source: e };
-    let kc = Kubeconfig::read_from(kubeconfig).map_err(|e| err(Box::new(e)))?;
-    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await.map_err(|e| err(Box::new(e)))?;
-    Client::try_from(config).map_err(|e| err(Box::new(e)))
+    ferry_kube::clusters::client_from_file(kubeconfig).await.map_err(|source| FleetError::Client { cluster: cluster.to_owned(), source })
 }
 
 /// A running fleet; everything stops when it is dropped.

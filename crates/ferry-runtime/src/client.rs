@@ -124,6 +124,23 @@ impl Client {
         self.submit_encoded(kind, subject, bytes, opts).await
     }
 
+    /// Submits a Start command and follows the task to its final event, within `limit`;
+    /// returns its id and every event it published. Events are read from the moment of
+    /// submission, so none is missed.
+    pub async fn submit_and_wait<S: Serialize + AvroSchema + 'static>(
+        &self,
+        kind: TaskKind,
+        subject: &str,
+        spec: &S,
+        opts: SubmitOptions,
+        limit: Duration,
+    ) -> Result<(TaskId, Vec<ProgressEvent>), ClientError> {
+        let mut events = self.events(false).await?;
+        let id = self.submit(kind, subject, spec, opts).await?;
+        let evs = events.until(id, limit, |e| e.event.is_final()).await?;
+        Ok((id, evs))
+    }
+
     /// Submits a Start command whose spec is already Confluent-framed.
     pub async fn submit_encoded(&self, kind: TaskKind, subject: &str, spec: Vec<u8>, opts: SubmitOptions) -> Result<TaskId, ClientError> {
         let id = match &opts.idempotency_key {

@@ -11,7 +11,7 @@ use serde_json::json;
 
 async fn fleet() -> Option<Fleet> {
     if !ferry_fleet::binaries::Binaries::installed() {
-        ferry_runtime::report::missing_prerequisite("the test bed is not installed (scripts/install-testbed.sh)");
+        ferry_task::report::missing_prerequisite("the test bed is not installed (scripts/install-testbed.sh)");
         return None;
     }
     let fleet = Fleet::start(FleetOptions { controllers: false, ..FleetOptions::hub_and(1) }).await.expect("fleet starts");

@@ -26,8 +26,7 @@ use crate::fleet::Fleet;
 pub const TICK: Duration = Duration::from_millis(250);
 /// The work agent's finalizer (as OCM names it).
 pub const WORK_FINALIZER: &str = "cluster.open-cluster-management.io/manifest-work-cleanup";
-/// Label of a ManagedClusterSet's members.
-pub const CLUSTERSET_LABEL: &str = "cluster.open-cluster-management.io/clusterset";
+pub use ferry_kube::vocab::ocm::CLUSTERSET_LABEL;
 /// Label of a Placement's decisions.
 pub const PLACEMENT_LABEL: &str = "cluster.open-cluster-management.io/placement";
 const MANAGER: &str = "ferry-fleet-ocm";

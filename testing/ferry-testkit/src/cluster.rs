@@ -12,8 +12,8 @@ use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::{Api, ListParams};
 use serde_json::json;
 
-use crate::render::{CAPI_CLUSTER_LABEL, CLUSTER_LABEL};
-use crate::spec::{AddonRequest, ClusterCommand, ClusterOperation, MachinePool, OcmRegistration, WorkerPool};
+use ferry_cluster::render::{CAPI_CLUSTER_LABEL, CLUSTER_LABEL};
+use ferry_cluster::spec::{AddonRequest, ClusterCommand, ClusterOperation, MachinePool, OcmRegistration, WorkerPool};
 
 /// The ManagedClusterSet the demo's cluster joins.
 pub const SET: &str = "edge";
@@ -67,10 +67,7 @@ pub async fn cluster_set(hub: &kube::Client, set: &str) -> anyhow::Result<()> {
 
 /// Submits `cmd` and waits for its final event; returns the task and its events.
 pub async fn submit(client: &Client, cmd: &ClusterCommand, wait: Duration) -> anyhow::Result<(TaskId, Vec<ProgressEvent>)> {
-    let mut events = client.events(false).await?;
-    let id = client.submit(TaskKind::CreateCluster, &cmd.subject(), cmd, SubmitOptions::default()).await?;
-    let evs = events.until(id, wait, |e| e.event.is_final()).await?;
-    Ok((id, evs))
+    Ok(client.submit_and_wait(TaskKind::CreateCluster, &cmd.subject(), cmd, SubmitOptions::default(), wait).await?)
 }
 
 /// What of `cmd`'s cluster is on the hub: Cluster API objects labelled for it, its

@@ -11,7 +11,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 
-use crate::benchmark::{BENCHMARK_LABEL, RESULT_CONFIGMAP};
+use ferry_score::benchmark::{BENCHMARK_LABEL, RESULT_CONFIGMAP};
 
 /// Results to report, by cluster: `Some(v)` reports v, `None` reports nothing.
 pub type Overrides = Arc<Mutex<HashMap<String, Option<f64>>>>;

@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use ferry_peer::spec::{PeerClusters, PeerOperation};
 use ferry_runtime::report::print_outcome;
-use ferry_runtime::{Client, ProgressEvent, SubmitOptions, TaskId, TaskKind};
+use ferry_runtime::{Client, SubmitOptions, TaskKind};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use crate::spec::{OffloadCommand, OffloadOperation};
+use ferry_offload::spec::{OffloadCommand, OffloadOperation};
 
 /// The consumer, the provider and the namespace.
 pub const CONSUMER: &str = "member-1";
@@ -22,18 +22,6 @@ pub const PROVIDER: &str = "member-2";
 pub const NAMESPACE: &str = "demo-web";
 
 const WAIT: Duration = Duration::from_secs(300);
-
-async fn submit<T: serde::Serialize + apache_avro::AvroSchema + 'static>(
-    client: &Client,
-    kind: TaskKind,
-    subject: &str,
-    spec: &T,
-) -> anyhow::Result<(TaskId, Vec<ProgressEvent>)> {
-    let mut events = client.events(false).await?;
-    let id = client.submit(kind, subject, spec, SubmitOptions::default()).await?;
-    let evs = events.until(id, WAIT, |e| e.event.is_final()).await?;
-    Ok((id, evs))
-}
 
 fn check(what: &str, ok: bool, detail: impl std::fmt::Display) -> bool {
     println!("{what}: {detail}: {}", if ok { "ok" } else { "MISMATCH" });
@@ -63,7 +51,7 @@ where
 pub async fn run(client: &Client, consumer: &kube::Client, provider: &kube::Client) -> anyhow::Result<bool> {
     let mut ok = true;
     let peer = PeerClusters { a: CONSUMER.into(), b: PROVIDER.into(), timeout_seconds: Some(120), ..PeerClusters::default() };
-    let (id, evs) = submit(client, TaskKind::Peer, &peer.subject(), &peer).await?;
+    let (id, evs) = client.submit_and_wait(TaskKind::Peer, &peer.subject(), &peer, SubmitOptions::default(), WAIT).await?;
     if !print_outcome("peer", id, &evs) {
         return Ok(false);
     }
@@ -81,7 +69,7 @@ pub async fn run(client: &Client, consumer: &kube::Client, provider: &kube::Clie
         timeout_seconds: Some(120),
         ..OffloadCommand::default()
     };
-    let (id, evs) = submit(client, TaskKind::Offload, &offload.subject(), &offload).await?;
+    let (id, evs) = client.submit_and_wait(TaskKind::Offload, &offload.subject(), &offload, SubmitOptions::default(), WAIT).await?;
     ok &= print_outcome("offload", id, &evs);
     let twin = format!("{NAMESPACE}-{CONSUMER}");
     ok &= check("offload", Api::<Namespace>::all(provider.clone()).get_opt(&twin).await?.is_some(), format!("twin namespace {twin} on {PROVIDER}"));
@@ -104,12 +92,12 @@ pub async fn run(client: &Client, consumer: &kube::Client, provider: &kube::Clie
     Api::<Pod>::namespaced(consumer.clone(), NAMESPACE).delete("hello", &Default::default()).await?;
 
     let unoffload = OffloadCommand { operation: OffloadOperation::Unoffload, clusters: vec![], ..offload.clone() };
-    let (id, evs) = submit(client, TaskKind::Offload, &unoffload.subject(), &unoffload).await?;
+    let (id, evs) = client.submit_and_wait(TaskKind::Offload, &unoffload.subject(), &unoffload, SubmitOptions::default(), WAIT).await?;
     ok &= print_outcome("unoffload", id, &evs);
     ok &= check("unoffload", Api::<Namespace>::all(provider.clone()).get_opt(&twin).await?.is_none(), format!("twin namespace {twin} gone"));
 
     let unpeer = PeerClusters { operation: PeerOperation::Unpeer, ..peer };
-    let (id, evs) = submit(client, TaskKind::Peer, &unpeer.subject(), &unpeer).await?;
+    let (id, evs) = client.submit_and_wait(TaskKind::Peer, &unpeer.subject(), &unpeer, SubmitOptions::default(), WAIT).await?;
     ok &= print_outcome("unpeer", id, &evs);
     let left = Api::<Node>::all(consumer.clone()).list(&ListParams::default().labels("liqo.io/type=virtual-node")).await?.items.len();
     ok &= check("unpeer", left == 0, format!("{left} virtual nodes left on {CONSUMER}"));

@@ -228,7 +228,7 @@ impl<H: TaskHandler> Runner<H> {
             let result = self
                 .execute(i, &name, &policy, deadline, true, move |attempt, reports| {
                     Box::pin(async move {
-                        let cx = StepContext { task_id: id_ref, subject: subject_ref, spec, outputs: outputs_ref, attempt, reports };
+                        let cx = StepContext::new(id_ref, subject_ref, spec, outputs_ref, attempt, reports);
                         step.run(&cx).await
                     })
                 })
@@ -319,7 +319,7 @@ impl<H: TaskHandler> Runner<H> {
             let result = self
                 .execute(i, &name, &policy, None, false, move |attempt, reports| {
                     Box::pin(async move {
-                        let cx = StepContext { task_id: id_ref, subject: subject_ref, spec, outputs: outputs_ref, attempt, reports };
+                        let cx = StepContext::new(id_ref, subject_ref, spec, outputs_ref, attempt, reports);
                         step.undo(&cx, output_ref).await.map(|()| Value::Null)
                     })
                 })

@@ -247,3 +247,11 @@ pub fn gvk_of(obj: &Value) -> Result<GroupVersionKind, ClusterError> {
     let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
     Ok(GroupVersionKind::gvk(group, version, kind))
 }
+
+/// A `kube` client from a kubeconfig file (the hub's `--kubeconfig`, or a test bed's
+/// cluster).
+pub async fn client_from_file(kubeconfig: &std::path::Path) -> Result<Client, Box<dyn std::error::Error + Send + Sync>> {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
+    let config = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await?;
+    Ok(Client::try_from(config)?)
+}

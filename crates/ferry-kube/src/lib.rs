@@ -10,12 +10,17 @@
 //! - [`names`]: DNS-1123 names and label keys and values.
 //! - [`quantity`]: resource quantities parsed as Kubernetes parses them.
 //! - [`step_errors`]: Kubernetes errors as task-step errors, alike in every worker.
+//! - [`vocab`]: the OCM and Liqo names more than one worker uses.
+//! - [`capacity`]: a cluster's Nodes and Pods as the scheduler counts them (scoring,
+//!   placement checks, bursts).
 
+pub mod capacity;
 pub mod clusters;
 pub mod kinds;
 pub mod names;
 pub mod quantity;
 pub mod step_errors;
+pub mod vocab;
 pub mod watches;
 
 pub use clusters::{ClusterError, Clusters, HUB};

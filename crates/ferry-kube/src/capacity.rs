@@ -1,16 +1,84 @@
-//! Measuring a cluster: its Nodes and Pods turned into a [`ClusterLoad`], counting what the
+//! A cluster's capacity as the scheduler sees it: its Nodes and Pods turned into a
+//! [`ClusterLoad`] (scoring, placement checks and bursts all measure with it), counting what the
 //! scheduler counts. A pod's request is, per resource, the larger of its largest init
 //! container and the sum of its app containers, plus its overhead; finished pods
 //! (Succeeded, Failed) and pods not bound to a node request nothing.
 
 use std::collections::HashMap;
 
-use ferry_kube::quantity;
+use crate::quantity;
 use k8s_openapi::api::core::v1::{Container, Node, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use std::collections::BTreeMap;
 
-use crate::policy::{ClusterLoad, NodeLoad};
+
+
+/// One node as the scheduler sees it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct NodeLoad {
+    /// The node.
+    pub name: String,
+    /// None when pods can be scheduled on it; otherwise why not (unschedulable, not
+    /// Ready, a NoSchedule/NoExecute taint).
+    pub excluded: Option<String>,
+    /// Allocatable CPU, millicores.
+    pub cpu_allocatable: i64,
+    /// Allocatable memory, bytes.
+    pub mem_allocatable: i64,
+    /// CPU requested by the unfinished pods on it, millicores.
+    pub cpu_requested: i64,
+    /// Memory requested by the unfinished pods on it, bytes.
+    pub mem_requested: i64,
+}
+
+impl NodeLoad {
+    /// Free CPU (negative when over-committed), millicores.
+    pub fn cpu_free(&self) -> i64 {
+        self.cpu_allocatable - self.cpu_requested
+    }
+
+    /// Free memory (negative when over-committed), bytes.
+    pub fn mem_free(&self) -> i64 {
+        self.mem_allocatable - self.mem_requested
+    }
+}
+
+/// One cluster's nodes.
+#[derive(Debug, Clone, PartialEq, Default, serde::Serialize, serde::Deserialize)]
+pub struct ClusterLoad {
+    /// The cluster.
+    pub cluster: String,
+    /// Its nodes.
+    pub nodes: Vec<NodeLoad>,
+}
+
+impl ClusterLoad {
+    /// The nodes pods can be scheduled on.
+    pub fn schedulable(&self) -> impl Iterator<Item = &NodeLoad> {
+        self.nodes.iter().filter(|n| n.excluded.is_none())
+    }
+
+    /// Free CPU (millicores) and memory (bytes) summed over schedulable nodes; negative
+    /// when the cluster is over-committed.
+    pub fn available(&self) -> (i64, i64) {
+        self.schedulable().fold((0, 0), |(c, m), n| (c + n.cpu_free(), m + n.mem_free()))
+    }
+
+    /// How many replicas of `cpu` millicores and `mem` bytes fit, node by node (mck8s):
+    /// the sum over schedulable nodes of `min(floor(cpu free / cpu), floor(mem free / mem))`.
+    /// A zero request does not limit; both zero is refused by validation.
+    pub fn replicas_that_fit(&self, cpu: i64, mem: i64) -> i64 {
+        let per = |free: i64, req: i64| if req <= 0 { i64::MAX } else { free.max(0) / req };
+        self.schedulable().map(|n| per(n.cpu_free(), cpu).min(per(n.mem_free(), mem))).map(|k| k.min(1 << 40)).sum()
+    }
+
+    /// "; not counted: node (why), ..." for the nodes left out, or nothing.
+    pub fn excluded_note(&self) -> String {
+        let excluded: Vec<String> =
+            self.nodes.iter().filter_map(|n| n.excluded.as_ref().map(|w| format!("{} ({w})", n.name))).collect();
+        if excluded.is_empty() { String::new() } else { format!("; not counted: {}", excluded.join(", ")) }
+    }
+}
 
 /// A quantity in an object that does not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -169,4 +237,15 @@ mod tests {
         assert_eq!(why, [None, Some("taint gpu=yes:NoSchedule"), Some("unschedulable"), Some("not Ready (False)"), None]);
         assert_eq!(l.available(), (2000 + 4000, (6 << 30) + (8 << 30)));
     }
+}
+
+/// Measures `cluster` through `clusters`: lists its Nodes and Pods and counts them with
+/// [`load`]. The error names what failed, for a step's message.
+pub async fn measure(clusters: &crate::Clusters, cluster: &str) -> Result<ClusterLoad, String> {
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    use kube::api::{Api, ListParams};
+    let client = clusters.client(cluster).await.map_err(|e| e.to_string())?;
+    let nodes = Api::<Node>::all(client.clone()).list(&ListParams::default()).await.map_err(|e| format!("listing nodes: {e}"))?;
+    let pods = Api::<Pod>::all(client).list(&ListParams::default()).await.map_err(|e| format!("listing pods: {e}"))?;
+    load(cluster, &nodes.items, &pods.items).map_err(|e| e.to_string())
 }

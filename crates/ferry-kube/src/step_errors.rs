@@ -2,7 +2,7 @@
 //! a rejection, transient API errors are retried, the rest are permanent; a wait that
 //! ran out of time is `DEADLINE_EXCEEDED`.
 
-use ferry_runtime::StepError;
+use ferry_task::StepError;
 
 use crate::{ClusterError, HUB, WaitError};
 

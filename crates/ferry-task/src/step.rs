@@ -109,10 +109,16 @@ impl StepPolicy {
     }
 }
 
-/// What a running step may report.
+/// What a running step reports to the runtime that runs it.
 #[derive(Debug)]
-pub(crate) enum StepReport {
-    Progress { percent: u8, message: String },
+pub enum StepReport {
+    /// A StepProgress event to publish.
+    Progress {
+        /// 0-100.
+        percent: u8,
+        /// What is going on.
+        message: String,
+    },
 }
 
 /// Everything a step sees of its task.
@@ -127,10 +133,22 @@ pub struct StepContext<'a, S> {
     pub outputs: &'a BTreeMap<String, Value>,
     /// 1 for the first attempt of this run.
     pub attempt: u32,
-    pub(crate) reports: mpsc::UnboundedSender<StepReport>,
+    reports: mpsc::UnboundedSender<StepReport>,
 }
 
-impl<S> StepContext<'_, S> {
+impl<'a, S> StepContext<'a, S> {
+    /// The context of one attempt of a step; `reports` carries its progress to the runtime.
+    pub fn new(
+        task_id: &'a TaskId,
+        subject: &'a str,
+        spec: &'a S,
+        outputs: &'a BTreeMap<String, Value>,
+        attempt: u32,
+        reports: mpsc::UnboundedSender<StepReport>,
+    ) -> Self {
+        Self { task_id, subject, spec, outputs, attempt, reports }
+    }
+
     /// Publishes a StepProgress event (best effort, in order).
     pub fn progress(&self, percent: u8, message: impl Into<String>) {
         let _ = self.reports.send(StepReport::Progress { percent: percent.min(100), message: message.into() });

@@ -12,8 +12,9 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 
-use crate::handler::{CLUSTERSET_LABEL, Ranked, placement_score_name};
-use crate::spec::{ScoreClusters, ScorePolicy};
+use ferry_kube::vocab::ocm::CLUSTERSET_LABEL;
+use ferry_score::handler::{Ranked, placement_score_name};
+use ferry_score::spec::{ScoreClusters, ScorePolicy};
 
 /// The clusters of the demo, each with the CPU (cores) and memory (GiB) its pods request,
 /// in the order resource-usage must rank them.
@@ -94,7 +95,7 @@ pub async fn run(client: &Client, fleet: &Fleet) -> anyhow::Result<bool> {
         ok &= agree;
         println!("score AddOnPlacementScore {}/{} score={value:?} validUntil set={valid}: {}", r.cluster, placement_score_name(ScorePolicy::ResourceUsage), if agree { "ok" } else { "MISMATCH" });
     }
-    let topic = crate::scores::latest(client).await?;
+    let topic = ferry_score::scores::latest(client).await?;
     for r in &ranking {
         let rec = topic.get(&r.cluster);
         let agree = rec.is_some_and(|s| s.score == r.score && s.task_id == id.to_string() && s.rank == r.rank);

@@ -13,8 +13,8 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 
-use crate::handler::ComponentStatus;
-use crate::spec::{Component, DeployApp, DeployOperation, EnvVar, IngressSpec, Port, SecretKeyRef};
+use ferry_deploy::handler::ComponentStatus;
+use ferry_deploy::spec::{Component, DeployApp, DeployOperation, EnvVar, IngressSpec, Port, SecretKeyRef};
 
 /// The ManagedClusterSet the demo's clusters join.
 pub const SET: &str = "demo";
@@ -23,7 +23,7 @@ pub const SET: &str = "demo";
 pub async fn prepare(fleet: &Fleet, clusters: &[&str], namespace: &str) -> anyhow::Result<()> {
     fleet.publish_kubeconfigs().await?;
     let hub = fleet.hub().client().await?;
-    ferry_score::demo::register(&hub, clusters, SET).await?;
+    crate::score::register(&hub, clusters, SET).await?;
     bind(&hub, namespace, SET).await
 }
 
@@ -97,10 +97,7 @@ pub fn shop() -> DeployApp {
 
 /// Submits `app` and waits for its final event; returns the task and its events.
 pub async fn submit(client: &Client, app: &DeployApp) -> anyhow::Result<(TaskId, Vec<ProgressEvent>)> {
-    let mut events = client.events(false).await?;
-    let id = client.submit(TaskKind::Deploy, &app.subject(), app, SubmitOptions::default()).await?;
-    let evs = events.until(id, Duration::from_secs(300), |e| e.event.is_final()).await?;
-    Ok((id, evs))
+    Ok(client.submit_and_wait(TaskKind::Deploy, &app.subject(), app, SubmitOptions::default(), Duration::from_secs(300)).await?)
 }
 
 /// The statuses the `wait` step recorded.
@@ -115,7 +112,7 @@ pub async fn statuses(client: &Client, id: TaskId) -> anyhow::Result<Vec<Compone
 pub async fn leftovers(fleet: &Fleet, app: &DeployApp, clusters: &[&str]) -> anyhow::Result<Vec<String>> {
     let hub = fleet.hub().client().await?;
     let mut left = Vec::new();
-    let lp = ListParams::default().labels(&format!("{}={}", crate::render::APP_LABEL, app.name));
+    let lp = ListParams::default().labels(&format!("{}={}", ferry_deploy::render::APP_LABEL, app.name));
     for w in Api::<ManifestWork>::all(hub.clone()).list(&lp).await?.items {
         left.push(format!("ManifestWork {}/{}", w.metadata.namespace.unwrap_or_default(), w.metadata.name.unwrap_or_default()));
     }

@@ -1,0 +1,22 @@
+//! What a Ferry worker is written against, with no Kafka client in it: a [`TaskHandler`]
+//! (a spec check and a list of idempotent [`Step`]s with undo), the errors a step returns,
+//! task ids and kinds, and the wire records with their Avro framing. `ferry-runtime` runs
+//! handlers over Kafka; worker crates need only this crate and `ferry-kube`.
+//!
+//! # Layout
+//! - [`step`]: handler, steps, step context, errors and retry policies.
+//! - [`ids`], [`kind`]: task ids (deterministic from idempotency keys) and task kinds.
+//! - [`protocol`], [`wire`]: the records on the wire and their schema-id framing.
+//! - [`report`]: a finished task's events printed for a person, or summed up for a test.
+
+pub mod ids;
+pub mod kind;
+pub mod protocol;
+pub mod report;
+pub mod step;
+pub mod wire;
+
+pub use ids::TaskId;
+pub use kind::TaskKind;
+pub use protocol::{CommandAction, EventType, ProgressEvent, TaskSnapshot, TaskState};
+pub use step::{Rejection, Step, StepContext, StepError, StepPolicy, TaskHandler};

@@ -1,0 +1,18 @@
+//! Ferry's test kit: what the end-to-end tests, the fault campaign, the demos and
+//! `ferry dev` share, kept out of the worker crates (no worker depends on it, or on the
+//! test bed, except as a dev-dependency).
+//!
+//! # Layout
+//! One module per worker, each with its fixtures (submit a command and collect its events,
+//! register clusters, list leftovers) and its `ferry dev --demo` scenario (`run`):
+//! - [`cluster`]: `--demo create-cluster`.
+//! - [`deploy`]: `--demo deploy`.
+//! - [`offload`]: `--demo peer-offload`.
+//! - [`score`]: `--demo score`; [`benchmark_image`] plays the benchmark Job's image on the
+//!   test bed.
+
+pub mod benchmark_image;
+pub mod cluster;
+pub mod deploy;
+pub mod offload;
+pub mod score;

@@ -10,12 +10,15 @@
 //! - [`names`]: DNS-1123 names and label keys and values.
 //! - [`quantity`]: resource quantities parsed as Kubernetes parses them.
 //! - [`step_errors`]: Kubernetes errors as task-step errors, alike in every worker.
+//! - [`conditions`]: named wait conditions (a rollout as kubectl judges it; the object a
+//!   watch shows is the one just written).
 //! - [`vocab`]: the OCM and Liqo names more than one worker uses.
 //! - [`capacity`]: a cluster's Nodes and Pods as the scheduler counts them (scoring,
 //!   placement checks, bursts).
 
 pub mod capacity;
 pub mod clusters;
+pub mod conditions;
 pub mod kinds;
 pub mod names;
 pub mod quantity;

@@ -3,6 +3,7 @@
 //! ran out of time is `DEADLINE_EXCEEDED`.
 
 use ferry_task::StepError;
+use ferry_task::codes;
 
 use crate::{ClusterError, HUB, WaitError};
 
@@ -13,25 +14,25 @@ pub fn kube_err(code: &str, e: ClusterError) -> StepError {
 
 /// An error of the hub's API (`HUB_API`).
 pub fn hub_err(e: kube::Error) -> StepError {
-    kube_err("HUB_API", ClusterError::Kube { cluster: HUB.into(), source: e })
+    kube_err(codes::HUB_API, ClusterError::Kube { cluster: HUB.into(), source: e })
 }
 
 /// Errors of `cluster`'s API (`CLUSTER_API`), for `map_err`.
 pub fn api_err(cluster: &str) -> impl Fn(kube::Error) -> StepError + '_ {
-    move |source| kube_err("CLUSTER_API", ClusterError::Kube { cluster: cluster.to_owned(), source })
+    move |source| kube_err(codes::CLUSTER_API, ClusterError::Kube { cluster: cluster.to_owned(), source })
 }
 
-/// Reaching a cluster failed: rejected (`CLUSTER_UNKNOWN`) when Ferry knows no such
+/// Reaching a cluster failed: rejected (`UNKNOWN_CLUSTER`) when Ferry knows no such
 /// cluster, else as [`kube_err`] under `CLUSTER_API`.
 pub fn client_err(e: ClusterError) -> StepError {
     match e {
-        ClusterError::Unknown { .. } => StepError::rejected("CLUSTER_UNKNOWN", e.to_string()),
-        e => kube_err("CLUSTER_API", e),
+        ClusterError::Unknown { .. } => StepError::rejected(codes::UNKNOWN_CLUSTER, e.to_string()),
+        e => kube_err(codes::CLUSTER_API, e),
     }
 }
 
 /// A failed wait: `DEADLINE_EXCEEDED` at the deadline, else `code`; the message names
 /// `code` and the last state seen.
 pub fn wait_err(code: &str, e: WaitError) -> StepError {
-    StepError::permanent(if matches!(e, WaitError::Timeout { .. }) { "DEADLINE_EXCEEDED" } else { code }, format!("{code}: {e}"))
+    StepError::permanent(if matches!(e, WaitError::Timeout { .. }) { codes::DEADLINE_EXCEEDED } else { code }, format!("{code}: {e}"))
 }

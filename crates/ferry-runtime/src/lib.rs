@@ -15,7 +15,7 @@
 //!
 //! docs/ARCHITECTURE.md has the protocol and the reasoning behind it.
 
-pub use ferry_task::{ids, kind, protocol, report, step, wire};
+pub use ferry_task::{codes, ids, kind, output, protocol, report, step, wire};
 
 pub mod client;
 pub mod embedded;
@@ -40,7 +40,7 @@ pub mod worker;
 
 pub use client::{Client, ClientError, EventStream, SubmitOptions};
 pub use embedded::EmbeddedBroker;
-pub use ferry_task::{CommandAction, EventType, ProgressEvent, Rejection, Step, StepContext, StepError, StepPolicy, TaskHandler, TaskId, TaskKind};
+pub use ferry_task::{CheckStep, CommandAction, EventType, Output, ProgressEvent, Rejection, Step, StepContext, StepError, StepPolicy, TaskHandler, TaskId, TaskKind};
 pub use ferry_task::{TaskSnapshot, TaskState};
 pub use intake::IntakeError;
 pub use kafka::KafkaConfig;

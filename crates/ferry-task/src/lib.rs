@@ -7,10 +7,14 @@
 //! - [`step`]: handler, steps, step context, errors and retry policies.
 //! - [`ids`], [`kind`]: task ids (deterministic from idempotency keys) and task kinds.
 //! - [`protocol`], [`wire`]: the records on the wire and their schema-id framing.
+//! - [`output`]: typed step outputs ([`Output`]): a step's output read through one key.
+//! - [`codes`]: every error code, one meaning each.
 //! - [`report`]: a finished task's events printed for a person, or summed up for a test.
 
+pub mod codes;
 pub mod ids;
 pub mod kind;
+pub mod output;
 pub mod protocol;
 pub mod report;
 pub mod step;
@@ -18,5 +22,6 @@ pub mod wire;
 
 pub use ids::TaskId;
 pub use kind::TaskKind;
+pub use output::Output;
 pub use protocol::{CommandAction, EventType, ProgressEvent, TaskSnapshot, TaskState};
-pub use step::{Rejection, Step, StepContext, StepError, StepPolicy, TaskHandler};
+pub use step::{CheckStep, Rejection, Step, StepContext, StepError, StepPolicy, TaskHandler};

@@ -1,14 +1,36 @@
 //! What a worker writes: a [`TaskHandler`] validates a spec and plans its [`Step`]s; each
-//! step has an idempotent `run` and `undo`.
+//! step has an idempotent `run` and `undo`. A step that changes nothing (a check, a wait)
+//! implements [`CheckStep`] instead and gets an undo that does nothing.
 //!
-//! # Contract of a step (as kube-runtime's finalizer `Apply`/`Cleanup`)
+//! # Expected flow
+//! The runtime runs the plan's steps in order: `run` until it succeeds (transient errors
+//! retried with backoff within the step's [`StepPolicy`] and the task's deadline). When a
+//! step fails for good, or the task is reverted, the runtime calls `undo` of every
+//! started step in reverse order, the failed one included.
+//!
+//! # Guarantees (what the runtime promises a step)
+//! - The steps of one task never run at once, and the tasks of one subject never
+//!   overlap (docs/ARCHITECTURE.md, "Guarantees and their limits", says where the runtime
+//!   falls short of this and how far).
+//! - `undo` gets the step's journaled output when `run` finished, else `None`.
+//! - A step's output is journaled before the next step starts: later steps read it
+//!   through its typed key ([`crate::Output`]).
+//!
+//! # Assumptions (what a step must do; as kube-runtime's finalizer `Apply`/`Cleanup`)
 //! - `run` may run more than once (a crash between its effect and the journal write, a
 //!   rebalance, a retry): it must be idempotent, e.g. server-side apply.
 //! - `undo` may run after `run` never ran, ran halfway, or ran to the end: it must tolerate
-//!   all three, and be idempotent. It gets the step's journaled output when `run` finished.
+//!   all three, and be idempotent.
+//! - `plan` returns the same steps for the same spec: a resumed task continues by index.
+//!
+//! # Caveats
 //! - Waiting is a watch with a deadline inside `run`; the runtime drops the future on
 //!   cancel, revoke or timeout, so every await point must be a safe place to stop.
-//! - `plan` must return the same steps for the same spec: resumed tasks continue by index.
+//! - Only a step before any step with effects may return [`StepError::rejected`].
+//!
+//! # Errors
+//! A [`StepError`] carries a code from [`crate::codes`], a message with the context an
+//! operator needs, and whether it is transient (retried) or rejects the command.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -161,7 +183,7 @@ impl<'a, S> StepContext<'a, S> {
 
     /// The output of an earlier step the plan guarantees ran; an internal error if absent.
     pub fn required<T: DeserializeOwned>(&self, step: &str) -> Result<T, StepError> {
-        self.output_of(step).ok_or_else(|| StepError::permanent("INTERNAL", format!("the {step} step left no output")))
+        self.output_of(step).ok_or_else(|| StepError::permanent(crate::codes::INTERNAL, format!("the {step} step left no output")))
     }
 }
 
@@ -180,6 +202,39 @@ pub trait Step<S>: Send + Sync {
 
     /// Undoes the work; `output` is `None` when `run` did not finish.
     fn undo<'a>(&'a self, cx: &'a StepContext<'a, S>, output: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>>;
+}
+
+/// A step that changes nothing (a check of the live state, a wait for a condition): its
+/// undo has nothing to put back. Implementing it gives the [`Step`] with a no-op undo.
+pub trait CheckStep<S>: Send + Sync {
+    /// Stable name, shown in progress and used as the output key.
+    fn name(&self) -> &str;
+
+    /// Timeout and retries.
+    fn policy(&self) -> StepPolicy {
+        StepPolicy::default()
+    }
+
+    /// Checks or waits; returns what later steps need.
+    fn run<'a>(&'a self, cx: &'a StepContext<'a, S>) -> BoxFuture<'a, Result<Value, StepError>>;
+}
+
+impl<S, C: CheckStep<S>> Step<S> for C {
+    fn name(&self) -> &str {
+        CheckStep::name(self)
+    }
+
+    fn policy(&self) -> StepPolicy {
+        CheckStep::policy(self)
+    }
+
+    fn run<'a>(&'a self, cx: &'a StepContext<'a, S>) -> BoxFuture<'a, Result<Value, StepError>> {
+        CheckStep::run(self, cx)
+    }
+
+    fn undo<'a>(&'a self, _: &'a StepContext<'a, S>, _: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>> {
+        Box::pin(async { Ok(()) })
+    }
 }
 
 /// A worker's logic for one task kind.

@@ -1,0 +1,134 @@
+//! Every error code a Ferry task can end with, in one place: the `code` of a
+//! [`StepError`](crate::StepError) and of a task's error. Codes are stable and greppable
+//! (alerts and scripts match on them); one meaning has one code. Use these constants,
+//! never a string literal.
+
+// Runtime: set by the runtime itself, whatever the kind.
+/// The command's spec failed `validate`, or a step refused it against the live state.
+pub const REJECTED: &str = "REJECTED";
+/// The spec stored for a resumed task no longer decodes.
+pub const SPEC_UNDECODABLE: &str = "SPEC_UNDECODABLE";
+/// The task's deadline passed, or a wait ran out of time.
+pub const DEADLINE_EXCEEDED: &str = "DEADLINE_EXCEEDED";
+/// One attempt of a step ran past its timeout (retried).
+pub const STEP_TIMEOUT: &str = "STEP_TIMEOUT";
+/// A bug in Ferry: a step's input that the plan guarantees is missing or malformed.
+pub const INTERNAL: &str = "INTERNAL";
+/// The `test` kind's injected failures.
+pub const INJECTED_FAILURE: &str = "INJECTED_FAILURE";
+/// The `test` kind's injected transient failure.
+pub const INJECTED_TRANSIENT: &str = "INJECTED_TRANSIENT";
+/// The `test` kind's injected undo failure.
+pub const INJECTED_UNDO_FAILURE: &str = "INJECTED_UNDO_FAILURE";
+
+// Reaching clusters (ferry-kube's step errors).
+/// Ferry knows no cluster of that name (no kubeconfig Secret, no ManagedCluster).
+pub const UNKNOWN_CLUSTER: &str = "UNKNOWN_CLUSTER";
+/// The hub's API failed.
+pub const HUB_API: &str = "HUB_API";
+/// A managed cluster's API failed.
+pub const CLUSTER_API: &str = "CLUSTER_API";
+/// A managed cluster's kubeconfig Secret is unusable.
+pub const KUBECONFIG: &str = "KUBECONFIG";
+/// Writing a workload's objects failed.
+pub const WORKLOAD_API: &str = "WORKLOAD_API";
+/// Server-side apply of rendered objects failed.
+pub const APPLY_FAILED: &str = "APPLY_FAILED";
+/// Something a task made was not removed within its deadline.
+pub const REMOVAL: &str = "REMOVAL";
+
+// Score.
+/// A spec value the step cannot use (e.g. a benchmark without an image).
+pub const BAD_SPEC: &str = "BAD_SPEC";
+/// Nothing to score: the list or the cluster set is empty.
+pub const NO_CLUSTERS: &str = "NO_CLUSTERS";
+/// The latency-aware policy found no latency matrix.
+pub const NO_LATENCY_MATRIX: &str = "NO_LATENCY_MATRIX";
+/// The latency matrix does not parse.
+pub const BAD_LATENCY_MATRIX: &str = "BAD_LATENCY_MATRIX";
+/// The benchmark's result namespace cannot be made.
+pub const RESULT_NAMESPACE: &str = "RESULT_NAMESPACE";
+/// The benchmark's ManifestWorks were not cleaned up.
+pub const CLEANUP: &str = "CLEANUP";
+/// A score record does not encode.
+pub const ENCODE: &str = "ENCODE";
+/// Publishing to a Kafka topic failed.
+pub const KAFKA: &str = "KAFKA";
+
+// Deploy.
+/// The app's record on the hub does not parse.
+pub const BAD_APP_RECORD: &str = "BAD_APP_RECORD";
+/// A referenced Secret or key does not exist on the hub.
+pub const SECRET_MISSING: &str = "SECRET_MISSING";
+/// A deploy of an app that exists.
+pub const ALREADY_DEPLOYED: &str = "ALREADY_DEPLOYED";
+/// An update or delete of an app that does not exist.
+pub const NOT_DEPLOYED: &str = "NOT_DEPLOYED";
+/// An update changes the delivery (ManifestWork ↔ direct).
+pub const DELIVERY_CHANGED: &str = "DELIVERY_CHANGED";
+/// No placement of enough clusters satisfies the request.
+pub const PLACEMENT_UNSATISFIED: &str = "PLACEMENT_UNSATISFIED";
+/// Objects did not become ready (rollout, ManifestWork applied).
+pub const NOT_READY: &str = "NOT_READY";
+/// The previous app was not restored within the undo's deadline.
+pub const NOT_RESTORED: &str = "NOT_RESTORED";
+/// The app was not removed within the undo's deadline.
+pub const NOT_REMOVED: &str = "NOT_REMOVED";
+
+// Create-cluster.
+/// A Cluster of that name exists and Ferry did not make it.
+pub const NAME_TAKEN: &str = "NAME_TAKEN";
+/// The ManagedClusterSet to register into does not exist.
+pub const CLUSTER_SET_MISSING: &str = "CLUSTER_SET_MISSING";
+/// The ClusterClass a topology names does not exist.
+pub const CLUSTER_CLASS_MISSING: &str = "CLUSTER_CLASS_MISSING";
+/// A scale or delete of a Cluster that does not exist.
+pub const CLUSTER_NOT_FOUND: &str = "CLUSTER_NOT_FOUND";
+/// A scale of a Cluster being deleted.
+pub const CLUSTER_DELETING: &str = "CLUSTER_DELETING";
+/// A cluster's control plane or nodes did not become ready.
+pub const CLUSTER_NOT_READY: &str = "CLUSTER_NOT_READY";
+/// Cluster API reported the cluster failed.
+pub const FAILED: &str = "FAILED";
+/// An add-on's manifests could not be fetched or read.
+pub const ADDON_SOURCE: &str = "ADDON_SOURCE";
+/// An add-on did not become ready.
+pub const ADDON_FAILED: &str = "ADDON_FAILED";
+
+// Peer.
+/// Liqo is not installed on a cluster.
+pub const LIQO_MISSING: &str = "LIQO_MISSING";
+/// Liqo is installed but not running.
+pub const LIQO_NOT_READY: &str = "LIQO_NOT_READY";
+/// A peer cluster is not ready (no Ready node).
+pub const PEER_NOT_READY: &str = "PEER_NOT_READY";
+/// The Liqo gateways never connected.
+pub const GATEWAY_NOT_CONNECTED: &str = "GATEWAY_NOT_CONNECTED";
+/// Liqo authentication did not complete.
+pub const AUTHENTICATION: &str = "AUTHENTICATION";
+/// The peering's resources (slice, virtual node) did not appear.
+pub const RESOURCES: &str = "RESOURCES";
+/// The virtual node did not become ready.
+pub const VIRTUAL_NODE: &str = "VIRTUAL_NODE";
+/// The peering was not established.
+pub const NOT_ESTABLISHED: &str = "NOT_ESTABLISHED";
+/// The Submariner add-on is not installed on the hub or a cluster.
+pub const SUBMARINER_MISSING: &str = "SUBMARINER_MISSING";
+/// The Submariner add-on did not become available.
+pub const SUBMARINER_NOT_AVAILABLE: &str = "SUBMARINER_NOT_AVAILABLE";
+
+// Offload.
+/// A target cluster is not peered with the offloading one.
+pub const NOT_PEERED: &str = "NOT_PEERED";
+/// The namespace to offload does not exist.
+pub const NAMESPACE_MISSING: &str = "NAMESPACE_MISSING";
+/// The Deployment to burst does not exist.
+pub const DEPLOYMENT_MISSING: &str = "DEPLOYMENT_MISSING";
+/// The burst's overflow fits nowhere.
+pub const NO_ROOM: &str = "NO_ROOM";
+/// The NamespaceOffloading failed.
+pub const OFFLOADING_FAILED: &str = "OFFLOADING_FAILED";
+/// The twin namespace did not appear on a target.
+pub const TWIN_MISSING: &str = "TWIN_MISSING";
+/// Overflow pods were not scheduled onto virtual nodes.
+pub const SCHEDULING: &str = "SCHEDULING";

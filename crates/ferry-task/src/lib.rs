@@ -17,6 +17,7 @@ pub mod kind;
 pub mod output;
 pub mod protocol;
 pub mod report;
+mod schema_test;
 pub mod step;
 pub mod wire;
 
@@ -25,3 +26,7 @@ pub use kind::TaskKind;
 pub use output::Output;
 pub use protocol::{CommandAction, EventType, ProgressEvent, TaskSnapshot, TaskState};
 pub use step::{CheckStep, Rejection, Step, StepContext, StepError, StepPolicy, TaskHandler};
+
+// For `committed_schemas!` in other crates' tests.
+#[doc(hidden)]
+pub use apache_avro as __avro;

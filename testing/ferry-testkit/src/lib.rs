@@ -3,6 +3,8 @@
 //! test bed, except as a dev-dependency).
 //!
 //! # Layout
+//! - [`bed`]: the test bed assembled one way ([`Bed::builder`]): members, emulated
+//!   controllers, the embedded broker, workers.
 //! One module per worker, each with its fixtures (submit a command and collect its events,
 //! register clusters, list leftovers) and its `ferry dev --demo` scenario (`run`):
 //! - [`cluster`]: `--demo create-cluster`.
@@ -11,8 +13,11 @@
 //! - [`score`]: `--demo score`; [`benchmark_image`] plays the benchmark Job's image on the
 //!   test bed.
 
+pub mod bed;
 pub mod benchmark_image;
 pub mod cluster;
 pub mod deploy;
 pub mod offload;
 pub mod score;
+
+pub use bed::{Bed, BedBuilder};

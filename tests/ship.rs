@@ -146,10 +146,10 @@ async fn strimzi_resources_and_chart_pass_the_api_server() {
         }
         assert!(checked >= 3 + 6 + 6, "every Strimzi resource was checked ({checked})");
     } else {
-        println!("note: ../shared/crds/strimzi is absent; Strimzi resources not validated against the CRDs");
+        ferry_runtime::report::missing_prerequisite("../shared/crds/strimzi (the upstream Strimzi CRDs) is absent: Strimzi resources not validated");
     }
     let Some(helm) = helm() else {
-        println!("note: helm is not installed (scripts/install-helm.sh); chart not validated");
+        ferry_runtime::report::missing_prerequisite("helm is not installed (scripts/install-helm.sh): chart not validated");
         return;
     };
     // The test bed has no prometheus-operator CRDs; the ServiceMonitor is checked above.
@@ -219,4 +219,61 @@ fn dockerfile_passes_the_linter() {
     }
     let out = Command::new(&lint).arg(root().join("Dockerfile")).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+}
+
+/// The chart's RBAC is what OCM's hub admission asks of the flows: the create-cluster
+/// worker's identity may create an accepted ManagedCluster in a set (accept and join), and
+/// the peer worker's may move a cluster into a set (join), with the test bed's OCM
+/// webhooks deciding as upstream's do (testing/ferry-fleet/tests/admission.rs shows them
+/// refusing the chart's earlier rules).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chart_rbac_passes_ocm_admission() {
+    if !ferry_fleet::binaries::Binaries::installed() {
+        ferry_runtime::report::missing_prerequisite("the test bed is not installed (scripts/install-testbed.sh)");
+        return;
+    }
+    let Some(helm) = helm() else {
+        ferry_runtime::report::missing_prerequisite("helm is not installed (scripts/install-helm.sh)");
+        return;
+    };
+    let Some(shared) = ferry_fleet::crds::shared_dir() else {
+        ferry_runtime::report::missing_prerequisite("../shared/crds (the upstream CRDs) is missing");
+        return;
+    };
+    use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+    let fleet = Fleet::start(FleetOptions { controllers: false, ..FleetOptions::hub_and(0) }).await.unwrap();
+    let admin = fleet.hub().client().await.unwrap();
+    ferry_fleet::crds::install_dir(&admin, &shared.join("open-cluster-management")).await.unwrap();
+    let server = ferry_fleet::admission::AdmissionServer::start(ferry_fleet::webhooks_ocm::validators(admin.clone())).await.unwrap();
+    for r in [ferry_fleet::webhooks_ocm::MANAGED_CLUSTER, ferry_fleet::webhooks_ocm::CLUSTER_SET_BINDING] {
+        server.register(&admin, &r).await.unwrap();
+    }
+    let clusters = Clusters::new(admin.clone());
+    for d in render_chart(&helm, &[]).into_iter().filter(|d| d["kind"] == "ClusterRole" || d["kind"] == "ClusterRoleBinding") {
+        clusters.apply(HUB, &d, "ferry-test").await.unwrap_or_else(|e| panic!("{} {}: {e}", d["kind"], d["metadata"]["name"]));
+    }
+    let sa = |kind: &str| format!("system:serviceaccount:ferry:ferry-{kind}");
+    let groups = ["system:serviceaccounts", "system:serviceaccounts:ferry", "system:authenticated"];
+    let ar = kube::core::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk("cluster.open-cluster-management.io", "v1", "ManagedCluster"));
+    let as_create = Api::<DynamicObject>::all_with(fleet.hub().client_as(&sa("create-cluster"), &groups).await.unwrap(), &ar);
+    let as_peer = Api::<DynamicObject>::all_with(fleet.hub().client_as(&sa("peer"), &groups).await.unwrap(), &ar);
+    // As the create-cluster worker registers a cluster: accepted, in its set.
+    let mc: DynamicObject = serde_json::from_value(serde_json::json!({"apiVersion": "cluster.open-cluster-management.io/v1", "kind": "ManagedCluster",
+        "metadata": {"name": "edge-1", "labels": {ferry_kube::vocab::ocm::CLUSTERSET_LABEL: "edge"}}, "spec": {"hubAcceptsClient": true}}))
+    .unwrap();
+    // RBAC may take a moment to see the bindings just written; admission's answer is final.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        match as_create.create(&PostParams::default(), &mc).await {
+            Ok(_) => break,
+            Err(kube::Error::Api(e)) if e.message.contains("admission webhook") || std::time::Instant::now() >= deadline => {
+                panic!("the create-cluster worker's chart RBAC cannot register a cluster: {}", e.message)
+            }
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
+        }
+    }
+    // As the peer worker moves a cluster into a Submariner set.
+    let patch = Patch::Merge(serde_json::json!({"metadata": {"labels": {ferry_kube::vocab::ocm::CLUSTERSET_LABEL: "tunnels"}}}));
+    as_peer.patch("edge-1", &PatchParams::default(), &patch).await.unwrap_or_else(|e| panic!("the peer worker's chart RBAC cannot move a cluster into a set: {e}"));
+    drop(server);
 }

@@ -112,13 +112,25 @@ through their kubeconfig Secrets (Cluster API's <cluster>-kubeconfig), never clu
 - apiGroups: [cluster.open-cluster-management.io]
   resources: [managedclustersets]
   verbs: [get, list, watch]
+# OCM's ManagedCluster webhook authorizes accepting a cluster and putting it into a set
+# separately (ocm pkg/registration/webhook/v1/managedcluster_validating.go).
+- apiGroups: [register.open-cluster-management.io]
+  resources: [managedclusters/accept]
+  verbs: [update]
+- apiGroups: [cluster.open-cluster-management.io]
+  resources: [managedclustersets/join]
+  verbs: [create]
 {{- else if eq . "peer" }}
 - {{ toYaml $readKubeconfigs | nindent 2 | trim }}
 - {{ toYaml $watchClusters | nindent 2 | trim }}
-# Submariner: the cluster-set label of the pair (restored on revert).
+# Submariner: the cluster-set label of the pair (restored on revert); OCM's webhook
+# wants `join` on the old and the new set for that.
 - apiGroups: [cluster.open-cluster-management.io]
   resources: [managedclusters]
   verbs: [patch]
+- apiGroups: [cluster.open-cluster-management.io]
+  resources: [managedclustersets/join]
+  verbs: [create]
 - apiGroups: [cluster.open-cluster-management.io]
   resources: [managedclustersets]
   verbs: [get, list, watch, create, patch, delete]

@@ -114,6 +114,22 @@ impl Cluster {
     pub async fn client(&self) -> Result<Client, FleetError> {
         client_for(&self.name, &self.kubeconfig).await
     }
+
+    /// A client that acts as `user` in `groups` (the admin impersonating them), so RBAC
+    /// and admission webhooks see that identity, as they would a worker's service account.
+    pub async fn client_as(&self, user: &str, groups: &[&str]) -> Result<Client, FleetError> {
+        use kube::config::{KubeConfigOptions, Kubeconfig};
+        let err = |e: Box<dyn std::error::Error + Send + Sync>| FleetError::Client { cluster: self.name.clone(), source: e };
+        let mut kc = Kubeconfig::read_from(&self.kubeconfig).map_err(|e| err(Box::new(e)))?;
+        for named in &mut kc.auth_infos {
+            if let Some(a) = named.auth_info.as_mut() {
+                a.impersonate = Some(user.to_owned());
+                a.impersonate_groups = Some(groups.iter().map(|g| (*g).to_owned()).collect());
+            }
+        }
+        let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await.map_err(|e| err(Box::new(e)))?;
+        Client::try_from(config).map_err(|e| err(Box::new(e)))
+    }
 }
 
 /// A `kube` client from a kubeconfig file.

@@ -13,8 +13,11 @@
 //! - [`emulated_liqo`]: Liqo peering and the Submariner add-on played for tests.
 //! - [`emulated_offloading`]: Liqo namespace offloading and its virtual kubelet, played for tests.
 //! - [`emulated_ocm`]: OCM registration, work agents and placement, played for tests.
+//! - [`admission`]: admission webhooks served over TLS and registered on the API servers,
+//!   as upstream installs them; [`webhooks_ocm`]: OCM's hub webhooks (accept, join, bind).
 //! - [`inventory`]: every object on a cluster, to compare before and after.
 
+pub mod admission;
 pub mod binaries;
 pub mod crds;
 pub mod describe;
@@ -30,6 +33,7 @@ pub mod kinds;
 pub mod kubelet;
 pub mod measure;
 pub mod process;
+pub mod webhooks_ocm;
 
 pub use fleet::{Cluster, ClusterSpawner, Fleet, FleetError, FleetOptions};
 pub use fault_proxy::{FaultHandle, FaultProxy};

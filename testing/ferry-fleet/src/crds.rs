@@ -145,6 +145,29 @@ pub fn shared_dir() -> Option<PathBuf> {
     p.is_dir().then_some(p)
 }
 
+/// The upstream CRDs (from [`shared_dir`]) of every kind the project's subset names
+/// ([`crate::kinds::KINDS`]): the same kinds, with upstream's schemas. The file of a kind
+/// is `<plural>.<group>.yaml` in one of the shared folders.
+pub fn upstream_subset(shared: &Path) -> Result<Vec<Value>, CrdError> {
+    let read = |p: &Path| std::fs::read_to_string(p).map_err(|source| CrdError::Read { path: p.display().to_string(), source });
+    let dirs: Vec<PathBuf> = std::fs::read_dir(shared)
+        .map_err(|source| CrdError::Read { path: shared.display().to_string(), source })?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    let mut out = Vec::new();
+    for (group, _, kind, plural, _, _) in crate::kinds::KINDS {
+        let file = format!("{plural}.{group}.yaml");
+        let path = dirs.iter().map(|d| d.join(&file)).find(|p| p.is_file()).ok_or_else(|| CrdError::Parse {
+            path: format!("{}/*/{file}", shared.display()),
+            reason: format!("no upstream CRD of {kind} ({plural}.{group}) among the shared CRDs"),
+        })?;
+        out.extend(parse_all(&read(&path)?, &path.display().to_string())?);
+    }
+    Ok(out)
+}
+
 /// For schema tests: a hub without controllers holding the upstream CRDs of `dirs` (under
 /// [`shared_dir`]) and their names; None, with a printed note, when the CRDs or the test
 /// bed are missing.

@@ -137,6 +137,16 @@ pub async fn client_for(cluster: &str, kubeconfig: &Path) -> Result<Client, Flee
     ferry_kube::clusters::client_from_file(kubeconfig).await.map_err(|source| FleetError::Client { cluster: cluster.to_owned(), source })
 }
 
+/// Where a fleet's CRDs came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrdSource {
+    /// Upstream's CRDs from `../shared/crds`: their schemas validate every write.
+    Upstream,
+    /// The project's open-schema subset: `../shared/crds` was absent, so nothing written
+    /// to these kinds is validated.
+    ProjectSubset,
+}
+
 /// A running fleet; everything stops when it is dropped.
 #[derive(Debug)]
 pub struct Fleet {
@@ -220,6 +230,24 @@ impl Fleet {
     /// The hub (first cluster).
     pub fn hub(&self) -> &Cluster {
         &self.clusters[0]
+    }
+
+    /// Installs the CRDs of every kind Ferry's workers and the emulators touch on every
+    /// cluster: upstream's (`../shared/crds`, adapted for v1.20 by [`crate::crds`]) when
+    /// they are beside the project, so the API servers validate what is written as a real
+    /// install would; else the project's open-schema subset, and the returned
+    /// [`CrdSource`] says so.
+    pub async fn install_crds(&self) -> Result<CrdSource, FleetError> {
+        let Some(shared) = crate::crds::shared_dir() else {
+            self.install_project_crds().await?;
+            return Ok(CrdSource::ProjectSubset);
+        };
+        let crds = crate::crds::upstream_subset(&shared).map_err(|e| FleetError::Client { cluster: "all".into(), source: Box::new(e) })?;
+        for c in &self.clusters {
+            let client = c.client().await?;
+            crate::crds::install(&client, crds.clone()).await.map_err(|e| FleetError::Client { cluster: c.name.clone(), source: Box::new(e) })?;
+        }
+        Ok(CrdSource::Upstream)
     }
 
     /// Installs the project's CRD subset ([`crate::kinds`]) on every cluster.

@@ -35,6 +35,6 @@ pub mod measure;
 pub mod process;
 pub mod webhooks_ocm;
 
-pub use fleet::{Cluster, ClusterSpawner, Fleet, FleetError, FleetOptions};
+pub use fleet::{Cluster, ClusterSpawner, CrdSource, Fleet, FleetError, FleetOptions};
 pub use fault_proxy::{FaultHandle, FaultProxy};
 pub use kubelet::{Kubelet, NodeFlavor};

@@ -285,6 +285,27 @@ mod tests {
     use serde_json::json;
 
     #[test]
+    fn string_fields_become_nullable_where_a_structural_schema_allows_it() {
+        let mut schema = json!({"type": "object", "properties": {
+            "group": {"type": "string"},
+            "tags": {"type": "array", "x-kubernetes-list-type": "set", "items": {"type": "string"}},
+            "conditions": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"],
+                "items": {"type": "object", "properties": {"type": {"type": "string"}, "message": {"type": "string"}}}},
+            "maxFailures": {"anyOf": [{"type": "integer"}, {"type": "string"}], "x-kubernetes-int-or-string": true},
+            "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+        }});
+        nullable_strings(&mut schema);
+        let p = &schema["properties"];
+        assert_eq!(p["group"]["nullable"], true);
+        assert_eq!(p["labels"]["additionalProperties"]["nullable"], true);
+        assert_eq!(p["conditions"]["items"]["properties"]["message"]["nullable"], true);
+        // Forbidden by a structural schema: list-map keys, typed lists' items, value validations.
+        assert!(p["conditions"]["items"]["properties"]["type"].get("nullable").is_none());
+        assert!(p["tags"]["items"].get("nullable").is_none());
+        assert!(p["maxFailures"]["anyOf"][1].get("nullable").is_none());
+    }
+
+    #[test]
     fn strips_cel_and_keeps_only_the_storage_version() {
         let doc = json!({
             "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",

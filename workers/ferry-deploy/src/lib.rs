@@ -1,17 +1,28 @@
 //! Ferry's deploy worker: multi-component applications onto named or placed clusters
 //! through OCM ManifestWorks (or directly through kubeconfigs), tracked to readiness from
-//! status feedback, and revertible: every step's undo converges back to the previous app.
+//! status feedback, and revertible: a revert converges the fleet back to the previous app.
 //!
 //! - [`spec`]: the command (`DeployApp`: deploy, update, delete).
 //! - [`validate`]: rules that need no cluster.
 //! - [`render`]: app → objects, ManifestWorks, Placements; feedback → readiness (pure).
-//! - [`handler`]: the steps check, place, apply, wait.
+//! - [`handler`]: the configuration and the plan: check, place, apply, wait.
+//! - [`steps`]: one module per step; [`outputs`]: the keys of their outputs.
 //! - [`tosca`]: a TOSCA blueprint → `DeployApp`.
 
 pub mod handler;
 pub mod render;
 pub mod spec;
+pub mod steps;
 pub mod tosca;
 pub mod validate;
 
 pub use handler::{DeployConfig, DeployHandler};
+
+/// The keys of the steps' outputs, for views that read a deploy task's journal (e.g.
+/// `outputs::WAIT.from_snapshot(&snapshot)`: each component's cluster and readiness).
+pub mod outputs {
+    pub use crate::steps::apply::APPLY;
+    pub use crate::steps::check::CHECK;
+    pub use crate::steps::place::PLACE;
+    pub use crate::steps::wait::WAIT;
+}

@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use ferry_kube::conditions::{DeploymentCounts, Rollout};
 use ferry_kube::kinds::ManifestWork;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -263,33 +264,20 @@ pub fn feedback(work: &ManifestWork, kind: &str, namespace: &str, name: &str) ->
     ferry_kube::kinds::feedback_values(work, |meta| meta["kind"] == kind && meta["name"] == name && meta["namespace"] == namespace).into_iter().collect()
 }
 
-/// A component's readiness on one cluster, from its Deployment's feedback: ready when the
-/// rollout is complete (as `kubectl rollout status` judges it).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Readiness {
-    /// Replicas ready.
-    pub ready: i64,
-    /// Replicas wanted.
-    pub wanted: i64,
-    /// The rollout is complete.
-    pub done: bool,
-}
-
-/// Reads a component's readiness from feedback values.
-pub fn readiness(values: &BTreeMap<String, String>, wanted: i32) -> Readiness {
+/// A component's rollout on one cluster from its Deployment's feedback values (the
+/// WellKnownStatus counters and the JSONPaths [`manifest_work`] asks for), judged as
+/// `kubectl rollout status` judges it; a value not reported yet counts as not there yet.
+pub fn readiness(values: &BTreeMap<String, String>, wanted: i32) -> Rollout {
     let n = |k: &str| values.get(k).and_then(|v| v.parse::<i64>().ok());
-    let wanted = i64::from(wanted);
-    let ready = n("ReadyReplicas").unwrap_or(0);
-    let generation_seen = match (n("observedGeneration"), n("generation")) {
-        (Some(o), Some(g)) => o >= g,
-        _ => false,
+    let counts = DeploymentCounts {
+        generation: n("generation"),
+        observed_generation: n("observedGeneration"),
+        replicas: n("Replicas"),
+        updated: n("updatedReplicas"),
+        ready: n("ReadyReplicas"),
+        available: n("AvailableReplicas"),
     };
-    let done = generation_seen
-        && n("Replicas") == Some(wanted)
-        && n("updatedReplicas") == Some(wanted)
-        && ready == wanted
-        && n("AvailableReplicas") == Some(wanted);
-    Readiness { ready, wanted, done }
+    counts.rollout(i64::from(wanted))
 }
 
 #[cfg(test)]

@@ -9,8 +9,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use ferry_kube::kinds::ManifestWork;
+use ferry_kube::step_errors::kube_err;
 use ferry_kube::{Check, HUB};
-use ferry_task::{StepContext, StepError};
+use ferry_task::{StepContext, StepError, codes};
 use futures::future::join_all;
 use serde_json::{Value, json};
 
@@ -87,14 +88,12 @@ pub fn outcome(work: Option<&ManifestWork>) -> Check<Result<f64, String>> {
 /// Runs the benchmark on every cluster; each result or the reason it has none. The
 /// ManifestWorks are gone when this returns Ok.
 pub(crate) async fn run(inner: &Inner, cx: &StepContext<'_, ScoreClusters>, clusters: &[String]) -> Result<BTreeMap<String, Result<f64, String>>, StepError> {
-    let Some(b) = &cx.spec.benchmark else { return Err(StepError::permanent("BAD_SPEC", "no benchmark")) };
+    let Some(b) = &cx.spec.benchmark else { return Err(StepError::permanent(codes::BAD_SPEC, "no benchmark")) };
     let name = work_name(cx);
     let ns = &inner.cfg.benchmark_namespace;
     for c in clusters {
         let work = manifest_work(c, &name, ns, &b.image, b.deadline_seconds, &cx.task_id.to_string());
-        inner.cfg.clusters.apply(HUB, &work, MANAGER).await.map_err(|e| {
-            if e.is_transient() { StepError::transient("HUB_API", e.to_string()) } else { StepError::permanent("HUB_API", e.to_string()) }
-        })?;
+        inner.cfg.clusters.apply(HUB, &work, MANAGER).await.map_err(|e| kube_err(codes::HUB_API, e))?;
     }
     cx.progress(10, format!("benchmark ManifestWork {name} applied to {} cluster(s)", clusters.len()));
     let deadline = Duration::from_secs(b.deadline_seconds as u64);
@@ -120,7 +119,7 @@ pub(crate) async fn clean_up(inner: &Inner, cx: &StepContext<'_, ScoreClusters>,
     let hub = inner.cfg.clusters.hub().clone();
     for c in clusters {
         let work = json!({"apiVersion": "work.open-cluster-management.io/v1", "kind": "ManifestWork", "metadata": {"name": name, "namespace": c}});
-        inner.cfg.clusters.delete(HUB, &work).await.map_err(|e| StepError::transient("HUB_API", e.to_string()))?;
+        inner.cfg.clusters.delete(HUB, &work).await.map_err(|e| StepError::transient(codes::HUB_API, e.to_string()))?;
     }
     for c in clusters {
         inner
@@ -128,7 +127,7 @@ pub(crate) async fn clean_up(inner: &Inner, cx: &StepContext<'_, ScoreClusters>,
             .watches
             .wait_deleted::<ManifestWork>(HUB, &hub, Some(c), &name, Duration::from_secs(120))
             .await
-            .map_err(|e| StepError::transient("CLEANUP", e.to_string()))?;
+            .map_err(|e| StepError::transient(codes::CLEANUP, e.to_string()))?;
     }
     Ok(())
 }

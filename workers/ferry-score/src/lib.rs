@@ -7,7 +7,8 @@
 //! - [`policy`]: the policies, pure functions with table tests, over loads measured by
 //!   `ferry_kube::capacity` (what the scheduler counts).
 //! - [`validate`]: the command's rules.
-//! - [`handler`]: the task's steps: resolve-clusters, measure, score, publish.
+//! - [`handler`]: the configuration and the plan: resolve-clusters, measure, score, publish.
+//! - [`steps`]: one module per step; [`outputs`]: the keys of their outputs.
 //! - [`benchmark`]: the benchmark Job through a ManifestWork with feedback rules.
 //! - [`scores`]: the latest score of every cluster from the scores topic.
 //! - [`onboarding`]: submits a scoring when a ManagedCluster joins or becomes available.
@@ -18,6 +19,16 @@ pub mod onboarding;
 pub mod policy;
 pub mod scores;
 pub mod spec;
+pub mod steps;
 pub mod validate;
 
 pub use handler::{ScoreConfig, ScoreHandler};
+
+/// The keys of the steps' outputs, for views that read a score task's journal (e.g.
+/// `outputs::SCORE.from_snapshot(&snapshot)`: the ranking).
+pub mod outputs {
+    pub use crate::steps::measure::MEASURE;
+    pub use crate::steps::publish::PUBLISH;
+    pub use crate::steps::resolve::RESOLVE;
+    pub use crate::steps::score::SCORE;
+}

@@ -1,0 +1,84 @@
+//! `apply`: the app onto its clusters (a ManifestWork per cluster, or with `delivery:
+//! direct` the objects through each cluster's kubeconfig), removed from the clusters it
+//! leaves, and the app record on the hub; a delete also removes the Placements. Its undo
+//! converges back to the previous app (re-reading Secrets from the hub) and waits until
+//! the clusters run it: what this task added is gone, the restored ManifestWorks applied.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_task::{Output, Step, StepContext, StepError, StepPolicy};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::check::CHECK;
+use super::desired;
+use crate::handler::Inner;
+use crate::spec::{Delivery, DeployApp, DeployOperation};
+
+/// The `apply` step's output.
+pub const APPLY: Output<Applied> = Output::new("apply");
+
+/// Output of `apply`: the clusters the app was applied to and removed from.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Applied {
+    /// Clusters that hold the app now.
+    pub applied: Vec<String>,
+    /// Clusters it was removed from.
+    pub removed: Vec<String>,
+}
+
+/// The `apply` step.
+pub struct Apply {
+    inner: Arc<Inner>,
+}
+
+impl Apply {
+    pub(crate) fn new(inner: Arc<Inner>) -> Self {
+        Self { inner }
+    }
+}
+
+impl Step<DeployApp> for Apply {
+    fn name(&self) -> &str {
+        APPLY.step()
+    }
+
+    fn policy(&self) -> StepPolicy {
+        StepPolicy { timeout: Duration::from_secs(120), ..StepPolicy::default() }
+    }
+
+    fn run<'a>(&'a self, cx: &'a StepContext<'a, DeployApp>) -> BoxFuture<'a, Result<Value, StepError>> {
+        async move {
+            let previous = CHECK.required(cx)?.previous;
+            let to = desired(cx)?;
+            if cx.spec.operation == DeployOperation::Delete {
+                // The placements go with the app; their undo is this step's.
+                self.inner.converge_placements(cx.spec, None, &cx.task_id.to_string()).await?;
+            }
+            self.inner.converge(previous.as_ref(), to.as_ref(), cx.spec, &cx.task_id.to_string()).await?;
+            let applied: Vec<String> = to.as_ref().map(|t| t.clusters().into_iter().collect()).unwrap_or_default();
+            let removed: Vec<String> = previous.as_ref().map(|p| p.clusters().into_iter().filter(|c| !applied.contains(c)).collect()).unwrap_or_default();
+            let how = if cx.spec.delivery == Delivery::ManifestWork { "ManifestWork" } else { "direct apply" };
+            cx.progress(100, format!("{how}: applied to {applied:?}, removing from {removed:?}"));
+            APPLY.value(&Applied { applied, removed })
+        }
+        .boxed()
+    }
+
+    fn undo<'a>(&'a self, cx: &'a StepContext<'a, DeployApp>, _output: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>> {
+        async move {
+            let previous = CHECK.required(cx)?.previous;
+            let to = desired(cx)?;
+            if cx.spec.operation == DeployOperation::Delete {
+                self.inner.converge_placements(cx.spec, previous.as_ref().map(|p| &p.spec), &cx.task_id.to_string()).await?;
+            }
+            self.inner.converge(to.as_ref(), previous.as_ref(), cx.spec, &cx.task_id.to_string()).await?;
+            self.inner.wait_removed(to.as_ref(), previous.as_ref()).await?;
+            self.inner.wait_restored(previous.as_ref()).await
+        }
+        .boxed()
+    }
+}

@@ -1,0 +1,163 @@
+//! `place`: a Placement on the hub per placed component, then its PlacementDecision (the
+//! clusters OCM chose; a component with a named cluster keeps it); its undo puts back the
+//! previous app's Placements (none after a deploy). A delete places nothing: `apply`
+//! removes the Placements with the app, and puts them back in its undo.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_kube::kinds::PlacementDecision;
+use ferry_kube::step_errors::{hub_err, kube_err};
+use ferry_kube::{Check, HUB};
+use ferry_task::{Output, Step, StepContext, StepError, StepPolicy, codes};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use kube::api::{DeleteParams, ListParams};
+use kube::core::GroupVersionKind;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::check::CHECK;
+use crate::handler::Inner;
+use crate::render::{self, APP_LABEL, MANAGER, Targets};
+use crate::spec::{Component, DeployApp, DeployOperation};
+
+/// Label OCM puts on a Placement's decisions.
+pub const PLACEMENT_LABEL: &str = "cluster.open-cluster-management.io/placement";
+
+/// The `place` step's output.
+pub const PLACE: Output<Placed> = Output::new("place");
+
+/// Output of `place`: where each component goes.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Placed {
+    /// Component → clusters.
+    pub targets: Targets,
+}
+
+/// The `place` step.
+pub struct Place {
+    inner: Arc<Inner>,
+}
+
+impl Inner {
+    /// Applies the placements of `state` and deletes the app's other Placements (`apply`
+    /// calls it too: a delete's Placements go with the app).
+    pub(super) async fn converge_placements(&self, app: &DeployApp, state: Option<&DeployApp>, task: &str) -> Result<(), StepError> {
+        let gvk = GroupVersionKind::gvk("cluster.open-cluster-management.io", "v1beta1", "Placement");
+        let api = self.cfg.clusters.api(HUB, &gvk, Some(app.namespace())).await.map_err(|e| kube_err(codes::HUB_API, e))?;
+        let mut keep = BTreeSet::new();
+        if let Some(s) = state {
+            self.ensure_hub_namespace(s.namespace()).await?;
+            for c in &s.components {
+                if let Some(p) = render::placement(s, c, task) {
+                    keep.insert(render::placement_name(s, &c.name));
+                    self.cfg.clusters.apply(HUB, &p, MANAGER).await.map_err(|e| kube_err(codes::HUB_API, e))?;
+                }
+            }
+        }
+        let lp = ListParams::default().labels(&format!("{APP_LABEL}={}", app.name));
+        let existing = match api.list(&lp).await {
+            Ok(l) => l.items,
+            Err(kube::Error::Api(s)) if s.code == 404 => Vec::new(),
+            Err(e) => return Err(hub_err(e)),
+        };
+        for p in existing {
+            let name = p.metadata.name.unwrap_or_default();
+            if !keep.contains(&name) {
+                match api.delete(&name, &DeleteParams::default()).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => return Err(hub_err(e)),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Place {
+    pub(crate) fn new(inner: Arc<Inner>) -> Self {
+        Self { inner }
+    }
+
+    /// Waits for the decisions of one placement.
+    async fn decisions(&self, app: &DeployApp, c: &Component) -> Result<Vec<String>, StepError> {
+        let name = render::placement_name(app, &c.name);
+        let want = c.placement.as_ref().and_then(|p| p.clusters).unwrap_or(1) as usize;
+        let hub = self.inner.hub();
+        let r = self
+            .inner
+            .cfg
+            .watches
+            .wait_store::<PlacementDecision, Vec<String>>(HUB, &hub, Some(app.namespace()), &format!("decisions of Placement {}/{name}", app.namespace()), self.inner.cfg.placement_timeout, |store| {
+                let mut clusters: Vec<String> = store
+                    .state()
+                    .iter()
+                    .filter(|d| d.metadata.labels.as_ref().and_then(|l| l.get(PLACEMENT_LABEL)) == Some(&name))
+                    .filter_map(|d| d.status_at("/decisions").and_then(Value::as_array).cloned())
+                    .flatten()
+                    .filter_map(|d| d.get("clusterName").and_then(Value::as_str).map(str::to_owned))
+                    .collect();
+                clusters.sort();
+                clusters.dedup();
+                if clusters.len() >= want { Check::Done(clusters) } else { Check::Pending(format!("{} of {want} cluster(s) decided: {clusters:?}", clusters.len())) }
+            })
+            .await;
+        match r {
+            Ok(c) => Ok(c),
+            Err(e) => {
+                // Say why in OCM's words when the Placement has them.
+                let p = self.inner.cfg.clusters.get(HUB, &json!({"apiVersion": "cluster.open-cluster-management.io/v1beta1", "kind": "Placement",
+                    "metadata": {"name": name, "namespace": app.namespace()}})).await.ok().flatten();
+                let why = p.and_then(|p| ferry_kube::kinds::condition_message(p.data.get("status")?, "PlacementSatisfied"));
+                Err(StepError::permanent(codes::PLACEMENT_UNSATISFIED, format!("component {:?}: {e}{}", c.name, why.map(|w| format!(" ({w})")).unwrap_or_default())))
+            }
+        }
+    }
+}
+
+impl Step<DeployApp> for Place {
+    fn name(&self) -> &str {
+        PLACE.step()
+    }
+
+    fn policy(&self) -> StepPolicy {
+        StepPolicy { timeout: self.inner.cfg.placement_timeout + Duration::from_secs(60), ..StepPolicy::default() }
+    }
+
+    fn run<'a>(&'a self, cx: &'a StepContext<'a, DeployApp>) -> BoxFuture<'a, Result<Value, StepError>> {
+        async move {
+            let app = cx.spec;
+            if app.operation == DeployOperation::Delete {
+                return PLACE.value(&Placed::default());
+            }
+            self.inner.converge_placements(app, Some(app), &cx.task_id.to_string()).await?;
+            let mut targets = Targets::new();
+            for c in &app.components {
+                let clusters = match &c.cluster {
+                    Some(cl) => vec![cl.clone()],
+                    None => {
+                        let d = self.decisions(app, c).await?;
+                        cx.progress(50, format!("component {} placed on {}", c.name, d.join(", ")));
+                        d
+                    }
+                };
+                targets.insert(c.name.clone(), clusters);
+            }
+            let clusters: BTreeSet<&String> = targets.values().flatten().collect();
+            cx.progress(100, format!("{} component(s) on {} cluster(s)", targets.len(), clusters.len()));
+            PLACE.value(&Placed { targets })
+        }
+        .boxed()
+    }
+
+    fn undo<'a>(&'a self, cx: &'a StepContext<'a, DeployApp>, _output: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>> {
+        async move {
+            let c = CHECK.required(cx)?;
+            self.inner.converge_placements(cx.spec, c.previous.as_ref().map(|p| &p.spec), &cx.task_id.to_string()).await
+        }
+        .boxed()
+    }
+}

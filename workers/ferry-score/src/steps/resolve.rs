@@ -1,0 +1,94 @@
+//! `resolve-clusters`: the clusters to score (the command's list, or the members of its
+//! ManagedClusterSet) and which of them OCM knows; a cluster the policy cannot reach fails
+//! with UNKNOWN_CLUSTER. It changes nothing, so its undo has nothing to put back.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_kube::ClusterError;
+use ferry_kube::kinds::ManagedCluster;
+use ferry_kube::step_errors::{hub_err, kube_err};
+use ferry_task::{CheckStep, Output, StepContext, StepError, StepPolicy, codes};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use kube::api::{Api, ListParams};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::handler::{CLUSTERSET_LABEL, Inner};
+use crate::spec::{ScoreClusters, ScorePolicy};
+
+/// The `resolve-clusters` step's output.
+pub const RESOLVE: Output<Resolved> = Output::new("resolve-clusters");
+
+/// Output of the resolve step.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Resolved {
+    /// The clusters to score.
+    pub clusters: Vec<String>,
+    /// Those registered with OCM (they get an AddOnPlacementScore).
+    pub ocm: Vec<String>,
+}
+
+/// The `resolve-clusters` step.
+pub struct Resolve {
+    inner: Arc<Inner>,
+}
+
+impl Resolve {
+    pub(crate) fn new(inner: Arc<Inner>) -> Self {
+        Self { inner }
+    }
+}
+
+impl CheckStep<ScoreClusters> for Resolve {
+    fn name(&self) -> &str {
+        RESOLVE.step()
+    }
+
+    fn policy(&self) -> StepPolicy {
+        StepPolicy { timeout: Duration::from_secs(60), ..StepPolicy::default() }
+    }
+
+    fn run<'a>(&'a self, cx: &'a StepContext<'a, ScoreClusters>) -> BoxFuture<'a, Result<Value, StepError>> {
+        async move {
+            let spec = cx.spec;
+            let hub = self.inner.cfg.clusters.hub().clone();
+            let mcs: Api<ManagedCluster> = Api::all(hub);
+            let clusters = match &spec.cluster_set {
+                Some(set) if spec.clusters.is_empty() => {
+                    let lp = ListParams::default().labels(&format!("{CLUSTERSET_LABEL}={set}"));
+                    let mut names: Vec<String> = mcs.list(&lp).await.map_err(hub_err)?.items.into_iter().filter_map(|m| m.metadata.name).collect();
+                    names.sort();
+                    if names.is_empty() {
+                        return Err(StepError::permanent(codes::NO_CLUSTERS, format!("ManagedClusterSet {set:?} has no member clusters (label {CLUSTERSET_LABEL}={set})")));
+                    }
+                    names
+                }
+                _ => spec.clusters.clone(),
+            };
+            let mut ocm = Vec::new();
+            for c in &clusters {
+                let registered = mcs.get_opt(c).await.map_err(hub_err)?.is_some();
+                if registered {
+                    ocm.push(c.clone());
+                }
+                if spec.policy == ScorePolicy::Benchmark && !registered {
+                    return Err(StepError::permanent(codes::UNKNOWN_CLUSTER, format!("cluster {c:?} is not registered with OCM: the benchmark runs through a ManifestWork")));
+                }
+                if matches!(spec.policy, ScorePolicy::ResourceUsage | ScorePolicy::WorstFit | ScorePolicy::BestFit) {
+                    match self.inner.cfg.clusters.kubeconfig_secret(c).await {
+                        Ok(_) => {}
+                        Err(e @ (ClusterError::Unknown { .. } | ClusterError::Ambiguous { .. })) => {
+                            return Err(StepError::permanent(codes::UNKNOWN_CLUSTER, e.to_string()));
+                        }
+                        Err(e) => return Err(kube_err(codes::HUB_API, e)),
+                    }
+                }
+            }
+            cx.progress(100, format!("{} cluster(s), {} registered with OCM", clusters.len(), ocm.len()));
+            RESOLVE.value(&Resolved { clusters, ocm })
+        }
+        .boxed()
+    }
+}

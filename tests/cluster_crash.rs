@@ -46,7 +46,7 @@ async fn a_create_cluster_worker_killed_mid_provisioning_is_resumed() {
         return;
     }
     let fleet = Fleet::start(FleetOptions::hub_and(0)).await.unwrap();
-    fleet.install_project_crds().await.unwrap();
+    fleet.install_crds().await.unwrap();
     let _ocm = EmulatedOcm::start(&fleet).await.unwrap();
     let capi = EmulatedCapi::start(&fleet, CapiOptions::default()).await.unwrap();
     capi.set_default(|k| k.provision_delay = Duration::from_secs(3));

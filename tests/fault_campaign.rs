@@ -240,7 +240,7 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
     }
     // Controllers run: deployed apps need Deployments to make Pods.
     let fleet = Fleet::start(FleetOptions::hub_and(2)).await.unwrap();
-    fleet.install_project_crds().await.unwrap();
+    fleet.install_crds().await.unwrap();
     fleet.publish_kubeconfigs().await.unwrap();
     let hub = fleet.hub().client().await.unwrap();
     ferry_testkit::score::register(&hub, &["member-1", "member-2"], "campaign").await.unwrap();

@@ -49,13 +49,8 @@ pub fn apps(registry: &ferry_runtime::wire::Registry, snapshots: &[TaskSnapshot]
             live.remove(&s.subject);
             continue;
         }
-        let mut clusters: Vec<String> = s
-            .output_of::<serde_json::Value>("wait")
-            .and_then(|o| o["components"].as_array().cloned())
-            .into_iter()
-            .flatten()
-            .filter_map(|c| c["cluster"].as_str().map(str::to_owned))
-            .collect();
+        let mut clusters: Vec<String> =
+            ferry_deploy::outputs::WAIT.from_snapshot(&s).map(|w| w.components.into_iter().map(|c| c.cluster).collect()).unwrap_or_default();
         clusters.sort();
         clusters.dedup();
         live.insert(

@@ -155,7 +155,12 @@ async fn start_fleet(a: &DevArgs, state: &std::path::Path) -> anyhow::Result<(fe
     eprintln!("ferry dev: starting the simulated fleet: hub + {n} managed clusters");
     let dir = state.join("fleet");
     let fleet = ferry_fleet::Fleet::start(ferry_fleet::FleetOptions { dir: Some(dir.clone()), ..ferry_fleet::FleetOptions::hub_and(n) }).await?;
-    fleet.install_project_crds().await?;
+    match fleet.install_crds().await? {
+        ferry_fleet::CrdSource::Upstream => eprintln!("ferry dev: upstream CRDs from ../shared/crds: the API servers validate what is written"),
+        ferry_fleet::CrdSource::ProjectSubset => {
+            eprintln!("ferry dev: ../shared/crds is absent: the project's open-schema CRDs stand in, and nothing written to them is validated")
+        }
+    }
     let mut kubelets = Vec::new();
     for c in fleet.clusters.iter().skip(1) {
         let k = ferry_fleet::Kubelet::start(&c.name, c.client().await?, Duration::from_millis(500));

@@ -58,8 +58,14 @@ pub const KAFKA: &str = "KAFKA";
 // Deploy.
 /// The app's record on the hub does not parse.
 pub const BAD_APP_RECORD: &str = "BAD_APP_RECORD";
-/// A referenced Secret or key does not exist on the hub.
+/// A referenced Secret does not exist on the hub.
 pub const SECRET_MISSING: &str = "SECRET_MISSING";
+/// A referenced Secret lacks the key named.
+pub const SECRET_KEY_MISSING: &str = "SECRET_KEY_MISSING";
+/// The app's namespace is not bound to a ManagedClusterSet it places into.
+pub const CLUSTERSET_NOT_BOUND: &str = "CLUSTERSET_NOT_BOUND";
+/// No cluster of the bound sets has the placement's labels.
+pub const NO_CANDIDATES: &str = "NO_CANDIDATES";
 /// A deploy of an app that exists.
 pub const ALREADY_DEPLOYED: &str = "ALREADY_DEPLOYED";
 /// An update or delete of an app that does not exist.
@@ -124,7 +130,8 @@ pub const NOT_PEERED: &str = "NOT_PEERED";
 pub const NAMESPACE_MISSING: &str = "NAMESPACE_MISSING";
 /// The Deployment to burst does not exist.
 pub const DEPLOYMENT_MISSING: &str = "DEPLOYMENT_MISSING";
-/// The burst's overflow fits nowhere.
+/// What is asked does not fit the clusters' free capacity (a burst's overflow, a
+/// component's replicas).
 pub const NO_ROOM: &str = "NO_ROOM";
 /// The NamespaceOffloading failed.
 pub const OFFLOADING_FAILED: &str = "OFFLOADING_FAILED";

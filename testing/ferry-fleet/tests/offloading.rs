@@ -136,7 +136,7 @@ async fn namespaces_offload_pods_overflow_to_the_provider_and_deletion_takes_the
     }
     let started = std::time::Instant::now();
     let fleet = Fleet::start(FleetOptions::hub_and(3)).await.expect("fleet");
-    fleet.install_project_crds().await.expect("CRDs");
+    fleet.install_crds().await.expect("CRDs");
     let client = |name: &str| fleet.cluster(name).unwrap().client();
     let (m1, m2, m3) = (client("member-1").await.unwrap(), client("member-2").await.unwrap(), client("member-3").await.unwrap());
     let mut kubelets = Vec::new();

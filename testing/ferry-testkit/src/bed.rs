@@ -90,7 +90,7 @@ impl BedBuilder {
             return None;
         }
         let fleet = Fleet::start(FleetOptions::hub_and(self.members.len())).await.expect("the fleet starts");
-        fleet.install_project_crds().await.expect("CRDs install");
+        fleet.install_crds().await.expect("CRDs install");
         if self.kubeconfigs {
             fleet.publish_kubeconfigs().await.expect("kubeconfig Secrets are written");
         }

@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 
-use ferry_deploy::handler::ComponentStatus;
+use ferry_deploy::steps::wait::ComponentStatus;
 use ferry_deploy::spec::{Component, DeployApp, DeployOperation, EnvVar, IngressSpec, Port, SecretKeyRef};
 
 /// The ManagedClusterSet the demo's clusters join.
@@ -100,12 +100,10 @@ pub async fn submit(client: &Client, app: &DeployApp) -> anyhow::Result<(TaskId,
     Ok(client.submit_and_wait(TaskKind::Deploy, &app.subject(), app, SubmitOptions::default(), Duration::from_secs(300)).await?)
 }
 
-/// The statuses the `wait` step recorded.
+/// The statuses the wait step recorded.
 pub async fn statuses(client: &Client, id: TaskId) -> anyhow::Result<Vec<ComponentStatus>> {
     let snap = client.snapshot(id).await?.context("no snapshot of the task")?;
-    let entry = snap.journal.iter().find(|j| j.name == "wait").context("no wait step in the journal")?;
-    let out: serde_json::Value = serde_json::from_str(entry.output.as_deref().context("the wait step has no output")?)?;
-    Ok(serde_json::from_value(out["components"].clone())?)
+    Ok(ferry_deploy::outputs::WAIT.from_snapshot(&snap).context("the wait step left no output")?.components)
 }
 
 /// What of `app` is left on the hub and on `clusters` (ManifestWorks, Deployments).
@@ -135,7 +133,7 @@ pub async fn run(client: &Client, fleet: &Fleet) -> anyhow::Result<bool> {
 
     let (id, evs) = submit(client, &app).await?;
     let last = evs.last().map(|e| e.event);
-    for e in evs.iter().filter(|e| e.event == EventType::StepProgress && e.step_name.as_deref() == Some("wait")) {
+    for e in evs.iter().filter(|e| e.event == EventType::StepProgress && e.step_name.as_deref() == Some(ferry_deploy::outputs::WAIT.step())) {
         println!("deploy progress {:>3}%  {}", e.percent.unwrap_or(0), e.message.clone().unwrap_or_default());
     }
     println!("deploy {id} ended {last:?}");
@@ -146,7 +144,7 @@ pub async fn run(client: &Client, fleet: &Fleet) -> anyhow::Result<bool> {
         return Ok(false);
     }
     let mut ok = true;
-    let feedback_steps = evs.iter().filter(|e| e.event == EventType::StepProgress && e.step_name.as_deref() == Some("wait")).count();
+    let feedback_steps = evs.iter().filter(|e| e.event == EventType::StepProgress && e.step_name.as_deref() == Some(ferry_deploy::outputs::WAIT.step())).count();
     ok &= feedback_steps >= 1;
     println!("deploy progress events from ManifestWork feedback: {feedback_steps}");
     for s in statuses(client, id).await? {

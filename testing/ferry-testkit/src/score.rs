@@ -13,7 +13,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 
 use ferry_kube::vocab::ocm::CLUSTERSET_LABEL;
-use ferry_score::handler::{Ranked, placement_score_name};
+use ferry_score::steps::{publish::placement_score_name, score::Ranked};
 use ferry_score::spec::{ScoreClusters, ScorePolicy};
 
 /// The clusters of the demo, each with the CPU (cores) and memory (GiB) its pods request,
@@ -109,7 +109,5 @@ pub async fn run(client: &Client, fleet: &Fleet) -> anyhow::Result<bool> {
 /// The ranking in a finished task's `score` step output.
 pub async fn ranking(client: &Client, id: TaskId) -> anyhow::Result<Vec<Ranked>> {
     let snap = client.snapshot(id).await?.context("no snapshot of the task")?;
-    let entry = snap.journal.iter().find(|j| j.name == "score").context("no score step in the journal")?;
-    let out: serde_json::Value = serde_json::from_str(entry.output.as_deref().context("the score step has no output")?)?;
-    Ok(serde_json::from_value(out["ranking"].clone())?)
+    Ok(ferry_score::outputs::SCORE.from_snapshot(&snap).context("the score step left no output")?.ranking)
 }

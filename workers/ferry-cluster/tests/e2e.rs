@@ -40,7 +40,7 @@ impl Bed {
             return None;
         }
         let fleet = Fleet::start(FleetOptions::hub_and(0)).await.expect("fleet");
-        fleet.install_project_crds().await.expect("CRDs");
+        fleet.install_crds().await.expect("CRDs");
         let ocm = EmulatedOcm::start(&fleet).await.expect("emulated OCM");
         let capi = EmulatedCapi::start(&fleet, opts).await.expect("emulated Cluster API");
         capi.set_default(|k| k.provision_delay = Duration::from_millis(300));
@@ -273,8 +273,16 @@ async fn failures_revert_bad_input_is_rejected_and_a_topology_works() {
     assert_eq!(still.spec["paused"], true);
 
     // A ClusterClass topology: the Cluster alone, its replicas scaled in the topology.
+    // A whole ClusterClass as upstream's schema requires one (its template references).
+    let template = |api: &str, kind: &str, name: &str| json!({"templateRef": {"apiVersion": api, "kind": kind, "name": name}});
     let class = json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "ClusterClass", "metadata": {"name": "quick-start", "namespace": "default"},
-        "spec": {"workers": {"machineDeployments": [{"class": "default-worker"}]}}});
+        "spec": {
+            "controlPlane": template("controlplane.cluster.x-k8s.io/v1beta2", "KubeadmControlPlaneTemplate", "quick-start-control-plane"),
+            "infrastructure": template("infrastructure.cluster.x-k8s.io/v1beta2", "DockerClusterTemplate", "quick-start-cluster"),
+            "workers": {"machineDeployments": [{"class": "default-worker",
+                "bootstrap": template("bootstrap.cluster.x-k8s.io/v1beta2", "KubeadmConfigTemplate", "quick-start-worker"),
+                "infrastructure": template("infrastructure.cluster.x-k8s.io/v1beta2", "DockerMachineTemplate", "quick-start-worker")}]},
+        }});
     Clusters::new(hub.clone()).apply(ferry_kube::HUB, &class, "test").await.unwrap();
     let mut classy = small("classy");
     classy.namespace = None;

@@ -13,6 +13,9 @@ use crate::spec::{Component, DeployApp, Port};
 
 /// Field manager of everything the deploy worker applies.
 pub const MANAGER: &str = "ferry-deploy";
+/// The field manager the work agent applies a ManifestWork's objects as (OCM requires the
+/// `work-agent` prefix).
+pub const WORK_FIELD_MANAGER: &str = "work-agent-ferry-deploy";
 /// Label naming the app on every object.
 pub const APP_LABEL: &str = "ferry.io/app";
 /// Label naming the app's owner on its hub objects.
@@ -187,7 +190,9 @@ pub fn objects(app: &DeployApp, components: &[&Component], secrets: &BTreeMap<St
 /// The ManifestWork that carries `components` to `cluster`: server-side apply, feedback
 /// for readiness and addresses, foreground deletion of everything it applied.
 pub fn manifest_work(app: &DeployApp, cluster: &str, components: &[&Component], secrets: &BTreeMap<String, SecretData>, task: &str) -> Value {
-    let ssa = json!({"type": "ServerSideApply", "serverSideApply": {"fieldManager": MANAGER, "force": true}});
+    // The work agent applies as this field manager; OCM's ManifestWork CRD requires it to
+    // start with `work-agent` (api v1.3.0, `serverSideApply.fieldManager` pattern).
+    let ssa = json!({"type": "ServerSideApply", "serverSideApply": {"fieldManager": WORK_FIELD_MANAGER, "force": true}});
     let mut configs = Vec::new();
     for c in components {
         let ns = c.namespace(app);
@@ -340,6 +345,9 @@ mod tests {
         assert_eq!(w["spec"]["deleteOption"]["propagationPolicy"], "Foreground");
         assert_eq!(w["spec"]["manifestConfigs"][0]["feedbackRules"][0]["type"], "WellKnownStatus");
         assert_eq!(w["spec"]["manifestConfigs"][0]["updateStrategy"]["type"], "ServerSideApply");
+        // OCM's CRD: `fieldManager` must match `^work-agent`.
+        let manager = w["spec"]["manifestConfigs"][0]["updateStrategy"]["serverSideApply"]["fieldManager"].as_str().unwrap();
+        assert!(manager.starts_with("work-agent"), "{manager}");
         assert_eq!(w["spec"]["manifestConfigs"][1]["resourceIdentifier"]["resource"], "services");
     }
 

@@ -47,7 +47,7 @@ impl Bed {
             return None;
         }
         let fleet = Fleet::start(FleetOptions::hub_and(3)).await.expect("fleet");
-        fleet.install_project_crds().await.expect("CRDs");
+        fleet.install_crds().await.expect("CRDs");
         fleet.publish_kubeconfigs().await.expect("kubeconfigs");
         let mut kubelets = Vec::new();
         for (c, n, cpu) in [("member-1", 1, "4"), ("member-2", 2, "4"), ("member-3", 1, "2")] {

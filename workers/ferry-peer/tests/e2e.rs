@@ -43,7 +43,7 @@ impl Bed {
             return None;
         }
         let fleet = Fleet::start(FleetOptions::hub_and(3)).await.expect("fleet");
-        fleet.install_project_crds().await.expect("CRDs");
+        fleet.install_crds().await.expect("CRDs");
         fleet.publish_kubeconfigs().await.expect("kubeconfigs");
         let mut kubelets = Vec::new();
         for c in fleet.clusters.iter().skip(1) {

@@ -35,7 +35,7 @@ impl Bed {
             return None;
         }
         let fleet = Fleet::start(FleetOptions::hub_and(3)).await.expect("fleet");
-        fleet.install_project_crds().await.expect("CRDs");
+        fleet.install_crds().await.expect("CRDs");
         let mut kubelets = Vec::new();
         for c in fleet.clusters.iter().skip(1) {
             let k = Kubelet::start(&c.name, c.client().await.unwrap(), Duration::from_millis(100));

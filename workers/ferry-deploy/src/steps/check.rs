@@ -26,13 +26,7 @@ use crate::handler::Inner;
 use crate::render::AppState;
 use crate::spec::{Component, Delivery, DeployApp, DeployOperation};
 
-// Codes `ferry_task::codes` does not have yet; they move there once it does.
-/// An env var names a key its Secret does not have.
-pub const SECRET_KEY_MISSING: &str = "SECRET_KEY_MISSING";
-/// The app's namespace is not bound to a cluster set its placement needs.
-pub const CLUSTERSET_NOT_BOUND: &str = "CLUSTERSET_NOT_BOUND";
-/// No cluster of the bound sets has the placement's labels.
-pub const NO_CANDIDATES: &str = "NO_CANDIDATES";
+use ferry_task::codes::{CLUSTERSET_NOT_BOUND, NO_CANDIDATES, SECRET_KEY_MISSING};
 
 /// The `check` step's output.
 pub const CHECK: Output<Checked> = Output::new("check");

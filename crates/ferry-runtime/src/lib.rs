@@ -19,6 +19,7 @@ pub use ferry_task::{codes, ids, kind, output, protocol, report, step, wire};
 
 pub mod client;
 pub mod embedded;
+pub mod history;
 pub mod http;
 mod intake;
 pub mod kafka;

@@ -405,11 +405,16 @@ impl<H: TaskHandler> Runner<H> {
                         let d = Detail { percent: Some(percent as i32), ..Detail::step(i, name) }.message(message);
                         self.env.publisher.transition(&mut self.snap, EventType::StepProgress, d).await?;
                     }
-                    Some(c) = self.ctl.recv() => {
-                        if let Some(exec) = self.on_control(c, i, name, cancellable).await? {
-                            return Ok(exec);
+                    c = self.ctl.recv() => match c {
+                        Some(c) => {
+                            if let Some(exec) = self.on_control(c, i, name, cancellable).await? {
+                                return Ok(exec);
+                            }
                         }
-                    }
+                        // The scheduler dropped this task (its partition is gone): another
+                        // owner resumes it, so stop before the step writes anything more.
+                        None => return Ok(Exec::Stopped),
+                    },
                     () = grace => return Ok(Exec::Stopped),
                 }
             };
@@ -455,7 +460,8 @@ impl<H: TaskHandler> Runner<H> {
             loop {
                 tokio::select! {
                     () = &mut sleep => break,
-                    Some(c) = self.ctl.recv() => {
+                    c = self.ctl.recv() => {
+                        let Some(c) = c else { return Ok(Exec::Stopped) };
                         if let Some(exec) = self.on_control(c, i, name, cancellable).await? {
                             return Ok(exec);
                         }

@@ -146,6 +146,11 @@ impl<H: TaskHandler> Scheduler<H> {
         let Some(queue) = self.queues.get_mut(subject) else { return };
         while let Some(id) = queue.pop_front() {
             let Some(slot) = self.slots.get_mut(&id) else { continue };
+            // Never start a task of a partition this worker is giving up: its next owner
+            // resumes the subject in order (starting it here ran it twice, out of order).
+            if !self.owned.contains(&slot.snap.origin_partition) {
+                continue;
+            }
             let (tx, rx) = mpsc::channel(16);
             slot.ctl = Some(tx);
             let runner = Runner::new(self.env.clone(), id, slot.snap.clone(), rx, self.done_tx.clone());
@@ -391,6 +396,11 @@ impl<H: TaskHandler> Scheduler<H> {
 
     async fn on_revoked(&mut self, partitions: &[i32]) {
         let gone: HashSet<i32> = partitions.iter().copied().collect();
+        // Given up first, so stopping a running task starts no queued task of its subject
+        // (`pump` skips partitions not owned).
+        for p in &gone {
+            self.owned.remove(p);
+        }
         let mut waits = Vec::new();
         for slot in self.slots.values() {
             if !gone.contains(&slot.snap.origin_partition) {
@@ -426,8 +436,5 @@ impl<H: TaskHandler> Scheduler<H> {
             q.retain(|id| self.slots.contains_key(id));
         }
         self.queues.retain(|_, q| !q.is_empty());
-        for p in &gone {
-            self.owned.remove(p);
-        }
     }
 }

@@ -1,0 +1,171 @@
+//! A history checker: reads the progress events of many tasks (as `ferry.progress` holds
+//! them, duplicates included) and reports every violation of the runtime's guarantees
+//! instead of deduplicating it away: one seq carrying two different events (two runners
+//! of one task, or a seq reused after a crash), a task that ended twice, and two tasks of
+//! one subject running at once.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::{EventType, ProgressEvent};
+
+/// One broken guarantee, named with the task (and subject) it concerns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Violation {
+    /// Two different events carry one (task, seq).
+    SeqReused {
+        /// The task.
+        task: String,
+        /// The seq.
+        seq: i64,
+        /// The two events, as `event step worker`.
+        events: [String; 2],
+    },
+    /// A task has final events at more than one seq (it ended twice).
+    EndedTwice {
+        /// The task.
+        task: String,
+        /// The final events, as `seq event worker`.
+        finals: Vec<String>,
+    },
+    /// A task of a subject started a step while another task of that subject had started
+    /// and not yet ended.
+    SubjectOverlap {
+        /// The subject.
+        subject: String,
+        /// The task that was running.
+        running: String,
+        /// The task that started meanwhile.
+        started: String,
+    },
+}
+
+fn describe(e: &ProgressEvent) -> String {
+    format!("{:?} {} {}", e.event, e.step_name.as_deref().unwrap_or("-"), e.worker)
+}
+
+/// Every violation in `events` (any order; repeated identical events are fine: a new
+/// owner republishes a settled task's final event under its seq).
+pub fn check(events: &[ProgressEvent]) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let mut by_seq: HashMap<(&str, i64), &ProgressEvent> = HashMap::new();
+    let mut finals: BTreeMap<&str, BTreeMap<i64, &ProgressEvent>> = BTreeMap::new();
+    for e in events {
+        match by_seq.get(&(e.task_id.as_str(), e.seq)) {
+            Some(seen) if seen.event != e.event || seen.step != e.step => out.push(Violation::SeqReused {
+                task: e.task_id.clone(),
+                seq: e.seq,
+                events: [describe(seen), describe(e)],
+            }),
+            Some(_) => {}
+            None => {
+                by_seq.insert((e.task_id.as_str(), e.seq), e);
+            }
+        }
+        if e.event.is_final() {
+            finals.entry(e.task_id.as_str()).or_default().insert(e.seq, e);
+        }
+    }
+    for (task, f) in &finals {
+        if f.len() > 1 {
+            out.push(Violation::EndedTwice {
+                task: (*task).to_owned(),
+                finals: f.iter().map(|(seq, e)| format!("{seq} {:?} {}", e.event, e.worker)).collect(),
+            });
+        }
+    }
+    out.extend(overlaps(events));
+    out
+}
+
+/// Tasks of one subject whose runs overlap: each task runs from its first StepStarted to
+/// its final event (time by the events' clocks, one machine's in tests).
+fn overlaps(events: &[ProgressEvent]) -> Vec<Violation> {
+    // subject -> task -> (first StepStarted, final)
+    let mut spans: BTreeMap<&str, BTreeMap<&str, (Option<i64>, Option<i64>)>> = BTreeMap::new();
+    for e in events {
+        let span = spans.entry(e.subject.as_str()).or_default().entry(e.task_id.as_str()).or_default();
+        if e.event == EventType::StepStarted {
+            span.0 = Some(span.0.map_or(e.at_ms, |s| s.min(e.at_ms)));
+        }
+        if e.event.is_final() {
+            span.1 = Some(span.1.map_or(e.at_ms, |f| f.min(e.at_ms)));
+        }
+    }
+    let mut out = Vec::new();
+    for (subject, tasks) in spans {
+        let mut runs: Vec<(i64, i64, &str)> = tasks.iter().filter_map(|(t, (s, f))| Some((s.as_ref().copied()?, f.unwrap_or(i64::MAX), *t))).collect();
+        runs.sort();
+        for w in runs.windows(2) {
+            let ((_, end, running), (start, _, started)) = (w[0], w[1]);
+            // A task's next starts after the previous one's final event was produced.
+            if start < end {
+                out.push(Violation::SubjectOverlap { subject: subject.to_owned(), running: running.to_owned(), started: started.to_owned() });
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::TaskKind;
+
+    fn ev(task: &str, subject: &str, seq: i64, event: EventType, step: Option<i32>, worker: &str, at: i64) -> ProgressEvent {
+        ProgressEvent {
+            task_id: task.into(),
+            seq,
+            event,
+            kind: TaskKind::Test,
+            subject: subject.into(),
+            worker: worker.into(),
+            at_ms: at,
+            trace_parent: None,
+            step,
+            step_name: step.map(|s| format!("step-{s}")),
+            percent: None,
+            message: None,
+            code: None,
+            transient: None,
+            attempt: None,
+            delay_ms: None,
+        }
+    }
+
+    #[test]
+    fn a_clean_history_has_no_violation_and_a_republished_final_event_is_fine() {
+        let h = [
+            ev("t1", "s", 1, EventType::Accepted, None, "a", 1),
+            ev("t1", "s", 2, EventType::StepStarted, Some(1), "a", 2),
+            ev("t1", "s", 3, EventType::StepSucceeded, Some(1), "a", 3),
+            ev("t1", "s", 4, EventType::Succeeded, None, "a", 4),
+            ev("t1", "s", 4, EventType::Succeeded, None, "b", 9),
+            ev("t2", "s", 1, EventType::Accepted, None, "a", 2),
+            ev("t2", "s", 2, EventType::StepStarted, Some(1), "b", 5),
+            ev("t2", "s", 3, EventType::Succeeded, None, "b", 6),
+        ];
+        assert_eq!(check(&h), Vec::new());
+    }
+
+    #[test]
+    fn each_violation_is_reported() {
+        let h = [
+            // t1 run twice at once: seq 3 carries two events, and it ends twice.
+            ev("t1", "s", 1, EventType::Accepted, None, "a", 1),
+            ev("t1", "s", 2, EventType::StepStarted, Some(1), "a", 2),
+            ev("t1", "s", 3, EventType::StepSucceeded, Some(1), "a", 3),
+            ev("t1", "s", 3, EventType::StepStarted, Some(2), "b", 3),
+            ev("t1", "s", 8, EventType::Succeeded, None, "a", 10),
+            ev("t1", "s", 9, EventType::Succeeded, None, "b", 11),
+            // t2 of the same subject starts while t1 runs.
+            ev("t2", "s", 1, EventType::Accepted, None, "a", 1),
+            ev("t2", "s", 2, EventType::StepStarted, Some(1), "a", 5),
+            ev("t2", "s", 3, EventType::Succeeded, None, "a", 12),
+        ];
+        let v = check(&h);
+        assert!(v.iter().any(|v| matches!(v, Violation::SeqReused { task, seq: 3, .. } if task == "t1")), "{v:?}");
+        assert!(v.iter().any(|v| matches!(v, Violation::EndedTwice { task, finals } if task == "t1" && finals.len() == 2)), "{v:?}");
+        assert!(v.iter().any(|v| matches!(v, Violation::SubjectOverlap { running, started, .. } if running == "t1" && started == "t2")), "{v:?}");
+        assert_eq!(v.len(), 3, "{v:?}");
+    }
+}

@@ -4,11 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_fleet::{Fleet, FleetOptions, Kubelet, NodeFlavor};
-use ferry_kube::Clusters;
-use ferry_runtime::{Client, EmbeddedBroker, EventType, KafkaConfig, SubmitOptions, TaskKind, Topics, Worker, WorkerOptions};
+use ferry_runtime::{Client, EventType, SubmitOptions, TaskKind};
 use ferry_score::spec::{ScoreClusters, ScorePolicy, Workload};
 use ferry_score::{ScoreConfig, ScoreHandler};
+use ferry_testkit::Bed;
 use ferry_testkit::score as demo;
 use ferry_kube::kinds::ManagedCluster;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
@@ -17,56 +16,12 @@ use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(120);
 
-struct Bed {
-    fleet: Fleet,
-    _kubelets: Vec<Kubelet>,
-    broker: Option<EmbeddedBroker>,
-    kafka: KafkaConfig,
-    topics: Topics,
-    stop: CancellationToken,
-    worker: Option<tokio::task::JoinHandle<()>>,
-}
-
-impl Bed {
-    async fn start() -> Option<Self> {
-        let _ = tracing_subscriber::fmt().with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into())).with_test_writer().try_init();
-        if !ferry_fleet::binaries::Binaries::installed() {
-            ferry_runtime::report::missing_prerequisite("the test bed is not installed (scripts/install-testbed.sh)");
-            return None;
-        }
-        let fleet = Fleet::start(FleetOptions::hub_and(3)).await.expect("fleet");
-        fleet.install_crds().await.expect("CRDs");
-        let mut kubelets = Vec::new();
-        for c in fleet.clusters.iter().skip(1) {
-            let k = Kubelet::start(&c.name, c.client().await.unwrap(), Duration::from_millis(100));
-            k.add_nodes("node", 2, &NodeFlavor::default()).await.unwrap();
-            kubelets.push(k);
-        }
-        let topics = Topics::standard();
-        let broker = EmbeddedBroker::start(1, &topics).expect("broker");
-        let kafka = KafkaConfig::for_embedded(broker.bootstrap());
-        let clusters = Arc::new(Clusters::new(fleet.hub().client().await.unwrap()));
-        let handler = ScoreHandler::new(ScoreConfig::new(clusters, kafka.clone(), topics.clone())).unwrap();
-        let mut opts = WorkerOptions::new(kafka.clone());
-        opts.topics = topics.clone();
-        opts.shutdown_grace = Duration::from_secs(2);
-        let stop = CancellationToken::new();
-        let s = stop.clone();
-        let worker = tokio::spawn(async move { Worker::new(opts, handler).run(s).await.expect("worker") });
-        Some(Self { fleet, _kubelets: kubelets, broker: Some(broker), kafka, topics, stop, worker: Some(worker) })
-    }
-
-    fn client(&self) -> Client {
-        Client::new(self.kafka.clone(), self.topics.clone()).unwrap()
-    }
-
-    async fn stop(mut self) {
-        self.stop.cancel();
-        if let Some(w) = self.worker.take() {
-            w.await.unwrap();
-        }
-        drop(self.broker.take());
-    }
+/// Three members of two nodes each and the score worker (the test kit's bed).
+async fn bed() -> Option<Bed> {
+    let mut bed = Bed::builder().members(3, 2).start().await?;
+    let handler = ScoreHandler::new(ScoreConfig::new(bed.clusters.clone(), bed.kafka.clone(), bed.topics.clone())).unwrap();
+    bed.run_worker(handler);
+    Some(bed)
 }
 
 /// The final events of one task of each of `subjects`, in any order.
@@ -104,7 +59,7 @@ async fn final_event(client: &Client, events: &mut ferry_runtime::EventStream, s
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clusters_are_ranked_published_and_scored_on_joining() {
-    let Some(bed) = Bed::start().await else { return };
+    let Some(bed) = bed().await else { return };
     let client = bed.client();
 
     // Three clusters under different loads rank in the expected order, and the
@@ -188,7 +143,7 @@ async fn clusters_are_ranked_published_and_scored_on_joining() {
 /// -100 at the deadline, and every ManifestWork and what it applied is gone afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_benchmark_scoring_runs_through_manifest_works_and_cleans_up() {
-    let Some(bed) = Bed::start().await else { return };
+    let Some(bed) = bed().await else { return };
     let _ocm = ferry_fleet::emulated_ocm::EmulatedOcm::start(&bed.fleet).await.unwrap();
     let hub = bed.fleet.hub().client().await.unwrap();
     demo::register(&hub, &["member-1", "member-2", "member-3"], "bench").await.unwrap();

@@ -2,85 +2,30 @@
 //! embedded mock cluster), the deploy and score workers, and the test bed's real API
 //! servers with the emulated OCM (registration, work agents, placement).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_deploy::spec::{Component, DeployApp, DeployOperation, PlacementSpec, Port};
 use ferry_deploy::{DeployConfig, DeployHandler};
+use ferry_testkit::Bed;
 use ferry_testkit::deploy as demo;
-use ferry_fleet::emulated_ocm::EmulatedOcm;
-use ferry_fleet::{Fleet, FleetOptions, Kubelet, NodeFlavor};
-use ferry_kube::Clusters;
 use ferry_kube::kinds::{ManifestWork, Placement};
-use ferry_runtime::{Client, EmbeddedBroker, EventType, KafkaConfig, SubmitOptions, TaskKind, Topics, Worker, WorkerOptions};
+use ferry_runtime::{EventType, SubmitOptions, TaskKind};
 use ferry_score::spec::{ScoreClusters, ScorePolicy};
 use ferry_score::{ScoreConfig, ScoreHandler};
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, ListParams};
-use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(180);
 
-struct Bed {
-    fleet: Fleet,
-    _kubelets: Vec<Kubelet>,
-    ocm: EmulatedOcm,
-    broker: Option<EmbeddedBroker>,
-    kafka: KafkaConfig,
-    topics: Topics,
-    stop: CancellationToken,
-    workers: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Bed {
-    async fn start() -> Option<Self> {
-        let _ = tracing_subscriber::fmt().with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into())).with_test_writer().try_init();
-        if !ferry_fleet::binaries::Binaries::installed() {
-            ferry_runtime::report::missing_prerequisite("the test bed is not installed (scripts/install-testbed.sh)");
-            return None;
-        }
-        let fleet = Fleet::start(FleetOptions::hub_and(2)).await.expect("fleet");
-        fleet.install_crds().await.expect("CRDs");
-        let mut kubelets = Vec::new();
-        for c in fleet.clusters.iter().skip(1) {
-            let k = Kubelet::start(&c.name, c.client().await.unwrap(), Duration::from_millis(100));
-            k.add_nodes("node", 2, &NodeFlavor::default()).await.unwrap();
-            kubelets.push(k);
-        }
-        let ocm = EmulatedOcm::start(&fleet).await.expect("emulated OCM");
-        let topics = Topics::standard();
-        let broker = EmbeddedBroker::start(1, &topics).expect("broker");
-        let kafka = KafkaConfig::for_embedded(broker.bootstrap());
-        let clusters = Arc::new(Clusters::new(fleet.hub().client().await.unwrap()));
-        let mut opts = WorkerOptions::new(kafka.clone());
-        opts.topics = topics.clone();
-        opts.shutdown_grace = Duration::from_secs(2);
-        let stop = CancellationToken::new();
-        let deploy = DeployHandler::new(DeployConfig::new(clusters.clone()));
-        let score = ScoreHandler::new(ScoreConfig::new(clusters, kafka.clone(), topics.clone())).unwrap();
-        let (o1, s1, o2, s2) = (opts.clone(), stop.clone(), opts, stop.clone());
-        let workers = vec![
-            tokio::spawn(async move { Worker::new(o1, deploy).run(s1).await.expect("deploy worker") }),
-            tokio::spawn(async move { Worker::new(o2, score).run(s2).await.expect("score worker") }),
-        ];
-        Some(Self { fleet, _kubelets: kubelets, ocm, broker: Some(broker), kafka, topics, stop, workers })
-    }
-
-    fn client(&self) -> Client {
-        Client::new(self.kafka.clone(), self.topics.clone()).unwrap()
-    }
-
-    async fn hub(&self) -> kube::Client {
-        self.fleet.hub().client().await.unwrap()
-    }
-
-    async fn stop(mut self) {
-        self.stop.cancel();
-        for w in self.workers.drain(..) {
-            w.await.unwrap();
-        }
-        drop(self.broker.take());
-    }
+/// Two members of two nodes each, emulated OCM, and the deploy and score workers (the
+/// test kit's bed).
+async fn bed() -> Option<Bed> {
+    let mut bed = Bed::builder().members(2, 2).ocm().start().await?;
+    let deploy = DeployHandler::new(DeployConfig::new(bed.clusters.clone()));
+    let score = ScoreHandler::new(ScoreConfig::new(bed.clusters.clone(), bed.kafka.clone(), bed.topics.clone())).unwrap();
+    bed.run_worker(deploy);
+    bed.run_worker(score);
+    Some(bed)
 }
 
 fn last(evs: &[ferry_runtime::ProgressEvent]) -> &ferry_runtime::ProgressEvent {
@@ -94,7 +39,7 @@ async fn deployment(bed: &Bed, cluster: &str, ns: &str, name: &str) -> Option<De
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apps_deploy_update_revert_and_delete_across_clusters() {
-    let Some(bed) = Bed::start().await else { return };
+    let Some(bed) = bed().await else { return };
     let client = bed.client();
 
     // The `ferry dev --demo deploy` run: 3 components on 2 clusters, ready from feedback,
@@ -202,7 +147,7 @@ topology_template:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn placements_follow_scores_deadlines_revert_and_bad_input_is_rejected() {
-    let Some(bed) = Bed::start().await else { return };
+    let Some(bed) = bed().await else { return };
     let client = bed.client();
     let hub = bed.hub().await;
     demo::prepare(&bed.fleet, &["member-1", "member-2"], "placed").await.unwrap();
@@ -266,7 +211,7 @@ async fn placements_follow_scores_deadlines_revert_and_bad_input_is_rejected() {
 
     // A work agent that refuses to apply (and is slow to do so): the deadline's error
     // carries OCM's reason, and the revert still removes the ManifestWork.
-    bed.ocm.set("member-1", |k| {
+    bed.ocm.as_ref().expect("the bed runs OCM").set("member-1", |k| {
         k.fail_apply = true;
         k.apply_delay = Duration::from_secs(1);
     });
@@ -281,7 +226,7 @@ async fn placements_follow_scores_deadlines_revert_and_bad_input_is_rejected() {
     assert!(failed.message.as_deref().unwrap_or("").contains("injected failure"), "OCM's reason reaches the task: {failed:?}");
     let lp = ListParams::default().labels("ferry.io/app=refused");
     assert!(Api::<ManifestWork>::all(hub.clone()).list(&lp).await.unwrap().items.is_empty(), "no ManifestWork left");
-    bed.ocm.set("member-1", |k| *k = Default::default());
+    bed.ocm.as_ref().expect("the bed runs OCM").set("member-1", |k| *k = Default::default());
 
     // Bad input: each Rejected with its reason, nothing applied.
     let rejected = |mut app: DeployApp, name: &str, f: fn(&mut DeployApp)| {

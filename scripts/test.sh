@@ -56,9 +56,11 @@ done
 # Two tests at a time within a binary: each starts brokers and API servers. Each binary's
 # time is taken from cargo's `Running` lines as they stream by.
 t0=$SECONDS
-current="" since=$SECONDS rc=0
+current="" since=$SECONDS rc=""
 while IFS= read -r line; do
-  [[ "$line" == __exit* ]] || printf '%s\n' "$line"
+  # The last line carries cargo's exit code (the loop's own variable is empty after it).
+  if [[ "$line" == __exit* ]]; then rc=${line#__exit }; continue; fi
+  printf '%s\n' "$line"
   if [[ "$line" =~ ^[[:space:]]+(Running|Doc-tests)[[:space:]]+(.*)$ ]]; then
     [ -z "$current" ] || phase "test $current" $((SECONDS - since))
     # "unittests src/lib.rs (target/debug/deps/ferry_kube-0a1b)" -> "ferry_kube src/lib.rs"
@@ -69,8 +71,6 @@ while IFS= read -r line; do
     current="$what" since=$SECONDS
   fi
 done < <(cargo test --workspace --no-fail-fast -- --test-threads=2 2>&1; echo "__exit $?")
-# The last line the loop saw carries cargo's exit code.
-rc=$(printf '%s' "$line" | sed -n 's/^__exit //p')
 [ -z "$current" ] || phase "test $current" $((SECONDS - since))
 phase "all tests" $((SECONDS - t0))
 phase "total" $((SECONDS - started))

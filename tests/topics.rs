@@ -8,7 +8,7 @@ use ferry_runtime::Topics;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
 #[test]
-fn apply_creates_every_topic_once() {
+fn apply_creates_every_topic_once_tansu() {
     if !ferry_runtime::tansu::binary().exists() {
         ferry_runtime::report::missing_prerequisite("tansu is not installed (scripts/install-tansu.sh)");
         return;

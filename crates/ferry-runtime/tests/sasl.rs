@@ -24,7 +24,7 @@ fn scram(bootstrap: &str, user: &str, password: &str) -> KafkaConfig {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn scram_credentials_work_and_wrong_ones_fail_clearly() {
+async fn scram_credentials_work_and_wrong_ones_fail_clearly_tansu() {
     if !ferry_runtime::tansu::binary().exists() {
         ferry_runtime::report::missing_prerequisite("tansu is not installed (scripts/install-tansu.sh)");
         return;

@@ -4,7 +4,9 @@
 //! back as a dead-letter record with their original bytes; envelopes whose spec does not
 //! decode, is another kind's, or fails validation each end Rejected with a reason. No
 //! worker crashes, and each goes past the poison: the last record of each kind, on the
-//! same partition as the rest, is answered too.
+//! same partition as the rest, is answered too. Records of any size and Avro length bombs
+//! are in the corpus: a record just under the producer's limit becomes a letter of its
+//! head, and an 80-byte spec claiming 500 million array items is Rejected.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -103,15 +105,30 @@ async fn malformed_commands_are_rejected_or_dead_lettered_and_no_worker_crashes(
         let (subject, spec) = invalid(&client, kind);
         let topic = topics.command(kind).name.clone();
         let cut = envelope(&client, kind, &subject, spec.clone());
-        let garbage: [(Vec<u8>, &str); 4] = [
+        // Just under the producer's limit: its letter keeps the head (a letter of the whole
+        // record and its reason once exceeded the limit, and every worker exited).
+        let oversized: Vec<u8> = kind.to_string().bytes().cycle().take(999_900).collect();
+        let garbage: [(Vec<u8>, &str); 6] = [
             (format!("poison for {kind}: not a record").into_bytes(), "garbage"),
             ([&[0, 0, 0, 0x7f, 0xff][..], kind.to_string().as_bytes()].concat(), "an unknown schema id"),
             (Vec::new(), "an empty payload"),
             (cut[..cut.len() / 2].to_vec(), "a cut envelope"),
+            // An envelope whose task id claims 500 million bytes.
+            ([&[0, 0, 0, 0, 1][..], &varint(500_000_000), kind.to_string().as_bytes()].concat(), "a length bomb"),
+            (oversized, "a 999,900-byte record"),
         ];
         for (bytes, what) in garbage {
             client.send_raw(&topic, Some(subject.as_bytes()), &bytes, OwnedHeaders::new()).await.unwrap();
-            dead.entry(bytes).or_default().push(format!("{kind}: {what}"));
+            let head = bytes[..bytes.len().min(ferry_runtime::limits::DEAD_LETTER_HEAD_BYTES)].to_vec();
+            dead.entry(head).or_default().push(format!("{kind}: {what}"));
+        }
+        if kind == TaskKind::Offload {
+            // The 80-byte spec that aborted `ferry dev`: its `clusters` array claims 500
+            // million items (apache-avro reserved 28 GB for them). Fields in schema order:
+            // operation, cluster, namespace, two strategies, remote_namespace_name (null).
+            let bomb = [&[0, 0, 0, 0, 40, 0][..], &varint(8), b"member-1", &varint(3), b"web", &[0, 0, 0], &varint(500_000_000)].concat();
+            let id = client.submit_encoded(kind, &subject, bomb, SubmitOptions::default()).await.unwrap();
+            rejected.insert(id.to_string(), format!("{kind}: a spec whose array claims 500 million items"));
         }
         let other = if kind == TaskKind::Test { invalid(&client, TaskKind::Peer).1 } else { invalid(&client, TaskKind::Test).1 };
         // The kind's own schema id with a datum that ends too soon.
@@ -168,6 +185,21 @@ async fn malformed_commands_are_rejected_or_dead_lettered_and_no_worker_crashes(
     for (kind, port, _) in &workers {
         let answer = healthz(*port).await;
         assert!(answer.starts_with("HTTP/1.0 200"), "the {kind} worker's /healthz: {answer:?}");
+    }
+}
+
+/// The zig-zag varint of a non-negative Avro long.
+fn varint(n: i64) -> Vec<u8> {
+    let mut z = ((n << 1) ^ (n >> 63)) as u64;
+    let mut out = Vec::new();
+    loop {
+        let b = (z & 0x7f) as u8;
+        z >>= 7;
+        if z == 0 {
+            out.push(b);
+            return out;
+        }
+        out.push(b | 0x80);
     }
 }
 

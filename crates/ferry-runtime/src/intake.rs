@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::ids::TaskId;
 use crate::kafka::KafkaConfig;
 use crate::kind::TaskKind;
+use crate::limits;
 use crate::protocol::{CommandAction, CommandEnvelope};
 use crate::publisher::{DeadLetter, TRACEPARENT};
 use crate::scheduler::{Incoming, SchedMsg, What};
@@ -48,6 +49,46 @@ pub enum IntakeError {
         #[source]
         source: Box<crate::publisher::PublishError>,
     },
+}
+
+/// Why a decoded command is too big to become a task, if it is: the record over
+/// [`limits::COMMAND_BYTES`] (its snapshot must fit on the task-state topic), or a name
+/// over its limit.
+fn oversized(record_bytes: usize, env: &CommandEnvelope) -> Option<String> {
+    if record_bytes > limits::COMMAND_BYTES {
+        return Some(format!(
+            "the command record is {record_bytes} bytes; a command may be at most {} bytes (its task's snapshot carries the spec)",
+            limits::COMMAND_BYTES
+        ));
+    }
+    let names = [
+        ("subject", Some(&env.subject), limits::SUBJECT_BYTES),
+        ("requested_by", Some(&env.requested_by), limits::NAME_BYTES),
+        ("idempotency_key", env.idempotency_key.as_ref(), limits::NAME_BYTES),
+        ("reason", env.reason.as_ref(), limits::REASON_BYTES),
+    ];
+    names
+        .into_iter()
+        .find_map(|(what, value, max)| value.filter(|v| v.len() > max).map(|v| format!("{what} is {} bytes; the limit is {max}", v.len())))
+}
+
+/// The envelope as a rejection echoes it: names cut to their limits, an idempotency key
+/// over its limit dropped (a cut key could match another task's), no spec.
+fn bounded(env: &CommandEnvelope) -> CommandEnvelope {
+    let cut = |s: &str, max| limits::truncate(s, max).to_owned();
+    CommandEnvelope {
+        task_id: env.task_id.clone(),
+        kind: env.kind,
+        action: env.action,
+        subject: cut(&env.subject, limits::SUBJECT_BYTES),
+        idempotency_key: env.idempotency_key.clone().filter(|k| k.len() <= limits::NAME_BYTES),
+        requested_by: cut(&env.requested_by, limits::NAME_BYTES),
+        created_at_ms: env.created_at_ms,
+        deadline_ms: env.deadline_ms,
+        keep_partial: env.keep_partial,
+        reason: env.reason.as_deref().map(|r| cut(r, limits::REASON_BYTES)),
+        spec: crate::protocol::Bytes::default(),
+    }
 }
 
 pub(crate) struct IntakeContext {
@@ -204,7 +245,12 @@ impl<H: TaskHandler> Intake<H> {
             Ok(id) => id,
             Err(e) => return What::DeadLetter(dead(format!("command envelope: {e}"))),
         };
-        let reject = |reason: String| What::Reject { env: env.clone(), reason, dead: None };
+        // A Rejected event and snapshot echo the envelope's names: cut to their limits,
+        // and the spec left out, so that the rejection of any record fits on any topic.
+        let reject = |reason: String| What::Reject { env: bounded(&env), reason, dead: None };
+        if let Some(reason) = oversized(payload.len(), &env) {
+            return reject(reason);
+        }
         if env.kind != self.kind {
             return reject(format!("a {} command on the {} command topic {}", env.kind, self.kind, self.topic));
         }
@@ -221,7 +267,7 @@ impl<H: TaskHandler> Intake<H> {
                     Ok(s) => s,
                     Err(e) => {
                         let reason = format!("spec of the {} command does not decode: {e}", self.kind);
-                        return What::Reject { env: env.clone(), dead: Some(dead(reason.clone())), reason };
+                        return What::Reject { env: bounded(&env), dead: Some(dead(reason.clone())), reason };
                     }
                 };
                 match self.handler.validate(&env.subject, &spec) {

@@ -103,7 +103,9 @@ impl KafkaConfig {
         c.set("enable.idempotence", "true")
             .set("acks", "all")
             .set("linger.ms", "2")
-            .set("message.timeout.ms", "300000");
+            .set("message.timeout.ms", "300000")
+            // Explicit: the limits in ferry_task::limits are derived from it.
+            .set("message.max.bytes", crate::limits::RECORD_BYTES.to_string());
         for (k, v) in &self.extra {
             c.set(k, v);
         }

@@ -15,7 +15,7 @@
 //!
 //! docs/ARCHITECTURE.md has the protocol and the reasoning behind it.
 
-pub use ferry_task::{codes, ids, kind, output, protocol, report, step, wire};
+pub use ferry_task::{codes, ids, kind, limits, output, protocol, report, step, wire};
 
 pub mod client;
 pub mod embedded;

@@ -28,6 +28,14 @@ pub const DLQ_TOPIC: &str = "ferry-dlq-topic";
 pub const DLQ_PARTITION: &str = "ferry-dlq-partition";
 /// Offset of the dead record.
 pub const DLQ_OFFSET: &str = "ferry-dlq-offset";
+/// Size in bytes of the dead record's value, when the letter keeps only its head.
+pub const DLQ_VALUE_BYTES: &str = "ferry-dlq-value-bytes";
+/// Lowercase hex SHA-256 of the dead record's whole value, when the letter keeps only its head.
+pub const DLQ_VALUE_SHA256: &str = "ferry-dlq-value-sha256";
+/// Size in bytes of the dead record's key, when the letter keeps only its head.
+pub const DLQ_KEY_BYTES: &str = "ferry-dlq-key-bytes";
+/// How many of the dead record's headers the letter leaves out (they would not fit).
+pub const DLQ_HEADERS_DROPPED: &str = "ferry-dlq-headers-dropped";
 
 /// Why a record could not be made durable.
 #[derive(Debug, thiserror::Error)]
@@ -134,6 +142,50 @@ pub struct DeadLetter {
     pub headers: Vec<(String, Vec<u8>)>,
     /// Why it is dead.
     pub reason: String,
+}
+
+impl DeadLetter {
+    /// The letter as produced: key, value and headers cut to fit any topic
+    /// ([`crate::limits`]), with the original sizes and the value's SHA-256 in headers
+    /// where something was cut, then the reason and where the record came from. A record
+    /// of any size becomes a letter that fits; small records keep every byte.
+    pub fn fitted(&self) -> (Vec<u8>, Vec<u8>, Vec<(String, Vec<u8>)>) {
+        use crate::limits::{DEAD_LETTER_HEAD_BYTES, DEAD_LETTER_HEADERS_BYTES, DEAD_LETTER_KEY_BYTES, REASON_BYTES, truncate};
+        use sha2::Digest;
+        let mut headers = Vec::new();
+        let mut size = 0;
+        let mut dropped = 0;
+        for (k, v) in &self.headers {
+            if size + k.len() + v.len() <= DEAD_LETTER_HEADERS_BYTES {
+                size += k.len() + v.len();
+                headers.push((k.clone(), v.clone()));
+            } else {
+                dropped += 1;
+            }
+        }
+        let key = self.key.clone().unwrap_or_default();
+        let key = if key.len() > DEAD_LETTER_KEY_BYTES {
+            headers.push((DLQ_KEY_BYTES.into(), key.len().to_string().into_bytes()));
+            key[..DEAD_LETTER_KEY_BYTES].to_vec()
+        } else {
+            key
+        };
+        let payload = if self.payload.len() > DEAD_LETTER_HEAD_BYTES {
+            headers.push((DLQ_VALUE_BYTES.into(), self.payload.len().to_string().into_bytes()));
+            headers.push((DLQ_VALUE_SHA256.into(), format!("{:x}", sha2::Sha256::digest(&self.payload)).into_bytes()));
+            self.payload[..DEAD_LETTER_HEAD_BYTES].to_vec()
+        } else {
+            self.payload.clone()
+        };
+        if dropped > 0 {
+            headers.push((DLQ_HEADERS_DROPPED.into(), dropped.to_string().into_bytes()));
+        }
+        headers.push((DLQ_REASON.into(), truncate(&self.reason, REASON_BYTES).as_bytes().to_vec()));
+        headers.push((DLQ_TOPIC.into(), self.topic.clone().into_bytes()));
+        headers.push((DLQ_PARTITION.into(), self.partition.to_string().into_bytes()));
+        headers.push((DLQ_OFFSET.into(), self.offset.to_string().into_bytes()));
+        (key, payload, headers)
+    }
 }
 
 /// Acknowledgements still to come for records already handed to the producer.
@@ -277,22 +329,16 @@ impl Publisher {
         self.enqueue_transition(snap, event, d)?.durable().await
     }
 
-    /// Hands a dead letter to the producer: original key, bytes and headers, plus reasons.
+    /// Hands a dead letter to the producer: original key, bytes and headers (cut to fit,
+    /// see [`DeadLetter::fitted`]), plus the reason and where the record came from.
     pub fn enqueue_dead_letter(&self, dl: &DeadLetter) -> Result<Pending, PublishError> {
+        let (key, payload, headers) = dl.fitted();
         let mut h = OwnedHeaders::new();
-        for (k, v) in &dl.headers {
+        for (k, v) in &headers {
             h = h.insert(Header { key: k, value: Some(v.as_slice()) });
         }
-        let partition = dl.partition.to_string();
-        let offset = dl.offset.to_string();
-        h = h
-            .insert(Header { key: DLQ_REASON, value: Some(&dl.reason) })
-            .insert(Header { key: DLQ_TOPIC, value: Some(&dl.topic) })
-            .insert(Header { key: DLQ_PARTITION, value: Some(&partition) })
-            .insert(Header { key: DLQ_OFFSET, value: Some(&offset) });
         let topic = &self.topics.dead_letter().name;
-        let key = dl.key.clone().unwrap_or_default();
-        let f = self.send(topic, &key, &dl.payload, h)?;
+        let f = self.send(topic, &key, &payload, h)?;
         self.metrics.dead_letter(&dl.topic);
         Ok(Pending { futures: vec![(topic.clone(), f)] })
     }
@@ -305,6 +351,60 @@ impl Publisher {
     /// Flushes the producer (shutdown).
     pub fn flush(&self, timeout: Duration) {
         let _ = self.producer.flush(timeout);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limits::{DEAD_LETTER_HEAD_BYTES, DEAD_LETTER_KEY_BYTES, RECORD_BYTES};
+
+    fn header<'a>(h: &'a [(String, Vec<u8>)], key: &str) -> Option<&'a str> {
+        h.iter().find(|(k, _)| k == key).map(|(_, v)| std::str::from_utf8(v).unwrap())
+    }
+
+    #[test]
+    fn a_small_record_keeps_every_byte() {
+        let dl = DeadLetter {
+            topic: "t".into(),
+            partition: 2,
+            offset: 7,
+            key: Some(b"k".to_vec()),
+            payload: b"garbage".to_vec(),
+            headers: vec![("traceparent".into(), b"00-x".to_vec())],
+            reason: "bad".into(),
+        };
+        let (key, payload, h) = dl.fitted();
+        assert_eq!((key.as_slice(), payload.as_slice()), (&b"k"[..], &b"garbage"[..]));
+        assert_eq!(header(&h, "traceparent"), Some("00-x"));
+        assert_eq!(header(&h, DLQ_REASON), Some("bad"));
+        assert_eq!(header(&h, DLQ_OFFSET), Some("7"));
+        assert_eq!(header(&h, DLQ_VALUE_BYTES), None);
+    }
+
+    #[test]
+    fn a_record_of_any_size_becomes_a_letter_that_fits() {
+        use sha2::Digest;
+        let payload: Vec<u8> = (0..RECORD_BYTES).map(|i| (i % 251) as u8).collect();
+        let dl = DeadLetter {
+            topic: "t".into(),
+            partition: 0,
+            offset: 1,
+            key: Some(vec![b'k'; 100_000]),
+            payload: payload.clone(),
+            headers: (0..1000).map(|i| (format!("h{i}"), vec![b'v'; 1000])).collect(),
+            reason: "r".repeat(100_000),
+        };
+        let (key, head, h) = dl.fitted();
+        let size = key.len() + head.len() + h.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
+        assert!(size < RECORD_BYTES / 4, "{size} bytes");
+        assert_eq!(head, payload[..DEAD_LETTER_HEAD_BYTES]);
+        assert_eq!(key.len(), DEAD_LETTER_KEY_BYTES);
+        assert_eq!(header(&h, DLQ_VALUE_BYTES), Some(&*RECORD_BYTES.to_string()));
+        assert_eq!(header(&h, DLQ_VALUE_SHA256), Some(&*format!("{:x}", sha2::Sha256::digest(&payload))));
+        assert_eq!(header(&h, DLQ_KEY_BYTES), Some("100000"));
+        assert!(header(&h, DLQ_HEADERS_DROPPED).is_some());
+        assert_eq!(header(&h, DLQ_REASON).unwrap().len(), crate::limits::REASON_BYTES);
     }
 }
 

@@ -8,6 +8,9 @@ use ferry_runtime::wire::Registry;
 use ferry_runtime::{TaskId, TaskKind};
 use proptest::prelude::*;
 
+/// Built once: a registry parses every schema.
+static REGISTRY: std::sync::LazyLock<Registry> = std::sync::LazyLock::new(Registry::embedded);
+
 fn valid_envelope(r: &Registry) -> Vec<u8> {
     let spec = r.encode(&TestTaskSpec::steps(3)).unwrap();
     let env = CommandEnvelope {
@@ -31,14 +34,14 @@ proptest! {
 
     #[test]
     fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
-        let r = Registry::embedded();
+        let r: &Registry = &REGISTRY;
         let _ = r.decode::<CommandEnvelope>(&bytes);
         let _ = r.decode::<TestTaskSpec>(&bytes);
     }
 
     #[test]
-    fn framed_random_datums_never_panic(id in 0u32..8, datum in proptest::collection::vec(any::<u8>(), 0..256)) {
-        let r = Registry::embedded();
+    fn framed_random_datums_never_panic(id in prop_oneof![proptest::sample::select(ferry_runtime::wire::EMBEDDED.iter().map(|e| e.0).collect::<Vec<_>>()), 0u32..64], datum in proptest::collection::vec(any::<u8>(), 0..256)) {
+        let r: &Registry = &REGISTRY;
         let mut bytes = vec![0];
         bytes.extend_from_slice(&id.to_be_bytes());
         bytes.extend_from_slice(&datum);
@@ -47,8 +50,8 @@ proptest! {
 
     #[test]
     fn damaged_valid_records_never_panic(cut in 0usize..200, flips in proptest::collection::vec((0usize..200, any::<u8>()), 0..4)) {
-        let r = Registry::embedded();
-        let mut bytes = valid_envelope(&r);
+        let r: &Registry = &REGISTRY;
+        let mut bytes = valid_envelope(r);
         for (at, b) in flips {
             let n = bytes.len();
             bytes[at % n] ^= b;

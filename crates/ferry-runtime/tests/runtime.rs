@@ -384,3 +384,96 @@ async fn tasks_queued_behind_a_cancelled_one_run_next() {
     stop.cancel();
     worker.await.unwrap();
 }
+
+/// The zig-zag varint of a non-negative Avro long.
+fn varint(n: i64) -> Vec<u8> {
+    let mut z = ((n << 1) ^ (n >> 63)) as u64;
+    let mut out = Vec::new();
+    loop {
+        let b = (z & 0x7f) as u8;
+        z >>= 7;
+        if z == 0 {
+            out.push(b);
+            return out;
+        }
+        out.push(b | 0x80);
+    }
+}
+
+/// Records of any size and Avro length bombs, read by two workers of one kind on one
+/// partition: the oversized record becomes a dead letter that fits (its head, size and
+/// digest), the bomb a dead letter with its bytes, the oversized command and the oversized
+/// subject are Rejected with the reason, and both workers go on to the next task.
+async fn records_of_any_size_and_length_bombs(broker: TestBroker) {
+    use ferry_runtime::publisher::{DLQ_VALUE_BYTES, DLQ_VALUE_SHA256};
+    use sha2::Digest;
+    let client = broker.client();
+    let mut events = client.events(true).await.unwrap();
+    let (stop_a, worker_a) = broker.spawn_worker(broker.worker_options());
+    let (stop_b, worker_b) = broker.spawn_worker(broker.worker_options());
+    let topic = broker.topics.command(TaskKind::Test).name.clone();
+    let subject = "poison";
+
+    // Before: a 999,900-byte record made both workers exit (its dead letter, with the
+    // reason headers added, exceeded the producer's limit: MessageSizeTooLarge).
+    let oversized: Vec<u8> = (0..999_900u32).map(|i| (i % 253) as u8).collect();
+    client.send_raw(&topic, Some(subject.as_bytes()), &oversized, OwnedHeaders::new()).await.unwrap();
+    // An envelope whose first field, the task id, claims 500 million bytes.
+    let bomb = [&[0, 0, 0, 0, 1][..], &varint(500_000_000)].concat();
+    client.send_raw(&topic, Some(subject.as_bytes()), &bomb, OwnedHeaders::new()).await.unwrap();
+    // A well-formed command whose spec makes the record bigger than a command may be.
+    let heavy = client.submit_encoded(TaskKind::Test, subject, vec![7; 300 * 1024], SubmitOptions::default()).await.unwrap();
+    // A subject longer than any subject may be (its key equals it).
+    let long = "s".repeat(600);
+    let spec = client.registry().encode(&TestTaskSpec::steps(1)).unwrap();
+    let named = client.submit_encoded(TaskKind::Test, &long, spec, SubmitOptions::default()).await.unwrap();
+    let ok = submit(&client, subject, &TestTaskSpec::steps(1)).await;
+
+    let evs = until_final(&mut events, heavy).await;
+    let last = evs.last().unwrap();
+    assert_eq!(last.event, EventType::Rejected);
+    assert!(last.message.as_deref().unwrap().contains("a command may be at most 262144 bytes"), "{:?}", last.message);
+    let evs = until_final(&mut events, named).await;
+    let last = evs.last().unwrap();
+    assert_eq!(last.event, EventType::Rejected);
+    assert_eq!(last.message.as_deref(), Some("subject is 600 bytes; the limit is 512"));
+    assert_eq!(until_final(&mut events, ok).await.last().unwrap().event, EventType::Succeeded, "the workers went on");
+
+    let reader: BaseConsumer = broker.kafka.reader().create().unwrap();
+    reader.subscribe(&[&broker.topics.dead_letter().name]).unwrap();
+    let mut letters = Vec::new();
+    let deadline = std::time::Instant::now() + WAIT;
+    while letters.len() < 2 {
+        assert!(std::time::Instant::now() < deadline, "dead letters so far: {}", letters.len());
+        if let Some(Ok(m)) = reader.poll(Duration::from_millis(200)) {
+            let h = m.headers().unwrap();
+            let header = |k: &str| h.iter().find(|h| h.key == k).and_then(|h| h.value).map(|v| String::from_utf8_lossy(v).into_owned());
+            letters.push((m.payload().unwrap_or_default().to_vec(), header(DLQ_REASON).unwrap(), header(DLQ_VALUE_BYTES), header(DLQ_VALUE_SHA256)));
+        }
+    }
+    let (head, reason, bytes, sha) = &letters[0];
+    assert_eq!(head[..], oversized[..ferry_runtime::limits::DEAD_LETTER_HEAD_BYTES], "the letter keeps the record's head");
+    assert_eq!(bytes.as_deref(), Some("999900"));
+    assert_eq!(sha.as_deref(), Some(&*format!("{:x}", sha2::Sha256::digest(&oversized))));
+    assert!(reason.contains("undecodable"), "{reason}");
+    let (payload, reason, bytes, _) = &letters[1];
+    assert_eq!(payload, &bomb, "a small record keeps every byte");
+    assert_eq!(bytes, &None);
+    assert!(reason.contains("500000000"), "{reason}");
+
+    assert!(!worker_a.is_finished() && !worker_b.is_finished(), "both workers still run");
+    stop_a.cancel();
+    stop_b.cancel();
+    worker_a.await.unwrap();
+    worker_b.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_of_any_size_and_length_bombs_stop_no_worker_embedded() {
+    records_of_any_size_and_length_bombs(TestBroker::embedded()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_of_any_size_and_length_bombs_stop_no_worker_tansu() {
+    records_of_any_size_and_length_bombs(TestBroker::tansu().await).await;
+}

@@ -9,11 +9,13 @@
 //! - [`protocol`], [`wire`]: the records on the wire and their schema-id framing.
 //! - [`output`]: typed step outputs ([`Output`]): a step's output read through one key.
 //! - [`codes`]: every error code, one meaning each.
+//! - [`limits`]: the size of records and of a command's fields.
 //! - [`report`]: a finished task's events printed for a person, or summed up for a test.
 
 pub mod codes;
 pub mod ids;
 pub mod kind;
+pub mod limits;
 pub mod output;
 pub mod protocol;
 pub mod report;

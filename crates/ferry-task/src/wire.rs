@@ -63,6 +63,14 @@ pub enum WireError {
         #[source]
         source: Box<apache_avro::Error>,
     },
+    /// Longer than any record Ferry accepts.
+    #[error("record of {len} bytes exceeds the limit of {limit} bytes")]
+    TooLarge {
+        /// Length of the record.
+        len: usize,
+        /// [`crate::limits::RECORD_BYTES`].
+        limit: usize,
+    },
     /// Bytes left after the datum.
     #[error("{0} trailing bytes after the avro datum")]
     Trailing(usize),
@@ -116,6 +124,7 @@ impl Registry {
     pub fn from_entries<'a>(
         entries: impl IntoIterator<Item = (u32, &'a str, &'a str)>,
     ) -> Result<Self, WireError> {
+        bound_avro_allocations();
         let mut by_id = HashMap::new();
         let mut latest: HashMap<String, u32> = HashMap::new();
         for (id, file, text) in entries {
@@ -180,6 +189,9 @@ impl Registry {
     /// Decodes a Confluent-framed record into `T`, resolving the writer's schema version
     /// against the newest one.
     pub fn decode<T: DeserializeOwned + AvroSchema + 'static>(&self, bytes: &[u8]) -> Result<T, WireError> {
+        if bytes.len() > crate::limits::RECORD_BYTES {
+            return Err(WireError::TooLarge { len: bytes.len(), limit: crate::limits::RECORD_BYTES });
+        }
         if bytes.len() < 5 {
             return Err(WireError::TooShort { len: bytes.len() });
         }
@@ -203,6 +215,19 @@ impl Registry {
         }
         apache_avro::from_value(&value).map_err(datum_err)
     }
+}
+
+/// Bounds every length apache-avro reads before it allocates: a string's or bytes' length,
+/// an array's or map's element count. Its default (512 MiB, compared with an element
+/// count) let an 80-byte record claiming 500 million array items reserve 28 GB and abort
+/// the process (apache-avro 0.21 `decode.rs` reserves `len` elements; `util::safe_len`
+/// checks `len` against this setting). The setting is process-wide and the first call
+/// wins, so every registry sets it before its first decode.
+///
+/// With the bound, an array claim costs at most [`crate::limits::AVRO_ALLOCATION_BYTES`]
+/// elements of apache-avro's `Value` per nesting level before the datum runs out.
+pub fn bound_avro_allocations() -> usize {
+    apache_avro::util::max_allocation_bytes(crate::limits::AVRO_ALLOCATION_BYTES)
 }
 
 /// Checks that each committed `schemas/<file>` equals the schema derived from its Rust type
@@ -288,5 +313,43 @@ mod tests {
         assert!(matches!(r.decode::<CommandEnvelope>(&ok), Err(WireError::Trailing(1))));
         ok.truncate(8);
         assert!(matches!(r.decode::<CommandEnvelope>(&ok), Err(WireError::Datum { .. })));
+        let huge = vec![0u8; crate::limits::RECORD_BYTES + 1];
+        assert!(matches!(r.decode::<CommandEnvelope>(&huge), Err(WireError::TooLarge { .. })));
+    }
+
+    /// The zig-zag varint of a non-negative Avro long.
+    fn varint(n: i64) -> Vec<u8> {
+        let mut z = ((n << 1) ^ (n >> 63)) as u64;
+        let mut out = Vec::new();
+        loop {
+            let b = (z & 0x7f) as u8;
+            z >>= 7;
+            if z == 0 {
+                out.push(b);
+                return out;
+            }
+            out.push(b | 0x80);
+        }
+    }
+
+    #[derive(Debug, serde::Deserialize, AvroSchema)]
+    #[allow(dead_code)] // only decoded into
+    struct Listing {
+        items: Vec<String>,
+    }
+
+    #[test]
+    fn a_length_bomb_is_refused_before_it_allocates() {
+        let listing = r#"{"type":"record","name":"Listing","fields":[{"name":"items","type":{"type":"array","items":"string"}}]}"#;
+        let r = Registry::from_entries([(1, "Listing.avsc", listing)]).unwrap();
+        // Eleven bytes that claim 500 million strings: without the bound apache-avro
+        // reserves 500M values (28 GB) and the process aborts.
+        let bomb = [&[0, 0, 0, 0, 1][..], &varint(500_000_000)].concat();
+        let err = r.decode::<Listing>(&bomb).unwrap_err();
+        assert!(err.to_string().contains("500000000"), "{err}");
+        // A string that claims 400 MB: refused the same way, not allocated.
+        let bomb = [&[0, 0, 0, 0, 1][..], &varint(1), &varint(400_000_000)].concat();
+        assert!(r.decode::<Listing>(&bomb).is_err());
+        assert_eq!(bound_avro_allocations(), crate::limits::AVRO_ALLOCATION_BYTES, "the first registry set the bound");
     }
 }

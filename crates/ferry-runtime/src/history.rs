@@ -2,7 +2,8 @@
 //! them, duplicates included) and reports every violation of the runtime's guarantees
 //! instead of deduplicating it away: one seq carrying two different events (two runners
 //! of one task, or a seq reused after a crash), a task that ended twice, and two tasks of
-//! one subject running at once.
+//! one subject running at once; and, against the task-state topic, an event without a
+//! durable snapshot.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -37,6 +38,34 @@ pub enum Violation {
         /// The task that started meanwhile.
         started: String,
     },
+    /// An event is durable but no snapshot of its task reached its seq (a task resumed
+    /// from that snapshot would number a different event the same).
+    EventWithoutSnapshot {
+        /// The task.
+        task: String,
+        /// The event's seq.
+        seq: i64,
+        /// The seq of the task's latest snapshot, if it has one.
+        snapshot_seq: Option<i64>,
+    },
+}
+
+/// Every event of `events` whose task's latest snapshot (`snapshot_seq`, as the compacted
+/// `ferry.task-state` holds it: task id to seq) has a lower seq, or that has no snapshot.
+pub fn check_snapshots(events: &[ProgressEvent], snapshot_seq: &std::collections::HashMap<String, i64>) -> Vec<Violation> {
+    let mut highest: BTreeMap<&str, i64> = BTreeMap::new();
+    for e in events {
+        // Seq 0: an event about a command that never became a task (no snapshot by design).
+        if e.seq > 0 {
+            let h = highest.entry(e.task_id.as_str()).or_insert(e.seq);
+            *h = (*h).max(e.seq);
+        }
+    }
+    highest
+        .into_iter()
+        .filter(|(task, seq)| snapshot_seq.get(*task).is_none_or(|s| s < seq))
+        .map(|(task, seq)| Violation::EventWithoutSnapshot { task: task.to_owned(), seq, snapshot_seq: snapshot_seq.get(task).copied() })
+        .collect()
 }
 
 fn describe(e: &ProgressEvent) -> String {
@@ -167,5 +196,17 @@ mod tests {
         assert!(v.iter().any(|v| matches!(v, Violation::EndedTwice { task, finals } if task == "t1" && finals.len() == 2)), "{v:?}");
         assert!(v.iter().any(|v| matches!(v, Violation::SubjectOverlap { running, started, .. } if running == "t1" && started == "t2")), "{v:?}");
         assert_eq!(v.len(), 3, "{v:?}");
+    }
+
+    #[test]
+    fn an_event_ahead_of_its_snapshot_is_reported() {
+        let h = [
+            ev("t1", "s", 1, EventType::Accepted, None, "a", 1),
+            ev("t1", "s", 2, EventType::StepStarted, Some(1), "a", 2),
+            ev("t2", "s", 1, EventType::Accepted, None, "a", 1),
+            ev("t3", "s", 0, EventType::Rejected, None, "a", 1),
+        ];
+        let snaps: std::collections::HashMap<String, i64> = [("t1".to_owned(), 1), ("t2".to_owned(), 1)].into();
+        assert_eq!(check_snapshots(&h, &snaps), vec![Violation::EventWithoutSnapshot { task: "t1".into(), seq: 2, snapshot_seq: Some(1) }]);
     }
 }

@@ -1,5 +1,6 @@
-//! Writes a task's snapshot and then its event, so every published event has a durable
-//! snapshot with a sequence number at least as high (a resumed task never reuses a seq).
+//! Writes a task's snapshot and then its event, the event only once the snapshot is
+//! acknowledged, so every published event has a durable snapshot with a sequence number at
+//! least as high (a resumed task never reuses a seq).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,6 +60,15 @@ pub enum PublishError {
         /// Cause.
         #[source]
         source: KafkaError,
+    },
+    /// A task's transition (snapshot, then event) was not acknowledged.
+    #[error("writing {:?} (seq {}) of task {}: {source}", event.event, event.seq, event.task_id)]
+    Transition {
+        /// The event whose write failed; its snapshot is the task's in-memory snapshot.
+        event: Box<ProgressEvent>,
+        /// Cause.
+        #[source]
+        source: Box<PublishError>,
     },
     /// The producer was dropped before the record was acknowledged.
     #[error("producer shut down before {topic} acknowledged a record")]
@@ -188,33 +198,77 @@ impl DeadLetter {
     }
 }
 
-/// Acknowledgements still to come for records already handed to the producer.
+/// A record encoded and ready, produced only once the records before it are durable.
+struct Deferred {
+    topic: String,
+    key: Vec<u8>,
+    payload: Vec<u8>,
+    headers: OwnedHeaders,
+}
+
+/// Acknowledgements still to come for records already handed to the producer, and events
+/// to produce once those are acknowledged: a task's event n goes out only after its
+/// snapshot n is durable, so no event is ever durable without its snapshot (a task
+/// resumed from the snapshot never reuses a seq).
 #[must_use = "await the acknowledgements before treating the records as durable"]
 pub struct Pending {
     futures: Vec<(String, DeliveryFuture)>,
+    deferred: Vec<Deferred>,
+    producer: Option<FutureProducer>,
+}
+
+/// Hands a record to the producer, waiting while its local queue is full.
+fn send_record(producer: &FutureProducer, topic: &str, key: &[u8], payload: &[u8], headers: OwnedHeaders) -> Result<DeliveryFuture, PublishError> {
+    let mut record = FutureRecord::to(topic).key(key).payload(payload).headers(headers);
+    loop {
+        match producer.send_result(record) {
+            Ok(f) => return Ok(f),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                // The local queue drains as the broker acknowledges; serve callbacks meanwhile.
+                producer.poll(Duration::from_millis(10));
+                record = r;
+            }
+            Err((source, _)) => return Err(PublishError::Produce { topic: topic.to_owned(), source }),
+        }
+    }
+}
+
+async fn acknowledged(futures: Vec<(String, DeliveryFuture)>) -> Result<(), PublishError> {
+    try_join_all(futures.into_iter().map(|(topic, f)| async move {
+        match f.await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err((source, _))) => Err(PublishError::Produce { topic, source }),
+            Err(_) => Err(PublishError::Dropped { topic }),
+        }
+    }))
+    .await
+    .map(|_| ())
 }
 
 impl Pending {
     fn none() -> Self {
-        Self { futures: Vec::new() }
+        Self { futures: Vec::new(), deferred: Vec::new(), producer: None }
     }
 
-    /// Adds another batch of acknowledgements.
+    /// Adds another batch of acknowledgements (and its deferred events).
     pub fn extend(&mut self, other: Pending) {
         self.futures.extend(other.futures);
+        self.deferred.extend(other.deferred);
+        if self.producer.is_none() {
+            self.producer = other.producer;
+        }
     }
 
-    /// Waits until the broker acknowledged every record (acks=all).
+    /// Waits until the broker acknowledged every record (acks=all), then produces the
+    /// deferred events and waits for them too.
     pub async fn durable(self) -> Result<(), PublishError> {
-        try_join_all(self.futures.into_iter().map(|(topic, f)| async move {
-            match f.await {
-                Ok(Ok(_)) => Ok(()),
-                Ok(Err((source, _))) => Err(PublishError::Produce { topic, source }),
-                Err(_) => Err(PublishError::Dropped { topic }),
-            }
-        }))
-        .await
-        .map(|_| ())
+        acknowledged(self.futures).await?;
+        let Some(producer) = self.producer else { return Ok(()) };
+        let mut then = Vec::with_capacity(self.deferred.len());
+        for d in self.deferred {
+            then.push((d.topic.clone(), send_record(&producer, &d.topic, &d.key, &d.payload, d.headers)?));
+        }
+        acknowledged(then).await
     }
 }
 
@@ -260,18 +314,7 @@ impl Publisher {
     }
 
     fn send(&self, topic: &str, key: &[u8], payload: &[u8], headers: OwnedHeaders) -> Result<DeliveryFuture, PublishError> {
-        let mut record = FutureRecord::to(topic).key(key).payload(payload).headers(headers);
-        loop {
-            match self.producer.send_result(record) {
-                Ok(f) => return Ok(f),
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                    // The local queue drains as the broker acknowledges; serve callbacks meanwhile.
-                    self.producer.poll(Duration::from_millis(10));
-                    record = r;
-                }
-                Err((source, _)) => return Err(PublishError::Produce { topic: topic.to_owned(), source }),
-            }
-        }
+        send_record(&self.producer, topic, key, payload, headers)
     }
 
     /// Encodes a task's record and hands it to the producer, keyed by the task id.
@@ -285,7 +328,7 @@ impl Publisher {
     ) -> Result<Pending, PublishError> {
         let bytes = self.registry.encode(value).map_err(|source| PublishError::Encode { record, task: task.to_owned(), source })?;
         let f = self.send(topic, task.as_bytes(), &bytes, Self::headers(task, trace))?;
-        Ok(Pending { futures: vec![(topic.to_owned(), f)] })
+        Ok(Pending { futures: vec![(topic.to_owned(), f)], ..Pending::none() })
     }
 
     /// Hands the snapshot to the producer (and to the local view).
@@ -303,30 +346,50 @@ impl Publisher {
         self.enqueue_record(topic, "ProgressEvent", ev, &ev.task_id, ev.trace_parent.as_deref())
     }
 
-    /// Advances the snapshot by one event (seq + 1, state as already set by the caller),
-    /// and hands snapshot then event to the producer.
-    pub fn enqueue_transition(&self, snap: &mut TaskSnapshot, event: EventType, d: Detail) -> Result<Pending, PublishError> {
+    /// Advances the snapshot by one event (seq + 1, state as already set by the caller)
+    /// and returns that event.
+    fn advance(&self, snap: &mut TaskSnapshot, event: EventType, d: Detail) -> ProgressEvent {
         snap.seq += 1;
         snap.last_event = event;
         snap.updated_at_ms = now_ms();
         snap.worker = self.worker.clone();
-        let ev = d.into_event(
-            (&snap.task_id, snap.kind, &snap.subject),
-            snap.seq,
-            event,
-            &self.worker,
-            snap.updated_at_ms,
-            snap.trace_parent.clone(),
-        );
+        d.into_event((&snap.task_id, snap.kind, &snap.subject), snap.seq, event, &self.worker, snap.updated_at_ms, snap.trace_parent.clone())
+    }
+
+    /// Hands the snapshot to the producer, and its event to produce once the snapshot is
+    /// durable ([`Pending::durable`]).
+    pub fn enqueue_write(&self, snap: &TaskSnapshot, ev: &ProgressEvent) -> Result<Pending, PublishError> {
+        let bytes = self.registry.encode(ev).map_err(|source| PublishError::Encode { record: "ProgressEvent", task: ev.task_id.clone(), source })?;
         let mut p = self.enqueue_snapshot(snap)?;
-        p.extend(self.enqueue_event(&ev)?);
-        self.metrics.event(snap.kind, event);
+        p.deferred.push(Deferred {
+            topic: self.topics.progress().name.clone(),
+            key: ev.task_id.as_bytes().to_vec(),
+            payload: bytes,
+            headers: Self::headers(&ev.task_id, ev.trace_parent.as_deref()),
+        });
+        p.producer = Some(self.producer.clone());
+        self.metrics.event(snap.kind, ev.event);
         Ok(p)
     }
 
-    /// [`Self::enqueue_transition`], waiting until snapshot and event are durable.
+    /// Advances the snapshot by one event (seq + 1, state as already set by the caller),
+    /// hands the snapshot to the producer and defers the event until the snapshot is
+    /// durable.
+    pub fn enqueue_transition(&self, snap: &mut TaskSnapshot, event: EventType, d: Detail) -> Result<Pending, PublishError> {
+        let ev = self.advance(snap, event, d);
+        self.enqueue_write(snap, &ev)
+    }
+
+    /// [`Self::enqueue_transition`], waiting until snapshot and event are durable. On
+    /// failure the error carries the event, so that the same write can be made again
+    /// (same seq) before the task goes on.
     pub async fn transition(&self, snap: &mut TaskSnapshot, event: EventType, d: Detail) -> Result<(), PublishError> {
-        self.enqueue_transition(snap, event, d)?.durable().await
+        let ev = self.advance(snap, event, d);
+        let written = match self.enqueue_write(snap, &ev) {
+            Ok(p) => p.durable().await,
+            Err(e) => Err(e),
+        };
+        written.map_err(|source| PublishError::Transition { event: Box::new(ev), source: Box::new(source) })
     }
 
     /// Hands a dead letter to the producer: original key, bytes and headers (cut to fit,
@@ -340,7 +403,7 @@ impl Publisher {
         let topic = &self.topics.dead_letter().name;
         let f = self.send(topic, &key, &payload, h)?;
         self.metrics.dead_letter(&dl.topic);
-        Ok(Pending { futures: vec![(topic.clone(), f)] })
+        Ok(Pending { futures: vec![(topic.clone(), f)], ..Pending::none() })
     }
 
     /// Nothing to wait for.

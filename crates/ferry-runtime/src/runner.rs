@@ -45,6 +45,17 @@ pub(crate) struct Done {
     pub snapshot: TaskSnapshot,
     /// Left for the next owner (Stop) rather than settled.
     pub stopped: bool,
+    /// Left because its state could not be written (the broker refused or timed out):
+    /// the scheduler makes the same write again, then runs the task again, before any
+    /// other task of its subject.
+    pub unwritten: Option<Unwritten>,
+}
+
+/// The write a runner could not make: its snapshot is the one handed back.
+#[derive(Debug, Clone)]
+pub(crate) struct Unwritten {
+    /// The event of that snapshot, when the write was a transition.
+    pub event: Option<crate::protocol::ProgressEvent>,
 }
 
 /// What a runner shares with every other runner of its worker.
@@ -109,16 +120,21 @@ impl<H: TaskHandler> Runner<H> {
             _ => None,
         };
         crate::telemetry::end(&self.otel, error);
-        let stopped = match driven {
-            Ok(stopped) => stopped,
+        let (stopped, unwritten) = match driven {
+            Ok(stopped) => (stopped, None),
             Err(e) => {
-                // The broker refused our writes for the whole message timeout; leave the
-                // task as the last durable snapshot says, for a later owner to resume.
-                tracing::error!(task = %self.id, error = %e, "task left unfinished: its state could not be written");
-                true
+                // The broker refused our writes for the whole message timeout. The write
+                // may or may not be durable: the scheduler makes it again, identical (same
+                // seq, same event), before the task goes on.
+                tracing::error!(task = %self.id, error = %e, "task paused: its state could not be written; it runs again first in its subject");
+                let event = match e {
+                    PublishError::Transition { event, .. } => Some(*event),
+                    _ => None,
+                };
+                (true, Some(Unwritten { event }))
             }
         };
-        let _ = self.done.send(Done { task_id: self.id, snapshot: self.snap.clone(), stopped });
+        let _ = self.done.send(Done { task_id: self.id, snapshot: self.snap.clone(), stopped, unwritten });
         if let Some((_, reply)) = self.stop.take() {
             let _ = reply.send(ControlReply::Handled);
         }

@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::ids::TaskId;
 use crate::protocol::{Bytes, CommandAction, CommandEnvelope, EventType, ProgressEvent, TaskSnapshot, TaskState, now_ms};
 use crate::publisher::{DeadLetter, Detail, Pending, PublishError};
-use crate::runner::{Control, ControlReply, Done, Env, Runner};
+use crate::runner::{Control, ControlReply, Done, Env, Runner, Unwritten};
 use crate::state_view::StateView;
 use crate::step::TaskHandler;
 
@@ -46,6 +46,11 @@ pub(crate) enum SchedMsg {
     Shutdown { reply: oneshot::Sender<()> },
 }
 
+/// First wait before a task whose state could not be written runs again; it doubles per
+/// failure up to [`RETRY_UNWRITTEN_MAX`].
+const RETRY_UNWRITTEN_FIRST: Duration = Duration::from_secs(1);
+const RETRY_UNWRITTEN_MAX: Duration = Duration::from_secs(30);
+
 /// How far back a new owner republishes final events.
 const REPUBLISH_WINDOW_MS: i64 = 10 * 60 * 1000;
 
@@ -60,6 +65,15 @@ fn final_event(snap: &TaskSnapshot, worker: &str) -> ProgressEvent {
         ..Detail::default()
     };
     d.into_event((&snap.task_id, snap.kind, &snap.subject), snap.seq, snap.last_event, worker, snap.updated_at_ms, snap.trace_parent.clone())
+}
+
+/// A paused task's write, made again after a backoff.
+#[derive(Debug)]
+pub(crate) struct Rewritten {
+    id: TaskId,
+    write: Unwritten,
+    /// Why the write failed again, if it did.
+    failed: Option<String>,
 }
 
 struct Slot {
@@ -77,11 +91,17 @@ pub(crate) struct Scheduler<H: TaskHandler> {
     running: HashMap<String, TaskId>,
     done_tx: mpsc::UnboundedSender<Done>,
     done_rx: mpsc::UnboundedReceiver<Done>,
+    /// Failed writes per task paused for a retry (its subject's lane held meanwhile), and
+    /// the pending retry, aborted if the task's partition is given up.
+    unwritten: HashMap<TaskId, (u32, Option<tokio::task::AbortHandle>)>,
+    wake_tx: mpsc::UnboundedSender<Rewritten>,
+    wake_rx: mpsc::UnboundedReceiver<Rewritten>,
 }
 
 impl<H: TaskHandler> Scheduler<H> {
     pub(crate) fn new(env: Arc<Env<H>>, view: Arc<StateView>, revoke_grace: Duration) -> Self {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
+        let (wake_tx, wake_rx) = mpsc::unbounded_channel();
         Self {
             env,
             view,
@@ -92,6 +112,9 @@ impl<H: TaskHandler> Scheduler<H> {
             running: HashMap::new(),
             done_tx,
             done_rx,
+            unwritten: HashMap::new(),
+            wake_tx,
+            wake_rx,
         }
     }
 
@@ -99,6 +122,7 @@ impl<H: TaskHandler> Scheduler<H> {
         loop {
             tokio::select! {
                 Some(done) = self.done_rx.recv() => self.on_done(done),
+                Some(r) = self.wake_rx.recv() => self.on_rewritten(r),
                 msg = rx.recv() => match msg {
                     Some(SchedMsg::Batch { items, reply }) => {
                         let r = self.on_batch(items).await;
@@ -129,11 +153,70 @@ impl<H: TaskHandler> Scheduler<H> {
         let subject = done.snapshot.subject.clone();
         slot.ctl = None;
         slot.snap = done.snapshot;
+        if let Some(write) = done.unwritten
+            && self.owned.contains(&slot.snap.origin_partition)
+        {
+            // Its state could not be written: it keeps its subject's lane (no later task of
+            // the subject starts), its write is made again after a backoff, then it runs
+            // again, first in its subject.
+            self.running.insert(subject.clone(), done.task_id);
+            self.queues.entry(subject).or_default().push_front(done.task_id);
+            self.rewrite_later(done.task_id, write);
+            return;
+        }
+        self.unwritten.remove(&done.task_id);
         if self.running.get(&subject) == Some(&done.task_id) {
             self.running.remove(&subject);
         }
         if !done.stopped && crate::publisher::settled(&slot.snap) {
             self.slots.remove(&done.task_id);
+        }
+        self.pump(&subject);
+    }
+
+    /// Makes a paused task's failed write again after a backoff that doubles per failure.
+    fn rewrite_later(&mut self, id: TaskId, write: Unwritten) {
+        let Some(slot) = self.slots.get(&id) else { return };
+        let (failures, retry) = self.unwritten.entry(id).or_insert((0, None));
+        *failures += 1;
+        let delay = RETRY_UNWRITTEN_FIRST.saturating_mul(1 << (*failures - 1).min(5)).min(RETRY_UNWRITTEN_MAX);
+        tracing::warn!(task = %id, failures = *failures, delay_ms = delay.as_millis() as u64, "writing the task's state again after a backoff");
+        let (publisher, snap, wake) = (self.env.publisher.clone(), slot.snap.clone(), self.wake_tx.clone());
+        *retry = Some(tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let made = async {
+                match &write.event {
+                    Some(ev) => publisher.enqueue_write(&snap, ev)?.durable().await,
+                    None => publisher.enqueue_snapshot(&snap)?.durable().await,
+                }
+            };
+            let failed = made.await.err().map(|e| e.to_string());
+            let _ = wake.send(Rewritten { id, write, failed });
+        })
+        .abort_handle());
+    }
+
+    /// A paused task's write was made again: run the task again (first in its subject), or
+    /// back off again if the write failed. Nothing to do if its partition was given up.
+    fn on_rewritten(&mut self, r: Rewritten) {
+        let Some(slot) = self.slots.get(&r.id) else { return };
+        let subject = slot.snap.subject.clone();
+        if slot.ctl.is_some() || self.running.get(&subject) != Some(&r.id) || !self.owned.contains(&slot.snap.origin_partition) {
+            return;
+        }
+        if let Some(e) = r.failed {
+            tracing::warn!(task = %r.id, error = %e, "the task's state could not be written again");
+            self.rewrite_later(r.id, r.write);
+            return;
+        }
+        self.unwritten.remove(&r.id);
+        self.running.remove(&subject);
+        if crate::publisher::settled(&slot.snap) {
+            // The write that failed was its last: nothing more to run.
+            self.slots.remove(&r.id);
+            if let Some(q) = self.queues.get_mut(&subject) {
+                q.retain(|id| *id != r.id);
+            }
         }
         self.pump(&subject);
     }
@@ -436,5 +519,14 @@ impl<H: TaskHandler> Scheduler<H> {
             q.retain(|id| self.slots.contains_key(id));
         }
         self.queues.retain(|_, q| !q.is_empty());
+        // A write made again after the next owner took the task over could overwrite its
+        // newer snapshot: abort the retries of the tasks given up.
+        self.unwritten.retain(|id, (_, retry)| {
+            let keep = self.slots.contains_key(id);
+            if let (false, Some(r)) = (keep, retry) {
+                r.abort();
+            }
+            keep
+        });
     }
 }

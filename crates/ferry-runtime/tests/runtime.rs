@@ -259,6 +259,11 @@ async fn every_task_finishes_after_a_ten_second_broker_outage() {
     worker.await.unwrap();
 }
 
+/// The seq of every task's latest snapshot on the task-state topic.
+async fn snapshot_seqs(client: &ferry_runtime::Client) -> HashMap<String, i64> {
+    client.snapshots().await.unwrap().into_iter().map(|s| (s.task_id, s.seq)).collect()
+}
+
 async fn two_instances_share_and_lose_nothing(broker: TestBroker) {
     let client = broker.client();
     let mut events = client.events(true).await.unwrap();
@@ -301,7 +306,8 @@ async fn two_instances_share_and_lose_nothing(broker: TestBroker) {
     assert!(workers.len() >= 2, "both instances worked: {workers:?}");
     // Tasks queued behind others on shared subjects while partitions moved: no task ran
     // twice at once, none ended twice, and no two tasks of a subject overlapped.
-    let violations = ferry_runtime::history::check(&history);
+    let mut violations = ferry_runtime::history::check(&history);
+    violations.extend(ferry_runtime::history::check_snapshots(&history, &snapshot_seqs(&client).await));
     assert!(violations.is_empty(), "{} violations of the runtime's guarantees:\n{violations:#?}", violations.len());
     worker_a.await.unwrap();
     let (stop_b, worker_b) = b.unwrap();
@@ -476,4 +482,53 @@ async fn records_of_any_size_and_length_bombs_stop_no_worker_embedded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_of_any_size_and_length_bombs_stop_no_worker_tansu() {
     records_of_any_size_and_length_bombs(TestBroker::tansu().await).await;
+}
+
+/// A write the broker never acknowledges (an outage longer than the worker's
+/// `message.timeout.ms`) pauses its task: the same write is made again once the broker is
+/// back, the task goes on, and the next task of its subject waits for it. Before, the task
+/// was left unfinished and the next task of its subject started at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_that_times_out_pauses_its_task_and_its_subject_keeps_order() {
+    let broker = TestBroker::embedded();
+    let client = broker.client();
+    let mut events = client.events(true).await.unwrap();
+    let mut opts = broker.worker_options();
+    opts.kafka.extra.push(("message.timeout.ms".into(), "2000".into()));
+    let (stop, worker) = broker.spawn_worker(opts);
+    let first = submit(&client, "paused", &TestTaskSpec { step_ms: 1500, ..TestTaskSpec::steps(3) }).await;
+    let second = submit(&client, "paused", &TestTaskSpec::steps(1)).await;
+    let mut history = until_event(&mut events, second, EventType::Accepted).await;
+    history.extend(until_event(&mut events, first, EventType::StepSucceeded).await);
+    // Every produce request fails (retriably, as while replicas are missing); fetches and
+    // the group's heartbeats go on, so no rebalance hands the task to a new run.
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    let mock = broker.embedded.as_ref().unwrap().mock();
+    mock.request_errors(RDKafkaApiKey::Produce, &vec![RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS; 100_000]);
+    // The fault itself: longer than the worker's message timeout, while step 2 runs and
+    // ends (its writes cannot be acknowledged).
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    mock.clear_request_errors(RDKafkaApiKey::Produce);
+    let mut finals: Vec<String> = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while finals.len() < 2 {
+        let ev = tokio::time::timeout_at(deadline, events.next())
+            .await
+            .unwrap_or_else(|_| panic!("both tasks end; ended so far: {finals:?}; events: {:?}", types(&history)))
+            .unwrap();
+        if ev.task_id != first.to_string() && ev.task_id != second.to_string() {
+            continue;
+        }
+        if ev.event.is_final() && !finals.contains(&ev.task_id) {
+            assert_eq!(ev.event, EventType::Succeeded, "{ev:?}");
+            finals.push(ev.task_id.clone());
+        }
+        history.push(ev);
+    }
+    assert_eq!(finals, vec![first.to_string(), second.to_string()], "the subject's tasks end in order");
+    let mut violations = ferry_runtime::history::check(&history);
+    violations.extend(ferry_runtime::history::check_snapshots(&history, &snapshot_seqs(&client).await));
+    assert!(violations.is_empty(), "{violations:#?}");
+    stop.cancel();
+    worker.await.unwrap();
 }

@@ -122,7 +122,10 @@ impl KafkaConfig {
             .set("auto.offset.reset", "earliest")
             .set("session.timeout.ms", "10000")
             .set("heartbeat.interval.ms", "1000")
-            .set("partition.assignment.strategy", "range");
+            // Incremental rebalancing: a worker joining or leaving moves only the partitions
+            // that change owner; the others' tasks keep running (rdkafka's default
+            // rebalance handler assigns and unassigns incrementally for this protocol).
+            .set("partition.assignment.strategy", "cooperative-sticky");
         self.finish_consumer(c)
     }
 

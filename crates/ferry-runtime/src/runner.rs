@@ -11,6 +11,7 @@ use futures::future::BoxFuture;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::codes;
 use crate::ids::TaskId;
 use crate::protocol::{EventType, JournalEntry, StepStatus, TaskError, TaskSnapshot, TaskState, now_ms};
 use crate::publisher::{Detail, PublishError, Publisher};
@@ -80,6 +81,17 @@ enum Exec<T> {
     Cancelled,
     /// A Stop's grace ran out, or it came between attempts.
     Stopped,
+}
+
+/// Why a journal does not fit a plan, if it does not: more entries than steps, or an
+/// entry whose name is not the plan's step at its index.
+fn plan_mismatch<S>(journal: &[JournalEntry], steps: &[Arc<dyn Step<S>>]) -> Option<String> {
+    if journal.len() > steps.len() {
+        return Some(format!("the journal has {} steps, the plan {}", journal.len(), steps.len()));
+    }
+    journal.iter().zip(steps).enumerate().find(|(_, (e, s))| e.name != s.name()).map(|(i, (e, s))| {
+        format!("step {} is {:?} in the journal but {:?} in the plan: the plan changed since the task started", i + 1, e.name, s.name())
+    })
 }
 
 pub(crate) struct Runner<H: TaskHandler> {
@@ -163,6 +175,24 @@ impl<H: TaskHandler> Runner<H> {
             }
         };
         let steps = self.env.handler.plan(&spec);
+        if let Some(why) = plan_mismatch(&self.snap.journal, &steps) {
+            // Resume and undo go by step index: with another plan they would run, or undo,
+            // the wrong step. Stop here, saying so.
+            let (state, event) = match self.snap.state {
+                TaskState::Accepted | TaskState::Running => (TaskState::Failed, EventType::Failed),
+                TaskState::Reverting => (TaskState::RevertFailed, EventType::RevertFailed),
+                s if self.snap.revert_requested && s.is_revertible() => (TaskState::RevertFailed, EventType::RevertFailed),
+                _ => return Ok(false),
+            };
+            tracing::error!(task = %self.id, %why, "the task's journal does not match its plan");
+            self.snap.state = state;
+            self.snap.revert_requested = false;
+            self.snap.cancel_requested = false;
+            self.snap.error = Some(TaskError { code: codes::PLAN_CHANGED.into(), message: why.clone(), step: None, transient: false });
+            let d = Detail { code: Some(codes::PLAN_CHANGED.into()), ..Detail::default() }.message(why);
+            self.env.publisher.transition(&mut self.snap, event, d).await?;
+            return Ok(false);
+        }
         loop {
             if self.stopping() {
                 return Ok(true);
@@ -279,7 +309,17 @@ impl<H: TaskHandler> Runner<H> {
                     }
                     .message(err.message.clone());
                     self.env.publisher.transition(&mut self.snap, EventType::StepFailed, d).await?;
-                    if err.rejects {
+                    // A rejection means "nothing was done": true only while no earlier step
+                    // acted. After one did, it is a permanent failure, which reverts.
+                    let acted = steps[..i].iter().any(|s| s.acts());
+                    if err.rejects && acted {
+                        let step = steps.iter().take(i).rev().find(|s| s.acts()).map(|s| s.name().to_owned()).unwrap_or_default();
+                        tracing::warn!(task = %self.id, step = %name, after = %step, "a step rejected after an earlier step acted: failing the task instead");
+                        if let Some(e) = self.snap.error.as_mut() {
+                            e.message = format!("{} (a rejection after step {step:?} acted: treated as a failure)", e.message);
+                        }
+                    }
+                    if err.rejects && !acted {
                         // Checks against the live state come before every effect: nothing to undo.
                         self.snap.state = TaskState::Rejected;
                         let d = Detail { code: Some(err.code.clone()), ..Detail::default() }.message(err.message);

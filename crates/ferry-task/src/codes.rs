@@ -12,6 +12,9 @@ pub const SPEC_UNDECODABLE: &str = "SPEC_UNDECODABLE";
 pub const DEADLINE_EXCEEDED: &str = "DEADLINE_EXCEEDED";
 /// One attempt of a step ran past its timeout (retried).
 pub const STEP_TIMEOUT: &str = "STEP_TIMEOUT";
+/// A resumed or reverted task's journal names other steps than its kind's plan now has
+/// (a worker of another version): nothing more runs, no undo goes to the wrong step.
+pub const PLAN_CHANGED: &str = "PLAN_CHANGED";
 /// A bug in Ferry: a step's input that the plan guarantees is missing or malformed.
 pub const INTERNAL: &str = "INTERNAL";
 /// The `test` kind's injected failures.

@@ -202,6 +202,14 @@ pub trait Step<S>: Send + Sync {
 
     /// Undoes the work; `output` is `None` when `run` did not finish.
     fn undo<'a>(&'a self, cx: &'a StepContext<'a, S>, output: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>>;
+
+    /// Whether running this step may change anything outside Kafka. A rejection
+    /// ([`StepError::rejected`]) ends a task Rejected only while no step before it acts;
+    /// after one acted, the runtime treats it as a permanent failure, which reverts (or
+    /// keeps the partial work with `keep_partial`). A [`CheckStep`] does not act.
+    fn acts(&self) -> bool {
+        true
+    }
 }
 
 /// A step that changes nothing (a check of the live state, a wait for a condition): its
@@ -230,6 +238,10 @@ impl<S, C: CheckStep<S>> Step<S> for C {
 
     fn run<'a>(&'a self, cx: &'a StepContext<'a, S>) -> BoxFuture<'a, Result<Value, StepError>> {
         CheckStep::run(self, cx)
+    }
+
+    fn acts(&self) -> bool {
+        false
     }
 
     fn undo<'a>(&'a self, _: &'a StepContext<'a, S>, _: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>> {

@@ -231,6 +231,10 @@ impl CreateCheck {
 }
 
 impl Step<ClusterCommand> for CreateCheck {
+    fn acts(&self) -> bool {
+        false // reads the live state only
+    }
+
     fn name(&self) -> &str {
         "check"
     }
@@ -854,6 +858,10 @@ async fn set_counts(inner: &Inner, cmd: &ClusterCommand, to: &Counts) -> Result<
 struct ScaleCheck(Arc<Inner>);
 
 impl Step<ClusterCommand> for ScaleCheck {
+    fn acts(&self) -> bool {
+        false // reads the live state only
+    }
+
     fn name(&self) -> &str {
         "check"
     }
@@ -946,6 +954,10 @@ impl Step<ClusterCommand> for ScaleWait {
 struct DeleteCheck(Arc<Inner>);
 
 impl Step<ClusterCommand> for DeleteCheck {
+    fn acts(&self) -> bool {
+        false // reads the live state only
+    }
+
     fn name(&self) -> &str {
         "check"
     }

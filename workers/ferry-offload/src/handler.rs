@@ -267,6 +267,10 @@ impl Inner {
 struct CheckStep(Arc<Inner>, StepPolicy);
 
 impl Step<OffloadCommand> for CheckStep {
+    fn acts(&self) -> bool {
+        false // reads the live state only
+    }
+
     fn name(&self) -> &str {
         "check"
     }

@@ -276,6 +276,10 @@ impl Step<PeerClusters> for Inverse {
 struct LiqoCheck(Arc<Inner>, StepPolicy);
 
 impl Step<PeerClusters> for LiqoCheck {
+    fn acts(&self) -> bool {
+        false // reads the live state only
+    }
+
     fn name(&self) -> &str {
         "check"
     }
@@ -640,6 +644,10 @@ fn sets(cx: &StepContext<'_, PeerClusters>) -> Result<Sets, StepError> {
 struct SubmarinerCheck(Arc<Inner>);
 
 impl Step<PeerClusters> for SubmarinerCheck {
+    fn acts(&self) -> bool {
+        false // reads the live state only
+    }
+
     fn name(&self) -> &str {
         "check"
     }

@@ -1,0 +1,167 @@
+//! What a step's plan promises, end to end on the embedded broker: a rejection after an
+//! earlier step acted is a failure that reverts (a rejection before any step acted still
+//! ends Rejected), and a task resumed by a worker whose plan changed stops with
+//! PLAN_CHANGED instead of running, or undoing, the wrong step. The steps record what they
+//! do, so a wrong run is seen.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+
+use ferry_runtime::step::{CheckStep, Rejection, Step, StepContext, StepError, TaskHandler};
+use ferry_runtime::testkind::TestTaskSpec;
+use ferry_runtime::{EventType, TaskKind, TaskState, Worker, WorkerOptions};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde_json::{Value, json};
+use support::*;
+use tokio_util::sync::CancellationToken;
+
+type Log = Arc<Mutex<Vec<String>>>;
+
+/// A step that records its runs and undos.
+struct Act(&'static str, Log);
+
+impl Step<TestTaskSpec> for Act {
+    fn name(&self) -> &str {
+        self.0
+    }
+
+    fn run<'a>(&'a self, _: &'a StepContext<'a, TestTaskSpec>) -> BoxFuture<'a, Result<Value, StepError>> {
+        self.1.lock().unwrap().push(format!("run {}", self.0));
+        async { Ok(json!({})) }.boxed()
+    }
+
+    fn undo<'a>(&'a self, _: &'a StepContext<'a, TestTaskSpec>, _: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>> {
+        self.1.lock().unwrap().push(format!("undo {}", self.0));
+        async { Ok(()) }.boxed()
+    }
+}
+
+/// A check that records that it looked.
+struct Look(Log);
+
+impl CheckStep<TestTaskSpec> for Look {
+    fn name(&self) -> &str {
+        "look"
+    }
+
+    fn run<'a>(&'a self, _: &'a StepContext<'a, TestTaskSpec>) -> BoxFuture<'a, Result<Value, StepError>> {
+        self.0.lock().unwrap().push("look".into());
+        async { Ok(json!({})) }.boxed()
+    }
+}
+
+/// A step that refuses the command against the live state, as a check would.
+struct Refuse;
+
+impl CheckStep<TestTaskSpec> for Refuse {
+    fn name(&self) -> &str {
+        "refuse"
+    }
+
+    fn run<'a>(&'a self, _: &'a StepContext<'a, TestTaskSpec>) -> BoxFuture<'a, Result<Value, StepError>> {
+        async { Err(StepError::rejected("REFUSED", "the live state says no")) }.boxed()
+    }
+}
+
+/// A step that never ends (until its worker stops it).
+struct Hang;
+
+impl CheckStep<TestTaskSpec> for Hang {
+    fn name(&self) -> &str {
+        "hang"
+    }
+
+    fn run<'a>(&'a self, _: &'a StepContext<'a, TestTaskSpec>) -> BoxFuture<'a, Result<Value, StepError>> {
+        futures::future::pending().boxed()
+    }
+}
+
+/// Plans chosen by the spec's `steps`, in two versions of the worker.
+struct Scripted {
+    version: u8,
+    log: Log,
+}
+
+impl TaskHandler for Scripted {
+    type Spec = TestTaskSpec;
+
+    fn kind(&self) -> TaskKind {
+        TaskKind::Test
+    }
+
+    fn validate(&self, _: &str, _: &TestTaskSpec) -> Result<(), Rejection> {
+        Ok(())
+    }
+
+    fn plan(&self, spec: &TestTaskSpec) -> Vec<Arc<dyn Step<TestTaskSpec>>> {
+        let log = &self.log;
+        match (spec.steps, self.version) {
+            (1, _) => vec![Arc::new(Look(log.clone())), Arc::new(Refuse)],
+            (2, _) => vec![Arc::new(Act("make", log.clone())), Arc::new(Refuse)],
+            (_, 1) => vec![Arc::new(Act("make", log.clone())), Arc::new(Hang)],
+            _ => vec![Arc::new(Act("make", log.clone())), Arc::new(Act("other", log.clone()))],
+        }
+    }
+}
+
+fn spawn(broker: &TestBroker, version: u8, log: &Log) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let opts: WorkerOptions = broker.worker_options();
+    let handler = Scripted { version, log: log.clone() };
+    let token = CancellationToken::new();
+    let t = token.clone();
+    (token, tokio::spawn(async move { Worker::new(opts, handler).run(t).await.expect("worker failed") }))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejection_after_a_step_acted_reverts_and_one_before_ends_rejected() {
+    let broker = TestBroker::embedded();
+    let client = broker.client();
+    let mut events = client.events(true).await.unwrap();
+    let log: Log = Arc::default();
+    let (stop, worker) = spawn(&broker, 1, &log);
+
+    let checked = submit(&client, "checked", &TestTaskSpec::steps(1)).await;
+    let evs = until_final(&mut events, checked).await;
+    assert_eq!(evs.last().unwrap().event, EventType::Rejected, "{:?}", types(&evs));
+    assert_eq!(log.lock().unwrap().drain(..).collect::<Vec<_>>(), ["look"]);
+
+    // Before: Rejected, and what `make` made stayed.
+    let acted = submit(&client, "acted", &TestTaskSpec::steps(2)).await;
+    let evs = until_final(&mut events, acted).await;
+    let last = evs.last().unwrap();
+    assert_eq!(last.event, EventType::Reverted, "{:?}", types(&evs));
+    assert_eq!(log.lock().unwrap().drain(..).collect::<Vec<_>>(), ["run make", "undo make"]);
+    let snap = client.snapshot(acted).await.unwrap().unwrap();
+    let error = snap.error.expect("the failure is kept");
+    assert_eq!(error.code, "REFUSED");
+    assert!(error.message.contains("a rejection after step \"make\" acted"), "{}", error.message);
+    stop.cancel();
+    worker.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_resumed_under_a_changed_plan_stops_with_plan_changed() {
+    let broker = TestBroker::embedded();
+    let client = broker.client();
+    let mut events = client.events(true).await.unwrap();
+    let log: Log = Arc::default();
+    let (stop, worker) = spawn(&broker, 1, &log);
+    let id = submit(&client, "changed", &TestTaskSpec::steps(3)).await;
+    let evs = events.until(id, WAIT, |e| e.event == EventType::StepStarted && e.step == Some(2)).await.unwrap();
+    assert_eq!(evs.last().unwrap().step_name.as_deref(), Some("hang"));
+    stop.cancel();
+    worker.await.unwrap();
+
+    // The next worker's plan has `other` where `hang` was. Before, it ran `other` as step 2.
+    let (stop, worker) = spawn(&broker, 2, &log);
+    let evs = until_final(&mut events, id).await;
+    let last = evs.last().unwrap();
+    assert_eq!((last.event, last.code.as_deref()), (EventType::Failed, Some("PLAN_CHANGED")), "{:?}", types(&evs));
+    assert!(last.message.as_deref().unwrap().contains("step 2 is \"hang\" in the journal but \"other\" in the plan"), "{:?}", last.message);
+    assert_eq!(*log.lock().unwrap(), ["run make"], "nothing ran or was undone under the new plan");
+    assert_eq!(client.snapshot(id).await.unwrap().unwrap().state, TaskState::Failed);
+    stop.cancel();
+    worker.await.unwrap();
+}

@@ -1,6 +1,9 @@
 //! `ferry bench recovery`: a worker process holding N tasks mid-step is killed with
 //! SIGKILL; a new instance takes over. Reports the time until it has resumed every task
-//! and until all succeeded, and counts lost and duplicated completions (both must be 0).
+//! and until all succeeded, and counts lost tasks, every step that ran more than once, and
+//! the history checker's violations. Each task's step was mid-way when the worker died, so
+//! each runs twice (expected, once per task); any other second run, a loss or a violation
+//! fails the run.
 
 use std::collections::{HashMap, HashSet};
 use std::process::{Child, Command, Stdio};
@@ -42,7 +45,14 @@ struct Report {
     kill_to_all_resumed_s: f64,
     kill_to_all_succeeded_s: f64,
     lost: usize,
-    duplicated_completions: usize,
+    /// Steps started more than once (task, step): every task once, as its worker died mid-step.
+    step_reruns: usize,
+    /// Reruns beyond that: a step started again by the worker that had started it, or
+    /// started three times or more.
+    unexpected_reruns: usize,
+    /// `history::check` over every event of the run: seqs reused, tasks ended twice,
+    /// overlapping tasks of a subject.
+    violations: usize,
 }
 
 struct Proc(Child);
@@ -90,7 +100,7 @@ pub async fn run(a: RecoveryArgs) -> anyhow::Result<std::process::ExitCode> {
     let _second = worker(&bootstrap, "second", a.session_timeout_ms)?;
     let mut resumed = HashSet::new();
     let mut all_resumed = None;
-    let mut completions: HashMap<String, HashSet<i64>> = HashMap::new();
+    let mut history = Vec::new();
     let mut succeeded = HashSet::new();
     while succeeded.len() < a.tasks {
         let Ok(Some(ev)) = tokio::time::timeout_at(deadline, events.next()).await else { break };
@@ -104,9 +114,20 @@ pub async fn run(a: RecoveryArgs) -> anyhow::Result<std::process::ExitCode> {
             }
         }
         if ev.event == EventType::Succeeded {
-            completions.entry(ev.task_id.clone()).or_default().insert(ev.seq);
-            succeeded.insert(ev.task_id);
+            succeeded.insert(ev.task_id.clone());
         }
+        history.push(ev);
+    }
+    // Every (task, step) start, by worker, in order.
+    let mut starts: HashMap<(String, Option<i32>), Vec<String>> = HashMap::new();
+    for e in history.iter().filter(|e| e.event == EventType::StepStarted) {
+        starts.entry((e.task_id.clone(), e.step)).or_default().push(e.worker.clone());
+    }
+    let step_reruns = starts.values().map(|w| w.len().saturating_sub(1)).sum();
+    let unexpected_reruns = starts.values().filter(|w| w.len() > 2 || (w.len() == 2 && w[0] == w[1])).count();
+    let violations = ferry_runtime::history::check(&history);
+    for v in violations.iter().take(10) {
+        eprintln!("violation: {v:?}");
     }
     let report = Report {
         broker: a.broker.name().to_owned(),
@@ -116,8 +137,9 @@ pub async fn run(a: RecoveryArgs) -> anyhow::Result<std::process::ExitCode> {
         kill_to_all_resumed_s: all_resumed.unwrap_or(f64::NAN),
         kill_to_all_succeeded_s: killed.elapsed().as_secs_f64(),
         lost: a.tasks - succeeded.len(),
-        // A final event republished after a crash keeps its seq; two seqs would be two completions.
-        duplicated_completions: completions.values().filter(|s| s.len() > 1).count(),
+        step_reruns,
+        unexpected_reruns,
+        violations: violations.len(),
     };
     drop(events);
     drop(client);
@@ -131,7 +153,10 @@ pub async fn run(a: RecoveryArgs) -> anyhow::Result<std::process::ExitCode> {
         println!("kill -9 -> all resumed    {:.1} s (session timeout {} ms)", report.kill_to_all_resumed_s, report.session_timeout_ms);
         println!("kill -9 -> all succeeded  {:.1} s (each resumed step reruns its {} s)", report.kill_to_all_succeeded_s, a.step_seconds);
         println!("lost                      {}", report.lost);
-        println!("duplicated completions    {}", report.duplicated_completions);
+        println!("steps run twice           {} (each task's step was mid-way at the kill: {} expected)", report.step_reruns, report.tasks);
+        println!("unexpected reruns         {}", report.unexpected_reruns);
+        println!("checker violations        {}", report.violations);
     }
-    Ok(if report.lost == 0 && report.duplicated_completions == 0 { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::FAILURE })
+    let clean = report.lost == 0 && report.unexpected_reruns == 0 && report.violations == 0 && report.step_reruns <= report.tasks;
+    Ok(if clean { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::FAILURE })
 }

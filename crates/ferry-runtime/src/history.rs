@@ -21,7 +21,8 @@ pub enum Violation {
         /// The two events, as `event step worker`.
         events: [String; 2],
     },
-    /// A task has final events at more than one seq (it ended twice).
+    /// A task has final events at more than one seq with no Reverting between them (it
+    /// ended twice; a Revert of a settled task legitimately ends it again).
     EndedTwice {
         /// The task.
         task: String,
@@ -78,6 +79,7 @@ pub fn check(events: &[ProgressEvent]) -> Vec<Violation> {
     let mut out = Vec::new();
     let mut by_seq: HashMap<(&str, i64), &ProgressEvent> = HashMap::new();
     let mut finals: BTreeMap<&str, BTreeMap<i64, &ProgressEvent>> = BTreeMap::new();
+    let mut reverting: HashMap<&str, Vec<i64>> = HashMap::new();
     for e in events {
         match by_seq.get(&(e.task_id.as_str(), e.seq)) {
             Some(seen) if seen.event != e.event || seen.step != e.step => out.push(Violation::SeqReused {
@@ -93,9 +95,14 @@ pub fn check(events: &[ProgressEvent]) -> Vec<Violation> {
         if e.event.is_final() {
             finals.entry(e.task_id.as_str()).or_default().insert(e.seq, e);
         }
+        if e.event == EventType::Reverting {
+            reverting.entry(e.task_id.as_str()).or_default().push(e.seq);
+        }
     }
     for (task, f) in &finals {
-        if f.len() > 1 {
+        let seqs: Vec<i64> = f.keys().copied().collect();
+        let reverted_between = |a: i64, b: i64| reverting.get(task).is_some_and(|r| r.iter().any(|s| a < *s && *s < b));
+        if seqs.windows(2).any(|w| !reverted_between(w[0], w[1])) {
             out.push(Violation::EndedTwice {
                 task: (*task).to_owned(),
                 finals: f.iter().map(|(seq, e)| format!("{seq} {:?} {}", e.event, e.worker)).collect(),
@@ -196,6 +203,19 @@ mod tests {
         assert!(v.iter().any(|v| matches!(v, Violation::EndedTwice { task, finals } if task == "t1" && finals.len() == 2)), "{v:?}");
         assert!(v.iter().any(|v| matches!(v, Violation::SubjectOverlap { running, started, .. } if running == "t1" && started == "t2")), "{v:?}");
         assert_eq!(v.len(), 3, "{v:?}");
+    }
+
+    #[test]
+    fn a_revert_after_a_final_event_is_not_an_end_twice() {
+        let h = [
+            ev("t1", "s", 1, EventType::Accepted, None, "a", 1),
+            ev("t1", "s", 2, EventType::Succeeded, None, "a", 2),
+            ev("t1", "s", 3, EventType::Reverting, None, "a", 3),
+            ev("t1", "s", 4, EventType::RevertFailed, None, "a", 4),
+            ev("t1", "s", 5, EventType::Reverting, None, "b", 5),
+            ev("t1", "s", 6, EventType::Reverted, None, "b", 6),
+        ];
+        assert_eq!(check(&h), Vec::new());
     }
 
     #[test]

@@ -108,7 +108,8 @@ impl ConsumerContext for IntakeContext {
             let (reply, rx) = oneshot::channel();
             let parts = partitions(tpl);
             tracing::info!(partitions = ?parts, "partitions revoked; stopping their tasks");
-            if self.sched.blocking_send(SchedMsg::Revoked { partitions: parts, reply }).is_ok() {
+            let lost = consumer.assignment_lost();
+            if self.sched.blocking_send(SchedMsg::Revoked { partitions: parts, lost, reply }).is_ok() {
                 let _ = rx.blocking_recv();
             }
             // Offsets stored so far stand for durable work: commit them before letting go.
@@ -196,12 +197,12 @@ impl<H: TaskHandler> Intake<H> {
             if self.sched.blocking_send(SchedMsg::Batch { items: batch, reply }).is_err() {
                 return Ok(());
             }
-            match rx.blocking_recv() {
-                Ok(Ok(())) => {}
+            let skipped = match rx.blocking_recv() {
+                Ok(Ok(skipped)) => skipped,
                 Ok(Err(source)) => return Err(IntakeError::Durability { topic: self.topic.clone(), source: Box::new(source) }),
                 Err(_) => return Ok(()),
-            }
-            for (p, o) in offsets {
+            };
+            for (p, o) in offsets.into_iter().filter(|(p, _)| !skipped.contains(p)) {
                 // Fails only for partitions revoked meanwhile; their new owner reads them again.
                 if let Err(e) = self.consumer.store_offset(&self.topic, p, o) {
                     tracing::debug!(partition = p, offset = o, error = %e, "offset not stored");

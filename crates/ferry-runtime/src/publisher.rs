@@ -70,6 +70,12 @@ pub enum PublishError {
         #[source]
         source: Box<PublishError>,
     },
+    /// The task's partition was given up: this worker writes nothing more for it.
+    #[error("task {task} is fenced: its partition now belongs to another worker")]
+    Fenced {
+        /// The task.
+        task: String,
+    },
     /// The producer was dropped before the record was acknowledged.
     #[error("producer shut down before {topic} acknowledged a record")]
     Dropped {

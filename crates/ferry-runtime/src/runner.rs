@@ -10,6 +10,7 @@ use backon::BackoffBuilder;
 use futures::future::BoxFuture;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
 
 use crate::codes;
 use crate::ids::TaskId;
@@ -101,6 +102,9 @@ pub(crate) struct Runner<H: TaskHandler> {
     ctl: mpsc::Receiver<Control>,
     done: mpsc::UnboundedSender<Done>,
     stop: Option<(Instant, oneshot::Sender<ControlReply>)>,
+    /// Cancelled when this worker gives the task's partition up for good (the revoke grace
+    /// ran out, or the assignment was lost): nothing more is written, no step goes on.
+    fence: CancellationToken,
     /// This run's `ferry.task` span, under the command's trace.
     otel: opentelemetry::Context,
 }
@@ -112,8 +116,25 @@ impl<H: TaskHandler> Runner<H> {
         snap: TaskSnapshot,
         ctl: mpsc::Receiver<Control>,
         done: mpsc::UnboundedSender<Done>,
+        fence: CancellationToken,
     ) -> Self {
-        Self { env, id, snap, ctl, done, stop: None, otel: opentelemetry::Context::new() }
+        Self { env, id, snap, ctl, done, stop: None, fence, otel: opentelemetry::Context::new() }
+    }
+
+    /// Fails once the task is fenced: its partition belongs to another worker now.
+    fn fenced(&self) -> Result<(), PublishError> {
+        if self.fence.is_cancelled() {
+            return Err(PublishError::Fenced { task: self.snap.task_id.clone() });
+        }
+        Ok(())
+    }
+
+    /// Publishes a transition of this task, unless it is fenced (checked before the write,
+    /// and after it: a write that was in flight when the fence fell is the last one).
+    async fn transition(&mut self, event: EventType, d: Detail) -> Result<(), PublishError> {
+        self.fenced()?;
+        self.env.publisher.transition(&mut self.snap, event, d).await?;
+        self.fenced()
     }
 
     /// Drives the task, hands it back, then answers late controls with `Finished` until
@@ -134,6 +155,10 @@ impl<H: TaskHandler> Runner<H> {
         crate::telemetry::end(&self.otel, error);
         let (stopped, unwritten) = match driven {
             Ok(stopped) => (stopped, None),
+            Err(PublishError::Fenced { .. }) => {
+                tracing::warn!(task = %self.id, "task fenced: its partition moved to another worker; stopped without another write");
+                (true, None)
+            }
             Err(e) => {
                 // The broker refused our writes for the whole message timeout. The write
                 // may or may not be durable: the scheduler makes it again, identical (same
@@ -170,7 +195,7 @@ impl<H: TaskHandler> Runner<H> {
                 self.snap.state = TaskState::Failed;
                 self.snap.error = Some(TaskError { code: "SPEC_UNDECODABLE".into(), message: e.to_string(), step: None, transient: false });
                 let d = Detail { code: Some("SPEC_UNDECODABLE".into()), ..Detail::default() }.message(e.to_string());
-                self.env.publisher.transition(&mut self.snap, EventType::Failed, d).await?;
+                self.transition(EventType::Failed, d).await?;
                 return Ok(false);
             }
         };
@@ -190,7 +215,7 @@ impl<H: TaskHandler> Runner<H> {
             self.snap.cancel_requested = false;
             self.snap.error = Some(TaskError { code: codes::PLAN_CHANGED.into(), message: why.clone(), step: None, transient: false });
             let d = Detail { code: Some(codes::PLAN_CHANGED.into()), ..Detail::default() }.message(why);
-            self.env.publisher.transition(&mut self.snap, event, d).await?;
+            self.transition(event, d).await?;
             return Ok(false);
         }
         loop {
@@ -201,7 +226,7 @@ impl<H: TaskHandler> Runner<H> {
                 TaskState::Accepted | TaskState::Running if self.snap.cancel_requested => {
                     self.snap.state = TaskState::Cancelled;
                     self.snap.cancel_requested = false;
-                    self.env.publisher.transition(&mut self.snap, EventType::Cancelled, Detail::default()).await?;
+                    self.transition(EventType::Cancelled, Detail::default()).await?;
                     Flow::Continue
                 }
                 TaskState::Accepted | TaskState::Running => self.forward(&spec, &steps).await?,
@@ -209,7 +234,7 @@ impl<H: TaskHandler> Runner<H> {
                 s if self.snap.revert_requested && s.is_revertible() => {
                     self.snap.state = TaskState::Reverting;
                     self.snap.revert_requested = false;
-                    self.env.publisher.transition(&mut self.snap, EventType::Reverting, Detail::default()).await?;
+                    self.transition(EventType::Reverting, Detail::default()).await?;
                     Flow::Continue
                 }
                 _ => {
@@ -217,6 +242,7 @@ impl<H: TaskHandler> Runner<H> {
                         // Nothing left to cancel or revert (e.g. Revert of a Reverted task).
                         self.snap.revert_requested = false;
                         self.snap.cancel_requested = false;
+                        self.fenced()?;
                         self.env.publisher.enqueue_snapshot(&self.snap)?.durable().await?;
                     }
                     return Ok(false);
@@ -264,7 +290,7 @@ impl<H: TaskHandler> Runner<H> {
                 None => self.snap.journal.push(entry),
             }
             self.snap.state = TaskState::Running;
-            self.env.publisher.transition(&mut self.snap, EventType::StepStarted, Detail::step(i, &name)).await?;
+            self.transition(EventType::StepStarted, Detail::step(i, &name)).await?;
             let outputs = self.outputs();
             let started = Instant::now();
             let step_cx = crate::telemetry::start(format!("ferry.step {name}"), opentelemetry::trace::SpanKind::Internal, &self.otel, vec![opentelemetry::KeyValue::new("ferry.step", i as i64 + 1)]);
@@ -291,7 +317,7 @@ impl<H: TaskHandler> Runner<H> {
                     e.output = Some(output.to_string());
                     e.attempts = attempts as i32;
                     e.finished_at_ms = Some(now_ms());
-                    self.env.publisher.transition(&mut self.snap, EventType::StepSucceeded, Detail::step(i, &name)).await?;
+                    self.transition(EventType::StepSucceeded, Detail::step(i, &name)).await?;
                 }
                 Exec::Err(err, attempts) => {
                     self.snap.journal[i].attempts = attempts as i32;
@@ -308,7 +334,7 @@ impl<H: TaskHandler> Runner<H> {
                         ..Detail::step(i, &name)
                     }
                     .message(err.message.clone());
-                    self.env.publisher.transition(&mut self.snap, EventType::StepFailed, d).await?;
+                    self.transition(EventType::StepFailed, d).await?;
                     // A rejection means "nothing was done": true only while no earlier step
                     // acted. After one did, it is a permanent failure, which reverts.
                     let acted = steps[..i].iter().any(|s| s.acts());
@@ -323,23 +349,23 @@ impl<H: TaskHandler> Runner<H> {
                         // Checks against the live state come before every effect: nothing to undo.
                         self.snap.state = TaskState::Rejected;
                         let d = Detail { code: Some(err.code.clone()), ..Detail::default() }.message(err.message);
-                        self.env.publisher.transition(&mut self.snap, EventType::Rejected, d).await?;
+                        self.transition(EventType::Rejected, d).await?;
                     } else if self.snap.keep_partial {
                         self.snap.state = TaskState::Failed;
                         let d = Detail { code: Some(err.code.clone()), ..Detail::default() }.message(err.message);
-                        self.env.publisher.transition(&mut self.snap, EventType::Failed, d).await?;
+                        self.transition(EventType::Failed, d).await?;
                     } else {
                         self.snap.state = TaskState::Reverting;
                         let d = Detail { code: Some(err.code.clone()), ..Detail::default() }
                             .message(format!("step {} ({name}) failed: {}", i + 1, err.message));
-                        self.env.publisher.transition(&mut self.snap, EventType::Reverting, d).await?;
+                        self.transition(EventType::Reverting, d).await?;
                     }
                     return Ok(Flow::Continue);
                 }
                 Exec::Cancelled => {
                     self.snap.state = TaskState::Cancelled;
                     self.snap.cancel_requested = false;
-                    self.env.publisher.transition(&mut self.snap, EventType::Cancelled, Detail::step(i, &name)).await?;
+                    self.transition(EventType::Cancelled, Detail::step(i, &name)).await?;
                     return Ok(Flow::Continue);
                 }
                 Exec::Stopped => return Ok(Flow::Stopped),
@@ -347,7 +373,7 @@ impl<H: TaskHandler> Runner<H> {
         }
         self.snap.state = TaskState::Succeeded;
         self.snap.error = None;
-        self.env.publisher.transition(&mut self.snap, EventType::Succeeded, Detail::default()).await?;
+        self.transition(EventType::Succeeded, Detail::default()).await?;
         Ok(Flow::Continue)
     }
 
@@ -389,7 +415,7 @@ impl<H: TaskHandler> Runner<H> {
                     let e = &mut self.snap.journal[i];
                     e.status = StepStatus::Reverted;
                     e.finished_at_ms = Some(now_ms());
-                    self.env.publisher.transition(&mut self.snap, EventType::StepReverted, Detail::step(i, &name)).await?;
+                    self.transition(EventType::StepReverted, Detail::step(i, &name)).await?;
                 }
                 Exec::Err(err, attempts) => {
                     self.snap.state = TaskState::RevertFailed;
@@ -406,7 +432,7 @@ impl<H: TaskHandler> Runner<H> {
                         ..Detail::step(i, &name)
                     }
                     .message(err.message);
-                    self.env.publisher.transition(&mut self.snap, EventType::RevertFailed, d).await?;
+                    self.transition(EventType::RevertFailed, d).await?;
                     return Ok(Flow::Continue);
                 }
                 Exec::Cancelled => unreachable!("undo is not cancellable"),
@@ -414,7 +440,7 @@ impl<H: TaskHandler> Runner<H> {
             }
         }
         self.snap.state = TaskState::Reverted;
-        self.env.publisher.transition(&mut self.snap, EventType::Reverted, Detail::default()).await?;
+        self.transition(EventType::Reverted, Detail::default()).await?;
         Ok(Flow::Continue)
     }
 
@@ -455,11 +481,13 @@ impl<H: TaskHandler> Runner<H> {
                     }
                 };
                 tokio::select! {
+                    // The partition is gone for good: drop the step before its next write.
+                    () = self.fence.cancelled() => return Err(PublishError::Fenced { task: self.snap.task_id.clone() }),
                     r = &mut fut => break r,
                     Some(report) = rx.recv() => {
                         let StepReport::Progress { percent, message } = report;
                         let d = Detail { percent: Some(percent as i32), ..Detail::step(i, name) }.message(message);
-                        self.env.publisher.transition(&mut self.snap, EventType::StepProgress, d).await?;
+                        self.transition(EventType::StepProgress, d).await?;
                     }
                     c = self.ctl.recv() => match c {
                         Some(c) => {
@@ -478,7 +506,7 @@ impl<H: TaskHandler> Runner<H> {
             // (in order, before the step's own outcome) rather than lose them.
             while let Ok(StepReport::Progress { percent, message }) = rx.try_recv() {
                 let d = Detail { percent: Some(percent as i32), ..Detail::step(i, name) }.message(message);
-                self.env.publisher.transition(&mut self.snap, EventType::StepProgress, d).await?;
+                self.transition(EventType::StepProgress, d).await?;
             }
             let err = match result {
                 Ok(Ok(v)) => return Ok(Exec::Ok(v, attempt)),
@@ -510,7 +538,7 @@ impl<H: TaskHandler> Runner<H> {
                 ..Detail::step(i, name)
             }
             .message(err.message.clone());
-            self.env.publisher.transition(&mut self.snap, EventType::Retrying, d).await?;
+            self.transition(EventType::Retrying, d).await?;
             let sleep = tokio::time::sleep(delay);
             tokio::pin!(sleep);
             loop {
@@ -544,7 +572,7 @@ impl<H: TaskHandler> Runner<H> {
             }
             Control::Cancel { reply } => {
                 self.snap.cancel_requested = true;
-                self.env.publisher.transition(&mut self.snap, EventType::CancelRequested, Detail::step(i, name)).await?;
+                self.transition(EventType::CancelRequested, Detail::step(i, name)).await?;
                 let _ = reply.send(ControlReply::Handled);
                 Ok(Some(Exec::Cancelled))
             }
@@ -552,7 +580,7 @@ impl<H: TaskHandler> Runner<H> {
                 self.snap.cancel_requested = true;
                 self.snap.revert_requested = true;
                 let d = Detail::step(i, name).message("revert requested");
-                self.env.publisher.transition(&mut self.snap, EventType::CancelRequested, d).await?;
+                self.transition(EventType::CancelRequested, d).await?;
                 let _ = reply.send(ControlReply::Handled);
                 Ok(Some(Exec::Cancelled))
             }

@@ -40,9 +40,14 @@ pub(crate) enum What {
 /// Messages to the event loop; each carries the reply the intake waits for.
 #[derive(Debug)]
 pub(crate) enum SchedMsg {
-    Batch { items: Vec<Incoming>, reply: oneshot::Sender<Result<(), PublishError>> },
+    /// Replies with the partitions whose records were skipped (given up meanwhile): their
+    /// offsets must not be stored, or a partition assigned back to this worker at once
+    /// would skip them for good.
+    Batch { items: Vec<Incoming>, reply: oneshot::Sender<Result<HashSet<i32>, PublishError>> },
     Assigned { partitions: Vec<i32>, reply: oneshot::Sender<()> },
-    Revoked { partitions: Vec<i32>, reply: oneshot::Sender<()> },
+    /// `lost`: the group already gave the partitions to others (the session expired), so
+    /// their tasks are fenced at once instead of after the revoke grace.
+    Revoked { partitions: Vec<i32>, lost: bool, reply: oneshot::Sender<()> },
     Shutdown { reply: oneshot::Sender<()> },
 }
 
@@ -79,6 +84,8 @@ pub(crate) struct Rewritten {
 struct Slot {
     snap: TaskSnapshot,
     ctl: Option<mpsc::Sender<Control>>,
+    /// The running runner's fence (see `Runner::fenced`).
+    fence: Option<tokio_util::sync::CancellationToken>,
 }
 
 pub(crate) struct Scheduler<H: TaskHandler> {
@@ -132,13 +139,13 @@ impl<H: TaskHandler> Scheduler<H> {
                         self.on_assigned(partitions).await;
                         let _ = reply.send(());
                     }
-                    Some(SchedMsg::Revoked { partitions, reply }) => {
-                        self.on_revoked(&partitions).await;
+                    Some(SchedMsg::Revoked { partitions, lost, reply }) => {
+                        self.on_revoked(&partitions, lost).await;
                         let _ = reply.send(());
                     }
                     Some(SchedMsg::Shutdown { reply }) => {
                         let all: Vec<i32> = self.owned.iter().copied().collect();
-                        self.on_revoked(&all).await;
+                        self.on_revoked(&all, false).await;
                         let _ = reply.send(());
                         return;
                     }
@@ -236,7 +243,9 @@ impl<H: TaskHandler> Scheduler<H> {
             }
             let (tx, rx) = mpsc::channel(16);
             slot.ctl = Some(tx);
-            let runner = Runner::new(self.env.clone(), id, slot.snap.clone(), rx, self.done_tx.clone());
+            let fence = tokio_util::sync::CancellationToken::new();
+            slot.fence = Some(fence.clone());
+            let runner = Runner::new(self.env.clone(), id, slot.snap.clone(), rx, self.done_tx.clone(), fence);
             tokio::spawn(runner.run());
             self.running.insert(subject.to_owned(), id);
             break;
@@ -248,16 +257,18 @@ impl<H: TaskHandler> Scheduler<H> {
 
     fn enqueue_task(&mut self, id: TaskId, snap: TaskSnapshot) {
         self.queues.entry(snap.subject.clone()).or_default().push_back(id);
-        self.slots.insert(id, Slot { snap, ctl: None });
+        self.slots.insert(id, Slot { snap, ctl: None, fence: None });
     }
 
-    async fn on_batch(&mut self, items: Vec<Incoming>) -> Result<(), PublishError> {
+    async fn on_batch(&mut self, items: Vec<Incoming>) -> Result<HashSet<i32>, PublishError> {
         let mut pending = crate::publisher::Publisher::nothing();
         let mut controls = Vec::new();
         let mut subjects = HashSet::new();
+        let mut skipped = HashSet::new();
         for item in items {
             if !self.owned.contains(&item.partition) {
                 // Fetched just before a revoke; the new owner reads it again.
+                skipped.insert(item.partition);
                 continue;
             }
             match item.what {
@@ -299,7 +310,7 @@ impl<H: TaskHandler> Scheduler<H> {
         for s in subjects {
             self.pump(&s);
         }
-        Ok(())
+        Ok(skipped)
     }
 
     fn new_snapshot(&self, env: &CommandEnvelope, id: TaskId, partition: i32, offset: i64, trace: Option<String>) -> TaskSnapshot {
@@ -477,12 +488,24 @@ impl<H: TaskHandler> Scheduler<H> {
         }
     }
 
-    async fn on_revoked(&mut self, partitions: &[i32]) {
+    async fn on_revoked(&mut self, partitions: &[i32], lost: bool) {
         let gone: HashSet<i32> = partitions.iter().copied().collect();
         // Given up first, so stopping a running task starts no queued task of its subject
         // (`pump` skips partitions not owned).
         for p in &gone {
             self.owned.remove(p);
+        }
+        let fence_gone = |slots: &HashMap<TaskId, Slot>| {
+            for slot in slots.values().filter(|s| gone.contains(&s.snap.origin_partition)) {
+                if let Some(f) = &slot.fence {
+                    f.cancel();
+                }
+            }
+        };
+        if lost {
+            // Another worker may already run these tasks: not one more write from here.
+            tracing::warn!(partitions = ?partitions, "assignment lost (session expired): fencing its tasks at once");
+            fence_gone(&self.slots);
         }
         let mut waits = Vec::new();
         for slot in self.slots.values() {
@@ -498,8 +521,11 @@ impl<H: TaskHandler> Scheduler<H> {
         }
         let all = futures::future::join_all(waits);
         if tokio::time::timeout(self.revoke_grace + Duration::from_secs(5), all).await.is_err() {
-            tracing::error!("tasks did not stop within the revoke grace period");
+            tracing::error!("tasks did not stop within the revoke grace period; fencing them");
         }
+        // Whatever did not stop (a write stuck in the producer, a step past its grace) is
+        // fenced before the partitions go: it writes nothing more and drops its step.
+        fence_gone(&self.slots);
         while let Ok(done) = self.done_rx.try_recv() {
             self.on_done(done);
         }

@@ -82,6 +82,7 @@ pub async fn run(a: RecoveryArgs) -> anyhow::Result<std::process::ExitCode> {
     let topics = Topics::standard();
     let (broker, kafka) = super::bench::BenchBroker::start(a.broker, a.bootstrap.as_deref(), &topics, 3).await?;
     let bootstrap = kafka.bootstrap.clone();
+    let progress = topics.progress().name.clone();
     let client = Client::new(kafka, topics)?;
     let mut events = client.events(false).await?;
     let mut first = worker(&bootstrap, "first", a.session_timeout_ms)?;
@@ -100,7 +101,6 @@ pub async fn run(a: RecoveryArgs) -> anyhow::Result<std::process::ExitCode> {
     let _second = worker(&bootstrap, "second", a.session_timeout_ms)?;
     let mut resumed = HashSet::new();
     let mut all_resumed = None;
-    let mut history = Vec::new();
     let mut succeeded = HashSet::new();
     while succeeded.len() < a.tasks {
         let Ok(Some(ev)) = tokio::time::timeout_at(deadline, events.next()).await else { break };
@@ -116,8 +116,16 @@ pub async fn run(a: RecoveryArgs) -> anyhow::Result<std::process::ExitCode> {
         if ev.event == EventType::Succeeded {
             succeeded.insert(ev.task_id.clone());
         }
-        history.push(ev);
     }
+    // The whole history of these tasks, the first worker's events included (the loop
+    // above reads only what came after the kill).
+    let history: Vec<ferry_runtime::ProgressEvent> = client
+        .read_to_end(&progress)
+        .await?
+        .into_iter()
+        .filter_map(|(_, payload)| client.registry().decode::<ferry_runtime::ProgressEvent>(&payload).ok())
+        .filter(|e| ids.contains(&e.task_id))
+        .collect();
     // Every (task, step) start, by worker, in order.
     let mut starts: HashMap<(String, Option<i32>), Vec<String>> = HashMap::new();
     for e in history.iter().filter(|e| e.event == EventType::StepStarted) {

@@ -25,7 +25,7 @@ async fn env() -> Env {
     let mut opts = WorkerOptions::new(kafka.clone());
     opts.shutdown_grace = Duration::from_secs(1);
     let stop = CancellationToken::new();
-    let handler = TestHandler { min_delay: Some(Duration::from_millis(10)) };
+    let handler = TestHandler { min_delay: Some(Duration::from_millis(10)), effects: None };
     let worker = tokio::spawn(Worker::new(opts, handler).run(stop.clone()));
     let client = Client::new(kafka, topics).unwrap();
     Env { bootstrap, client, dir: tempfile::tempdir().unwrap(), stop, worker: Some(worker), _broker: broker }

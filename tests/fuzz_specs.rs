@@ -34,7 +34,7 @@ fn through_every_decoder(r: &Registry, catalog: &Catalog, bytes: &[u8]) -> Resul
         roundtrip!(s);
     }
     if let Ok(s) = r.decode::<TestTaskSpec>(bytes) {
-        let _ = TestHandler { min_delay: None }.validate("fuzz", &s);
+        let _ = TestHandler { min_delay: None, effects: None }.validate("fuzz", &s);
         roundtrip!(s);
     }
     if let Ok(s) = r.decode::<ScoreClusters>(bytes) {

@@ -39,6 +39,10 @@ pub struct WorkerArgs {
     /// offload: the latency matrix bursts rank peers by (YAML `from: {to: milliseconds}`).
     #[arg(long, env = "FERRY_LATENCY")]
     pub latency: Option<PathBuf>,
+    /// test: append each step run's start and end to this file (`task step worker
+    /// start|end microseconds`), an effect outside Kafka that shows a double run.
+    #[arg(long)]
+    pub effects: Option<PathBuf>,
 }
 
 /// The add-on catalog named by `--addons`.
@@ -99,7 +103,10 @@ pub async fn run(conn: &common::Conn, a: WorkerArgs) -> anyhow::Result<ExitCode>
     let shutdown = CancellationToken::new();
     common::cancel_on_signal(shutdown.clone());
     match a.kind {
-        TaskKind::Test => serve(opts, ferry_runtime::testkind::TestHandler::default(), shutdown).await?,
+        TaskKind::Test => {
+            let effects = a.effects.map(|p| ferry_runtime::effects::EffectLog::new(p, opts.worker_id.clone()));
+            serve(opts, ferry_runtime::testkind::TestHandler { effects, ..Default::default() }, shutdown).await?
+        }
         TaskKind::Score => {
             let onboarding = if a.no_onboarding { None } else { Some(conn.client().await?) };
             score(opts, hub(a.kubeconfig.as_deref()).await?, onboarding, shutdown).await?;

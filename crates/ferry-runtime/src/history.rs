@@ -39,6 +39,14 @@ pub enum Violation {
         /// The task that started meanwhile.
         started: String,
     },
+    /// Two workers ran steps of one task at the same time, as an effect log outside Kafka
+    /// shows ([`check_effects`]).
+    TwoRunners {
+        /// The task.
+        task: String,
+        /// The two runs, as `step N on WORKER from..to` (microseconds).
+        runs: [String; 2],
+    },
     /// An event is durable but no snapshot of its task reached its seq (a task resumed
     /// from that snapshot would number a different event the same).
     EventWithoutSnapshot {
@@ -69,6 +77,40 @@ pub fn check_snapshots(events: &[ProgressEvent], snapshot_seq: &std::collections
         .collect()
 }
 
+/// Every pair of step runs of one task by two workers that overlap in time, from an
+/// effect log ([`crate::effects`]). A run with no end (its worker killed, or fenced and its
+/// step dropped) is left out: when it stopped is not known.
+pub fn check_effects(effects: &[crate::effects::Effect]) -> Vec<Violation> {
+    use crate::effects::Phase;
+    // (task, step, worker) -> start of the run under way; task -> finished runs.
+    let mut open: HashMap<(&str, i32, &str), i64> = HashMap::new();
+    let mut runs: BTreeMap<&str, Vec<(i64, i64, i32, &str)>> = BTreeMap::new();
+    for e in effects {
+        let key = (e.task.as_str(), e.step, e.worker.as_str());
+        match e.phase {
+            Phase::Start => {
+                open.insert(key, e.at_us);
+            }
+            Phase::End => {
+                if let Some(start) = open.remove(&key) {
+                    runs.entry(e.task.as_str()).or_default().push((start, e.at_us, e.step, e.worker.as_str()));
+                }
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for (task, mut rs) in runs {
+        rs.sort();
+        for (i, a) in rs.iter().enumerate() {
+            if let Some(b) = rs[i + 1..].iter().find(|b| b.3 != a.3 && b.0 < a.1) {
+                let show = |r: &(i64, i64, i32, &str)| format!("step {} on {} from {} to {}", r.2, r.3, r.0, r.1);
+                out.push(Violation::TwoRunners { task: task.to_owned(), runs: [show(a), show(b)] });
+            }
+        }
+    }
+    out
+}
+
 fn describe(e: &ProgressEvent) -> String {
     format!("{:?} {} {}", e.event, e.step_name.as_deref().unwrap_or("-"), e.worker)
 }
@@ -82,7 +124,10 @@ pub fn check(events: &[ProgressEvent]) -> Vec<Violation> {
     let mut reverting: HashMap<&str, Vec<i64>> = HashMap::new();
     for e in events {
         match by_seq.get(&(e.task_id.as_str(), e.seq)) {
-            Some(seen) if seen.event != e.event || seen.step != e.step => out.push(Violation::SeqReused {
+            // A final event is compared by its type only: a new owner republishes it from
+            // the snapshot, which keeps the ending but not every detail (the step of a
+            // Reverted, say) of the event as first written.
+            Some(seen) if seen.event != e.event || (!e.event.is_final() && seen.step != e.step) => out.push(Violation::SeqReused {
                 task: e.task_id.clone(),
                 seq: e.seq,
                 events: [describe(seen), describe(e)],
@@ -178,7 +223,9 @@ mod tests {
             ev("t1", "s", 4, EventType::Succeeded, None, "b", 9),
             ev("t2", "s", 1, EventType::Accepted, None, "a", 2),
             ev("t2", "s", 2, EventType::StepStarted, Some(1), "b", 5),
-            ev("t2", "s", 3, EventType::Succeeded, None, "b", 6),
+            ev("t2", "s", 3, EventType::Cancelled, Some(1), "b", 6),
+            // Republished from the snapshot, which does not keep the step.
+            ev("t2", "s", 3, EventType::Cancelled, None, "c", 10),
         ];
         assert_eq!(check(&h), Vec::new());
     }
@@ -228,5 +275,36 @@ mod tests {
         ];
         let snaps: std::collections::HashMap<String, i64> = [("t1".to_owned(), 1), ("t2".to_owned(), 1)].into();
         assert_eq!(check_snapshots(&h, &snaps), vec![Violation::EventWithoutSnapshot { task: "t1".into(), seq: 2, snapshot_seq: Some(1) }]);
+    }
+}
+
+#[cfg(test)]
+mod effect_tests {
+    use super::*;
+    use crate::effects::{Effect, Phase};
+
+    fn fx(task: &str, step: i32, worker: &str, phase: Phase, at_us: i64) -> Effect {
+        Effect { task: task.into(), step, worker: worker.into(), phase, at_us }
+    }
+
+    #[test]
+    fn a_takeover_after_the_first_run_ended_is_fine_and_an_overlap_is_reported() {
+        let clean = [
+            fx("t1", 1, "a", Phase::Start, 10),
+            fx("t1", 1, "a", Phase::End, 20),
+            // Killed mid-step: no end, left out.
+            fx("t1", 2, "a", Phase::Start, 21),
+            fx("t1", 2, "b", Phase::Start, 40),
+            fx("t1", 2, "b", Phase::End, 50),
+        ];
+        assert_eq!(check_effects(&clean), Vec::new());
+        let twice = [
+            fx("t1", 2, "a", Phase::Start, 21),
+            fx("t1", 2, "b", Phase::Start, 40),
+            fx("t1", 2, "a", Phase::End, 45),
+            fx("t1", 2, "b", Phase::End, 50),
+        ];
+        let v = check_effects(&twice);
+        assert!(matches!(&v[..], [Violation::TwoRunners { task, .. }] if task == "t1"), "{v:?}");
     }
 }

@@ -2,6 +2,10 @@
 //! decodes and validates records, hands them to the scheduler in batches, and stores each
 //! offset only after the scheduler says the batch's records are durable (at-least-once,
 //! in order). Rebalance callbacks block until the scheduler has handed tasks over.
+//!
+//! While a batch's writes are slow (the broker failing or gone), the intake pauses its
+//! partitions and keeps polling: librdkafka delivers rebalance callbacks only on poll, and
+//! a lost assignment must fence its tasks at once, not when the broker answers again.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,8 +16,9 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Reb
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Headers};
 use rdkafka::{Message, TopicPartitionList};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
+use crate::fences::Fences;
 use crate::ids::TaskId;
 use crate::kafka::KafkaConfig;
 use crate::kind::TaskKind;
@@ -27,6 +32,18 @@ use crate::wire::Registry;
 /// Largest batch handed to the scheduler at once.
 const MAX_BATCH: usize = 500;
 
+/// How long the intake waits for a batch's writes before it pauses its partitions and
+/// serves rebalance callbacks while it waits on.
+const HOLD_AFTER: Duration = Duration::from_millis(200);
+
+/// How long an assignment callback waits for the scheduler to resume its tasks.
+const ASSIGN_LIMIT: Duration = Duration::from_secs(75);
+
+/// First pause before a batch whose writes failed is read again; it doubles per failure
+/// in a row up to [`REREAD_MAX`].
+const REREAD_FIRST: Duration = Duration::from_secs(1);
+const REREAD_MAX: Duration = Duration::from_secs(30);
+
 /// Why the intake stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum IntakeError {
@@ -38,16 +55,6 @@ pub enum IntakeError {
         /// Cause.
         #[source]
         source: Box<KafkaError>,
-    },
-    /// Accepted records could not be made durable; the intake stops without storing
-    /// their offsets, so they are read again.
-    #[error("records from {topic} could not be made durable: {source}")]
-    Durability {
-        /// The topic.
-        topic: String,
-        /// Cause.
-        #[source]
-        source: Box<crate::publisher::PublishError>,
     },
 }
 
@@ -94,6 +101,13 @@ fn bounded(env: &CommandEnvelope) -> CommandEnvelope {
 pub(crate) struct IntakeContext {
     sched: mpsc::Sender<SchedMsg>,
     ready: Arc<AtomicBool>,
+    fences: Arc<Fences>,
+    publisher: Arc<crate::publisher::Publisher>,
+    /// How long a revoke waits for the scheduler to hand its tasks over.
+    revoke_limit: Duration,
+    /// Set while a batch's writes are slow and the assignment is paused: partitions
+    /// assigned meanwhile are paused too.
+    holding: AtomicBool,
 }
 
 fn partitions(tpl: &TopicPartitionList) -> Vec<i32> {
@@ -105,12 +119,30 @@ impl ClientContext for IntakeContext {}
 impl ConsumerContext for IntakeContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(tpl) = rebalance {
-            let (reply, rx) = oneshot::channel();
             let parts = partitions(tpl);
             tracing::info!(partitions = ?parts, "partitions revoked; stopping their tasks");
             let lost = consumer.assignment_lost();
-            if self.sched.blocking_send(SchedMsg::Revoked { partitions: parts, lost, reply }).is_ok() {
-                let _ = rx.blocking_recv();
+            if lost {
+                // Another worker may own them already: fence their tasks here and now; the
+                // scheduler may be waiting on the broker and see the revoke only later.
+                tracing::warn!(partitions = ?parts, "assignment lost: fencing its tasks and dropping their unacknowledged writes");
+                self.fences.close(&parts);
+                // A lost assignment is the whole assignment: every record still in the
+                // producer belongs to a task another worker may be running already.
+                self.publisher.purge_unacknowledged();
+            }
+            let (reply, rx) = std::sync::mpsc::channel();
+            if self.sched.blocking_send(SchedMsg::Revoked { partitions: parts.clone(), lost, reply }).is_ok()
+                && let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(self.revoke_limit)
+            {
+                // The scheduler is stuck on the broker (a batch's writes hang): the group
+                // waits for this callback, and holding it longer would have the coordinator
+                // hand the partitions over while their tasks still run here. Fence them now,
+                // and drop every unacknowledged write: some belong to these tasks, and the
+                // producer cannot drop only those (the others are written again, identical).
+                tracing::error!(partitions = ?parts, limit_ms = self.revoke_limit.as_millis() as u64, "tasks not handed over in time; fencing them and dropping unacknowledged writes");
+                self.fences.close(&parts);
+                self.publisher.purge_unacknowledged();
             }
             // Offsets stored so far stand for durable work: commit them before letting go.
             match consumer.commit_consumer_state(CommitMode::Sync) {
@@ -120,13 +152,23 @@ impl ConsumerContext for IntakeContext {
         }
     }
 
-    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(tpl) = rebalance {
-            let (reply, rx) = oneshot::channel();
+            let (reply, rx) = std::sync::mpsc::channel();
             let parts = partitions(tpl);
             tracing::info!(partitions = ?parts, "partitions assigned; resuming their tasks");
-            if self.sched.blocking_send(SchedMsg::Assigned { partitions: parts, reply }).is_ok() {
-                let _ = rx.blocking_recv();
+            // Bounded (the view's 60 s catch-up, and some): a scheduler stuck on the broker
+            // must not hold the group's rebalance. The records fetched meanwhile reach it
+            // after the assignment (one channel, in order).
+            if self.sched.blocking_send(SchedMsg::Assigned { partitions: parts.clone(), reply }).is_ok()
+                && rx.recv_timeout(ASSIGN_LIMIT).is_err()
+            {
+                tracing::warn!(partitions = ?parts, "resuming the assigned partitions' tasks goes on in the background");
+            }
+            if self.holding.load(Ordering::Relaxed)
+                && let Err(e) = consumer.pause(tpl)
+            {
+                tracing::warn!(error = %e, "could not pause partitions assigned while a batch is held");
             }
             self.ready.store(true, Ordering::Relaxed);
         }
@@ -154,9 +196,14 @@ impl<H: TaskHandler> Intake<H> {
         sched: mpsc::Sender<SchedMsg>,
         stop: Arc<AtomicBool>,
         ready: Arc<AtomicBool>,
+        fences: Arc<Fences>,
+        publisher: Arc<crate::publisher::Publisher>,
+        revoke_grace: Duration,
     ) -> Result<Self, IntakeError> {
         let err = |source| IntakeError::Consumer { topic: topic.to_owned(), source: Box::new(source) };
-        let ctx = IntakeContext { sched: sched.clone(), ready };
+        // The scheduler's own bound on a revoke (grace, then 5 s), and a second to reply.
+        let revoke_limit = revoke_grace + Duration::from_secs(6);
+        let ctx = IntakeContext { sched: sched.clone(), ready, fences, publisher, revoke_limit, holding: AtomicBool::new(false) };
         let consumer: BaseConsumer<IntakeContext> = kafka.group_consumer(group).create_with_context(ctx).map_err(err)?;
         consumer.subscribe(&[topic]).map_err(err)?;
         let kind = handler.kind();
@@ -173,8 +220,18 @@ impl<H: TaskHandler> Intake<H> {
     }
 
     fn poll_loop(&self) -> Result<(), IntakeError> {
+        // Records polled while a batch was held (fetched before the pause took hold): the
+        // next batch starts with them, so none is skipped.
+        let mut carried = std::collections::VecDeque::new();
+        let mut failures_in_a_row = 0u32;
         while !self.stop.load(Ordering::Relaxed) {
-            let Some(first) = self.consumer.poll(Duration::from_millis(100)) else { continue };
+            let first = match carried.pop_front() {
+                Some(r) => r,
+                None => match self.consumer.poll(Duration::from_millis(100)) {
+                    Some(r) => r,
+                    None => continue,
+                },
+            };
             let mut batch = Vec::new();
             let mut offsets = Vec::new();
             let mut next = Some(first);
@@ -187,21 +244,31 @@ impl<H: TaskHandler> Intake<H> {
                     Err(e) => tracing::warn!(topic = %self.topic, error = %e, "command consumer error"),
                 }
                 if batch.len() < MAX_BATCH {
-                    next = self.consumer.poll(Duration::ZERO);
+                    next = carried.pop_front().or_else(|| self.consumer.poll(Duration::ZERO));
                 }
             }
             if batch.is_empty() {
                 continue;
             }
-            let (reply, rx) = oneshot::channel();
+            let (reply, rx) = std::sync::mpsc::channel();
             if self.sched.blocking_send(SchedMsg::Batch { items: batch, reply }).is_err() {
                 return Ok(());
             }
-            let skipped = match rx.blocking_recv() {
-                Ok(Ok(skipped)) => skipped,
-                Ok(Err(source)) => return Err(IntakeError::Durability { topic: self.topic.clone(), source: Box::new(source) }),
-                Err(_) => return Ok(()),
+            let skipped = match self.wait_serving_callbacks(&rx, &mut carried) {
+                Some(Ok(skipped)) => skipped,
+                Some(Err(e)) => {
+                    // Not durable (the broker refused the writes for the whole message
+                    // timeout): store no offset, read the batch again after a pause. The
+                    // scheduler writes what it had accepted again, identical.
+                    failures_in_a_row += 1;
+                    let pause = REREAD_FIRST.saturating_mul(1 << (failures_in_a_row - 1).min(5)).min(REREAD_MAX);
+                    tracing::error!(topic = %self.topic, error = %e, failures_in_a_row, pause_ms = pause.as_millis() as u64, "a batch of commands could not be made durable; reading it again");
+                    self.reread(&offsets, pause, &mut carried);
+                    continue;
+                }
+                None => return Ok(()),
             };
+            failures_in_a_row = 0;
             for (p, o) in offsets.into_iter().filter(|(p, _)| !skipped.contains(p)) {
                 // Fails only for partitions revoked meanwhile; their new owner reads them again.
                 if let Err(e) = self.consumer.store_offset(&self.topic, p, o) {
@@ -210,6 +277,75 @@ impl<H: TaskHandler> Intake<H> {
             }
         }
         Ok(())
+    }
+
+    /// Waits `pause` with the partitions paused, serving rebalance callbacks, then rewinds
+    /// each partition of a failed batch to its first record (what was fetched meanwhile is
+    /// dropped: the rewound fetch brings it again).
+    fn reread<'a>(
+        &'a self,
+        offsets: &[(i32, i64)],
+        pause: Duration,
+        carried: &mut std::collections::VecDeque<rdkafka::error::KafkaResult<BorrowedMessage<'a>>>,
+    ) {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            std::thread::sleep(pause);
+            let _ = tx.send(());
+        });
+        let _ = self.wait_serving_callbacks(&rx, carried);
+        carried.clear();
+        let mut first: std::collections::BTreeMap<i32, i64> = std::collections::BTreeMap::new();
+        for (p, o) in offsets {
+            first.entry(*p).and_modify(|f| *f = (*f).min(*o)).or_insert(*o);
+        }
+        for (p, o) in first {
+            // Fails only for a partition revoked meanwhile: its next owner reads it again.
+            if let Err(e) = self.consumer.seek(&self.topic, p, rdkafka::Offset::Offset(o), Duration::from_secs(10)) {
+                tracing::warn!(partition = p, offset = o, error = %e, "could not rewind the partition");
+            }
+        }
+    }
+
+    /// Waits for a batch's reply. When it is slow, pauses the assignment (librdkafka drops
+    /// what it prefetched and fetches from the position on resume) and polls meanwhile, so
+    /// that rebalance callbacks, a lost assignment's above all, are served at once.
+    /// `None`: the scheduler is gone.
+    fn wait_serving_callbacks<'a, T>(
+        &'a self,
+        rx: &std::sync::mpsc::Receiver<T>,
+        carried: &mut std::collections::VecDeque<rdkafka::error::KafkaResult<BorrowedMessage<'a>>>,
+    ) -> Option<T> {
+        use std::sync::mpsc::RecvTimeoutError;
+        match rx.recv_timeout(HOLD_AFTER) {
+            Ok(v) => return Some(v),
+            Err(RecvTimeoutError::Disconnected) => return None,
+            Err(RecvTimeoutError::Timeout) => {}
+        }
+        let ctx = self.consumer.context();
+        ctx.holding.store(true, Ordering::Relaxed);
+        let pause = |on: bool| {
+            let Ok(tpl) = self.consumer.assignment() else { return };
+            let r = if on { self.consumer.pause(&tpl) } else { self.consumer.resume(&tpl) };
+            if let Err(e) = r {
+                tracing::warn!(error = %e, on, "pausing or resuming the command partitions failed");
+            }
+        };
+        pause(true);
+        tracing::debug!(topic = %self.topic, "a batch's writes are slow; partitions paused, serving rebalances");
+        let reply = loop {
+            match rx.try_recv() {
+                Ok(v) => break Some(v),
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => break None,
+                Err(std::sync::mpsc::TryRecvError::Empty) => {}
+            }
+            if let Some(r) = self.consumer.poll(Duration::from_millis(50)) {
+                carried.push_back(r);
+            }
+        };
+        ctx.holding.store(false, Ordering::Relaxed);
+        pause(false);
+        reply
     }
 
     fn classify(&self, m: &BorrowedMessage<'_>) -> Incoming {

@@ -122,6 +122,12 @@ impl KafkaConfig {
             .set("auto.offset.reset", "earliest")
             .set("session.timeout.ms", "10000")
             .set("heartbeat.interval.ms", "1000")
+            // The intake polls every 100 ms; only rebalance callbacks hold it longer, each
+            // bounded: a revoke by the revoke grace plus 5 s, an assignment by the task-state
+            // view's catch-up limit (60 s). This is also the rebalance timeout and the limit
+            // of a JoinGroup request: librdkafka's 300 s default let one lost JoinGroup
+            // response stall every worker of the fault campaign for 270 s.
+            .set("max.poll.interval.ms", "90000")
             // Incremental rebalancing: a worker joining or leaving moves only the partitions
             // that change owner; the others' tasks keep running (rdkafka's default
             // rebalance handler assigns and unassigns incrementally for this protocol).

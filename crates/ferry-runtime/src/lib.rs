@@ -18,7 +18,9 @@
 pub use ferry_task::{codes, ids, kind, limits, output, protocol, report, step, wire};
 
 pub mod client;
+pub mod effects;
 pub mod embedded;
+mod fences;
 pub mod history;
 pub mod http;
 mod intake;

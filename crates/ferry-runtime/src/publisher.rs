@@ -417,6 +417,13 @@ impl Publisher {
         Pending::none()
     }
 
+    /// Drops every record not yet acknowledged (queued or in flight; their waits fail):
+    /// when the assignment is lost, another worker owns these tasks, and a write of ours
+    /// landing after its writes would give one seq two events.
+    pub(crate) fn purge_unacknowledged(&self) {
+        self.producer.purge(rdkafka::producer::PurgeConfig::default().queue().inflight());
+    }
+
     /// Flushes the producer (shutdown).
     pub fn flush(&self, timeout: Duration) {
         let _ = self.producer.flush(timeout);

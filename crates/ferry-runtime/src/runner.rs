@@ -133,8 +133,11 @@ impl<H: TaskHandler> Runner<H> {
     /// and after it: a write that was in flight when the fence fell is the last one).
     async fn transition(&mut self, event: EventType, d: Detail) -> Result<(), PublishError> {
         self.fenced()?;
-        self.env.publisher.transition(&mut self.snap, event, d).await?;
-        self.fenced()
+        let written = self.env.publisher.transition(&mut self.snap, event, d).await;
+        // Fenced meanwhile: the write failing (purged when the assignment was lost) or not,
+        // the task is another worker's now.
+        self.fenced()?;
+        written
     }
 
     /// Drives the task, hands it back, then answers late controls with `Finished` until
@@ -310,6 +313,10 @@ impl<H: TaskHandler> Runner<H> {
                 Exec::Err(e, _) => Some(format!("{}: {}", e.code, e.message)),
                 _ => None,
             });
+            let result = match result {
+                Exec::Ok(output, attempts) => self.bounded_output(i, output, attempts),
+                other => other,
+            };
             match result {
                 Exec::Ok(output, attempts) => {
                     let e = &mut self.snap.journal[i];
@@ -375,6 +382,22 @@ impl<H: TaskHandler> Runner<H> {
         self.snap.error = None;
         self.transition(EventType::Succeeded, Detail::default()).await?;
         Ok(Flow::Continue)
+    }
+
+    /// A step's output, or the permanent failure `OUTPUT_TOO_LARGE` when it would take the
+    /// task's outputs past their limit: its snapshot would not fit in a record, and its
+    /// every write would fail (the task stuck retrying it).
+    fn bounded_output(&self, i: usize, output: Value, attempts: u32) -> Exec<Value> {
+        let size = output.to_string().len();
+        let others: usize = self.snap.journal.iter().enumerate().filter(|(j, _)| *j != i).filter_map(|(_, e)| e.output.as_ref().map(String::len)).sum();
+        if size + others <= crate::limits::STEP_OUTPUTS_BYTES {
+            return Exec::Ok(output, attempts);
+        }
+        let message = format!(
+            "the step's output is {size} bytes and the task's earlier steps' {others}; a task's step outputs may take {} bytes in all (they ride in its snapshot)",
+            crate::limits::STEP_OUTPUTS_BYTES
+        );
+        Exec::Err(crate::step::StepError::permanent(codes::OUTPUT_TOO_LARGE, message), attempts)
     }
 
     async fn revert(&mut self, spec: &H::Spec, steps: &[Arc<dyn Step<H::Spec>>]) -> Result<Flow, PublishError> {

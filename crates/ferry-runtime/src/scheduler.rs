@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
+use crate::fences::Fences;
 use crate::ids::TaskId;
 use crate::protocol::{Bytes, CommandAction, CommandEnvelope, EventType, ProgressEvent, TaskSnapshot, TaskState, now_ms};
 use crate::publisher::{DeadLetter, Detail, Pending, PublishError};
@@ -43,11 +44,14 @@ pub(crate) enum SchedMsg {
     /// Replies with the partitions whose records were skipped (given up meanwhile): their
     /// offsets must not be stored, or a partition assigned back to this worker at once
     /// would skip them for good.
-    Batch { items: Vec<Incoming>, reply: oneshot::Sender<Result<HashSet<i32>, PublishError>> },
-    Assigned { partitions: Vec<i32>, reply: oneshot::Sender<()> },
+    /// The reply is a std channel: the intake waits on it with a timeout, serving its
+    /// consumer's rebalance callbacks while the batch's writes are slow.
+    Batch { items: Vec<Incoming>, reply: std::sync::mpsc::Sender<Result<HashSet<i32>, PublishError>> },
+    Assigned { partitions: Vec<i32>, reply: std::sync::mpsc::Sender<()> },
     /// `lost`: the group already gave the partitions to others (the session expired), so
     /// their tasks are fenced at once instead of after the revoke grace.
-    Revoked { partitions: Vec<i32>, lost: bool, reply: oneshot::Sender<()> },
+    /// The reply is a std channel: the intake waits on it with a limit.
+    Revoked { partitions: Vec<i32>, lost: bool, reply: std::sync::mpsc::Sender<()> },
     Shutdown { reply: oneshot::Sender<()> },
 }
 
@@ -93,6 +97,8 @@ pub(crate) struct Scheduler<H: TaskHandler> {
     view: Arc<StateView>,
     revoke_grace: Duration,
     owned: HashSet<i32>,
+    /// The owned partitions' fences, shared with the intake's rebalance callback.
+    fences: Arc<Fences>,
     slots: HashMap<TaskId, Slot>,
     queues: HashMap<String, VecDeque<TaskId>>,
     running: HashMap<String, TaskId>,
@@ -106,7 +112,7 @@ pub(crate) struct Scheduler<H: TaskHandler> {
 }
 
 impl<H: TaskHandler> Scheduler<H> {
-    pub(crate) fn new(env: Arc<Env<H>>, view: Arc<StateView>, revoke_grace: Duration) -> Self {
+    pub(crate) fn new(env: Arc<Env<H>>, view: Arc<StateView>, revoke_grace: Duration, fences: Arc<Fences>) -> Self {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let (wake_tx, wake_rx) = mpsc::unbounded_channel();
         Self {
@@ -114,6 +120,7 @@ impl<H: TaskHandler> Scheduler<H> {
             view,
             revoke_grace,
             owned: HashSet::new(),
+            fences,
             slots: HashMap::new(),
             queues: HashMap::new(),
             running: HashMap::new(),
@@ -189,8 +196,14 @@ impl<H: TaskHandler> Scheduler<H> {
         let delay = RETRY_UNWRITTEN_FIRST.saturating_mul(1 << (*failures - 1).min(5)).min(RETRY_UNWRITTEN_MAX);
         tracing::warn!(task = %id, failures = *failures, delay_ms = delay.as_millis() as u64, "writing the task's state again after a backoff");
         let (publisher, snap, wake) = (self.env.publisher.clone(), slot.snap.clone(), self.wake_tx.clone());
+        let fence = self.fences.child(slot.snap.origin_partition);
         *retry = Some(tokio::spawn(async move {
             tokio::time::sleep(delay).await;
+            // The partition went (lost while the scheduler was busy): another worker owns
+            // the task now, and this older write must not land after its newer ones.
+            if fence.is_cancelled() {
+                return;
+            }
             let made = async {
                 match &write.event {
                     Some(ev) => publisher.enqueue_write(&snap, ev)?.durable().await,
@@ -243,7 +256,7 @@ impl<H: TaskHandler> Scheduler<H> {
             }
             let (tx, rx) = mpsc::channel(16);
             slot.ctl = Some(tx);
-            let fence = tokio_util::sync::CancellationToken::new();
+            let fence = self.fences.child(slot.snap.origin_partition);
             slot.fence = Some(fence.clone());
             let runner = Runner::new(self.env.clone(), id, slot.snap.clone(), rx, self.done_tx.clone(), fence);
             tokio::spawn(runner.run());
@@ -265,7 +278,9 @@ impl<H: TaskHandler> Scheduler<H> {
         let mut controls = Vec::new();
         let mut subjects = HashSet::new();
         let mut skipped = HashSet::new();
+        let mut batch_partitions = HashSet::new();
         for item in items {
+            batch_partitions.insert(item.partition);
             if !self.owned.contains(&item.partition) {
                 // Fetched just before a revoke; the new owner reads it again.
                 skipped.insert(item.partition);
@@ -291,7 +306,15 @@ impl<H: TaskHandler> Scheduler<H> {
                 }
             }
         }
-        pending.durable().await?;
+        if let Err(e) = pending.durable().await {
+            // The assignment was lost meanwhile (its unacknowledged writes purged): the new
+            // owner reads these records again; store none of their offsets.
+            if batch_partitions.iter().all(|p| !self.fences.is_open(*p)) {
+                tracing::warn!(error = %e, "a batch's writes failed after its partitions were lost; their next owner reads them again");
+                return Ok(batch_partitions);
+            }
+            return Err(e);
+        }
         for (env, id, trace, wait) in controls {
             if let Ok(ControlReply::Handled) = wait.await {
                 continue;
@@ -373,6 +396,12 @@ impl<H: TaskHandler> Scheduler<H> {
             .or_else(|| env.idempotency_key.as_deref().and_then(|k| self.view.by_key(k)));
         if let Some(snap) = existing {
             if snap.task_id == env.task_id {
+                if snap.seq == 1 && snap.last_event == EventType::Accepted && self.slots.get(&id).is_some_and(|s| s.ctl.is_none()) {
+                    // Its batch's writes failed and the intake reads the batch again: make
+                    // the Accepted write again, whole and identical (the event as well).
+                    let ev = Detail::default().into_event((&snap.task_id, snap.kind, &snap.subject), 1, EventType::Accepted, self.env.publisher.worker(), snap.updated_at_ms, snap.trace_parent.clone());
+                    return self.env.publisher.enqueue_write(&snap, &ev);
+                }
                 // A redelivered or resubmitted command: publish the task's state again.
                 tracing::info!(task = %id, state = ?snap.state, "duplicate command; state republished");
                 return self.env.publisher.enqueue_snapshot(&snap);
@@ -456,6 +485,7 @@ impl<H: TaskHandler> Scheduler<H> {
         if fresh.is_empty() {
             return;
         }
+        self.fences.open(fresh.iter().copied());
         // The previous owner's last snapshots must be in the view before we resume.
         if let Err(e) = self.view.caught_up(Duration::from_secs(60)).await {
             tracing::error!(error = %e, "resuming from a task-state view that may be behind");
@@ -470,9 +500,13 @@ impl<H: TaskHandler> Scheduler<H> {
                 Err(e) => tracing::warn!(task = %snap.task_id, error = %e, "final event not republished"),
             }
         }
-        if let Err(e) = pending.durable().await {
-            tracing::warn!(error = %e, "final events not republished");
-        }
+        // Not awaited: the assignment callback holds the group's rebalance until it
+        // returns, and nothing below depends on these records.
+        tokio::spawn(async move {
+            if let Err(e) = pending.durable().await {
+                tracing::warn!(error = %e, "final events not republished");
+            }
+        });
         let mut subjects = HashSet::new();
         for snap in self.view.unsettled(&fresh) {
             let Ok(id) = snap.task_id.parse::<TaskId>() else { continue };
@@ -505,6 +539,7 @@ impl<H: TaskHandler> Scheduler<H> {
         if lost {
             // Another worker may already run these tasks: not one more write from here.
             tracing::warn!(partitions = ?partitions, "assignment lost (session expired): fencing its tasks at once");
+            self.fences.close(partitions);
             fence_gone(&self.slots);
         }
         let mut waits = Vec::new();
@@ -525,6 +560,7 @@ impl<H: TaskHandler> Scheduler<H> {
         }
         // Whatever did not stop (a write stuck in the producer, a step past its grace) is
         // fenced before the partitions go: it writes nothing more and drops its step.
+        self.fences.close(partitions);
         fence_gone(&self.slots);
         while let Ok(done) = self.done_rx.try_recv() {
             self.on_done(done);

@@ -44,12 +44,26 @@ impl TestTaskSpec {
 pub struct TestHandler {
     /// Backoff between transient failures (short in tests).
     pub min_delay: Option<Duration>,
+    /// Where each step run records its start and end, if anywhere (the task kind's
+    /// observable effect: a double run is seen there).
+    pub effects: Option<crate::effects::EffectLog>,
 }
 
 struct TestStep {
     index: i32,
     name: String,
     min_delay: Duration,
+    effects: Option<crate::effects::EffectLog>,
+}
+
+impl TestStep {
+    fn record(&self, task: &str, phase: crate::effects::Phase) {
+        if let Some(log) = &self.effects
+            && let Err(e) = log.record(task, self.index, phase)
+        {
+            tracing::error!(error = %e, "effect not recorded");
+        }
+    }
 }
 
 impl Step<TestTaskSpec> for TestStep {
@@ -68,6 +82,29 @@ impl Step<TestTaskSpec> for TestStep {
 
     fn run<'a>(&'a self, cx: &'a StepContext<'a, TestTaskSpec>) -> BoxFuture<'a, Result<Value, StepError>> {
         async move {
+            let task = cx.task_id.to_string();
+            self.record(&task, crate::effects::Phase::Start);
+            let result = self.work(cx).await;
+            self.record(&task, crate::effects::Phase::End);
+            result
+        }
+        .boxed()
+    }
+
+    fn undo<'a>(&'a self, cx: &'a StepContext<'a, TestTaskSpec>, _output: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>> {
+        async move {
+            if cx.spec.undo_fail_at == Some(self.index) {
+                return Err(StepError::permanent("INJECTED_UNDO_FAILURE", format!("undo of step {} fails on purpose", self.index)));
+            }
+            Ok(())
+        }
+        .boxed()
+    }
+}
+
+impl TestStep {
+    async fn work(&self, cx: &StepContext<'_, TestTaskSpec>) -> Result<Value, StepError> {
+        {
             let spec = cx.spec;
             if spec.step_ms > 0 {
                 // Simulated work, as a real step would wait on an API.
@@ -85,17 +122,6 @@ impl Step<TestTaskSpec> for TestStep {
             }
             Ok(json!({ "step": self.index, "attempt": cx.attempt }))
         }
-        .boxed()
-    }
-
-    fn undo<'a>(&'a self, cx: &'a StepContext<'a, TestTaskSpec>, _output: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>> {
-        async move {
-            if cx.spec.undo_fail_at == Some(self.index) {
-                return Err(StepError::permanent("INJECTED_UNDO_FAILURE", format!("undo of step {} fails on purpose", self.index)));
-            }
-            Ok(())
-        }
-        .boxed()
     }
 }
 
@@ -128,7 +154,7 @@ impl TaskHandler for TestHandler {
     fn plan(&self, spec: &TestTaskSpec) -> Vec<Arc<dyn Step<TestTaskSpec>>> {
         let min_delay = self.min_delay.unwrap_or(Duration::from_millis(100));
         (1..=spec.steps)
-            .map(|i| Arc::new(TestStep { index: i, name: format!("step-{i}"), min_delay }) as Arc<dyn Step<TestTaskSpec>>)
+            .map(|i| Arc::new(TestStep { index: i, name: format!("step-{i}"), min_delay, effects: self.effects.clone() }) as Arc<dyn Step<TestTaskSpec>>)
             .collect()
     }
 }

@@ -170,7 +170,8 @@ impl<H: TaskHandler> Worker<H> {
         ));
         let env = Arc::new(Env { handler: handler.clone(), publisher: publisher.clone(), metrics: metrics.clone(), registry: registry.clone() });
         let (sched_tx, sched_rx) = mpsc::channel(64);
-        let scheduler = tokio::spawn(Scheduler::new(env, view.clone(), opts.revoke_grace).run(sched_rx));
+        let fences = Arc::new(crate::fences::Fences::default());
+        let scheduler = tokio::spawn(Scheduler::new(env, view.clone(), opts.revoke_grace, fences.clone()).run(sched_rx));
 
         let http = match opts.http {
             Some(addr) => Some(
@@ -185,7 +186,7 @@ impl<H: TaskHandler> Worker<H> {
         let stop = Arc::new(AtomicBool::new(false));
         // If this future is dropped (a test's panic, an aborted task), the threads stop too.
         let _stop_guard = StopOnDrop { flag: stop.clone(), view: view.clone() };
-        let intake = Intake::new(&opts.kafka, &group, &topic, handler, registry, sched_tx.clone(), stop.clone(), ready.clone())?;
+        let intake = Intake::new(&opts.kafka, &group, &topic, handler, registry, sched_tx.clone(), stop.clone(), ready.clone(), fences, publisher.clone(), opts.revoke_grace)?;
         // The thread reports its end on a channel instead of being joined: closing a
         // consumer blocks while no broker answers, and shutdown must stay bounded.
         let (intake_tx, intake_done) = oneshot::channel();

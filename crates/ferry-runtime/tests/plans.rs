@@ -65,6 +65,26 @@ impl CheckStep<TestTaskSpec> for Refuse {
     }
 }
 
+/// A step that acts and returns an output too big for a task's snapshot.
+struct Big(Log);
+
+impl Step<TestTaskSpec> for Big {
+    fn name(&self) -> &str {
+        "big"
+    }
+
+    fn run<'a>(&'a self, _: &'a StepContext<'a, TestTaskSpec>) -> BoxFuture<'a, Result<Value, StepError>> {
+        self.0.lock().unwrap().push("run big".into());
+        let blob = "x".repeat(ferry_runtime::limits::STEP_OUTPUTS_BYTES);
+        async move { Ok(json!({ "blob": blob })) }.boxed()
+    }
+
+    fn undo<'a>(&'a self, _: &'a StepContext<'a, TestTaskSpec>, output: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>> {
+        self.0.lock().unwrap().push(format!("undo big (output kept: {})", output.is_some()));
+        async { Ok(()) }.boxed()
+    }
+}
+
 /// A step that never ends (until its worker stops it).
 struct Hang;
 
@@ -100,6 +120,7 @@ impl TaskHandler for Scripted {
         match (spec.steps, self.version) {
             (1, _) => vec![Arc::new(Look(log.clone())), Arc::new(Refuse)],
             (2, _) => vec![Arc::new(Act("make", log.clone())), Arc::new(Refuse)],
+            (4, _) => vec![Arc::new(Act("make", log.clone())), Arc::new(Big(log.clone()))],
             (_, 1) => vec![Arc::new(Act("make", log.clone())), Arc::new(Hang)],
             _ => vec![Arc::new(Act("make", log.clone())), Arc::new(Act("other", log.clone()))],
         }
@@ -162,6 +183,26 @@ async fn a_task_resumed_under_a_changed_plan_stops_with_plan_changed() {
     assert!(last.message.as_deref().unwrap().contains("step 2 is \"hang\" in the journal but \"other\" in the plan"), "{:?}", last.message);
     assert_eq!(*log.lock().unwrap(), ["run make"], "nothing ran or was undone under the new plan");
     assert_eq!(client.snapshot(id).await.unwrap().unwrap().state, TaskState::Failed);
+    stop.cancel();
+    worker.await.unwrap();
+}
+
+/// A step whose output would not fit in its task's snapshot fails the task, which
+/// reverts (the big step's undo too, without its output). Before, every write of the
+/// snapshot failed and the task was retried for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_output_too_large_for_the_snapshot_fails_the_task_which_reverts() {
+    let broker = TestBroker::embedded();
+    let client = broker.client();
+    let mut events = client.events(true).await.unwrap();
+    let log: Log = Arc::default();
+    let (stop, worker) = spawn(&broker, 1, &log);
+    let id = submit(&client, "big", &TestTaskSpec::steps(4)).await;
+    let evs = until_final(&mut events, id).await;
+    assert_eq!(evs.last().unwrap().event, EventType::Reverted, "{:?}", types(&evs));
+    let failed = evs.iter().find(|e| e.event == EventType::StepFailed).expect("the big step failed");
+    assert_eq!((failed.step_name.as_deref(), failed.code.as_deref()), (Some("big"), Some("OUTPUT_TOO_LARGE")));
+    assert_eq!(*log.lock().unwrap(), ["run make", "run big", "undo big (output kept: false)", "undo make"]);
     stop.cancel();
     worker.await.unwrap();
 }

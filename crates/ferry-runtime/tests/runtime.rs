@@ -267,7 +267,10 @@ async fn snapshot_seqs(client: &ferry_runtime::Client) -> HashMap<String, i64> {
 async fn two_instances_share_and_lose_nothing(broker: TestBroker) {
     let client = broker.client();
     let mut events = client.events(true).await.unwrap();
-    let (stop_a, worker_a) = broker.spawn_worker(broker.worker_options());
+    // The steps record their runs outside Kafka: two workers running one task show there.
+    let dir = tempfile::tempdir().unwrap();
+    let effects = dir.path().join("effects");
+    let (stop_a, worker_a) = broker.spawn_worker_recording(broker.worker_options(), Some(&effects));
     // Steps long enough (40 subjects x ~4 tasks x 3 steps x 200 ms, about 2.4 s) that both
     // rebalances land while tasks run, however far behind the event reader is.
     let spec = TestTaskSpec { step_ms: 200, ..TestTaskSpec::steps(3) };
@@ -295,7 +298,7 @@ async fn two_instances_share_and_lose_nothing(broker: TestBroker) {
         // A second instance joins once work has begun (rebalance), later the first leaves
         // (another rebalance).
         if ev.event == EventType::StepSucceeded && b.is_none() {
-            b = Some(broker.spawn_worker(broker.worker_options()));
+            b = Some(broker.spawn_worker_recording(broker.worker_options(), Some(&effects)));
         }
         if finished.len() == 40 && !stopped_a {
             stopped_a = true;
@@ -308,6 +311,9 @@ async fn two_instances_share_and_lose_nothing(broker: TestBroker) {
     // twice at once, none ended twice, and no two tasks of a subject overlapped.
     let mut violations = ferry_runtime::history::check(&history);
     violations.extend(ferry_runtime::history::check_snapshots(&history, &snapshot_seqs(&client).await));
+    let runs = ferry_runtime::effects::EffectLog::read(&effects).unwrap();
+    assert!(runs.len() >= 150 * 3 * 2, "every step run recorded: {} lines", runs.len());
+    violations.extend(ferry_runtime::history::check_effects(&runs));
     assert!(violations.is_empty(), "{} violations of the runtime's guarantees:\n{violations:#?}", violations.len());
     worker_a.await.unwrap();
     let (stop_b, worker_b) = b.unwrap();
@@ -336,7 +342,7 @@ async fn trace_context_rides_from_the_command_through_every_event_and_probes_rep
     let token = tokio_util::sync::CancellationToken::new();
     let t = token.clone();
     let worker = tokio::spawn(async move {
-        let handler = ferry_runtime::testkind::TestHandler { min_delay: Some(Duration::from_millis(10)) };
+        let handler = ferry_runtime::testkind::TestHandler { min_delay: Some(Duration::from_millis(10)), effects: None };
         ferry_runtime::Worker::new(opts, handler)
             .run_with(t, move |h| {
                 let _ = tx.send(h);
@@ -600,4 +606,124 @@ async fn a_joining_worker_stops_only_the_tasks_that_move_embedded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_joining_worker_stops_only_the_tasks_that_move_tansu() {
     a_joining_worker_stops_only_the_tasks_that_move(TestBroker::tansu().await, 4_000).await;
+}
+
+/// A worker cut off from its group (heartbeats failing) while its writes hang (produce
+/// requests failing) loses its assignment; another worker takes the tasks over and the
+/// writes come back. The first worker's writes for those tasks must not land after the
+/// takeover: it fences its tasks and drops its unacknowledged writes the moment librdkafka
+/// reports the assignment lost, even while its intake waits on a batch whose writes hang.
+/// Before, the intake sat in that wait, the loss was seen only after the writes went
+/// through, and both workers' events landed under the same seqs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_loses_its_assignment_while_writes_hang_writes_nothing_after_the_takeover() {
+    use rdkafka::types::{RDKafkaApiKey as Api, RDKafkaRespErr as Err};
+    let broker = TestBroker::embedded();
+    let client = broker.client();
+    let mut events = client.events(true).await.unwrap();
+    let opts = |id: &str| {
+        let mut o = broker.worker_options();
+        o.worker_id = id.into();
+        o.kafka.extra.extend([("session.timeout.ms".into(), "6000".into()), ("heartbeat.interval.ms".into(), "500".into())]);
+        o
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let effects = dir.path().join("effects");
+    let (stop_a, worker_a) = broker.spawn_worker_recording(opts("a"), Some(&effects));
+    let spec = TestTaskSpec { step_ms: 3000, ..TestTaskSpec::steps(4) };
+    let mut ids = Vec::new();
+    for i in 0..8 {
+        ids.push(submit(&client, &format!("lost-{i}"), &spec).await);
+    }
+    let mut history = Vec::new();
+    for id in &ids {
+        history.extend(until_event(&mut events, *id, EventType::StepStarted).await);
+    }
+    let mock = broker.embedded.as_ref().unwrap().mock();
+    // A command the first worker fetches only once its writes hang: its intake then waits
+    // on that batch's Accepted write.
+    mock.request_errors(Api::Fetch, &vec![Err::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION; 1_000_000]);
+    let late = submit(&client, "lost-late", &TestTaskSpec::steps(1)).await;
+    mock.request_errors(Api::Produce, &vec![Err::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS; 1_000_000]);
+    mock.request_errors(Api::Heartbeat, &vec![Err::RD_KAFKA_RESP_ERR_COORDINATOR_NOT_AVAILABLE; 1_000_000]);
+    mock.clear_request_errors(Api::Fetch);
+    // The fault's course, not a synchronisation: the first worker's session (6 s) runs
+    // out with no heartbeat answered; the second joins just before and takes everything
+    // over; its own heartbeats are answered again before its session could run out; then
+    // the writes go through.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (stop_b, worker_b) = broker.spawn_worker_recording(opts("b"), Some(&effects));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    mock.clear_request_errors(Api::Heartbeat);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    mock.clear_request_errors(Api::Produce);
+    let want: HashSet<String> = ids.iter().chain([&late]).map(ToString::to_string).collect();
+    let mut finished = HashSet::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
+    while finished.len() < want.len() {
+        let ev = tokio::time::timeout_at(deadline, events.next())
+            .await
+            .unwrap_or_else(|_| panic!("every task ends; ended: {finished:?}"))
+            .unwrap();
+        if !want.contains(&ev.task_id) {
+            continue;
+        }
+        if ev.event.is_final() {
+            assert_eq!(ev.event, EventType::Succeeded, "{ev:?}");
+            finished.insert(ev.task_id.clone());
+        }
+        history.push(ev);
+    }
+    let taken_over = history.iter().filter(|e| e.worker == "b" && e.event == EventType::StepStarted).count();
+    assert!(taken_over > 0, "the second worker took tasks over: {:?}", types(&history));
+    let mut violations = ferry_runtime::history::check(&history);
+    violations.extend(ferry_runtime::history::check_snapshots(&history, &snapshot_seqs(&client).await));
+    // Outside Kafka too: no step of the first worker ran on while the second ran the task.
+    violations.extend(ferry_runtime::history::check_effects(&ferry_runtime::effects::EffectLog::read(&effects).unwrap()));
+    assert!(violations.is_empty(), "{} violations: {violations:#?}", violations.len());
+    stop_a.cancel();
+    stop_b.cancel();
+    worker_a.await.unwrap();
+    worker_b.await.unwrap();
+}
+
+/// Commands whose Accepted writes the broker never acknowledges (produce requests failing
+/// for longer than the worker's `message.timeout.ms`) are read again after a pause, and
+/// their tasks run once the broker takes writes again; the worker never stops. Before, the
+/// intake stopped and took the worker down with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_that_cannot_be_made_durable_are_read_again_and_the_worker_goes_on() {
+    use rdkafka::types::{RDKafkaApiKey as Api, RDKafkaRespErr as Err};
+    let broker = TestBroker::embedded();
+    let client = broker.client();
+    let mut events = client.events(true).await.unwrap();
+    let mut opts = broker.worker_options();
+    opts.kafka.extra.push(("message.timeout.ms".into(), "2000".into()));
+    let (stop, worker) = broker.spawn_worker(opts);
+    let warm = submit(&client, "durable-warm", &TestTaskSpec::steps(1)).await;
+    until_final(&mut events, warm).await;
+    let mock = broker.embedded.as_ref().unwrap().mock();
+    // The worker fetches the commands only once its writes fail.
+    mock.request_errors(Api::Fetch, &vec![Err::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION; 1_000_000]);
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(submit(&client, &format!("durable-{i}"), &TestTaskSpec::steps(2)).await);
+    }
+    mock.request_errors(Api::Produce, &vec![Err::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS; 1_000_000]);
+    mock.clear_request_errors(Api::Fetch);
+    // The fault's length, not a synchronisation: three message timeouts.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(!worker.is_finished(), "the worker goes on while its writes fail");
+    mock.clear_request_errors(Api::Produce);
+    let mut history = Vec::new();
+    for id in &ids {
+        let evs = until_final(&mut events, *id).await;
+        assert_eq!(evs.last().map(|e| e.event), Some(EventType::Succeeded), "{:?}", types(&evs));
+        history.extend(evs);
+    }
+    let mut violations = ferry_runtime::history::check(&history);
+    violations.extend(ferry_runtime::history::check_snapshots(&history, &snapshot_seqs(&client).await));
+    assert!(violations.is_empty(), "{violations:#?}");
+    stop.cancel();
+    worker.await.unwrap();
 }

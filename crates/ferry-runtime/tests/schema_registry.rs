@@ -121,7 +121,7 @@ async fn schemas_register_and_tasks_run_with_the_registrys_ids() {
     let mut opts = broker.worker_options();
     opts.schema_registry = Some(url.clone());
     let stop = tokio_util::sync::CancellationToken::new();
-    let handler = TestHandler { min_delay: Some(std::time::Duration::from_millis(10)) };
+    let handler = TestHandler { min_delay: Some(std::time::Duration::from_millis(10)), effects: None };
     let worker = tokio::spawn(Worker::new(opts, handler).run(stop.clone()));
     let id = client.submit(TaskKind::Test, "registry", &TestTaskSpec::steps(2), SubmitOptions::default()).await.unwrap();
     let evs = until_final(&mut events, id).await;

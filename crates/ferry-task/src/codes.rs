@@ -15,6 +15,10 @@ pub const STEP_TIMEOUT: &str = "STEP_TIMEOUT";
 /// A resumed or reverted task's journal names other steps than its kind's plan now has
 /// (a worker of another version): nothing more runs, no undo goes to the wrong step.
 pub const PLAN_CHANGED: &str = "PLAN_CHANGED";
+/// A step's output would take the task's step outputs past
+/// [`STEP_OUTPUTS_BYTES`](crate::limits::STEP_OUTPUTS_BYTES): they ride in its snapshot,
+/// which must fit in a record. A permanent failure (the task reverts).
+pub const OUTPUT_TOO_LARGE: &str = "OUTPUT_TOO_LARGE";
 /// A bug in Ferry: a step's input that the plan guarantees is missing or malformed.
 pub const INTERNAL: &str = "INTERNAL";
 /// The `test` kind's injected failures.

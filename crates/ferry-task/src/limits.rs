@@ -10,6 +10,11 @@ pub const RECORD_BYTES: usize = 1_000_000;
 /// command is Rejected with the reason, before it becomes a task.
 pub const COMMAND_BYTES: usize = 256 * 1024;
 
+/// Most bytes a task's step outputs (JSON) may take together. With the command (at most
+/// [`COMMAND_BYTES`]) and the journal they make its snapshot, which must fit in
+/// [`RECORD_BYTES`]; a step whose output would pass this fails with `OUTPUT_TOO_LARGE`.
+pub const STEP_OUTPUTS_BYTES: usize = 512 * 1024;
+
 /// Longest subject (the record key: `<namespace>/<name>`, `<cluster>`, a pair of them).
 pub const SUBJECT_BYTES: usize = 512;
 

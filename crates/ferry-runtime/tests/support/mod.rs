@@ -57,8 +57,14 @@ impl TestBroker {
 
     /// Starts a `test` worker; cancel the token to stop it gracefully.
     pub fn spawn_worker(&self, opts: WorkerOptions) -> (CancellationToken, JoinHandle<()>) {
+        self.spawn_worker_recording(opts, None)
+    }
+
+    /// [`Self::spawn_worker`], its steps recording their runs in the effect log `effects`.
+    pub fn spawn_worker_recording(&self, opts: WorkerOptions, effects: Option<&std::path::Path>) -> (CancellationToken, JoinHandle<()>) {
         let token = CancellationToken::new();
-        let handler = TestHandler { min_delay: Some(Duration::from_millis(10)) };
+        let effects = effects.map(|p| ferry_runtime::effects::EffectLog::new(p, opts.worker_id.clone()));
+        let handler = TestHandler { min_delay: Some(Duration::from_millis(10)), effects };
         let t = token.clone();
         let h = tokio::spawn(async move { Worker::new(opts, handler).run(t).await.expect("worker failed") });
         (token, h)

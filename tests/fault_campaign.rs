@@ -46,7 +46,9 @@ impl Workers {
     fn spawn(&mut self, kind: TaskKind) {
         self.started += 1;
         let name = format!("w{}", self.started);
-        let mut args: Vec<String> = vec![format!("HOSTNAME={name}"), "RUST_LOG=error".into(), env!("CARGO_BIN_EXE_ferry").into()];
+        // FERRY_CAMPAIGN_RUST_LOG (e.g. `warn,rdkafka=info`) for a closer look at a run.
+        let log_filter = std::env::var("FERRY_CAMPAIGN_RUST_LOG").unwrap_or_else(|_| "error".into());
+        let mut args: Vec<String> = vec![format!("HOSTNAME={name}"), format!("RUST_LOG={log_filter}"), env!("CARGO_BIN_EXE_ferry").into()];
         args.extend(["worker", &kind.to_string(), "--brokers", &self.bootstrap].map(String::from));
         args.extend(["--kafka-property", "session.timeout.ms=6000", "--kafka-property", "heartbeat.interval.ms=500"].map(String::from));
         args.extend(["--kafka-property", "fetch.wait.max.ms=5"].map(String::from));
@@ -54,6 +56,8 @@ impl Workers {
             args.extend(["--kubeconfig".to_owned(), self.hub_kubeconfig.display().to_string()]);
         }
         match kind {
+            // The test workers' steps record their runs outside Kafka (an effect log).
+            TaskKind::Test => args.extend(["--effects".to_owned(), self.logs.join("effects").display().to_string()]),
             TaskKind::Score => args.push("--no-onboarding".into()),
             TaskKind::CreateCluster => args.extend(["--addons", "emulated"].map(String::from)),
             _ => {}
@@ -282,6 +286,19 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
     let faults = proxy.handle();
     let hub_kubeconfig = fleet.dir.join("hub-through-proxy.kubeconfig");
     proxy.write_kubeconfig(&hub_kubeconfig, "hub").unwrap();
+    // The workers reach member-1 through a fault proxy too: its kubeconfig Secret on the
+    // hub (as Cluster API writes it) names the proxy. Liqo's and the kubelets' emulators,
+    // the members' own controllers, reach it directly.
+    let member_proxy = FaultProxy::start(m1.clone()).await.unwrap();
+    let member_faults = member_proxy.handle();
+    {
+        use k8s_openapi::api::core::v1::Secret;
+        let secret = ferry_fleet::fleet::kubeconfig_secret("member-1", &member_proxy.kubeconfig("member-1"));
+        Api::<Secret>::namespaced(hub.clone(), ferry_fleet::fleet::KUBECONFIG_NAMESPACE)
+            .patch("member-1-kubeconfig", &kube::api::PatchParams::apply("ferry-fleet").force(), &kube::api::Patch::Apply(&secret))
+            .await
+            .unwrap();
+    }
 
     let topics = Topics::standard();
     let broker = EmbeddedBroker::start(3, &topics).unwrap();
@@ -293,7 +310,11 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
     for c in &fleet.clusters {
         before.push((c.name.clone(), Inventory::take(&c.client().await.unwrap()).await.unwrap()));
     }
-    let mut workers = Workers { bootstrap, hub_kubeconfig, logs: fleet.dir.clone(), started: 0, procs: Vec::new() };
+    // FERRY_CAMPAIGN_LOGS keeps the workers' logs in a directory that outlives the run.
+    let logs = std::env::var_os("FERRY_CAMPAIGN_LOGS").map(std::path::PathBuf::from).unwrap_or_else(|| fleet.dir.clone());
+    std::fs::create_dir_all(&logs).unwrap();
+    let _ = std::fs::remove_file(logs.join("effects"));
+    let mut workers = Workers { bootstrap, hub_kubeconfig, logs, started: 0, procs: Vec::new() };
     for kind in [TaskKind::Test, TaskKind::Score, TaskKind::Deploy, TaskKind::CreateCluster, TaskKind::Peer, TaskKind::Offload] {
         workers.spawn(kind);
         workers.spawn(kind);
@@ -325,9 +346,11 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
             // Submitted once the peering stands, as a service would.
             Plan::Offload | Plan::OffloadThenRevert => continue,
             Plan::Cancel => {
-                // Own subjects: see docs/ARCHITECTURE.md "Notes" on cancelled tasks sharing lanes.
+                // On a subject it shares with tasks that succeed (i + 2 is a multiple of 10):
+                // those queued behind the blocked task wait for its cancel and run after
+                // it, in order, across every fault.
                 let spec = TestTaskSpec { block_at: Some(2), ..TestTaskSpec::steps(3) };
-                client.submit(TaskKind::Test, &format!("campaign/cancel/{i}"), &spec, SubmitOptions::default()).await.unwrap()
+                client.submit(TaskKind::Test, &format!("campaign/test/{}", (i + 2) % 50), &spec, SubmitOptions::default()).await.unwrap()
             }
             _ => {
                 let spec = match p {
@@ -475,9 +498,9 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
             (35, "broker outage"),
             (40, "broker fails requests"),
             (45, "hub answers 429"),
-            (55, "hub slow"),
-            (65, "hub recovers"),
-            (75, "hub blackout"),
+            (55, "hub slow, member-1 answers 500"),
+            (65, "hub and member-1 recover"),
+            (75, "hub and member-1 black out"),
             (85, "kill one worker of each kind"),
         ];
         while step < chaos.len() && n >= chaos[step].0 {
@@ -495,12 +518,22 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
                 }
                 4 => broker.fail_requests(20),
                 5 => faults.fail_next(12, 429),
-                6 => faults.set_latency(Duration::from_millis(300)),
-                7 => faults.clear(),
-                8 => faults.blackout(Duration::from_secs(5)),
+                6 => {
+                    faults.set_latency(Duration::from_millis(300));
+                    member_faults.fail_next(12, 500);
+                }
+                7 => {
+                    faults.clear();
+                    member_faults.clear();
+                }
+                8 => {
+                    faults.blackout(Duration::from_secs(5));
+                    member_faults.blackout(Duration::from_secs(3));
+                }
                 _ => {
                     workers.kill_and_replace(TaskKind::Test);
                     workers.kill_and_replace(TaskKind::Score);
+                    workers.kill_and_replace(TaskKind::Deploy);
                     workers.kill_and_replace(TaskKind::CreateCluster);
                     workers.kill_and_replace(TaskKind::Peer);
                     workers.kill_and_replace(TaskKind::Offload);
@@ -514,6 +547,8 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
     let (requests, injected) = faults.counts();
     assert!(injected >= 12, "the hub's faults were hit ({injected} of {requests} requests)");
     println!("campaign: {injected} of {requests} hub requests answered with a fault");
+    let (requests, injected) = member_faults.counts();
+    println!("campaign: {injected} of {requests} member-1 requests answered with a fault");
 
     // The durable state agrees with the events: nothing lost.
     let snaps: HashMap<String, TaskState> = client.snapshots().await.unwrap().into_iter().map(|s| (s.task_id.clone(), s.state)).collect();
@@ -655,16 +690,42 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
     let snapshots: HashMap<String, i64> = client.snapshots().await.unwrap().into_iter().map(|s| (s.task_id, s.seq)).collect();
     let mut violations = ferry_runtime::history::check(&history);
     violations.extend(ferry_runtime::history::check_snapshots(&history, &snapshots));
+    // And outside Kafka: no two test workers ran steps of one task at once.
+    let effects = ferry_runtime::effects::EffectLog::read(&workers.logs.join("effects")).unwrap();
+    assert!(!effects.is_empty(), "the test workers recorded their step runs");
+    let starts = effects.iter().filter(|e| e.phase == ferry_runtime::effects::Phase::Start).count();
+    println!("campaign: {starts} step runs recorded by the test workers, {} of them runs again", ferry_runtime::effects::reruns(&effects));
+    violations.extend(ferry_runtime::history::check_effects(&effects));
     println!("campaign: the history checker read {} events: {} violations", history.len(), violations.len());
+    // By pattern (event types without workers), then the first few in full.
+    let mut patterns: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
+    for v in &violations {
+        let p = match v {
+            ferry_runtime::history::Violation::SeqReused { events, .. } => {
+                let ty = |e: &str| e.split(' ').next().unwrap_or_default().to_owned();
+                format!("SeqReused {} / {}", ty(&events[0]), ty(&events[1]))
+            }
+            other => format!("{other:?}").split(' ').next().unwrap_or_default().to_owned(),
+        };
+        *patterns.entry(p).or_default() += 1;
+    }
+    for (p, n) in &patterns {
+        println!("campaign:   {n:>4} {p}");
+    }
     for v in violations.iter().take(5) {
         println!("campaign:   {v:?}");
     }
     // Asserted: no two tasks of a subject overlapped, every event has its snapshot.
-    // Reported, not yet asserted: under the broker's request failures two workers of a
-    // kind run one task at once (each numbers its events from the same snapshot: two
-    // events under one seq) and such a task may end twice. The session-start code showed
-    // 143 of them here too (it was hidden by deduping on (task, seq)); issue "one owner
-    // per task", item 6, and docs/ARCHITECTURE.md, "Notes".
+    // Reported, not asserted: two workers writing one task (a seq with two events, a task
+    // ended twice, two runners in the effect log). Until the intake served rebalance
+    // callbacks while a batch's writes hung, and a lost assignment purged its writes, 110
+    // to 150 seqs per run carried two workers' events (hidden by a dedupe on (task, seq));
+    // runs now show 0 to 30, all from one case: a worker that joined a group just before
+    // the broker outage. The embedded broker evicts a member whose JoinGroup it holds
+    // past the session timeout (Kafka keeps such a member), and librdkafka checks the
+    // session only in a settled group, so the evicted member learns it lost its partitions
+    // only when its JoinGroup is answered. docs/ARCHITECTURE.md, "Guarantees", on the
+    // window that remains; tests/runtime.rs asserts none in its lost-session scenario.
     let asserted: Vec<_> = violations
         .iter()
         .filter(|v| matches!(v, ferry_runtime::history::Violation::SubjectOverlap { .. } | ferry_runtime::history::Violation::EventWithoutSnapshot { .. }))

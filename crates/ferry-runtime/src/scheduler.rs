@@ -76,6 +76,17 @@ fn final_event(snap: &TaskSnapshot, worker: &str) -> ProgressEvent {
     d.into_event((&snap.task_id, snap.kind, &snap.subject), snap.seq, snap.last_event, worker, snap.updated_at_ms, snap.trace_parent.clone())
 }
 
+/// A task paused because its write failed: failures in a row, the write, and the
+/// pending retry. A control that comes meanwhile makes the write itself, then its own
+/// (in order), and closes the gate so that the retry writes nothing.
+struct Paused {
+    failures: u32,
+    write: Unwritten,
+    retry: Option<tokio::task::AbortHandle>,
+    /// Set (under the lock) once the write was made another way: the retry skips it.
+    superseded: Arc<std::sync::Mutex<bool>>,
+}
+
 /// A paused task's write, made again after a backoff.
 #[derive(Debug)]
 pub(crate) struct Rewritten {
@@ -83,6 +94,8 @@ pub(crate) struct Rewritten {
     write: Unwritten,
     /// Why the write failed again, if it did.
     failed: Option<String>,
+    /// The pause it belongs to (a later pause of the same task has another).
+    gate: Arc<std::sync::Mutex<bool>>,
 }
 
 struct Slot {
@@ -106,7 +119,7 @@ pub(crate) struct Scheduler<H: TaskHandler> {
     done_rx: mpsc::UnboundedReceiver<Done>,
     /// Failed writes per task paused for a retry (its subject's lane held meanwhile), and
     /// the pending retry, aborted if the task's partition is given up.
-    unwritten: HashMap<TaskId, (u32, Option<tokio::task::AbortHandle>)>,
+    unwritten: HashMap<TaskId, Paused>,
     wake_tx: mpsc::UnboundedSender<Rewritten>,
     wake_rx: mpsc::UnboundedReceiver<Rewritten>,
 }
@@ -191,13 +204,16 @@ impl<H: TaskHandler> Scheduler<H> {
     /// Makes a paused task's failed write again after a backoff that doubles per failure.
     fn rewrite_later(&mut self, id: TaskId, write: Unwritten) {
         let Some(slot) = self.slots.get(&id) else { return };
-        let (failures, retry) = self.unwritten.entry(id).or_insert((0, None));
-        *failures += 1;
-        let delay = RETRY_UNWRITTEN_FIRST.saturating_mul(1 << (*failures - 1).min(5)).min(RETRY_UNWRITTEN_MAX);
-        tracing::warn!(task = %id, failures = *failures, delay_ms = delay.as_millis() as u64, "writing the task's state again after a backoff");
+        let paused = self.unwritten.entry(id).or_insert_with(|| Paused { failures: 0, write: write.clone(), retry: None, superseded: Arc::default() });
+        paused.failures += 1;
+        let failures = paused.failures;
+        let delay = RETRY_UNWRITTEN_FIRST.saturating_mul(1 << (failures - 1).min(5)).min(RETRY_UNWRITTEN_MAX);
+        tracing::warn!(task = %id, failures, delay_ms = delay.as_millis() as u64, "writing the task's state again after a backoff");
         let (publisher, snap, wake) = (self.env.publisher.clone(), slot.snap.clone(), self.wake_tx.clone());
         let fence = self.fences.child(slot.snap.origin_partition);
-        *retry = Some(tokio::spawn(async move {
+        let superseded = paused.superseded.clone();
+        let gate = superseded.clone();
+        paused.retry = Some(tokio::spawn(async move {
             tokio::time::sleep(delay).await;
             // The partition went (lost while the scheduler was busy): another worker owns
             // the task now, and this older write must not land after its newer ones.
@@ -205,13 +221,23 @@ impl<H: TaskHandler> Scheduler<H> {
                 return;
             }
             let made = async {
-                match &write.event {
-                    Some(ev) => publisher.enqueue_write(&snap, ev)?.durable().await,
-                    None => publisher.enqueue_snapshot(&snap)?.durable().await,
-                }
+                // Handed to the producer under the gate's lock: a control that made this
+                // write itself, then its own, closed the gate first, or waits until this
+                // write is queued ahead of its own (one producer, one partition: in order).
+                let pending = {
+                    let gate = gate.lock().expect("gate lock");
+                    if *gate {
+                        return Ok(());
+                    }
+                    match &write.event {
+                        Some(ev) => publisher.enqueue_write(&snap, ev)?,
+                        None => publisher.enqueue_snapshot(&snap)?,
+                    }
+                };
+                pending.durable().await
             };
             let failed = made.await.err().map(|e| e.to_string());
-            let _ = wake.send(Rewritten { id, write, failed });
+            let _ = wake.send(Rewritten { id, write, failed, gate: superseded });
         })
         .abort_handle());
     }
@@ -221,7 +247,8 @@ impl<H: TaskHandler> Scheduler<H> {
     fn on_rewritten(&mut self, r: Rewritten) {
         let Some(slot) = self.slots.get(&r.id) else { return };
         let subject = slot.snap.subject.clone();
-        if slot.ctl.is_some() || self.running.get(&subject) != Some(&r.id) || !self.owned.contains(&slot.snap.origin_partition) {
+        let this_pause = self.unwritten.get(&r.id).is_some_and(|p| Arc::ptr_eq(&p.superseded, &r.gate));
+        if !this_pause || slot.ctl.is_some() || self.running.get(&subject) != Some(&r.id) || !self.owned.contains(&slot.snap.origin_partition) {
             return;
         }
         if let Some(e) = r.failed {
@@ -444,6 +471,24 @@ impl<H: TaskHandler> Scheduler<H> {
                 let _ = tx.send(ControlReply::Finished);
                 return Ok(Some(rx));
             }
+            // Paused (its last write failed and waits for a retry): make that write now,
+            // then the control's, in order; the retry then writes nothing, and the task
+            // runs again once this batch is durable. Before, the control's write went
+            // first and the retry's older snapshot landed after it.
+            if let Some(paused) = self.unwritten.remove(&id) {
+                tracing::info!(task = %id, action = ?env.action, "control for a paused task: its paused write goes first");
+                *paused.superseded.lock().expect("gate lock") = true;
+                if let Some(r) = &paused.retry {
+                    r.abort();
+                }
+                pending.extend(match &paused.write.event {
+                    Some(ev) => self.env.publisher.enqueue_write(&slot.snap, ev)?,
+                    None => self.env.publisher.enqueue_snapshot(&slot.snap)?,
+                });
+                if self.running.get(&slot.snap.subject) == Some(&id) {
+                    self.running.remove(&slot.snap.subject);
+                }
+            }
             // Queued, not started yet (new, or resumed behind another task of its subject).
             let snap = &mut slot.snap;
             if matches!(snap.state, TaskState::Accepted | TaskState::Running) {
@@ -583,9 +628,9 @@ impl<H: TaskHandler> Scheduler<H> {
         self.queues.retain(|_, q| !q.is_empty());
         // A write made again after the next owner took the task over could overwrite its
         // newer snapshot: abort the retries of the tasks given up.
-        self.unwritten.retain(|id, (_, retry)| {
+        self.unwritten.retain(|id, paused| {
             let keep = self.slots.contains_key(id);
-            if let (false, Some(r)) = (keep, retry) {
+            if let (false, Some(r)) = (keep, &paused.retry) {
                 r.abort();
             }
             keep

@@ -727,3 +727,49 @@ async fn commands_that_cannot_be_made_durable_are_read_again_and_the_worker_goes
     stop.cancel();
     worker.await.unwrap();
 }
+
+/// A Cancel that reaches a task paused on a failed write: the paused write is made first,
+/// then the cancel's, in order, and the retry writes nothing more. Before, the cancel's
+/// write (seq n + 1) went first and the retry's older snapshot (seq n) landed after it:
+/// the task's latest durable state lost the cancel until its next write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_for_a_paused_task_is_written_after_the_paused_write() {
+    use rdkafka::types::{RDKafkaApiKey as Api, RDKafkaRespErr as Err};
+    let broker = TestBroker::embedded();
+    let client = broker.client();
+    let mut events = client.events(true).await.unwrap();
+    let mut opts = broker.worker_options();
+    opts.kafka.extra.push(("message.timeout.ms".into(), "2000".into()));
+    let (stop, worker) = broker.spawn_worker(opts);
+    let id = submit(&client, "paused-cancel", &TestTaskSpec { step_ms: 1500, ..TestTaskSpec::steps(4) }).await;
+    let mut history = until_event(&mut events, id, EventType::StepStarted).await;
+    let mock = broker.embedded.as_ref().unwrap().mock();
+    mock.request_errors(Api::Produce, &vec![Err::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS; 1_000_000]);
+    // The fault's course, not a synchronisation: step 1 ends at 1.5 s and its write times
+    // out at 3.5 s (the task pauses); its retries go out at 4.5 s and 8.5 s and time out at
+    // 6.5 s and 10.5 s, then it waits 4 s. The cancel, sent at 10 s, gets through when the
+    // writes do, at 12 s: inside that wait, while the task is paused with no retry out.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let cancel = {
+        let client = broker.client();
+        tokio::spawn(async move { client.control(TaskKind::Test, "paused-cancel", id, CommandAction::Cancel, Some("test".into())).await })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    mock.clear_request_errors(Api::Produce);
+    cancel.await.unwrap().unwrap();
+    history.extend(until_final(&mut events, id).await);
+    assert_eq!(history.last().map(|e| e.event), Some(EventType::Cancelled), "{:?}", types(&history));
+    // The task's events arrive in seq order (a repeat of a seen seq aside).
+    let mut highest = 0;
+    for e in &history {
+        assert!(e.seq >= highest, "seq {} ({:?}) after seq {highest}: {:?}", e.seq, e.event, history.iter().map(|e| (e.seq, e.event)).collect::<Vec<_>>());
+        highest = highest.max(e.seq);
+    }
+    let snap = client.snapshot(id).await.unwrap().unwrap();
+    assert_eq!((snap.state, snap.seq), (TaskState::Cancelled, highest));
+    let mut violations = ferry_runtime::history::check(&history);
+    violations.extend(ferry_runtime::history::check_snapshots(&history, &snapshot_seqs(&client).await));
+    assert!(violations.is_empty(), "{violations:#?}");
+    stop.cancel();
+    worker.await.unwrap();
+}

@@ -119,13 +119,18 @@ impl FaultProxy {
         self.handle.clone()
     }
 
-    /// Writes a kubeconfig that reaches the cluster through this proxy.
-    pub fn write_kubeconfig(&self, path: &Path, name: &str) -> std::io::Result<()> {
-        let kc = format!(
+    /// A kubeconfig that reaches the cluster through this proxy (no credentials: the
+    /// proxy forwards with its upstream client's).
+    pub fn kubeconfig(&self, name: &str) -> String {
+        format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: {name}\n  cluster:\n    server: {}\nusers:\n- name: anonymous\n  user: {{}}\ncontexts:\n- name: {name}\n  context:\n    cluster: {name}\n    user: anonymous\ncurrent-context: {name}\n",
             self.url()
-        );
-        std::fs::write(path, kc)
+        )
+    }
+
+    /// Writes [`Self::kubeconfig`] to `path`.
+    pub fn write_kubeconfig(&self, path: &Path, name: &str) -> std::io::Result<()> {
+        std::fs::write(path, self.kubeconfig(name))
     }
 
     /// A `kube` client through this proxy (kube's default retry of 429/503/504 on).

@@ -85,8 +85,8 @@ impl ClusterHandler {
 
 fn wait_err(e: WaitError) -> StepError {
     match e {
-        WaitError::Timeout { .. } => StepError::permanent("DEADLINE_EXCEEDED", e.to_string()),
-        WaitError::Failed { .. } => StepError::permanent("FAILED", e.to_string()),
+        WaitError::Timeout { .. } => StepError::permanent(ferry_task::codes::DEADLINE_EXCEEDED, e.to_string()),
+        WaitError::Failed { .. } => StepError::permanent(ferry_task::codes::FAILED, e.to_string()),
     }
 }
 
@@ -158,7 +158,7 @@ impl CreateCheck {
                         ),
                     ));
                 }
-                Err(e) => return Err(kube_err("HUB_API", e)),
+                Err(e) => return Err(kube_err(ferry_task::codes::HUB_API, e)),
             }
         }
         if let Some(c) = clusters_api(&hub, ns).get_opt(name).await.map_err(hub_err)? {
@@ -191,7 +191,7 @@ impl CreateCheck {
             let api: Api<ManagedCluster> = Api::all(hub.clone());
             match api.get_opt(name).await {
                 Ok(Some(_)) => {
-                    return Err(StepError::rejected("NAME_TAKEN", format!("a ManagedCluster {name:?} is already registered on the hub")));
+                    return Err(StepError::rejected(ferry_task::codes::NAME_TAKEN, format!("a ManagedCluster {name:?} is already registered on the hub")));
                 }
                 Ok(None) => {}
                 Err(kube::Error::Api(s)) if s.code == 404 => {
@@ -204,18 +204,18 @@ impl CreateCheck {
             }
             if let Some(set) = &cmd.ocm.cluster_set {
                 let gvk = GroupVersionKind::gvk("cluster.open-cluster-management.io", "v1beta2", "ManagedClusterSet");
-                let api = self.0.cfg.clusters.api(HUB, &gvk, None).await.map_err(|e| kube_err("HUB_API", e))?;
+                let api = self.0.cfg.clusters.api(HUB, &gvk, None).await.map_err(|e| kube_err(ferry_task::codes::HUB_API, e))?;
                 if api.get_opt(set).await.map_err(hub_err)?.is_none() {
-                    return Err(StepError::rejected("CLUSTER_SET_MISSING", format!("ManagedClusterSet {set:?} does not exist on the hub")));
+                    return Err(StepError::rejected(ferry_task::codes::CLUSTER_SET_MISSING, format!("ManagedClusterSet {set:?} does not exist on the hub")));
                 }
             }
         }
         let mut worker_class = None;
         if let Some(class) = &cmd.cluster_class {
             let gvk = GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "ClusterClass");
-            let api = self.0.cfg.clusters.api(HUB, &gvk, Some(ns)).await.map_err(|e| kube_err("HUB_API", e))?;
+            let api = self.0.cfg.clusters.api(HUB, &gvk, Some(ns)).await.map_err(|e| kube_err(ferry_task::codes::HUB_API, e))?;
             let Some(cc) = api.get_opt(class).await.map_err(hub_err)? else {
-                return Err(StepError::rejected("CLUSTER_CLASS_MISSING", format!("ClusterClass {ns}/{class} does not exist")));
+                return Err(StepError::rejected(ferry_task::codes::CLUSTER_CLASS_MISSING, format!("ClusterClass {ns}/{class} does not exist")));
             };
             worker_class = cc.data.pointer("/spec/workers/machineDeployments/0/class").and_then(Value::as_str).map(str::to_owned);
             if worker_class.is_none() && cmd.worker_count() > 0 {
@@ -298,7 +298,7 @@ impl ApplyStep {
         for o in objects.iter().rev().filter(|o| o["kind"] != "Cluster") {
             match inner.cfg.clusters.delete(HUB, o).await {
                 Ok(_) | Err(ClusterError::NotServed { .. }) => {}
-                Err(e) => return Err(kube_err("HUB_API", e)),
+                Err(e) => return Err(kube_err(ferry_task::codes::HUB_API, e)),
             }
         }
         // The namespace the create made goes too, unless another cluster lives in it (creates
@@ -342,7 +342,7 @@ impl Step<ClusterCommand> for ApplyStep {
             let objects = render::objects(cmd, &cx.task_id.to_string(), checked.worker_class.as_deref());
             let n = objects.len();
             for (i, o) in objects.iter().enumerate() {
-                self.0.cfg.clusters.apply(HUB, o, MANAGER).await.map_err(|e| kube_err("APPLY_FAILED", e))?;
+                self.0.cfg.clusters.apply(HUB, o, MANAGER).await.map_err(|e| kube_err(ferry_task::codes::APPLY_FAILED, e))?;
                 cx.progress(((i + 1) * 100 / n) as u8, format!("applied {}", describe(o)));
             }
             Ok(json!({"objects": objects.iter().map(describe).collect::<Vec<_>>()}))
@@ -451,9 +451,9 @@ impl Step<ClusterCommand> for KubeconfigStep {
                 .map_err(wait_err)?;
             // The kubeconfig is read here and used by this worker only; the task records the
             // Secret's name and the server's version, never the content.
-            let client = self.0.cfg.clusters.client(&cmd.name).await.map_err(|e| kube_err("KUBECONFIG", e))?;
+            let client = self.0.cfg.clusters.client(&cmd.name).await.map_err(|e| kube_err(ferry_task::codes::KUBECONFIG, e))?;
             let version =
-                client.apiserver_version().await.map_err(|e| kube_err("WORKLOAD_API", ClusterError::Kube { cluster: cmd.name.clone(), source: e }))?;
+                client.apiserver_version().await.map_err(|e| kube_err(ferry_task::codes::WORKLOAD_API, ClusterError::Kube { cluster: cmd.name.clone(), source: e }))?;
             cx.progress(100, format!("the workload API server answers (Kubernetes {})", version.git_version));
             Ok(json!({"secret": format!("{}/{secret}", cmd.namespace()), "server_version": version.git_version}))
         }
@@ -499,7 +499,7 @@ async fn wait_nodes(
         .await
         .map_err(wait_err)?;
     cx.progress(50, format!("{want} machines have nodes"));
-    let client = inner.cfg.clusters.client(&cmd.name).await.map_err(|e| kube_err("KUBECONFIG", e))?;
+    let client = inner.cfg.clusters.client(&cmd.name).await.map_err(|e| kube_err(ferry_task::codes::KUBECONFIG, e))?;
     let wanted = nodes.clone();
     inner
         .cfg
@@ -623,7 +623,7 @@ impl AddonStep {
         tokio::select! {
             r = ready => r.map_err(wait_err),
             c = crashing => match c {
-                Ok(why) => Err(StepError::permanent("ADDON_FAILED", format!("add-on {} on {cluster}: {} {}/{} will not become ready: {why}", self.addon.name, r.kind, r.namespace, r.name))),
+                Ok(why) => Err(StepError::permanent(ferry_task::codes::ADDON_FAILED, format!("add-on {} on {cluster}: {} {}/{} will not become ready: {why}", self.addon.name, r.kind, r.namespace, r.name))),
                 Err(e) => Err(wait_err(e)),
             },
         }
@@ -635,9 +635,9 @@ impl AddonStep {
                 Ok(_) => {}
                 // A custom resource whose CRD this add-on applied a moment ago: retried.
                 Err(e @ ClusterError::NotServed { .. }) => {
-                    return Err(StepError::transient("APPLY_FAILED", e.to_string()));
+                    return Err(StepError::transient(ferry_task::codes::APPLY_FAILED, e.to_string()));
                 }
-                Err(e) => return Err(kube_err("APPLY_FAILED", e)),
+                Err(e) => return Err(kube_err(ferry_task::codes::APPLY_FAILED, e)),
             }
         }
         Ok(())
@@ -658,11 +658,11 @@ impl Step<ClusterCommand> for AddonStep {
             let cmd = cx.spec;
             let cluster = cmd.name.as_str();
             let m = self.inner.cfg.catalog.manifests(&self.addon).await.map_err(|e| {
-                if e.is_transient() { StepError::transient("ADDON_SOURCE", e.to_string()) } else { StepError::permanent("ADDON_SOURCE", e.to_string()) }
+                if e.is_transient() { StepError::transient(ferry_task::codes::ADDON_SOURCE, e.to_string()) } else { StepError::permanent(ferry_task::codes::ADDON_SOURCE, e.to_string()) }
             })?;
             self.apply_all(cluster, &m.install).await?;
             cx.progress(30, format!("applied {} objects of {}", m.install.len(), self.addon.name));
-            let client = self.inner.cfg.clusters.client(cluster).await.map_err(|e| kube_err("KUBECONFIG", e))?;
+            let client = self.inner.cfg.clusters.client(cluster).await.map_err(|e| kube_err(ferry_task::codes::KUBECONFIG, e))?;
             let addon = self.inner.cfg.catalog.get(&self.addon.name).cloned();
             let timeout = secs(cmd.addon_timeout_seconds, 600);
             for r in addon.iter().flat_map(|a| a.ready.iter()) {
@@ -682,14 +682,14 @@ impl Step<ClusterCommand> for AddonStep {
             // The cluster (or its kubeconfig) is gone already: so is the add-on.
             match self.inner.cfg.clusters.client(cluster).await {
                 Err(ClusterError::Unknown { .. }) => return Ok(()),
-                Err(e) => return Err(kube_err("KUBECONFIG", e)),
+                Err(e) => return Err(kube_err(ferry_task::codes::KUBECONFIG, e)),
                 Ok(_) => {}
             }
-            let m = self.inner.cfg.catalog.manifests(&self.addon).await.map_err(|e| StepError::transient("ADDON_SOURCE", e.to_string()))?;
+            let m = self.inner.cfg.catalog.manifests(&self.addon).await.map_err(|e| StepError::transient(ferry_task::codes::ADDON_SOURCE, e.to_string()))?;
             for o in m.after.iter().chain(&m.install).rev() {
                 match self.inner.cfg.clusters.delete(cluster, o).await {
                     Ok(_) | Err(ClusterError::NotServed { .. }) => {}
-                    Err(e) => return Err(kube_err("WORKLOAD_API", e)),
+                    Err(e) => return Err(kube_err(ferry_task::codes::WORKLOAD_API, e)),
                 }
             }
             cx.progress(100, format!("add-on {} removed", self.addon.name));
@@ -732,7 +732,7 @@ impl Step<ClusterCommand> for RegisterStep {
         async move {
             let cmd = cx.spec;
             let hub = self.0.hub();
-            self.0.cfg.clusters.apply(HUB, &render::managed_cluster(cmd), MANAGER).await.map_err(|e| kube_err("HUB_API", e))?;
+            self.0.cfg.clusters.apply(HUB, &render::managed_cluster(cmd), MANAGER).await.map_err(|e| kube_err(ferry_task::codes::HUB_API, e))?;
             cx.progress(30, format!("ManagedCluster {} accepted; waiting for it to join", cmd.name));
             let mut seen = false;
             self.0
@@ -783,7 +783,7 @@ pub struct Counts {
 async fn own_cluster(inner: &Inner, cmd: &ClusterCommand) -> Result<CapiCluster, StepError> {
     let (ns, name) = (cmd.namespace(), cmd.name.as_str());
     let Some(c) = clusters_api(&inner.hub(), ns).get_opt(name).await.map_err(hub_err)? else {
-        return Err(StepError::rejected("CLUSTER_NOT_FOUND", format!("no Cluster {ns}/{name}")));
+        return Err(StepError::rejected(ferry_task::codes::CLUSTER_NOT_FOUND, format!("no Cluster {ns}/{name}")));
     };
     if !is_ferrys(&c.metadata) {
         return Err(StepError::rejected(
@@ -792,7 +792,7 @@ async fn own_cluster(inner: &Inner, cmd: &ClusterCommand) -> Result<CapiCluster,
         ));
     }
     if c.metadata.deletion_timestamp.is_some() {
-        return Err(StepError::rejected("CLUSTER_DELETING", format!("Cluster {ns}/{name} is being deleted")));
+        return Err(StepError::rejected(ferry_task::codes::CLUSTER_DELETING, format!("Cluster {ns}/{name} is being deleted")));
     }
     Ok(c)
 }
@@ -818,7 +818,7 @@ fn replicas_of(cluster: &CapiCluster, cmd: &ClusterCommand) -> Replicas {
 
 async fn read_counts(inner: &Inner, cmd: &ClusterCommand, cluster: &CapiCluster) -> Result<Counts, StepError> {
     let get = |o: Value| async move {
-        let found = inner.cfg.clusters.get(HUB, &o).await.map_err(|e| kube_err("HUB_API", e))?;
+        let found = inner.cfg.clusters.get(HUB, &o).await.map_err(|e| kube_err(ferry_task::codes::HUB_API, e))?;
         Ok::<i64, StepError>(found.and_then(|d| d.data.pointer("/spec/replicas").and_then(Value::as_i64)).unwrap_or(0))
     };
     Ok(match replicas_of(cluster, cmd) {
@@ -844,8 +844,8 @@ async fn set_counts(inner: &Inner, cmd: &ClusterCommand, to: &Counts) -> Result<
         }
         Replicas::Objects { control_plane, workers } => {
             for (o, n) in [(control_plane, to.control_plane), (workers, to.workers)] {
-                let gvk = ferry_kube::clusters::gvk_of(&o).map_err(|e| kube_err("HUB_API", e))?;
-                let api = inner.cfg.clusters.api(HUB, &gvk, Some(cmd.namespace())).await.map_err(|e| kube_err("HUB_API", e))?;
+                let gvk = ferry_kube::clusters::gvk_of(&o).map_err(|e| kube_err(ferry_task::codes::HUB_API, e))?;
+                let api = inner.cfg.clusters.api(HUB, &gvk, Some(cmd.namespace())).await.map_err(|e| kube_err(ferry_task::codes::HUB_API, e))?;
                 let name = o["metadata"]["name"].as_str().unwrap_or_default().to_owned();
                 // A merge patch of replicas only: the create's applied fields stay its own.
                 api.patch(&name, &pp, &Patch::Merge(&json!({"spec": {"replicas": n}}))).await.map_err(hub_err)?;
@@ -1005,7 +1005,7 @@ impl Step<ClusterCommand> for DeregisterStep {
             if removed && own_cluster(&self.0, cx.spec).await.is_ok() {
                 let mut cmd = cx.spec.clone();
                 cmd.ocm.enabled = true;
-                self.0.cfg.clusters.apply(HUB, &render::managed_cluster(&cmd), MANAGER).await.map_err(|e| kube_err("HUB_API", e))?;
+                self.0.cfg.clusters.apply(HUB, &render::managed_cluster(&cmd), MANAGER).await.map_err(|e| kube_err(ferry_task::codes::HUB_API, e))?;
             }
             Ok(())
         }
@@ -1058,7 +1058,7 @@ impl Step<ClusterCommand> for DeleteStep {
                 let api = match inner.cfg.clusters.api(HUB, &gvk, Some(ns)).await {
                     Ok(a) => a,
                     Err(ClusterError::NotServed { .. }) => continue,
-                    Err(e) => return Err(kube_err("HUB_API", e)),
+                    Err(e) => return Err(kube_err(ferry_task::codes::HUB_API, e)),
                 };
                 let lp = ListParams::default().labels(&format!("{CLUSTER_LABEL}={name},{}={}", MANAGED_BY.0, MANAGED_BY.1));
                 for o in api.list(&lp).await.map_err(hub_err)?.items {

@@ -183,7 +183,7 @@ impl Inner {
             } else {
                 format!("the cluster selector matches none of its peers {peers:?}")
             };
-            return Err(StepError::rejected("NOT_PEERED", format!("nothing to offload {} of {} to: {why}", c.namespace, c.cluster)));
+            return Err(StepError::rejected(ferry_task::codes::NOT_PEERED, format!("nothing to offload {} of {} to: {why}", c.namespace, c.cluster)));
         }
         Ok(out)
     }
@@ -200,7 +200,7 @@ impl Inner {
                     None => Check::Pending("the virtual node is gone".into()),
                 })
                 .await
-                .map_err(|e| wait_err("PEER_NOT_READY", e))?;
+                .map_err(|e| wait_err(ferry_task::codes::PEER_NOT_READY, e))?;
         }
         Ok(())
     }
@@ -215,8 +215,8 @@ impl Inner {
     async fn offload(&self, c: &OffloadCommand, spec: &Value, ids: &[String], task: Option<&str>) -> Result<String, StepError> {
         let obj = liqo::namespace_offloading(&c.namespace, spec, task);
         let applied = self.cfg.clusters.apply(&c.cluster, &obj, MANAGER).await.map_err(|e| match e {
-            e @ ClusterError::NotServed { .. } => StepError::permanent("LIQO_MISSING", format!("{e}: is Liqo installed on {}?", c.cluster)),
-            e => kube_err("APPLY_FAILED", e),
+            e @ ClusterError::NotServed { .. } => StepError::permanent(ferry_task::codes::LIQO_MISSING, format!("{e}: is Liqo installed on {}?", c.cluster)),
+            e => kube_err(ferry_task::codes::APPLY_FAILED, e),
         })?;
         let client = self.client(&c.cluster).await?;
         self.cfg
@@ -232,20 +232,20 @@ impl Inner {
                 },
             })
             .await
-            .map_err(|e| wait_err("OFFLOADING_FAILED", e))
+            .map_err(|e| wait_err(ferry_task::codes::OFFLOADING_FAILED, e))
     }
 
     /// Deletes the namespace's offloading and waits until it is gone (Liqo removes the
     /// twin namespaces before it lets it go).
     async fn unoffload(&self, c: &OffloadCommand) -> Result<(), StepError> {
         let obj = liqo::namespace_offloading(&c.namespace, &json!({}), None);
-        self.cfg.clusters.delete(&c.cluster, &obj).await.map_err(|e| kube_err("CLUSTER_API", e))?;
+        self.cfg.clusters.delete(&c.cluster, &obj).await.map_err(|e| kube_err(ferry_task::codes::CLUSTER_API, e))?;
         let client = self.client(&c.cluster).await?;
         self.cfg
             .watches
             .wait_deleted::<NamespaceOffloading>(&c.cluster, &client, Some(&c.namespace), liqo::NAME, self.cfg.removal_timeout)
             .await
-            .map_err(|e| wait_err("REMOVAL", e))
+            .map_err(|e| wait_err(ferry_task::codes::REMOVAL, e))
     }
 
     /// The pods of `deployment` (by its selector), not being deleted.
@@ -284,7 +284,7 @@ impl Step<OffloadCommand> for CheckStep {
             let c = cx.spec;
             let client = self.0.client(&c.cluster).await?;
             if Api::<Namespace>::all(client.clone()).get_opt(&c.namespace).await.map_err(api_err(&c.cluster))?.is_none() {
-                return Err(StepError::rejected("NAMESPACE_MISSING", format!("namespace {} does not exist on {}", c.namespace, c.cluster)));
+                return Err(StepError::rejected(ferry_task::codes::NAMESPACE_MISSING, format!("namespace {} does not exist on {}", c.namespace, c.cluster)));
             }
             let current = self.0.offloading(c).await?;
             let previous_task = current.as_ref().and_then(made_by).map(str::to_owned);
@@ -302,7 +302,7 @@ impl Step<OffloadCommand> for CheckStep {
                 OffloadOperation::Burst => {
                     let name = c.deployment.clone().unwrap_or_default();
                     let Some(d) = Api::<Deployment>::namespaced(client, &c.namespace).get_opt(&name).await.map_err(api_err(&c.cluster))? else {
-                        return Err(StepError::rejected("DEPLOYMENT_MISSING", format!("Deployment {}/{name} does not exist on {}", c.namespace, c.cluster)));
+                        return Err(StepError::rejected(ferry_task::codes::DEPLOYMENT_MISSING, format!("Deployment {}/{name} does not exist on {}", c.namespace, c.cluster)));
                     };
                     let spec = d.spec;
                     out.previous_replicas = Some(spec.replicas.unwrap_or(1));
@@ -451,7 +451,7 @@ impl Step<OffloadCommand> for TwinsStep {
                         None => Check::Pending("not created yet".into()),
                     })
                     .await
-                    .map_err(|e| wait_err("TWIN_MISSING", e))?;
+                    .map_err(|e| wait_err(ferry_task::codes::TWIN_MISSING, e))?;
                 cx.progress((100 * (i + 1) / targets.len()) as u8, format!("namespace {remote} exists on {cluster}"));
                 twins.push(json!({"cluster": cluster, "namespace": remote}));
             }
@@ -559,7 +559,7 @@ impl ScaleStep {
                 },
             )
             .await
-            .map_err(|e| wait_err("SCHEDULING", e))
+            .map_err(|e| wait_err(ferry_task::codes::SCHEDULING, e))
     }
 }
 
@@ -644,7 +644,7 @@ impl Step<OffloadCommand> for PlaceStep {
                 candidates.push(Candidate { cluster: name, id: t.id.clone(), node: t.node.clone(), latency_ms: latency, free });
             }
             let shares =
-                placement::place(scaled.pending, ch.per_pod.unwrap_or_default(), candidates).map_err(|e| StepError::permanent("NO_ROOM", e.to_string()))?;
+                placement::place(scaled.pending, ch.per_pod.unwrap_or_default(), candidates).map_err(|e| StepError::permanent(ferry_task::codes::NO_ROOM, e.to_string()))?;
             let summary: Vec<String> = shares
                 .iter()
                 .map(|s| format!("{} pods to {} ({})", s.pods, s.cluster, s.latency_ms.map_or("latency unknown".into(), |l| format!("{l} ms"))))
@@ -686,7 +686,7 @@ impl Step<OffloadCommand> for ReadyStep {
                     if ready >= replicas { Check::Done(()) } else { Check::Pending(format!("{ready}/{replicas} replicas Ready")) }
                 })
                 .await
-                .map_err(|e| wait_err("NOT_READY", e))?;
+                .map_err(|e| wait_err(ferry_task::codes::NOT_READY, e))?;
             // Where they run: at home, or on which peer's virtual node.
             let selector = Api::<Deployment>::namespaced(client.clone(), &c.namespace)
                 .get(&name)

@@ -117,8 +117,8 @@ impl Inner {
 
     async fn apply(&self, cluster: &str, obj: &Value) -> Result<(), StepError> {
         self.cfg.clusters.apply(cluster, obj, MANAGER).await.map(drop).map_err(|e| match e {
-            e @ ClusterError::NotServed { .. } => StepError::permanent("LIQO_MISSING", format!("{e}: are Liqo's CRDs installed?")),
-            e => kube_err("APPLY_FAILED", e),
+            e @ ClusterError::NotServed { .. } => StepError::permanent(ferry_task::codes::LIQO_MISSING, format!("{e}: are Liqo's CRDs installed?")),
+            e => kube_err(ferry_task::codes::APPLY_FAILED, e),
         })
     }
 
@@ -128,11 +128,11 @@ impl Inner {
         let current = match self.cfg.clusters.get(cluster, obj).await {
             Ok(c) => c,
             Err(ClusterError::Unknown { .. } | ClusterError::NotServed { .. }) => return Ok(()),
-            Err(e) => return Err(kube_err("CLUSTER_API", e)),
+            Err(e) => return Err(kube_err(ferry_task::codes::CLUSTER_API, e)),
         };
         let ours = current.as_ref().and_then(|c| c.metadata.labels.as_ref()).and_then(|l| l.get(PEERING_LABEL)).is_some_and(|v| v == pair);
         if ours {
-            self.cfg.clusters.delete(cluster, obj).await.map_err(|e| kube_err("CLUSTER_API", e))?;
+            self.cfg.clusters.delete(cluster, obj).await.map_err(|e| kube_err(ferry_task::codes::CLUSTER_API, e))?;
         }
         Ok(())
     }
@@ -149,7 +149,7 @@ impl Inner {
                 if ready > 0 { Check::Done(()) } else { Check::Pending(format!("{ready} of {} nodes Ready", real.len())) }
             })
             .await
-            .map_err(|e| wait_err("CLUSTER_NOT_READY", e))
+            .map_err(|e| wait_err(ferry_task::codes::CLUSTER_NOT_READY, e))
     }
 
     /// Waits until `cluster` is ready and Liqo runs on it; its cluster id.
@@ -171,9 +171,9 @@ impl Inner {
                 }
             })
             .await
-            .map_err(|e| wait_err("LIQO_NOT_READY", e))?;
+            .map_err(|e| wait_err(ferry_task::codes::LIQO_NOT_READY, e))?;
         liqo::cluster_id(client).await.map_err(api_err(cluster))?.ok_or_else(|| {
-            StepError::permanent("LIQO_NOT_READY", format!("Liqo on {cluster} has no cluster id (ConfigMap liqo/{})", liqo::CLUSTER_ID_CONFIGMAP))
+            StepError::permanent(ferry_task::codes::LIQO_NOT_READY, format!("Liqo on {cluster} has no cluster id (ConfigMap liqo/{})", liqo::CLUSTER_ID_CONFIGMAP))
         })
     }
 }
@@ -320,7 +320,7 @@ async fn connected(inner: &Inner, cluster: &str, remote: &str, timeout: Duration
             if states.iter().any(|v| v == "Connected") { Check::Done(()) } else { Check::Pending(format!("connections: {states:?}")) }
         })
         .await
-        .map_err(|e| wait_err("GATEWAY_NOT_CONNECTED", e))
+        .map_err(|e| wait_err(ferry_task::codes::GATEWAY_NOT_CONNECTED, e))
 }
 
 /// Waits until nothing of `K` is left in `cluster`'s tenant namespace for `remote`.
@@ -331,7 +331,7 @@ where
     let client = match inner.cfg.clusters.client(cluster).await {
         Ok(c) => c,
         Err(ClusterError::Unknown { .. }) => return Ok(()),
-        Err(e) => return Err(kube_err("CLUSTER_API", e)),
+        Err(e) => return Err(kube_err(ferry_task::codes::CLUSTER_API, e)),
     };
     let ns = liqo::tenant_namespace(remote);
     inner
@@ -341,7 +341,7 @@ where
             if s.state().is_empty() { Check::Done(()) } else { Check::Pending(format!("{} left", s.state().len())) }
         })
         .await
-        .map_err(|e| wait_err("REMOVAL", e))
+        .map_err(|e| wait_err(ferry_task::codes::REMOVAL, e))
 }
 
 fn prepare(inner: &Arc<Inner>, p: &PeerClusters) -> ObjectsStep {
@@ -367,7 +367,7 @@ fn prepare(inner: &Arc<Inner>, p: &PeerClusters) -> ObjectsStep {
                         .watches
                         .wait_deleted::<Namespace>(cluster, &client, None, &liqo::tenant_namespace(remote), inner.cfg.removal_timeout)
                         .await
-                        .map_err(|e| wait_err("REMOVAL", e))?;
+                        .map_err(|e| wait_err(ferry_task::codes::REMOVAL, e))?;
                 }
                 Ok(json!({}))
             }
@@ -409,7 +409,7 @@ fn network(inner: &Arc<Inner>, p: &PeerClusters) -> Arc<dyn Step<PeerClusters>> 
                         }
                     })
                     .await
-                    .map_err(|e| wait_err("GATEWAY_NOT_CONNECTED", e))?;
+                    .map_err(|e| wait_err(ferry_task::codes::GATEWAY_NOT_CONNECTED, e))?;
                 self.0.apply(&p.a, &liqo::gateway_client(&ids.b, &address, &pair)).await?;
                 cx.progress(50, format!("GatewayClient on {} toward {address}", p.a));
                 connected(&self.0, &p.a, &ids.b, p.timeout()).await?;
@@ -464,7 +464,7 @@ fn authentication(inner: &Arc<Inner>, p: &PeerClusters, reverse: bool) -> Object
                         if s.state().is_empty() { Check::Pending("no Identity yet".into()) } else { Check::Done(()) }
                     })
                     .await
-                    .map_err(|e| wait_err("AUTHENTICATION", e))?;
+                    .map_err(|e| wait_err(ferry_task::codes::AUTHENTICATION, e))?;
                 Ok(json!({"consumer": consumer}))
             }
             .boxed()
@@ -518,7 +518,7 @@ fn resources(inner: &Arc<Inner>, p: &PeerClusters, reverse: bool) -> ObjectsStep
                         }
                     })
                     .await
-                    .map_err(|e| wait_err("RESOURCES", e))?;
+                    .map_err(|e| wait_err(ferry_task::codes::RESOURCES, e))?;
                 let node = format!("liqo-{provider_id}");
                 inner
                     .cfg
@@ -527,7 +527,7 @@ fn resources(inner: &Arc<Inner>, p: &PeerClusters, reverse: bool) -> ObjectsStep
                         if n.is_some_and(node_ready) { Check::Done(()) } else { Check::Pending("the virtual node is not Ready yet".into()) }
                     })
                     .await
-                    .map_err(|e| wait_err("VIRTUAL_NODE", e))?;
+                    .map_err(|e| wait_err(ferry_task::codes::VIRTUAL_NODE, e))?;
                 Ok(json!({"virtual_node": node, "on": consumer, "resources": offered}))
             }
             .boxed()
@@ -541,7 +541,7 @@ fn resources(inner: &Arc<Inner>, p: &PeerClusters, reverse: bool) -> ObjectsStep
                     .watches
                     .wait_deleted::<Node>(&consumer, &client, None, &format!("liqo-{provider_id}"), inner.cfg.removal_timeout)
                     .await
-                    .map_err(|e| wait_err("REMOVAL", e))?;
+                    .map_err(|e| wait_err(ferry_task::codes::REMOVAL, e))?;
                 Ok(json!({}))
             }
             .boxed()
@@ -597,7 +597,7 @@ impl Step<PeerClusters> for Established {
                         }
                     })
                     .await
-                    .map_err(|e| wait_err("NOT_ESTABLISHED", e))?;
+                    .map_err(|e| wait_err(ferry_task::codes::NOT_ESTABLISHED, e))?;
                 cx.progress(100, format!("ForeignCluster {remote} on {cluster}: established ({role})"));
                 roles.push(json!({"cluster": cluster, "remote": remote, "role": role}));
             }
@@ -660,14 +660,14 @@ impl Step<PeerClusters> for SubmarinerCheck {
             let mut labels = Vec::new();
             for c in [&p.a, &p.b] {
                 let Some(mc) = mcs.get_opt(c).await.map_err(hub_err)? else {
-                    return Err(StepError::rejected("CLUSTER_UNKNOWN", format!("{c} is not a ManagedCluster of the hub")));
+                    return Err(StepError::rejected(ferry_task::codes::UNKNOWN_CLUSTER, format!("{c} is not a ManagedCluster of the hub")));
                 };
                 labels.push(mc.metadata.labels.as_ref().and_then(|l| l.get(CLUSTERSET_LABEL)).cloned());
             }
             let gvk = kube::core::GroupVersionKind::gvk("addon.open-cluster-management.io", "v1alpha1", "ClusterManagementAddOn");
-            let cma = self.0.cfg.clusters.api(HUB, &gvk, None).await.map_err(|e| kube_err("HUB_API", e))?;
+            let cma = self.0.cfg.clusters.api(HUB, &gvk, None).await.map_err(|e| kube_err(ferry_task::codes::HUB_API, e))?;
             if cma.get_opt("submariner").await.map_err(hub_err)?.is_none() {
-                return Err(StepError::rejected("SUBMARINER_MISSING", "the hub has no ClusterManagementAddOn submariner: install the submariner-addon first"));
+                return Err(StepError::rejected(ferry_task::codes::SUBMARINER_MISSING, "the hub has no ClusterManagementAddOn submariner: install the submariner-addon first"));
             }
             for c in [&p.a, &p.b] {
                 self.0
@@ -678,7 +678,7 @@ impl Step<PeerClusters> for SubmarinerCheck {
                         _ => Check::Pending("not Available".into()),
                     })
                     .await
-                    .map_err(|e| wait_err("CLUSTER_NOT_READY", e))?;
+                    .map_err(|e| wait_err(ferry_task::codes::CLUSTER_NOT_READY, e))?;
             }
             let target = match (&p.cluster_set, &labels[0], &labels[1]) {
                 (Some(s), _, _) => s.clone(),
@@ -686,7 +686,7 @@ impl Step<PeerClusters> for SubmarinerCheck {
                 _ => "submariner".to_owned(),
             };
             let gvk = kube::core::GroupVersionKind::gvk("cluster.open-cluster-management.io", "v1beta2", "ManagedClusterSet");
-            let api = self.0.cfg.clusters.api(HUB, &gvk, None).await.map_err(|e| kube_err("HUB_API", e))?;
+            let api = self.0.cfg.clusters.api(HUB, &gvk, None).await.map_err(|e| kube_err(ferry_task::codes::HUB_API, e))?;
             let existed = api.get_opt(&target).await.map_err(hub_err)?.is_some();
             cx.progress(100, format!("both clusters available; they join ManagedClusterSet {target}"));
             Ok(serde_json::to_value(Sets { a: labels[0].clone(), b: labels[1].clone(), target, existed }).unwrap_or_default())
@@ -783,7 +783,7 @@ fn submariner_steps(inner: &Arc<Inner>, p: &PeerClusters) -> Vec<Arc<dyn Step<Pe
                             None => Check::Pending("not seen yet".into()),
                         })
                         .await
-                        .map_err(|e| wait_err("SUBMARINER_NOT_AVAILABLE", e))?;
+                        .map_err(|e| wait_err(ferry_task::codes::SUBMARINER_NOT_AVAILABLE, e))?;
                 }
                 Ok(json!({"available": [p.a, p.b]}))
             }
@@ -798,7 +798,7 @@ fn submariner_steps(inner: &Arc<Inner>, p: &PeerClusters) -> Vec<Arc<dyn Step<Pe
                         .watches
                         .wait_deleted::<ManagedClusterAddOn>(HUB, &hub, Some(c), "submariner", inner.cfg.removal_timeout)
                         .await
-                        .map_err(|e| wait_err("REMOVAL", e))?;
+                        .map_err(|e| wait_err(ferry_task::codes::REMOVAL, e))?;
                 }
                 Ok(json!({}))
             }

@@ -1,8 +1,9 @@
-//! What a step's plan promises, end to end on the embedded broker: a rejection after an
-//! earlier step acted is a failure that reverts (a rejection before any step acted still
-//! ends Rejected), and a task resumed by a worker whose plan changed stops with
-//! PLAN_CHANGED instead of running, or undoing, the wrong step. The steps record what they
-//! do, so a wrong run is seen.
+//! What a step's plan promises, end to end on both brokers (embedded and tansu): a
+//! rejection after an earlier step acted is a failure that reverts (a rejection before any
+//! step acted still ends Rejected), a task resumed by a worker whose plan changed stops
+//! with PLAN_CHANGED instead of running, or undoing, the wrong step, and a step output too
+//! big for the snapshot fails the task. The steps record what they do, so a wrong run is
+//! seen.
 
 mod support;
 
@@ -135,9 +136,7 @@ fn spawn(broker: &TestBroker, version: u8, log: &Log) -> (CancellationToken, tok
     (token, tokio::spawn(async move { Worker::new(opts, handler).run(t).await.expect("worker failed") }))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rejection_after_a_step_acted_reverts_and_one_before_ends_rejected() {
-    let broker = TestBroker::embedded();
+async fn a_rejection_after_a_step_acted_reverts_and_one_before_ends_rejected(broker: TestBroker) {
     let client = broker.client();
     let mut events = client.events(true).await.unwrap();
     let log: Log = Arc::default();
@@ -162,9 +161,7 @@ async fn a_rejection_after_a_step_acted_reverts_and_one_before_ends_rejected() {
     worker.await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_task_resumed_under_a_changed_plan_stops_with_plan_changed() {
-    let broker = TestBroker::embedded();
+async fn a_task_resumed_under_a_changed_plan_stops_with_plan_changed(broker: TestBroker) {
     let client = broker.client();
     let mut events = client.events(true).await.unwrap();
     let log: Log = Arc::default();
@@ -190,9 +187,7 @@ async fn a_task_resumed_under_a_changed_plan_stops_with_plan_changed() {
 /// A step whose output would not fit in its task's snapshot fails the task, which
 /// reverts (the big step's undo too, without its output). Before, every write of the
 /// snapshot failed and the task was retried for ever.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_output_too_large_for_the_snapshot_fails_the_task_which_reverts() {
-    let broker = TestBroker::embedded();
+async fn an_output_too_large_for_the_snapshot_fails_the_task_which_reverts(broker: TestBroker) {
     let client = broker.client();
     let mut events = client.events(true).await.unwrap();
     let log: Log = Arc::default();
@@ -205,4 +200,34 @@ async fn an_output_too_large_for_the_snapshot_fails_the_task_which_reverts() {
     assert_eq!(*log.lock().unwrap(), ["run make", "run big", "undo big (output kept: false)", "undo make"]);
     stop.cancel();
     worker.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejection_after_a_step_acted_reverts_and_one_before_ends_rejected_embedded() {
+    a_rejection_after_a_step_acted_reverts_and_one_before_ends_rejected(TestBroker::embedded()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejection_after_a_step_acted_reverts_and_one_before_ends_rejected_tansu() {
+    a_rejection_after_a_step_acted_reverts_and_one_before_ends_rejected(TestBroker::tansu().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_resumed_under_a_changed_plan_stops_with_plan_changed_embedded() {
+    a_task_resumed_under_a_changed_plan_stops_with_plan_changed(TestBroker::embedded()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_resumed_under_a_changed_plan_stops_with_plan_changed_tansu() {
+    a_task_resumed_under_a_changed_plan_stops_with_plan_changed(TestBroker::tansu().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_output_too_large_for_the_snapshot_fails_the_task_which_reverts_embedded() {
+    an_output_too_large_for_the_snapshot_fails_the_task_which_reverts(TestBroker::embedded()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_output_too_large_for_the_snapshot_fails_the_task_which_reverts_tansu() {
+    an_output_too_large_for_the_snapshot_fails_the_task_which_reverts(TestBroker::tansu().await).await;
 }

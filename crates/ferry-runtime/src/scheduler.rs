@@ -423,9 +423,12 @@ impl<H: TaskHandler> Scheduler<H> {
             .or_else(|| env.idempotency_key.as_deref().and_then(|k| self.view.by_key(k)));
         if let Some(snap) = existing {
             if snap.task_id == env.task_id {
-                if snap.seq == 1 && snap.last_event == EventType::Accepted && self.slots.get(&id).is_some_and(|s| s.ctl.is_none()) {
-                    // Its batch's writes failed and the intake reads the batch again: make
-                    // the Accepted write again, whole and identical (the event as well).
+                let reread = snap.origin_partition == partition && snap.origin_offset == offset;
+                if reread && snap.seq == 1 && snap.last_event == EventType::Accepted && self.slots.get(&id).is_some_and(|s| s.ctl.is_none()) {
+                    // Its batch's writes failed and the intake reads the same record again:
+                    // make the Accepted write again, whole and identical (the event as well).
+                    // A second command with the same id (another record) is a duplicate and
+                    // only republishes the state: it must not add a second Accepted.
                     let ev = Detail::default().into_event((&snap.task_id, snap.kind, &snap.subject), 1, EventType::Accepted, self.env.publisher.worker(), snap.updated_at_ms, snap.trace_parent.clone());
                     return self.env.publisher.enqueue_write(&snap, &ev);
                 }

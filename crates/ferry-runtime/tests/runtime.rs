@@ -109,7 +109,8 @@ async fn a_duplicate_command_makes_one_task() {
     let broker = TestBroker::embedded();
     let client = broker.client();
     let mut events = client.events(true).await.unwrap();
-    let (stop, worker) = broker.spawn_worker(broker.worker_options());
+    // All three commands are on the topic before the worker starts, so the duplicates can
+    // meet the task while it is still queued (one batch), not only once it runs.
     let opts = SubmitOptions { idempotency_key: Some("create-a-once".into()), ..SubmitOptions::default() };
     let a = client.submit(TaskKind::Test, "dup", &TestTaskSpec::steps(2), opts.clone()).await.unwrap();
     let b = client.submit(TaskKind::Test, "dup", &TestTaskSpec::steps(2), opts).await.unwrap();
@@ -130,6 +131,7 @@ async fn a_duplicate_command_makes_one_task() {
         spec: Bytes(client.registry().encode(&TestTaskSpec::steps(2)).unwrap()),
     };
     client.send(&env, None).await.unwrap();
+    let (stop, worker) = broker.spawn_worker(broker.worker_options());
     let rejected = until_final(&mut events, other).await;
     assert_eq!(rejected.last().unwrap().event, EventType::Rejected);
     assert!(rejected.last().unwrap().message.as_deref().unwrap().contains(&format!("duplicate of task {a}")));

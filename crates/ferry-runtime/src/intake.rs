@@ -108,6 +108,12 @@ pub(crate) struct IntakeContext {
     /// Set while a batch's writes are slow and the assignment is paused: partitions
     /// assigned meanwhile are paused too.
     holding: AtomicBool,
+    /// The partitions paused while a batch is held, assigned or not by now: the hold's end
+    /// resumes each of them. librdkafka keeps a partition's pause across an unassign
+    /// (confluentinc/librdkafka#1849), so one paused, then lost or revoked during the hold,
+    /// came back paused from a later assignment and was never read again: its commands,
+    /// reverts among them, waited for ever (the fault campaign's stall).
+    paused: std::sync::Mutex<std::collections::BTreeSet<i32>>,
 }
 
 fn partitions(tpl: &TopicPartitionList) -> Vec<i32> {
@@ -165,10 +171,11 @@ impl ConsumerContext for IntakeContext {
             {
                 tracing::warn!(partitions = ?parts, "resuming the assigned partitions' tasks goes on in the background");
             }
-            if self.holding.load(Ordering::Relaxed)
-                && let Err(e) = consumer.pause(tpl)
-            {
-                tracing::warn!(error = %e, "could not pause partitions assigned while a batch is held");
+            if self.holding.load(Ordering::Relaxed) {
+                if let Err(e) = consumer.pause(tpl) {
+                    tracing::warn!(error = %e, "could not pause partitions assigned while a batch is held");
+                }
+                self.paused.lock().expect("paused lock").extend(parts.iter().copied());
             }
             self.ready.store(true, Ordering::Relaxed);
         }
@@ -203,7 +210,7 @@ impl<H: TaskHandler> Intake<H> {
         let err = |source| IntakeError::Consumer { topic: topic.to_owned(), source: Box::new(source) };
         // The scheduler's own bound on a revoke (grace, then 5 s), and a second to reply.
         let revoke_limit = revoke_grace + Duration::from_secs(6);
-        let ctx = IntakeContext { sched: sched.clone(), ready, fences, publisher, revoke_limit, holding: AtomicBool::new(false) };
+        let ctx = IntakeContext { sched: sched.clone(), ready, fences, publisher, revoke_limit, holding: AtomicBool::new(false), paused: Default::default() };
         let consumer: BaseConsumer<IntakeContext> = kafka.group_consumer(group).create_with_context(ctx).map_err(err)?;
         consumer.subscribe(&[topic]).map_err(err)?;
         let kind = handler.kind();
@@ -280,8 +287,8 @@ impl<H: TaskHandler> Intake<H> {
     }
 
     /// Waits `pause` with the partitions paused, serving rebalance callbacks, then rewinds
-    /// each partition of a failed batch to its first record (what was fetched meanwhile is
-    /// dropped: the rewound fetch brings it again).
+    /// each partition of a failed batch to its first record (what was fetched meanwhile of
+    /// those partitions is dropped: the rewound fetch brings it again).
     fn reread<'a>(
         &'a self,
         offsets: &[(i32, i64)],
@@ -294,11 +301,14 @@ impl<H: TaskHandler> Intake<H> {
             let _ = tx.send(());
         });
         let _ = self.wait_serving_callbacks(&rx, carried);
-        carried.clear();
         let mut first: std::collections::BTreeMap<i32, i64> = std::collections::BTreeMap::new();
         for (p, o) in offsets {
             first.entry(*p).and_modify(|f| *f = (*f).min(*o)).or_insert(*o);
         }
+        // Records of a rewound partition come again; those of the other partitions are
+        // kept: their positions are past them, and dropping them lost them (a command
+        // never run, its offset stored with the next one's).
+        carried.retain(|r| r.as_ref().is_ok_and(|m| !first.contains_key(&m.partition())));
         for (p, o) in first {
             // Fails only for a partition revoked meanwhile: its next owner reads it again.
             if let Err(e) = self.consumer.seek(&self.topic, p, rdkafka::Offset::Offset(o), Duration::from_secs(10)) {
@@ -324,14 +334,25 @@ impl<H: TaskHandler> Intake<H> {
         }
         let ctx = self.consumer.context();
         ctx.holding.store(true, Ordering::Relaxed);
-        let pause = |on: bool| {
-            let Ok(tpl) = self.consumer.assignment() else { return };
-            let r = if on { self.consumer.pause(&tpl) } else { self.consumer.resume(&tpl) };
+        let set_pause = |on: bool| {
+            let mut paused = ctx.paused.lock().expect("paused lock");
+            let r = if on {
+                let Ok(tpl) = self.consumer.assignment() else { return };
+                paused.extend(tpl.elements().iter().map(|e| e.partition()));
+                self.consumer.pause(&tpl)
+            } else {
+                // Every partition paused during the hold, including those unassigned since.
+                let mut tpl = TopicPartitionList::new();
+                for p in std::mem::take(&mut *paused) {
+                    tpl.add_partition(&self.topic, p);
+                }
+                self.consumer.resume(&tpl)
+            };
             if let Err(e) = r {
                 tracing::warn!(error = %e, on, "pausing or resuming the command partitions failed");
             }
         };
-        pause(true);
+        set_pause(true);
         tracing::debug!(topic = %self.topic, "a batch's writes are slow; partitions paused, serving rebalances");
         let reply = loop {
             match rx.try_recv() {
@@ -344,7 +365,7 @@ impl<H: TaskHandler> Intake<H> {
             }
         };
         ctx.holding.store(false, Ordering::Relaxed);
-        pause(false);
+        set_pause(false);
         reply
     }
 

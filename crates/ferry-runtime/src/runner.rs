@@ -44,6 +44,9 @@ pub(crate) enum ControlReply {
 #[derive(Debug)]
 pub(crate) struct Done {
     pub task_id: TaskId,
+    /// Which run of the task this is (the scheduler numbers the runners it starts): a
+    /// hand-back from a run the scheduler gave up is told from the current run's.
+    pub run: u64,
     pub snapshot: TaskSnapshot,
     /// Left for the next owner (Stop) rather than settled.
     pub stopped: bool,
@@ -107,6 +110,8 @@ pub(crate) struct Runner<H: TaskHandler> {
     fence: CancellationToken,
     /// This run's `ferry.task` span, under the command's trace.
     otel: opentelemetry::Context,
+    /// The scheduler's number for this run (see [`Done::run`]).
+    run: u64,
 }
 
 impl<H: TaskHandler> Runner<H> {
@@ -117,8 +122,9 @@ impl<H: TaskHandler> Runner<H> {
         ctl: mpsc::Receiver<Control>,
         done: mpsc::UnboundedSender<Done>,
         fence: CancellationToken,
+        run: u64,
     ) -> Self {
-        Self { env, id, snap, ctl, done, stop: None, fence, otel: opentelemetry::Context::new() }
+        Self { env, id, snap, ctl, done, stop: None, fence, otel: opentelemetry::Context::new(), run }
     }
 
     /// Fails once the task is fenced: its partition belongs to another worker now.
@@ -174,7 +180,7 @@ impl<H: TaskHandler> Runner<H> {
                 (true, Some(Unwritten { event }))
             }
         };
-        let _ = self.done.send(Done { task_id: self.id, snapshot: self.snap.clone(), stopped, unwritten });
+        let _ = self.done.send(Done { task_id: self.id, run: self.run, snapshot: self.snap.clone(), stopped, unwritten });
         if let Some((_, reply)) = self.stop.take() {
             let _ = reply.send(ControlReply::Handled);
         }

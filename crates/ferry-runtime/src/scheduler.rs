@@ -103,6 +103,8 @@ struct Slot {
     ctl: Option<mpsc::Sender<Control>>,
     /// The running runner's fence (see `Runner::fenced`).
     fence: Option<tokio_util::sync::CancellationToken>,
+    /// The number of the last runner started for the slot (0: none yet).
+    run: u64,
 }
 
 pub(crate) struct Scheduler<H: TaskHandler> {
@@ -122,6 +124,8 @@ pub(crate) struct Scheduler<H: TaskHandler> {
     unwritten: HashMap<TaskId, Paused>,
     wake_tx: mpsc::UnboundedSender<Rewritten>,
     wake_rx: mpsc::UnboundedReceiver<Rewritten>,
+    /// Runners started so far: numbers each run (see `Done::run`).
+    runs: u64,
 }
 
 impl<H: TaskHandler> Scheduler<H> {
@@ -142,6 +146,7 @@ impl<H: TaskHandler> Scheduler<H> {
             unwritten: HashMap::new(),
             wake_tx,
             wake_rx,
+            runs: 0,
         }
     }
 
@@ -177,6 +182,14 @@ impl<H: TaskHandler> Scheduler<H> {
 
     fn on_done(&mut self, done: Done) {
         let Some(slot) = self.slots.get_mut(&done.task_id) else { return };
+        if slot.run != done.run {
+            // A run given up with its partition (fenced, past the revoke grace) handed the
+            // task back after the partition came back and the task was taken up again: the
+            // slot is the new run's. Taking this hand-back would drop the new runner's
+            // control channel and leave the task held by no runner, for good.
+            tracing::info!(task = %done.task_id, stale = done.run, current = slot.run, "a given-up run's hand-back ignored");
+            return;
+        }
         let subject = done.snapshot.subject.clone();
         slot.ctl = None;
         slot.snap = done.snapshot;
@@ -285,7 +298,9 @@ impl<H: TaskHandler> Scheduler<H> {
             slot.ctl = Some(tx);
             let fence = self.fences.child(slot.snap.origin_partition);
             slot.fence = Some(fence.clone());
-            let runner = Runner::new(self.env.clone(), id, slot.snap.clone(), rx, self.done_tx.clone(), fence);
+            self.runs += 1;
+            slot.run = self.runs;
+            let runner = Runner::new(self.env.clone(), id, slot.snap.clone(), rx, self.done_tx.clone(), fence, self.runs);
             tokio::spawn(runner.run());
             self.running.insert(subject.to_owned(), id);
             break;
@@ -297,7 +312,7 @@ impl<H: TaskHandler> Scheduler<H> {
 
     fn enqueue_task(&mut self, id: TaskId, snap: TaskSnapshot) {
         self.queues.entry(snap.subject.clone()).or_default().push_back(id);
-        self.slots.insert(id, Slot { snap, ctl: None, fence: None });
+        self.slots.insert(id, Slot { snap, ctl: None, fence: None, run: 0 });
     }
 
     async fn on_batch(&mut self, items: Vec<Incoming>) -> Result<HashSet<i32>, PublishError> {
@@ -463,6 +478,7 @@ impl<H: TaskHandler> Scheduler<H> {
     ) -> Result<Option<oneshot::Receiver<ControlReply>>, PublishError> {
         let revert = env.action == CommandAction::Revert;
         if let Some(slot) = self.slots.get_mut(&id) {
+            tracing::info!(task = %id, action = ?env.action, state = ?slot.snap.state, running = slot.ctl.is_some(), "control for a task this worker holds");
             if let Some(ctl) = &slot.ctl {
                 let (reply, rx) = oneshot::channel();
                 let c = if revert { Control::Revert { reply } } else { Control::Cancel { reply } };
@@ -511,6 +527,7 @@ impl<H: TaskHandler> Scheduler<H> {
             }
             Some(mut snap) => {
                 if revert && snap.state.is_revertible() {
+                    tracing::info!(task = %id, state = ?snap.state, "revert of a finished task: queued");
                     snap.revert_requested = true;
                     pending.extend(self.env.publisher.enqueue_snapshot(&snap)?);
                     self.enqueue_task(id, snap);
@@ -558,7 +575,8 @@ impl<H: TaskHandler> Scheduler<H> {
         let mut subjects = HashSet::new();
         for snap in self.view.unsettled(&fresh) {
             let Ok(id) = snap.task_id.parse::<TaskId>() else { continue };
-            if self.slots.contains_key(&id) {
+            if let Some(slot) = self.slots.get(&id) {
+                tracing::info!(task = %id, state = ?slot.snap.state, running = slot.ctl.is_some(), "not resumed: this worker holds the task already");
                 continue;
             }
             tracing::info!(task = %id, state = ?snap.state, step = snap.journal.len(), "resuming task");

@@ -678,6 +678,32 @@ async fn a_worker_that_loses_its_assignment_while_writes_hang_writes_nothing_aft
     }
     let taken_over = history.iter().filter(|e| e.worker == "b" && e.event == EventType::StepStarted).count();
     assert!(taken_over > 0, "the second worker took tasks over: {:?}", types(&history));
+    // The first worker rejoins and gets partitions back: it reads them again. It paused
+    // them while its batch was held, and librdkafka keeps a pause across an unassign:
+    // before, they came back paused and their commands waited for ever. New tasks go out
+    // in rounds (one per subject) until the first worker has run some.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(150);
+    let mut round = 0;
+    let ran_on_a = loop {
+        round += 1;
+        let mut batch = Vec::new();
+        for i in 0..6 {
+            batch.push(submit(&client, &format!("back-{round}-{i}"), &TestTaskSpec::steps(1)).await);
+        }
+        let mut on_a = false;
+        for id in batch {
+            let evs = tokio::time::timeout_at(deadline, until_final(&mut events, id))
+                .await
+                .unwrap_or_else(|_| panic!("task {id} of round {round} never ended: its partition is not read"));
+            assert_eq!(evs.last().unwrap().event, EventType::Succeeded);
+            on_a |= evs.iter().any(|e| e.worker == "a" && e.event == EventType::StepStarted);
+            history.extend(evs);
+        }
+        if on_a || tokio::time::Instant::now() >= deadline {
+            break on_a;
+        }
+    };
+    assert!(ran_on_a, "the first worker got partitions back and ran tasks from them ({round} rounds)");
     let mut violations = ferry_runtime::history::check(&history);
     violations.extend(ferry_runtime::history::check_snapshots(&history, &snapshot_seqs(&client).await));
     // Outside Kafka too: no step of the first worker ran on while the second ran the task.

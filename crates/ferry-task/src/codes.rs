@@ -89,8 +89,24 @@ pub const NOT_RESTORED: &str = "NOT_RESTORED";
 pub const NOT_REMOVED: &str = "NOT_REMOVED";
 
 // Create-cluster.
-/// A Cluster of that name exists and Ferry did not make it.
+/// The hub does not serve a kind the command renders (its Cluster API provider is not
+/// installed).
+pub const PROVIDER_MISSING: &str = "PROVIDER_MISSING";
+/// A create of a Cluster that Ferry made already (scale or delete it instead).
+pub const CLUSTER_EXISTS: &str = "CLUSTER_EXISTS";
+/// The Cluster exists and Ferry did not make it (or its managed-by label changed): Ferry
+/// leaves it alone.
+pub const CLUSTER_NOT_FERRYS: &str = "CLUSTER_NOT_FERRYS";
+/// The cluster's name is in use: a `<name>-kubeconfig` Secret on the hub (names are unique
+/// across namespaces), or a registered ManagedCluster of that name.
 pub const NAME_TAKEN: &str = "NAME_TAKEN";
+/// Registration is asked for and the hub does not serve ManagedClusters (OCM is not
+/// installed).
+pub const OCM_MISSING: &str = "OCM_MISSING";
+/// The ClusterClass defines no worker class, and workers are asked for.
+pub const CLUSTER_CLASS_NO_WORKERS: &str = "CLUSTER_CLASS_NO_WORKERS";
+/// The undo of a deletion that began: a deleted Cluster is not brought back.
+pub const IRREVERSIBLE: &str = "IRREVERSIBLE";
 /// The ManagedClusterSet to register into does not exist.
 pub const CLUSTER_SET_MISSING: &str = "CLUSTER_SET_MISSING";
 /// The ClusterClass a topology names does not exist.

@@ -6,12 +6,14 @@
 //! - [`validate`]: rules that need no cluster.
 //! - [`render`]: command → Cluster API objects and the ManagedCluster (pure).
 //! - [`addons`]: the add-on catalog (manifests, parameters, readiness).
-//! - [`handler`]: the steps.
+//! - [`handler`]: the configuration and the plans of create, scale and delete.
+//! - [`steps`]: one module per step, each with the typed key of its output.
 
 pub mod addons;
 pub mod handler;
 pub mod render;
 pub mod spec;
+pub mod steps;
 pub mod validate;
 
 pub use addons::Catalog;

@@ -213,6 +213,41 @@ async fn timed<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
     out
 }
 
+/// Where a late task's commands are: each record on its kind's command topic that names
+/// it (partition, offset, age), and the offset the kind's group has committed on that
+/// partition. Tells a command never consumed from one consumed and then dropped.
+fn command_trace(kafka: &KafkaConfig, topic: &str, group: &str, task: &str) -> String {
+    use rdkafka::Message;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let trace = || -> Result<String, rdkafka::error::KafkaError> {
+        let reader: BaseConsumer = kafka.reader().create()?;
+        let md = reader.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        let mut ends = HashMap::new();
+        for p in md.topics().iter().flat_map(|t| t.partitions()) {
+            let (_, high) = reader.fetch_watermarks(topic, p.id(), Duration::from_secs(10))?;
+            ends.insert(p.id(), high);
+            tpl.add_partition_offset(topic, p.id(), rdkafka::Offset::Beginning)?;
+        }
+        reader.assign(&tpl)?;
+        let (mut found, mut read) = (Vec::new(), HashMap::new());
+        let until = std::time::Instant::now() + Duration::from_secs(20);
+        while ends.iter().any(|(p, end)| read.get(p).copied().unwrap_or(-1) + 1 < *end) && std::time::Instant::now() < until {
+            let Some(Ok(m)) = reader.poll(Duration::from_millis(200)) else { continue };
+            read.insert(m.partition(), m.offset());
+            if m.payload().is_some_and(|b| b.windows(task.len()).any(|w| w == task.as_bytes())) {
+                let age = m.timestamp().to_millis().map(|t| (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64 - t) as f64 / 1000.0).unwrap_or(-1.0);
+                found.push(format!("p{}@{} ({age:.0} s old)", m.partition(), m.offset()));
+            }
+        }
+        let group_view: BaseConsumer = kafka.group_consumer(group).create()?;
+        let committed = group_view.committed_offsets(tpl, Duration::from_secs(10))?;
+        let committed: Vec<String> = committed.elements().iter().map(|e| format!("p{}@{:?}", e.partition(), e.offset())).collect();
+        Ok(format!("commands {}; {group} committed {}", found.join(", "), committed.join(" ")))
+    };
+    trace().unwrap_or_else(|e| format!("no command trace: {e}"))
+}
+
 fn kube_heavy(p: Plan) -> bool {
     !matches!(p, Plan::Succeed | Plan::FailAndRevert | Plan::Flaky | Plan::Cancel)
 }
@@ -378,7 +413,8 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
     let mut reverted = HashSet::new();
     let mut revert_retries: HashMap<TaskId, u32> = HashMap::new();
     let mut step = 0;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(900);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(600);
+    let mut last_settled = tokio::time::Instant::now();
     // A scoring whose step ran out of retries under the injected faults fails and is
     // reverted automatically: a correct outcome, which must then leave nothing behind.
     let mut expected: HashMap<String, EventType> = plans.iter().map(|(id, (p, _))| (id.clone(), p.expect())).collect();
@@ -390,18 +426,44 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
     let (mut peer_killed, mut offload_killed) = (false, false);
     let (mut back_up, mut reported) = (None::<(std::time::Instant, usize)>, 0);
     while !expected.iter().all(|(id, want)| settled.get(id) == Some(want)) {
-        let ev = tokio::time::timeout_at(deadline, timed("reading the next event", events.next()))
-            .await
-            .unwrap_or_else(|_| {
-                let missing: Vec<_> = expected
-                    .iter()
-                    .filter(|(id, want)| settled.get(*id) != Some(*want))
-                    .map(|(id, want)| (id.clone(), *want, settled.get(id).copied()))
-                    .take(10)
-                    .collect();
-                panic!("campaign deadline: tasks not in their expected state, e.g. {missing:?}");
-            })
-            .expect("event stream");
+        // No task settled for two minutes (a run settles hundreds a minute): stuck, report
+        // now rather than at the overall deadline.
+        let stalled = last_settled + Duration::from_secs(120);
+        let Ok(ev) = tokio::time::timeout_at(deadline.min(stalled), timed("reading the next event", events.next())).await else {
+            // Each late task with its plan, the last event read for it (which worker, which
+            // step) and its durable state: tells a stuck owner from a stuck reader, and
+            // names the worker whose log to read.
+            let kafka = KafkaConfig::for_embedded(broker.bootstrap());
+            let snaps: HashMap<String, ferry_runtime::TaskSnapshot> =
+                client.snapshots().await.unwrap_or_default().into_iter().map(|s| (s.task_id.clone(), s)).collect();
+            let missing: Vec<String> = expected
+                .iter()
+                .filter(|(id, want)| settled.get(*id) != Some(*want))
+                .take(10)
+                .map(|(id, want)| {
+                    let last = history.iter().rev().find(|e| &e.task_id == id);
+                    let last = last.map(|e| format!("seq {} {:?} {:?} by {}", e.seq, e.event, e.step_name, e.worker));
+                    let snap = snaps.get(id).map(|s| {
+                        format!("seq {} {:?} {:?} revert_requested {} partition {}", s.seq, s.state, s.last_event, s.revert_requested, s.origin_partition)
+                    });
+                    let commands = snaps.get(id).map(|s| {
+                        let group = format!("ferry-{}", s.kind);
+                        command_trace(&kafka, &topics.command(s.kind).name, &group, id)
+                    });
+                    format!(
+                        "{id} ({:?}) wants {want:?}, settled {:?}, last event {}, snapshot {}, {}",
+                        plans[id].0,
+                        settled.get(id),
+                        last.unwrap_or_else(|| "none".into()),
+                        snap.unwrap_or_else(|| "none".into()),
+                        commands.unwrap_or_default()
+                    )
+                })
+                .collect();
+            let why = if tokio::time::Instant::now() >= deadline { "deadline" } else { "no task settled for 120 s" };
+            panic!("campaign {why}: tasks not in their expected state:\n{}", missing.join("\n"));
+        };
+        let ev = ev.expect("event stream");
         let Some((p, id)) = plans.get(&ev.task_id).copied() else { continue };
         // Every event, repeats included, for the history checker at the end.
         history.push(ev.clone());
@@ -471,6 +533,7 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
             }
         }
         if ev.event.is_final() {
+            last_settled = tokio::time::Instant::now();
             settled.insert(ev.task_id.clone(), ev.event);
             if kube_heavy(p) {
                 scored.insert(ev.task_id.clone());

@@ -131,12 +131,7 @@ pub fn offloads(registry: &Registry, snapshots: &[TaskSnapshot]) -> Vec<OffloadV
             live.remove(&s.subject);
             continue;
         }
-        let targets: Vec<String> = s.output_of::<serde_json::Value>("offload").unwrap_or_default()["targets"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|t| t["id"].as_str().map(str::to_owned))
-            .collect();
+        let targets: Vec<String> = ferry_offload::outputs::OFFLOAD.from_snapshot(s).map(|o| o.targets.into_iter().map(|t| t.id).collect()).unwrap_or_default();
         if targets.is_empty() {
             // A burst that fit at home offloaded nothing.
             continue;
@@ -208,11 +203,12 @@ pub(crate) mod tests {
     #[test]
     fn offloads_carry_their_targets_and_unoffload_removes() {
         let r = Registry::embedded();
-        let entry = |targets: &str| JournalEntry {
+        // The offload step's output as the worker journals it.
+        let entry = |remote: &str, targets: &str| JournalEntry {
             step: 2,
             name: "offload".into(),
             status: StepStatus::Succeeded,
-            output: Some(format!("{{\"targets\": {targets}}}")),
+            output: Some(format!("{{\"remote_namespace\": \"{remote}\", \"targets\": {targets}}}")),
             attempts: 1,
             started_at_ms: 0,
             finished_at_ms: Some(1),
@@ -221,8 +217,8 @@ pub(crate) mod tests {
         let shop =
             OffloadCommand { namespace: "shop".into(), operation: OffloadOperation::Burst, deployment: Some("api".into()), replicas: Some(6), ..web.clone() };
         let all = vec![
-            snap(&r, 1, TaskKind::Offload, &web.subject(), &web, TaskState::Succeeded, vec![entry(r#"[{"id": "member-2"}]"#)]),
-            snap(&r, 2, TaskKind::Offload, &shop.subject(), &shop, TaskState::Succeeded, vec![entry(r#"[{"id": "member-3"}]"#)]),
+            snap(&r, 1, TaskKind::Offload, &web.subject(), &web, TaskState::Succeeded, vec![entry("web-member-1", r#"[{"cluster": "member-2", "id": "member-2", "node": "liqo-member-2"}]"#)]),
+            snap(&r, 2, TaskKind::Offload, &shop.subject(), &shop, TaskState::Succeeded, vec![entry("shop-member-1", r#"[{"cluster": "member-3", "id": "member-3", "node": "liqo-member-3"}]"#)]),
             snap(
                 &r,
                 3,

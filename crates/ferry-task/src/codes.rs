@@ -162,3 +162,6 @@ pub const OFFLOADING_FAILED: &str = "OFFLOADING_FAILED";
 pub const TWIN_MISSING: &str = "TWIN_MISSING";
 /// Overflow pods were not scheduled onto virtual nodes.
 pub const SCHEDULING: &str = "SCHEDULING";
+/// A burst needs to offload a namespace another task (or someone else) offloaded, and not
+/// to every cluster the overflow needs.
+pub const ALREADY_OFFLOADED: &str = "ALREADY_OFFLOADED";

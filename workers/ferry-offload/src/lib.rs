@@ -8,12 +8,26 @@
 //! - [`liqo`]: the NamespaceOffloading and its status (pure).
 //! - [`placement`]: where overflow goes (pure).
 //! - [`latency`]: the latency matrix.
-//! - [`handler`]: the steps.
+//! - [`handler`]: the configuration and the plans of offload, unoffload and burst.
+//! - [`steps`]: one module per step, each with the typed key of its output.
 
 pub mod handler;
 pub mod latency;
 pub mod liqo;
 pub mod placement;
 pub mod spec;
+pub mod steps;
 
 pub use handler::{OffloadConfig, OffloadHandler};
+
+/// The keys of the steps' outputs, for views that read an offload task's journal (e.g.
+/// `outputs::OFFLOAD.from_snapshot(&snapshot)`: the twin namespace and its targets).
+pub mod outputs {
+    pub use crate::steps::check::CHECK;
+    pub use crate::steps::offload::OFFLOAD;
+    pub use crate::steps::place::PLACE;
+    pub use crate::steps::ready::READY;
+    pub use crate::steps::remove::REMOVE;
+    pub use crate::steps::scale::SCALE;
+    pub use crate::steps::twins::TWINS;
+}

@@ -423,6 +423,19 @@ impl<H: TaskHandler> Scheduler<H> {
             .enqueue_transition(&mut snap, EventType::Rejected, Detail { code: Some("REJECTED".into()), ..Detail::default() }.message(reason))
     }
 
+    /// Publishes a task's state again for a duplicate command, unless a runner holds the
+    /// task: the slot's snapshot is the one the runner started from, and publishing it
+    /// would put the task's state back to an older seq while the runner goes on (a crash
+    /// then resumed it from there, running steps again). The runner's own next write says
+    /// where it is.
+    fn republish(&self, snap: &TaskSnapshot) -> Result<Pending, PublishError> {
+        let running = snap.task_id.parse::<TaskId>().ok().and_then(|id| self.slots.get(&id)).is_some_and(|s| s.ctl.is_some());
+        if running {
+            return Ok(crate::publisher::Publisher::nothing());
+        }
+        self.env.publisher.enqueue_snapshot(snap)
+    }
+
     fn event_only(&self, env: &CommandEnvelope, event: EventType, trace: Option<String>, message: String) -> Result<Pending, PublishError> {
         let d = Detail { code: Some("REJECTED".into()), ..Detail::default() }.message(message);
         let ev = d.into_event((&env.task_id, env.kind, &env.subject), 0, event, self.env.publisher.worker(), now_ms(), trace);
@@ -449,7 +462,7 @@ impl<H: TaskHandler> Scheduler<H> {
                 }
                 // A redelivered or resubmitted command: publish the task's state again.
                 tracing::info!(task = %id, state = ?snap.state, "duplicate command; state republished");
-                return self.env.publisher.enqueue_snapshot(&snap);
+                return self.republish(&snap);
             }
             let reason = format!(
                 "duplicate of task {} (idempotency key {:?}), which is {:?}",
@@ -457,7 +470,7 @@ impl<H: TaskHandler> Scheduler<H> {
                 env.idempotency_key.as_deref().unwrap_or_default(),
                 snap.state
             );
-            let mut p = self.env.publisher.enqueue_snapshot(&snap)?;
+            let mut p = self.republish(&snap)?;
             p.extend(self.reject(&env, partition, offset, trace, reason)?);
             return Ok(p);
         }

@@ -143,6 +143,64 @@ async fn a_duplicate_command_makes_one_task() {
     worker.await.unwrap();
 }
 
+/// A duplicate of a running task (the same command again, and another id with its
+/// idempotency key) leaves the task's durable state where the runner put it. Before, the
+/// worker republished the snapshot the runner had started from: the task-state topic got
+/// a seq-1 (Accepted) record after the runner's seq-3 one while step 1 ran; had the worker
+/// crashed then and the topic been compacted, the next owner would have run the step again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_of_a_running_task_leaves_its_state_where_the_runner_put_it() {
+    let broker = TestBroker::embedded();
+    let client = broker.client();
+    let mut events = client.events(true).await.unwrap();
+    let (stop, worker) = broker.spawn_worker(broker.worker_options());
+    let opts = SubmitOptions { idempotency_key: Some("running-once".into()), ..SubmitOptions::default() };
+    // A long first step: nothing the runner writes overwrites a rolled-back state before
+    // the test reads it.
+    let spec = TestTaskSpec { step_ms: 8000, ..TestTaskSpec::steps(1) };
+    let id = client.submit(TaskKind::Test, "dup-running", &spec, opts.clone()).await.unwrap();
+    let started = until_event(&mut events, id, EventType::StepStarted).await;
+    let seq = started.last().unwrap().seq;
+    assert_eq!(client.submit(TaskKind::Test, "dup-running", &spec, opts).await.unwrap(), id);
+    // Another id with the same key: rejected. Its Rejected event comes after the duplicate
+    // above was handled (one subject, one partition, in order).
+    let other = TaskId::new();
+    let env = CommandEnvelope {
+        task_id: other.to_string(),
+        kind: TaskKind::Test,
+        action: CommandAction::Start,
+        subject: "dup-running".into(),
+        idempotency_key: Some("running-once".into()),
+        requested_by: "test".into(),
+        created_at_ms: now_ms(),
+        deadline_ms: None,
+        keep_partial: false,
+        reason: None,
+        spec: Bytes(client.registry().encode(&spec).unwrap()),
+    };
+    client.send(&env, None).await.unwrap();
+    assert_eq!(until_final(&mut events, other).await.last().unwrap().event, EventType::Rejected);
+    // The task's records on the task-state topic, in order: their seqs never go back (the
+    // last one is what compaction keeps and a new owner resumes from; readers that keep
+    // the highest seq do not show a step back).
+    let key = id.to_string();
+    let seqs: Vec<(i64, TaskState)> = client
+        .read_to_end(&broker.topics.task_state().name)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|(k, _)| k.as_deref() == Some(key.as_bytes()))
+        .filter_map(|(_, p)| client.registry().decode::<ferry_runtime::TaskSnapshot>(&p).ok())
+        .map(|s| (s.seq, s.state))
+        .collect();
+    assert!(seqs.windows(2).all(|w| w[0].0 <= w[1].0), "the task's state went back: {seqs:?}");
+    assert!(seqs.last().is_some_and(|(s, _)| *s >= seq), "{seqs:?}");
+    let evs = until_final(&mut events, id).await;
+    assert_eq!(evs.last().unwrap().event, EventType::Succeeded);
+    stop.cancel();
+    worker.await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_rejected_or_dead_lettered_and_the_worker_goes_on() {
     let broker = TestBroker::embedded();

@@ -116,6 +116,27 @@ pub(crate) struct IntakeContext {
     paused: std::sync::Mutex<std::collections::BTreeSet<i32>>,
 }
 
+impl IntakeContext {
+    /// Pauses `tpl` for a hold and records its partitions for [`Self::resume_held`].
+    fn hold(&self, consumer: &BaseConsumer<Self>, tpl: &TopicPartitionList) {
+        self.paused.lock().expect("paused lock").extend(partitions(tpl));
+        if let Err(e) = consumer.pause(tpl) {
+            tracing::warn!(error = %e, "could not pause the command partitions");
+        }
+    }
+
+    /// Resumes every partition paused during the hold, including those unassigned since.
+    fn resume_held(&self, consumer: &BaseConsumer<Self>, topic: &str) {
+        let mut tpl = TopicPartitionList::new();
+        for p in std::mem::take(&mut *self.paused.lock().expect("paused lock")) {
+            tpl.add_partition(topic, p);
+        }
+        if let Err(e) = consumer.resume(&tpl) {
+            tracing::warn!(error = %e, "could not resume the command partitions");
+        }
+    }
+}
+
 fn partitions(tpl: &TopicPartitionList) -> Vec<i32> {
     tpl.elements().iter().map(|e| e.partition()).collect()
 }
@@ -172,10 +193,7 @@ impl ConsumerContext for IntakeContext {
                 tracing::warn!(partitions = ?parts, "resuming the assigned partitions' tasks goes on in the background");
             }
             if self.holding.load(Ordering::Relaxed) {
-                if let Err(e) = consumer.pause(tpl) {
-                    tracing::warn!(error = %e, "could not pause partitions assigned while a batch is held");
-                }
-                self.paused.lock().expect("paused lock").extend(parts.iter().copied());
+                self.hold(consumer, tpl);
             }
             self.ready.store(true, Ordering::Relaxed);
         }
@@ -334,25 +352,9 @@ impl<H: TaskHandler> Intake<H> {
         }
         let ctx = self.consumer.context();
         ctx.holding.store(true, Ordering::Relaxed);
-        let set_pause = |on: bool| {
-            let mut paused = ctx.paused.lock().expect("paused lock");
-            let r = if on {
-                let Ok(tpl) = self.consumer.assignment() else { return };
-                paused.extend(tpl.elements().iter().map(|e| e.partition()));
-                self.consumer.pause(&tpl)
-            } else {
-                // Every partition paused during the hold, including those unassigned since.
-                let mut tpl = TopicPartitionList::new();
-                for p in std::mem::take(&mut *paused) {
-                    tpl.add_partition(&self.topic, p);
-                }
-                self.consumer.resume(&tpl)
-            };
-            if let Err(e) = r {
-                tracing::warn!(error = %e, on, "pausing or resuming the command partitions failed");
-            }
-        };
-        set_pause(true);
+        if let Ok(tpl) = self.consumer.assignment() {
+            ctx.hold(&self.consumer, &tpl);
+        }
         tracing::debug!(topic = %self.topic, "a batch's writes are slow; partitions paused, serving rebalances");
         let reply = loop {
             match rx.try_recv() {
@@ -365,7 +367,7 @@ impl<H: TaskHandler> Intake<H> {
             }
         };
         ctx.holding.store(false, Ordering::Relaxed);
-        set_pause(false);
+        ctx.resume_held(&self.consumer, &self.topic);
         reply
     }
 

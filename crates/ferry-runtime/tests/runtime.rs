@@ -104,6 +104,27 @@ async fn keep_partial_leaves_finished_steps_and_transient_errors_retry() {
     worker.await.unwrap();
 }
 
+/// Sends a Start under a new id with an idempotency key another task already has (a
+/// producer that does not derive ids from keys); returns the new id.
+async fn send_under_another_id(client: &ferry_runtime::Client, subject: &str, key: &str, spec: &TestTaskSpec) -> TaskId {
+    let other = TaskId::new();
+    let env = CommandEnvelope {
+        task_id: other.to_string(),
+        kind: TaskKind::Test,
+        action: CommandAction::Start,
+        subject: subject.into(),
+        idempotency_key: Some(key.into()),
+        requested_by: "test".into(),
+        created_at_ms: now_ms(),
+        deadline_ms: None,
+        keep_partial: false,
+        reason: None,
+        spec: Bytes(client.registry().encode(spec).unwrap()),
+    };
+    client.send(&env, None).await.unwrap();
+    other
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_command_makes_one_task() {
     let broker = TestBroker::embedded();
@@ -116,21 +137,7 @@ async fn a_duplicate_command_makes_one_task() {
     let b = client.submit(TaskKind::Test, "dup", &TestTaskSpec::steps(2), opts).await.unwrap();
     assert_eq!(a, b, "same key, same task id");
     // A producer that does not derive ids from keys: another id with the same key.
-    let other = TaskId::new();
-    let env = CommandEnvelope {
-        task_id: other.to_string(),
-        kind: TaskKind::Test,
-        action: CommandAction::Start,
-        subject: "dup".into(),
-        idempotency_key: Some("create-a-once".into()),
-        requested_by: "test".into(),
-        created_at_ms: now_ms(),
-        deadline_ms: None,
-        keep_partial: false,
-        reason: None,
-        spec: Bytes(client.registry().encode(&TestTaskSpec::steps(2)).unwrap()),
-    };
-    client.send(&env, None).await.unwrap();
+    let other = send_under_another_id(&client, "dup", "create-a-once", &TestTaskSpec::steps(2)).await;
     let (stop, worker) = broker.spawn_worker(broker.worker_options());
     let rejected = until_final(&mut events, other).await;
     assert_eq!(rejected.last().unwrap().event, EventType::Rejected);
@@ -164,21 +171,7 @@ async fn a_duplicate_of_a_running_task_leaves_its_state_where_the_runner_put_it(
     assert_eq!(client.submit(TaskKind::Test, "dup-running", &spec, opts).await.unwrap(), id);
     // Another id with the same key: rejected. Its Rejected event comes after the duplicate
     // above was handled (one subject, one partition, in order).
-    let other = TaskId::new();
-    let env = CommandEnvelope {
-        task_id: other.to_string(),
-        kind: TaskKind::Test,
-        action: CommandAction::Start,
-        subject: "dup-running".into(),
-        idempotency_key: Some("running-once".into()),
-        requested_by: "test".into(),
-        created_at_ms: now_ms(),
-        deadline_ms: None,
-        keep_partial: false,
-        reason: None,
-        spec: Bytes(client.registry().encode(&spec).unwrap()),
-    };
-    client.send(&env, None).await.unwrap();
+    let other = send_under_another_id(&client, "dup-running", "running-once", &spec).await;
     assert_eq!(until_final(&mut events, other).await.last().unwrap().event, EventType::Rejected);
     // The task's records on the task-state topic, in order: their seqs never go back (the
     // last one is what compaction keeps and a new owner resumes from; readers that keep

@@ -7,11 +7,13 @@
 //! - [`spec`]: the command (`PeerClusters`: peer, unpeer).
 //! - [`liqo`]: the Liqo objects (pure).
 //! - [`submariner`]: the OCM objects of a Submariner peering (pure).
-//! - [`handler`]: the steps.
+//! - [`handler`]: the handler, what steps share, and the plan.
+//! - [`steps`]: the steps, one module each, with their typed outputs.
 
 pub mod handler;
 pub mod liqo;
 pub mod spec;
+pub mod steps;
 pub mod submariner;
 
 pub use handler::{PeerConfig, PeerHandler};

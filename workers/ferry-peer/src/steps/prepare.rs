@@ -1,0 +1,51 @@
+//! `prepare`: on each side the tenant namespace for the other and its ForeignCluster, as
+//! `liqoctl peer` creates them. Undo waits until both tenant namespaces are gone (Liqo's
+//! objects inside them go with them).
+
+use ferry_kube::step_errors::wait_err;
+use ferry_task::{StepError, codes};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::Namespace;
+use serde_json::Value;
+
+use super::liqo_check::Ids;
+use super::objects::ObjectSet;
+use crate::handler::Inner;
+use crate::liqo;
+use crate::spec::PeerClusters;
+
+/// The `prepare` step's objects.
+pub(crate) struct Prepare;
+
+impl ObjectSet for Prepare {
+    fn name(&self) -> &'static str {
+        "prepare"
+    }
+
+    fn objects(&self, p: &PeerClusters, ids: &Ids) -> Vec<(String, Value)> {
+        let pair = liqo::pair_label(&p.a, &p.b);
+        vec![
+            (p.a.clone(), liqo::namespace(&ids.b, &pair)),
+            (p.b.clone(), liqo::namespace(&ids.a, &pair)),
+            (p.a.clone(), liqo::foreign_cluster(&ids.b, &pair)),
+            (p.b.clone(), liqo::foreign_cluster(&ids.a, &pair)),
+        ]
+    }
+
+    fn gone<'a>(&'a self, inner: &'a Inner, p: &'a PeerClusters, ids: &'a Ids) -> BoxFuture<'a, Result<(), StepError>> {
+        async move {
+            for (cluster, remote) in [(&p.a, &ids.b), (&p.b, &ids.a)] {
+                let Ok(client) = inner.cfg.clusters.client(cluster).await else { continue };
+                inner
+                    .cfg
+                    .watches
+                    .wait_deleted::<Namespace>(cluster, &client, None, &liqo::tenant_namespace(remote), inner.cfg.removal_timeout)
+                    .await
+                    .map_err(|e| wait_err(codes::REMOVAL, e))?;
+            }
+            Ok(())
+        }
+        .boxed()
+    }
+}

@@ -1,0 +1,110 @@
+//! `resources` (and `resources-reverse`): the consumer's ResourceSlice toward the
+//! provider; waits until the provider accepts it (a denial fails the step) and the virtual
+//! node `liqo-<provider id>` is Ready. Undo waits until the virtual node is gone.
+
+use ferry_kube::Check;
+use ferry_kube::kinds::node_ready;
+use ferry_kube::step_errors::wait_err;
+use ferry_task::{Output, StepError, codes};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::Node;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::liqo_check::Ids;
+use super::objects::ObjectSet;
+use super::{LiqoResourceSlice, roles};
+use crate::handler::Inner;
+use crate::liqo;
+use crate::spec::PeerClusters;
+
+/// The `resources` step's output.
+pub const RESOURCES: Output<VirtualNode> = Output::new("resources");
+/// The `resources-reverse` step's output (bidirectional peerings).
+pub const RESOURCES_REVERSE: Output<VirtualNode> = Output::new("resources-reverse");
+
+/// Output of `resources`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct VirtualNode {
+    /// The virtual node's name.
+    pub virtual_node: String,
+    /// The cluster it is on (the consumer).
+    pub on: String,
+    /// What the provider offers (the ResourceSlice's `status.resources`).
+    pub resources: Value,
+}
+
+/// Resources of the direction's provider for its consumer.
+pub(crate) struct Resources {
+    /// The direction `b` → `a`.
+    pub reverse: bool,
+}
+
+impl Resources {
+    fn key(&self) -> Output<VirtualNode> {
+        if self.reverse { RESOURCES_REVERSE } else { RESOURCES }
+    }
+}
+
+impl ObjectSet for Resources {
+    fn name(&self) -> &'static str {
+        self.key().step()
+    }
+
+    fn objects(&self, p: &PeerClusters, ids: &Ids) -> Vec<(String, Value)> {
+        let pair = liqo::pair_label(&p.a, &p.b);
+        let r = roles(p, ids, self.reverse);
+        vec![(r.consumer, liqo::resource_slice(&r.consumer_id, &r.provider_id, &pair))]
+    }
+
+    fn ready<'a>(&'a self, inner: &'a Inner, p: &'a PeerClusters, ids: &'a Ids) -> BoxFuture<'a, Result<Value, StepError>> {
+        async move {
+            let r = roles(p, ids, self.reverse);
+            let client = inner.client(&r.consumer).await?;
+            let ns = liqo::tenant_namespace(&r.provider_id);
+            let offered = inner
+                .cfg
+                .watches
+                .wait_object::<LiqoResourceSlice, Value>(&r.consumer, &client, Some(&ns), &r.provider_id, p.timeout(), |s| {
+                    let res = s
+                        .and_then(|s| s.status_at("/conditions"))
+                        .and_then(Value::as_array)
+                        .and_then(|cs| cs.iter().find(|c| c["type"] == "Resources"))
+                        .and_then(|c| c["status"].as_str());
+                    match res {
+                        Some("Accepted") => Check::Done(s.and_then(|s| s.status_at("/resources")).cloned().unwrap_or_default()),
+                        Some("Denied") => Check::Failed("the provider denied the ResourceSlice".into()),
+                        _ => Check::Pending("not accepted yet".into()),
+                    }
+                })
+                .await
+                .map_err(|e| wait_err(codes::RESOURCES, e))?;
+            let node = format!("liqo-{}", r.provider_id);
+            inner
+                .cfg
+                .watches
+                .wait_object::<Node, ()>(&r.consumer, &client, None, &node, p.timeout(), |n| {
+                    if n.is_some_and(node_ready) { Check::Done(()) } else { Check::Pending("the virtual node is not Ready yet".into()) }
+                })
+                .await
+                .map_err(|e| wait_err(codes::VIRTUAL_NODE, e))?;
+            self.key().value(&VirtualNode { virtual_node: node, on: r.consumer, resources: offered })
+        }
+        .boxed()
+    }
+
+    fn gone<'a>(&'a self, inner: &'a Inner, p: &'a PeerClusters, ids: &'a Ids) -> BoxFuture<'a, Result<(), StepError>> {
+        async move {
+            let r = roles(p, ids, self.reverse);
+            let Ok(client) = inner.cfg.clusters.client(&r.consumer).await else { return Ok(()) };
+            inner
+                .cfg
+                .watches
+                .wait_deleted::<Node>(&r.consumer, &client, None, &format!("liqo-{}", r.provider_id), inner.cfg.removal_timeout)
+                .await
+                .map_err(|e| wait_err(codes::REMOVAL, e))
+        }
+        .boxed()
+    }
+}

@@ -7,11 +7,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use ferry_cluster::spec::{AddonRequest, ClusterCommand, MachinePool, WorkerPool};
-use ferry_fleet::emulated_capi::{CapiOptions, EmulatedCapi};
-use ferry_fleet::emulated_ocm::EmulatedOcm;
-use ferry_fleet::{Fleet, FleetOptions};
+use ferry_fleet::emulated_capi::CapiOptions;
 use ferry_kube::kinds::{CapiCluster, CapiMachine};
-use ferry_runtime::{Client, EmbeddedBroker, EventType, KafkaConfig, SubmitOptions, TaskKind, Topics};
+use ferry_runtime::{EventType, SubmitOptions, TaskKind};
+use ferry_testkit::Bed;
 use kube::api::{Api, ListParams};
 
 struct Worker(Child);
@@ -41,20 +40,11 @@ fn spawn(bootstrap: &str, hub_kubeconfig: &std::path::Path) -> Worker {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_create_cluster_worker_killed_mid_provisioning_is_resumed() {
-    if !ferry_fleet::binaries::Binaries::installed() {
-        ferry_runtime::report::missing_prerequisite("the test bed is not installed (scripts/install-testbed.sh)");
-        return;
-    }
-    let fleet = Fleet::start(FleetOptions::hub_and(0)).await.unwrap();
-    fleet.install_crds().await.unwrap();
-    let _ocm = EmulatedOcm::start(&fleet).await.unwrap();
-    let capi = EmulatedCapi::start(&fleet, CapiOptions::default()).await.unwrap();
-    capi.set_default(|k| k.provision_delay = Duration::from_secs(3));
-    let topics = Topics::standard();
-    let broker = EmbeddedBroker::start(3, &topics).unwrap();
-    let bootstrap = broker.bootstrap();
-    let client = Client::new(KafkaConfig::for_embedded(bootstrap.clone()), topics).unwrap();
-    let mut workers: Vec<Worker> = (0..2).map(|_| spawn(&bootstrap, &fleet.hub().kubeconfig)).collect();
+    let Some(bed) = Bed::builder().ocm().capi(CapiOptions::default()).brokers(3).start().await else { return };
+    bed.capi.as_ref().expect("emulated Cluster API").set_default(|k| k.provision_delay = Duration::from_secs(3));
+    let bootstrap = bed.broker().bootstrap();
+    let client = bed.client();
+    let mut workers: Vec<Worker> = (0..2).map(|_| spawn(&bootstrap, &bed.fleet.hub().kubeconfig)).collect();
 
     let cmd = ClusterCommand {
         name: "crashy".into(),
@@ -72,7 +62,7 @@ async fn a_create_cluster_worker_killed_mid_provisioning_is_resumed() {
     let wait = Duration::from_secs(300);
     let early = events.until(id, wait, |e| e.event == EventType::StepStarted && e.step_name.as_deref() == Some("infrastructure")).await.unwrap();
     let owner = early.last().unwrap().worker.clone();
-    let hub = fleet.hub().client().await.unwrap();
+    let hub = bed.hub().await;
     let clusters: Api<CapiCluster> = Api::namespaced(hub.clone(), "fleet");
     let uid = clusters.get("crashy").await.unwrap().metadata.uid;
 
@@ -92,5 +82,7 @@ async fn a_create_cluster_worker_killed_mid_provisioning_is_resumed() {
     let machines = Api::<CapiMachine>::namespaced(hub, "fleet").list(&ListParams::default()).await.unwrap().items;
     assert_eq!(machines.len(), 3, "one control-plane and two worker machines, none twice");
     drop(workers);
-    drop(broker);
+    drop(events);
+    drop(client);
+    bed.stop().await;
 }

@@ -19,10 +19,11 @@ use std::time::Duration;
 
 use ferry_fleet::inventory::{Inventory, ObjectRef};
 use ferry_fleet::process::Managed;
-use ferry_fleet::{FaultProxy, Fleet, FleetOptions, Kubelet, NodeFlavor};
+use ferry_fleet::FaultProxy;
 use ferry_kube::kinds::{AddOnPlacementScore, ManagedCluster, ManagedClusterAddOn, ManifestWork};
 use ferry_runtime::testkind::TestTaskSpec;
-use ferry_runtime::{Client, CommandAction, EmbeddedBroker, EventType, KafkaConfig, SubmitOptions, TaskId, TaskKind, TaskState, Topics};
+use ferry_runtime::{CommandAction, EventType, KafkaConfig, SubmitOptions, TaskId, TaskKind, TaskState};
+use ferry_testkit::Bed;
 use ferry_score::spec::ScoreClusters;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Node};
@@ -273,24 +274,29 @@ fn app(i: usize) -> ferry_deploy::spec::DeployApp {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
-    if !ferry_fleet::binaries::Binaries::installed() {
-        ferry_runtime::report::missing_prerequisite("the test bed is not installed (scripts/install-testbed.sh)");
+    // Controllers run: deployed apps need Deployments to make Pods. OCM's, Cluster API's
+    // (every workload cluster virtual) and Liqo's emulators talk to the API servers
+    // directly; the workers go through fault proxies (below).
+    let capi_options = ferry_fleet::emulated_capi::CapiOptions { real_api_servers: 0, ..Default::default() };
+    let Some(bed) = Bed::builder()
+        .members(2, 2)
+        .kubeconfigs()
+        .ocm()
+        .capi(capi_options)
+        .liqo(HashMap::new())
+        .offloading(HashMap::new())
+        .brokers(3)
+        .start()
+        .await
+    else {
         return;
-    }
-    // Controllers run: deployed apps need Deployments to make Pods.
-    let fleet = Fleet::start(FleetOptions::hub_and(2)).await.unwrap();
-    fleet.install_crds().await.unwrap();
-    fleet.publish_kubeconfigs().await.unwrap();
-    let hub = fleet.hub().client().await.unwrap();
+    };
+    let fleet = &bed.fleet;
+    let hub = bed.hub().await;
     ferry_testkit::score::register(&hub, &["member-1", "member-2"], "campaign").await.unwrap();
-    // OCM's part, talking to the hub directly (the workers go through the fault proxy).
-    let ocm = ferry_fleet::emulated_ocm::EmulatedOcm::start(&fleet).await.unwrap();
     for i in (0..TASKS).filter(|i| matches!(plan(*i), Plan::Deploy | Plan::DeployThenRevert)) {
         ferry_testkit::deploy::bind(&hub, &app(i).name, "campaign").await.unwrap();
     }
-    // Cluster API's part, also on the hub directly; every workload cluster is virtual.
-    let capi_options = ferry_fleet::emulated_capi::CapiOptions { real_api_servers: 0, ..Default::default() };
-    let capi = ferry_fleet::emulated_capi::EmulatedCapi::start(&fleet, capi_options).await.unwrap();
     Api::<Namespace>::all(hub.clone())
         .patch(
             "campaign",
@@ -299,16 +305,7 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
         )
         .await
         .unwrap();
-    let mut kubelets = Vec::new();
-    for c in fleet.clusters.iter().skip(1) {
-        let k = Kubelet::start(&c.name, c.client().await.unwrap(), Duration::from_millis(100));
-        k.add_nodes("node", 2, &NodeFlavor::default()).await.unwrap();
-        kubelets.push(k);
-    }
-    // Liqo's part on the members (and the Submariner add-on's on the hub), and the
-    // namespaces to offload.
-    let liqo = ferry_fleet::emulated_liqo::EmulatedLiqo::start(&fleet, HashMap::new()).await.unwrap();
-    let offloading = ferry_fleet::emulated_offloading::EmulatedOffloading::start(&fleet, HashMap::new()).await.unwrap();
+    // The namespaces to offload.
     let m1 = fleet.cluster("member-1").unwrap().client().await.unwrap();
     let m2 = fleet.cluster("member-2").unwrap().client().await.unwrap();
     for i in (0..TASKS).filter(|i| matches!(plan(*i), Plan::Offload | Plan::OffloadThenRevert)) {
@@ -335,10 +332,10 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
             .unwrap();
     }
 
-    let topics = Topics::standard();
-    let broker = EmbeddedBroker::start(3, &topics).unwrap();
+    let topics = bed.topics.clone();
+    let broker = bed.broker();
     let bootstrap = broker.bootstrap();
-    let client = Client::new(KafkaConfig::for_embedded(bootstrap.clone()), topics.clone()).unwrap();
+    let client = bed.client();
     let mut events = client.events(false).await.unwrap();
     // Every object of every cluster before Ferry touches them.
     let mut before = Vec::new();
@@ -824,10 +821,5 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
     drop(workers);
     drop(events);
     drop(client);
-    drop(broker);
-    drop(capi);
-    drop(ocm);
-    drop(offloading);
-    drop(liqo);
-    drop(kubelets);
+    bed.stop().await;
 }

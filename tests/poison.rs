@@ -12,11 +12,11 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use ferry_fleet::process::Managed;
-use ferry_fleet::{Fleet, FleetOptions};
 use ferry_runtime::protocol::{Bytes, CommandEnvelope};
 use ferry_runtime::publisher::DLQ_REASON;
 use ferry_runtime::testkind::TestTaskSpec;
-use ferry_runtime::{Client, CommandAction, EmbeddedBroker, EventType, KafkaConfig, SubmitOptions, TaskId, TaskKind, Topics};
+use ferry_runtime::{Client, CommandAction, EventType, KafkaConfig, SubmitOptions, TaskId, TaskKind};
+use ferry_testkit::Bed;
 use rdkafka::Message;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, OwnedHeaders};
@@ -68,15 +68,10 @@ fn envelope(client: &Client, kind: TaskKind, subject: &str, spec: Vec<u8>) -> Ve
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_commands_are_rejected_or_dead_lettered_and_no_worker_crashes() {
-    if !ferry_fleet::binaries::Binaries::installed() {
-        ferry_runtime::report::missing_prerequisite("the test bed is not installed (scripts/install-testbed.sh)");
-        return;
-    }
     // The Kubernetes workers start against a real hub; the poison never reaches it.
-    let fleet = Fleet::start(FleetOptions::hub_and(0)).await.unwrap();
-    let topics = Topics::standard();
-    let broker = EmbeddedBroker::start(1, &topics).unwrap();
-    let client = Client::new(KafkaConfig::for_embedded(broker.bootstrap()), topics.clone()).unwrap();
+    let Some(bed) = Bed::builder().start().await else { return };
+    let (fleet, broker, topics) = (&bed.fleet, bed.broker(), bed.topics.clone());
+    let client = bed.client();
     let mut events = client.events(false).await.unwrap();
     let kinds = [TaskKind::Test, TaskKind::Score, TaskKind::Deploy, TaskKind::CreateCluster, TaskKind::Peer, TaskKind::Offload];
     // Each under the test bed's guard: they die with the test, even on SIGKILL.

@@ -10,6 +10,7 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use ferry_runtime::testkind::{TestHandler, TestTaskSpec};
 use ferry_runtime::{Client, EmbeddedBroker, EventType, KafkaConfig, SubmitOptions, TaskKind, Topics, WorkerOptions};
+use ferry_testkit::Bed;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Args)]
@@ -47,18 +48,25 @@ pub enum Demo {
 
 pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
     let topics = Topics::standard();
-    eprintln!("ferry dev: starting the embedded Kafka-protocol broker ({} brokers)", a.mock_brokers);
-    let broker = EmbeddedBroker::start(a.mock_brokers, &topics)?;
-    let bootstrap = broker.bootstrap();
     let state = super::state_dir().join("dev");
     std::fs::create_dir_all(&state).with_context(|| format!("creating {}", state.display()))?;
+    // The smoke demo exercises the runtime only; it needs no clusters. With clusters, the
+    // test bed starts the broker beside them; without, it runs alone.
+    let needs_fleet = !a.no_fleet && !matches!(a.demo, Some(Demo::Smoke));
+    let (bed, lone_broker) = if needs_fleet {
+        (Some(start_bed(&a, &state).await?), None)
+    } else {
+        eprintln!("ferry dev: starting the embedded Kafka-protocol broker ({} brokers)", a.mock_brokers);
+        (None, Some(EmbeddedBroker::start(a.mock_brokers, &topics)?))
+    };
+    let bootstrap = match (&bed, &lone_broker) {
+        (Some(bed), _) => bed.broker().bootstrap(),
+        (None, Some(broker)) => broker.bootstrap(),
+        (None, None) => unreachable!("a bed or a broker was started"),
+    };
     std::fs::write(state.join("bootstrap"), &bootstrap)?;
     println!("bootstrap: {bootstrap}");
     println!("state: {}", state.display());
-
-    // The smoke demo exercises the runtime only; it needs no clusters.
-    let needs_fleet = !a.no_fleet && !matches!(a.demo, Some(Demo::Smoke));
-    let fleet = if needs_fleet { Some(start_fleet(&a, &state).await?) } else { None };
 
     let shutdown = CancellationToken::new();
     let kafka = KafkaConfig::for_embedded(bootstrap.clone());
@@ -67,9 +75,8 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
     opts.shutdown_grace = Duration::from_secs(5);
     let mut workers = vec![tokio::spawn(super::workers::serve(opts.clone(), TestHandler::default(), shutdown.clone()))];
     let mut names = vec!["test"];
-    if let Some((fleet, _)) = &fleet {
-        fleet.publish_kubeconfigs().await?;
-        let clusters = Arc::new(ferry_kube::Clusters::new(fleet.hub().client().await?));
+    if let Some(bed) = &bed {
+        let clusters = bed.clusters.clone();
         // Onboarding scorings would race the demo's own; they run in the interactive mode.
         let onboarding = if a.demo.is_none() { Some(Client::new(kafka.clone(), topics.clone())?) } else { None };
         workers.push(tokio::spawn(super::workers::score(opts.clone(), clusters.clone(), onboarding, shutdown.clone())));
@@ -99,23 +106,23 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
         Some(Demo::Smoke) => smoke(&kafka, &topics).await?,
         Some(Demo::Score) => {
             let client = Client::new(kafka.clone(), topics.clone())?;
-            let (fleet, _) = fleet.as_ref().context("the score demo needs the fleet")?;
-            if ferry_testkit::score::run(&client, fleet).await? { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+            let bed = bed.as_ref().context("the score demo needs the fleet")?;
+            if ferry_testkit::score::run(&client, &bed.fleet).await? { ExitCode::SUCCESS } else { ExitCode::FAILURE }
         }
         Some(Demo::Deploy) => {
             let client = Client::new(kafka.clone(), topics.clone())?;
-            let (fleet, _) = fleet.as_ref().context("the deploy demo needs the fleet")?;
-            if ferry_testkit::deploy::run(&client, fleet).await? { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+            let bed = bed.as_ref().context("the deploy demo needs the fleet")?;
+            if ferry_testkit::deploy::run(&client, &bed.fleet).await? { ExitCode::SUCCESS } else { ExitCode::FAILURE }
         }
         Some(Demo::CreateCluster) => {
             let client = Client::new(kafka.clone(), topics.clone())?;
-            let (fleet, _) = fleet.as_ref().context("the create-cluster demo needs the fleet")?;
-            if ferry_testkit::cluster::run(&client, &fleet.hub().client().await?).await? { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+            let bed = bed.as_ref().context("the create-cluster demo needs the fleet")?;
+            if ferry_testkit::cluster::run(&client, &bed.hub().await).await? { ExitCode::SUCCESS } else { ExitCode::FAILURE }
         }
         Some(Demo::PeerOffload) => {
             let client = Client::new(kafka.clone(), topics.clone())?;
-            let (fleet, _) = fleet.as_ref().context("the peer-offload demo needs the fleet")?;
-            let member = |n: &str| fleet.cluster(n).with_context(|| format!("the fleet has no {n}: run with --clusters 2 or more"));
+            let bed = bed.as_ref().context("the peer-offload demo needs the fleet")?;
+            let member = |n: &str| bed.fleet.cluster(n).with_context(|| format!("the fleet has no {n}: run with --clusters 2 or more"));
             let (consumer, provider) = (member(ferry_testkit::offload::CONSUMER)?.client().await?, member(ferry_testkit::offload::PROVIDER)?.client().await?);
             if ferry_testkit::offload::run(&client, &consumer, &provider).await? { ExitCode::SUCCESS } else { ExitCode::FAILURE }
         }
@@ -132,18 +139,18 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
         w.await??;
     }
     let _ = std::fs::remove_file(state.join("bootstrap"));
-    // Emulated kubelets and OCM before the API servers they watch, clients before the broker.
-    if let Some((fleet, parts)) = fleet {
-        drop(parts);
-        drop(fleet);
+    // The emulators before the API servers they watch, the broker after the workers.
+    if let Some(bed) = bed {
+        bed.stop().await;
     }
-    drop(broker);
+    drop(lone_broker);
     Ok(code)
 }
 
-/// The hub and managed clusters with emulated nodes; installs the control plane first if
-/// it is not cached yet (minutes, once).
-async fn start_fleet(a: &DevArgs, state: &std::path::Path) -> anyhow::Result<(ferry_fleet::Fleet, SimulatedParts)> {
+/// The simulated fleet (a hub and managed clusters with emulated nodes, OCM, Cluster API,
+/// Liqo and offloading) and the broker, as the tests' bed; installs the control plane
+/// first if it is not cached yet (minutes, once).
+async fn start_bed(a: &DevArgs, state: &std::path::Path) -> anyhow::Result<Bed> {
     if !ferry_fleet::binaries::Binaries::installed() {
         eprintln!("ferry dev: the Kubernetes test bed is not installed yet; building it once (about 10 minutes)");
         let script = include_str!("../../scripts/install-testbed.sh");
@@ -152,42 +159,30 @@ async fn start_fleet(a: &DevArgs, state: &std::path::Path) -> anyhow::Result<(fe
     }
     // The score demo compares three clusters.
     let n = if matches!(a.demo, Some(Demo::Score)) { a.clusters.max(3) } else { a.clusters };
-    eprintln!("ferry dev: starting the simulated fleet: hub + {n} managed clusters");
-    let dir = state.join("fleet");
-    let fleet = ferry_fleet::Fleet::start(ferry_fleet::FleetOptions { dir: Some(dir.clone()), ..ferry_fleet::FleetOptions::hub_and(n) }).await?;
-    match fleet.install_crds().await? {
+    eprintln!("ferry dev: starting the simulated fleet (hub + {n} managed clusters) and the embedded Kafka-protocol broker ({} brokers)", a.mock_brokers);
+    let bed = Bed::builder()
+        .members(n, a.nodes)
+        .kubeconfigs()
+        .ocm()
+        .capi(ferry_fleet::emulated_capi::CapiOptions::default())
+        .liqo(Default::default())
+        .offloading(Default::default())
+        .brokers(a.mock_brokers)
+        .dir(state.join("fleet"))
+        .pod_start_delay(Duration::from_millis(500))
+        .try_start()
+        .await?;
+    match bed.crds {
         ferry_fleet::CrdSource::Upstream => eprintln!("ferry dev: upstream CRDs from ../shared/crds: the API servers validate what is written"),
         ferry_fleet::CrdSource::ProjectSubset => {
             eprintln!("ferry dev: ../shared/crds is absent: the project's open-schema CRDs stand in, and nothing written to them is validated")
         }
     }
-    let mut kubelets = Vec::new();
-    for c in fleet.clusters.iter().skip(1) {
-        let k = ferry_fleet::Kubelet::start(&c.name, c.client().await?, Duration::from_millis(500));
-        k.add_nodes("node", a.nodes, &ferry_fleet::NodeFlavor::default()).await?;
-        kubelets.push(k);
-    }
-    // OCM's part: registration, a work agent per cluster, placement.
-    let ocm = ferry_fleet::emulated_ocm::EmulatedOcm::start(&fleet).await?;
-    // Cluster API's part: Clusters on the hub become workload clusters.
-    let capi = ferry_fleet::emulated_capi::EmulatedCapi::start(&fleet, ferry_fleet::emulated_capi::CapiOptions::default()).await?;
-    // Liqo's part on the managed clusters: peering, virtual nodes, namespace offloading.
-    let liqo = ferry_fleet::emulated_liqo::EmulatedLiqo::start(&fleet, Default::default()).await?;
-    let offloading = ferry_fleet::emulated_offloading::EmulatedOffloading::start(&fleet, Default::default()).await?;
-    for c in &fleet.clusters {
+    for c in &bed.fleet.clusters {
         println!("kubeconfig {}: {}", c.name, c.kubeconfig.display());
     }
-    println!("kubeconfig: {}", fleet.hub().kubeconfig.display());
-    Ok((fleet, SimulatedParts { _kubelets: kubelets, _ocm: ocm, _capi: capi, _liqo: liqo, _offloading: offloading }))
-}
-
-/// The emulated parts of the fleet; dropped before the API servers they talk to.
-struct SimulatedParts {
-    _kubelets: Vec<ferry_fleet::Kubelet>,
-    _ocm: ferry_fleet::emulated_ocm::EmulatedOcm,
-    _capi: ferry_fleet::emulated_capi::EmulatedCapi,
-    _liqo: ferry_fleet::emulated_liqo::EmulatedLiqo,
-    _offloading: ferry_fleet::emulated_offloading::EmulatedOffloading,
+    println!("kubeconfig: {}", bed.fleet.hub().kubeconfig.display());
+    Ok(bed)
 }
 
 /// One scripted task and the final event it must reach.

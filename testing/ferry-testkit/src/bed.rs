@@ -1,9 +1,12 @@
 //! The test bed every end-to-end test, demo and the campaign assemble the same way: a
 //! fleet of real API servers (a hub and named members with emulated kubelets), the
 //! emulated controllers a flow needs (OCM, Cluster API, Liqo, offloading), the embedded
-//! broker, and workers run as tasks of the test. Built with [`Bed::builder`].
+//! broker, and workers run as tasks of the test (or as processes the test spawns on the
+//! bed's broker and hub). Built with [`Bed::builder`]; `ferry dev` builds its fleet with it
+//! too ([`BedBuilder::try_start`]).
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +14,7 @@ use ferry_fleet::emulated_capi::{CapiOptions, EmulatedCapi};
 use ferry_fleet::emulated_liqo::{EmulatedLiqo, LiqoKnobs};
 use ferry_fleet::emulated_offloading::{EmulatedOffloading, OffloadingKnobs};
 use ferry_fleet::emulated_ocm::EmulatedOcm;
-use ferry_fleet::{Fleet, FleetOptions, Kubelet, NodeFlavor};
+use ferry_fleet::{CrdSource, Fleet, FleetOptions, Kubelet, NodeFlavor};
 use ferry_kube::Clusters;
 use ferry_runtime::{Client, EmbeddedBroker, KafkaConfig, TaskHandler, Topics, Worker, WorkerOptions};
 use tokio::task::JoinHandle;
@@ -26,7 +29,7 @@ struct Member {
 }
 
 /// What a [`Bed`] starts; every part is off unless asked for.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 #[must_use]
 pub struct BedBuilder {
     members: Vec<Member>,
@@ -35,6 +38,46 @@ pub struct BedBuilder {
     capi: Option<CapiOptions>,
     liqo: Option<HashMap<String, LiqoKnobs>>,
     offloading: Option<HashMap<String, OffloadingKnobs>>,
+    brokers: i32,
+    dir: Option<PathBuf>,
+    pod_start_delay: Duration,
+}
+
+impl Default for BedBuilder {
+    fn default() -> Self {
+        Self {
+            members: Vec::new(),
+            kubeconfigs: false,
+            ocm: false,
+            capi: None,
+            liqo: None,
+            offloading: None,
+            brokers: 1,
+            dir: None,
+            pod_start_delay: Duration::from_millis(100),
+        }
+    }
+}
+
+/// A part of the bed that did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum BedError {
+    /// The Kubernetes control plane is not installed.
+    #[error("the test bed is not installed (scripts/install-testbed.sh)")]
+    NotInstalled,
+    /// A part failed to start.
+    #[error("{part} did not start: {source}")]
+    Part {
+        /// Which part.
+        part: &'static str,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+fn part<E: std::error::Error + Send + Sync + 'static>(part: &'static str) -> impl FnOnce(E) -> BedError {
+    move |e| BedError::Part { part, source: Box::new(e) }
 }
 
 impl BedBuilder {
@@ -81,43 +124,75 @@ impl BedBuilder {
         self
     }
 
+    /// `n` mock brokers in the embedded cluster (1 unless asked).
+    pub fn brokers(mut self, n: i32) -> Self {
+        self.brokers = n;
+        self
+    }
+
+    /// Keeps the fleet's state, certificates, kubeconfigs and logs in `dir` (a temporary
+    /// directory unless asked).
+    pub fn dir(mut self, dir: PathBuf) -> Self {
+        self.dir = Some(dir);
+        self
+    }
+
+    /// How long an emulated kubelet takes to start a pod (100 ms unless asked).
+    pub fn pod_start_delay(mut self, delay: Duration) -> Self {
+        self.pod_start_delay = delay;
+        self
+    }
+
     /// Starts it all. None when the test bed is not installed (outside CI; in CI that
-    /// fails the test, see `report::missing_prerequisite`).
+    /// fails the test, see `report::missing_prerequisite`); a part that fails to start
+    /// fails the test.
     pub async fn start(self) -> Option<Bed> {
         let _ = tracing_subscriber_init();
-        if !ferry_fleet::binaries::Binaries::installed() {
-            ferry_runtime::report::missing_prerequisite("the test bed is not installed (scripts/install-testbed.sh)");
-            return None;
+        match self.try_start().await {
+            Ok(bed) => Some(bed),
+            Err(BedError::NotInstalled) => {
+                ferry_runtime::report::missing_prerequisite("the test bed is not installed (scripts/install-testbed.sh)");
+                None
+            }
+            Err(e) => panic!("the test bed: {e}"),
         }
-        let fleet = Fleet::start(FleetOptions::hub_and(self.members.len())).await.expect("the fleet starts");
-        fleet.install_crds().await.expect("CRDs install");
+    }
+
+    /// Starts it all, or says which part did not start.
+    pub async fn try_start(self) -> Result<Bed, BedError> {
+        if !ferry_fleet::binaries::Binaries::installed() {
+            return Err(BedError::NotInstalled);
+        }
+        let fleet = Fleet::start(FleetOptions { dir: self.dir, ..FleetOptions::hub_and(self.members.len()) }).await.map_err(part("the fleet"))?;
+        let crds = fleet.install_crds().await.map_err(part("the CRDs"))?;
         if self.kubeconfigs {
-            fleet.publish_kubeconfigs().await.expect("kubeconfig Secrets are written");
+            fleet.publish_kubeconfigs().await.map_err(part("the kubeconfig Secrets"))?;
         }
         let mut kubelets = Vec::new();
         for (m, c) in self.members.iter().zip(fleet.clusters.iter().skip(1)) {
-            let k = Kubelet::start(&c.name, c.client().await.expect("member client"), Duration::from_millis(100));
-            k.add_nodes("node", m.nodes, &m.flavor).await.expect("nodes are added");
+            let k = Kubelet::start(&c.name, c.client().await.map_err(part("a member's client"))?, self.pod_start_delay);
+            k.add_nodes("node", m.nodes, &m.flavor).await.map_err(part("a member's nodes"))?;
             kubelets.push(k);
         }
-        let ocm = if self.ocm { Some(EmulatedOcm::start(&fleet).await.expect("emulated OCM starts")) } else { None };
+        let ocm = if self.ocm { Some(EmulatedOcm::start(&fleet).await.map_err(part("emulated OCM"))?) } else { None };
         let capi = match self.capi {
-            Some(opts) => Some(EmulatedCapi::start(&fleet, opts).await.expect("emulated Cluster API starts")),
+            Some(opts) => Some(EmulatedCapi::start(&fleet, opts).await.map_err(part("emulated Cluster API"))?),
             None => None,
         };
         let liqo = match self.liqo {
-            Some(knobs) => Some(EmulatedLiqo::start(&fleet, knobs).await.expect("emulated Liqo starts")),
+            Some(knobs) => Some(EmulatedLiqo::start(&fleet, knobs).await.map_err(part("emulated Liqo"))?),
             None => None,
         };
         let offloading = match self.offloading {
-            Some(knobs) => Some(EmulatedOffloading::start(&fleet, knobs).await.expect("emulated offloading starts")),
+            Some(knobs) => Some(EmulatedOffloading::start(&fleet, knobs).await.map_err(part("emulated offloading"))?),
             None => None,
         };
         let topics = Topics::standard();
-        let broker = EmbeddedBroker::start(1, &topics).expect("the embedded broker starts");
+        let broker = EmbeddedBroker::start(self.brokers, &topics).map_err(part("the embedded broker"))?;
         let kafka = KafkaConfig::for_embedded(broker.bootstrap());
-        let hub = fleet.hub().client().await.expect("hub client");
-        Some(Bed {
+        let hub = fleet.hub().client().await.map_err(part("the hub's client"))?;
+        Ok(Bed {
+            crds,
             clusters: Arc::new(Clusters::new(hub)),
             fleet,
             kubelets,
@@ -141,10 +216,9 @@ fn tracing_subscriber_init() -> Result<(), Box<dyn std::error::Error + Send + Sy
         .try_init()
 }
 
-/// A running test bed; [`Bed::stop`] stops its workers, and dropping it stops the rest.
+/// A running test bed; [`Bed::stop`] stops its workers, and dropping it stops the rest
+/// (fields drop in order: the emulators before the API servers they watch).
 pub struct Bed {
-    /// The clusters: the hub first, then the members.
-    pub fleet: Fleet,
     /// The members' emulated kubelets.
     pub kubelets: Vec<Kubelet>,
     /// Emulated OCM, when asked for.
@@ -164,6 +238,10 @@ pub struct Bed {
     pub topics: Topics,
     stop: CancellationToken,
     workers: Vec<JoinHandle<()>>,
+    /// Whose CRDs the API servers serve (upstream's unless `../shared` is absent).
+    pub crds: CrdSource,
+    /// The clusters: the hub first, then the members.
+    pub fleet: Fleet,
 }
 
 impl std::fmt::Debug for Bed {
@@ -181,6 +259,11 @@ impl Bed {
     /// A Ferry client on the bed's broker.
     pub fn client(&self) -> Client {
         Client::new(self.kafka.clone(), self.topics.clone()).expect("a client of the embedded broker")
+    }
+
+    /// The embedded broker (for outages and request faults).
+    pub fn broker(&self) -> &EmbeddedBroker {
+        self.broker.as_ref().expect("the broker runs until the bed stops")
     }
 
     /// A new client of the hub.

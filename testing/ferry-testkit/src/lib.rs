@@ -20,4 +20,4 @@ pub mod deploy;
 pub mod offload;
 pub mod score;
 
-pub use bed::{Bed, BedBuilder};
+pub use bed::{Bed, BedBuilder, BedError};

@@ -21,6 +21,7 @@ use tokio::task::JoinHandle;
 
 use crate::emulate::now;
 use crate::fleet::Fleet;
+use crate::ocm_prioritizers::{self, Decision};
 
 /// How often each emulated controller looks again.
 pub const TICK: Duration = Duration::from_millis(250);
@@ -530,6 +531,17 @@ async fn placement(hub: kube::Client) -> Result<(), kube::Error> {
     let clusters = Api::<DynamicObject>::all_with(hub.clone(), &managed_clusters()).list(&ListParams::default()).await?.items;
     let binds = Api::<DynamicObject>::all_with(hub.clone(), &bindings()).list(&ListParams::default()).await?.items;
     let scs = Api::<DynamicObject>::all_with(hub.clone(), &scores()).list(&ListParams::default()).await?.items;
+    let decided: Vec<Decision> = Api::<DynamicObject>::all_with(hub.clone(), &decisions())
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|d| Decision {
+            namespace: d.metadata.namespace.clone().unwrap_or_default(),
+            placement: d.metadata.labels.as_ref().and_then(|l| l.get(PLACEMENT_LABEL)).cloned().unwrap_or_default(),
+            clusters: d.data.pointer("/status/decisions").and_then(Value::as_array).into_iter().flatten().filter_map(|x| x["clusterName"].as_str().map(str::to_owned)).collect(),
+        })
+        .collect();
     for p in all {
         let (Some(ns), Some(name)) = (p.metadata.namespace.clone(), p.metadata.name.clone()) else { continue };
         if p.metadata.deletion_timestamp.is_some() {
@@ -540,7 +552,7 @@ async fn placement(hub: kube::Client) -> Result<(), kube::Error> {
         let wanted_sets: Vec<String> = spec.get("clusterSets").and_then(Value::as_array).into_iter().flatten().filter_map(|s| s.as_str().map(str::to_owned)).collect();
         let sets: BTreeSet<String> = if wanted_sets.is_empty() { bound.clone() } else { wanted_sets.into_iter().filter(|s| bound.contains(s)).collect() };
         let predicates: Vec<Value> = spec.get("predicates").and_then(Value::as_array).cloned().unwrap_or_default();
-        let mut candidates: Vec<(i64, String)> = Vec::new();
+        let mut feasible: Vec<String> = Vec::new();
         for mc in &clusters {
             let Some(cname) = mc.metadata.name.clone() else { continue };
             let labels = mc.metadata.labels.clone().unwrap_or_default();
@@ -548,26 +560,24 @@ async fn placement(hub: kube::Client) -> Result<(), kube::Error> {
             let available = mc.data.pointer("/status/conditions").and_then(Value::as_array).into_iter().flatten().any(|c| c["type"] == "ManagedClusterConditionAvailable" && c["status"] == "True");
             let selected = predicates.is_empty()
                 || predicates.iter().any(|pr| pr.pointer("/requiredClusterSelector/labelSelector").is_none_or(|sel| matches_selector(&labels, sel)));
-            if !(in_set && available && selected) {
+            if in_set && available && selected {
+                feasible.push(cname);
+            }
+        }
+        // Ranked as upstream's scheduler ranks (Additive keeps Balance and Steady).
+        let candidates = match ocm_prioritizers::rank(&spec, &ns, &name, &feasible, &decided, |c, res, item| addon_score(&scs, c, res, item)) {
+            Ok(c) => c,
+            Err(e) => {
+                let mut conds = json!([condition("PlacementMisconfigured", true, "Misconfigured", &format!(":{e}"), p.metadata.generation.unwrap_or(0))]);
+                keep_times(p.data.pointer("/status/conditions"), &mut conds);
+                if p.data.pointer("/status/conditions") != Some(&conds) {
+                    Api::<DynamicObject>::namespaced_with(hub.clone(), &ns, &placements())
+                        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&json!({"status": {"conditions": conds}})))
+                        .await?;
+                }
                 continue;
             }
-            // BuiltIn prioritizers (Balance, Steady, ResourceAllocatable*) count 0 here.
-            let score: i64 = spec
-                .pointer("/prioritizerPolicy/configurations")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .filter(|c| c.pointer("/scoreCoordinate/type").and_then(Value::as_str) == Some("AddOn"))
-                .map(|c| {
-                    let weight = c.get("weight").and_then(Value::as_i64).unwrap_or(1);
-                    let res = c.pointer("/scoreCoordinate/addOn/resourceName").and_then(Value::as_str).unwrap_or("");
-                    let item = c.pointer("/scoreCoordinate/addOn/scoreName").and_then(Value::as_str).unwrap_or("");
-                    weight * addon_score(&scs, &cname, res, item)
-                })
-                .sum();
-            candidates.push((score, cname));
-        }
-        candidates.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        };
         let want = spec.get("numberOfClusters").and_then(Value::as_i64).map(|n| n.max(0) as usize);
         let chosen: Vec<String> = candidates.iter().take(want.unwrap_or(usize::MAX)).map(|(_, c)| c.clone()).collect();
         write_decision(&hub, &p, &ns, &name, &chosen).await?;
@@ -578,7 +588,11 @@ async fn placement(hub: kube::Client) -> Result<(), kube::Error> {
         } else {
             (false, "NotAllDecisionsScheduled", format!("{} cluster decisions unscheduled", want.unwrap_or(0) - chosen.len()))
         };
-        let mut conds = json!([condition("PlacementSatisfied", ok, reason, &message, p.metadata.generation.unwrap_or(0))]);
+        let generation = p.metadata.generation.unwrap_or(0);
+        let mut conds = json!([
+            condition("PlacementMisconfigured", false, "Succeedconfigured", "Placement configurations check pass", generation),
+            condition("PlacementSatisfied", ok, reason, &message, generation)
+        ]);
         keep_times(p.data.pointer("/status/conditions"), &mut conds);
         let status = json!({"numberOfSelectedClusters": chosen.len(), "conditions": conds});
         if p.data.get("status") != Some(&status) {

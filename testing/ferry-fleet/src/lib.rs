@@ -32,6 +32,7 @@ pub mod inventory;
 pub mod kinds;
 pub mod kubelet;
 pub mod measure;
+pub mod ocm_prioritizers;
 pub mod process;
 pub mod webhooks_ocm;
 

@@ -252,7 +252,10 @@ pub fn placement(app: &DeployApp, c: &Component, task: &str) -> Option<Value> {
         spec["predicates"] = json!([{"requiredClusterSelector": {"labelSelector": {"matchLabels": labels}}}]);
     }
     if let Some(score) = &p.score {
-        spec["prioritizerPolicy"] = json!({"mode": "Additive", "configurations": [{
+        // Exact: rank by the score alone. Additive would keep the built-in Balance and Steady
+        // at weight 1 (ocm pkg/placement/controllers/scheduling/schedule.go, getWeights), so
+        // a cluster decided before (+100) would outrank a better-scored one.
+        spec["prioritizerPolicy"] = json!({"mode": "Exact", "configurations": [{
             "scoreCoordinate": {"type": "AddOn", "addOn": {"resourceName": score, "scoreName": p.score_item.clone().unwrap_or_else(|| "score".into())}},
             "weight": 1}]});
     }
@@ -360,6 +363,19 @@ mod tests {
         assert_eq!(p["spec"]["prioritizerPolicy"]["configurations"][0]["scoreCoordinate"]["addOn"]["resourceName"], "ferry-resource-usage");
         assert_eq!(p["spec"]["prioritizerPolicy"]["configurations"][0]["scoreCoordinate"]["addOn"]["scoreName"], "score");
         assert!(placement(&a, &a.components[0], "t").is_none());
+    }
+
+    #[test]
+    fn a_placement_ranks_by_the_score_alone_even_against_its_earlier_decision() {
+        // Ranked as OCM's scheduler ranks: the cluster decided before (Steady +100 in
+        // Additive mode) must not outrank one that now scores higher.
+        use ferry_fleet::ocm_prioritizers::{Decision, rank};
+        let a = app();
+        let p = placement(&a, &a.components[1], "tsk_1").unwrap();
+        let clusters = ["member-1".to_owned(), "member-2".to_owned()];
+        let before = [Decision { namespace: a.namespace().to_owned(), placement: "shop-db".into(), clusters: vec!["member-1".into()] }];
+        let ranked = rank(&p["spec"], a.namespace(), "shop-db", &clusters, &before, |c, _, _| if c == "member-2" { 80 } else { 30 }).unwrap();
+        assert_eq!(ranked[0].1, "member-2", "{ranked:?}");
     }
 
     #[test]

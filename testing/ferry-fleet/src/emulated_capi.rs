@@ -58,6 +58,9 @@ pub struct CapiOptions {
     pub real_api_servers: usize,
     /// Node shape by machine flavor name (OpenStack `flavor`); unknown flavors get the default.
     pub flavors: BTreeMap<String, NodeFlavor>,
+    /// kubeadm nodes come with a pod network, as when a ClusterResourceSet or the machine
+    /// image installs the CNI; otherwise (the default) they stay NotReady until one runs.
+    pub cni_with_cluster: bool,
 }
 
 impl Default for CapiOptions {
@@ -67,7 +70,7 @@ impl Default for CapiOptions {
             .into_iter()
             .map(|(k, v)| (k.to_owned(), v))
             .collect();
-        Self { real_api_servers: 2, flavors }
+        Self { real_api_servers: 2, flavors, cni_with_cluster: false }
     }
 }
 
@@ -292,7 +295,11 @@ async fn provision(cx: &Ctx, s: &mut State, api: &Api<DynamicObject>, c: &Dynami
         s.workloads.remove(key);
     }
     if !s.workloads.contains_key(key) {
-        let w = workload(cx, s, ns, name, &uid, &knobs).await.map_err(|e| kube::Error::Service(Box::new(e)))?;
+        // kubeadm's nodes have no pod network until a CNI runs (the quick start's "Deploy a
+        // CNI solution"); k3s ships flannel. A topology's control plane is kubeadm here (the
+        // test bed serves no other provider).
+        let kubeadm = str_at(&c.data, "/spec/controlPlaneRef/kind").is_none_or(|k| k == "KubeadmControlPlane");
+        let w = workload(cx, s, ns, name, &uid, &knobs, kubeadm).await.map_err(|e| kube::Error::Service(Box::new(e)))?;
         s.workloads.insert(key.to_owned(), w);
     }
     // Control plane replicas and flavor.
@@ -386,9 +393,13 @@ async fn machine(api: &Api<DynamicObject>, cluster: &str, pool: &str, node: &str
     Ok(())
 }
 
-/// Starts the workload cluster of `name` and writes its kubeconfig Secret.
-async fn workload(cx: &Ctx, s: &mut State, ns: &str, name: &str, uid: &str, knobs: &CapiKnobs) -> Result<Workload, FleetError> {
-    let (server, kubeconfig, client) = if s.real_started < cx.opts.real_api_servers {
+/// Starts the workload cluster of `name` and writes its kubeconfig Secret. A kubeadm
+/// cluster on an API server of its own needs a CNI before its nodes are Ready; virtual
+/// clusters share one backing API server, where one cluster's CNI DaemonSet would run on
+/// every cluster's nodes, so theirs have a network from the start.
+async fn workload(cx: &Ctx, s: &mut State, ns: &str, name: &str, uid: &str, knobs: &CapiKnobs, kubeadm: bool) -> Result<Workload, FleetError> {
+    let real = s.real_started < cx.opts.real_api_servers;
+    let (server, kubeconfig, client) = if real {
         let c = cx.spawner.spawn(name, true).await?;
         s.real_started += 1;
         let kc = c.kubeconfig_inline()?;
@@ -404,6 +415,9 @@ async fn workload(cx: &Ctx, s: &mut State, ns: &str, name: &str, uid: &str, knob
     };
     let kubelet = Kubelet::start(name, client, Duration::from_millis(100));
     kubelet.crash_images(knobs.crashing_images.clone());
+    if real && kubeadm && !cx.opts.cni_with_cluster {
+        kubelet.require_cni();
+    }
     let secret = kubeconfig_secret(name, &kubeconfig);
     let err = |e: kube::Error| FleetError::Client { cluster: "hub".into(), source: Box::new(e) };
     let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(cx.hub.clone(), ns);

@@ -5,6 +5,15 @@
 //!
 //! No container runs: a Pod is "running" because its status says so, which is what
 //! Deployments, Jobs, the scheduler and Ferry's workers look at.
+//!
+//! A kubeadm node has no pod network until a CNI runs ([`Kubelet::require_cni`]): as the
+//! kubelet does (`pkg/kubelet/kubelet_node_status.go`, the runtime's `NetworkReady`
+//! condition), it reports `Ready=False` with `NetworkPluginNotReady` and keeps the
+//! `node.kubernetes.io/not-ready:NoSchedule` taint; only host-network Pods start on it.
+//! The network comes up when a Pod on the node that mounts the CNI configuration
+//! directory (`hostPath` [`CNI_CONF_DIR`], as calico-node, flannel and cilium do) runs;
+//! the Cluster API quick start's "Deploy a CNI solution" step
+//! (`docs/book/src/user/quick-start.md`) is this.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -41,6 +50,44 @@ impl Default for NodeFlavor {
 /// How often nodes report (the kubelet's default node-status update period is 10 s).
 const HEARTBEAT: Duration = Duration::from_secs(10);
 
+/// Where a CNI plugin writes its configuration on the host.
+pub const CNI_CONF_DIR: &str = "/etc/cni/net.d";
+
+/// The kubelet's Ready message while the runtime has no pod network.
+pub const NETWORK_NOT_READY: &str =
+    "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady message:Network plugin returns error: cni plugin not initialized";
+
+/// The taint a node carries while it is not Ready.
+const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";
+
+/// The pod network of the kubelet's nodes.
+#[derive(Debug, Default)]
+struct Network {
+    /// Nodes need a CNI (kubeadm); otherwise every node has a network from the start.
+    required: bool,
+    /// Nodes whose CNI runs.
+    ready: HashSet<String>,
+    /// Pods waiting for their node's network, by node.
+    waiting: std::collections::HashMap<String, Vec<Pod>>,
+    /// Nodes' own taints (their flavor's), restored when the network comes up.
+    taints: std::collections::HashMap<String, Vec<k8s_openapi::api::core::v1::Taint>>,
+}
+
+impl Network {
+    fn up(&self, node: &str) -> bool {
+        !self.required || self.ready.contains(node)
+    }
+}
+
+/// The Ready condition of a node whose network is `up` or not.
+fn ready_condition(up: bool, now: &str) -> serde_json::Value {
+    if up {
+        json!({"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "emulated by ferry-fleet", "lastHeartbeatTime": now})
+    } else {
+        json!({"type": "Ready", "status": "False", "reason": "KubeletNotReady", "message": NETWORK_NOT_READY, "lastHeartbeatTime": now})
+    }
+}
+
 /// Why the kubelet could not act.
 #[derive(Debug, thiserror::Error)]
 #[error("emulated kubelet of {cluster}: {what}: {source}")]
@@ -57,6 +104,7 @@ pub struct Kubelet {
     client: kube::Client,
     nodes: Arc<Mutex<HashSet<String>>>,
     crashing: Arc<Mutex<Vec<String>>>,
+    network: Arc<Mutex<Network>>,
     task: JoinHandle<()>,
 }
 
@@ -77,13 +125,20 @@ impl Kubelet {
     pub fn start(cluster: &str, client: kube::Client, start_delay: Duration) -> Self {
         let nodes = Arc::new(Mutex::new(HashSet::new()));
         let crashing: Arc<Mutex<Vec<String>>> = Arc::default();
-        let pods = pod_loop(client.clone(), nodes.clone(), crashing.clone(), start_delay);
+        let network: Arc<Mutex<Network>> = Arc::default();
+        let pods = pod_loop(Pods { client: client.clone(), nodes: nodes.clone(), crashing: crashing.clone(), network: network.clone(), delay: start_delay, started: Arc::default() });
         let services = service_loop(client.clone(), lb_prefix(cluster));
-        let beats = heartbeat_loop(client.clone(), nodes.clone());
+        let beats = heartbeat_loop(client.clone(), nodes.clone(), network.clone());
         let task = tokio::spawn(async move {
             tokio::join!(pods, services, beats);
         });
-        Self { cluster: cluster.to_owned(), client, nodes, crashing, task }
+        Self { cluster: cluster.to_owned(), client, nodes, crashing, network, task }
+    }
+
+    /// Nodes added from now on have no pod network until a CNI runs on them (kubeadm's
+    /// nodes; k3s and kind ship one).
+    pub fn require_cni(&self) {
+        self.network.lock().expect("network lock").required = true;
     }
 
     fn err(&self, what: impl Into<String>) -> impl FnOnce(kube::Error) -> KubeletError + '_ {
@@ -111,11 +166,17 @@ impl Kubelet {
                 Err(e) => return Err(self.err(format!("creating node {name}"))(e)),
             }
             let now = chrono_now();
+            let up = {
+                let mut net = self.network.lock().expect("network lock");
+                net.taints.insert(name.clone(), flavor.taints.clone());
+                net.up(&name)
+            };
+            let mut ready = ready_condition(up, &now);
+            ready["lastTransitionTime"] = json!(now);
             let status = json!({"status": {
                 "capacity": {"cpu": flavor.cpu, "memory": flavor.memory, "pods": flavor.pods.to_string()},
                 "allocatable": {"cpu": flavor.cpu, "memory": flavor.memory, "pods": flavor.pods.to_string()},
-                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                    "message": "emulated by ferry-fleet", "lastHeartbeatTime": now, "lastTransitionTime": now}],
+                "conditions": [ready],
                 "nodeInfo": {"kubeletVersion": "v1.20.2-ferry", "kubeProxyVersion": "", "architecture": "amd64",
                     "operatingSystem": "linux", "osImage": "emulated", "kernelVersion": "", "containerRuntimeVersion": "emulated://1",
                     "machineID": "", "systemUUID": "", "bootID": ""},
@@ -123,10 +184,14 @@ impl Kubelet {
             api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
                 .await
                 .map_err(self.err(format!("setting status of node {name}")))?;
-            // Admission tainted the new node not-ready; it is ready now: the flavor's taints only.
-            api.patch(&name, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"taints": flavor.taints}})))
+            // Admission tainted the new node not-ready; once ready, the flavor's taints only.
+            let mut taints = flavor.taints.clone();
+            if !up {
+                taints.push(k8s_openapi::api::core::v1::Taint { key: NOT_READY_TAINT.into(), effect: "NoSchedule".into(), ..Default::default() });
+            }
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"taints": taints}})))
                 .await
-                .map_err(self.err(format!("untainting node {name}")))?;
+                .map_err(self.err(format!("setting the taints of node {name}")))?;
             self.nodes.lock().expect("nodes lock").insert(name.clone());
             names.push(name);
         }
@@ -154,7 +219,7 @@ impl Kubelet {
 }
 
 /// Renews the Ready condition's heartbeat of every node, as a kubelet does.
-async fn heartbeat_loop(client: kube::Client, nodes: Arc<Mutex<HashSet<String>>>) {
+async fn heartbeat_loop(client: kube::Client, nodes: Arc<Mutex<HashSet<String>>>, network: Arc<Mutex<Network>>) {
     let api: Api<Node> = Api::all(client);
     let mut ticks = tokio::time::interval(HEARTBEAT);
     loop {
@@ -162,14 +227,45 @@ async fn heartbeat_loop(client: kube::Client, nodes: Arc<Mutex<HashSet<String>>>
         let names: Vec<String> = nodes.lock().expect("nodes lock").iter().cloned().collect();
         let now = chrono_now();
         for n in names {
+            let up = network.lock().expect("network lock").up(&n);
             // A strategic merge keyed by condition type updates only Ready.
-            let patch = json!({"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                "message": "emulated by ferry-fleet", "lastHeartbeatTime": now}]}});
+            let patch = json!({"status": {"conditions": [ready_condition(up, &now)]}});
             if let Err(e) = api.patch_status(&n, &PatchParams::default(), &Patch::Strategic(&patch)).await {
                 tracing::debug!(node = %n, error = %e, "heartbeat not written");
             }
         }
     }
+}
+
+/// The node's pod network is up: Ready, its own taints only, and the Pods that waited
+/// for it start.
+async fn network_up(p: &Pods, node: &str) {
+    let (waiting, taints) = {
+        let mut net = p.network.lock().expect("network lock");
+        if !net.ready.insert(node.to_owned()) {
+            return;
+        }
+        (net.waiting.remove(node).unwrap_or_default(), net.taints.get(node).cloned().unwrap_or_default())
+    };
+    let api: Api<Node> = Api::all(p.client.clone());
+    let now = chrono_now();
+    let mut ready = ready_condition(true, &now);
+    ready["lastTransitionTime"] = json!(now);
+    if let Err(e) = api.patch_status(node, &PatchParams::default(), &Patch::Strategic(&json!({"status": {"conditions": [ready]}}))).await {
+        tracing::debug!(node, error = %e, "Ready not written; the heartbeat writes it");
+    }
+    if let Err(e) = api.patch(node, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"taints": taints}}))).await {
+        tracing::warn!(node, error = %e, "the not-ready taint stays");
+    }
+    tracing::info!(node, pods = waiting.len(), "the CNI runs: the node is Ready");
+    for pod in waiting {
+        start(p, pod, node.to_owned());
+    }
+}
+
+/// The Pod mounts the CNI configuration directory from the host (a CNI's node agent).
+fn is_cni_agent(pod: &Pod) -> bool {
+    pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()).any(|v| v.host_path.as_ref().is_some_and(|h| h.path.trim_end_matches('/') == CNI_CONF_DIR))
 }
 
 /// A per-cluster address block for emulated LoadBalancer IPs (TEST-NET-3, never routed).
@@ -204,19 +300,30 @@ fn chrono_now() -> String {
     k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
-async fn pod_loop(client: kube::Client, nodes: Arc<Mutex<HashSet<String>>>, crashing: Arc<Mutex<Vec<String>>>, delay: Duration) {
-    let api: Api<Pod> = Api::all(client);
-    let started: Arc<Mutex<HashSet<String>>> = Arc::default();
+/// What the pod loop shares with the Pods it starts.
+#[derive(Clone)]
+struct Pods {
+    client: kube::Client,
+    nodes: Arc<Mutex<HashSet<String>>>,
+    crashing: Arc<Mutex<Vec<String>>>,
+    network: Arc<Mutex<Network>>,
+    delay: Duration,
+    /// Uids of the Pods started (or waiting for their network).
+    started: Arc<Mutex<HashSet<String>>>,
+}
+
+async fn pod_loop(p: Pods) {
+    let api: Api<Pod> = Api::all(p.client.clone());
     let mut pods = watcher(api.clone(), watcher::Config::default()).default_backoff().applied_objects().boxed();
     while let Some(ev) = pods.next().await {
         let Ok(pod) = ev else { continue };
         let (Some(ns), Some(name), Some(uid)) = (pod.metadata.namespace.clone(), pod.metadata.name.clone(), pod.metadata.uid.clone()) else { continue };
         let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else { continue };
         let phase = pod.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
-        let ours = nodes.lock().expect("nodes lock").contains(&node);
+        let ours = p.nodes.lock().expect("nodes lock").contains(&node);
         if ours && pod.metadata.deletion_timestamp.is_some() {
             // The containers "stopped": confirm the graceful deletion, as a kubelet does.
-            let api = Api::<Pod>::namespaced(api.clone().into_client(), &ns);
+            let api = Api::<Pod>::namespaced(p.client.clone(), &ns);
             let dp = kube::api::DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
             if let Err(e) = api.delete(&name, &dp).await {
                 tracing::debug!(pod = %name, error = %e, "terminating pod not removed; retried on the next event");
@@ -226,23 +333,44 @@ async fn pod_loop(client: kube::Client, nodes: Arc<Mutex<HashSet<String>>>, cras
         if phase != "Pending" || !ours {
             continue;
         }
-        if !started.lock().expect("started lock").insert(uid.clone()) {
+        if !p.started.lock().expect("started lock").insert(uid.clone()) {
             continue;
         }
-        let is_job = pod.metadata.owner_references.iter().flatten().any(|o| o.kind == "Job");
-        let api = Api::<Pod>::namespaced(api.clone().into_client(), &ns);
-        let started = started.clone();
-        let crashing = crashing.lock().expect("crashing lock").clone();
-        tokio::spawn(async move {
-            // The emulated container start time.
-            tokio::time::sleep(delay).await;
-            let patch = pod_status(&pod, &node, is_job, &crashing);
-            if let Err(e) = api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-                tracing::debug!(pod = %name, error = %e, "pod status not set; retried on the next event");
-                started.lock().expect("started lock").remove(&uid);
+        // Without a pod network only host-network Pods get a sandbox; the rest wait.
+        let host_network = pod.spec.as_ref().and_then(|s| s.host_network).unwrap_or(false);
+        {
+            let mut net = p.network.lock().expect("network lock");
+            if !host_network && !net.up(&node) {
+                net.waiting.entry(node).or_default().push(pod);
+                continue;
             }
-        });
+        }
+        start(&p, pod, node);
     }
+}
+
+/// Starts `pod` on `node` after the start delay; a CNI agent brings the node's network up.
+fn start(p: &Pods, pod: Pod, node: String) {
+    let (Some(ns), Some(name)) = (pod.metadata.namespace.clone(), pod.metadata.name.clone()) else { return };
+    let is_job = pod.metadata.owner_references.iter().flatten().any(|o| o.kind == "Job");
+    let api = Api::<Pod>::namespaced(p.client.clone(), &ns);
+    let crashing = p.crashing.lock().expect("crashing lock").clone();
+    let p = p.clone();
+    tokio::spawn(async move {
+        // The emulated container start time.
+        tokio::time::sleep(p.delay).await;
+        let patch = pod_status(&pod, &node, is_job, &crashing);
+        match api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) if is_cni_agent(&pod) => network_up(&p, &node).await,
+            Ok(_) => {}
+            Err(e) => {
+                tracing::debug!(pod = %name, error = %e, "pod status not set; retried on the next event");
+                if let Some(uid) = &pod.metadata.uid {
+                    p.started.lock().expect("started lock").remove(uid);
+                }
+            }
+        }
+    });
 }
 
 fn pod_status(pod: &Pod, node: &str, completed: bool, crashing: &[String]) -> serde_json::Value {

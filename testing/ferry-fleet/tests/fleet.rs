@@ -204,6 +204,55 @@ async fn pods_beyond_capacity_stay_pending_and_a_job_completes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubeadm_node_is_not_ready_until_a_cni_runs_on_it() {
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    use k8s_openapi::api::core::v1::Node;
+    init();
+    let fleet = Fleet::start(FleetOptions { clusters: vec!["kubeadm".into()], ..FleetOptions::default() }).await.unwrap();
+    let client = fleet.hub().client().await.unwrap();
+    let kubelet = Kubelet::start("kubeadm", client.clone(), Duration::from_millis(100));
+    kubelet.require_cni();
+    let node = kubelet.add_nodes("md", 1, &NodeFlavor::default()).await.unwrap().remove(0);
+    let nodes: Api<Node> = Api::all(client.clone());
+    let ready = |n: &Node| n.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready").cloned();
+    let n = nodes.get(&node).await.unwrap();
+    let cond = ready(&n).unwrap();
+    assert_eq!(cond.status, "False");
+    assert!(cond.message.unwrap_or_default().contains("NetworkPluginNotReady"));
+    let taints: Vec<String> = n.spec.unwrap().taints.unwrap_or_default().into_iter().map(|t| t.key).collect();
+    assert_eq!(taints, ["node.kubernetes.io/not-ready"]);
+    ns(&client, "apps").await;
+    let sa: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), "apps");
+    tokio::time::timeout(WAIT, await_condition(sa, "default", |o: Option<&k8s_openapi::api::core::v1::ServiceAccount>| o.is_some()))
+        .await
+        .unwrap()
+        .unwrap();
+    // A pod that tolerates the taint but needs the pod network is bound and waits.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "apps");
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web"},
+        "spec": {"tolerations": [{"operator": "Exists"}], "containers": [{"name": "c", "image": "nginx:1.27"}]}});
+    pods.patch("web", &PatchParams::apply("ferry"), &Patch::Apply(&pod)).await.unwrap();
+    let bound = |p: Option<&Pod>| p.and_then(|p| p.spec.as_ref()?.node_name.clone()).is_some();
+    tokio::time::timeout(WAIT, await_condition(pods.clone(), "web", bound)).await.expect("the pod is bound").unwrap();
+    // The CNI's node agent (host network, the CNI configuration directory from the host).
+    let agents: Api<DaemonSet> = Api::namespaced(client.clone(), "kube-system");
+    let ds = json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "calico-node"},
+        "spec": {"selector": {"matchLabels": {"k8s-app": "calico-node"}}, "template": {"metadata": {"labels": {"k8s-app": "calico-node"}},
+            "spec": {"hostNetwork": true, "tolerations": [{"operator": "Exists"}],
+                "containers": [{"name": "calico-node", "image": "quay.io/calico/node:v3.29.1", "volumeMounts": [{"name": "cni", "mountPath": "/host/etc/cni/net.d"}]}],
+                "volumes": [{"name": "cni", "hostPath": {"path": "/etc/cni/net.d"}}]}}}});
+    // Until it runs, the pod waits for its sandbox.
+    assert_eq!(pods.get("web").await.unwrap().status.and_then(|s| s.phase).as_deref(), Some("Pending"));
+    agents.patch("calico-node", &PatchParams::apply("ferry"), &Patch::Apply(&ds)).await.unwrap();
+    let is_ready = |n: Option<&Node>| n.and_then(ready).is_some_and(|c| c.status == "True");
+    tokio::time::timeout(WAIT, await_condition(nodes.clone(), &node, is_ready)).await.expect("the node becomes Ready").unwrap();
+    let running = |p: Option<&Pod>| p.and_then(|p| p.status.as_ref()?.phase.clone()).as_deref() == Some("Running");
+    tokio::time::timeout(WAIT, await_condition(pods, "web", running)).await.expect("the waiting pod starts").unwrap();
+    let untainted = |n: Option<&Node>| n.is_some_and(|n| n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_none_or(|t| t.iter().all(|t| t.key != "node.kubernetes.io/not-ready")));
+    tokio::time::timeout(WAIT, await_condition(nodes, &node, untainted)).await.expect("the not-ready taint goes").unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_crds_install_and_the_server_validates_against_them() {
     init();
     let Some(dir) = ferry_fleet::crds::shared_dir() else {

@@ -57,6 +57,10 @@ pub struct Addon {
     /// Workloads that must be ready.
     #[serde(default)]
     pub ready: Vec<ReadyCheck>,
+    /// A pod network (CNI): installed before the nodes are waited for, since kubeadm's
+    /// nodes stay NotReady until one runs.
+    #[serde(default)]
+    pub cni: bool,
 }
 
 #[derive(Debug, Deserialize)]

@@ -1,7 +1,8 @@
 //! The `create-cluster` tasks. Create: check (live rules that reject), apply (render and
 //! server-side apply; undo deletes the Cluster and waits until it is gone), wait for the
-//! infrastructure, the control plane, the kubeconfig Secret and Ready nodes, one step per
-//! add-on (apply, readiness, crash-loop detection; undo removes it), register with OCM.
+//! infrastructure, the control plane and the kubeconfig Secret, the CNI add-ons, Ready
+//! nodes, one step per other add-on (apply, readiness, crash-loop detection; undo removes
+//! it), register with OCM.
 //! Scale: check, scale (undo restores the counts), wait. Delete: check, deregister, delete.
 //! Every wait is a shared watch with a deadline; kubeconfigs stay on the hub. Each step is
 //! a module of [`crate::steps`].
@@ -105,12 +106,14 @@ impl TaskHandler for ClusterHandler {
                     Arc::new(ClusterWait { inner: i.clone(), step: INFRASTRUCTURE, field: "infrastructureProvisioned", what: "infrastructure provisioned" }),
                     Arc::new(ClusterWait { inner: i.clone(), step: CONTROL_PLANE, field: "controlPlaneInitialized", what: "control plane initialized" }),
                     Arc::new(KubeconfigStep(i.clone())), // the kubeconfig Secret; the workload API answers
-                    Arc::new(NodesStep(i.clone())),      // Machines with nodes, the nodes Ready
                 ];
-                for a in &spec.addons {
-                    // apply, ready (or crash-looping), after; undo removes it
-                    steps.push(Arc::new(AddonStep { inner: i.clone(), addon: a.clone(), step: format!("addon-{}", a.name) }));
-                }
+                // A pod network first: kubeadm's nodes stay NotReady until a CNI runs
+                // (Cluster API quick start, "Deploy a CNI solution"). Each add-on: apply,
+                // ready (or crash-looping), after; undo removes it.
+                let (cnis, rest): (Vec<_>, Vec<_>) = spec.addons.iter().partition(|a| i.cfg.catalog.get(&a.name).is_some_and(|c| c.cni));
+                steps.extend(cnis.into_iter().map(|a| Arc::new(AddonStep::new(i, a)) as Arc<dyn Step<ClusterCommand>>));
+                steps.push(Arc::new(NodesStep(i.clone()))); // Machines with nodes, the nodes Ready
+                steps.extend(rest.into_iter().map(|a| Arc::new(AddonStep::new(i, a)) as Arc<dyn Step<ClusterCommand>>));
                 if spec.ocm.enabled {
                     steps.push(Arc::new(RegisterStep(i.clone()))); // ManagedCluster Available; undo deregisters
                 }

@@ -95,6 +95,8 @@ fn small(name: &str) -> ClusterCommand {
         workers: WorkerPool { count: Some(1), flavor: None },
         ready_timeout_seconds: Some(240),
         addon_timeout_seconds: Some(60),
+        // kubeadm: the nodes are NotReady until a pod network runs.
+        addons: vec![AddonRequest { name: "cni".into(), ..AddonRequest::default() }],
         ..ClusterCommand::default()
     }
 }
@@ -126,11 +128,13 @@ async fn create_with_addons_and_ocm_then_scale_revert_and_delete() {
     // Every step reported progress with a percent; the add-ons were steps of their own.
     let cmd = small("scaled");
     let mut with_addon = cmd.clone();
-    with_addon.addons = vec![AddonRequest { name: "ingress-nginx".into(), ..AddonRequest::default() }];
+    with_addon.addons.push(AddonRequest { name: "ingress-nginx".into(), ..AddonRequest::default() });
     let (id, evs) = demo::submit(&client, &with_addon, WAIT).await.unwrap();
     assert_eq!(last(&evs).event, EventType::Succeeded, "{:?}", last(&evs));
     let steps: Vec<String> = evs.iter().filter(|e| e.event == EventType::StepSucceeded).filter_map(|e| e.step_name.clone()).collect();
-    assert_eq!(steps, ["check", "apply", "infrastructure", "control-plane", "kubeconfig", "nodes", "addon-ingress-nginx"]);
+    // The CNI before the nodes are waited for (kubeadm's stay NotReady without one), the
+    // other add-ons after.
+    assert_eq!(steps, ["check", "apply", "infrastructure", "control-plane", "kubeconfig", "addon-cni", "nodes", "addon-ingress-nginx"]);
     for s in &steps {
         assert!(
             evs.iter().any(|e| e.event == EventType::StepProgress && e.step_name.as_ref() == Some(s) && e.percent.is_some()),
@@ -139,8 +143,8 @@ async fn create_with_addons_and_ocm_then_scale_revert_and_delete() {
     }
     // The task names the kubeconfig Secret; the kubeconfig itself never reaches Kafka.
     let snap = client.snapshot(id).await.unwrap().unwrap();
-    let kc = snap.journal.iter().find(|j| j.name == "kubeconfig").and_then(|j| j.output.clone()).unwrap();
-    assert!(kc.contains("fleet/scaled-kubeconfig"), "{kc}");
+    let kc = ferry_cluster::steps::kubeconfig::KUBECONFIG.from_snapshot(&snap).unwrap();
+    assert_eq!(kc.secret, "fleet/scaled-kubeconfig");
     assert_eq!(nodes_of(&hub, "scaled").await, 2);
     let secret = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(hub.clone(), "fleet").get("scaled-kubeconfig").await.unwrap();
     let text = String::from_utf8(secret.data.unwrap()["value"].0.clone()).unwrap();
@@ -216,6 +220,19 @@ async fn failures_revert_bad_input_is_rejected_and_a_topology_works() {
     assert_eq!((failed.step_name.as_deref(), failed.code.as_deref()), (Some("control-plane"), Some("DEADLINE_EXCEEDED")), "{failed:?}");
     assert!(failed.message.as_deref().unwrap_or("").contains("phase Provisioning"), "{failed:?}");
     assert_eq!(demo::leftovers(&hub, &stuck).await.unwrap(), Vec::<String>::new());
+
+    // kubeadm without a CNI (on an API server of its own, as `doomed` was): the nodes
+    // never become Ready; the task fails at the nodes' deadline saying why, and reverts.
+    let mut bare = small("bare");
+    bare.addons.clear();
+    bare.ready_timeout_seconds = Some(45);
+    let (_, evs) = demo::submit(&client, &bare, WAIT).await.unwrap();
+    assert_eq!(last(&evs).event, EventType::Reverted, "{:?}", last(&evs));
+    let failed = evs.iter().find(|e| e.event == EventType::StepFailed).unwrap();
+    assert_eq!((failed.step_name.as_deref(), failed.code.as_deref()), (Some("nodes"), Some("DEADLINE_EXCEEDED")), "{failed:?}");
+    let message = failed.message.as_deref().unwrap_or("");
+    assert!(message.contains("NetworkPluginNotReady") && message.contains("CNI add-on"), "{failed:?}");
+    assert_eq!(demo::leftovers(&hub, &bare).await.unwrap(), Vec::<String>::new());
 
     // Bad input: each refused with its reason, nothing applied.
     let bad = |f: &dyn Fn(&mut ClusterCommand)| {
@@ -338,9 +355,11 @@ async fn a_worker_lost_during_provisioning_is_resumed_and_one_cluster_exists() {
 }
 
 /// 50 clusters requested at once all finish (2 with API servers of their own, 48 virtual).
+/// Their CNI comes with the cluster (a ClusterResourceSet's way): the virtual clusters
+/// share one backing API server, so 50 CNI add-ons would be one shared DaemonSet.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_clusters_requested_at_once_all_finish() {
-    let Some(bed) = Bed::start(CapiOptions { real_api_servers: 2, ..CapiOptions::default() }).await else {
+    let Some(bed) = Bed::start(CapiOptions { real_api_servers: 2, cni_with_cluster: true, ..CapiOptions::default() }).await else {
         return;
     };
     let h = bed.start_worker().await;
@@ -348,7 +367,8 @@ async fn fifty_clusters_requested_at_once_all_finish() {
     let mut events = client.events(false).await.unwrap();
     let mut ids = Vec::new();
     for i in 0..50 {
-        let cmd = small(&format!("many-{i:02}"));
+        let mut cmd = small(&format!("many-{i:02}"));
+        cmd.addons.clear();
         ids.push(client.submit(TaskKind::CreateCluster, &cmd.subject(), &cmd, SubmitOptions::default()).await.unwrap());
     }
     let mut finals = std::collections::HashMap::new();

@@ -13,6 +13,7 @@ use ferry_kube::Clusters;
 use ferry_offload::latency::LatencyMatrix;
 use ferry_offload::spec::{OffloadCommand, OffloadOperation};
 use ferry_offload::{OffloadConfig, OffloadHandler};
+use ferry_offload::steps::place::PLACE;
 use ferry_peer::spec::PeerClusters;
 use ferry_peer::{PeerConfig, PeerHandler};
 use ferry_runtime::{Client, EmbeddedBroker, EventType, KafkaConfig, ProgressEvent, SubmitOptions, TaskId, TaskKind, Topics, Worker, WorkerOptions};
@@ -276,8 +277,8 @@ async fn burst_sends_the_overflow_to_the_nearest_peers_with_room_and_revert_take
     assert_eq!(end(&evs), EventType::Succeeded, "{}", last(&evs));
     assert_eq!(steps(&evs), ["check", "scale", "place", "offload", "ready"]);
     let snap = client.snapshot(id).await.unwrap().unwrap();
-    let shares: serde_json::Value = snap.output_of("place").unwrap();
-    assert_eq!(shares.as_array().unwrap().iter().map(|s| (s["cluster"].as_str().unwrap(), s["pods"].as_u64().unwrap())).collect::<Vec<_>>(), [("member-3", 2)]);
+    let shares = PLACE.from_snapshot(&snap).unwrap();
+    assert_eq!(shares.iter().map(|s| (s.cluster.as_str(), s.pods)).collect::<Vec<_>>(), [("member-3", 2)]);
     assert_eq!(placement(&m1, "shop", "api").await, HashMap::from([("home".to_owned(), 4), ("liqo-member-3".to_owned(), 2)]));
     let reflected = Api::<Pod>::namespaced(m3.clone(), "shop-member-1").list(&ListParams::default()).await.unwrap().items;
     assert_eq!(reflected.iter().filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")).count(), 2, "the overflow runs on member-3");
@@ -294,9 +295,9 @@ async fn burst_sends_the_overflow_to_the_nearest_peers_with_room_and_revert_take
     let (id, evs) = offload(&client, &burst(10)).await;
     assert_eq!(end(&evs), EventType::Succeeded, "{}", last(&evs));
     let snap = client.snapshot(id).await.unwrap().unwrap();
-    let shares: serde_json::Value = snap.output_of("place").unwrap();
+    let shares = PLACE.from_snapshot(&snap).unwrap();
     assert_eq!(
-        shares.as_array().unwrap().iter().map(|s| (s["cluster"].as_str().unwrap(), s["pods"].as_u64().unwrap())).collect::<Vec<_>>(),
+        shares.iter().map(|s| (s.cluster.as_str(), s.pods)).collect::<Vec<_>>(),
         [("member-3", 2), ("member-2", 4)]
     );
     let at = placement(&m1, "shop", "api").await;

@@ -2,9 +2,11 @@
 //! catalog applied to the workload cluster, its Deployments, DaemonSets and StatefulSets
 //! ready (raced against a detector of crash-looping Pods, deadline
 //! `addon_timeout_seconds`), then its `after` objects. Its undo deletes them all, in
-//! reverse (nothing to do when the cluster is gone). Its output, `{"objects": [...]}` as
-//! `apply`'s, has no typed key: the step's name is the add-on's, known only from the spec.
+//! reverse (nothing to do when the cluster is gone). Its output is [`Applied`], as
+//! `apply`'s; the step is named by the add-on, known only from the spec, so it is read
+//! through [`installed`] rather than a declared key.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,19 +17,39 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Pod;
-use serde_json::{Value, json};
+use serde::Deserialize;
+use serde_json::Value;
 
+use super::apply::Applied;
 use super::{describe, secs, wait_err, wait_policy};
 use crate::addons::ReadyCheck;
 use crate::handler::Inner;
 use crate::render::MANAGER;
 use crate::spec::{AddonRequest, ClusterCommand};
 
-/// The step of one add-on, named `addon-<name>`.
+/// The name of add-on `addon`'s step.
+pub fn step_name(addon: &str) -> String {
+    format!("addon-{addon}")
+}
+
+/// What the step of add-on `addon` installed, read from `outputs` (step name → JSON);
+/// None when it left nothing.
+pub fn installed(outputs: &BTreeMap<String, Value>, addon: &str) -> Option<Applied> {
+    outputs.get(&step_name(addon)).and_then(|v| Applied::deserialize(v).ok())
+}
+
+/// The step of one add-on, named [`step_name`].
 pub struct AddonStep {
-    pub(crate) inner: Arc<Inner>,
-    pub(crate) addon: AddonRequest,
-    pub(crate) step: String,
+    inner: Arc<Inner>,
+    addon: AddonRequest,
+    step: String,
+}
+
+impl AddonStep {
+    /// The step of `addon`.
+    pub(crate) fn new(inner: &Arc<Inner>, addon: &AddonRequest) -> Self {
+        Self { inner: inner.clone(), step: step_name(&addon.name), addon: addon.clone() }
+    }
 }
 
 /// A crash-looping container among `ns`'s Pods named `<workload>-...`.
@@ -151,7 +173,8 @@ impl Step<ClusterCommand> for AddonStep {
             }
             self.apply_all(cluster, &m.after).await?;
             cx.progress(100, format!("add-on {} ready", self.addon.name));
-            Ok(json!({"objects": m.install.iter().chain(&m.after).map(describe).collect::<Vec<_>>()}))
+            let applied = Applied { objects: m.install.iter().chain(&m.after).map(describe).collect() };
+            serde_json::to_value(applied).map_err(|e| StepError::permanent(codes::INTERNAL, format!("the {} step's output does not serialize: {e}", self.step)))
         }
         .boxed()
     }

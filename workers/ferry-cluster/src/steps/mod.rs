@@ -119,6 +119,9 @@ mod tests {
         assert_eq!(kubeconfig::KUBECONFIG.value(&kc).unwrap(), json!({"secret": "fleet/c1-kubeconfig", "server_version": "v1.33.0"}));
         let nodes = nodes::ReadyNodes { nodes: vec!["c1-cp-0".into(), "c1-md-0".into()] };
         assert_eq!(nodes::NODES.value(&nodes).unwrap(), json!({"nodes": ["c1-cp-0", "c1-md-0"]}));
+        let outputs = BTreeMap::from([(addon::step_name("cni"), apply::APPLY.value(&applied).unwrap())]);
+        assert_eq!(addon::installed(&outputs, "cni").unwrap().objects, ["Cluster fleet/c1"]);
+        assert!(addon::installed(&outputs, "ingress-nginx").is_none());
         let registered = register::Registered { managed_cluster: "c1".into(), cluster_set: "default".into() };
         assert_eq!(register::REGISTER.value(&registered).unwrap(), json!({"managed_cluster": "c1", "cluster_set": "default"}));
         // scale

@@ -68,9 +68,24 @@ pub(super) async fn wait_nodes(
         .cfg
         .watches
         .wait_store::<Node, ()>(&cmd.name, &client, None, "Ready nodes", timeout, |store| {
-            let ready = |n: &str| store.state().iter().any(|node| node.metadata.name.as_deref() == Some(n) && ferry_kube::kinds::node_ready(node));
+            let nodes = store.state();
+            let ready = |n: &str| nodes.iter().any(|node| node.metadata.name.as_deref() == Some(n) && ferry_kube::kinds::node_ready(node));
             let not_ready: Vec<&String> = wanted.iter().filter(|n| !ready(n)).collect();
-            if not_ready.is_empty() { Check::Done(()) } else { Check::Pending(format!("not Ready yet: {not_ready:?}")) }
+            if not_ready.is_empty() {
+                return Check::Done(());
+            }
+            // The kubelet says why (kubeadm without a CNI: NetworkPluginNotReady).
+            let why = nodes
+                .iter()
+                .filter(|node| node.metadata.name.as_deref().is_some_and(|n| not_ready.iter().any(|w| w.as_str() == n)))
+                .find_map(|node| ferry_kube::kinds::condition_message(&serde_json::to_value(&node.status).ok()?, "Ready"));
+            Check::Pending(match why {
+                Some(w) if w.contains("NetworkPluginNotReady") => {
+                    format!("not Ready yet: {not_ready:?}: {w} (no pod network: ask for a CNI add-on, e.g. addons: [{{name: cni}}])")
+                }
+                Some(w) => format!("not Ready yet: {not_ready:?}: {w}"),
+                None => format!("not Ready yet: {not_ready:?}"),
+            })
         })
         .await
         .map_err(wait_err)?;

@@ -114,7 +114,15 @@ impl EmulatedOcm {
             })),
         ];
         for c in fleet.clusters.iter().skip(1) {
-            let agent = WorkAgent { cluster: c.name.clone(), hub: hub.clone(), managed: c.client().await?, knobs: knobs.clone(), kinds: Mutex::default(), first_seen: Mutex::default() };
+            let agent = WorkAgent {
+                cluster: c.name.clone(),
+                hub: hub.clone(),
+                managed: c.client().await?,
+                knobs: knobs.clone(),
+                kinds: Mutex::default(),
+                first_seen: Mutex::default(),
+                applied: Mutex::default(),
+            };
             let agent = Arc::new(agent);
             tasks.push(tokio::spawn(forever("work agent", move || {
                 let a = agent.clone();
@@ -197,6 +205,75 @@ struct WorkAgent {
     kinds: Mutex<HashMap<(String, String), (ApiResource, ApiCapabilities)>>,
     /// When each (work uid, generation) was first seen, for the apply delay.
     first_seen: Mutex<HashMap<(String, i64), std::time::Instant>>,
+    /// What each (work uid, manifest) was last written as, and the live object's
+    /// resourceVersion right after: upstream's resource cache (`SafeToSkipApply`).
+    applied: Mutex<BTreeMap<(String, Meta), (String, String)>>,
+}
+
+/// How the work agent writes one manifest: `manifestConfigs[].updateStrategy.type`, as
+/// upstream's `pkg/work/spoke/apply` does it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Strategy {
+    /// The default (`update_apply.go`): create when missing; otherwise, whenever the
+    /// manifest or the live object changed since the last write, replace the object with
+    /// the manifest (labels, annotations and owners merged, finalizers kept). What others
+    /// wrote into the object (a result in a ConfigMap's data) is overwritten.
+    Update,
+    /// `server_side_apply.go`: a server-side apply by this field manager; fields other
+    /// managers own and the manifest does not name survive.
+    ServerSideApply { manager: String, force: bool },
+    /// `create_only_apply.go`: created when missing, never written again.
+    CreateOnly,
+    /// `read_only_apply.go`: never written; only its status and feedback are read.
+    ReadOnly,
+}
+
+/// Whether the live object already is what manifest `m` asks for, as the Update
+/// strategy judges it: library-go's typed appliers (`resourceapply/core.go`, `rbac.go`)
+/// for the kinds they handle (a Namespace and a ServiceAccount by their metadata only, a
+/// ConfigMap and a Secret by their data, RBAC by rules, subjects and roleRef), and
+/// ocm's `isSameUnstructured` (everything but metadata and status) for the rest.
+fn same_as_live(m: &Value, live: &DynamicObject) -> bool {
+    let live_v = serde_json::to_value(live).unwrap_or_default();
+    let field = |v: &Value, k: &str| v.get(k).filter(|x| !x.is_null()).cloned().unwrap_or(Value::Null);
+    let subset = |k: &str| {
+        m.pointer(&format!("/metadata/{k}")).and_then(Value::as_object).into_iter().flatten().all(|(key, val)| live_v.pointer(&format!("/metadata/{k}/{}", key.replace('~', "~0").replace('/', "~1"))) == Some(val))
+    };
+    if !(subset("labels") && subset("annotations")) {
+        return false;
+    }
+    let same = |keys: &[&str]| keys.iter().all(|k| field(m, k) == field(&live_v, k));
+    match m.get("kind").and_then(Value::as_str).unwrap_or("") {
+        "Namespace" | "ServiceAccount" => true,
+        "ConfigMap" | "Secret" => same(&["data", "binaryData"]),
+        "Role" | "ClusterRole" => same(&["rules"]),
+        "RoleBinding" | "ClusterRoleBinding" => same(&["subjects", "roleRef"]),
+        _ => {
+            let strip = |v: &Value| {
+                let mut v = v.clone();
+                if let Some(o) = v.as_object_mut() {
+                    o.remove("metadata");
+                    o.remove("status");
+                }
+                v
+            };
+            strip(m) == strip(&live_v)
+        }
+    }
+}
+
+fn strategy(config: Option<&Value>) -> Strategy {
+    let s = config.and_then(|c| c.get("updateStrategy"));
+    match s.and_then(|s| s.get("type")).and_then(Value::as_str).unwrap_or("Update") {
+        "ServerSideApply" => Strategy::ServerSideApply {
+            // The CRD defaults the field manager to `work-agent`.
+            manager: s.and_then(|s| s.pointer("/serverSideApply/fieldManager")).and_then(Value::as_str).unwrap_or("work-agent").to_owned(),
+            force: s.and_then(|s| s.pointer("/serverSideApply/force")).and_then(Value::as_bool).unwrap_or(false),
+        },
+        "CreateOnly" => Strategy::CreateOnly,
+        "ReadOnly" => Strategy::ReadOnly,
+        _ => Strategy::Update,
+    }
 }
 
 /// Where a manifest lives on the managed cluster.
@@ -254,6 +331,64 @@ impl WorkAgent {
         let av = if meta.group.is_empty() { meta.version.clone() } else { format!("{}/{}", meta.group, meta.version) };
         let (ar, caps) = self.resolve(&av, &meta.kind).await?;
         self.api(&ar, &caps, &meta.namespace).get_opt(&meta.name).await
+    }
+
+    /// Writes manifest `m` as `strategy` says; an error the API server gave is the
+    /// manifest's apply failure (reported in the work's status).
+    async fn write(&self, work: &str, m: &Value, meta: &Meta, strategy: Strategy, changed: bool) -> Result<Result<(), String>, kube::Error> {
+        let (ar, caps) = self.resolve(m["apiVersion"].as_str().unwrap_or(""), &meta.kind).await?;
+        let api = self.api(&ar, &caps, &meta.namespace);
+        let live = api.get_opt(&meta.name).await?;
+        let key = (work.to_owned(), meta.clone());
+        let required = m.to_string();
+        let last = self.applied.lock().expect("applied lock").get(&key).cloned();
+        // Nothing changed since this agent's last write: upstream skips the write.
+        let untouched = live.as_ref().is_some_and(|l| last.as_ref().is_some_and(|(req, rv)| *req == required && l.metadata.resource_version.as_ref() == Some(rv)));
+        let written = match (&strategy, &live) {
+            (Strategy::ReadOnly, _) | (Strategy::CreateOnly, Some(_)) => return Ok(Ok(())),
+            (Strategy::ServerSideApply { .. } | Strategy::Update, Some(_)) if untouched && !changed => return Ok(Ok(())),
+            (Strategy::ServerSideApply { manager, force }, _) => {
+                let mut pp = PatchParams::apply(manager);
+                pp.force = *force;
+                api.patch(&meta.name, &pp, &Patch::Apply(m)).await
+            }
+            (Strategy::Update | Strategy::CreateOnly, None) => match serde_json::from_value::<DynamicObject>(m.clone()) {
+                Ok(obj) => api.create(&kube::api::PostParams::default(), &obj).await,
+                Err(e) => return Ok(Err(format!("the manifest does not decode: {e}"))),
+            },
+            (Strategy::Update, Some(l)) if same_as_live(m, l) => {
+                let rv = l.metadata.resource_version.clone().unwrap_or_default();
+                self.applied.lock().expect("applied lock").insert(key, (required, rv));
+                return Ok(Ok(()));
+            }
+            (Strategy::Update, Some(l)) => {
+                let mut obj: DynamicObject = match serde_json::from_value(m.clone()) {
+                    Ok(o) => o,
+                    Err(e) => return Ok(Err(format!("the manifest does not decode: {e}"))),
+                };
+                // resourcemerge: the live labels, annotations and owners merged with the
+                // manifest's; finalizers kept; the rest is the manifest.
+                let mut labels = l.metadata.labels.clone().unwrap_or_default();
+                labels.extend(obj.metadata.labels.take().unwrap_or_default());
+                let mut annotations = l.metadata.annotations.clone().unwrap_or_default();
+                annotations.extend(obj.metadata.annotations.take().unwrap_or_default());
+                obj.metadata.labels = Some(labels);
+                obj.metadata.annotations = Some(annotations);
+                obj.metadata.owner_references = l.metadata.owner_references.clone();
+                obj.metadata.finalizers = l.metadata.finalizers.clone();
+                obj.metadata.resource_version = l.metadata.resource_version.clone();
+                api.replace(&meta.name, &kube::api::PostParams::default(), &obj).await
+            }
+        };
+        match written {
+            Ok(obj) => {
+                let rv = obj.metadata.resource_version.unwrap_or_default();
+                self.applied.lock().expect("applied lock").insert(key, (required, rv));
+                Ok(Ok(()))
+            }
+            Err(kube::Error::Api(s)) => Ok(Err(s.message)),
+            Err(e) => Err(e),
+        }
     }
 
     async fn delete(&self, meta: &Meta) -> Result<bool, kube::Error> {
@@ -360,20 +495,8 @@ impl WorkAgent {
                     continue;
                 }
             };
-            let mut r = Ok(());
-            if must_apply || self.live(&meta).await?.is_none() {
-                let manager = config_for(&configs, &meta)
-                    .and_then(|c| c.pointer("/updateStrategy/serverSideApply/fieldManager").and_then(Value::as_str).map(str::to_owned))
-                    .unwrap_or_else(|| "work-agent".into());
-                let (ar, caps) = self.resolve(m["apiVersion"].as_str().unwrap_or(""), &meta.kind).await?;
-                let pp = PatchParams::apply(&manager).force();
-                if let Err(e) = self.api(&ar, &caps, &meta.namespace).patch(&meta.name, &pp, &Patch::Apply(m)).await {
-                    r = Err(match e {
-                        kube::Error::Api(s) => s.message,
-                        other => other.to_string(),
-                    });
-                }
-            }
+            let uid = w.metadata.uid.clone().unwrap_or_default();
+            let r = self.write(&uid, m, &meta, strategy(config_for(&configs, &meta)), must_apply).await?;
             results[i] = (Some(meta), r);
         }
         // Resources of an earlier version that the work no longer lists.
@@ -629,6 +752,33 @@ async fn write_decision(hub: &kube::Client, p: &DynamicObject, ns: &str, name: &
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_update_strategy_judges_sameness_as_upstreams_appliers() {
+        let live = |v: Value| serde_json::from_value::<DynamicObject>(v).unwrap();
+        let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "r", "namespace": "b"}});
+        // A result written into the data is a difference: Update rewrites (erases) it.
+        let written = live(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "r", "namespace": "b", "resourceVersion": "7"}, "data": {"result": "10"}}));
+        assert!(!same_as_live(&cm, &written));
+        assert!(same_as_live(&cm, &live(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "r", "namespace": "b", "labels": {"x": "y"}}}))));
+        // A ServiceAccount is judged by its metadata: the token controller's secrets are not a difference.
+        let sa = json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "s", "namespace": "b"}});
+        assert!(same_as_live(&sa, &live(json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "s", "namespace": "b"}, "secrets": [{"name": "s-token-x"}]}))));
+        // A label the manifest names and the live object lacks is a difference.
+        let labelled = json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "s", "namespace": "b", "labels": {"a": "1"}}});
+        assert!(!same_as_live(&labelled, &live(json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "s", "namespace": "b"}}))));
+        // Other kinds: everything but metadata and status, so a defaulted Job template differs.
+        let job = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "b"}, "spec": {"template": {"spec": {"restartPolicy": "Never"}}}});
+        let defaulted = live(json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "b"},
+            "spec": {"backoffLimit": 6, "template": {"spec": {"restartPolicy": "Never"}}}, "status": {"succeeded": 1}}));
+        assert!(!same_as_live(&job, &defaulted));
+        assert_eq!(strategy(None), Strategy::Update);
+        assert_eq!(strategy(Some(&json!({"updateStrategy": {"type": "CreateOnly"}}))), Strategy::CreateOnly);
+        assert_eq!(
+            strategy(Some(&json!({"updateStrategy": {"type": "ServerSideApply"}}))),
+            Strategy::ServerSideApply { manager: "work-agent".into(), force: false }
+        );
+    }
 
     #[test]
     fn json_paths_reach_fields_and_indexes() {

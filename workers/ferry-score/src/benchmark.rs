@@ -56,11 +56,18 @@ pub fn manifest_work(cluster: &str, name: &str, namespace: &str, image: &str, de
         "spec": {
             "workload": {"manifests": manifests},
             "deleteOption": {"propagationPolicy": "Foreground"},
+            // CreateOnly for the two objects the cluster writes after they are created:
+            // the default strategy, Update, rewrites a manifest as written whenever the
+            // live object differs (ocm pkg/work/spoke/apply/update_apply.go, library-go's
+            // ApplyConfigMap compares the data), which would erase the result the Job
+            // writes, and would try to rewrite the Job's defaulted, immutable template.
             "manifestConfigs": [
                 {"resourceIdentifier": {"group": "batch", "resource": "jobs", "name": name, "namespace": namespace},
-                 "feedbackRules": [{"type": "JSONPaths", "jsonPaths": [{"name": "succeeded", "path": ".status.succeeded"}, {"name": "failed", "path": ".status.failed"}]}]},
+                 "feedbackRules": [{"type": "JSONPaths", "jsonPaths": [{"name": "succeeded", "path": ".status.succeeded"}, {"name": "failed", "path": ".status.failed"}]}],
+                 "updateStrategy": {"type": "CreateOnly"}},
                 {"resourceIdentifier": {"group": "", "resource": "configmaps", "name": RESULT_CONFIGMAP, "namespace": namespace},
-                 "feedbackRules": [{"type": "JSONPaths", "jsonPaths": [{"name": "result", "path": ".data.result"}]}]},
+                 "feedbackRules": [{"type": "JSONPaths", "jsonPaths": [{"name": "result", "path": ".data.result"}]}],
+                 "updateStrategy": {"type": "CreateOnly"}},
             ],
         },
     })

@@ -23,6 +23,9 @@ pub struct Param {
     /// The command must give it.
     #[serde(default)]
     pub required: bool,
+    /// Its value when the command gives none.
+    #[serde(default)]
+    pub default: Option<String>,
 }
 
 /// A workload that must be ready.
@@ -61,7 +64,35 @@ pub struct Addon {
     /// nodes stay NotReady until one runs.
     #[serde(default)]
     pub cni: bool,
+    /// The add-on's namespace (`${param}`s substituted), for manifests made to be applied
+    /// with `kubectl apply -n`: created first, and given to every namespaced object that
+    /// names none.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// A namespace the upstream manifests hard-code in binding subjects (Strimzi's
+    /// `myproject`), replaced by [`Addon::namespace`] as the project's install guide
+    /// tells (`sed -i 's/namespace: .*/namespace: kafka/'`).
+    #[serde(default)]
+    pub placeholder_namespace: Option<String>,
 }
+
+/// Kinds that live outside namespaces (the rest get [`Addon::namespace`] when they name
+/// none).
+const CLUSTER_SCOPED: &[&str] = &[
+    "Namespace",
+    "CustomResourceDefinition",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "PriorityClass",
+    "StorageClass",
+    "IngressClass",
+    "RuntimeClass",
+    "CSIDriver",
+    "PersistentVolume",
+    "APIService",
+    "ValidatingWebhookConfiguration",
+    "MutatingWebhookConfiguration",
+];
 
 #[derive(Debug, Deserialize)]
 struct CatalogFile {
@@ -200,6 +231,9 @@ impl Catalog {
         };
         let parse = |t: &str| parse_docs(&req.name, &substitute(t, a, req));
         let mut install = parse(&text)?;
+        if let Some(ns) = a.namespace.as_deref().map(|n| substitute(n, a, req)) {
+            place_in(&mut install, &ns, a.placeholder_namespace.as_deref());
+        }
         // Namespaces and CRDs first: the rest needs them.
         install.sort_by_key(|o| match o["kind"].as_str() {
             Some("Namespace") => 0,
@@ -222,16 +256,43 @@ impl Catalog {
         let resp = resp.error_for_status().map_err(|e| err(e.to_string()))?;
         resp.text().await.map_err(|e| err(e.to_string()))
     }
+
+    /// The workloads `req`'s add-on waits for, its parameters substituted.
+    pub fn ready_checks(&self, req: &AddonRequest) -> Vec<ReadyCheck> {
+        let Some(a) = self.addons.get(&req.name) else { return Vec::new() };
+        a.ready.iter().map(|r| ReadyCheck { namespace: substitute(&r.namespace, a, req), ..r.clone() }).collect()
+    }
 }
 
 fn substitute(text: &str, a: &Addon, req: &AddonRequest) -> String {
     let mut out = text.to_owned();
     for p in &a.params {
-        if let Some(v) = req.params.get(&p.name) {
+        if let Some(v) = req.params.get(&p.name).or(p.default.as_ref()) {
             out = out.replace(&format!("${{{}}}", p.name), v);
         }
     }
     out
+}
+
+/// Puts `objects` in namespace `ns` as `kubectl apply -n ns` would: the Namespace first,
+/// every namespaced object without one in it, and binding subjects naming `placeholder`
+/// pointed at it.
+fn place_in(objects: &mut Vec<Value>, ns: &str, placeholder: Option<&str>) {
+    for o in objects.iter_mut() {
+        let kind = o["kind"].as_str().unwrap_or("").to_owned();
+        if !CLUSTER_SCOPED.contains(&kind.as_str()) && o.pointer("/metadata/namespace").is_none_or(Value::is_null) {
+            o["metadata"]["namespace"] = Value::String(ns.to_owned());
+        }
+        if let (Some(ph), Some(subjects)) = (placeholder, o.get_mut("subjects").and_then(Value::as_array_mut)) {
+            for s in subjects.iter_mut().filter(|s| s["namespace"] == ph) {
+                s["namespace"] = Value::String(ns.to_owned());
+            }
+        }
+    }
+    let exists = objects.iter().any(|o| o["kind"] == "Namespace" && o["metadata"]["name"] == ns);
+    if !exists {
+        objects.insert(0, serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
+    }
 }
 
 fn parse_docs(addon: &str, text: &str) -> Result<Vec<Value>, AddonError> {
@@ -271,8 +332,9 @@ mod tests {
         for (name, a) in &b.addons {
             let em = e.get(name).unwrap_or_else(|| panic!("the emulated catalog lacks {name}"));
             assert_eq!(a.ready, em.ready, "{name}: readiness checks differ");
-            let p = |a: &Addon| a.params.iter().map(|p| (p.name.clone(), p.required)).collect::<Vec<_>>();
+            let p = |a: &Addon| a.params.iter().map(|p| (p.name.clone(), p.required, p.default.clone())).collect::<Vec<_>>();
             assert_eq!(p(a), p(em), "{name}: parameters differ");
+            assert_eq!((a.cni, &a.namespace, &a.placeholder_namespace), (em.cni, &em.namespace, &em.placeholder_namespace), "{name}: placement differs");
         }
     }
 
@@ -287,6 +349,44 @@ mod tests {
         let m = futures::executor::block_on(c.manifests(&req("metallb", &[("address_pool", "10.0.0.0/24")]))).unwrap();
         assert_eq!(m.install[0]["kind"], "Namespace");
         assert_eq!(m.after[0]["data"]["addresses"], "10.0.0.0/24");
+    }
+
+    #[test]
+    fn an_addon_made_for_apply_dash_n_lands_in_its_namespace_which_it_creates() {
+        // Strimzi's release file names no namespace but `myproject` in its subjects.
+        let c = Catalog::emulated();
+        let m = futures::executor::block_on(c.manifests(&req("strimzi", &[]))).unwrap();
+        assert_eq!((m.install[0]["kind"].as_str(), m.install[0]["metadata"]["name"].as_str()), (Some("Namespace"), Some("kafka")));
+        for o in m.install.iter().skip(1) {
+            assert_eq!(o["metadata"]["namespace"], "kafka", "{o}");
+        }
+        let binding = m.install.iter().find(|o| o["kind"] == "RoleBinding").unwrap();
+        assert_eq!(binding["subjects"][0]["namespace"], "kafka");
+        let r = req("strimzi", &[("namespace", "streams")]);
+        let m = futures::executor::block_on(c.manifests(&r)).unwrap();
+        assert_eq!(m.install[0]["metadata"]["name"], "streams");
+        assert_eq!(c.ready_checks(&r)[0].namespace, "streams");
+        // Liqo as helm template renders it: CRDs, no Namespace; the namespace is made first.
+        let m = futures::executor::block_on(c.manifests(&req("liqo", &[]))).unwrap();
+        let kinds: Vec<&str> = m.install.iter().filter_map(|o| o["kind"].as_str()).collect();
+        assert_eq!(kinds, ["Namespace", "CustomResourceDefinition", "Deployment"]);
+        assert!(m.install[1]["metadata"].get("namespace").is_none(), "a CRD stays cluster-scoped");
+    }
+
+    #[test]
+    fn every_namespace_an_addon_waits_in_is_one_it_makes_or_a_clusters_own() {
+        // The built-in catalog's URL sources are read at install time: their namespaces
+        // are the ones the upstream files create (metallb-system, ingress-nginx) or
+        // `namespace:` makes; the emulated stand-ins must make them too.
+        let c = Catalog::emulated();
+        for (name, a) in &c.addons {
+            let r = AddonRequest { name: name.clone(), params: a.params.iter().map(|p| (p.name.clone(), p.default.clone().unwrap_or_else(|| "10.0.0.0/24".into()))).collect() };
+            let m = futures::executor::block_on(c.manifests(&r)).unwrap();
+            for check in c.ready_checks(&r) {
+                let made = m.install.iter().any(|o| o["kind"] == "Namespace" && o["metadata"]["name"] == check.namespace.as_str());
+                assert!(made || ["default", "kube-system"].contains(&check.namespace.as_str()), "{name} waits in namespace {} it does not make", check.namespace);
+            }
+        }
     }
 
     #[test]

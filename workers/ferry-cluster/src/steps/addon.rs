@@ -165,9 +165,8 @@ impl Step<ClusterCommand> for AddonStep {
             self.apply_all(cluster, &m.install).await?;
             cx.progress(30, format!("applied {} objects of {}", m.install.len(), self.addon.name));
             let client = self.inner.cfg.clusters.client(cluster).await.map_err(|e| kube_err(codes::KUBECONFIG, e))?;
-            let addon = self.inner.cfg.catalog.get(&self.addon.name).cloned();
             let timeout = secs(cmd.addon_timeout_seconds, 600);
-            for r in addon.iter().flat_map(|a| a.ready.iter()) {
+            for r in &self.inner.cfg.catalog.ready_checks(&self.addon) {
                 self.wait_ready(cluster, &client, r, timeout).await?;
                 cx.progress(80, format!("{} {}/{} ready", r.kind, r.namespace, r.name));
             }

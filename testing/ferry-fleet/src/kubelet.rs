@@ -105,6 +105,7 @@ pub struct Kubelet {
     nodes: Arc<Mutex<HashSet<String>>>,
     crashing: Arc<Mutex<Vec<String>>>,
     network: Arc<Mutex<Network>>,
+    pods: Pods,
     task: JoinHandle<()>,
 }
 
@@ -126,13 +127,14 @@ impl Kubelet {
         let nodes = Arc::new(Mutex::new(HashSet::new()));
         let crashing: Arc<Mutex<Vec<String>>> = Arc::default();
         let network: Arc<Mutex<Network>> = Arc::default();
-        let pods = pod_loop(Pods { client: client.clone(), nodes: nodes.clone(), crashing: crashing.clone(), network: network.clone(), delay: start_delay, started: Arc::default() });
+        let shared = Pods { client: client.clone(), nodes: nodes.clone(), crashing: crashing.clone(), network: network.clone(), delay: start_delay, started: Arc::default() };
+        let pods = pod_loop(shared.clone());
         let services = service_loop(client.clone(), lb_prefix(cluster));
         let beats = heartbeat_loop(client.clone(), nodes.clone(), network.clone());
         let task = tokio::spawn(async move {
             tokio::join!(pods, services, beats);
         });
-        Self { cluster: cluster.to_owned(), client, nodes, crashing, network, task }
+        Self { cluster: cluster.to_owned(), client, nodes, crashing, network, pods: shared, task }
     }
 
     /// Nodes added from now on have no pod network until a CNI runs on them (kubeadm's
@@ -193,6 +195,15 @@ impl Kubelet {
                 .await
                 .map_err(self.err(format!("setting the taints of node {name}")))?;
             self.nodes.lock().expect("nodes lock").insert(name.clone());
+            // Pods bound while the node registered (a DaemonSet's, at once) passed the
+            // watch before the node was ours: a kubelet syncs what is bound to it on start.
+            let bound = Api::<Pod>::all(self.client.clone())
+                .list(&kube::api::ListParams::default().fields(&format!("spec.nodeName={name}")))
+                .await
+                .map_err(self.err(format!("listing the pods bound to node {name}")))?;
+            for pod in bound.items {
+                admit(&self.pods, pod).await;
+            }
             names.push(name);
         }
         Ok(names)
@@ -317,36 +328,43 @@ async fn pod_loop(p: Pods) {
     let mut pods = watcher(api.clone(), watcher::Config::default()).default_backoff().applied_objects().boxed();
     while let Some(ev) = pods.next().await {
         let Ok(pod) = ev else { continue };
-        let (Some(ns), Some(name), Some(uid)) = (pod.metadata.namespace.clone(), pod.metadata.name.clone(), pod.metadata.uid.clone()) else { continue };
-        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else { continue };
-        let phase = pod.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
-        let ours = p.nodes.lock().expect("nodes lock").contains(&node);
-        if ours && pod.metadata.deletion_timestamp.is_some() {
-            // The containers "stopped": confirm the graceful deletion, as a kubelet does.
-            let api = Api::<Pod>::namespaced(p.client.clone(), &ns);
-            let dp = kube::api::DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
-            if let Err(e) = api.delete(&name, &dp).await {
-                tracing::debug!(pod = %name, error = %e, "terminating pod not removed; retried on the next event");
-            }
-            continue;
-        }
-        if phase != "Pending" || !ours {
-            continue;
-        }
-        if !p.started.lock().expect("started lock").insert(uid.clone()) {
-            continue;
-        }
-        // Without a pod network only host-network Pods get a sandbox; the rest wait.
-        let host_network = pod.spec.as_ref().and_then(|s| s.host_network).unwrap_or(false);
-        {
-            let mut net = p.network.lock().expect("network lock");
-            if !host_network && !net.up(&node) {
-                net.waiting.entry(node).or_default().push(pod);
-                continue;
-            }
-        }
-        start(&p, pod, node);
+        admit(&p, pod).await;
     }
+}
+
+/// What the kubelet does with a Pod it sees: confirms the deletion of one terminating on
+/// its node, starts a Pending one bound to its node (or keeps it waiting for the node's
+/// pod network); ignores the rest.
+async fn admit(p: &Pods, pod: Pod) {
+    let (Some(ns), Some(name), Some(uid)) = (pod.metadata.namespace.clone(), pod.metadata.name.clone(), pod.metadata.uid.clone()) else { return };
+    let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else { return };
+    let phase = pod.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+    let ours = p.nodes.lock().expect("nodes lock").contains(&node);
+    if ours && pod.metadata.deletion_timestamp.is_some() {
+        // The containers "stopped": confirm the graceful deletion, as a kubelet does.
+        let api = Api::<Pod>::namespaced(p.client.clone(), &ns);
+        let dp = kube::api::DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
+        if let Err(e) = api.delete(&name, &dp).await {
+            tracing::debug!(pod = %name, error = %e, "terminating pod not removed; retried on the next event");
+        }
+        return;
+    }
+    if phase != "Pending" || !ours {
+        return;
+    }
+    if !p.started.lock().expect("started lock").insert(uid) {
+        return;
+    }
+    // Without a pod network only host-network Pods get a sandbox; the rest wait.
+    let host_network = pod.spec.as_ref().and_then(|s| s.host_network).unwrap_or(false);
+    {
+        let mut net = p.network.lock().expect("network lock");
+        if !host_network && !net.up(&node) {
+            net.waiting.entry(node).or_default().push(pod);
+            return;
+        }
+    }
+    start(p, pod, node);
 }
 
 /// Starts `pod` on `node` after the start delay; a CNI agent brings the node's network up.

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferry_fleet::admission::AdmissionServer;
 use ferry_fleet::emulated_capi::{CapiOptions, EmulatedCapi};
 use ferry_fleet::emulated_liqo::{EmulatedLiqo, LiqoKnobs};
 use ferry_fleet::emulated_offloading::{EmulatedOffloading, OffloadingKnobs};
@@ -100,7 +101,8 @@ impl BedBuilder {
         self
     }
 
-    /// Emulated OCM (registration, work agents, placement).
+    /// Emulated OCM (registration, work agents, placement) and OCM's hub admission
+    /// webhooks.
     pub fn ocm(mut self) -> Self {
         self.ocm = true;
         self
@@ -174,6 +176,18 @@ impl BedBuilder {
             k.add_nodes("node", m.nodes, &m.flavor).await.map_err(part("a member's nodes"))?;
             kubelets.push(k);
         }
+        // OCM's hub webhooks as the cluster manager installs them: accepting, joining a
+        // set and binding one are authorized as a real hub authorizes them.
+        let admission = if self.ocm {
+            let admin = fleet.hub().client().await.map_err(part("the hub's client"))?;
+            let server = AdmissionServer::start(ferry_fleet::webhooks_ocm::validators(admin.clone())).await.map_err(part("OCM's admission webhooks"))?;
+            for r in [ferry_fleet::webhooks_ocm::MANAGED_CLUSTER, ferry_fleet::webhooks_ocm::CLUSTER_SET_BINDING] {
+                server.register(&admin, &r).await.map_err(part("OCM's admission webhooks"))?;
+            }
+            Some(server)
+        } else {
+            None
+        };
         let ocm = if self.ocm { Some(EmulatedOcm::start(&fleet).await.map_err(part("emulated OCM"))?) } else { None };
         let capi = match self.capi {
             Some(opts) => Some(EmulatedCapi::start(&fleet, opts).await.map_err(part("emulated Cluster API"))?),
@@ -192,6 +206,7 @@ impl BedBuilder {
         let kafka = KafkaConfig::for_embedded(broker.bootstrap());
         let hub = fleet.hub().client().await.map_err(part("the hub's client"))?;
         Ok(Bed {
+            admission,
             crds,
             clusters: Arc::new(Clusters::new(hub)),
             fleet,
@@ -229,6 +244,8 @@ pub struct Bed {
     pub liqo: Option<EmulatedLiqo>,
     /// Emulated offloading, when asked for.
     pub offloading: Option<EmulatedOffloading>,
+    /// The hub's admission webhooks (OCM's, with OCM).
+    pub admission: Option<AdmissionServer>,
     /// The hub's client and the members' through their kubeconfig Secrets.
     pub clusters: Arc<Clusters>,
     broker: Option<EmbeddedBroker>,
@@ -296,6 +313,12 @@ impl Bed {
         let stop = self.stop.clone();
         let kind = handler.kind();
         tokio::spawn(async move { Worker::new(opts, handler).run(stop).await.unwrap_or_else(|e| panic!("the {kind} worker failed: {e}")) })
+    }
+
+    /// Stops `worker` (one [`Bed::spawn_worker`] started) with the bed: [`Bed::stop`]
+    /// awaits it before the broker goes.
+    pub fn adopt(&mut self, worker: JoinHandle<()>) {
+        self.workers.push(worker);
     }
 
     /// Stops the workers it runs (each finishes or stops its task), then the broker.

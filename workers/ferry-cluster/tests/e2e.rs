@@ -10,44 +10,30 @@ use ferry_cluster::spec::{AddonRequest, ClusterCommand, ClusterOperation, Machin
 use ferry_cluster::{Catalog, ClusterConfig, ClusterHandler};
 use ferry_testkit::cluster as demo;
 use ferry_fleet::emulated_capi::{CapiOptions, EmulatedCapi};
-use ferry_fleet::emulated_ocm::EmulatedOcm;
-use ferry_fleet::{Fleet, FleetOptions};
 use ferry_kube::Clusters;
 use ferry_kube::kinds::CapiCluster;
-use ferry_runtime::{Client, EmbeddedBroker, EventType, KafkaConfig, ProgressEvent, SubmitOptions, TaskKind, Topics, Worker, WorkerOptions};
+use ferry_runtime::{Client, EventType, ProgressEvent, SubmitOptions, TaskKind};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(300);
 
+/// The test kit's bed with emulated OCM (and its webhooks) and Cluster API, and the
+/// create-cluster worker run as a task a test may abort.
 struct Bed {
-    fleet: Fleet,
-    capi: EmulatedCapi,
-    _ocm: EmulatedOcm,
-    broker: Option<EmbeddedBroker>,
-    kafka: KafkaConfig,
-    topics: Topics,
-    stop: CancellationToken,
+    bed: ferry_testkit::Bed,
 }
 
 impl Bed {
     async fn start(opts: CapiOptions) -> Option<Self> {
-        let _ = tracing_subscriber::fmt().with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into())).with_test_writer().try_init();
-        if !ferry_fleet::binaries::Binaries::installed() {
-            ferry_runtime::report::missing_prerequisite("the test bed is not installed (scripts/install-testbed.sh)");
-            return None;
-        }
-        let fleet = Fleet::start(FleetOptions::hub_and(0)).await.expect("fleet");
-        fleet.install_crds().await.expect("CRDs");
-        let ocm = EmulatedOcm::start(&fleet).await.expect("emulated OCM");
-        let capi = EmulatedCapi::start(&fleet, opts).await.expect("emulated Cluster API");
-        capi.set_default(|k| k.provision_delay = Duration::from_millis(300));
-        let topics = Topics::standard();
-        let broker = EmbeddedBroker::start(1, &topics).expect("broker");
-        let kafka = KafkaConfig::for_embedded(broker.bootstrap());
-        Some(Self { fleet, capi, _ocm: ocm, broker: Some(broker), kafka, topics, stop: CancellationToken::new() })
+        let bed = ferry_testkit::Bed::builder().ocm().capi(opts).start().await?;
+        bed.capi.as_ref().expect("emulated Cluster API").set_default(|k| k.provision_delay = Duration::from_millis(300));
+        Some(Self { bed })
+    }
+
+    fn capi(&self) -> &EmulatedCapi {
+        self.bed.capi.as_ref().expect("emulated Cluster API")
     }
 
     /// Starts a worker (its own process in production; a task here, which a test may
@@ -58,26 +44,23 @@ impl Bed {
         cfg.catalog = Arc::new(Catalog::emulated());
         cfg.registration_timeout = Duration::from_secs(60);
         cfg.removal_timeout = Duration::from_secs(120);
-        let mut opts = WorkerOptions::new(self.kafka.clone());
-        opts.topics = self.topics.clone();
-        opts.shutdown_grace = Duration::from_secs(2);
+        let mut opts = self.bed.worker_options();
         opts.revoke_grace = Duration::from_secs(1);
-        let stop = self.stop.clone();
-        tokio::spawn(async move { Worker::new(opts, ClusterHandler::new(cfg)).run(stop).await.expect("create-cluster worker") })
+        self.bed.spawn_worker(opts, ClusterHandler::new(cfg))
     }
 
     fn client(&self) -> Client {
-        Client::new(self.kafka.clone(), self.topics.clone()).unwrap()
+        self.bed.client()
     }
 
     async fn hub(&self) -> kube::Client {
-        self.fleet.hub().client().await.unwrap()
+        self.bed.hub().await
     }
 
-    async fn stop(mut self, worker: tokio::task::JoinHandle<()>) {
-        self.stop.cancel();
-        worker.await.expect("the worker stopped cleanly");
-        drop(self.broker.take());
+    async fn stop(self, worker: tokio::task::JoinHandle<()>) {
+        let Self { mut bed } = self;
+        bed.adopt(worker);
+        bed.stop().await;
     }
 }
 
@@ -151,7 +134,7 @@ async fn create_with_addons_and_ocm_then_scale_revert_and_delete() {
     let token: Vec<String> = text.lines().filter_map(|l| l.trim().strip_prefix("token: ").map(str::to_owned)).collect();
     assert_eq!(token.len(), 1, "the workload kubeconfig has a token");
     let mut scanned = 0;
-    for t in bed.topics.all() {
+    for t in bed.bed.topics.all() {
         for (_, payload) in client.read_to_end(&t.name).await.unwrap() {
             assert_eq!(ferry_runtime::secrets::find_with(&payload, &token), None, "secret material on {}", t.name);
             scanned += 1;
@@ -191,7 +174,7 @@ async fn failures_revert_bad_input_is_rejected_and_a_topology_works() {
     let h = bed.start_worker().await;
     let client = bed.client();
     let hub = bed.hub().await;
-    bed.capi.set_default(|k| k.crashing_images = vec!["ferry.invalid/crashing".into()]);
+    bed.capi().set_default(|k| k.crashing_images = vec!["ferry.invalid/crashing".into()]);
     demo::cluster_set(&hub, "edge").await.unwrap();
 
     // The second add-on crash-loops: the task fails there and reverts everything.
@@ -211,7 +194,7 @@ async fn failures_revert_bad_input_is_rejected_and_a_topology_works() {
 
     // A cluster whose control plane never initializes fails at its deadline, with the
     // last state seen, and reverts.
-    bed.capi.set("stuck", |k| k.never_ready = true);
+    bed.capi().set("stuck", |k| k.never_ready = true);
     let mut stuck = small("stuck");
     stuck.ready_timeout_seconds = Some(5);
     let (_, evs) = demo::submit(&client, &stuck, WAIT).await.unwrap();
@@ -327,7 +310,7 @@ async fn a_worker_lost_during_provisioning_is_resumed_and_one_cluster_exists() {
     let Some(bed) = Bed::start(CapiOptions::default()).await else {
         return;
     };
-    bed.capi.set_default(|k| k.provision_delay = Duration::from_secs(3));
+    bed.capi().set_default(|k| k.provision_delay = Duration::from_secs(3));
     let first = bed.start_worker().await;
     let client = bed.client();
     let hub = bed.hub().await;
@@ -386,6 +369,6 @@ async fn fifty_clusters_requested_at_once_all_finish() {
     }
     let failed: Vec<&ProgressEvent> = finals.values().filter(|e| e.event != EventType::Succeeded).collect();
     assert!(failed.is_empty(), "{} of 50 did not succeed; first failures: {failures:#?}", failed.len());
-    assert_eq!(bed.capi.workload_count().await, 50);
+    assert_eq!(bed.capi().workload_count().await, 50);
     bed.stop(h).await;
 }

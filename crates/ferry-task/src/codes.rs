@@ -111,6 +111,8 @@ pub const IRREVERSIBLE: &str = "IRREVERSIBLE";
 pub const CLUSTER_SET_MISSING: &str = "CLUSTER_SET_MISSING";
 /// The ClusterClass a topology names does not exist.
 pub const CLUSTER_CLASS_MISSING: &str = "CLUSTER_CLASS_MISSING";
+/// The ClusterClass requires topology variables the command cannot set.
+pub const CLUSTER_CLASS_VARIABLES: &str = "CLUSTER_CLASS_VARIABLES";
 /// A scale or delete of a Cluster that does not exist.
 pub const CLUSTER_NOT_FOUND: &str = "CLUSTER_NOT_FOUND";
 /// A scale of a Cluster being deleted.

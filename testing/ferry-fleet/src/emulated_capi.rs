@@ -198,7 +198,39 @@ fn str_at<'a>(v: &'a Value, p: &str) -> Option<&'a str> {
     v.pointer(p).and_then(Value::as_str)
 }
 
+/// The ClusterClass controller's part the Cluster webhook reads
+/// (`internal/controllers/clusterclass/clusterclass_controller.go`): each inline variable
+/// definition in `status.variables`, `VariablesReady`, the observed generation.
+async fn classes(cx: &Ctx) -> Result<(), kube::Error> {
+    let class = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "ClusterClass"), "clusterclasses");
+    let classes: Api<DynamicObject> = Api::all_with(cx.hub.clone(), &class);
+    for cc in classes.list(&ListParams::default()).await?.items {
+        let generation = cc.metadata.generation.unwrap_or(0);
+        if cc.data.pointer("/status/observedGeneration").and_then(Value::as_i64) == Some(generation) {
+            continue;
+        }
+        let Some(ns) = cc.metadata.namespace.clone() else { continue };
+        let variables: Vec<Value> = cc
+            .data
+            .pointer("/spec/variables")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .map(|v| json!({"name": v["name"], "definitions": [{"from": "inline", "required": v.get("required").cloned().unwrap_or(json!(false)), "schema": v["schema"]}]}))
+            .collect();
+        let status = json!({"observedGeneration": generation, "variables": variables,
+            "conditions": [{"type": "VariablesReady", "status": "True", "reason": "VariablesReady", "message": "", "observedGeneration": generation,
+                "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()}]});
+        set_status(&Api::namespaced_with(cx.hub.clone(), &ns, &class), &cc, status).await?;
+    }
+    Ok(())
+}
+
 async fn tick(cx: &Ctx, s: &mut State) -> Result<(), kube::Error> {
+    // A class's status is no Cluster's business: a refused write is logged, not fatal.
+    if let Err(e) = classes(cx).await {
+        tracing::warn!(error = %e, "emulated Cluster API: ClusterClass status not written");
+    }
     let clusters: Api<DynamicObject> = Api::all_with(cx.hub.clone(), &gvk("cluster.x-k8s.io", "Cluster"));
     let list = clusters.list(&ListParams::default()).await?;
     let mut seen = Vec::new();

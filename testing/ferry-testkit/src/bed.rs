@@ -108,7 +108,7 @@ impl BedBuilder {
         self
     }
 
-    /// Emulated Cluster API with `opts`.
+    /// Emulated Cluster API with `opts`, and its Cluster webhook.
     pub fn capi(mut self, opts: CapiOptions) -> Self {
         self.capi = Some(opts);
         self
@@ -176,17 +176,26 @@ impl BedBuilder {
             k.add_nodes("node", m.nodes, &m.flavor).await.map_err(part("a member's nodes"))?;
             kubelets.push(k);
         }
-        // OCM's hub webhooks as the cluster manager installs them: accepting, joining a
-        // set and binding one are authorized as a real hub authorizes them.
-        let admission = if self.ocm {
-            let admin = fleet.hub().client().await.map_err(part("the hub's client"))?;
-            let server = AdmissionServer::start(ferry_fleet::webhooks_ocm::validators(admin.clone())).await.map_err(part("OCM's admission webhooks"))?;
-            for r in [ferry_fleet::webhooks_ocm::MANAGED_CLUSTER, ferry_fleet::webhooks_ocm::CLUSTER_SET_BINDING] {
-                server.register(&admin, &r).await.map_err(part("OCM's admission webhooks"))?;
+        // The hub's webhooks as OCM's cluster manager and Cluster API install them:
+        // accepting, joining a set and binding one are authorized as a real hub
+        // authorizes them; a topology without its class's required variables is refused.
+        let admin = fleet.hub().client().await.map_err(part("the hub's client"))?;
+        let mut validators = Vec::new();
+        if self.ocm {
+            validators.extend(ferry_fleet::webhooks_ocm::validators(admin.clone()));
+        }
+        if self.capi.is_some() {
+            validators.extend(ferry_fleet::webhooks_capi::validators(admin.clone()));
+        }
+        let admission = if validators.is_empty() {
+            None
+        } else {
+            let registrations: Vec<_> = validators.iter().map(|(r, _)| r.clone()).collect();
+            let server = AdmissionServer::start(validators).await.map_err(part("the hub's admission webhooks"))?;
+            for r in &registrations {
+                server.register(&admin, r).await.map_err(part("the hub's admission webhooks"))?;
             }
             Some(server)
-        } else {
-            None
         };
         let ocm = if self.ocm { Some(EmulatedOcm::start(&fleet).await.map_err(part("emulated OCM"))?) } else { None };
         let capi = match self.capi {
@@ -244,7 +253,7 @@ pub struct Bed {
     pub liqo: Option<EmulatedLiqo>,
     /// Emulated offloading, when asked for.
     pub offloading: Option<EmulatedOffloading>,
-    /// The hub's admission webhooks (OCM's, with OCM).
+    /// The hub's admission webhooks (OCM's with OCM, Cluster API's with Cluster API).
     pub admission: Option<AdmissionServer>,
     /// The hub's client and the members' through their kubeconfig Secrets.
     pub clusters: Arc<Clusters>,

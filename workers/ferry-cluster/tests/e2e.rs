@@ -288,7 +288,7 @@ async fn failures_revert_bad_input_is_rejected_and_a_topology_works() {
     classy.namespace = None;
     classy.cluster_class = Some("quick-start".into());
     let (_, evs) = demo::submit(&client, &classy, WAIT).await.unwrap();
-    assert_eq!(last(&evs).event, EventType::Succeeded, "{:?}", last(&evs));
+    assert_eq!(last(&evs).event, EventType::Succeeded, "{:?}", evs.iter().find(|e| e.event == EventType::StepFailed));
     let c = api.get("classy").await.unwrap();
     assert_eq!(c.spec["topology"]["workers"]["machineDeployments"][0]["class"], "default-worker");
     assert_eq!(nodes_of(&hub, "classy").await, 2);
@@ -299,6 +299,32 @@ async fn failures_revert_bad_input_is_rejected_and_a_topology_works() {
     let (_, evs) = demo::submit(&client, &demo::delete(&classy), WAIT).await.unwrap();
     assert_eq!(last(&evs).event, EventType::Succeeded, "{:?}", last(&evs));
     assert!(api.get_opt("classy").await.unwrap().is_none());
+
+    // A class requiring a variable: Cluster API's webhook refuses a topology without it
+    // (what the worker would have applied), and the worker rejects the command first.
+    let mut strict = class.clone();
+    strict["metadata"]["name"] = json!("strict");
+    strict["spec"]["variables"] = json!([{"name": "imageRepository", "required": true, "schema": {"openAPIV3Schema": {"type": "string"}}}]);
+    let classes = Api::<kube::api::DynamicObject>::namespaced_with(
+        hub.clone(),
+        "default",
+        &kube::api::ApiResource::from_gvk_with_plural(&kube::api::GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "ClusterClass"), "clusterclasses"),
+    );
+    Clusters::new(hub.clone()).apply(ferry_kube::HUB, &strict, "test").await.unwrap();
+    let reconciled = |o: Option<&kube::api::DynamicObject>| {
+        o.is_some_and(|c| c.data.pointer("/status/observedGeneration").and_then(serde_json::Value::as_i64) == c.metadata.generation)
+    };
+    tokio::time::timeout(WAIT, kube::runtime::wait::await_condition(classes, "strict", reconciled)).await.expect("the class is reconciled").unwrap();
+    let mut bare_topology = classy.clone();
+    bare_topology.name = "strict-1".into();
+    bare_topology.cluster_class = Some("strict".into());
+    let cluster = ferry_cluster::render::cluster(&bare_topology, "tsk_test", Some("default-worker"));
+    let refused = Clusters::new(hub.clone()).apply(ferry_kube::HUB, &cluster, "test").await.unwrap_err().to_string();
+    assert!(refused.contains("required variable \"imageRepository\" must be set"), "{refused}");
+    let (_, evs) = demo::submit(&client, &bare_topology, WAIT).await.unwrap();
+    assert_eq!(last(&evs).event, EventType::Rejected, "{:?}", last(&evs));
+    assert_eq!(last(&evs).code.as_deref(), Some("CLUSTER_CLASS_VARIABLES"), "{:?}", last(&evs));
+    assert!(last(&evs).message.as_deref().unwrap_or("").contains("imageRepository"), "{:?}", last(&evs));
 
     bed.stop(h).await;
 }

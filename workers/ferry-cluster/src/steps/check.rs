@@ -1,7 +1,7 @@
 //! `check` of a create: the live rules that *reject* the command before anything changes
 //! (every kind it renders is served, the name is free on the hub, OCM and the
-//! ManagedClusterSet are there when it registers, the ClusterClass exists and has a worker
-//! class), and what `apply` needs (whether the namespace existed, the worker class). It
+//! ManagedClusterSet are there when it registers, the ClusterClass exists, has a worker
+//! class and requires no topology variable), and what `apply` needs (whether the namespace existed, the worker class). It
 //! changes nothing, so its undo has nothing to put back.
 
 use std::sync::Arc;
@@ -115,6 +115,26 @@ impl CreateCheck {
             let Some(cc) = api.get_opt(class).await.map_err(hub_err)? else {
                 return Err(StepError::rejected(codes::CLUSTER_CLASS_MISSING, format!("ClusterClass {ns}/{class} does not exist")));
             };
+            // Cluster API's Cluster webhook refuses a topology without the variables its
+            // class marks required (cluster-api core/webhooks/admission/cluster.go,
+            // validateRequiredVariables); the command has no topology variables to give.
+            let required: Vec<&str> = cc
+                .data
+                .pointer("/spec/variables")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter(|v| v.get("required").and_then(Value::as_bool) == Some(true))
+                .filter_map(|v| v["name"].as_str())
+                .collect();
+            if !required.is_empty() {
+                return Err(StepError::rejected(
+                    codes::CLUSTER_CLASS_VARIABLES,
+                    format!(
+                        "ClusterClass {ns}/{class} requires the topology variables {required:?}, which a create-cluster command cannot set yet: use a ClusterClass whose variables are optional (or defaulted), or no ClusterClass"
+                    ),
+                ));
+            }
             worker_class = cc.data.pointer("/spec/workers/machineDeployments/0/class").and_then(Value::as_str).map(str::to_owned);
             if worker_class.is_none() && cmd.worker_count() > 0 {
                 return Err(StepError::rejected(

@@ -50,7 +50,7 @@ pub fn apps(registry: &ferry_runtime::wire::Registry, snapshots: &[TaskSnapshot]
             continue;
         }
         let mut clusters: Vec<String> =
-            ferry_deploy::outputs::WAIT.from_snapshot(&s).map(|w| w.components.into_iter().map(|c| c.cluster).collect()).unwrap_or_default();
+            ferry_deploy::outputs::WAIT.from_snapshot(s).map(|w| w.components.into_iter().map(|c| c.cluster).collect()).unwrap_or_default();
         clusters.sort();
         clusters.dedup();
         live.insert(

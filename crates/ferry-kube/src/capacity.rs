@@ -175,6 +175,17 @@ pub fn load(cluster: &str, nodes: &[Node], pods: &[Pod]) -> Result<ClusterLoad, 
     Ok(ClusterLoad { cluster: cluster.to_owned(), nodes: out })
 }
 
+/// Measures `cluster` through `clusters`: lists its Nodes and Pods and counts them with
+/// [`load`]. The error names what failed, for a step's message.
+pub async fn measure(clusters: &crate::Clusters, cluster: &str) -> Result<ClusterLoad, String> {
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    use kube::api::{Api, ListParams};
+    let client = clusters.client(cluster).await.map_err(|e| e.to_string())?;
+    let nodes = Api::<Node>::all(client.clone()).list(&ListParams::default()).await.map_err(|e| format!("listing nodes: {e}"))?;
+    let pods = Api::<Pod>::all(client).list(&ListParams::default()).await.map_err(|e| format!("listing pods: {e}"))?;
+    load(cluster, &nodes.items, &pods.items).map_err(|e| e.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -239,13 +250,3 @@ mod tests {
     }
 }
 
-/// Measures `cluster` through `clusters`: lists its Nodes and Pods and counts them with
-/// [`load`]. The error names what failed, for a step's message.
-pub async fn measure(clusters: &crate::Clusters, cluster: &str) -> Result<ClusterLoad, String> {
-    use k8s_openapi::api::core::v1::{Node, Pod};
-    use kube::api::{Api, ListParams};
-    let client = clusters.client(cluster).await.map_err(|e| e.to_string())?;
-    let nodes = Api::<Node>::all(client.clone()).list(&ListParams::default()).await.map_err(|e| format!("listing nodes: {e}"))?;
-    let pods = Api::<Pod>::all(client).list(&ListParams::default()).await.map_err(|e| format!("listing pods: {e}"))?;
-    load(cluster, &nodes.items, &pods.items).map_err(|e| e.to_string())
-}

@@ -162,7 +162,8 @@ pub fn check(events: &[ProgressEvent]) -> Vec<Violation> {
 /// its final event (time by the events' clocks, one machine's in tests).
 fn overlaps(events: &[ProgressEvent]) -> Vec<Violation> {
     // subject -> task -> (first StepStarted, final)
-    let mut spans: BTreeMap<&str, BTreeMap<&str, (Option<i64>, Option<i64>)>> = BTreeMap::new();
+    type Span = (Option<i64>, Option<i64>);
+    let mut spans: BTreeMap<&str, BTreeMap<&str, Span>> = BTreeMap::new();
     for e in events {
         let span = spans.entry(e.subject.as_str()).or_default().entry(e.task_id.as_str()).or_default();
         if e.event == EventType::StepStarted {

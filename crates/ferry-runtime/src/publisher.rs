@@ -160,12 +160,15 @@ pub struct DeadLetter {
     pub reason: String,
 }
 
+/// A dead letter's headers: name and bytes, in order.
+pub type LetterHeaders = Vec<(String, Vec<u8>)>;
+
 impl DeadLetter {
     /// The letter as produced: key, value and headers cut to fit any topic
     /// ([`crate::limits`]), with the original sizes and the value's SHA-256 in headers
     /// where something was cut, then the reason and where the record came from. A record
     /// of any size becomes a letter that fits; small records keep every byte.
-    pub fn fitted(&self) -> (Vec<u8>, Vec<u8>, Vec<(String, Vec<u8>)>) {
+    pub fn fitted(&self) -> (Vec<u8>, Vec<u8>, LetterHeaders) {
         use crate::limits::{DEAD_LETTER_HEAD_BYTES, DEAD_LETTER_HEADERS_BYTES, DEAD_LETTER_KEY_BYTES, REASON_BYTES, truncate};
         use sha2::Digest;
         let mut headers = Vec::new();
@@ -430,6 +433,11 @@ impl Publisher {
     }
 }
 
+/// True when nothing more happens to the task without a new command.
+pub fn settled(snap: &TaskSnapshot) -> bool {
+    snap.state.is_terminal() && !snap.revert_requested && !(snap.cancel_requested && snap.state != TaskState::Cancelled)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -482,9 +490,4 @@ mod tests {
         assert!(header(&h, DLQ_HEADERS_DROPPED).is_some());
         assert_eq!(header(&h, DLQ_REASON).unwrap().len(), crate::limits::REASON_BYTES);
     }
-}
-
-/// True when nothing more happens to the task without a new command.
-pub fn settled(snap: &TaskSnapshot) -> bool {
-    snap.state.is_terminal() && !snap.revert_requested && !(snap.cancel_requested && snap.state != TaskState::Cancelled)
 }

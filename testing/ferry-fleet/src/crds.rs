@@ -103,10 +103,10 @@ pub fn nullable_strings(schema: &mut Value) {
         }
     }
     // The items of a typed list (set, map) may not be nullable.
-    if m.contains_key("x-kubernetes-list-type") {
-        if let Some(Value::Object(items)) = m.get_mut("items") {
-            items.remove("nullable");
-        }
+    if m.contains_key("x-kubernetes-list-type")
+        && let Some(Value::Object(items)) = m.get_mut("items")
+    {
+        items.remove("nullable");
     }
     let keys: Vec<String> = m
         .get("x-kubernetes-list-map-keys")

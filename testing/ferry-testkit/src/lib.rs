@@ -4,7 +4,8 @@
 //!
 //! # Layout
 //! - [`bed`]: the test bed assembled one way ([`Bed::builder`]): members, emulated
-//!   controllers, the embedded broker, workers.
+//!   controllers, the hub's admission webhooks, the embedded broker, workers.
+//!
 //! One module per worker, each with its fixtures (submit a command and collect its events,
 //! register clusters, list leftovers) and its `ferry dev --demo` scenario (`run`):
 //! - [`cluster`]: `--demo create-cluster`.

@@ -111,9 +111,9 @@ impl Drop for EmulatedCapi {
     }
 }
 
+/// A v1beta2 kind of `group`, its plural as kube derives it (ClusterClass: clusterclasses).
 fn gvk(group: &str, kind: &str) -> ApiResource {
-    let plural = format!("{}s", kind.to_lowercase());
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, "v1beta2", kind), &plural)
+    ApiResource::from_gvk(&GroupVersionKind::gvk(group, "v1beta2", kind))
 }
 
 struct Ctx {
@@ -202,8 +202,7 @@ fn str_at<'a>(v: &'a Value, p: &str) -> Option<&'a str> {
 /// (`internal/controllers/clusterclass/clusterclass_controller.go`): each inline variable
 /// definition in `status.variables`, `VariablesReady`, the observed generation.
 async fn classes(cx: &Ctx) -> Result<(), kube::Error> {
-    let class = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "ClusterClass"), "clusterclasses");
-    let classes: Api<DynamicObject> = Api::all_with(cx.hub.clone(), &class);
+    let classes: Api<DynamicObject> = Api::all_with(cx.hub.clone(), &gvk("cluster.x-k8s.io", "ClusterClass"));
     for cc in classes.list(&ListParams::default()).await?.items {
         let generation = cc.metadata.generation.unwrap_or(0);
         if cc.data.pointer("/status/observedGeneration").and_then(Value::as_i64) == Some(generation) {
@@ -221,7 +220,7 @@ async fn classes(cx: &Ctx) -> Result<(), kube::Error> {
         let status = json!({"observedGeneration": generation, "variables": variables,
             "conditions": [{"type": "VariablesReady", "status": "True", "reason": "VariablesReady", "message": "", "observedGeneration": generation,
                 "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()}]});
-        set_status(&Api::namespaced_with(cx.hub.clone(), &ns, &class), &cc, status).await?;
+        set_status(&cx.api(&ns, "cluster.x-k8s.io", "ClusterClass"), &cc, status).await?;
     }
     Ok(())
 }

@@ -210,6 +210,9 @@ struct WorkAgent {
     applied: Mutex<BTreeMap<(String, Meta), (String, String)>>,
 }
 
+/// A manifest's write: the API server's refusal, if any, and the live object after it.
+type Written = (Result<(), String>, Option<DynamicObject>);
+
 /// How the work agent writes one manifest: `manifestConfigs[].updateStrategy.type`, as
 /// upstream's `pkg/work/spoke/apply` does it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -327,15 +330,11 @@ impl WorkAgent {
         Ok(Meta { group: ar.group, version: ar.version, kind: ar.kind, resource: ar.plural, namespace: namespace.to_owned(), name: name.to_owned() })
     }
 
-    async fn live(&self, meta: &Meta) -> Result<Option<DynamicObject>, kube::Error> {
-        let av = if meta.group.is_empty() { meta.version.clone() } else { format!("{}/{}", meta.group, meta.version) };
-        let (ar, caps) = self.resolve(&av, &meta.kind).await?;
-        self.api(&ar, &caps, &meta.namespace).get_opt(&meta.name).await
-    }
-
-    /// Writes manifest `m` as `strategy` says; an error the API server gave is the
-    /// manifest's apply failure (reported in the work's status).
-    async fn write(&self, work: &str, m: &Value, meta: &Meta, strategy: Strategy, changed: bool) -> Result<Result<(), String>, kube::Error> {
+    /// Writes manifest `m` as `strategy` says. The outcome is the manifest's apply
+    /// failure, if the API server refused the write (reported in the work's status); with
+    /// it comes the live object as this pass left it (the write's answer, or the object
+    /// read before it), which the status reports from.
+    async fn write(&self, work: &str, m: &Value, meta: &Meta, strategy: Strategy, changed: bool) -> Result<Written, kube::Error> {
         let (ar, caps) = self.resolve(m["apiVersion"].as_str().unwrap_or(""), &meta.kind).await?;
         let api = self.api(&ar, &caps, &meta.namespace);
         let live = api.get_opt(&meta.name).await?;
@@ -345,8 +344,8 @@ impl WorkAgent {
         // Nothing changed since this agent's last write: upstream skips the write.
         let untouched = live.as_ref().is_some_and(|l| last.as_ref().is_some_and(|(req, rv)| *req == required && l.metadata.resource_version.as_ref() == Some(rv)));
         let written = match (&strategy, &live) {
-            (Strategy::ReadOnly, _) | (Strategy::CreateOnly, Some(_)) => return Ok(Ok(())),
-            (Strategy::ServerSideApply { .. } | Strategy::Update, Some(_)) if untouched && !changed => return Ok(Ok(())),
+            (Strategy::ReadOnly, _) | (Strategy::CreateOnly, Some(_)) => return Ok((Ok(()), live)),
+            (Strategy::ServerSideApply { .. } | Strategy::Update, Some(_)) if untouched && !changed => return Ok((Ok(()), live)),
             (Strategy::ServerSideApply { manager, force }, _) => {
                 let mut pp = PatchParams::apply(manager);
                 pp.force = *force;
@@ -354,17 +353,17 @@ impl WorkAgent {
             }
             (Strategy::Update | Strategy::CreateOnly, None) => match serde_json::from_value::<DynamicObject>(m.clone()) {
                 Ok(obj) => api.create(&kube::api::PostParams::default(), &obj).await,
-                Err(e) => return Ok(Err(format!("the manifest does not decode: {e}"))),
+                Err(e) => return Ok((Err(format!("the manifest does not decode: {e}")), live)),
             },
             (Strategy::Update, Some(l)) if same_as_live(m, l) => {
                 let rv = l.metadata.resource_version.clone().unwrap_or_default();
                 self.applied.lock().expect("applied lock").insert(key, (required, rv));
-                return Ok(Ok(()));
+                return Ok((Ok(()), live));
             }
             (Strategy::Update, Some(l)) => {
                 let mut obj: DynamicObject = match serde_json::from_value(m.clone()) {
                     Ok(o) => o,
-                    Err(e) => return Ok(Err(format!("the manifest does not decode: {e}"))),
+                    Err(e) => return Ok((Err(format!("the manifest does not decode: {e}")), live)),
                 };
                 // resourcemerge: the live labels, annotations and owners merged with the
                 // manifest's; finalizers kept; the rest is the manifest.
@@ -382,11 +381,11 @@ impl WorkAgent {
         };
         match written {
             Ok(obj) => {
-                let rv = obj.metadata.resource_version.unwrap_or_default();
+                let rv = obj.metadata.resource_version.clone().unwrap_or_default();
                 self.applied.lock().expect("applied lock").insert(key, (required, rv));
-                Ok(Ok(()))
+                Ok((Ok(()), Some(obj)))
             }
-            Err(kube::Error::Api(s)) => Ok(Err(s.message)),
+            Err(kube::Error::Api(s)) => Ok((Err(s.message), live)),
             Err(e) => Err(e),
         }
     }
@@ -485,41 +484,41 @@ impl WorkAgent {
         // Namespaces first, then the rest in order.
         let mut order: Vec<usize> = (0..manifests.len()).collect();
         order.sort_by_key(|i| manifests[*i].get("kind").and_then(Value::as_str) != Some("Namespace"));
-        let mut results: Vec<(Option<Meta>, Result<(), String>)> = vec![(None, Ok(())); manifests.len()];
+        // Per manifest: where it lives, the write's outcome, the live object after it.
+        let mut results: Vec<(Option<Meta>, Written)> = vec![(None, (Ok(()), None)); manifests.len()];
         for i in order {
             let m = &manifests[i];
             let meta = match self.meta_of(m).await {
                 Ok(meta) => meta,
                 Err(e) => {
-                    results[i] = (None, Err(e));
+                    results[i] = (None, (Err(e), None));
                     continue;
                 }
             };
             let uid = w.metadata.uid.clone().unwrap_or_default();
-            let r = self.write(&uid, m, &meta, strategy(config_for(&configs, &meta)), must_apply).await?;
-            results[i] = (Some(meta), r);
+            let written = self.write(&uid, m, &meta, strategy(config_for(&configs, &meta)), must_apply).await?;
+            results[i] = (Some(meta), written);
         }
         // Resources of an earlier version that the work no longer lists.
         let now_listed: BTreeSet<&Meta> = results.iter().filter_map(|(m, _)| m.as_ref()).collect();
         for old in applied.iter().filter(|m| !now_listed.contains(m)) {
             self.delete(old).await?;
         }
-        let all_applied = results.iter().all(|(_, r)| r.is_ok());
+        let all_applied = results.iter().all(|(_, (r, _))| r.is_ok());
         let mut statuses = Vec::new();
         let mut all_available = true;
-        for (i, (meta, r)) in results.iter().enumerate() {
+        for (i, (meta, (r, live))) in results.iter().enumerate() {
             let Some(meta) = meta else {
                 all_available = false;
                 continue;
             };
-            let live = self.live(meta).await?;
             all_available &= live.is_some();
             let mut conds = vec![
                 condition("Applied", r.is_ok(), if r.is_ok() { "AppliedManifestComplete" } else { "AppliedManifestFailed" }, r.as_ref().err().map(String::as_str).unwrap_or("Apply manifest complete"), generation),
                 condition("Available", live.is_some(), if live.is_some() { "ResourceAvailable" } else { "ResourceNotAvailable" }, if live.is_some() { "Resource is available" } else { "Resource is not available" }, generation),
             ];
             let mut entry = json!({"resourceMeta": meta.json(i)});
-            if let (Some(cfg), Some(obj)) = (config_for(&configs, meta), &live) {
+            if let (Some(cfg), Some(obj)) = (config_for(&configs, meta), live) {
                 let values = feedback(cfg, &meta.kind, &serde_json::to_value(obj).unwrap_or_default());
                 conds.push(condition("StatusFeedbackSynced", true, "StatusFeedbackSynced", "", generation));
                 entry["statusFeedback"] = json!({"values": values});
@@ -530,7 +529,7 @@ impl WorkAgent {
             entry["conditions"] = conds;
             statuses.push(entry);
         }
-        let failed: Vec<String> = results.iter().filter_map(|(_, r)| r.as_ref().err().cloned()).collect();
+        let failed: Vec<String> = results.iter().filter_map(|(_, (r, _))| r.as_ref().err().cloned()).collect();
         let mut conds = json!([
             condition("Applied", all_applied, if all_applied { "AppliedManifestWorkComplete" } else { "AppliedManifestWorkFailed" },
                 &if all_applied { "Apply manifest work complete".to_owned() } else { format!("Failed to apply manifest work: {}", failed.join("; ")) }, generation),

@@ -64,7 +64,7 @@ impl ClusterWebhook {
         let Some(class) = topology.pointer("/classRef/name").and_then(Value::as_str) else { return Ok(()) };
         let ns = topology.pointer("/classRef/namespace").and_then(Value::as_str).map(str::to_owned).or_else(|| new.metadata.namespace.clone()).unwrap_or_default();
         let gvk = GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "ClusterClass");
-        let api: Api<DynamicObject> = Api::namespaced_with(self.hub.clone(), &ns, &ApiResource::from_gvk_with_plural(&gvk, "clusterclasses"));
+        let api: Api<DynamicObject> = Api::namespaced_with(self.hub.clone(), &ns, &ApiResource::from_gvk(&gvk));
         let Some(cc) = api.get_opt(class).await.map_err(|e| e.to_string())? else { return Ok(()) };
         let Some(required) = required_variables(&cc) else { return Ok(()) };
         let set: Vec<&str> = topology.pointer("/variables").and_then(Value::as_array).into_iter().flatten().filter_map(|v| v["name"].as_str()).collect();

@@ -213,11 +213,10 @@ impl BedBuilder {
         let topics = Topics::standard();
         let broker = EmbeddedBroker::start(self.brokers, &topics).map_err(part("the embedded broker"))?;
         let kafka = KafkaConfig::for_embedded(broker.bootstrap());
-        let hub = fleet.hub().client().await.map_err(part("the hub's client"))?;
         Ok(Bed {
             admission,
             crds,
-            clusters: Arc::new(Clusters::new(hub)),
+            clusters: Arc::new(Clusters::new(admin)),
             fleet,
             kubelets,
             ocm,

@@ -98,6 +98,26 @@ pub struct KubeletError {
     source: kube::Error,
 }
 
+/// Waits until Pods can be created in `namespace` without naming a service account.
+///
+/// The test bed's Kubernetes (v1.20) runs the `ServiceAccount` admission plugin with
+/// `RequireAPIToken` (`plugin/pkg/admission/serviceaccount/admission.go`): a Pod is refused
+/// with a `ServerTimeout` ("No API token found for service account \"default\"") until the
+/// token controller has made the default account's token Secret and listed it on the
+/// account. A Deployment's controller retries that; a client creating a Pod itself waits
+/// here first. The plugin reads both through informers, so the Secret is also read back.
+pub async fn await_pod_admission(client: &kube::Client, namespace: &str) -> Result<(), kube::runtime::wait::Error> {
+    use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let has_token = |o: Option<&ServiceAccount>| o.and_then(|a| a.secrets.as_ref()).is_some_and(|s| !s.is_empty());
+    let account = kube::runtime::wait::await_condition(accounts, "default", has_token).await?;
+    for name in account.and_then(|a| a.secrets).unwrap_or_default().into_iter().filter_map(|r| r.name) {
+        kube::runtime::wait::await_condition(secrets.clone(), &name, |o: Option<&Secret>| o.is_some()).await?;
+    }
+    Ok(())
+}
+
 /// A running emulated kubelet; stops when dropped.
 pub struct Kubelet {
     cluster: String,

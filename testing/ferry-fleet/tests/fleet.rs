@@ -137,12 +137,8 @@ async fn pods_beyond_capacity_stay_pending_and_a_job_completes() {
     };
     let first_beat = heartbeat(&node);
     ns(&client, "load").await;
-    // Pods need the namespace's default service account (the controller makes it).
-    let sa: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), "load");
-    tokio::time::timeout(WAIT, await_condition(sa, "default", |o: Option<&k8s_openapi::api::core::v1::ServiceAccount>| o.is_some()))
-        .await
-        .unwrap()
-        .unwrap();
+    // Pods need the namespace's default service account and its token (the controllers make them).
+    tokio::time::timeout(WAIT, ferry_fleet::kubelet::await_pod_admission(&client, "load")).await.unwrap().unwrap();
 
     let deps: Api<Deployment> = Api::namespaced(client.clone(), "load");
     let dep = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "big"},
@@ -222,16 +218,24 @@ async fn a_kubeadm_node_is_not_ready_until_a_cni_runs_on_it() {
     let taints: Vec<String> = n.spec.unwrap().taints.unwrap_or_default().into_iter().map(|t| t.key).collect();
     assert_eq!(taints, ["node.kubernetes.io/not-ready"]);
     ns(&client, "apps").await;
-    let sa: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), "apps");
-    tokio::time::timeout(WAIT, await_condition(sa, "default", |o: Option<&k8s_openapi::api::core::v1::ServiceAccount>| o.is_some()))
-        .await
-        .unwrap()
-        .unwrap();
+    tokio::time::timeout(WAIT, ferry_fleet::kubelet::await_pod_admission(&client, "apps")).await.unwrap().unwrap();
     // A pod that tolerates the taint but needs the pod network is bound and waits.
     let pods: Api<Pod> = Api::namespaced(client.clone(), "apps");
     let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web"},
         "spec": {"tolerations": [{"operator": "Exists"}], "containers": [{"name": "c", "image": "nginx:1.27"}]}});
-    pods.patch("web", &PatchParams::apply("ferry"), &Patch::Apply(&pod)).await.unwrap();
+    // The admission plugin reads the account through an informer that may lag ours by a
+    // moment; it says so with a ServerTimeout and a retry-after, which a client honours.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        match pods.patch("web", &PatchParams::apply("ferry"), &Patch::Apply(&pod)).await {
+            Ok(_) => break,
+            Err(kube::Error::Api(s)) if s.reason == "ServerTimeout" && tokio::time::Instant::now() < deadline => {
+                let after = s.details.and_then(|d| u64::try_from(d.retry_after_seconds).ok()).unwrap_or(1);
+                tokio::time::sleep(Duration::from_secs(after)).await;
+            }
+            Err(e) => panic!("creating the pod: {e}"),
+        }
+    }
     let bound = |p: Option<&Pod>| p.and_then(|p| p.spec.as_ref()?.node_name.clone()).is_some();
     tokio::time::timeout(WAIT, await_condition(pods.clone(), "web", bound)).await.expect("the pod is bound").unwrap();
     // The CNI's node agent (host network, the CNI configuration directory from the host).

@@ -230,7 +230,7 @@ async fn a_kubeadm_node_is_not_ready_until_a_cni_runs_on_it() {
         match pods.patch("web", &PatchParams::apply("ferry"), &Patch::Apply(&pod)).await {
             Ok(_) => break,
             Err(kube::Error::Api(s)) if s.reason == "ServerTimeout" && tokio::time::Instant::now() < deadline => {
-                let after = s.details.and_then(|d| u64::try_from(d.retry_after_seconds).ok()).unwrap_or(1);
+                let after = s.details.map_or(1, |d| u64::from(d.retry_after_seconds).max(1));
                 tokio::time::sleep(Duration::from_secs(after)).await;
             }
             Err(e) => panic!("creating the pod: {e}"),

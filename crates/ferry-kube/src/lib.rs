@@ -21,6 +21,7 @@ pub mod clusters;
 pub mod conditions;
 pub mod kinds;
 pub mod names;
+pub mod ocm_join;
 pub mod quantity;
 pub mod step_errors;
 pub mod vocab;

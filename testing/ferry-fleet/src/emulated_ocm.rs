@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
 use crate::emulate::now;
+use crate::emulated_registration::{AGENT_TICK, Klusterlet};
 use crate::fleet::Fleet;
 use crate::ocm_prioritizers::{self, Decision};
 
@@ -103,17 +104,35 @@ impl EmulatedOcm {
     pub async fn start(fleet: &Fleet) -> Result<Self, crate::FleetError> {
         let knobs: Arc<Mutex<HashMap<String, OcmKnobs>>> = Arc::default();
         let hub = fleet.hub().client().await?;
+        let hub_cluster = fleet.hub();
+        crate::emulated_registration::install_hub(&hub, &hub_cluster.server, &hub_cluster.ca_pem()?)
+            .await
+            .map_err(|e| crate::FleetError::Client { cluster: "hub".into(), source: Box::new(e) })?;
         let mut tasks = vec![
             tokio::spawn(forever("registration", {
-                let (hub, knobs) = (hub.clone(), knobs.clone());
-                move || registration(hub.clone(), knobs.clone())
+                let hub = hub.clone();
+                move || {
+                    let hub = hub.clone();
+                    async move { crate::emulated_registration::hub_tick(&hub).await }
+                }
             })),
+            tokio::spawn(agents(fleet.clusters.iter().skip(1).map(|c| c.name.clone()).collect(), hub.clone(), knobs.clone())),
             tokio::spawn(forever("placement", {
                 let hub = hub.clone();
                 move || placement(hub.clone())
             })),
         ];
         for c in fleet.clusters.iter().skip(1) {
+            let klusterlet = Arc::new(Klusterlet::new(&c.name, c.client().await?, knobs.clone()));
+            tasks.push(tokio::spawn(async move {
+                let mut every = tokio::time::interval(AGENT_TICK);
+                loop {
+                    every.tick().await;
+                    if let Err(e) = klusterlet.tick().await {
+                        tracing::debug!(error = %e, "emulated klusterlet: retrying on the next tick");
+                    }
+                }
+            }));
             let agent = WorkAgent {
                 cluster: c.name.clone(),
                 hub: hub.clone(),
@@ -138,6 +157,53 @@ impl EmulatedOcm {
     }
 }
 
+/// The klusterlets of Cluster API's workload clusters: one per `<name>-kubeconfig` Secret
+/// on the hub (the fleet's own members, named in `members`, have theirs already).
+async fn agents(members: Vec<String>, hub: kube::Client, knobs: Arc<Mutex<HashMap<String, OcmKnobs>>>) {
+    use k8s_openapi::api::core::v1::Secret;
+    let mut running: HashMap<String, (String, JoinHandle<()>)> = HashMap::new();
+    let mut every = tokio::time::interval(TICK * 4);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let secrets: Api<Secret> = Api::all(hub.clone());
+        let Ok(list) = secrets.list(&ListParams::default().labels("cluster.x-k8s.io/cluster-name")).await else { continue };
+        let mut seen = BTreeSet::new();
+        for s in list.items {
+            let Some(name) = s.metadata.labels.as_ref().and_then(|l| l.get("cluster.x-k8s.io/cluster-name")).cloned() else { continue };
+            if members.contains(&name) || s.metadata.name.as_deref() != Some(&format!("{name}-kubeconfig")) {
+                continue;
+            }
+            let Some(kc) = s.data.as_ref().and_then(|d| d.get("value")).map(|b| String::from_utf8_lossy(&b.0).into_owned()) else { continue };
+            seen.insert(name.clone());
+            if running.get(&name).is_some_and(|(k, _)| *k == kc) {
+                continue;
+            }
+            let Ok(client) = crate::emulated_registration::client_from(&kc).await else { continue };
+            let klusterlet = Arc::new(Klusterlet::new(&name, client, knobs.clone()));
+            let task = tokio::spawn(async move {
+                let mut every = tokio::time::interval(AGENT_TICK);
+                loop {
+                    every.tick().await;
+                    if let Err(e) = klusterlet.tick().await {
+                        tracing::debug!(error = %e, "emulated klusterlet: retrying on the next tick");
+                    }
+                }
+            });
+            if let Some((_, old)) = running.insert(name, (kc, task)) {
+                old.abort();
+            }
+        }
+        running.retain(|name, (_, task)| {
+            let keep = seen.contains(name);
+            if !keep {
+                task.abort();
+            }
+            keep
+        });
+    }
+}
+
 /// Runs `tick` every [`TICK`]; errors are logged and retried on the next tick.
 async fn forever<F, Fut>(what: &'static str, tick: F)
 where
@@ -156,42 +222,6 @@ where
 
 fn knob(knobs: &Mutex<HashMap<String, OcmKnobs>>, cluster: &str) -> OcmKnobs {
     knobs.lock().expect("knobs lock").get(cluster).cloned().unwrap_or_default()
-}
-
-// ---------------------------------------------------------------------------------------
-// registration
-
-async fn registration(hub: kube::Client, knobs: Arc<Mutex<HashMap<String, OcmKnobs>>>) -> Result<(), kube::Error> {
-    let api: Api<DynamicObject> = Api::all_with(hub.clone(), &managed_clusters());
-    for mc in api.list(&ListParams::default()).await?.items {
-        let Some(name) = mc.metadata.name.clone() else { continue };
-        if mc.data.pointer("/spec/hubAcceptsClient").and_then(Value::as_bool) != Some(true) || mc.metadata.deletion_timestamp.is_some() {
-            continue;
-        }
-        let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
-        let nss: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(hub.clone());
-        if nss.get_opt(&name).await?.is_none() {
-            nss.patch(&name, &PatchParams::apply(MANAGER), &Patch::Apply(&ns)).await?;
-        }
-        let available = !knob(&knobs, &name).unavailable;
-        let generation = mc.metadata.generation.unwrap_or(0);
-        let mut conds = json!([
-            condition("HubAcceptedManagedCluster", true, "HubClusterAdminAccepted", "Accepted by hub cluster admin", generation),
-            condition("ManagedClusterJoined", true, "ManagedClusterJoined", "Managed cluster joined", generation),
-            if available {
-                condition("ManagedClusterConditionAvailable", true, "ManagedClusterAvailable", "Managed cluster is available", generation)
-            } else {
-                json!({"type": "ManagedClusterConditionAvailable", "status": "Unknown", "reason": "ManagedClusterLeaseUpdateStopped",
-                       "message": "Registration agent stopped updating its lease.", "lastTransitionTime": now(), "observedGeneration": generation})
-            },
-        ]);
-        keep_times(mc.data.pointer("/status/conditions"), &mut conds);
-        if mc.data.pointer("/status/conditions") != Some(&conds) {
-            let status = json!({"status": {"conditions": conds, "version": {"kubernetes": "v1.20.2"}}});
-            api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await?;
-        }
-    }
-    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------

@@ -25,6 +25,9 @@ pub enum FleetError {
         #[source]
         source: std::io::Error,
     },
+    /// The client CA could not be made.
+    #[error("making the client CA: {0}")]
+    ClientCa(String),
     /// openssl could not make the service-account key pair.
     #[error("openssl failed making the service-account keys in {0}")]
     Keys(PathBuf),
@@ -108,6 +111,11 @@ impl Cluster {
         let ca = std::fs::read(&self.ca).map_err(io(format!("reading {}", self.ca.display())))?;
         let data = base64::engine::general_purpose::STANDARD.encode(ca);
         Ok(text.replace(&format!("certificate-authority: {}", self.ca.display()), &format!("certificate-authority-data: {data}")))
+    }
+
+    /// The CA (PEM) of the API server's serving certificate.
+    pub fn ca_pem(&self) -> Result<Vec<u8>, FleetError> {
+        std::fs::read(&self.ca).map_err(io(format!("reading {}", self.ca.display())))
     }
 
     /// A new `kube` client for this cluster (admin).
@@ -344,8 +352,12 @@ impl Cluster {
                 &bins.controller_manager,
                 &[
                     format!("--kubeconfig={}", d(kubeconfig)),
-                    "--controllers=namespace,garbagecollector,deployment,replicaset,daemonset,job,serviceaccount,serviceaccount-token".into(),
+                    // csrsigning: the signer of `kubernetes.io/kube-apiserver-client` CSRs
+                    // (OCM's registration agents get their hub certificates through it).
+                    "--controllers=namespace,garbagecollector,deployment,replicaset,daemonset,job,serviceaccount,serviceaccount-token,csrsigning".into(),
                     format!("--service-account-private-key-file={}", d(sa_key)),
+                    format!("--cluster-signing-cert-file={}", d(&dir.join(CLIENT_CA_CERT))),
+                    format!("--cluster-signing-key-file={}", d(&dir.join(CLIENT_CA_KEY))),
                     format!("--root-ca-file={}", d(ca)),
                     "--leader-elect=false".into(),
                     "--use-service-account-credentials=false".into(),
@@ -370,6 +382,24 @@ impl Cluster {
 }
 
 const ADMIN_TOKEN_FILE: &str = "tokens.csv";
+/// The CA the API server trusts for client certificates and the controller manager signs
+/// approved client CSRs with (`--client-ca-file`, `--cluster-signing-*-file`).
+const CLIENT_CA_CERT: &str = "client-ca.crt";
+const CLIENT_CA_KEY: &str = "client-ca.key";
+
+/// Writes a new client CA of the cluster in `dir`.
+fn client_ca(dir: &Path) -> Result<(), FleetError> {
+    let ca_err = |e: rcgen::Error| FleetError::ClientCa(e.to_string());
+    let key = rcgen::KeyPair::generate().map_err(ca_err)?;
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).map_err(ca_err)?;
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params.distinguished_name.push(rcgen::DnType::CommonName, "ferry-fleet client CA");
+    params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign, rcgen::KeyUsagePurpose::DigitalSignature];
+    let cert = params.self_signed(&key).map_err(ca_err)?;
+    std::fs::write(dir.join(CLIENT_CA_CERT), cert.pem()).map_err(io("writing the client CA"))?;
+    std::fs::write(dir.join(CLIENT_CA_KEY), key.serialize_pem()).map_err(io("writing the client CA key"))?;
+    Ok(())
+}
 
 fn start_cluster(bins: &Binaries, root: &Path, name: &str, instance: &str, etcd: &str) -> Result<Cluster, FleetError> {
     let dir = root.join(instance);
@@ -382,6 +412,7 @@ fn start_cluster(bins: &Binaries, root: &Path, name: &str, instance: &str, etcd:
     if !ok {
         return Err(FleetError::Keys(dir));
     }
+    client_ca(&dir)?;
     // A random admin token per cluster, kept only in files of this fleet.
     let token = format!("{:032x}", rand_u128());
     std::fs::write(dir.join(ADMIN_TOKEN_FILE), format!("{token},ferry-admin,ferry-admin,\"system:masters\"\n"))
@@ -401,6 +432,7 @@ fn start_cluster(bins: &Binaries, root: &Path, name: &str, instance: &str, etcd:
             "--insecure-port=0".into(),
             format!("--cert-dir={}", d(&certs)),
             format!("--token-auth-file={}", d(&dir.join(ADMIN_TOKEN_FILE))),
+            format!("--client-ca-file={}", d(&dir.join(CLIENT_CA_CERT))),
             "--authorization-mode=RBAC".into(),
             "--service-account-issuer=https://kubernetes.default.svc".into(),
             format!("--service-account-key-file={}", d(&sa_pub)),

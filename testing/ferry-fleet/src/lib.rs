@@ -26,6 +26,7 @@ pub mod emulated_capi;
 pub mod emulated_liqo;
 pub mod emulated_offloading;
 pub mod emulated_ocm;
+pub mod emulated_registration;
 pub mod fault_proxy;
 pub mod fleet;
 pub mod inventory;

@@ -1,0 +1,525 @@
+//! OCM registration as upstream does it (open-cluster-management-io/ocm `pkg/registration`,
+//! v1.x at `00f84c3`), both sides, on the test bed's real API servers:
+//!
+//! - [`install_hub`]: what `clusteradm init` leaves for joins: the bootstrap ServiceAccount
+//!   and ClusterRole (`deploy/cluster-manager/chart/cluster-manager/templates/bootstrap_*.yaml`)
+//!   and kubeadm's `kube-public/cluster-info` (the hub's address and CA).
+//! - [`hub_tick`]: the hub's ManagedCluster controller (`hub/managedcluster/controller.go`):
+//!   an accepted cluster gets its namespace, its RBAC (`hub/manifests/rbac/*.yaml`), the
+//!   cleanup finalizer and `HubAcceptedManagedCluster`; a denied one loses its bindings; a
+//!   deleted one its RBAC, then the finalizer. And its lease controller
+//!   (`hub/lease/controller.go`): creates `managed-cluster-lease` for an accepted cluster
+//!   and, when the agent stops renewing it for 5 lease durations, sets Available `Unknown`.
+//!   The hub never sets Joined or Available `True`.
+//! - [`Klusterlet`]: the registration agent on a managed cluster. Given a `Klusterlet` and
+//!   the `bootstrap-hub-kubeconfig` Secret (what `clusteradm join` leaves), it creates the
+//!   ManagedCluster with the bootstrap identity (`spoke/registration/creating_controller.go`),
+//!   makes a key and a CSR for `system:open-cluster-management:<cluster>:<agent>`
+//!   (`register/csr/csr.go`), waits until the CSR is approved and signed (the API
+//!   server's csrsigning controller, with the test bed's client CA), then, with its own
+//!   certificate, sets `ManagedClusterJoined` once accepted (`spoke/managedcluster/joining_reconcile.go`)
+//!   and Available (`available_reconcile.go`), and renews its lease (`spoke/lease/lease_controller.go`).
+//!   Without a Klusterlet (or with its bootstrap Secret gone) it does nothing.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::Engine;
+use ferry_kube::ocm_join::{AGENT_NAMESPACE, BOOTSTRAP_ROLE, BOOTSTRAP_SA, BOOTSTRAP_SECRET, CLUSTER_NAME_LABEL, HUB_NAMESPACE, HUB_SECRET, KLUSTERLET};
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::{Value, json};
+
+use crate::emulate::now;
+use crate::emulated_ocm::OcmKnobs;
+
+const MANAGER: &str = "ferry-fleet-registration";
+/// The hub's cleanup finalizer on accepted clusters (`v1.ManagedClusterFinalizer`).
+pub const CLEANUP_FINALIZER: &str = "cluster.open-cluster-management.io/api-resource-cleanup";
+/// The lease the agent renews in its cluster's namespace on the hub.
+pub const LEASE: &str = "managed-cluster-lease";
+/// `leaseDurationTimes`: the grace is five lease durations.
+const LEASE_DURATION_TIMES: i64 = 5;
+/// `LeaseDurationSeconds` when the ManagedCluster sets none.
+const DEFAULT_LEASE_SECONDS: i64 = 60;
+const SUBJECT_PREFIX: &str = "system:open-cluster-management:";
+
+fn managed_clusters() -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("cluster.open-cluster-management.io", "v1", "ManagedCluster"), "managedclusters")
+}
+
+fn klusterlets() -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("operator.open-cluster-management.io", "v1", "Klusterlet"), "klusterlets")
+}
+
+fn apply(api_version: &str, kind: &str) -> ApiResource {
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let plural = format!("{}s", kind.to_ascii_lowercase());
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), &plural)
+}
+
+/// Server-side applies `obj` (cluster-scoped or namespaced) with the admin client.
+async fn ssa(client: &kube::Client, obj: &Value) -> Result<(), kube::Error> {
+    let ar = apply(obj["apiVersion"].as_str().unwrap_or_default(), obj["kind"].as_str().unwrap_or_default());
+    let name = obj["metadata"]["name"].as_str().unwrap_or_default();
+    let api: Api<DynamicObject> = match obj["metadata"]["namespace"].as_str() {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    };
+    api.patch(name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(obj)).await.map(drop)
+}
+
+async fn delete(client: &kube::Client, api_version: &str, kind: &str, ns: Option<&str>, name: &str) -> Result<(), kube::Error> {
+    let ar = apply(api_version, kind);
+    let api: Api<DynamicObject> = match ns {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    };
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// The Klusterlet CRD as the klusterlet chart installs it on a managed cluster
+/// (`deploy/klusterlet/chart/klusterlet/crds/`), with an open schema: ../shared/crds has
+/// no Klusterlet. The emulated catalog's `klusterlet` stand-in carries the same.
+pub fn klusterlet_crd() -> Value {
+    json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition", "metadata": {"name": "klusterlets.operator.open-cluster-management.io"},
+        "spec": {"group": "operator.open-cluster-management.io", "scope": "Cluster",
+            "names": {"kind": "Klusterlet", "listKind": "KlusterletList", "plural": "klusterlets", "singular": "klusterlet"},
+            "versions": [{"name": "v1", "served": true, "storage": true, "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}})
+}
+
+// ---------------------------------------------------------------------------------------
+// the hub
+
+/// Installs on the hub what `clusteradm init` leaves for joins: the bootstrap identity
+/// and `kube-public/cluster-info` naming `server` with CA `ca_pem`.
+pub async fn install_hub(hub: &kube::Client, server: &str, ca_pem: &[u8]) -> Result<(), kube::Error> {
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    let info = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: \"\"\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\ncontexts: []\nusers: []\ncurrent-context: \"\"\n"
+    );
+    for obj in [
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": HUB_NAMESPACE}}),
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": BOOTSTRAP_SA, "namespace": HUB_NAMESPACE}}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": BOOTSTRAP_ROLE}, "rules": [
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]},
+            {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"], "verbs": ["create", "get", "list", "watch"]},
+            {"apiGroups": ["cluster.open-cluster-management.io"], "resources": ["managedclusters"], "verbs": ["get", "create", "list", "watch"]},
+            {"apiGroups": ["cluster.open-cluster-management.io"], "resources": ["managedclustersets/join"], "verbs": ["create"]},
+        ]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "open-cluster-management:bootstrap:agent-registration"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": BOOTSTRAP_ROLE},
+               "subjects": [{"kind": "ServiceAccount", "name": BOOTSTRAP_SA, "namespace": HUB_NAMESPACE}]}),
+        // kubeadm's bootstrap-token phase (`phases/bootstraptoken/clusterinfo`).
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cluster-info", "namespace": "kube-public"}, "data": {"kubeconfig": info}}),
+    ] {
+        ssa(hub, &obj).await?;
+    }
+    Ok(())
+}
+
+fn conditions(mc: &DynamicObject) -> Vec<Value> {
+    mc.data.pointer("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default()
+}
+
+fn condition_status(mc: &DynamicObject, type_: &str) -> Option<String> {
+    conditions(mc).into_iter().find(|c| c["type"] == type_).and_then(|c| c["status"].as_str().map(str::to_owned))
+}
+
+/// Sets one condition as `meta.SetStatusCondition` does (the transition time moves only
+/// with the status); true when something changed.
+fn set_condition(conds: &mut Vec<Value>, type_: &str, status: &str, reason: &str, message: &str) -> bool {
+    match conds.iter_mut().find(|c| c["type"] == type_) {
+        Some(c) if c["status"] == status && c["reason"] == reason && c["message"] == message => false,
+        Some(c) => {
+            if c["status"] != status {
+                c["lastTransitionTime"] = json!(now());
+            }
+            c["status"] = json!(status);
+            c["reason"] = json!(reason);
+            c["message"] = json!(message);
+            true
+        }
+        None => {
+            conds.push(json!({"type": type_, "status": status, "reason": reason, "message": message, "lastTransitionTime": now()}));
+            true
+        }
+    }
+}
+
+/// Writes `conds` as the status conditions of `mc` (an update at its resourceVersion: a
+/// concurrent writer makes it fail, and the next tick reads again).
+async fn write_conditions(api: &Api<DynamicObject>, mc: &DynamicObject, conds: Vec<Value>, extra: Option<(&str, Value)>) -> Result<(), kube::Error> {
+    let mut obj = mc.clone();
+    let status = obj.data.as_object_mut().map(|o| o.entry("status").or_insert_with(|| json!({})));
+    if let Some(status) = status {
+        status["conditions"] = json!(conds);
+        if let Some((k, v)) = extra {
+            status[k] = v;
+        }
+    }
+    let name = mc.metadata.name.clone().unwrap_or_default();
+    api.replace_status(&name, &PostParams::default(), &obj).await.map(drop)
+}
+
+/// The per-cluster RBAC of an accepted (or denied) cluster, from `hub/manifests/rbac`.
+fn cluster_rbac(name: &str, accepted: bool) -> Vec<Value> {
+    let labels = json!({CLUSTER_NAME_LABEL: name});
+    let groups = json!([
+        {"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": format!("{SUBJECT_PREFIX}{name}")},
+        {"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": format!("open-cluster-management:{name}")},
+    ]);
+    let rules = if accepted {
+        json!([
+            {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"], "verbs": ["create", "get", "list", "watch"]},
+            {"apiGroups": ["register.open-cluster-management.io"], "resources": ["managedclusters/clientcertificates"], "verbs": ["renew"]},
+            {"apiGroups": ["cluster.open-cluster-management.io"], "resources": ["managedclusters"], "resourceNames": [name], "verbs": ["get", "list", "update", "watch"]},
+            {"apiGroups": ["cluster.open-cluster-management.io"], "resources": ["managedclusters/status"], "resourceNames": [name], "verbs": ["patch", "update"]},
+        ])
+    } else {
+        json!([{"apiGroups": ["cluster.open-cluster-management.io"], "resources": ["managedclusters"], "resourceNames": [name], "verbs": ["get", "list", "watch"]}])
+    };
+    let role = format!("open-cluster-management:managedcluster:{name}");
+    vec![
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": role, "labels": labels}, "rules": rules}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": role, "labels": labels},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role}, "subjects": groups}),
+    ]
+}
+
+/// The role every agent shares and its binding in the cluster's namespace (leases).
+fn registration_rbac(name: &str) -> Vec<Value> {
+    let shared = "open-cluster-management:managedcluster:registration";
+    vec![
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": shared}, "rules": [
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list", "watch", "update"]},
+            {"apiGroups": ["addon.open-cluster-management.io"], "resources": ["managedclusteraddons"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["addon.open-cluster-management.io"], "resources": ["managedclusteraddons/status"], "verbs": ["patch", "update"]},
+            {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]},
+        ]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": format!("open-cluster-management:managedcluster:{name}:registration"), "namespace": name, "labels": {CLUSTER_NAME_LABEL: name}},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": shared},
+               "subjects": [
+                   {"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": format!("{SUBJECT_PREFIX}{name}")},
+                   {"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": format!("open-cluster-management:{name}")},
+               ]}),
+    ]
+}
+
+async fn remove_rbac(hub: &kube::Client, name: &str) -> Result<(), kube::Error> {
+    let role = format!("open-cluster-management:managedcluster:{name}");
+    delete(hub, "rbac.authorization.k8s.io/v1", "ClusterRoleBinding", None, &role).await?;
+    delete(hub, "rbac.authorization.k8s.io/v1", "ClusterRole", None, &role).await?;
+    delete(hub, "rbac.authorization.k8s.io/v1", "RoleBinding", Some(name), &format!("{role}:registration")).await
+}
+
+/// One pass of the hub's ManagedCluster and lease controllers; a cluster whose pass
+/// fails does not hold up the others (the first error is returned after all ran).
+pub async fn hub_tick(hub: &kube::Client) -> Result<(), kube::Error> {
+    let api: Api<DynamicObject> = Api::all_with(hub.clone(), &managed_clusters());
+    let mut first = Ok(());
+    for mc in api.list(&Default::default()).await?.items {
+        let r = reconcile(hub, &api, mc).await;
+        if first.is_ok() {
+            first = r;
+        }
+    }
+    first
+}
+
+/// The controllers' pass over one ManagedCluster.
+async fn reconcile(hub: &kube::Client, api: &Api<DynamicObject>, mc: DynamicObject) -> Result<(), kube::Error> {
+    let api = api.clone();
+    {
+        let Some(name) = mc.metadata.name.clone() else { return Ok(()) };
+        let finalizers = mc.metadata.finalizers.clone().unwrap_or_default();
+        if mc.metadata.deletion_timestamp.is_some() {
+            if finalizers.iter().any(|f| f == CLEANUP_FINALIZER) {
+                remove_rbac(hub, &name).await?;
+                let rest: Vec<_> = finalizers.into_iter().filter(|f| f != CLEANUP_FINALIZER).collect();
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": rest, "resourceVersion": mc.metadata.resource_version}})))
+                    .await?;
+            }
+            return Ok(());
+        }
+        let accepts = mc.data.pointer("/spec/hubAcceptsClient").and_then(Value::as_bool) == Some(true);
+        let mut conds = conditions(&mc);
+        if !accepts {
+            if condition_status(&mc, "HubAcceptedManagedCluster").as_deref() == Some("True") {
+                for obj in cluster_rbac(&name, false) {
+                    ssa(hub, &obj).await?;
+                }
+                delete(hub, "rbac.authorization.k8s.io/v1", "RoleBinding", Some(&name), &format!("open-cluster-management:managedcluster:{name}:registration")).await?;
+                set_condition(&mut conds, "HubAcceptedManagedCluster", "False", "HubClusterAdminDenied", "Denied by hub cluster admin");
+                write_conditions(&api, &mc, conds, None).await?;
+            }
+            return Ok(());
+        }
+        ssa(hub, &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {CLUSTER_NAME_LABEL: name}}})).await?;
+        if !finalizers.iter().any(|f| f == CLEANUP_FINALIZER) {
+            let mut all = finalizers.clone();
+            all.push(CLEANUP_FINALIZER.into());
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": all, "resourceVersion": mc.metadata.resource_version}})))
+                .await?;
+            return Ok(()); // the status write below would conflict; next tick
+        }
+        for obj in cluster_rbac(&name, true).into_iter().chain(registration_rbac(&name)) {
+            ssa(hub, &obj).await?;
+        }
+        if set_condition(&mut conds, "HubAcceptedManagedCluster", "True", "HubClusterAdminAccepted", "Accepted by hub cluster admin") {
+            write_conditions(&api, &mc, conds, None).await?;
+            return Ok(());
+        }
+        lease_tick(hub, &api, &mc, &name, conds).await?;
+    }
+    Ok(())
+}
+
+/// The lease controller's pass over one accepted cluster.
+async fn lease_tick(hub: &kube::Client, api: &Api<DynamicObject>, mc: &DynamicObject, name: &str, mut conds: Vec<Value>) -> Result<(), kube::Error> {
+    let leases: Api<Lease> = Api::namespaced(hub.clone(), name);
+    let Some(lease) = leases.get_opt(LEASE).await? else {
+        let lease: Lease = serde_json::from_value(json!({"metadata": {"name": LEASE, "namespace": name, "labels": {CLUSTER_NAME_LABEL: name}},
+            "spec": {"holderIdentity": LEASE, "renewTime": micro_now()}}))
+        .expect("a lease");
+        return leases.create(&PostParams::default(), &lease).await.map(drop);
+    };
+    let seconds = mc.data.pointer("/spec/leaseDurationSeconds").and_then(Value::as_i64).filter(|s| *s > 0).unwrap_or(DEFAULT_LEASE_SECONDS);
+    let grace = chrono_seconds(seconds * LEASE_DURATION_TIMES);
+    let renewed = lease.spec.and_then(|s| s.renew_time).map(|t| t.0);
+    let expired = renewed.is_none_or(|t| k8s_openapi::jiff::Timestamp::now() >= t + grace);
+    if expired
+        && set_condition(&mut conds, "ManagedClusterConditionAvailable", "Unknown", "ManagedClusterLeaseUpdateStopped", "Registration agent stopped updating its lease.")
+    {
+        write_conditions(api, mc, conds, None).await?;
+    }
+    Ok(())
+}
+
+fn chrono_seconds(s: i64) -> k8s_openapi::jiff::SignedDuration {
+    k8s_openapi::jiff::SignedDuration::from_secs(s)
+}
+
+fn micro_now() -> String {
+    k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+}
+
+// ---------------------------------------------------------------------------------------
+// the agent
+
+/// What the agent holds between passes.
+#[derive(Default)]
+struct AgentState {
+    /// The agent's name (`--agent-name`; upstream generates one).
+    agent: String,
+    /// The CSR it made and its private key (PEM).
+    csr: Option<(String, String)>,
+    /// The hub as this agent (its issued certificate).
+    hub: Option<kube::Client>,
+}
+
+/// The registration agent of one managed cluster; see the module docs.
+pub struct Klusterlet {
+    /// The test bed's name for the cluster: the agent acts only on a Klusterlet of this
+    /// name (virtual workload clusters share an API server, one Klusterlet among them).
+    cluster: String,
+    managed: kube::Client,
+    knobs: Arc<Mutex<std::collections::HashMap<String, OcmKnobs>>>,
+    state: tokio::sync::Mutex<AgentState>,
+}
+
+impl Klusterlet {
+    /// An agent for `cluster`, reached with `managed`.
+    pub fn new(cluster: &str, managed: kube::Client, knobs: Arc<Mutex<std::collections::HashMap<String, OcmKnobs>>>) -> Self {
+        let agent = format!("{:08x}", rand_u32());
+        Self { cluster: cluster.to_owned(), managed, knobs, state: tokio::sync::Mutex::new(AgentState { agent, ..AgentState::default() }) }
+    }
+
+    /// One pass; errors are retried on the next.
+    pub async fn tick(&self) -> Result<(), String> {
+        let cluster = &self.cluster;
+        let e = |what: &'static str| move |err: kube::Error| format!("klusterlet of {cluster}: {what}: {err}");
+        let kl: Api<DynamicObject> = Api::all_with(self.managed.clone(), &klusterlets());
+        let klusterlet = match kl.get_opt(KLUSTERLET).await {
+            Ok(k) => k,
+            Err(kube::Error::Api(s)) if s.code == 404 => None, // no CRD: no klusterlet installed
+            Err(err) => return Err(e("reading the Klusterlet")(err)),
+        };
+        let secrets: Api<Secret> = Api::namespaced(self.managed.clone(), AGENT_NAMESPACE);
+        let name = klusterlet.as_ref().and_then(|k| k.data.pointer("/spec/clusterName")?.as_str().map(str::to_owned));
+        let mut state = self.state.lock().await;
+        let Some(name) = name.filter(|n| *n == self.cluster && klusterlet.as_ref().is_some_and(|k| k.metadata.deletion_timestamp.is_none())) else {
+            // The klusterlet is removed (or not this cluster's): the agent stops.
+            if state.hub.is_some() || state.csr.is_some() {
+                *state = AgentState { agent: format!("{:08x}", rand_u32()), ..AgentState::default() };
+            }
+            return Ok(());
+        };
+        if state.hub.is_none() {
+            let Some(bootstrap) = secrets.get_opt(BOOTSTRAP_SECRET).await.map_err(e("reading the bootstrap Secret"))? else { return Ok(()) };
+            let Some(kc) = bootstrap.data.and_then(|d| d.get("kubeconfig").map(|b| String::from_utf8_lossy(&b.0).into_owned())) else { return Ok(()) };
+            let boot = client_from(&kc).await.map_err(|err| format!("klusterlet of {name}: the bootstrap kubeconfig: {err}"))?;
+            self.bootstrap(&boot, &name, &mut state).await?;
+            if state.hub.is_none() {
+                return Ok(());
+            }
+        }
+        let hub = state.hub.clone().expect("the hub identity");
+        drop(state);
+        self.joined(&hub, &name).await
+    }
+
+    /// With the bootstrap identity: the ManagedCluster, the CSR, and once signed, the
+    /// hub identity (also written to `hub-kubeconfig-secret`, as the agent does).
+    async fn bootstrap(&self, boot: &kube::Client, name: &str, state: &mut AgentState) -> Result<(), String> {
+        let mcs: Api<DynamicObject> = Api::all_with(boot.clone(), &managed_clusters());
+        let err = |what: &'static str| move |e: kube::Error| format!("klusterlet of {name}: {what}: {e}");
+        if mcs.get_opt(name).await.map_err(err("reading its ManagedCluster"))?.is_none() {
+            let mc = json!({"apiVersion": "cluster.open-cluster-management.io/v1", "kind": "ManagedCluster", "metadata": {"name": name},
+                "spec": {"hubAcceptsClient": false, "leaseDurationSeconds": DEFAULT_LEASE_SECONDS}});
+            let obj: DynamicObject = serde_json::from_value(mc).expect("a ManagedCluster");
+            match mcs.create(&PostParams::default(), &obj).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => return Err(err("creating its ManagedCluster")(e)),
+            }
+        }
+        let csrs: Api<CertificateSigningRequest> = Api::all(boot.clone());
+        let Some((csr_name, key)) = state.csr.clone() else {
+            let (request, key) = make_csr(name, &state.agent).map_err(|e| format!("klusterlet of {name}: making a CSR: {e}"))?;
+            let csr: CertificateSigningRequest = serde_json::from_value(json!({
+                "apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
+                "metadata": {"generateName": format!("{name}-"), "labels": {CLUSTER_NAME_LABEL: name}},
+                "spec": {"request": base64::engine::general_purpose::STANDARD.encode(request), "signerName": "kubernetes.io/kube-apiserver-client",
+                         "usages": ["digital signature", "key encipherment", "client auth"]},
+            }))
+            .expect("a CSR");
+            let made = csrs.create(&PostParams::default(), &csr).await.map_err(err("creating its CSR"))?;
+            state.csr = Some((made.metadata.name.unwrap_or_default(), key));
+            return Ok(());
+        };
+        let Some(csr) = csrs.get_opt(&csr_name).await.map_err(err("reading its CSR"))? else {
+            state.csr = None; // removed: make another
+            return Ok(());
+        };
+        let status = csr.status.unwrap_or_default();
+        if status.conditions.iter().flatten().any(|c| c.type_ == "Denied" || c.type_ == "Failed") {
+            state.csr = None;
+            return Err(format!("klusterlet of {name}: CSR {csr_name} was denied"));
+        }
+        let Some(cert) = status.certificate.filter(|c| !c.0.is_empty()) else { return Ok(()) };
+        let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+        let boot_kc = secret_kubeconfig(&self.managed).await.map_err(err("reading the bootstrap Secret"))?.unwrap_or_default();
+        let mut kc: Value = serde_json::from_str(&boot_kc).or_else(|_| serde_yaml_ng::from_str(&boot_kc)).map_err(|e| format!("klusterlet of {name}: {e}"))?;
+        kc["users"] = json!([{"name": "agent", "user": {"client-certificate-data": b64(&cert.0), "client-key-data": b64(key.as_bytes())}}]);
+        kc["contexts"][0]["context"]["user"] = json!("agent");
+        let text = kc.to_string();
+        let hub = client_from(&text).await.map_err(|e| format!("klusterlet of {name}: its hub kubeconfig: {e}"))?;
+        let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": HUB_SECRET, "namespace": AGENT_NAMESPACE},
+            "stringData": {"kubeconfig": text, "cluster-name": name, "agent-name": state.agent}});
+        ssa(&self.managed, &secret).await.map_err(err("writing hub-kubeconfig-secret"))?;
+        state.hub = Some(hub);
+        Ok(())
+    }
+
+    /// With its own identity: Joined once accepted, Available, the lease renewed.
+    async fn joined(&self, hub: &kube::Client, name: &str) -> Result<(), String> {
+        let err = |what: &'static str| move |e: kube::Error| format!("klusterlet of {name}: {what}: {e}");
+        let api: Api<DynamicObject> = Api::all_with(hub.clone(), &managed_clusters());
+        let mc = match api.get_opt(name).await {
+            Ok(Some(mc)) => mc,
+            Ok(None) => {
+                // Deleted on the hub: register again from the bootstrap (upstream's rebootstrap).
+                *self.state.lock().await = AgentState { agent: format!("{:08x}", rand_u32()), ..AgentState::default() };
+                return Ok(());
+            }
+            // Not accepted yet (or any more), or deleted with its RBAC: the bootstrap
+            // identity tells which; a deleted cluster registers again (upstream's
+            // rebootstrap, `spoke/spokeagent.go`).
+            Err(kube::Error::Api(s)) if s.code == 403 => {
+                let Some(kc) = secret_kubeconfig(&self.managed).await.map_err(err("reading the bootstrap Secret"))? else { return Ok(()) };
+                let boot = client_from(&kc).await.map_err(|e| format!("klusterlet of {name}: the bootstrap kubeconfig: {e}"))?;
+                let gone = Api::<DynamicObject>::all_with(boot, &managed_clusters()).get_opt(name).await.map_err(err("reading its ManagedCluster"))?.is_none();
+                if gone {
+                    *self.state.lock().await = AgentState { agent: format!("{:08x}", rand_u32()), ..AgentState::default() };
+                }
+                return Ok(());
+            }
+            Err(e) => return Err(err("reading its ManagedCluster")(e)),
+        };
+        if condition_status(&mc, "HubAcceptedManagedCluster").as_deref() != Some("True") {
+            return Ok(());
+        }
+        let unavailable = self.knobs.lock().expect("knobs lock").get(name).is_some_and(|k| k.unavailable);
+        let mut conds = conditions(&mc);
+        let mut changed = set_condition(&mut conds, "ManagedClusterJoined", "True", "ManagedClusterJoined", "Managed cluster joined");
+        changed |= if unavailable {
+            set_condition(&mut conds, "ManagedClusterConditionAvailable", "False", "ManagedClusterKubeAPIServerUnavailable", "The kube-apiserver is not ok, status code: 503")
+        } else {
+            set_condition(&mut conds, "ManagedClusterConditionAvailable", "True", "ManagedClusterAvailable", "Managed cluster is available")
+        };
+        if changed {
+            write_conditions(&api, &mc, conds, Some(("version", json!({"kubernetes": "v1.20.2"})))).await.map_err(err("updating its status"))?;
+        }
+        // The lease says the agent lives, whatever the health of its API server.
+        {
+            let leases: Api<Lease> = Api::namespaced(hub.clone(), name);
+            if let Some(mut lease) = leases.get_opt(LEASE).await.map_err(err("reading its lease"))? {
+                let fresh = lease.spec.as_ref().and_then(|s| s.renew_time.as_ref()).is_some_and(|t| k8s_openapi::jiff::Timestamp::now() < t.0 + chrono_seconds(1));
+                if !fresh {
+                    lease.spec.get_or_insert_with(Default::default).renew_time = serde_json::from_value(json!(micro_now())).ok();
+                    leases.replace(LEASE, &PostParams::default(), &lease).await.map_err(err("renewing its lease"))?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn secret_kubeconfig(managed: &kube::Client) -> Result<Option<String>, kube::Error> {
+    let secrets: Api<Secret> = Api::namespaced(managed.clone(), AGENT_NAMESPACE);
+    Ok(secrets.get_opt(BOOTSTRAP_SECRET).await?.and_then(|s| s.data?.get("kubeconfig").map(|b| String::from_utf8_lossy(&b.0).into_owned())))
+}
+
+pub async fn client_from(kubeconfig: &str) -> Result<kube::Client, String> {
+    let kc = kube::config::Kubeconfig::from_yaml(kubeconfig).map_err(|e| e.to_string())?;
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.map_err(|e| e.to_string())?;
+    kube::Client::try_from(config).map_err(|e| e.to_string())
+}
+
+/// A new key and a PEM CSR for the agent's identity (`register/csr/csr.go`: O =
+/// `system:open-cluster-management:<cluster>`, CN =
+/// `system:open-cluster-management:<cluster>:<agent>`). Upstream adds a second O, the
+/// managed-clusters group; rcgen keeps one value per attribute type, and only the
+/// cluster's group is bound by the registration RBAC.
+fn make_csr(cluster: &str, agent: &str) -> Result<(String, String), rcgen::Error> {
+    let key = rcgen::KeyPair::generate()?;
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params.distinguished_name.push(rcgen::DnType::OrganizationName, format!("{SUBJECT_PREFIX}{cluster}"));
+    params.distinguished_name.push(rcgen::DnType::CommonName, format!("{SUBJECT_PREFIX}{cluster}:{agent}"));
+    let csr = params.serialize_request(&key)?;
+    Ok((csr.pem()?, key.serialize_pem()))
+}
+
+fn rand_u32() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+    h.finish() as u32
+}
+
+/// The agents of a fleet's managed clusters, by the test bed's cluster name.
+pub type Agents = BTreeMap<String, Arc<Klusterlet>>;
+
+/// How often an agent looks again.
+pub const AGENT_TICK: Duration = Duration::from_millis(250);

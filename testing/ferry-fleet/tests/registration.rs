@@ -1,0 +1,117 @@
+//! OCM registration on the test bed goes only through a klusterlet, as upstream's does: a
+//! ManagedCluster the admin accepts without an agent never becomes Available; a joined
+//! cluster's agent makes its ManagedCluster and CSR with the bootstrap identity, which may
+//! not accept it; once the CSR is approved and the cluster accepted, the agent (with its
+//! own certificate, limited to its own cluster) reports it Joined and Available and renews
+//! its lease; when the agent stops, the hub's lease controller marks it Unknown; a denied
+//! cluster loses its acceptance; a deleted one is cleaned up and registered again.
+
+use std::time::Duration;
+
+use ferry_fleet::emulated_ocm::EmulatedOcm;
+use ferry_fleet::emulated_registration::{self, LEASE};
+use ferry_fleet::{Fleet, FleetOptions};
+use ferry_kube::kinds::ManagedCluster;
+use ferry_kube::ocm_join::{self, AGENT_NAMESPACE, BOOTSTRAP_USER, CLUSTER_NAME_LABEL, HUB_SECRET, KLUSTERLET};
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Secret;
+use futures::StreamExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::wait::await_condition;
+use serde_json::json;
+
+const WAIT: Duration = Duration::from_secs(90);
+
+fn cond(m: Option<&ManagedCluster>, type_: &str) -> Option<String> {
+    m.and_then(|m| m.condition(type_).map(str::to_owned))
+}
+
+async fn until<F: Fn(Option<&ManagedCluster>) -> bool>(api: &Api<ManagedCluster>, name: &str, what: &str, f: F) -> Option<ManagedCluster> {
+    tokio::time::timeout(WAIT, await_condition(api.clone(), name, f)).await.unwrap_or_else(|_| panic!("{name}: {what} within {WAIT:?}")).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registration_goes_only_through_a_klusterlet() {
+    let _ = tracing_subscriber::fmt().with_env_filter("warn").with_test_writer().try_init();
+    let fleet = Fleet::start(FleetOptions::hub_and(1)).await.unwrap();
+    fleet.install_crds().await.unwrap();
+    let _ocm = EmulatedOcm::start(&fleet).await.unwrap();
+    let hub = fleet.hub().client().await.unwrap();
+    let member = fleet.cluster("member-1").unwrap().client().await.unwrap();
+    let mcs: Api<ManagedCluster> = Api::all(hub.clone());
+
+    // Accepted by the admin, no agent: the hub accepts it and makes its lease, and nothing
+    // ever says it joined or is available.
+    let lone = json!({"apiVersion": "cluster.open-cluster-management.io/v1", "kind": "ManagedCluster", "metadata": {"name": "no-agent"}, "spec": {"hubAcceptsClient": true}});
+    mcs.patch("no-agent", &PatchParams::apply("test"), &Patch::Apply(&lone)).await.unwrap();
+    until(&mcs, "no-agent", "accepted by the hub", |m| cond(m, "HubAcceptedManagedCluster").as_deref() == Some("True")).await;
+    let leases: Api<Lease> = Api::namespaced(hub.clone(), "no-agent");
+    tokio::time::timeout(WAIT, await_condition(leases, LEASE, |l: Option<&Lease>| l.is_some())).await.expect("its lease").unwrap();
+    let m = mcs.get("no-agent").await.unwrap();
+    assert_eq!(m.condition("ManagedClusterJoined"), None, "only an agent says a cluster joined");
+    assert_eq!(m.condition("ManagedClusterConditionAvailable"), None, "only an agent says a cluster is available");
+
+    // clusteradm join: the agent makes its ManagedCluster (not accepted) and a CSR as the
+    // bootstrap identity.
+    ferry_fleet::crds::install(&member, vec![emulated_registration::klusterlet_crd()]).await.unwrap();
+    let bootstrap = ocm_join::bootstrap_kubeconfig(&hub, None).await.unwrap();
+    let on_member = ferry_kube::Clusters::new(member.clone());
+    for obj in ocm_join::agent_objects("member-1", &bootstrap) {
+        on_member.apply(ferry_kube::HUB, &obj, "test").await.unwrap();
+    }
+    let m = until(&mcs, "member-1", "made by its agent", |m| m.is_some()).await.unwrap();
+    assert_eq!(m.spec["hubAcceptsClient"], false);
+    let csrs: Api<CertificateSigningRequest> = Api::all(hub.clone());
+    let mut made = watcher(csrs.clone(), watcher::Config::default().labels(&format!("{CLUSTER_NAME_LABEL}=member-1"))).applied_objects().boxed();
+    let csr = tokio::time::timeout(WAIT, made.next()).await.expect("the agent's CSR").unwrap().unwrap();
+    assert_eq!(csr.spec.username.as_deref(), Some(BOOTSTRAP_USER), "made with the bootstrap identity");
+    assert_eq!(csr.spec.signer_name, "kubernetes.io/kube-apiserver-client");
+
+    // The bootstrap identity may not accept its own cluster.
+    let kc = kube::config::Kubeconfig::from_yaml(&bootstrap).unwrap();
+    let boot = kube::Client::try_from(kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.unwrap()).unwrap();
+    let refused = Api::<ManagedCluster>::all(boot).patch("member-1", &PatchParams::default(), &Patch::Merge(json!({"spec": {"hubAcceptsClient": true}}))).await;
+    assert!(matches!(&refused, Err(kube::Error::Api(s)) if s.code == 403), "the bootstrap identity accepted a cluster: {refused:?}");
+    assert_eq!(mcs.get("member-1").await.unwrap().condition("ManagedClusterConditionAvailable"), None, "not available before it is accepted");
+
+    // clusteradm accept: the CSR approved (the signer issues the certificate), the cluster
+    // accepted; the agent reports it joined and available and renews its lease.
+    assert!(ocm_join::approve_csrs(&hub, "member-1").await.unwrap(), "the agent's CSR is approved");
+    ocm_join::accept(&hub, "member-1", &json!({})).await.unwrap();
+    until(&mcs, "member-1", "Available", |m| cond(m, "ManagedClusterConditionAvailable").as_deref() == Some("True")).await;
+    assert_eq!(mcs.get("member-1").await.unwrap().condition("ManagedClusterJoined"), Some("True"));
+    let leases: Api<Lease> = Api::namespaced(hub.clone(), "member-1");
+    let renewed = |l: &Lease| l.spec.as_ref().and_then(|s| s.renew_time.clone());
+    let lease = tokio::time::timeout(WAIT, await_condition(leases.clone(), LEASE, |l: Option<&Lease>| l.is_some())).await.expect("its lease").unwrap();
+    let first = lease.as_ref().and_then(renewed);
+    tokio::time::timeout(WAIT, await_condition(leases.clone(), LEASE, |l: Option<&Lease>| l.and_then(renewed) != first)).await.expect("renewed").unwrap();
+
+    // The agent's own identity (its signed certificate) reaches its cluster only.
+    let secret = Api::<Secret>::namespaced(member.clone(), AGENT_NAMESPACE).get(HUB_SECRET).await.unwrap();
+    let text = String::from_utf8(secret.data.unwrap()["kubeconfig"].0.clone()).unwrap();
+    let agent = emulated_registration::client_from(&text).await.unwrap();
+    let as_agent: Api<ManagedCluster> = Api::all(agent);
+    assert!(as_agent.get("member-1").await.is_ok(), "the agent reads its own cluster");
+    let other = as_agent.get("no-agent").await;
+    assert!(matches!(&other, Err(kube::Error::Api(s)) if s.code == 403), "the agent read another cluster: {other:?}");
+
+    // The agent stops (its Klusterlet removed): past five lease durations the hub's lease
+    // controller says Unknown.
+    mcs.patch("member-1", &PatchParams::default(), &Patch::Merge(json!({"spec": {"leaseDurationSeconds": 1}}))).await.unwrap();
+    let klusterlet = ocm_join::klusterlet("member-1");
+    on_member.delete(ferry_kube::HUB, &klusterlet).await.unwrap();
+    let m = until(&mcs, "member-1", "Unknown once the lease is stale", |m| cond(m, "ManagedClusterConditionAvailable").as_deref() == Some("Unknown")).await.unwrap();
+    let c = m.status["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "ManagedClusterConditionAvailable").unwrap().clone();
+    assert_eq!(c["reason"], "ManagedClusterLeaseUpdateStopped");
+    assert_eq!(KLUSTERLET, klusterlet["metadata"]["name"]);
+
+    // Denied: the hub withdraws its acceptance.
+    mcs.patch("member-1", &PatchParams::default(), &Patch::Merge(json!({"spec": {"hubAcceptsClient": false}}))).await.unwrap();
+    until(&mcs, "member-1", "denied", |m| cond(m, "HubAcceptedManagedCluster").as_deref() == Some("False")).await;
+
+    // Deleted: the hub removes its RBAC and its finalizer; gone.
+    mcs.delete("no-agent", &DeleteParams::default()).await.unwrap();
+    tokio::time::timeout(WAIT, await_condition(mcs.clone(), "no-agent", |m: Option<&ManagedCluster>| m.is_none())).await.expect("deleted").unwrap();
+}

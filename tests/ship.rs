@@ -257,20 +257,36 @@ async fn chart_rbac_passes_ocm_admission() {
     let ar = kube::core::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk("cluster.open-cluster-management.io", "v1", "ManagedCluster"));
     let as_create = Api::<DynamicObject>::all_with(fleet.hub().client_as(&sa("create-cluster"), &groups).await.unwrap(), &ar);
     let as_peer = Api::<DynamicObject>::all_with(fleet.hub().client_as(&sa("peer"), &groups).await.unwrap(), &ar);
-    // As the create-cluster worker registers a cluster: accepted, in its set.
+    // A klusterlet made the ManagedCluster (not accepted); the create-cluster worker
+    // accepts it into its set, as `clusteradm accept` does.
     let mc: DynamicObject = serde_json::from_value(serde_json::json!({"apiVersion": "cluster.open-cluster-management.io/v1", "kind": "ManagedCluster",
-        "metadata": {"name": "edge-1", "labels": {ferry_kube::vocab::ocm::CLUSTERSET_LABEL: "edge"}}, "spec": {"hubAcceptsClient": true}}))
+        "metadata": {"name": "edge-1"}, "spec": {"hubAcceptsClient": false}}))
     .unwrap();
+    Api::<DynamicObject>::all_with(admin.clone(), &ar).create(&PostParams::default(), &mc).await.unwrap();
+    let accept = Patch::Merge(serde_json::json!({"metadata": {"labels": {ferry_kube::vocab::ocm::CLUSTERSET_LABEL: "edge"}}, "spec": {"hubAcceptsClient": true}}));
     // RBAC may take a moment to see the bindings just written; admission's answer is final.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
-        match as_create.create(&PostParams::default(), &mc).await {
+        match as_create.patch("edge-1", &PatchParams::default(), &accept).await {
             Ok(_) => break,
             Err(kube::Error::Api(e)) if e.message.contains("admission webhook") || std::time::Instant::now() >= deadline => {
-                panic!("the create-cluster worker's chart RBAC cannot register a cluster: {}", e.message)
+                panic!("the create-cluster worker's chart RBAC cannot accept a cluster: {}", e.message)
             }
             Err(_) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
         }
+    }
+    // ...and approves its agent's CSR: listing, the approval subresource, `approve` on the signer.
+    let review = |verb: &str, resource: &str, sub: &str, name: &str| {
+        serde_json::json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": {"user": sa("create-cluster"), "groups": groups,
+            "resourceAttributes": {"group": "certificates.k8s.io", "resource": resource, "subresource": sub, "verb": verb, "name": name}}})
+    };
+    let sar = kube::core::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk("authorization.k8s.io", "v1", "SubjectAccessReview"));
+    let reviews = Api::<DynamicObject>::all_with(admin.clone(), &sar);
+    for (verb, resource, sub, name) in [("list", "certificatesigningrequests", "", ""), ("update", "certificatesigningrequests", "approval", "edge-1-x"),
+        ("approve", "signers", "", "kubernetes.io/kube-apiserver-client")] {
+        let r: DynamicObject = serde_json::from_value(review(verb, resource, sub, name)).unwrap();
+        let got = reviews.create(&PostParams::default(), &r).await.unwrap();
+        assert_eq!(got.data["status"]["allowed"], true, "create-cluster may {verb} {resource}/{sub} {name}");
     }
     // As the peer worker moves a cluster into a Submariner set.
     let patch = Patch::Merge(serde_json::json!({"metadata": {"labels": {ferry_kube::vocab::ocm::CLUSTERSET_LABEL: "tunnels"}}}));

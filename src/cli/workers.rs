@@ -36,6 +36,10 @@ pub struct WorkerArgs {
     /// the emulated fleet's).
     #[arg(long, env = "FERRY_ADDONS")]
     pub addons: Option<String>,
+    /// create-cluster: the hub's API address as new clusters' klusterlets reach it
+    /// (`clusteradm join --hub-apiserver`; default: the hub's kube-public/cluster-info).
+    #[arg(long, env = "FERRY_HUB_APISERVER")]
+    pub hub_apiserver: Option<String>,
     /// offload: the latency matrix bursts rank peers by (YAML `from: {to: milliseconds}`).
     #[arg(long, env = "FERRY_LATENCY")]
     pub latency: Option<PathBuf>,
@@ -118,6 +122,7 @@ pub async fn run(conn: &common::Conn, a: WorkerArgs) -> anyhow::Result<ExitCode>
         TaskKind::CreateCluster => {
             let mut cfg = ferry_cluster::ClusterConfig::new(hub(a.kubeconfig.as_deref()).await?);
             cfg.catalog = Arc::new(catalog(a.addons.as_deref())?);
+            cfg.hub_apiserver = a.hub_apiserver.clone();
             serve(opts, ferry_cluster::ClusterHandler::new(cfg), shutdown).await?;
         }
         TaskKind::Peer => {

@@ -107,6 +107,9 @@ pub const OCM_MISSING: &str = "OCM_MISSING";
 pub const CLUSTER_CLASS_NO_WORKERS: &str = "CLUSTER_CLASS_NO_WORKERS";
 /// The undo of a deletion that began: a deleted Cluster is not brought back.
 pub const IRREVERSIBLE: &str = "IRREVERSIBLE";
+/// The CSRs of a joining cluster come from more than one agent; none is approved (as
+/// `clusteradm accept` refuses them).
+pub const OCM_CSR_CONFLICT: &str = "OCM_CSR_CONFLICT";
 /// The ManagedClusterSet to register into does not exist.
 pub const CLUSTER_SET_MISSING: &str = "CLUSTER_SET_MISSING";
 /// The ClusterClass a topology names does not exist.

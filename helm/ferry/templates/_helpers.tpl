@@ -106,12 +106,32 @@ through their kubeconfig Secrets (Cluster API's <cluster>-kubeconfig), never clu
 - apiGroups: [""]
   resources: [namespaces]
   verbs: [get, create, patch, delete]
+# The klusterlet creates the ManagedCluster; Ferry accepts, labels and deletes it.
 - apiGroups: [cluster.open-cluster-management.io]
   resources: [managedclusters]
-  verbs: [get, list, watch, create, patch, delete]
+  verbs: [get, list, watch, patch, delete]
 - apiGroups: [cluster.open-cluster-management.io]
   resources: [managedclustersets]
   verbs: [get, list, watch]
+# clusteradm join: a bootstrap token of OCM's bootstrap ServiceAccount (clusteradm
+# pkg/helpers/client.go GetBootstrapTokenFromSA); the hub's address and CA come from
+# kube-public/cluster-info (secrets and configmaps are read above).
+- apiGroups: [""]
+  resources: [serviceaccounts/token]
+  resourceNames: [agent-registration-bootstrap]
+  verbs: [create]
+# clusteradm accept: the agent's CSR approved (the approval subresource and `approve` on
+# the signer, kubernetes pkg/apis/certificates: approval needs both).
+- apiGroups: [certificates.k8s.io]
+  resources: [certificatesigningrequests]
+  verbs: [get, list]
+- apiGroups: [certificates.k8s.io]
+  resources: [certificatesigningrequests/approval]
+  verbs: [update]
+- apiGroups: [certificates.k8s.io]
+  resources: [signers]
+  resourceNames: [kubernetes.io/kube-apiserver-client]
+  verbs: [approve]
 # OCM's ManagedCluster webhook authorizes accepting a cluster and putting it into a set
 # separately (ocm pkg/registration/webhook/v1/managedcluster_validating.go).
 - apiGroups: [register.open-cluster-management.io]

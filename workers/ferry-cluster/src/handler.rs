@@ -14,7 +14,7 @@ use ferry_kube::{Clusters, Watches};
 use ferry_task::{Rejection, Step, TaskHandler, TaskKind};
 
 use crate::addons::Catalog;
-use crate::spec::{ClusterCommand, ClusterOperation};
+use crate::spec::{AddonRequest, ClusterCommand, ClusterOperation};
 use crate::steps::addon::AddonStep;
 use crate::steps::apply::ApplyStep;
 use crate::steps::check::CreateCheck;
@@ -22,7 +22,7 @@ use crate::steps::delete::{DeleteCheck, DeleteStep};
 use crate::steps::initialization::{CONTROL_PLANE, ClusterWait, INFRASTRUCTURE};
 use crate::steps::kubeconfig::KubeconfigStep;
 use crate::steps::nodes::NodesStep;
-use crate::steps::register::{DeregisterStep, RegisterStep};
+use crate::steps::register::{DeregisterStep, KLUSTERLET_ADDON, RegisterStep};
 use crate::steps::scale::{ScaleCheck, ScaleStep, ScaleWait};
 
 /// What the create-cluster worker needs.
@@ -38,6 +38,9 @@ pub struct ClusterConfig {
     pub removal_timeout: Duration,
     /// How long a new ManagedCluster has to become available.
     pub registration_timeout: Duration,
+    /// The hub's API address for new clusters' klusterlets (`clusteradm join
+    /// --hub-apiserver`); None: the address in the hub's `kube-public/cluster-info`.
+    pub hub_apiserver: Option<String>,
 }
 
 impl ClusterConfig {
@@ -49,6 +52,7 @@ impl ClusterConfig {
             catalog: Arc::new(Catalog::builtin()),
             removal_timeout: Duration::from_secs(600),
             registration_timeout: Duration::from_secs(300),
+            hub_apiserver: None,
         }
     }
 }
@@ -115,7 +119,12 @@ impl TaskHandler for ClusterHandler {
                 steps.push(Arc::new(NodesStep(i.clone()))); // Machines with nodes, the nodes Ready
                 steps.extend(rest.into_iter().map(|a| Arc::new(AddonStep::new(i, a)) as Arc<dyn Step<ClusterCommand>>));
                 if spec.ocm.enabled {
-                    steps.push(Arc::new(RegisterStep(i.clone()))); // ManagedCluster Available; undo deregisters
+                    // The klusterlet operator (clusteradm join installs its chart), unless
+                    // the command names it; then join and accept.
+                    if !spec.addons.iter().any(|a| a.name == KLUSTERLET_ADDON) && i.cfg.catalog.get(KLUSTERLET_ADDON).is_some() {
+                        steps.push(Arc::new(AddonStep::new(i, &AddonRequest { name: KLUSTERLET_ADDON.into(), ..AddonRequest::default() })));
+                    }
+                    steps.push(Arc::new(RegisterStep(i.clone()))); // joined, accepted, Available; undo deregisters
                 }
                 steps
             }

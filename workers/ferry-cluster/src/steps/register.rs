@@ -1,11 +1,19 @@
-//! `register` (the last step of a create with `ocm.enabled`): the ManagedCluster applied
-//! on the hub and Available (joined); its undo deregisters. `deregister` (a delete's, before
-//! `delete`): Ferry's ManagedCluster of this namespace deleted and gone; its undo registers
-//! the cluster again while its Cluster still stands.
+//! `register` (the last step of a create with `ocm.enabled`): the new cluster joins the
+//! hub as `clusteradm join` + `clusteradm accept` do ([`ferry_kube::ocm_join`]): a
+//! bootstrap kubeconfig and the Klusterlet on the cluster (its operator is the
+//! `klusterlet` add-on, installed just before), then, once the agent has made its
+//! ManagedCluster and CSR, the CSR approved and the cluster accepted with Ferry's labels;
+//! done when the agent reports it Available (only a klusterlet does:
+//! `pkg/registration/hub/lease/controller.go` never sets True). Its undo deregisters and
+//! removes the Klusterlet and bootstrap Secret. `deregister` (a delete's, before
+//! `delete`): Ferry's ManagedCluster of this namespace deleted and gone; its undo accepts
+//! the cluster again while its Cluster and klusterlet still stand.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use ferry_kube::kinds::ManagedCluster;
+use ferry_kube::ocm_join::{self, JoinError};
 use ferry_kube::step_errors::{hub_err, kube_err};
 use ferry_kube::{Check, HUB};
 use ferry_task::{Output, Step, StepContext, StepError, StepPolicy, codes};
@@ -19,6 +27,20 @@ use super::{delete, own_cluster, own_managed_cluster, wait_err, wait_policy};
 use crate::handler::Inner;
 use crate::render::{self, MANAGER};
 use crate::spec::ClusterCommand;
+
+/// The catalog add-on that installs the klusterlet operator.
+pub const KLUSTERLET_ADDON: &str = "klusterlet";
+
+/// How often the accept looks for the agent's CSR (`clusteradm accept --wait` polls too).
+const CSR_POLL: Duration = Duration::from_secs(1);
+
+fn join_err(e: JoinError) -> StepError {
+    match e {
+        JoinError::Hub { source, .. } => hub_err(source),
+        e @ JoinError::NotAHub(_) => StepError::permanent(codes::OCM_MISSING, e.to_string()),
+        e @ JoinError::SeveralRequesters { .. } => StepError::permanent(codes::OCM_CSR_CONFLICT, e.to_string()),
+    }
+}
 
 /// The `register` step's output.
 pub const REGISTER: Output<Registered> = Output::new("register");
@@ -42,17 +64,22 @@ pub struct Deregistered {
     pub removed: bool,
 }
 
-/// The `register` step.
-pub struct RegisterStep(pub(crate) Arc<Inner>);
-
-/// Deletes Ferry's ManagedCluster of `cmd` and waits until it is gone; false when there
-/// was none.
+/// Removes the klusterlet's Klusterlet and bootstrap Secret (else its agent registers the
+/// cluster again), then deletes Ferry's ManagedCluster of `cmd` (or one its klusterlet
+/// made that was never accepted) and waits until it is gone; false when there was none.
 async fn deregister(inner: &Inner, cmd: &ClusterCommand) -> Result<bool, StepError> {
-    let Some(_) = own_managed_cluster(inner, cmd).await? else {
-        return Ok(false);
-    };
+    unjoin(inner, cmd).await?;
     let hub = inner.hub();
     let api: Api<ManagedCluster> = Api::all(hub.clone());
+    let own = own_managed_cluster(inner, cmd).await?.is_some();
+    let pending = || async {
+        Ok::<_, StepError>(api.get_opt(&cmd.name).await.map_err(hub_err)?.is_some_and(|m| {
+            m.metadata.labels.as_ref().is_none_or(|l| !l.contains_key(render::NAMESPACE_LABEL)) && m.spec.get("hubAcceptsClient").and_then(Value::as_bool) != Some(true)
+        }))
+    };
+    if !own && !pending().await? {
+        return Ok(false);
+    }
     match api.delete(&cmd.name, &Default::default()).await {
         Ok(_) => {}
         Err(kube::Error::Api(s)) if s.code == 404 => {}
@@ -61,6 +88,57 @@ async fn deregister(inner: &Inner, cmd: &ClusterCommand) -> Result<bool, StepErr
     inner.cfg.watches.wait_deleted::<ManagedCluster>(HUB, &hub, None, &cmd.name, inner.cfg.removal_timeout).await.map_err(wait_err)?;
     Ok(true)
 }
+
+/// Removes the Klusterlet and the bootstrap Secret from the workload cluster (its
+/// operator goes with the `klusterlet` add-on's undo); a cluster already gone is fine.
+async fn unjoin(inner: &Inner, cmd: &ClusterCommand) -> Result<(), StepError> {
+    let Ok(_) = inner.cfg.clusters.client(&cmd.name).await else { return Ok(()) };
+    for obj in ocm_join::agent_objects(&cmd.name, "").into_iter().skip(1) {
+        match inner.cfg.clusters.delete(&cmd.name, &obj).await {
+            Ok(_) => {}
+            Err(e) if e.is_transient() => return Err(kube_err(codes::WORKLOAD_API, e)),
+            // The Klusterlet's kind is not served (the operator is gone): nothing to remove.
+            Err(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// `clusteradm join`: a bootstrap kubeconfig (a one-hour token, never logged) and the
+/// Klusterlet on the cluster.
+async fn join(inner: &Inner, cmd: &ClusterCommand) -> Result<(), StepError> {
+    let bootstrap = ocm_join::bootstrap_kubeconfig(&inner.hub(), inner.cfg.hub_apiserver.as_deref()).await.map_err(join_err)?;
+    for obj in ocm_join::agent_objects(&cmd.name, &bootstrap) {
+        inner.cfg.clusters.apply(&cmd.name, &obj, MANAGER).await.map_err(|e| kube_err(codes::WORKLOAD_API, e))?;
+    }
+    Ok(())
+}
+
+/// `clusteradm accept` until the deadline: the agent's ManagedCluster and CSR, the CSR
+/// approved, the cluster accepted with Ferry's labels.
+async fn accept(inner: &Inner, cmd: &ClusterCommand, deadline: Instant) -> Result<(), StepError> {
+    let hub = inner.hub();
+    let api: Api<ManagedCluster> = Api::all(hub.clone());
+    let mut every = tokio::time::interval(CSR_POLL);
+    loop {
+        every.tick().await;
+        let exists = api.get_opt(&cmd.name).await.map_err(hub_err)?.is_some();
+        if exists && ocm_join::approve_csrs(&hub, &cmd.name).await.map_err(join_err)? {
+            let labels = render::managed_cluster(cmd)["metadata"]["labels"].clone();
+            return ocm_join::accept(&hub, &cmd.name, &labels).await.map_err(join_err);
+        }
+        if Instant::now() >= deadline {
+            let what = if exists { "its CSR" } else { "its ManagedCluster" };
+            return Err(StepError::permanent(
+                codes::DEADLINE_EXCEEDED,
+                format!("the klusterlet of {} made no {what} within {}s (is the klusterlet operator running?)", cmd.name, inner.cfg.registration_timeout.as_secs()),
+            ));
+        }
+    }
+}
+
+/// The `register` step.
+pub struct RegisterStep(pub(crate) Arc<Inner>);
 
 impl Step<ClusterCommand> for RegisterStep {
     fn name(&self) -> &str {
@@ -75,8 +153,11 @@ impl Step<ClusterCommand> for RegisterStep {
         async move {
             let cmd = cx.spec;
             let hub = self.0.hub();
-            self.0.cfg.clusters.apply(HUB, &render::managed_cluster(cmd), MANAGER).await.map_err(|e| kube_err(codes::HUB_API, e))?;
-            cx.progress(30, format!("ManagedCluster {} accepted; waiting for it to join", cmd.name));
+            let deadline = Instant::now() + self.0.cfg.registration_timeout;
+            join(&self.0, cmd).await?;
+            cx.progress(20, format!("klusterlet of {} given a bootstrap kubeconfig; waiting for its CSR", cmd.name));
+            accept(&self.0, cmd, deadline).await?;
+            cx.progress(50, format!("CSR approved and ManagedCluster {} accepted; waiting for its agent to report it Available", cmd.name));
             let mut seen = false;
             self.0
                 .cfg
@@ -137,9 +218,11 @@ impl Step<ClusterCommand> for DeregisterStep {
             let registered = delete::CHECK.get(cx).is_some_and(|c| c.registered);
             let removed = out.and_then(|o| o["removed"].as_bool()).unwrap_or(registered);
             if removed && own_cluster(&self.0, cx.spec).await.is_ok() {
+                // Joined and accepted again, with the labels it had.
                 let mut cmd = cx.spec.clone();
                 cmd.ocm.enabled = true;
-                self.0.cfg.clusters.apply(HUB, &render::managed_cluster(&cmd), MANAGER).await.map_err(|e| kube_err(codes::HUB_API, e))?;
+                join(&self.0, &cmd).await?;
+                accept(&self.0, &cmd, Instant::now() + self.0.cfg.registration_timeout).await?;
             }
             Ok(())
         }

@@ -293,7 +293,7 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
     };
     let fleet = &bed.fleet;
     let hub = bed.hub().await;
-    ferry_testkit::score::register(&hub, &["member-1", "member-2"], "campaign").await.unwrap();
+    ferry_testkit::score::register(fleet, &["member-1", "member-2"], "campaign").await.unwrap();
     for i in (0..TASKS).filter(|i| matches!(plan(*i), Plan::Deploy | Plan::DeployThenRevert)) {
         ferry_testkit::deploy::bind(&hub, &app(i).name, "campaign").await.unwrap();
     }

@@ -127,6 +127,13 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
             if ferry_testkit::offload::run(&client, &consumer, &provider).await? { ExitCode::SUCCESS } else { ExitCode::FAILURE }
         }
         None => {
+            // The members join OCM through their klusterlets (clusteradm join + accept) into
+            // ManagedClusterSet `demo`, bound to the README deploy example's namespace.
+            if let Some(bed) = bed.as_ref() {
+                let members: Vec<&str> = bed.fleet.clusters.iter().skip(1).map(|c| c.name.as_str()).collect();
+                eprintln!("ferry dev: joining {} to OCM (ManagedClusterSet demo, bound to namespace hello)", members.join(", "));
+                ferry_testkit::deploy::prepare(&bed.fleet, &members, "hello").await?;
+            }
             eprintln!("ferry dev: ready. In another terminal: ferry submit test -f examples/test-task.yaml --wait");
             eprintln!("ferry dev: Ctrl-C to stop");
             super::common::cancel_on_signal(shutdown.clone());

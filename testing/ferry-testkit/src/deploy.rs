@@ -23,7 +23,7 @@ pub const SET: &str = "demo";
 pub async fn prepare(fleet: &Fleet, clusters: &[&str], namespace: &str) -> anyhow::Result<()> {
     fleet.publish_kubeconfigs().await?;
     let hub = fleet.hub().client().await?;
-    crate::score::register(&hub, clusters, SET).await?;
+    crate::score::register(fleet, clusters, SET).await?;
     bind(&hub, namespace, SET).await
 }
 

@@ -18,6 +18,7 @@ pub mod bed;
 pub mod benchmark_image;
 pub mod cluster;
 pub mod deploy;
+pub mod ocm;
 pub mod offload;
 pub mod score;
 

@@ -12,7 +12,6 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 
-use ferry_kube::vocab::ocm::CLUSTERSET_LABEL;
 use ferry_score::steps::{publish::placement_score_name, score::Ranked};
 use ferry_score::spec::{ScoreClusters, ScorePolicy};
 
@@ -20,18 +19,10 @@ use ferry_score::spec::{ScoreClusters, ScorePolicy};
 /// in the order resource-usage must rank them.
 pub const LOADS: [(&str, u32, u32); 3] = [("member-1", 0, 0), ("member-3", 2, 4), ("member-2", 5, 10)];
 
-/// Registers `clusters` with OCM on the hub as `clusteradm accept` would leave them
-/// (ManagedCluster accepted, in ManagedClusterSet `set`, with its namespace).
-pub async fn register(hub: &kube::Client, clusters: &[&str], set: &str) -> anyhow::Result<()> {
-    let pp = PatchParams::apply("ferry-demo").force();
-    for c in clusters {
-        let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": c}});
-        Api::<k8s_openapi::api::core::v1::Namespace>::all(hub.clone()).patch(c, &pp, &Patch::Apply(&ns)).await?;
-        let mc = json!({"apiVersion": "cluster.open-cluster-management.io/v1", "kind": "ManagedCluster",
-            "metadata": {"name": c, "labels": {CLUSTERSET_LABEL: set}}, "spec": {"hubAcceptsClient": true}});
-        Api::<ferry_kube::kinds::ManagedCluster>::all(hub.clone()).patch(c, &pp, &Patch::Apply(&mc)).await.with_context(|| format!("registering {c}"))?;
-    }
-    Ok(())
+/// Registers `clusters` with OCM in ManagedClusterSet `set` through their klusterlets
+/// ([`crate::ocm::join`]).
+pub async fn register(fleet: &Fleet, clusters: &[&str], set: &str) -> anyhow::Result<()> {
+    crate::ocm::join(fleet, clusters, set).await
 }
 
 /// Puts `cores` and `gib` worth of running pods on the first node of the cluster.
@@ -52,9 +43,8 @@ pub async fn load(client: &kube::Client, cores: u32, gib: u32) -> anyhow::Result
 /// Prepares the fleet: kubeconfig Secrets, OCM registration, loads.
 pub async fn prepare(fleet: &Fleet) -> anyhow::Result<()> {
     fleet.publish_kubeconfigs().await?;
-    let hub = fleet.hub().client().await?;
     let names: Vec<&str> = LOADS.iter().map(|(c, _, _)| *c).collect();
-    register(&hub, &names, "demo").await?;
+    register(fleet, &names, "demo").await?;
     for (c, cores, gib) in LOADS {
         let cluster = fleet.cluster(c).with_context(|| format!("the demo needs cluster {c} (ferry dev --clusters 3)"))?;
         load(&cluster.client().await?, cores, gib).await?;

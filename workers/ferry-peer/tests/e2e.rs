@@ -16,7 +16,7 @@ use ferry_peer::spec::{PeerClusters, PeerMethod, PeerOperation};
 use ferry_peer::{PeerConfig, PeerHandler};
 use ferry_runtime::{Client, EmbeddedBroker, EventType, KafkaConfig, ProgressEvent, SubmitOptions, TaskId, TaskKind, Topics, Worker, WorkerOptions};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, ListParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -56,10 +56,8 @@ impl Bed {
         let knobs = HashMap::from([("member-3".to_owned(), LiqoKnobs { not_installed: true, ..LiqoKnobs::default() })]);
         let liqo = EmulatedLiqo::start(&fleet, knobs).await.expect("emulated Liqo");
         let hub = fleet.hub().client().await.unwrap();
-        for c in ["member-1", "member-2", "member-3"] {
-            let mc = json!({"apiVersion": "cluster.open-cluster-management.io/v1", "kind": "ManagedCluster", "metadata": {"name": c}, "spec": {"hubAcceptsClient": true}});
-            Api::<ManagedCluster>::all(hub.clone()).patch(c, &PatchParams::apply("test"), &Patch::Apply(&mc)).await.unwrap();
-        }
+        // The members join OCM through their klusterlets (clusteradm join + accept).
+        ferry_testkit::ocm::join(&fleet, &["member-1", "member-2", "member-3"], "").await.expect("the members join OCM");
         let topics = Topics::standard();
         let broker = EmbeddedBroker::start(1, &topics).expect("broker");
         let kafka = KafkaConfig::for_embedded(broker.bootstrap());

@@ -10,15 +10,14 @@ use ferry_score::{ScoreConfig, ScoreHandler};
 use ferry_testkit::Bed;
 use ferry_testkit::score as demo;
 use ferry_kube::kinds::ManagedCluster;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
-use serde_json::json;
+use kube::api::{Api, DeleteParams};
 use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(120);
 
 /// Three members of two nodes each and the score worker (the test kit's bed).
 async fn bed() -> Option<Bed> {
-    let mut bed = Bed::builder().members(3, 2).start().await?;
+    let mut bed = Bed::builder().members(3, 2).ocm().start().await?;
     let handler = ScoreHandler::new(ScoreConfig::new(bed.clusters.clone(), bed.kafka.clone(), bed.topics.clone())).unwrap();
     bed.run_worker(handler);
     Some(bed)
@@ -43,12 +42,6 @@ async fn finals(events: &mut ferry_runtime::EventStream, subjects: &[&str]) -> V
 
 async fn next_final(events: &mut ferry_runtime::EventStream, subject: &str) -> ferry_runtime::ProgressEvent {
     finals(events, &[subject]).await.remove(0)
-}
-
-async fn bed_wait_gone(api: &Api<ManagedCluster>, name: &str) {
-    let w = ferry_kube::Watches::new();
-    let client = api.clone().into_client();
-    w.wait_deleted::<ManagedCluster>("hub", &client, None, name, WAIT).await.unwrap();
 }
 
 async fn final_event(client: &Client, events: &mut ferry_runtime::EventStream, spec: &ScoreClusters, subject: &str) -> (ferry_runtime::TaskId, Vec<ferry_runtime::ProgressEvent>) {
@@ -102,15 +95,20 @@ async fn clusters_are_ranked_published_and_scored_on_joining() {
     for ev in finals(&mut events, &["cluster/member-1", "cluster/member-2", "cluster/member-3"]).await {
         assert_eq!(ev.event, EventType::Succeeded, "{ev:?}");
     }
+    // member-2's ManagedCluster deleted: its klusterlet registers it again, a new cluster.
     let mcs: Api<ManagedCluster> = Api::all(hub.clone());
+    let before = mcs.get("member-2").await.unwrap().metadata.uid;
     mcs.delete("member-2", &DeleteParams::default()).await.unwrap();
-    bed_wait_gone(&mcs, "member-2").await;
-    demo::register(&hub, &["member-2"], "demo").await.unwrap();
+    let again = |m: Option<&ManagedCluster>| m.is_some_and(|m| m.metadata.uid != before);
+    tokio::time::timeout(WAIT, kube::runtime::wait::await_condition(mcs.clone(), "member-2", again)).await.expect("registered again").unwrap();
     let ev = next_final(&mut events, "cluster/member-2").await;
-    assert_eq!(ev.event, EventType::Succeeded, "a ManagedCluster created by hand is scored: {ev:?}");
-    let available = json!({"apiVersion": "cluster.open-cluster-management.io/v1", "kind": "ManagedCluster", "metadata": {"name": "member-3"},
-        "status": {"conditions": [{"type": "ManagedClusterConditionAvailable", "status": "True", "reason": "Test", "message": "up", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
-    mcs.patch_status("member-3", &PatchParams::apply("test").force(), &Patch::Apply(&available)).await.unwrap();
+    assert_eq!(ev.event, EventType::Succeeded, "a ManagedCluster created anew is scored: {ev:?}");
+    // member-3's API server fails its klusterlet's health check, then recovers.
+    let ocm = bed.ocm.as_ref().expect("the bed's OCM");
+    ocm.set("member-3", |k| k.unavailable = true);
+    let is = |status: &'static str| move |m: Option<&ManagedCluster>| m.is_some_and(|m| m.condition("ManagedClusterConditionAvailable") == Some(status));
+    tokio::time::timeout(WAIT, kube::runtime::wait::await_condition(mcs.clone(), "member-3", is("False"))).await.expect("member-3 unavailable").unwrap();
+    ocm.set("member-3", |k| k.unavailable = false);
     let ev = next_final(&mut events, "cluster/member-3").await;
     assert_eq!(ev.event, EventType::Succeeded, "a cluster that becomes available is scored: {ev:?}");
     watcher_stop.cancel();
@@ -144,9 +142,8 @@ async fn clusters_are_ranked_published_and_scored_on_joining() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_benchmark_scoring_runs_through_manifest_works_and_cleans_up() {
     let Some(bed) = bed().await else { return };
-    let _ocm = ferry_fleet::emulated_ocm::EmulatedOcm::start(&bed.fleet).await.unwrap();
     let hub = bed.fleet.hub().client().await.unwrap();
-    demo::register(&hub, &["member-1", "member-2", "member-3"], "bench").await.unwrap();
+    demo::register(&bed.fleet, &["member-1", "member-2", "member-3"], "bench").await.unwrap();
     let overrides: ferry_testkit::benchmark_image::Overrides = Default::default();
     overrides.lock().unwrap().extend([("member-1".to_owned(), Some(10.0)), ("member-2".to_owned(), Some(30.0)), ("member-3".to_owned(), None)]);
     let mut images = Vec::new();

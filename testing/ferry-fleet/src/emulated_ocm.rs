@@ -1,6 +1,7 @@
 //! Open Cluster Management's part in the simulated fleet, played against the real API
-//! servers: registration (accepted ManagedClusters become joined and available), the
-//! work agent of each managed cluster (applies a ManifestWork's manifests server-side,
+//! servers: registration as upstream's ([`crate::emulated_registration`]: the hub's
+//! controllers and a klusterlet per managed cluster, the members' and the Cluster API
+//! workload clusters'), the work agent of each managed cluster (applies a ManifestWork's manifests server-side,
 //! reports conditions, resource status and feedback, honours the delete option), and the
 //! placement controller (Placement → PlacementDecision by cluster sets, label predicates
 //! and AddOnPlacementScore prioritizers).
@@ -77,7 +78,8 @@ fn keep_times(old: Option<&Value>, new: &mut Value) {
 pub struct OcmKnobs {
     /// The work agent does nothing (a cluster whose agent is down).
     pub stuck: bool,
-    /// Registration never reports the cluster available.
+    /// The cluster's klusterlet finds its API server unhealthy: it reports Available
+    /// False (`ManagedClusterKubeAPIServerUnavailable`) and still renews its lease.
     pub unavailable: bool,
     /// The work agent applies a new ManifestWork generation only this long after it
     /// first saw it (a slow agent).

@@ -148,15 +148,19 @@ pub fn prepare(mut doc: Value) -> Result<Value, String> {
     Ok(doc)
 }
 
-/// Every CRD document in a YAML text.
+/// Every CRD document in a YAML text, prepared for v1.20.
 pub fn parse_all(text: &str, path: &str) -> Result<Vec<Value>, CrdError> {
+    parse_raw(text, path)?.into_iter().map(|v| prepare(v).map_err(|reason| CrdError::Parse { path: path.to_owned(), reason })).collect()
+}
+
+/// Every document in a YAML text, as written (CEL rules and all).
+pub fn parse_raw(text: &str, path: &str) -> Result<Vec<Value>, CrdError> {
     let mut out = Vec::new();
     for de in serde_yaml_ng::Deserializer::from_str(text) {
         let v: Value = serde::Deserialize::deserialize(de).map_err(|e| CrdError::Parse { path: path.to_owned(), reason: e.to_string() })?;
-        if v.is_null() {
-            continue;
+        if !v.is_null() {
+            out.push(v);
         }
-        out.push(prepare(v).map_err(|reason| CrdError::Parse { path: path.to_owned(), reason })?);
     }
     Ok(out)
 }
@@ -192,6 +196,11 @@ pub fn shared_dir() -> Option<PathBuf> {
 /// ([`crate::kinds::KINDS`]): the same kinds, with upstream's schemas. The file of a kind
 /// is `<plural>.<group>.yaml` in one of the shared folders.
 pub fn upstream_subset(shared: &Path) -> Result<Vec<Value>, CrdError> {
+    upstream_subset_raw(shared)?.into_iter().map(|v| prepare(v).map_err(|reason| CrdError::Parse { path: shared.display().to_string(), reason })).collect()
+}
+
+/// [`upstream_subset`] as upstream wrote it (with its CEL rules).
+pub fn upstream_subset_raw(shared: &Path) -> Result<Vec<Value>, CrdError> {
     let read = |p: &Path| std::fs::read_to_string(p).map_err(|source| CrdError::Read { path: p.display().to_string(), source });
     let dirs: Vec<PathBuf> = std::fs::read_dir(shared)
         .map_err(|source| CrdError::Read { path: shared.display().to_string(), source })?
@@ -206,7 +215,7 @@ pub fn upstream_subset(shared: &Path) -> Result<Vec<Value>, CrdError> {
             path: format!("{}/*/{file}", shared.display()),
             reason: format!("no upstream CRD of {kind} ({plural}.{group}) among the shared CRDs"),
         })?;
-        out.extend(parse_all(&read(&path)?, &path.display().to_string())?);
+        out.extend(parse_raw(&read(&path)?, &path.display().to_string())?);
     }
     Ok(out)
 }

@@ -36,6 +36,7 @@ pub mod measure;
 pub mod ocm_prioritizers;
 pub mod process;
 pub mod webhooks_capi;
+pub mod webhooks_cel;
 pub mod webhooks_ocm;
 
 pub use fleet::{Cluster, ClusterSpawner, CrdSource, Fleet, FleetError, FleetOptions};

@@ -171,3 +171,60 @@ async fn ocm_webhooks_refuse_accept_join_and_bind_without_their_permissions() {
     eventually("binding with managedclustersets/bind", || binder_bindings.create(&pp, &edge_binding)).await;
     drop(server);
 }
+
+/// The upstream CRDs' CEL rules, stripped for v1.20, are enforced by the test bed's CEL
+/// webhook: an OpenStackCluster with an empty `managedRouter`, or whose identity's region
+/// changes, is refused with upstream's message; a valid one and a valid update pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cel_rules_of_upstream_crds_are_enforced() {
+    if !ferry_fleet::binaries::Binaries::installed() {
+        ferry_runtime::report::missing_prerequisite("the test bed is not installed (scripts/install-testbed.sh)");
+        return;
+    }
+    let Some(shared) = ferry_fleet::crds::shared_dir() else {
+        ferry_runtime::report::missing_prerequisite("../shared/crds (the upstream CRDs) is missing");
+        return;
+    };
+    let rules = ferry_fleet::webhooks_cel::rules();
+    let capo = rules.iter().find(|c| c.name == "openstackclusters.infrastructure.cluster.x-k8s.io").expect("OpenStackCluster's CEL rules");
+    assert!(capo.rules.iter().any(|r| r.path == "spec.identityRef" && r.message == "region is immutable"), "{:?}", capo.rules);
+    let fleet = Fleet::start(FleetOptions { controllers: false, ..FleetOptions::hub_and(0) }).await.unwrap();
+    let admin = fleet.hub().client().await.unwrap();
+    ferry_fleet::crds::install_dir(&admin, &shared.join("cluster-api-provider-openstack")).await.unwrap();
+    let validators = ferry_fleet::webhooks_cel::validators();
+    let registrations: Vec<_> = validators.iter().map(|(r, _)| r.clone()).filter(|r| r.groups.contains(&"infrastructure.cluster.x-k8s.io")).collect();
+    let server = AdmissionServer::start(validators).await.unwrap();
+    for r in &registrations {
+        server.register(&admin, r).await.unwrap();
+    }
+    let clusters = api(&admin, "infrastructure.cluster.x-k8s.io", "v1beta2", "OpenStackCluster", Some("default"));
+    let os = |name: &str, region: &str, extra: Value| {
+        let mut v = json!({"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "OpenStackCluster", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"identityRef": {"cloudName": "openstack", "name": "cloud-config", "region": region}}});
+        v["spec"].as_object_mut().unwrap().extend(extra.as_object().cloned().unwrap_or_default());
+        obj(v)
+    };
+    let pp = PostParams::default();
+    // The webhook registration may take a moment to be seen; its answers are final.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let msg = loop {
+        match clusters.create(&pp, &os("empty-router", "r1", json!({"managedRouter": {}}))).await {
+            Err(kube::Error::Api(s)) if s.message.contains("admission webhook") => break s.message,
+            other => {
+                assert!(std::time::Instant::now() < deadline, "the CEL webhook never refused an empty managedRouter: {other:?}");
+                if other.is_ok() {
+                    clusters.delete("empty-router", &Default::default()).await.unwrap();
+                }
+                // A poll while the server's webhook informer catches up; no event to wait on.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    assert!(msg.contains("spec.managedRouter: Invalid value: \"object\": managedRouter must not be empty if set"), "{msg}");
+    clusters.create(&pp, &os("edge", "r1", json!({}))).await.expect("a valid OpenStackCluster");
+    let moved = Patch::Merge(json!({"spec": {"identityRef": {"region": "r2"}}}));
+    let msg = refused(clusters.patch("edge", &PatchParams::default(), &moved).await, "a region change");
+    assert!(msg.contains("spec.identityRef: Invalid value: \"object\": region is immutable"), "{msg}");
+    let relabel = Patch::Merge(json!({"metadata": {"labels": {"tier": "edge"}}}));
+    clusters.patch("edge", &PatchParams::default(), &relabel).await.expect("an update that keeps the region");
+}

@@ -187,6 +187,10 @@ impl BedBuilder {
         if self.capi.is_some() {
             validators.extend(ferry_fleet::webhooks_capi::validators(admin.clone()));
         }
+        // Every cluster's: the upstream CRDs' CEL rules, which v1.20 cannot run.
+        let cel = if crds == ferry_fleet::CrdSource::Upstream { ferry_fleet::webhooks_cel::validators() } else { Vec::new() };
+        let cel_registrations: Vec<_> = cel.iter().map(|(r, _)| r.clone()).collect();
+        validators.extend(cel);
         let admission = if validators.is_empty() {
             None
         } else {
@@ -194,6 +198,12 @@ impl BedBuilder {
             let server = AdmissionServer::start(validators).await.map_err(part("the hub's admission webhooks"))?;
             for r in &registrations {
                 server.register(&admin, r).await.map_err(part("the hub's admission webhooks"))?;
+            }
+            for c in fleet.clusters.iter().skip(1) {
+                let client = c.client().await.map_err(part("a member's client"))?;
+                for r in &cel_registrations {
+                    server.register(&client, r).await.map_err(part("a member's CEL webhooks"))?;
+                }
             }
             Some(server)
         };

@@ -22,6 +22,7 @@ pub const EMBEDDED: &[(u32, &str, &str)] = &[
     (11, "ClusterScore.avsc", include_str!("../../../schemas/ClusterScore.avsc")),
     (20, "PeerClusters.avsc", include_str!("../../../schemas/PeerClusters.avsc")),
     (30, "ClusterCommand.avsc", include_str!("../../../schemas/ClusterCommand.avsc")),
+    (31, "ClusterCommand.v2.avsc", include_str!("../../../schemas/ClusterCommand.v2.avsc")),
     (40, "OffloadCommand.avsc", include_str!("../../../schemas/OffloadCommand.avsc")),
     (50, "DeployApp.avsc", include_str!("../../../schemas/DeployApp.avsc")),
 ];

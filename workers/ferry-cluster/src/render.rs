@@ -172,9 +172,26 @@ fn k3s_version(v: &str) -> String {
     if v.contains('+') { v.to_owned() } else { format!("{v}+k3s1") }
 }
 
+/// What a topology takes from its ClusterClass (the `check` step reads it).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Topology {
+    /// The class's worker class.
+    pub worker_class: Option<String>,
+    /// The topology's variables (`{name, value}`), typed as the class defines them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub variables: Vec<Value>,
+}
+
+impl Topology {
+    /// A topology with worker class `class` and no variables.
+    pub fn worker(class: &str) -> Self {
+        Self { worker_class: Some(class.to_owned()), variables: Vec::new() }
+    }
+}
+
 /// The Cluster object: its labels and annotation, network, and refs or topology.
-/// `worker_class`: the ClusterClass's worker class (topology only).
-pub fn cluster(cmd: &ClusterCommand, task: &str, worker_class: Option<&str>) -> Value {
+/// `topology`: what the ClusterClass gives (topology only).
+pub fn cluster(cmd: &ClusterCommand, task: &str, topology: &Topology) -> Value {
     let mut m = meta(cmd, &cmd.name, task);
     for (k, v) in &cmd.labels {
         m["labels"][k] = json!(v);
@@ -186,8 +203,11 @@ pub fn cluster(cmd: &ClusterCommand, task: &str, worker_class: Option<&str>) -> 
             "version": cmd.version,
             "controlPlane": {"replicas": cmd.control_plane_count()},
         });
-        if let Some(wc) = worker_class {
+        if let Some(wc) = &topology.worker_class {
             topo["workers"] = json!({"machineDeployments": [{"class": wc, "name": "md-0", "replicas": cmd.worker_count()}]});
+        }
+        if !topology.variables.is_empty() {
+            topo["variables"] = json!(topology.variables);
         }
         spec["topology"] = topo;
     } else {
@@ -201,9 +221,9 @@ pub fn cluster(cmd: &ClusterCommand, task: &str, worker_class: Option<&str>) -> 
 
 /// Every hub object of a create, in apply order (the Cluster last, once what it refers to
 /// exists). A topology renders the Cluster only: the topology controller does the rest.
-pub fn objects(cmd: &ClusterCommand, task: &str, worker_class: Option<&str>) -> Vec<Value> {
+pub fn objects(cmd: &ClusterCommand, task: &str, topology: &Topology) -> Vec<Value> {
     if cmd.cluster_class.is_some() {
-        return vec![cluster(cmd, task, worker_class)];
+        return vec![cluster(cmd, task, topology)];
     }
     let (cp_name, md_name) = (control_plane_name(cmd), workers_name(cmd));
     let (_, imt) = infra_kinds(cmd);
@@ -262,7 +282,7 @@ pub fn objects(cmd: &ClusterCommand, task: &str, worker_class: Option<&str>) -> 
             },
         }),
     );
-    vec![cp_template, md_template, bootstrap, infra_cluster(cmd, task), control_plane, md, cluster(cmd, task, worker_class)]
+    vec![cp_template, md_template, bootstrap, infra_cluster(cmd, task), control_plane, md, cluster(cmd, task, topology)]
 }
 
 /// The OCM ManagedCluster of the command's cluster (accepted by the hub).
@@ -298,7 +318,7 @@ mod tests {
 
     #[test]
     fn a_docker_kubeadm_cluster_is_seven_objects_wired_by_name() {
-        let objs = objects(&docker(), "t1", None);
+        let objs = objects(&docker(), "t1", &Topology::default());
         let kinds: Vec<&str> = objs.iter().map(|o| o["kind"].as_str().unwrap()).collect();
         assert_eq!(
             kinds,
@@ -328,7 +348,7 @@ mod tests {
             api_server_floating_ip: Some("172.24.4.10".into()),
             ..OpenStackSettings::default()
         });
-        let objs = objects(&c, "t1", None);
+        let objs = objects(&c, "t1", &Topology::default());
         assert_eq!(objs[0]["spec"]["template"]["spec"]["flavor"]["filter"]["name"], "m1.medium");
         assert_eq!(objs[1]["spec"]["template"]["spec"]["flavor"]["filter"]["name"], "m1.large");
         assert_eq!(objs[3]["spec"]["externalNetwork"]["id"], "6c90b532-7ba0-418a-a276-5ae55060b5b0");
@@ -340,7 +360,7 @@ mod tests {
     fn a_cluster_class_renders_a_topology_only() {
         let mut c = docker();
         c.cluster_class = Some("quick-start".into());
-        let objs = objects(&c, "t1", Some("default-worker"));
+        let objs = objects(&c, "t1", &Topology::worker("default-worker"));
         assert_eq!(objs.len(), 1);
         assert_eq!(objs[0]["spec"]["topology"]["workers"]["machineDeployments"][0], json!({"class": "default-worker", "name": "md-0", "replicas": 2}));
         assert!(objs[0]["spec"].get("controlPlaneRef").is_none());

@@ -141,6 +141,13 @@ pub struct ClusterCommand {
     /// Use this ClusterClass (a managed topology) instead of rendering every object.
     #[serde(default)]
     pub cluster_class: Option<String>,
+    /// The topology's variables (`cluster_class` only), each value as text: the `check`
+    /// step reads it as the type the ClusterClass defines (a string as is; a number, a
+    /// boolean, an object or a list as JSON) and refuses undefined names, bad values and
+    /// missing required variables, as Cluster API's webhook would.
+    #[serde(default)]
+    #[avro(default = "{}")]
+    pub variables: HashMap<String, String>,
     /// Add-ons to install, each its own step; the task succeeds only when all are ready.
     #[serde(default)]
     pub addons: Vec<AddonRequest>,

@@ -131,6 +131,20 @@ fn validate_create(cmd: &ClusterCommand, catalog: &Catalog) -> Result<(), Reject
     {
         return Err(reject(format!("cluster_class {cc:?} is not a DNS-1123 label")));
     }
+    if !cmd.variables.is_empty() && cmd.cluster_class.is_none() {
+        return Err(reject("variables are a ClusterClass topology's: set cluster_class, or leave variables out"));
+    }
+    if cmd.variables.len() > 64 {
+        return Err(reject(format!("{} variables: at most 64", cmd.variables.len())));
+    }
+    for (name, value) in &cmd.variables {
+        if name.is_empty() || name.len() > 256 || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+            return Err(reject(format!("variable name {name:?} is not a ClusterClass variable name (letters, digits, - and _)")));
+        }
+        if value.len() > 32 * 1024 {
+            return Err(reject(format!("variable {name:?} is {} bytes: at most 32 KiB", value.len())));
+        }
+    }
     match (infra, &cmd.openstack) {
         ("openstack", None) => {
             return Err(reject("infrastructure openstack needs the openstack settings (at least openstack.cloud_secret)"));

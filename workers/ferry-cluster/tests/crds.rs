@@ -61,8 +61,8 @@ async fn rendered_manifests_pass_the_upstream_schemas() {
 
     let mut checked = 0;
     for cmd in commands() {
-        let worker_class = cmd.cluster_class.as_ref().map(|_| "default-worker");
-        let mut objects = render::objects(&cmd, "0f0e0d0c-0b0a-0908-0706-050403020100", worker_class);
+        let topology = if cmd.cluster_class.is_some() { render::Topology::worker("default-worker") } else { render::Topology::default() };
+        let mut objects = render::objects(&cmd, "0f0e0d0c-0b0a-0908-0706-050403020100", &topology);
         objects.push(render::managed_cluster(&cmd));
         for o in &objects {
             let got = match clusters.dry_run_apply(HUB, o, render::MANAGER).await {
@@ -82,19 +82,19 @@ async fn rendered_manifests_pass_the_upstream_schemas() {
     let broken = [
         // OpenStack network ids are UUIDs.
         {
-            let mut o = render::objects(&commands()[1], "t", None)[3].clone();
+            let mut o = render::objects(&commands()[1], "t", &render::Topology::default())[3].clone();
             o["spec"]["externalNetwork"]["id"] = json!("public");
             o
         },
         // A MachineDeployment needs a clusterName.
         {
-            let mut o = render::objects(&commands()[0], "t", None)[5].clone();
+            let mut o = render::objects(&commands()[0], "t", &render::Topology::default())[5].clone();
             o["spec"].as_object_mut().unwrap().remove("clusterName");
             o
         },
         // References in v1beta2 are {apiGroup, kind, name}; the v1beta1 apiVersion is gone.
         {
-            let mut o = render::objects(&commands()[0], "t", None)[6].clone();
+            let mut o = render::objects(&commands()[0], "t", &render::Topology::default())[6].clone();
             o["spec"]["controlPlaneRef"] = json!({"apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "KubeadmControlPlane", "name": "x"});
             o
         },

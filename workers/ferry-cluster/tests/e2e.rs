@@ -318,13 +318,21 @@ async fn failures_revert_bad_input_is_rejected_and_a_topology_works() {
     let mut bare_topology = classy.clone();
     bare_topology.name = "strict-1".into();
     bare_topology.cluster_class = Some("strict".into());
-    let cluster = ferry_cluster::render::cluster(&bare_topology, "tsk_test", Some("default-worker"));
+    let cluster = ferry_cluster::render::cluster(&bare_topology, "tsk_test", &ferry_cluster::render::Topology::worker("default-worker"));
     let refused = Clusters::new(hub.clone()).apply(ferry_kube::HUB, &cluster, "test").await.unwrap_err().to_string();
     assert!(refused.contains("required variable \"imageRepository\" must be set"), "{refused}");
     let (_, evs) = demo::submit(&client, &bare_topology, WAIT).await.unwrap();
     assert_eq!(last(&evs).event, EventType::Rejected, "{:?}", last(&evs));
     assert_eq!(last(&evs).code.as_deref(), Some("CLUSTER_CLASS_VARIABLES"), "{:?}", last(&evs));
     assert!(last(&evs).message.as_deref().unwrap_or("").contains("imageRepository"), "{:?}", last(&evs));
+    // Given the variable, the topology carries it and Cluster API's webhook lets it in.
+    let mut with_var = bare_topology.clone();
+    with_var.variables = [("imageRepository".to_owned(), "registry.example.com/k8s".to_owned())].into();
+    let (_, evs) = demo::submit(&client, &with_var, WAIT).await.unwrap();
+    assert_eq!(last(&evs).event, EventType::Succeeded, "{:?}", evs.iter().find(|e| e.event.is_final() || e.event == EventType::StepFailed));
+    assert_eq!(api.get("strict-1").await.unwrap().spec["topology"]["variables"], json!([{"name": "imageRepository", "value": "registry.example.com/k8s"}]));
+    let (_, evs) = demo::submit(&client, &demo::delete(&with_var), WAIT).await.unwrap();
+    assert_eq!(last(&evs).event, EventType::Succeeded, "{:?}", last(&evs));
 
     bed.stop(h).await;
 }

@@ -1,6 +1,7 @@
-//! The committed `schemas/ClusterCommand.avsc` equals the Rust type (`FERRY_BLESS=1`
-//! rewrites it) and is registered; a command round-trips through the wire format; the
-//! example commands are valid.
+//! The committed `schemas/ClusterCommand.v2.avsc` equals the Rust type (`FERRY_BLESS=1`
+//! rewrites it) and is registered; a command written with version 1 (before topology
+//! variables) still decodes; a command round-trips through the wire format; the example
+//! commands are valid.
 
 use apache_avro::AvroSchema;
 use ferry_cluster::Catalog;
@@ -9,9 +10,28 @@ use ferry_cluster::spec::ClusterCommand;
 #[test]
 fn committed_schema_equals_the_rust_type() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../schemas");
-    if let Err(problems) = ferry_runtime::wire::check_committed(&dir, &[("ClusterCommand.avsc", ClusterCommand::get_schema())]) {
+    if let Err(problems) = ferry_runtime::wire::check_committed(&dir, &[("ClusterCommand.v2.avsc", ClusterCommand::get_schema())]) {
         panic!("{}", problems.join("\n"));
     }
+}
+
+#[test]
+fn a_command_written_with_version_1_still_decodes() {
+    // Version 1 (id 30) had no `variables`; a reader of version 2 (id 31) gives it none.
+    // A version-1 record, as a worker before this change wrote it: the datum without
+    // the field, framed with id 30.
+    let r = ferry_runtime::wire::Registry::embedded();
+    let cmd = ClusterCommand { name: "edge-1".into(), infrastructure: "docker".into(), version: "v1.33.1".into(), ..ClusterCommand::default() };
+    let v2 = r.encode(&cmd).unwrap();
+    let mut datum = &v2[5..];
+    let apache_avro::types::Value::Record(fields) = apache_avro::from_avro_datum(r.schema(31).unwrap(), &mut datum, None).unwrap() else { panic!("a record") };
+    let old: Vec<_> = fields.into_iter().filter(|(k, _)| k != "variables").collect();
+    let mut bytes = vec![0, 0, 0, 0, 30];
+    bytes.extend(apache_avro::to_avro_datum(r.schema(30).unwrap(), apache_avro::types::Value::Record(old)).unwrap());
+    assert_eq!(r.id_of::<ClusterCommand>().unwrap(), 31);
+    assert_eq!(r.decode::<ClusterCommand>(&bytes).unwrap(), cmd);
+    let with_vars = ClusterCommand { cluster_class: Some("quick-start".into()), variables: [("region".to_owned(), "eu-1".to_owned())].into(), ..cmd };
+    assert_eq!(r.decode::<ClusterCommand>(&r.encode(&with_vars).unwrap()).unwrap(), with_vars);
 }
 
 #[test]

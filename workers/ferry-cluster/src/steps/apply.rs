@@ -105,7 +105,7 @@ impl Step<ClusterCommand> for ApplyStep {
                 let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": cmd.namespace(), "labels": {MANAGED_BY.0: MANAGED_BY.1}}});
                 Api::<Namespace>::all(hub).patch(cmd.namespace(), &PatchParams::apply(MANAGER), &Patch::Apply(&ns)).await.map_err(hub_err)?;
             }
-            let objects = render::objects(cmd, &cx.task_id.to_string(), checked.worker_class.as_deref());
+            let objects = render::objects(cmd, &cx.task_id.to_string(), &checked.topology);
             let n = objects.len();
             for (i, o) in objects.iter().enumerate() {
                 self.0.cfg.clusters.apply(HUB, o, MANAGER).await.map_err(|e| kube_err(codes::APPLY_FAILED, e))?;
@@ -120,7 +120,7 @@ impl Step<ClusterCommand> for ApplyStep {
         async move {
             // Rendering is pure: the same objects whether or not `run` finished.
             let checked = CHECK.required(cx)?;
-            let objects = render::objects(cx.spec, &cx.task_id.to_string(), checked.worker_class.as_deref());
+            let objects = render::objects(cx.spec, &cx.task_id.to_string(), &checked.topology);
             self.remove(cx.spec, &objects, checked.namespace_existed, cx).await
         }
         .boxed()

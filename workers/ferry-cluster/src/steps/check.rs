@@ -1,7 +1,8 @@
 //! `check` of a create: the live rules that *reject* the command before anything changes
 //! (every kind it renders is served, the name is free on the hub, OCM and the
 //! ManagedClusterSet are there when it registers, the ClusterClass exists, has a worker
-//! class and requires no topology variable), and what `apply` needs (whether the namespace existed, the worker class). It
+//! class and defines the command's variables, all its required ones given), and what
+//! `apply` needs (whether the namespace existed, the worker class, the typed variables). It
 //! changes nothing, so its undo has nothing to put back.
 
 use std::sync::Arc;
@@ -32,8 +33,54 @@ pub const CHECK: Output<CreateChecked> = Output::new("check");
 pub struct CreateChecked {
     /// The namespace existed before (a revert keeps it).
     pub namespace_existed: bool,
-    /// The ClusterClass's worker class (topology only).
-    pub worker_class: Option<String>,
+    /// What the ClusterClass gives the topology: its worker class and the command's
+    /// variables typed as it defines them (topology only).
+    #[serde(flatten)]
+    pub topology: render::Topology,
+}
+
+/// The command's `variables` typed as the class's `spec.variables` define them (each
+/// value's text read as its schema's type), or why Cluster API's webhook would refuse
+/// them (cluster-api `internal/topology/variables/cluster_variable_validation.go`:
+/// undefined names, values of the wrong type, required variables missing).
+pub fn typed_variables(class: &Value, given: &std::collections::HashMap<String, String>) -> Result<Vec<Value>, String> {
+    let defs: Vec<&Value> = class.pointer("/spec/variables").and_then(Value::as_array).into_iter().flatten().collect();
+    let mut names: Vec<&String> = given.keys().collect();
+    names.sort();
+    let mut out = Vec::new();
+    for name in names {
+        let Some(def) = defs.iter().find(|d| d["name"] == name.as_str()) else {
+            let known: Vec<&str> = defs.iter().filter_map(|d| d["name"].as_str()).collect();
+            return Err(format!("variable {name:?} is not defined by the ClusterClass (it defines {known:?})"));
+        };
+        let text = &given[name];
+        let ty = def.pointer("/schema/openAPIV3Schema/type").and_then(Value::as_str).unwrap_or("string");
+        let value = match ty {
+            "string" => Value::String(text.clone()),
+            _ => {
+                let v: Value = serde_json::from_str(text).map_err(|e| format!("variable {name:?}: {text:?} is not a {ty} ({e})"))?;
+                let fits = match ty {
+                    "integer" => v.is_i64() || v.is_u64(),
+                    "number" => v.is_number(),
+                    "boolean" => v.is_boolean(),
+                    "object" => v.is_object(),
+                    "array" => v.is_array(),
+                    _ => true,
+                };
+                if !fits {
+                    return Err(format!("variable {name:?}: {text:?} is not a {ty}"));
+                }
+                v
+            }
+        };
+        out.push(serde_json::json!({"name": name, "value": value}));
+    }
+    let missing: Vec<&str> =
+        defs.iter().filter(|d| d.get("required").and_then(Value::as_bool) == Some(true)).filter_map(|d| d["name"].as_str()).filter(|n| !given.contains_key(*n)).collect();
+    if !missing.is_empty() {
+        return Err(format!("the ClusterClass requires the variables {missing:?}; give them in `variables`"));
+    }
+    Ok(out)
 }
 
 /// The `check` step of a create.
@@ -108,7 +155,7 @@ impl CreateCheck {
                 }
             }
         }
-        let mut worker_class = None;
+        let mut topology = render::Topology::default();
         if let Some(class) = &cmd.cluster_class {
             let gvk = GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "ClusterClass");
             let api = self.0.cfg.clusters.api(HUB, &gvk, Some(ns)).await.map_err(|e| kube_err(codes::HUB_API, e))?;
@@ -116,27 +163,12 @@ impl CreateCheck {
                 return Err(StepError::rejected(codes::CLUSTER_CLASS_MISSING, format!("ClusterClass {ns}/{class} does not exist")));
             };
             // Cluster API's Cluster webhook refuses a topology without the variables its
-            // class marks required (cluster-api core/webhooks/admission/cluster.go,
-            // validateRequiredVariables); the command has no topology variables to give.
-            let required: Vec<&str> = cc
-                .data
-                .pointer("/spec/variables")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .filter(|v| v.get("required").and_then(Value::as_bool) == Some(true))
-                .filter_map(|v| v["name"].as_str())
-                .collect();
-            if !required.is_empty() {
-                return Err(StepError::rejected(
-                    codes::CLUSTER_CLASS_VARIABLES,
-                    format!(
-                        "ClusterClass {ns}/{class} requires the topology variables {required:?}, which a create-cluster command cannot set yet: use a ClusterClass whose variables are optional (or defaulted), or no ClusterClass"
-                    ),
-                ));
-            }
-            worker_class = cc.data.pointer("/spec/workers/machineDeployments/0/class").and_then(Value::as_str).map(str::to_owned);
-            if worker_class.is_none() && cmd.worker_count() > 0 {
+            // class marks required, or with undefined or mistyped ones (cluster-api
+            // core/webhooks/admission/cluster.go, validateRequiredVariables).
+            topology.variables = typed_variables(&cc.data, &cmd.variables)
+                .map_err(|why| StepError::rejected(codes::CLUSTER_CLASS_VARIABLES, format!("ClusterClass {ns}/{class}: {why}")))?;
+            topology.worker_class = cc.data.pointer("/spec/workers/machineDeployments/0/class").and_then(Value::as_str).map(str::to_owned);
+            if topology.worker_class.is_none() && cmd.worker_count() > 0 {
                 return Err(StepError::rejected(
                     codes::CLUSTER_CLASS_NO_WORKERS,
                     format!("ClusterClass {ns}/{class} defines no worker class, but {} workers are requested", cmd.worker_count()),
@@ -144,7 +176,7 @@ impl CreateCheck {
             }
         }
         let namespace_existed = Api::<Namespace>::all(hub).get_opt(ns).await.map_err(hub_err)?.is_some();
-        Ok(CreateChecked { namespace_existed, worker_class })
+        Ok(CreateChecked { namespace_existed, topology })
     }
 }
 
@@ -164,5 +196,28 @@ impl CheckStep<ClusterCommand> for CreateCheck {
             CHECK.value(&out)
         }
         .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn variables_are_typed_as_the_class_defines_them_and_refused_as_capi_would() {
+        let class = json!({"spec": {"variables": [
+            {"name": "region", "required": true, "schema": {"openAPIV3Schema": {"type": "string"}}},
+            {"name": "replicas", "schema": {"openAPIV3Schema": {"type": "integer"}}},
+            {"name": "ha", "schema": {"openAPIV3Schema": {"type": "boolean"}}},
+        ]}});
+        let given = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        assert_eq!(
+            typed_variables(&class, &given(&[("region", "eu-1"), ("replicas", "3"), ("ha", "true")])).unwrap(),
+            [json!({"name": "ha", "value": true}), json!({"name": "region", "value": "eu-1"}), json!({"name": "replicas", "value": 3})]
+        );
+        assert!(typed_variables(&class, &given(&[("replicas", "3")])).unwrap_err().contains("requires the variables [\"region\"]"));
+        assert!(typed_variables(&class, &given(&[("region", "x"), ("replicas", "three")])).unwrap_err().contains("\"three\" is not a integer"));
+        assert!(typed_variables(&class, &given(&[("region", "x"), ("zone", "a")])).unwrap_err().contains("variable \"zone\" is not defined"));
     }
 }

@@ -107,7 +107,7 @@ mod tests {
     #[test]
     fn outputs_keep_the_shape_journals_and_views_read() {
         // create
-        let checked = check::CreateChecked { namespace_existed: true, worker_class: Some("default-worker".into()) };
+        let checked = check::CreateChecked { namespace_existed: true, topology: crate::render::Topology::worker("default-worker") };
         assert_eq!(check::CHECK.value(&checked).unwrap(), json!({"namespace_existed": true, "worker_class": "default-worker"}));
         assert_eq!(check::CHECK.value(&check::CreateChecked::default()).unwrap(), json!({"namespace_existed": false, "worker_class": null}));
         let applied = apply::Applied { objects: vec!["Cluster fleet/c1".into()] };
@@ -145,7 +145,7 @@ mod tests {
             ("scale".to_owned(), json!({"control_plane": 3, "workers": 2})),
         ]);
         let checked = check::CHECK.from_outputs(&outputs).unwrap();
-        assert!(!checked.namespace_existed && checked.worker_class.is_none());
+        assert!(!checked.namespace_existed && checked.topology.worker_class.is_none());
         let to = scale::SCALE.from_outputs(&outputs).unwrap();
         assert_eq!((to.control_plane, to.workers), (3, 2));
         let registered = BTreeMap::from([("check".to_owned(), json!({"registered": true}))]);

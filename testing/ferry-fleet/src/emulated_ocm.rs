@@ -719,7 +719,14 @@ async fn placement(hub: kube::Client) -> Result<(), kube::Error> {
             }
         }
         // Ranked as upstream's scheduler ranks (Additive keeps Balance and Steady).
-        let candidates = match ocm_prioritizers::rank(&spec, &ns, &name, &feasible, &decided, |c, res, item| addon_score(&scs, c, res, item)) {
+        // A cluster's allocatable as its klusterlet reports it (with its capacity).
+        let allocatable = |c: &str, resource: &str| {
+            let mc = clusters.iter().find(|m| m.metadata.name.as_deref() == Some(c))?;
+            let q = |what: &str| mc.data.pointer(&format!("/status/{what}/{resource}")).and_then(Value::as_str).and_then(|q| ferry_kube::quantity::parse(q).ok());
+            q("capacity")?;
+            q("allocatable")
+        };
+        let candidates = match ocm_prioritizers::rank(&spec, &ns, &name, &feasible, &decided, |c, res, item| addon_score(&scs, c, res, item), allocatable) {
             Ok(c) => c,
             Err(e) => {
                 let mut conds = json!([condition("PlacementMisconfigured", true, "Misconfigured", &format!(":{e}"), p.metadata.generation.unwrap_or(0))]);

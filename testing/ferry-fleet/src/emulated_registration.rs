@@ -157,12 +157,12 @@ fn set_condition(conds: &mut Vec<Value>, type_: &str, status: &str, reason: &str
 
 /// Writes `conds` as the status conditions of `mc` (an update at its resourceVersion: a
 /// concurrent writer makes it fail, and the next tick reads again).
-async fn write_conditions(api: &Api<DynamicObject>, mc: &DynamicObject, conds: Vec<Value>, extra: Option<(&str, Value)>) -> Result<(), kube::Error> {
+async fn write_conditions(api: &Api<DynamicObject>, mc: &DynamicObject, conds: Vec<Value>, extra: Vec<(&str, Value)>) -> Result<(), kube::Error> {
     let mut obj = mc.clone();
     let status = obj.data.as_object_mut().map(|o| o.entry("status").or_insert_with(|| json!({})));
     if let Some(status) = status {
         status["conditions"] = json!(conds);
-        if let Some((k, v)) = extra {
+        for (k, v) in extra {
             status[k] = v;
         }
     }
@@ -260,7 +260,7 @@ async fn reconcile(hub: &kube::Client, api: &Api<DynamicObject>, mc: DynamicObje
                 }
                 delete(hub, "rbac.authorization.k8s.io/v1", "RoleBinding", Some(&name), &format!("open-cluster-management:managedcluster:{name}:registration")).await?;
                 set_condition(&mut conds, "HubAcceptedManagedCluster", "False", "HubClusterAdminDenied", "Denied by hub cluster admin");
-                write_conditions(&api, &mc, conds, None).await?;
+                write_conditions(&api, &mc, conds, Vec::new()).await?;
             }
             return Ok(());
         }
@@ -276,7 +276,7 @@ async fn reconcile(hub: &kube::Client, api: &Api<DynamicObject>, mc: DynamicObje
             ssa(hub, &obj).await?;
         }
         if set_condition(&mut conds, "HubAcceptedManagedCluster", "True", "HubClusterAdminAccepted", "Accepted by hub cluster admin") {
-            write_conditions(&api, &mc, conds, None).await?;
+            write_conditions(&api, &mc, conds, Vec::new()).await?;
             return Ok(());
         }
         lease_tick(hub, &api, &mc, &name, conds).await?;
@@ -300,7 +300,7 @@ async fn lease_tick(hub: &kube::Client, api: &Api<DynamicObject>, mc: &DynamicOb
     if expired
         && set_condition(&mut conds, "ManagedClusterConditionAvailable", "Unknown", "ManagedClusterLeaseUpdateStopped", "Registration agent stopped updating its lease.")
     {
-        write_conditions(api, mc, conds, None).await?;
+        write_conditions(api, mc, conds, Vec::new()).await?;
     }
     Ok(())
 }
@@ -467,8 +467,13 @@ impl Klusterlet {
         } else {
             set_condition(&mut conds, "ManagedClusterConditionAvailable", "True", "ManagedClusterAvailable", "Managed cluster is available")
         };
+        // `resource_reconcile.go`: capacity and allocatable summed over the nodes (an
+        // unschedulable node's allocatable left out), and the server version.
+        let (capacity, allocatable) = resources(&self.managed).await.map_err(err("listing its nodes"))?;
+        changed |= mc.data.pointer("/status/capacity") != Some(&capacity) || mc.data.pointer("/status/allocatable") != Some(&allocatable);
         if changed {
-            write_conditions(&api, &mc, conds, Some(("version", json!({"kubernetes": "v1.20.2"})))).await.map_err(err("updating its status"))?;
+            let extra = vec![("version", json!({"kubernetes": "v1.20.2"})), ("capacity", capacity), ("allocatable", allocatable)];
+            write_conditions(&api, &mc, conds, extra).await.map_err(err("updating its status"))?;
         }
         // The lease says the agent lives, whatever the health of its API server.
         {
@@ -483,6 +488,37 @@ impl Klusterlet {
         }
         Ok(())
     }
+}
+
+/// A cluster's capacity and allocatable (cpu in cores or millicores, the rest as integers).
+async fn resources(managed: &kube::Client) -> Result<(Value, Value), kube::Error> {
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(managed.clone()).list(&Default::default()).await?.items;
+    let mut capacity: BTreeMap<String, i64> = BTreeMap::new();
+    let mut allocatable: BTreeMap<String, i64> = BTreeMap::new();
+    let add = |sum: &mut BTreeMap<String, i64>, list: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>| {
+        for (k, q) in list.into_iter().flatten() {
+            let v = if k == "cpu" { ferry_kube::quantity::millicores(&q.0) } else { ferry_kube::quantity::units(&q.0) };
+            *sum.entry(k.clone()).or_default() += v.unwrap_or(0);
+        }
+    };
+    for n in &nodes {
+        let status = n.status.as_ref();
+        add(&mut capacity, status.and_then(|s| s.capacity.as_ref()));
+        if n.spec.as_ref().and_then(|s| s.unschedulable) != Some(true) {
+            add(&mut allocatable, status.and_then(|s| s.allocatable.as_ref()));
+        }
+    }
+    let render = |sum: BTreeMap<String, i64>| {
+        Value::Object(
+            sum.into_iter()
+                .map(|(k, v)| {
+                    let q = if k == "cpu" { if v % 1000 == 0 { (v / 1000).to_string() } else { format!("{v}m") } } else { v.to_string() };
+                    (k, json!(q))
+                })
+                .collect(),
+        )
+    };
+    Ok((render(capacity), render(allocatable)))
 }
 
 async fn secret_kubeconfig(managed: &kube::Client) -> Result<Option<String>, kube::Error> {

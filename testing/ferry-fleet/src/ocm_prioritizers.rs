@@ -6,8 +6,10 @@
 //! them; in `Exact` mode only the configured prioritizers count. Pure: the emulator hands
 //! it the cluster list, every PlacementDecision and every AddOnPlacementScore.
 //!
-//! Not emulated: the `ResourceAllocatableCPU` and `ResourceAllocatableMemory` built-ins
-//! (`plugins/resource`) score 0 here; no flow of Ferry's asks for them.
+//! `ResourceAllocatableCPU` and `ResourceAllocatableMemory` (`plugins/resource`) score
+//! each cluster by where its `status.allocatable` lies between the feasible clusters'
+//! least and most, from -100 to 100 (100 for all when they are equal; nothing for a
+//! cluster that reports no allocatable or capacity).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -111,9 +113,26 @@ pub fn steady(ns: &str, placement: &str, clusters: &[String], decisions: &[Decis
     clusters.iter().map(|c| (c.clone(), if current.contains(c.as_str()) { MAX_SCORE } else { 0 })).collect()
 }
 
+/// `plugins/resource` `mostResourceAllocatableScores`: `allocatable` of each cluster (None:
+/// it reports none, or no capacity) scored by `((a - min) / (max - min) - 0.5) * 200`.
+pub fn most_allocatable(clusters: &[String], allocatable: impl Fn(&str) -> Option<f64>) -> BTreeMap<String, i64> {
+    let known: Vec<(String, f64)> = clusters.iter().filter_map(|c| allocatable(c).map(|a| (c.clone(), a))).collect();
+    let min = known.iter().map(|(_, a)| *a).fold(f64::INFINITY, f64::min);
+    let max = known.iter().map(|(_, a)| *a).fold(f64::NEG_INFINITY, f64::max);
+    known
+        .into_iter()
+        .map(|(c, a)| {
+            let s = if max - min != 0.0 { (((a - min) / (max - min) - 0.5) * 2.0 * 100.0) as i64 } else { MAX_SCORE };
+            (c, s)
+        })
+        .collect()
+}
+
 /// The feasible `clusters` ranked best first: the weighted sum of every prioritizer with
 /// a weight other than 0, ties by name. `addon(cluster, resource, score)` is the
-/// AddOnPlacementScore item (0 when missing or expired, as `plugins/addon` gives).
+/// AddOnPlacementScore item (0 when missing or expired, as `plugins/addon` gives);
+/// `allocatable(cluster, "cpu" | "memory")` a cluster's reported allocatable (None when
+/// it reports no allocatable or capacity of it).
 pub fn rank(
     spec: &Value,
     ns: &str,
@@ -121,12 +140,15 @@ pub fn rank(
     clusters: &[String],
     decisions: &[Decision],
     addon: impl Fn(&str, &str, &str) -> i64,
+    allocatable: impl Fn(&str, &str) -> Option<f64>,
 ) -> Result<Vec<(i64, String)>, Misconfigured> {
     let mut sum: BTreeMap<String, i64> = clusters.iter().map(|c| (c.clone(), 0)).collect();
     for (p, weight) in weights(spec)?.into_iter().filter(|(_, w)| *w != 0) {
         let scores: BTreeMap<String, i64> = match &p {
             Prioritizer::BuiltIn(b) if b == "Balance" => balance(ns, placement, clusters, decisions),
             Prioritizer::BuiltIn(b) if b == "Steady" => steady(ns, placement, clusters, decisions),
+            Prioritizer::BuiltIn(b) if b == "ResourceAllocatableCPU" => most_allocatable(clusters, |c| allocatable(c, "cpu")),
+            Prioritizer::BuiltIn(b) if b == "ResourceAllocatableMemory" => most_allocatable(clusters, |c| allocatable(c, "memory")),
             Prioritizer::BuiltIn(_) => BTreeMap::new(),
             Prioritizer::AddOn { resource, score } => clusters.iter().map(|c| (c.clone(), addon(c, resource, score))).collect(),
         };
@@ -152,7 +174,23 @@ mod tests {
     fn by_score(spec: &Value, decisions: &[Decision]) -> Vec<String> {
         // member-1 scores 30, member-2 80 on the AddOn score.
         let addon = |c: &str, _: &str, _: &str| if c == "member-2" { 80 } else { 30 };
-        rank(spec, "apps", "web", &names(&["member-1", "member-2"]), decisions, addon).unwrap().into_iter().map(|(_, c)| c).collect()
+        rank(spec, "apps", "web", &names(&["member-1", "member-2"]), decisions, addon, |_, _| None).unwrap().into_iter().map(|(_, c)| c).collect()
+    }
+
+    #[test]
+    fn resource_allocatable_scores_between_the_least_and_the_most() {
+        let cpu = |c: &str| match c {
+            "c1" => Some(2.0),
+            "c2" => Some(4.0),
+            "c3" => Some(6.0),
+            _ => None,
+        };
+        let s = most_allocatable(&names(&["c1", "c2", "c3", "c4"]), cpu);
+        assert_eq!(s, BTreeMap::from([("c1".into(), -100), ("c2".into(), 0), ("c3".into(), 100)]), "c4 reports nothing: no score");
+        assert_eq!(most_allocatable(&names(&["c1", "c9"]), |c| (c == "c1").then_some(3.0)), BTreeMap::from([("c1".into(), 100)]));
+        let exact = json!({"prioritizerPolicy": {"mode": "Exact", "configurations": [{"scoreCoordinate": {"type": "BuiltIn", "builtIn": "ResourceAllocatableCPU"}, "weight": 2}]}});
+        let ranked = rank(&exact, "a", "p", &names(&["c1", "c2", "c3"]), &[], |_, _, _| 0, |c, r| (r == "cpu").then(|| cpu(c)).flatten()).unwrap();
+        assert_eq!(ranked, [(200, "c3".into()), (0, "c2".into()), (-200, "c1".into())]);
     }
 
     fn addon_policy(mode: &str) -> Value {

@@ -40,6 +40,8 @@ async fn registration_goes_only_through_a_klusterlet() {
     let _ocm = EmulatedOcm::start(&fleet).await.unwrap();
     let hub = fleet.hub().client().await.unwrap();
     let member = fleet.cluster("member-1").unwrap().client().await.unwrap();
+    let kubelet = ferry_fleet::Kubelet::start("member-1", member.clone(), Duration::from_millis(100));
+    kubelet.add_nodes("node", 2, &ferry_fleet::NodeFlavor::default()).await.unwrap();
     let mcs: Api<ManagedCluster> = Api::all(hub.clone());
 
     // Accepted by the admin, no agent: the hub accepts it and makes its lease, and nothing
@@ -82,6 +84,10 @@ async fn registration_goes_only_through_a_klusterlet() {
     ocm_join::accept(&hub, "member-1", &json!({})).await.unwrap();
     until(&mcs, "member-1", "Available", |m| cond(m, "ManagedClusterConditionAvailable").as_deref() == Some("True")).await;
     assert_eq!(mcs.get("member-1").await.unwrap().condition("ManagedClusterJoined"), Some("True"));
+    // The agent reports what its nodes offer (two of 4 CPUs and 8 GiB), for placement's
+    // ResourceAllocatable prioritizers.
+    let m = until(&mcs, "member-1", "its resources reported", |m| m.is_some_and(|m| m.status["allocatable"]["cpu"] == "8")).await.unwrap();
+    assert_eq!(m.status["capacity"]["memory"], (16u64 << 30).to_string());
     let leases: Api<Lease> = Api::namespaced(hub.clone(), "member-1");
     let renewed = |l: &Lease| l.spec.as_ref().and_then(|s| s.renew_time.clone());
     let lease = tokio::time::timeout(WAIT, await_condition(leases.clone(), LEASE, |l: Option<&Lease>| l.is_some())).await.expect("its lease").unwrap();

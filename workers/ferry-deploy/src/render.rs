@@ -374,7 +374,7 @@ mod tests {
         let p = placement(&a, &a.components[1], "tsk_1").unwrap();
         let clusters = ["member-1".to_owned(), "member-2".to_owned()];
         let before = [Decision { namespace: a.namespace().to_owned(), placement: "shop-db".into(), clusters: vec!["member-1".into()] }];
-        let ranked = rank(&p["spec"], a.namespace(), "shop-db", &clusters, &before, |c, _, _| if c == "member-2" { 80 } else { 30 }).unwrap();
+        let ranked = rank(&p["spec"], a.namespace(), "shop-db", &clusters, &before, |c, _, _| if c == "member-2" { 80 } else { 30 }, |_, _| None).unwrap();
         assert_eq!(ranked[0].1, "member-2", "{ranked:?}");
     }
 

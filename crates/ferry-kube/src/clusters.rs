@@ -157,6 +157,7 @@ impl Clusters {
         let text = std::str::from_utf8(&bytes.0).map_err(|_| bad("not UTF-8".into()))?;
         // Errors below name the failing part only: kubeconfig parse errors can quote content.
         let kc = Kubeconfig::from_yaml(text).map_err(|_| bad("not a kubeconfig document".into()))?;
+        self_contained(&kc).map_err(bad)?;
         let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
             .await
             .map_err(|_| bad("no usable context, cluster or user in it".into()))?;
@@ -240,6 +241,36 @@ impl Clusters {
     }
 }
 
+/// Refuses what a kubeconfig from a Secret must not make a worker do: run a command
+/// (`exec`, which kube runs as the worker), call an auth provider plugin, or read a file
+/// of the worker's machine (a CA, a client certificate or key, a token file): a
+/// kubeconfig from the hub carries its credentials inline, as Cluster API writes them.
+pub fn self_contained(kc: &Kubeconfig) -> Result<(), String> {
+    for a in &kc.auth_infos {
+        let Some(u) = &a.auth_info else { continue };
+        let what = if u.exec.is_some() {
+            Some("an exec credential plugin (a command the worker would run)")
+        } else if u.auth_provider.is_some() {
+            Some("an auth provider plugin")
+        } else if u.client_certificate.is_some() || u.client_key.is_some() {
+            Some("a client certificate or key file")
+        } else if u.token_file.is_some() {
+            Some("a token file")
+        } else {
+            None
+        };
+        if let Some(what) = what {
+            return Err(format!("user {:?} uses {what}; only inline credentials are accepted", a.name));
+        }
+    }
+    for c in &kc.clusters {
+        if c.cluster.as_ref().is_some_and(|c| c.certificate_authority.is_some()) {
+            return Err(format!("cluster {:?} names a CA file; only inline certificate-authority-data is accepted", c.name));
+        }
+    }
+    Ok(())
+}
+
 /// The group, version and kind of a JSON object.
 pub fn gvk_of(obj: &Value) -> Result<GroupVersionKind, ClusterError> {
     let api_version = obj.get("apiVersion").and_then(Value::as_str).ok_or_else(|| ClusterError::Malformed("no apiVersion".into()))?;
@@ -254,4 +285,27 @@ pub async fn client_from_file(kubeconfig: &std::path::Path) -> Result<Client, Bo
     let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
     let config = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await?;
     Ok(Client::try_from(config)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kc(user: &str, cluster: &str) -> Kubeconfig {
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://10.0.0.1:6443\n{cluster}users:\n- name: u\n  user:\n{user}contexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n"
+        );
+        Kubeconfig::from_yaml(&text).unwrap()
+    }
+
+    #[test]
+    fn only_inline_credentials_are_accepted() {
+        assert_eq!(self_contained(&kc("    token: abc\n", "    certificate-authority-data: Zm9v\n")), Ok(()));
+        let refused = |user: &str, cluster: &str| self_contained(&kc(user, cluster)).unwrap_err();
+        assert!(refused("    exec: {apiVersion: client.authentication.k8s.io/v1, command: /bin/sh, args: [-c, id]}\n", "").contains("exec credential plugin"));
+        assert!(refused("    auth-provider: {name: oidc}\n", "").contains("auth provider"));
+        assert!(refused("    client-certificate: /etc/passwd\n    client-key: /etc/shadow\n", "").contains("file"));
+        assert!(refused("    tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token\n", "").contains("token file"));
+        assert!(refused("    token: abc\n", "    certificate-authority: /etc/ssl/ca.pem\n").contains("CA file"));
+    }
 }

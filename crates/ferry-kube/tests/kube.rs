@@ -34,6 +34,24 @@ async fn clients_apply_and_shared_waits() {
     }
     assert_eq!(clusters.kubeconfig_secret("member-1").await.unwrap().1, "member-1-kubeconfig");
 
+    // A planted kubeconfig whose user runs a command is refused before any use: the
+    // command never runs.
+    let marker = tempfile::tempdir().unwrap();
+    let ran = marker.path().join("ran");
+    let planted = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: '{}'}}\nusers:\n- name: u\n  user:\n    exec: {{apiVersion: client.authentication.k8s.io/v1, command: /bin/sh, args: [-c, 'touch {}'], interactiveMode: Never}}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n",
+        fleet.cluster("member-1").unwrap().server,
+        ran.display()
+    );
+    let secret = ferry_fleet::fleet::kubeconfig_secret("planted", &planted);
+    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> = kube::Api::namespaced(fleet.hub().client().await.unwrap(), "default");
+    secrets.create(&Default::default(), &serde_json::from_value(secret).unwrap()).await.unwrap();
+    match clusters.client("planted").await {
+        Err(e @ ClusterError::BadKubeconfig { .. }) => assert!(e.to_string().contains("exec credential plugin"), "{e}"),
+        other => panic!("a kubeconfig with exec was accepted: {:?}", other.err()),
+    }
+    assert!(!ran.exists(), "the planted command ran");
+
     // Apply is idempotent; delete of a missing object is success.
     let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "probe", "namespace": "default"}, "data": {"a": "1"}});
     clusters.apply("member-1", &cm, "ferry-test").await.unwrap();

@@ -30,10 +30,12 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-/// Starts `ferry dashboard` and returns it with the URL it printed.
-fn dashboard(bootstrap: &str) -> (Proc, String) {
+/// Starts `ferry dashboard` with operator token file `token` and returns it with the URL
+/// it printed.
+fn dashboard(bootstrap: &str, token: &std::path::Path) -> (Proc, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_ferry"))
-        .args(["dashboard", "--listen", "127.0.0.1:0", "--brokers", bootstrap, "--kafka-property", "fetch.wait.max.ms=5"])
+        .args(["dashboard", "--listen", "127.0.0.1:0", "--brokers", bootstrap, "--kafka-property", "fetch.wait.max.ms=5", "--token-file"])
+        .arg(token)
         .env("RUST_LOG", "error")
         .stdout(Stdio::piped())
         .spawn()
@@ -109,7 +111,10 @@ async fn a_task_from_the_cli_appears_progresses_and_reverts_in_the_browser() {
     let worker = tokio::spawn(Worker::new(opts, TestHandler::default()).run(stop.clone()));
     let client = Client::new(kafka, topics).unwrap();
 
-    let (_dash, url) = dashboard(&bootstrap);
+    let token_file = tempfile::NamedTempFile::new().unwrap();
+    let token = format!("{:032x}", std::process::id() as u128 * 7919 + 0x5eed);
+    std::fs::write(token_file.path(), &token).unwrap();
+    let (_dash, url) = dashboard(&bootstrap, token_file.path());
     let (_driver, port) = chromedriver();
     let profile = tempfile::tempdir().unwrap();
     let mut caps = serde_json::Map::new();
@@ -155,6 +160,32 @@ async fn a_task_from_the_cli_appears_progresses_and_reverts_in_the_browser() {
     let width: String = browser.find(Locator::Css(&format!("{row} .bar > span"))).await.unwrap().attr("style").await.unwrap().unwrap_or_default();
     assert!(width.contains("100%"), "a finished task's bar is full: {width}");
 
+    // A cross-site form post (another origin's page, no token) is refused, in a tab of
+    // its own, and the task stays as it was.
+    let dashboard_tab = browser.window().await.unwrap();
+    let evil = browser.new_window(true).await.unwrap();
+    browser.switch_to_window(evil.handle).await.unwrap();
+    let form = format!("data:text/html,<form method=post action='{url}api/tasks/{id}/revert'></form><script>document.forms[0].submit()</script>");
+    browser.goto(&form).await.unwrap();
+    let refused = browser
+        .wait()
+        .at_most(WAIT)
+        .for_element(Locator::XPath("//body[contains(., 'an action needs the operator token')]"))
+        .await
+        .expect("the dashboard refuses the cross-site post");
+    assert!(!refused.text().await.unwrap_or_default().is_empty());
+    browser.close_window().await.unwrap();
+    browser.switch_to_window(dashboard_tab).await.unwrap();
+    assert_eq!(client.snapshot(id.parse().unwrap()).await.unwrap().unwrap().state, TaskState::Succeeded, "the cross-site post reverted the task");
+
+    // Without the operator token the page's own Revert is refused and says why.
+    click(&browser, &format!("{row} button.revert")).await;
+    let said = format!("//tr[@id='task-{id}']//*[contains(., 'operator token')]");
+    browser.wait().at_most(WAIT).for_element(Locator::XPath(&said)).await.expect("the refusal shows on the page");
+    // With it, the revert goes through Kafka.
+    let input = browser.find(Locator::Css("#token")).await.unwrap();
+    input.send_keys(&token).await.unwrap();
+    browser.execute("document.getElementById('token').dispatchEvent(new Event('change')); return null;", vec![]).await.unwrap();
     click(&browser, &format!("{row} button.revert")).await;
     browser.wait().at_most(WAIT).for_element(Locator::Css(&format!("{row}[data-state=Reverted]"))).await.expect("the revert shows on the page");
     std::fs::write(shots.join("dashboard-reverted.png"), browser.screenshot().await.unwrap()).unwrap();

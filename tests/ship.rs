@@ -162,6 +162,32 @@ async fn strimzi_resources_and_chart_pass_the_api_server() {
     }
 }
 
+/// The dashboard's chart: read-only unless a token Secret is named (then mounted and
+/// given as the token file), probes on /healthz and /readyz, a NetworkPolicy that opens
+/// only the page's port.
+#[test]
+fn chart_dashboard_is_read_only_unless_a_token_secret_is_named() {
+    let Some(helm) = helm() else {
+        ferry_runtime::report::missing_prerequisite("helm is not installed (scripts/install-helm.sh)");
+        return;
+    };
+    let deployment = |docs: &[Value]| docs.iter().find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "ferry-dashboard").cloned().unwrap();
+    let plain = render_chart(&helm, &[]);
+    let c = &deployment(&plain)["spec"]["template"]["spec"]["containers"][0];
+    assert!(!c["env"].as_array().unwrap().iter().any(|e| e["name"] == "FERRY_DASHBOARD_TOKEN_FILE"), "read-only by default");
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    let policy = plain.iter().find(|d| d["kind"] == "NetworkPolicy").expect("a NetworkPolicy");
+    assert_eq!(policy["spec"]["ingress"][0]["ports"], serde_json::json!([{"port": "http", "protocol": "TCP"}]));
+    let with_token = render_chart(&helm, &["--set", "dashboard.tokenSecret=dash-token", "--set", "dashboard.allowedHosts={ferry.example.com}"]);
+    let d = deployment(&with_token);
+    let c = &d["spec"]["template"]["spec"]["containers"][0];
+    let env = |name: &str| c["env"].as_array().unwrap().iter().find(|e| e["name"] == name).map(|e| e["value"].clone());
+    assert_eq!(env("FERRY_DASHBOARD_TOKEN_FILE"), Some(serde_json::json!("/etc/ferry/dashboard-token/token")));
+    assert_eq!(env("FERRY_DASHBOARD_ALLOWED_HOSTS"), Some(serde_json::json!("ferry.example.com")));
+    assert!(d["spec"]["template"]["spec"]["volumes"].as_array().unwrap().iter().any(|v| v["secret"]["secretName"] == "dash-token"));
+}
+
 #[test]
 fn compose_runs_kafka_the_topics_every_worker_and_the_dashboard() {
     let text = std::fs::read_to_string(root().join("docker-compose.yml")).unwrap();

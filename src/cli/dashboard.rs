@@ -23,7 +23,10 @@ use futures::Stream;
 use serde::Serialize;
 use tokio::sync::broadcast;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use super::common::Conn;
+use super::dashboard_access::Access;
 use super::tasks::TaskView;
 
 const PAGE: &str = include_str!("dashboard/index.html");
@@ -33,11 +36,23 @@ pub struct DashboardArgs {
     /// Where to serve the page.
     #[arg(long, env = "FERRY_DASHBOARD_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
+    /// A file holding the operator token that Revert and Cancel need (e.g. a mounted
+    /// Secret); without it the dashboard is read-only.
+    #[arg(long, env = "FERRY_DASHBOARD_TOKEN_FILE")]
+    pub token_file: Option<std::path::PathBuf>,
+    /// A `Host` (name:port) the dashboard answers to; repeat for more. Default: its
+    /// loopback names when it listens on loopback, any otherwise (put it behind a proxy
+    /// that checks the host, or name them).
+    #[arg(long = "allowed-host", env = "FERRY_DASHBOARD_ALLOWED_HOSTS", value_delimiter = ',')]
+    pub allowed_hosts: Vec<String>,
 }
 
 struct App {
     client: Client,
     events: broadcast::Sender<String>,
+    access: Arc<Access>,
+    /// The event fan-out follows the progress topic (`/readyz`).
+    following: Arc<AtomicBool>,
 }
 
 type Shared = Arc<App>;
@@ -46,8 +61,22 @@ fn error(status: StatusCode, e: impl std::fmt::Display) -> Response {
     (status, Json(serde_json::json!({ "error": e.to_string() }))).into_response()
 }
 
-async fn page() -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "text/html; charset=utf-8"), (header::CACHE_CONTROL, "no-store")], PAGE)
+async fn page(State(app): State<Shared>) -> impl IntoResponse {
+    let actions = if app.access.token.is_some() { "" } else { "hidden" };
+    let page = PAGE.replace("{{csrf}}", &app.access.csrf).replace("{{actions}}", actions);
+    ([(header::CONTENT_TYPE, "text/html; charset=utf-8"), (header::CACHE_CONTROL, "no-store")], page)
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+async fn readyz(State(app): State<Shared>) -> Response {
+    if app.following.load(Ordering::Relaxed) { "ok".into_response() } else { error(StatusCode::SERVICE_UNAVAILABLE, "not following the progress topic") }
+}
+
+async fn metrics(State(app): State<Shared>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], app.access.metrics())
 }
 
 async fn tasks(State(app): State<Shared>) -> Response {
@@ -152,34 +181,55 @@ fn tokio_stream_from<T>(mut rx: tokio::sync::mpsc::Receiver<T>) -> impl Stream<I
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
-/// The page's routes over `client`; progress events are read once and fanned out.
-pub async fn router(client: Client) -> anyhow::Result<Router> {
+/// The page's routes over `client` under `access`; progress events are read once and
+/// fanned out.
+pub async fn router(client: Client, access: Arc<Access>) -> anyhow::Result<Router> {
     let (tx, _) = broadcast::channel(1024);
     let mut stream = client.events(false).await?;
     let fan = tx.clone();
+    let following = Arc::new(AtomicBool::new(true));
+    let alive = following.clone();
     tokio::spawn(async move {
         while let Some(e) = stream.next().await {
             if let Ok(json) = serde_json::to_string(&e) {
                 let _ = fan.send(json);
             }
         }
+        alive.store(false, Ordering::Relaxed);
     });
-    let app = Arc::new(App { client, events: tx });
+    let app = Arc::new(App { client, events: tx, access: access.clone(), following });
     Ok(Router::new()
         .route("/", get(page))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .route("/api/tasks", get(tasks))
         .route("/api/fleet", get(fleet))
         .route("/api/events", get(events))
         .route("/api/tasks/{id}/revert", post(revert))
         .route("/api/tasks/{id}/cancel", post(cancel))
-        .with_state(app))
+        .with_state(app)
+        .layer(axum::middleware::from_fn_with_state(access, super::dashboard_access::guard)))
 }
 
 pub async fn run(conn: &Conn, a: DashboardArgs) -> anyhow::Result<ExitCode> {
     let client = conn.client().await?;
-    let app = router(client).await?;
+    let token = match &a.token_file {
+        Some(p) => {
+            let t = std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("reading the token file {}: {e}", p.display()))?.trim().to_owned();
+            anyhow::ensure!(t.len() >= 16, "the token in {} is shorter than 16 characters", p.display());
+            Some(t)
+        }
+        None => None,
+    };
     let listener = tokio::net::TcpListener::bind(a.listen).await?;
-    println!("dashboard: http://{}/", listener.local_addr()?);
+    let bound = listener.local_addr()?;
+    let hosts = if a.allowed_hosts.is_empty() { Access::default_hosts(bound) } else { a.allowed_hosts.clone() };
+    if token.is_none() {
+        eprintln!("dashboard: read-only (no --token-file): Revert and Cancel are refused");
+    }
+    let app = router(client, Arc::new(Access::new(hosts, token))).await?;
+    println!("dashboard: http://{bound}/");
     let shutdown = tokio_util::sync::CancellationToken::new();
     super::common::cancel_on_signal(shutdown.clone());
     axum::serve(listener, app).with_graceful_shutdown(async move { shutdown.cancelled().await }).await?;

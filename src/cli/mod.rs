@@ -8,6 +8,7 @@ pub mod bench_waits;
 pub mod common;
 pub mod config;
 pub mod dashboard;
+pub mod dashboard_access;
 pub mod dev;
 pub mod fleet_view;
 pub mod otlp;

@@ -69,6 +69,9 @@ pub const BAD_APP_RECORD: &str = "BAD_APP_RECORD";
 pub const SECRET_MISSING: &str = "SECRET_MISSING";
 /// A referenced Secret lacks the key named.
 pub const SECRET_KEY_MISSING: &str = "SECRET_KEY_MISSING";
+/// A referenced Secret may not leave the hub: not marked `ferry.dev/exportable=true`, or a
+/// credential of the fleet (a kubeconfig, a service-account token).
+pub const SECRET_NOT_EXPORTABLE: &str = "SECRET_NOT_EXPORTABLE";
 /// The app's namespace is not bound to a ManagedClusterSet it places into.
 pub const CLUSTERSET_NOT_BOUND: &str = "CLUSTERSET_NOT_BOUND";
 /// No cluster of the bound sets has the placement's labels.

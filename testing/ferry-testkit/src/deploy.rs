@@ -45,7 +45,9 @@ pub async fn bind(hub: &kube::Client, namespace: &str, set: &str) -> anyhow::Res
 /// Writes an Opaque Secret in `namespace` on the hub.
 pub async fn secret(hub: &kube::Client, namespace: &str, name: &str, data: &[(&str, &str)]) -> anyhow::Result<()> {
     let data: serde_json::Map<String, serde_json::Value> = data.iter().map(|(k, v)| ((*k).to_owned(), json!(v))).collect();
-    let s = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": namespace}, "stringData": data});
+    // Marked by the operator: deploys may copy it to clusters.
+    let s = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": namespace,
+        "labels": {ferry_deploy::exportable::EXPORTABLE_LABEL: "true"}}, "stringData": data});
     Api::<Secret>::namespaced(hub.clone(), namespace).patch(name, &PatchParams::apply("ferry-demo").force(), &Patch::Apply(&s)).await?;
     Ok(())
 }

@@ -4,11 +4,13 @@
 //!
 //! - [`spec`]: the command (`DeployApp`: deploy, update, delete).
 //! - [`validate`]: rules that need no cluster.
+//! - [`exportable`]: which hub Secrets a deploy may copy to clusters.
 //! - [`render`]: app → objects, ManifestWorks, Placements; feedback → readiness (pure).
 //! - [`handler`]: the configuration and the plan: check, place, apply, wait.
 //! - [`steps`]: one module per step; [`outputs`]: the keys of their outputs.
 //! - [`tosca`]: a TOSCA blueprint → `DeployApp`.
 
+pub mod exportable;
 pub mod handler;
 pub mod render;
 pub mod spec;

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use ferry_deploy::spec::{Component, DeployApp, DeployOperation, PlacementSpec, Port};
+use ferry_deploy::spec::{Component, Delivery, DeployApp, DeployOperation, EnvVar, PlacementSpec, Port, SecretKeyRef};
 use ferry_deploy::{DeployConfig, DeployHandler};
 use ferry_testkit::Bed;
 use ferry_testkit::deploy as demo;
@@ -243,7 +243,24 @@ async fn placements_follow_scores_deadlines_revert_and_bad_input_is_rejected() {
         (rejected(placed_app(None), "noroom", |a| a.components[0].cpu = Some("6".into())), "0 of the 1 cluster(s) needed can run 1 replica(s) of 6 CPU"),
         (rejected(placed_app(None), "nosecret", |a| a.components[0].image_pull_secret = Some("registry-creds".into())), "Secret placed/registry-creds, which does not exist on the hub"),
         (rejected(placed_app(None), "unbound", |a| a.components[0].placement.as_mut().unwrap().cluster_sets = vec!["other".into()]), "not bound to ManagedClusterSet \"other\""),
+        // An operator's Secret not marked for export stays on the hub.
+        (rejected(placed_app(None), "unmarked", |a| {
+            a.components[0].env = vec![EnvVar { name: "PASSWORD".into(), value: None, secret: Some(SecretKeyRef { name: "plain".into(), key: "password".into() }) }];
+        }), "Secret \"plain\" is not marked for export"),
+        // Exfiltration: another cluster's admin kubeconfig onto member-2, directly.
+        (rejected(placed_app(None), "exfil", |a| {
+            a.namespace = Some(ferry_fleet::fleet::KUBECONFIG_NAMESPACE.into());
+            a.delivery = Delivery::Direct;
+            a.components[0].placement = None;
+            a.components[0].cluster = Some("member-2".into());
+            a.components[0].env = vec![EnvVar { name: "KC".into(), value: None, secret: Some(SecretKeyRef { name: "member-1-kubeconfig".into(), key: "value".into() }) }];
+        }), "Secret \"member-1-kubeconfig\" is a cluster's kubeconfig; Ferry never copies those"),
     ];
+    let plain = serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "plain", "namespace": "placed"}, "stringData": {"password": "hunter2"}});
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(hub.clone(), "placed")
+        .patch("plain", &kube::api::PatchParams::apply("test"), &kube::api::Patch::Apply(&plain))
+        .await
+        .unwrap();
     for (app, want) in cases {
         let (_, evs) = demo::submit(&client, &app).await.unwrap();
         let e = last(&evs);

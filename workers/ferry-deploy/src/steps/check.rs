@@ -58,6 +58,9 @@ impl Check {
                         format!("component {:?} references Secret {}/{name}, which does not exist on the hub", c.name, app.namespace()),
                     ));
                 };
+                if let Some(why) = crate::exportable::refusal(&s) {
+                    return Err(StepError::rejected(codes::SECRET_NOT_EXPORTABLE, format!("component {:?}: {why}", c.name)));
+                }
                 let keys: BTreeSet<String> = s.data.unwrap_or_default().into_keys().chain(s.string_data.unwrap_or_default().into_keys()).collect();
                 for e in c.env.iter().filter_map(|e| e.secret.as_ref()).filter(|r| r.name == name) {
                     if !keys.contains(&e.key) {

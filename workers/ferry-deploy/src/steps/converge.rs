@@ -37,6 +37,10 @@ impl Inner {
             let s = api.get_opt(&name).await.map_err(hub_err)?.ok_or_else(|| {
                 StepError::permanent(codes::SECRET_MISSING, format!("Secret {}/{name} on the hub is gone (it existed when the task was checked)", app.namespace()))
             })?;
+            // Checked again here: the Secret may have changed since the check.
+            if let Some(why) = crate::exportable::refusal(&s) {
+                return Err(StepError::permanent(codes::SECRET_NOT_EXPORTABLE, why));
+            }
             let data = s.data.unwrap_or_default().into_iter().map(|(k, v)| (k, base64_encode(&v.0))).collect();
             out.insert(name, SecretData { type_: s.type_.unwrap_or_else(|| "Opaque".into()), data });
         }

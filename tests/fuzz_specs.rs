@@ -100,3 +100,25 @@ proptest! {
         through_every_decoder(&REGISTRY, &CATALOG, &bytes)?;
     }
 }
+
+/// No command may name the hub as a managed cluster: each kind's own `validate()`
+/// refuses it, naming the hub.
+#[test]
+fn no_command_names_the_hub_as_a_cluster() {
+    let hub = ferry_kube::HUB;
+    let score = ferry_score::spec::ScoreClusters { clusters: vec![hub.into()], ..Default::default() };
+    assert!(ferry_score::validate::validate(&score).unwrap_err().to_string().contains("names the hub"));
+    let deploy = ferry_deploy::spec::DeployApp {
+        name: "app".into(),
+        owner: "o".into(),
+        components: vec![ferry_deploy::spec::Component { name: "web".into(), image: "nginx:1.27".into(), cluster: Some(hub.into()), ..Default::default() }],
+        ..Default::default()
+    };
+    assert!(ferry_deploy::validate::validate(&deploy.subject(), &deploy).unwrap_err().to_string().contains("names the hub"));
+    let create = ferry_cluster::spec::ClusterCommand { name: hub.into(), infrastructure: "docker".into(), version: "v1.33.1".into(), ..Default::default() };
+    assert!(ferry_cluster::validate::validate(&create.subject(), &create, &ferry_cluster::Catalog::builtin()).unwrap_err().to_string().contains("names the hub"));
+    let peer = ferry_peer::spec::PeerClusters { a: hub.into(), b: "member-1".into(), ..Default::default() };
+    assert!(ferry_peer::spec::validate(&peer.subject(), &peer).unwrap_err().to_string().contains("names the hub"));
+    let offload = ferry_offload::spec::OffloadCommand { cluster: hub.into(), namespace: "apps".into(), ..Default::default() };
+    assert!(ferry_offload::spec::validate(&offload.subject(), &offload).unwrap_err().to_string().contains("names the hub"));
+}

@@ -1,6 +1,12 @@
 //! Kubernetes name and label rules, as the API server applies them, so commands are
 //! refused with a precise reason before anything is written.
 
+/// Why `name` may not name a managed cluster in a command: the hub's name ([`crate::HUB`])
+/// would make a worker act on the hub with its own identity, not as on a cluster.
+pub fn hub_named(name: &str) -> Option<String> {
+    (name == crate::HUB).then(|| format!("{name:?} names the hub, not a managed cluster: Ferry's commands act on managed clusters only"))
+}
+
 /// True for a DNS-1123 label (namespace, cluster and most object names).
 pub fn is_dns1123_label(s: &str) -> bool {
     !s.is_empty()
@@ -40,6 +46,12 @@ pub fn is_label_value(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_hub_is_not_a_cluster_name() {
+        assert!(hub_named("hub").unwrap().contains("names the hub"));
+        assert_eq!(hub_named("hub-1"), None);
+    }
 
     #[test]
     fn rules_match_the_api_server() {

@@ -56,6 +56,9 @@ pub fn validate(subject: &str, cmd: &ClusterCommand, catalog: &Catalog) -> Resul
     if !is_dns1123_label(&cmd.name) || cmd.name.len() > MAX_NAME {
         return Err(reject(format!("name {:?} is not a DNS-1123 label of at most {MAX_NAME} characters (lowercase letters, digits, '-')", cmd.name)));
     }
+    if let Some(why) = ferry_kube::names::hub_named(&cmd.name) {
+        return Err(reject(why));
+    }
     if !is_dns1123_label(cmd.namespace()) {
         return Err(reject(format!("namespace {:?} is not a DNS-1123 label", cmd.namespace())));
     }

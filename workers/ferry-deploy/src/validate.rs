@@ -144,6 +144,9 @@ fn check_component(app: &DeployApp, c: &Component) -> Result<(), Rejection> {
         (Some(_), Some(_)) => return Err(reject(format!("component {n:?}: give a cluster or a placement, not both"))),
         (None, None) => return Err(reject(format!("component {n:?}: needs a target: a cluster or a placement"))),
         (Some(cl), None) if !is_dns1123_label(cl) => return Err(reject(format!("component {n:?}: cluster {cl:?} is not a DNS-1123 label"))),
+        (Some(cl), None) if ferry_kube::names::hub_named(cl).is_some() => {
+            return Err(reject(format!("component {n:?}: {}", ferry_kube::names::hub_named(cl).unwrap_or_default())));
+        }
         (None, Some(p)) => {
             if app.delivery == Delivery::Direct {
                 return Err(reject(format!("component {n:?}: a placement needs OCM; delivery direct takes a cluster")));

@@ -132,6 +132,9 @@ pub fn validate(subject: &str, c: &OffloadCommand) -> Result<(), Rejection> {
     if !is_dns1123_label(&c.cluster) {
         return bad(format!("cluster: {:?} is not a DNS-1123 label", c.cluster));
     }
+    if let Some(why) = c.clusters.iter().chain([&c.cluster]).find_map(|n| ferry_kube::names::hub_named(n)) {
+        return bad(why);
+    }
     if !is_dns1123_label(&c.namespace) {
         return bad(format!("namespace: {:?} is not a DNS-1123 label", c.namespace));
     }

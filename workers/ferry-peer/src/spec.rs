@@ -78,6 +78,9 @@ pub fn validate(subject: &str, p: &PeerClusters) -> Result<(), Rejection> {
         if !is_dns1123_label(v) {
             return Err(Rejection::new(format!("{field}: cluster name {v:?} is not a DNS-1123 label")));
         }
+        if let Some(why) = ferry_kube::names::hub_named(v) {
+            return Err(Rejection::new(format!("{field}: {why}")));
+        }
     }
     if p.a == p.b {
         return Err(Rejection::new(format!("a and b are the same cluster ({:?}): a cluster cannot peer with itself", p.a)));

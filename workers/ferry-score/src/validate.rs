@@ -73,6 +73,9 @@ pub fn validate(spec: &ScoreClusters) -> Result<(), Rejection> {
         if !is_dns1123_label(c) {
             return Err(Rejection::new(format!("cluster {c:?} is not a DNS-1123 label (lowercase letters, digits, '-', at most 63)")));
         }
+        if let Some(why) = ferry_kube::names::hub_named(c) {
+            return Err(Rejection::new(why));
+        }
         if !seen.insert(c) {
             return Err(Rejection::new(format!("cluster {c:?} is listed twice")));
         }

@@ -317,7 +317,6 @@ fn micro_now() -> String {
 // the agent
 
 /// What the agent holds between passes.
-#[derive(Default)]
 struct AgentState {
     /// The agent's name (`--agent-name`; upstream generates one).
     agent: String,
@@ -325,6 +324,13 @@ struct AgentState {
     csr: Option<(String, String)>,
     /// The hub as this agent (its issued certificate).
     hub: Option<kube::Client>,
+}
+
+impl AgentState {
+    /// A new agent incarnation: a fresh name, no CSR, no hub identity.
+    fn fresh() -> Self {
+        Self { agent: format!("{:08x}", rand_u32()), csr: None, hub: None }
+    }
 }
 
 /// The registration agent of one managed cluster; see the module docs.
@@ -340,8 +346,7 @@ pub struct Klusterlet {
 impl Klusterlet {
     /// An agent for `cluster`, reached with `managed`.
     pub fn new(cluster: &str, managed: kube::Client, knobs: Arc<Mutex<std::collections::HashMap<String, OcmKnobs>>>) -> Self {
-        let agent = format!("{:08x}", rand_u32());
-        Self { cluster: cluster.to_owned(), managed, knobs, state: tokio::sync::Mutex::new(AgentState { agent, ..AgentState::default() }) }
+        Self { cluster: cluster.to_owned(), managed, knobs, state: tokio::sync::Mutex::new(AgentState::fresh()) }
     }
 
     /// One pass; errors are retried on the next.
@@ -354,21 +359,19 @@ impl Klusterlet {
             Err(kube::Error::Api(s)) if s.code == 404 => None, // no CRD: no klusterlet installed
             Err(err) => return Err(e("reading the Klusterlet")(err)),
         };
-        let secrets: Api<Secret> = Api::namespaced(self.managed.clone(), AGENT_NAMESPACE);
         let name = klusterlet.as_ref().and_then(|k| k.data.pointer("/spec/clusterName")?.as_str().map(str::to_owned));
         let mut state = self.state.lock().await;
         let Some(name) = name.filter(|n| *n == self.cluster && klusterlet.as_ref().is_some_and(|k| k.metadata.deletion_timestamp.is_none())) else {
             // The klusterlet is removed (or not this cluster's): the agent stops.
             if state.hub.is_some() || state.csr.is_some() {
-                *state = AgentState { agent: format!("{:08x}", rand_u32()), ..AgentState::default() };
+                *state = AgentState::fresh();
             }
             return Ok(());
         };
         if state.hub.is_none() {
-            let Some(bootstrap) = secrets.get_opt(BOOTSTRAP_SECRET).await.map_err(e("reading the bootstrap Secret"))? else { return Ok(()) };
-            let Some(kc) = bootstrap.data.and_then(|d| d.get("kubeconfig").map(|b| String::from_utf8_lossy(&b.0).into_owned())) else { return Ok(()) };
+            let Some(kc) = secret_kubeconfig(&self.managed).await.map_err(e("reading the bootstrap Secret"))? else { return Ok(()) };
             let boot = client_from(&kc).await.map_err(|err| format!("klusterlet of {name}: the bootstrap kubeconfig: {err}"))?;
-            self.bootstrap(&boot, &name, &mut state).await?;
+            self.bootstrap(&boot, &kc, &name, &mut state).await?;
             if state.hub.is_none() {
                 return Ok(());
             }
@@ -380,7 +383,7 @@ impl Klusterlet {
 
     /// With the bootstrap identity: the ManagedCluster, the CSR, and once signed, the
     /// hub identity (also written to `hub-kubeconfig-secret`, as the agent does).
-    async fn bootstrap(&self, boot: &kube::Client, name: &str, state: &mut AgentState) -> Result<(), String> {
+    async fn bootstrap(&self, boot: &kube::Client, boot_kc: &str, name: &str, state: &mut AgentState) -> Result<(), String> {
         let mcs: Api<DynamicObject> = Api::all_with(boot.clone(), &managed_clusters());
         let err = |what: &'static str| move |e: kube::Error| format!("klusterlet of {name}: {what}: {e}");
         if mcs.get_opt(name).await.map_err(err("reading its ManagedCluster"))?.is_none() {
@@ -418,8 +421,7 @@ impl Klusterlet {
         }
         let Some(cert) = status.certificate.filter(|c| !c.0.is_empty()) else { return Ok(()) };
         let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
-        let boot_kc = secret_kubeconfig(&self.managed).await.map_err(err("reading the bootstrap Secret"))?.unwrap_or_default();
-        let mut kc: Value = serde_json::from_str(&boot_kc).or_else(|_| serde_yaml_ng::from_str(&boot_kc)).map_err(|e| format!("klusterlet of {name}: {e}"))?;
+        let mut kc: Value = serde_json::from_str(boot_kc).or_else(|_| serde_yaml_ng::from_str(boot_kc)).map_err(|e| format!("klusterlet of {name}: {e}"))?;
         kc["users"] = json!([{"name": "agent", "user": {"client-certificate-data": b64(&cert.0), "client-key-data": b64(key.as_bytes())}}]);
         kc["contexts"][0]["context"]["user"] = json!("agent");
         let text = kc.to_string();
@@ -439,7 +441,7 @@ impl Klusterlet {
             Ok(Some(mc)) => mc,
             Ok(None) => {
                 // Deleted on the hub: register again from the bootstrap (upstream's rebootstrap).
-                *self.state.lock().await = AgentState { agent: format!("{:08x}", rand_u32()), ..AgentState::default() };
+                *self.state.lock().await = AgentState::fresh();
                 return Ok(());
             }
             // Not accepted yet (or any more), or deleted with its RBAC: the bootstrap
@@ -450,7 +452,7 @@ impl Klusterlet {
                 let boot = client_from(&kc).await.map_err(|e| format!("klusterlet of {name}: the bootstrap kubeconfig: {e}"))?;
                 let gone = Api::<DynamicObject>::all_with(boot, &managed_clusters()).get_opt(name).await.map_err(err("reading its ManagedCluster"))?.is_none();
                 if gone {
-                    *self.state.lock().await = AgentState { agent: format!("{:08x}", rand_u32()), ..AgentState::default() };
+                    *self.state.lock().await = AgentState::fresh();
                 }
                 return Ok(());
             }

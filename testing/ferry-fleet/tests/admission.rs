@@ -76,16 +76,23 @@ where
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ocm_webhooks_refuse_accept_join_and_bind_without_their_permissions() {
+/// The upstream CRDs' folder, when the test bed and ../shared/crds are there (in CI their
+/// absence fails the test).
+fn prerequisites() -> Option<std::path::PathBuf> {
     if !ferry_fleet::binaries::Binaries::installed() {
         ferry_runtime::report::missing_prerequisite("the test bed is not installed (scripts/install-testbed.sh)");
-        return;
+        return None;
     }
-    let Some(shared) = ferry_fleet::crds::shared_dir() else {
+    let shared = ferry_fleet::crds::shared_dir();
+    if shared.is_none() {
         ferry_runtime::report::missing_prerequisite("../shared/crds (the upstream CRDs) is missing");
-        return;
-    };
+    }
+    shared
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ocm_webhooks_refuse_accept_join_and_bind_without_their_permissions() {
+    let Some(shared) = prerequisites() else { return };
     let fleet = Fleet::start(FleetOptions::hub_and(0)).await.unwrap();
     let admin = fleet.hub().client().await.unwrap();
     ferry_fleet::crds::install_dir(&admin, &shared.join("open-cluster-management")).await.unwrap();
@@ -177,14 +184,7 @@ async fn ocm_webhooks_refuse_accept_join_and_bind_without_their_permissions() {
 /// changes, is refused with upstream's message; a valid one and a valid update pass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cel_rules_of_upstream_crds_are_enforced() {
-    if !ferry_fleet::binaries::Binaries::installed() {
-        ferry_runtime::report::missing_prerequisite("the test bed is not installed (scripts/install-testbed.sh)");
-        return;
-    }
-    let Some(shared) = ferry_fleet::crds::shared_dir() else {
-        ferry_runtime::report::missing_prerequisite("../shared/crds (the upstream CRDs) is missing");
-        return;
-    };
+    let Some(shared) = prerequisites() else { return };
     let rules = ferry_fleet::webhooks_cel::rules();
     let capo = rules.iter().find(|c| c.name == "openstackclusters.infrastructure.cluster.x-k8s.io").expect("OpenStackCluster's CEL rules");
     assert!(capo.rules.iter().any(|r| r.path == "spec.identityRef" && r.message == "region is immutable"), "{:?}", capo.rules);

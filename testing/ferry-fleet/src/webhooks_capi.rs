@@ -24,6 +24,8 @@ pub const CLUSTER: Registration = Registration {
     versions: &["v1beta2"],
     resources: &["clusters"],
     operations: &["CREATE", "UPDATE"],
+    namespace_selector: None,
+    object_selector: None,
 };
 
 /// The Cluster webhook, reading ClusterClasses on the hub `hub` reaches.

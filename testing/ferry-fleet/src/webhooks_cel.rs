@@ -142,7 +142,10 @@ pub fn validators() -> Vec<(Registration, Arc<dyn Validator>)> {
     rules()
         .iter()
         .map(|c| {
-            let r = Registration { name: &c.webhook, groups: &c.groups, versions: &c.versions, resources: &c.resources, operations: &["CREATE", "UPDATE"] };
+            let r = Registration {
+                name: &c.webhook, groups: &c.groups, versions: &c.versions, resources: &c.resources, operations: &["CREATE", "UPDATE"],
+                namespace_selector: None, object_selector: None,
+            };
             (r, Arc::new(CelWebhook { crd: c }) as Arc<dyn Validator>)
         })
         .collect()

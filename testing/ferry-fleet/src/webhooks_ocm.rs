@@ -35,6 +35,8 @@ pub const MANAGED_CLUSTER: Registration = Registration {
     versions: &["*"],
     resources: &["managedclusters"],
     operations: &["CREATE", "UPDATE"],
+    namespace_selector: None,
+    object_selector: None,
 };
 
 /// The ManagedClusterSetBinding webhook's registration, as upstream's manifest has it.
@@ -44,6 +46,8 @@ pub const CLUSTER_SET_BINDING: Registration = Registration {
     versions: &["v1beta2"],
     resources: &["managedclustersetbindings"],
     operations: &["CREATE", "UPDATE"],
+    namespace_selector: None,
+    object_selector: None,
 };
 
 /// Both OCM webhooks, deciding with SubjectAccessReviews on the hub `hub` reaches.

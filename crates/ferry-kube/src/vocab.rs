@@ -19,6 +19,68 @@ pub mod liqo {
     pub const CLUSTER_ID_CONFIGMAP: &str = "liqo-clusterid-configmap";
     /// Liqo's controller manager, whose readiness says Liqo runs.
     pub const CONTROLLER_MANAGER: &str = "liqo-controller-manager";
+    /// Label of a tenant namespace (`pkg/consts/core.go`, `TenantNamespaceLabel`); Liqo's
+    /// Tenant webhook refuses a Tenant in a namespace without it.
+    pub const TENANT_NAMESPACE_LABEL: &str = "liqo.io/tenant-namespace";
+    /// The PodSecurity labels a tenant namespace carries, all `privileged`
+    /// (`pkg/tenantNamespace/namespaceManager.go`, `ForgeNamespace`).
+    pub const POD_SECURITY_LABELS: [&str; 3] =
+        ["pod-security.kubernetes.io/audit", "pod-security.kubernetes.io/enforce", "pod-security.kubernetes.io/warn"];
+    /// The namespace label (value `true`) Liqo's namespace offloading controller sets for
+    /// the `LocalAndRemote` and `Remote` strategies; Liqo's pod webhook mutates only pods
+    /// created in a namespace with it (`pkg/consts/namespace_mapping.go`,
+    /// `SchedulingLiqoLabel`; `deployments/liqo/templates/webhooks/liqo-mutating-webhook.yaml`).
+    pub const SCHEDULING_LABEL: &str = "liqo.io/scheduling-enabled";
+    /// The virtual nodes' taint (`=true:NoExecute`), whose key is also that of the
+    /// toleration Liqo's pod webhook adds (`pkg/consts/webhook.go`, `VirtualNodeTolerationKey`).
+    pub const VIRTUAL_NODE_TOLERATION_KEY: &str = "virtual-node.liqo.io/not-allowed";
+    /// Label and value of a virtual node (`pkg/consts/namespace_mapping.go`, `TypeLabel`, `TypeNode`).
+    pub const TYPE_LABEL: &str = "liqo.io/type";
+    /// See [`TYPE_LABEL`].
+    pub const TYPE_VIRTUAL_NODE: &str = "virtual-node";
+    /// The Secret in Liqo's namespace with the cluster's authentication keys, fields
+    /// `privateKey` (PKCS #8 PEM) and `publicKey` (PKIX PEM) (`pkg/consts/authentication.go`,
+    /// `pkg/liqo-controller-manager/authentication/keys.go`).
+    pub const AUTH_KEYS_SECRET: &str = "authentication-keys";
+    /// The provider's nonce Secret in its tenant namespace (`authentication/forge/nonce.go`),
+    /// labelled [`NONCE_LABEL`]; the nonce is in field [`NONCE_FIELD`].
+    pub const NONCE_SECRET: &str = "liqo-nonce";
+    /// Label of a nonce Secret (`pkg/consts/authentication.go`, `NonceSecretLabelKey`).
+    pub const NONCE_LABEL: &str = "liqo.io/nonce";
+    /// The consumer's signed-nonce Secret in its tenant namespace (`authentication/forge/signednonce.go`).
+    pub const SIGNED_NONCE_SECRET: &str = "liqo-signed-nonce";
+    /// Label of a signed-nonce Secret (`SignedNonceSecretLabelKey`).
+    pub const SIGNED_NONCE_LABEL: &str = "liqo.io/signed-nonce";
+    /// Field of the nonce in both Secrets (`NonceSecretField`).
+    pub const NONCE_FIELD: &str = "nonce";
+    /// Field of the signature in the signed-nonce Secret (`SignedNonceSecretField`).
+    pub const SIGNED_NONCE_FIELD: &str = "signedNonce";
+    /// Organization of a control-plane CSR (`authentication/csr.go`, `OrganizationControlPlaneCSR`).
+    pub const CONTROL_PLANE_ORGANIZATION: &str = "liqo.io";
+    /// Replication labels of a ResourceSlice (`pkg/consts/replication.go`).
+    pub const REPLICATION_LABEL: &str = "liqo.io/replication";
+    /// See [`REPLICATION_LABEL`]: the cluster it is replicated to.
+    pub const REPLICATION_DESTINATION_LABEL: &str = "liqo.io/remoteID";
+    /// Annotation asking for a VirtualNode for a ResourceSlice (`CreateVirtualNodeAnnotation`).
+    pub const CREATE_VIRTUAL_NODE_ANNOTATION: &str = "liqo.io/create-virtual-node";
+    /// Label of an IPAM Network's type (`pkg/consts/ipam.go`, `NetworkTypeLabelKey`):
+    /// `pod-cidr`, `external-cidr`, ...
+    pub const NETWORK_TYPE_LABEL: &str = "ipam.liqo.io/network-type";
+    /// The gateway templates `liqoctl network connect` names by default, installed by the
+    /// chart in Liqo's namespace (`networking/forge/{gatewayserver,gatewayclient}.go`).
+    pub const SERVER_TEMPLATE: &str = "wireguard-server";
+    /// See [`SERVER_TEMPLATE`].
+    pub const CLIENT_TEMPLATE: &str = "wireguard-client";
+    /// Kind of [`SERVER_TEMPLATE`] (`DefaultGwServerType`: `networking.liqo.io/v1beta1/wggatewayservertemplates`).
+    pub const SERVER_TEMPLATE_KIND: &str = "WgGatewayServerTemplate";
+    /// Kind of [`CLIENT_TEMPLATE`] (`DefaultGwClientType`).
+    pub const CLIENT_TEMPLATE_KIND: &str = "WgGatewayClientTemplate";
+
+    /// The tenant namespace a cluster keeps for `remote_id` (`pkg/tenantNamespace`,
+    /// `NamePrefix` + the id).
+    pub fn tenant_namespace(remote_id: &str) -> String {
+        format!("liqo-tenant-{remote_id}")
+    }
 
     /// The Liqo cluster id of the cluster `client` reaches (None: no id ConfigMap or key).
     pub async fn cluster_id(client: kube::Client) -> Result<Option<String>, kube::Error> {

@@ -43,6 +43,7 @@ pub const KINDS: &[Kind] = &[
     ("networking.liqo.io", "v1beta1", "GatewayClient", "gatewayclients", true, true),
     ("networking.liqo.io", "v1beta1", "PublicKey", "publickeies", true, false),
     ("networking.liqo.io", "v1beta1", "Connection", "connections", true, true),
+    ("ipam.liqo.io", "v1alpha1", "Network", "networks", true, true),
     ("offloading.liqo.io", "v1beta1", "VirtualNode", "virtualnodes", true, true),
     ("offloading.liqo.io", "v1beta1", "NamespaceMap", "namespacemaps", true, true),
     ("offloading.liqo.io", "v1beta1", "NamespaceOffloading", "namespaceoffloadings", true, true),

@@ -55,7 +55,7 @@ pub async fn run(client: &Client, consumer: &kube::Client, provider: &kube::Clie
     if !print_outcome("peer", id, &evs) {
         return Ok(false);
     }
-    let vnode = format!("liqo-{PROVIDER}");
+    let vnode = ferry_peer::liqo::virtual_node_name(PROVIDER);
     let ready = Api::<Node>::all(consumer.clone()).get_opt(&vnode).await?.is_some_and(|n| ferry_kube::kinds::node_ready(&n));
     ok &= check("peer", ready, format!("virtual node {vnode} Ready on {CONSUMER}"));
 

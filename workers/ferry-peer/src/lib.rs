@@ -1,16 +1,19 @@
-//! Ferry's peer worker: connects two clusters with Liqo (the peering objects `liqoctl
-//! peer` creates, through the clusters' kubeconfigs) or Submariner (through OCM: cluster
-//! set membership, SubmarinerConfig, the submariner ManagedClusterAddOn), checks both
+//! Ferry's peer worker: connects two clusters with Liqo (what `liqoctl peer` does —
+//! network connect, authenticate with the real key exchange, resource slice — through the
+//! clusters' kubeconfigs) or Submariner (through OCM: cluster set membership, the set's
+//! Broker, SubmarinerConfig, the submariner ManagedClusterAddOn), checks both
 //! sides first with bounded waits, and removes exactly what it created, in reverse order,
 //! on unpeer or revert. Commands for one pair share a subject, so they never interleave.
 //!
 //! - [`spec`]: the command (`PeerClusters`: peer, unpeer).
 //! - [`liqo`]: the Liqo objects (pure).
+//! - [`handshake`]: the consumer's CSR and Tenant proof from its keys (liqoctl authenticate).
 //! - [`submariner`]: the OCM objects of a Submariner peering (pure).
 //! - [`handler`]: the handler, what steps share, and the plan.
 //! - [`steps`]: the steps, one module each, with their typed outputs.
 
 pub mod handler;
+pub mod handshake;
 pub mod liqo;
 pub mod spec;
 pub mod steps;

@@ -1,26 +1,42 @@
-//! The Liqo objects of a peering (Liqo v1 API, `v1beta1`), as `liqoctl peer` creates them:
-//! per side a tenant namespace and a ForeignCluster; the network (a Configuration on each
-//! side, a GatewayServer on the provider, a GatewayClient on the consumer); the
-//! authentication (a Tenant on the provider); the resources (a ResourceSlice on the
-//! consumer). Everything carries [`PEERING_LABEL`] so exactly it is removed. Pure, but
-//! for [`cluster_id`], which reads a cluster's Liqo id.
+//! The Liqo objects of a peering (Liqo v1 API, `v1beta1`), as `liqoctl peer` makes them
+//! (liqotech/liqo `pkg/liqoctl/{network,authenticate,rest/resourceslice}`, the forges in
+//! `pkg/liqo-controller-manager/{networking,authentication}/forge/`): per side the tenant
+//! namespace for the other (`pkg/tenantNamespace/namespaceManager.go`); the network (a
+//! Configuration on each side holding only the peer's CIDRs, a GatewayServer on the
+//! provider and a GatewayClient on the consumer naming their templates, a PublicKey on
+//! each side with the other gateway's key); the authentication (the provider's nonce
+//! Secret, the consumer's signed-nonce Secret, the Tenant on the provider, the Identity on
+//! the consumer); the resources (a ResourceSlice on the consumer, labelled for
+//! replication and annotated for a virtual node). Everything also carries
+//! [`PEERING_LABEL`] so exactly it is removed. Pure, but for [`cluster_id`], which reads a
+//! cluster's Liqo id. ForeignClusters are not made here: Liqo's ForeignCluster controller
+//! creates them for every object labelled with a remote cluster id
+//! (`core/foreigncluster-controller/foreigncluster_controller.go`, `foreignclusterEnqueuer`).
 
+use base64::Engine;
 use serde_json::{Value, json};
 
 /// Label on everything a peering created: `<first>.<second>` (the pair by name).
 pub const PEERING_LABEL: &str = "ferry.dev/peering";
-pub use ferry_kube::vocab::liqo::{CLUSTER_ID_CONFIGMAP, CONTROLLER_MANAGER, LIQO_NAMESPACE, REMOTE_ID_LABEL, cluster_id};
-/// The gateway port.
+pub use ferry_kube::vocab::liqo::{
+    CLIENT_TEMPLATE, CLIENT_TEMPLATE_KIND, CLUSTER_ID_CONFIGMAP, CONTROLLER_MANAGER, LIQO_NAMESPACE, REMOTE_ID_LABEL, SERVER_TEMPLATE, SERVER_TEMPLATE_KIND,
+    cluster_id, tenant_namespace,
+};
+use ferry_kube::vocab::liqo::{
+    CREATE_VIRTUAL_NODE_ANNOTATION, NONCE_FIELD, NONCE_LABEL, NONCE_SECRET, POD_SECURITY_LABELS, REPLICATION_DESTINATION_LABEL, REPLICATION_LABEL,
+    SIGNED_NONCE_LABEL, SIGNED_NONCE_SECRET, TENANT_NAMESPACE_LABEL,
+};
+
+/// The gateway port (`DefaultGwServerPort`).
 pub const GATEWAY_PORT: i64 = 51840;
+/// The gateways' MTU (liqoctl's default).
+pub const MTU: i64 = 1340;
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
 /// The label value of a pair.
 pub fn pair_label(a: &str, b: &str) -> String {
     if a <= b { format!("{a}.{b}") } else { format!("{b}.{a}") }
-}
-
-/// The namespace where a cluster keeps what concerns `remote_id`.
-pub fn tenant_namespace(remote_id: &str) -> String {
-    format!("liqo-tenant-{remote_id}")
 }
 
 fn meta(name: &str, ns: Option<&str>, remote_id: &str, pair: &str) -> Value {
@@ -31,56 +47,139 @@ fn meta(name: &str, ns: Option<&str>, remote_id: &str, pair: &str) -> Value {
     m
 }
 
-/// A cluster's pod CIDR as the peering advertises it (one /16 per cluster id).
-pub fn pod_cidr(cluster_id: &str) -> String {
-    let h = cluster_id.bytes().fold(7u32, |a, b| a.wrapping_mul(31).wrapping_add(u32::from(b)));
-    format!("10.{}.0.0/16", 64 + h % 128)
-}
-
-/// The tenant namespace for `remote_id`.
+/// The tenant namespace for `remote_id`, labelled as Liqo's namespace manager labels it
+/// (`ForgeNamespace`): Liqo's Tenant webhook refuses a Tenant in any other.
 pub fn namespace(remote_id: &str, pair: &str) -> Value {
-    json!({"apiVersion": "v1", "kind": "Namespace", "metadata": meta(&tenant_namespace(remote_id), None, remote_id, pair)})
+    let mut ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": meta(&tenant_namespace(remote_id), None, remote_id, pair)});
+    ns["metadata"]["labels"][TENANT_NAMESPACE_LABEL] = json!("true");
+    for l in POD_SECURITY_LABELS {
+        ns["metadata"]["labels"][l] = json!("privileged");
+    }
+    ns
 }
 
-/// The ForeignCluster naming `remote_id` (cluster-scoped).
-pub fn foreign_cluster(remote_id: &str, pair: &str) -> Value {
-    json!({"apiVersion": "core.liqo.io/v1beta1", "kind": "ForeignCluster", "metadata": meta(remote_id, None, remote_id, pair), "spec": {"clusterID": remote_id}})
+/// A peer's CIDRs as its IPAM has them (`ConfigurationForRemoteCluster`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Cidrs {
+    /// Its pod CIDRs.
+    pub pod: Vec<String>,
+    /// Its external CIDR.
+    pub external: String,
 }
 
-/// The network Configuration on `local_id` for `remote_id`.
-pub fn configuration(local_id: &str, remote_id: &str, pair: &str) -> Value {
+/// The network Configuration a cluster keeps for `remote_id`, holding only the remote's
+/// CIDRs (`SetupConfiguration`: `spec.local` is the configuration controller's).
+pub fn configuration(remote_id: &str, remote: &Cidrs, pair: &str) -> Value {
     json!({"apiVersion": "networking.liqo.io/v1beta1", "kind": "Configuration",
         "metadata": meta(remote_id, Some(&tenant_namespace(remote_id)), remote_id, pair),
-        "spec": {"local": {"cidr": {"pod": [pod_cidr(local_id)], "external": []}},
-                 "remote": {"cidr": {"pod": [pod_cidr(remote_id)], "external": []}}}})
+        "spec": {"remote": {"cidr": {"pod": remote.pod, "external": [remote.external]}}}})
 }
 
-/// The GatewayServer on the provider, for the consumer `remote_id`.
+fn template_ref(kind: &str, name: &str) -> Value {
+    json!({"apiVersion": "networking.liqo.io/v1beta1", "kind": kind, "name": name, "namespace": LIQO_NAMESPACE})
+}
+
+/// The GatewayServer on the provider, for the consumer `remote_id` (`forge/gatewayserver.go`:
+/// named after the remote, a LoadBalancer on port 51840, the `wireguard-server` template).
 pub fn gateway_server(remote_id: &str, pair: &str) -> Value {
     json!({"apiVersion": "networking.liqo.io/v1beta1", "kind": "GatewayServer",
-        "metadata": meta(&format!("server-{remote_id}"), Some(&tenant_namespace(remote_id)), remote_id, pair),
-        "spec": {"mtu": 1340, "endpoint": {"port": GATEWAY_PORT, "serviceType": "LoadBalancer"}}})
+        "metadata": meta(remote_id, Some(&tenant_namespace(remote_id)), remote_id, pair),
+        "spec": {"mtu": MTU, "endpoint": {"port": GATEWAY_PORT, "serviceType": "LoadBalancer"},
+                 "serverTemplateRef": template_ref(SERVER_TEMPLATE_KIND, SERVER_TEMPLATE)}})
 }
 
-/// The GatewayClient on the consumer, toward the provider `remote_id` at `address`.
-pub fn gateway_client(remote_id: &str, address: &str, pair: &str) -> Value {
+/// The GatewayClient on the consumer, toward the provider `remote_id` at the server's
+/// published endpoint (`forge/gatewayclient.go`, the `wireguard-client` template).
+pub fn gateway_client(remote_id: &str, addresses: &[String], port: i64, pair: &str) -> Value {
     json!({"apiVersion": "networking.liqo.io/v1beta1", "kind": "GatewayClient",
-        "metadata": meta(&format!("client-{remote_id}"), Some(&tenant_namespace(remote_id)), remote_id, pair),
-        "spec": {"mtu": 1340, "endpoint": {"addresses": [address], "port": GATEWAY_PORT, "protocol": "UDP"}}})
+        "metadata": meta(remote_id, Some(&tenant_namespace(remote_id)), remote_id, pair),
+        "spec": {"mtu": MTU, "endpoint": {"addresses": addresses, "port": port, "protocol": "UDP"},
+                 "clientTemplateRef": template_ref(CLIENT_TEMPLATE_KIND, CLIENT_TEMPLATE)}})
 }
 
-/// The Tenant on the provider for the consumer `consumer_id`.
-pub fn tenant(consumer_id: &str, pair: &str) -> Value {
+/// The PublicKey a cluster keeps for `remote_id`: the remote gateway's WireGuard key,
+/// owned by the local gateway (`forge/publickey.go`; liqoctl's `EnsurePublicKey`).
+/// `owner`: the local gateway's (kind, name, uid).
+pub fn public_key(remote_id: &str, key: &[u8], owner: (&str, &str, &str), pair: &str) -> Value {
+    let mut m = meta(remote_id, Some(&tenant_namespace(remote_id)), remote_id, pair);
+    m["labels"]["networking.liqo.io/gateway-resource"] = json!("true");
+    m["ownerReferences"] = json!([{"apiVersion": "networking.liqo.io/v1beta1", "kind": owner.0, "name": owner.1, "uid": owner.2}]);
+    json!({"apiVersion": "networking.liqo.io/v1beta1", "kind": "PublicKey", "metadata": m, "spec": {"publicKey": B64.encode(key)}})
+}
+
+/// The provider's nonce Secret for the consumer `consumer_id` (`forge/nonce.go`): Liqo's
+/// nonce creator fills it.
+pub fn nonce_secret(consumer_id: &str, pair: &str) -> Value {
+    let mut m = meta(NONCE_SECRET, Some(&tenant_namespace(consumer_id)), consumer_id, pair);
+    m["labels"][NONCE_LABEL] = json!("true");
+    json!({"apiVersion": "v1", "kind": "Secret", "metadata": m})
+}
+
+/// The consumer's signed-nonce Secret toward `provider_id`, holding the provider's nonce
+/// (`forge/signednonce.go`): Liqo's nonce signer adds the signature.
+pub fn signed_nonce_secret(provider_id: &str, nonce: &[u8], pair: &str) -> Value {
+    let mut m = meta(SIGNED_NONCE_SECRET, Some(&tenant_namespace(provider_id)), provider_id, pair);
+    m["labels"][SIGNED_NONCE_LABEL] = json!("true");
+    json!({"apiVersion": "v1", "kind": "Secret", "metadata": m, "data": {NONCE_FIELD: B64.encode(nonce)}})
+}
+
+/// What the consumer proves itself with: its public key (PEM), a CSR for its control
+/// plane (PEM) and the provider's nonce signed with its key.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Handshake {
+    /// PKIX PEM.
+    pub public_key: Vec<u8>,
+    /// PEM CSR, common name the consumer's id, organization `liqo.io`.
+    pub csr: Vec<u8>,
+    /// The signature over the nonce.
+    pub signature: Vec<u8>,
+}
+
+impl std::fmt::Debug for Handshake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handshake").finish_non_exhaustive()
+    }
+}
+
+/// The Tenant on the provider for the consumer `consumer_id` (`forge/tenant.go`,
+/// `TenantForRemoteCluster`: named after the consumer, in the provider's tenant namespace
+/// for it).
+pub fn tenant(consumer_id: &str, h: &Handshake, pair: &str) -> Value {
     json!({"apiVersion": "authentication.liqo.io/v1beta1", "kind": "Tenant",
         "metadata": meta(consumer_id, Some(&tenant_namespace(consumer_id)), consumer_id, pair),
-        "spec": {"clusterID": consumer_id, "tenantCondition": "Active"}})
+        "spec": {"clusterID": consumer_id, "publicKey": B64.encode(&h.public_key), "csr": B64.encode(&h.csr), "signature": B64.encode(&h.signature)}})
 }
 
-/// The ResourceSlice on the consumer asking `provider_id` for resources.
-pub fn resource_slice(consumer_id: &str, provider_id: &str, pair: &str) -> Value {
-    json!({"apiVersion": "authentication.liqo.io/v1beta1", "kind": "ResourceSlice",
-        "metadata": meta(provider_id, Some(&tenant_namespace(provider_id)), provider_id, pair),
-        "spec": {"consumerClusterID": consumer_id, "providerClusterID": provider_id, "class": "default"}})
+/// The Identity on the consumer toward `provider_id`, from the Tenant's status
+/// (`GenerateIdentityControlPlane`, `forge/identity.go`: `controlplane-<provider id>`).
+pub fn identity(provider_id: &str, auth_params: &Value, provider_tenant_namespace: &str, pair: &str) -> Value {
+    json!({"apiVersion": "authentication.liqo.io/v1beta1", "kind": "Identity",
+        "metadata": meta(&identity_name(provider_id), Some(&tenant_namespace(provider_id)), provider_id, pair),
+        "spec": {"clusterID": provider_id, "type": "ControlPlane", "authParams": auth_params, "namespace": provider_tenant_namespace}})
+}
+
+/// The control-plane Identity's name (`ControlPlaneIdentityName`).
+pub fn identity_name(provider_id: &str) -> String {
+    format!("controlplane-{provider_id}")
+}
+
+/// The ResourceSlice on the consumer asking `provider_id` for resources (`forge/resourceslice.go`,
+/// `MutateResourceSlice`: named after the provider, labelled for replication to it,
+/// annotated for a virtual node, class `default`; the consumer's id and CSR are filled by
+/// Liqo's local ResourceSlice controller).
+pub fn resource_slice(provider_id: &str, pair: &str) -> Value {
+    let mut m = meta(provider_id, Some(&tenant_namespace(provider_id)), provider_id, pair);
+    m["labels"][REPLICATION_LABEL] = json!("true");
+    m["labels"][REPLICATION_DESTINATION_LABEL] = json!(provider_id);
+    m["annotations"] = json!({CREATE_VIRTUAL_NODE_ANNOTATION: "true"});
+    json!({"apiVersion": "authentication.liqo.io/v1beta1", "kind": "ResourceSlice", "metadata": m,
+        "spec": {"class": "default", "providerClusterID": provider_id}})
+}
+
+/// The virtual node a consumer gets from `provider_id`: named after the ResourceSlice,
+/// which is named after the provider (`virtualnodecreator_controller.go`).
+pub fn virtual_node_name(provider_id: &str) -> String {
+    provider_id.to_owned()
 }
 
 #[cfg(test)]
@@ -91,15 +190,22 @@ mod tests {
     fn objects_are_labelled_for_the_pair_and_placed_in_tenant_namespaces() {
         let pair = pair_label("member-2", "member-1");
         assert_eq!(pair, "member-1.member-2");
+        let cidrs = Cidrs { pod: vec!["10.244.0.0/16".into()], external: "10.70.0.0/16".into() };
+        let h = Handshake { public_key: b"pk".to_vec(), csr: b"csr".to_vec(), signature: b"sig".to_vec() };
         for o in [
-            foreign_cluster("member-2", &pair),
-            configuration("member-1", "member-2", &pair),
-            gateway_client("member-2", "203.0.113.5", &pair),
-            resource_slice("member-1", "member-2", &pair),
+            namespace("member-2", &pair),
+            configuration("member-2", &cidrs, &pair),
+            gateway_client("member-2", &["203.0.113.5".into()], GATEWAY_PORT, &pair),
+            resource_slice("member-2", &pair),
+            tenant("member-1", &h, &pair),
+            nonce_secret("member-1", &pair),
         ] {
             assert_eq!(o["metadata"]["labels"][PEERING_LABEL], pair);
         }
         assert_eq!(gateway_server("member-1", &pair)["metadata"]["namespace"], "liqo-tenant-member-1");
-        assert_ne!(pod_cidr("member-1"), pod_cidr("member-2"));
+        assert_eq!(namespace("member-2", &pair)["metadata"]["labels"][TENANT_NAMESPACE_LABEL], "true");
+        assert!(configuration("member-2", &cidrs, &pair)["spec"].get("local").is_none(), "spec.local is the controller's");
+        assert_eq!(resource_slice("member-2", &pair)["metadata"]["labels"][REPLICATION_DESTINATION_LABEL], "member-2");
+        assert_eq!(format!("{h:?}"), "Handshake { .. }", "the handshake is never printed");
     }
 }

@@ -1,93 +1,33 @@
-//! The peer worker end to end: commands through the embedded Kafka-protocol broker, the
-//! worker, and the test bed's real API servers with emulated Liqo (on the members) and
-//! emulated OCM with the Submariner add-on (on the hub).
+//! The peer worker's Liqo method end to end: commands through the embedded
+//! Kafka-protocol broker, the worker, and the test bed's real API servers with the
+//! rebuilt emulated Liqo on the members (IPAM remapping, gateways from templates, the
+//! PublicKey exchange, the nonce handshake verified by the tenant controller, certificates
+//! from the provider's certificates API, replicated ResourceSlices) and Liqo's Tenant
+//! webhook on each member.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_fleet::emulated_liqo::{EmulatedLiqo, LiqoKnobs};
-use ferry_fleet::emulated_ocm::EmulatedOcm;
-use ferry_fleet::{Fleet, FleetOptions, Kubelet, NodeFlavor};
-use ferry_kube::Clusters;
-use ferry_kube::kinds::ManagedCluster;
+use base64::Engine;
+use ferry_fleet::emulated_liqo::LiqoKnobs;
 use ferry_peer::liqo::PEERING_LABEL;
-use ferry_peer::spec::{PeerClusters, PeerMethod, PeerOperation};
+use ferry_peer::spec::{PeerClusters, PeerOperation};
 use ferry_peer::{PeerConfig, PeerHandler};
-use ferry_runtime::{Client, EmbeddedBroker, EventType, KafkaConfig, ProgressEvent, SubmitOptions, TaskId, TaskKind, Topics, Worker, WorkerOptions};
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
-use kube::api::{Api, DynamicObject, ListParams};
+use ferry_runtime::{Client, EventType, ProgressEvent, SubmitOptions, TaskId, TaskKind};
+use ferry_testkit::Bed;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(240);
 
-struct Bed {
-    fleet: Fleet,
-    _kubelets: Vec<Kubelet>,
-    _ocm: EmulatedOcm,
-    liqo: EmulatedLiqo,
-    broker: Option<EmbeddedBroker>,
-    kafka: KafkaConfig,
-    topics: Topics,
-    stop: CancellationToken,
-    worker: Option<tokio::task::JoinHandle<()>>,
-}
-
-impl Bed {
-    async fn start() -> Option<Self> {
-        let _ = tracing_subscriber::fmt().with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into())).with_test_writer().try_init();
-        if !ferry_fleet::binaries::Binaries::installed() {
-            ferry_runtime::report::missing_prerequisite("the test bed is not installed (scripts/install-testbed.sh)");
-            return None;
-        }
-        let fleet = Fleet::start(FleetOptions::hub_and(3)).await.expect("fleet");
-        fleet.install_crds().await.expect("CRDs");
-        fleet.publish_kubeconfigs().await.expect("kubeconfigs");
-        let mut kubelets = Vec::new();
-        for c in fleet.clusters.iter().skip(1) {
-            let k = Kubelet::start(&c.name, c.client().await.unwrap(), Duration::from_millis(100));
-            k.add_nodes("node", 2, &NodeFlavor::default()).await.unwrap();
-            kubelets.push(k);
-        }
-        let ocm = EmulatedOcm::start(&fleet).await.expect("emulated OCM");
-        // member-3's Liqo never comes up.
-        let knobs = HashMap::from([("member-3".to_owned(), LiqoKnobs { not_installed: true, ..LiqoKnobs::default() })]);
-        let liqo = EmulatedLiqo::start(&fleet, knobs).await.expect("emulated Liqo");
-        let hub = fleet.hub().client().await.unwrap();
-        // The members join OCM through their klusterlets (clusteradm join + accept).
-        ferry_testkit::ocm::join(&fleet, &["member-1", "member-2", "member-3"], "").await.expect("the members join OCM");
-        let topics = Topics::standard();
-        let broker = EmbeddedBroker::start(1, &topics).expect("broker");
-        let kafka = KafkaConfig::for_embedded(broker.bootstrap());
-        let mut opts = WorkerOptions::new(kafka.clone());
-        opts.topics = topics.clone();
-        opts.shutdown_grace = Duration::from_secs(2);
-        let stop = CancellationToken::new();
-        let handler = PeerHandler::new(PeerConfig::new(Arc::new(Clusters::new(hub))));
-        let s = stop.clone();
-        let worker = tokio::spawn(async move { Worker::new(opts, handler).run(s).await.expect("peer worker") });
-        Some(Self { fleet, _kubelets: kubelets, _ocm: ocm, liqo, broker: Some(broker), kafka, topics, stop, worker: Some(worker) })
-    }
-
-    fn client(&self) -> Client {
-        Client::new(self.kafka.clone(), self.topics.clone()).unwrap()
-    }
-
-    async fn member(&self, name: &str) -> kube::Client {
-        self.fleet.cluster(name).unwrap().client().await.unwrap()
-    }
-
-    async fn hub(&self) -> kube::Client {
-        self.fleet.hub().client().await.unwrap()
-    }
-
-    async fn stop(mut self) {
-        self.stop.cancel();
-        self.worker.take().unwrap().await.unwrap();
-        drop(self.broker.take());
-    }
+/// Three members with Liqo (member-3's never comes up) and a peer worker.
+async fn start() -> Option<Bed> {
+    let knobs = HashMap::from([("member-3".to_owned(), LiqoKnobs { not_installed: true, ..LiqoKnobs::default() })]);
+    let mut bed = Bed::builder().members(3, 2).kubeconfigs().liqo(knobs).start().await?;
+    bed.run_worker(PeerHandler::new(PeerConfig::new(bed.clusters.clone())));
+    Some(bed)
 }
 
 async fn submit(client: &Client, p: &PeerClusters) -> (TaskId, Vec<ProgressEvent>) {
@@ -156,9 +96,9 @@ async fn virtual_node_ready(c: &kube::Client, name: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn liqo_peer_unpeer_and_revert_remove_exactly_what_was_created() {
-    let Some(bed) = Bed::start().await else { return };
+    let Some(bed) = start().await else { return };
     let client = bed.client();
-    let (m1, m2) = (bed.member("member-1").await, bed.member("member-2").await);
+    let (m1, m2) = (bed.cluster("member-1").await, bed.cluster("member-2").await);
 
     // A pod of 1 CPU already runs on member-2: its spare capacity is what it offers.
     let node = Api::<Node>::all(m2.clone()).list(&ListParams::default()).await.unwrap().items[0].metadata.name.clone().unwrap();
@@ -172,11 +112,33 @@ async fn liqo_peer_unpeer_and_revert_remove_exactly_what_was_created() {
     assert_eq!(end(&evs), EventType::Succeeded, "{}", last(&evs));
     let steps: Vec<String> = evs.iter().filter(|e| e.event == EventType::StepSucceeded).filter_map(|e| e.step_name.clone()).collect();
     assert_eq!(steps, ["check", "prepare", "network", "authentication", "resources", "established"]);
-    assert!(virtual_node_ready(&m1, "liqo-member-2").await, "member-1 has a Ready virtual node of member-2");
-    assert!(!virtual_node_ready(&m2, "liqo-member-1").await, "one direction only");
+    assert!(virtual_node_ready(&m1, "member-2").await, "member-1 has a Ready virtual node of member-2");
+    assert!(!virtual_node_ready(&m2, "member-1").await, "one direction only");
     let snap = client.snapshot(id).await.unwrap().unwrap();
     let res = snap.journal.iter().find(|j| j.name == "resources").and_then(|j| j.output.clone()).unwrap();
     assert!(res.contains("7000m"), "the provider's spare capacity (2 nodes of 4 CPUs, 1 requested) is offered: {res}");
+    // Nothing secret reached the journal: no key, nonce, signature or certificate.
+    let journal = format!("{:?}", snap.journal);
+    for secret in ["PRIVATE KEY", "signedCRT", "signature", "kubeconfig", "BEGIN"] {
+        assert!(!journal.contains(secret), "the journal holds {secret:?}: {journal}");
+    }
+    // Both clusters have the same pod CIDR: each side's Configuration holds the other's
+    // remapped by the IPAM.
+    let cfg = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("networking.liqo.io", "v1beta1", "Configuration"), "configurations");
+    let c = Api::<DynamicObject>::namespaced_with(m1.clone(), "liqo-tenant-member-2", &cfg).get("member-2").await.unwrap();
+    assert_eq!(c.data["spec"]["remote"]["cidr"]["pod"], json!(["10.244.0.0/16"]), "the peer's own pod CIDR is sent");
+    assert_ne!(c.data["status"]["remote"]["cidr"]["pod"], json!(["10.244.0.0/16"]), "and remapped: {}", c.data["status"]);
+    // The key exchange was real: the Identity's kubeconfig Liqo made on member-1 (its key,
+    // member-2's certificate) authenticates on member-2's API server as member-1 (denied
+    // for lack of RBAC, which is the tenant controller's and not emulated, but known).
+    let ids = Api::<Secret>::namespaced(m1.clone(), "liqo-tenant-member-2");
+    let kc = ids.get("kubeconfig-controlplane-member-2").await.unwrap();
+    let text = String::from_utf8(kc.data.unwrap()["kubeconfig"].0.clone()).unwrap();
+    let kubeconfig: kube::config::Kubeconfig = serde_json::from_str(&text).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await.unwrap();
+    let as_member_1 = kube::Client::try_from(config).unwrap();
+    let denied = Api::<Namespace>::all(as_member_1).list(&ListParams::default()).await.unwrap_err();
+    assert!(denied.to_string().contains("User \"member-1\""), "member-2 knows the caller as member-1: {denied}");
 
     // Unpeer: everything labelled for the pair is gone on both sides.
     let mut un = peer("member-2", "member-1");
@@ -193,7 +155,7 @@ async fn liqo_peer_unpeer_and_revert_remove_exactly_what_was_created() {
     both.bidirectional = true;
     let (id, evs) = submit(&client, &both).await;
     assert_eq!(end(&evs), EventType::Succeeded, "{}", last(&evs));
-    assert!(virtual_node_ready(&m1, "liqo-member-2").await && virtual_node_ready(&m2, "liqo-member-1").await);
+    assert!(virtual_node_ready(&m1, "member-2").await && virtual_node_ready(&m2, "member-1").await);
     let mut events = client.events(false).await.unwrap();
     client.revert(id).await.unwrap();
     let evs = events.until(id, WAIT, |e| e.event.is_final()).await.unwrap();
@@ -205,9 +167,9 @@ async fn liqo_peer_unpeer_and_revert_remove_exactly_what_was_created() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unready_components_fail_at_the_deadline_and_commands_of_a_pair_never_interleave() {
-    let Some(bed) = Bed::start().await else { return };
+    let Some(bed) = start().await else { return };
     let client = bed.client();
-    let (m1, m2) = (bed.member("member-1").await, bed.member("member-2").await);
+    let (m1, m2) = (bed.cluster("member-1").await, bed.cluster("member-2").await);
 
     // Liqo never comes up on member-3: the check fails at its deadline, nothing created.
     let mut p = peer("member-1", "member-3");
@@ -219,11 +181,12 @@ async fn unready_components_fail_at_the_deadline_and_commands_of_a_pair_never_in
     assert!(failed.message.as_deref().unwrap_or("").contains("LIQO_NOT_READY") && failed.message.as_deref().unwrap_or("").contains("member-3"), "{failed:?}");
     assert_eq!(peering_objects(&m1).await, Vec::<String>::new());
 
-    // member-2's gateway never connects: the network step fails at its deadline and the
-    // revert removes the namespaces, ForeignClusters and gateways already made.
-    bed.liqo.set("member-2", |k| k.gateway_never_connects = true);
+    // member-2's gateway never connects: the network step fails at its deadline (long
+    // enough for the configurations, gateways and keys before it on a loaded machine) and
+    // the revert removes the namespaces, configurations, gateways and keys already made.
+    bed.liqo.as_ref().unwrap().set("member-2", |k| k.gateway_never_connects = true);
     let mut p = peer("member-1", "member-2");
-    p.timeout_seconds = Some(3);
+    p.timeout_seconds = Some(30);
     let (_, evs) = submit(&client, &p).await;
     assert_eq!(end(&evs), EventType::Reverted, "{}", last(&evs));
     let failed = evs.iter().find(|e| e.event == EventType::StepFailed).unwrap();
@@ -231,16 +194,16 @@ async fn unready_components_fail_at_the_deadline_and_commands_of_a_pair_never_in
     assert!(failed.message.as_deref().unwrap_or("").contains("Connecting"), "the last state seen is in the error: {failed:?}");
     assert_eq!(peering_objects(&m1).await, Vec::<String>::new());
     assert_eq!(peering_objects(&m2).await, Vec::<String>::new());
-    bed.liqo.set("member-2", |k| k.gateway_never_connects = false);
+    bed.liqo.as_ref().unwrap().set("member-2", |k| k.gateway_never_connects = false);
 
     // A gateway that connects late: the network step waits for it (the delay bounds its
     // duration from below; creation timestamps are whole seconds) and the peering succeeds.
-    bed.liqo.set("member-2", |k| k.gateway_delay = Duration::from_secs(2));
+    bed.liqo.as_ref().unwrap().set("member-2", |k| k.gateway_delay = Duration::from_secs(2));
     let (_, evs) = submit(&client, &peer("member-1", "member-2")).await;
     assert_eq!(end(&evs), EventType::Succeeded, "{}", last(&evs));
     let at = |t: EventType| evs.iter().find(|e| e.event == t && e.step_name.as_deref() == Some("network")).unwrap().at_ms;
     assert!(at(EventType::StepSucceeded) - at(EventType::StepStarted) >= 1000, "the network step waited for the late gateway");
-    bed.liqo.set("member-2", |k| k.gateway_delay = Duration::ZERO);
+    bed.liqo.as_ref().unwrap().set("member-2", |k| k.gateway_delay = Duration::ZERO);
 
     // An unknown cluster is refused.
     let (_, evs) = submit(&client, &peer("member-1", "nowhere")).await;
@@ -277,53 +240,60 @@ async fn unready_components_fail_at_the_deadline_and_commands_of_a_pair_never_in
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn submariner_through_ocm_and_its_revert() {
-    let Some(bed) = Bed::start().await else { return };
+async fn a_forged_or_missing_handshake_is_refused_by_the_provider_and_says_why() {
+    let Some(bed) = start().await else { return };
     let client = bed.client();
-    let hub = bed.hub().await;
-    let mcs: Api<ManagedCluster> = Api::all(hub.clone());
-    let addons = |ns: &str| {
-        Api::<DynamicObject>::namespaced_with(
-            hub.clone(),
-            ns,
-            &ApiResource::from_gvk_with_plural(
-                &GroupVersionKind::gvk("addon.open-cluster-management.io", "v1alpha1", "ManagedClusterAddOn"),
-                "managedclusteraddons",
-            ),
-        )
-    };
-    let set_of = |m: ManagedCluster| m.metadata.labels.and_then(|l| l.get("cluster.open-cluster-management.io/clusterset").cloned());
+    let (m1, m2) = (bed.cluster("member-1").await, bed.cluster("member-2").await);
 
-    let mut p = peer("member-1", "member-2");
-    p.method = PeerMethod::Submariner;
-    let (id, evs) = submit(&client, &p).await;
-    assert_eq!(end(&evs), EventType::Succeeded, "{}", last(&evs));
-    for c in ["member-1", "member-2"] {
-        assert_eq!(set_of(mcs.get(c).await.unwrap()).as_deref(), Some("submariner"));
-        let a = addons(c).get("submariner").await.unwrap();
-        assert_eq!(ferry_kube::kinds::condition(a.data.get("status").unwrap(), "Available"), Some("True"));
-    }
-    // The revert removes the add-ons and configs and restores the set membership.
-    let mut events = client.events(false).await.unwrap();
-    client.revert(id).await.unwrap();
-    let evs = events.until(id, WAIT, |e| e.event.is_final()).await.unwrap();
-    assert_eq!(end(&evs), EventType::Reverted, "{}", last(&evs));
-    for c in ["member-1", "member-2"] {
-        assert_eq!(set_of(mcs.get(c).await.unwrap()), None, "{c} left the set it was put in");
-        assert!(addons(c).get_opt("submariner").await.unwrap().is_none());
-    }
-
-    // An add-on that never becomes available: fails at the deadline, nothing left.
-    bed.liqo.set("member-2", |k| k.submariner_unavailable = true);
-    p.timeout_seconds = Some(3);
-    let (_, evs) = submit(&client, &p).await;
+    // member-1's nonce signer signs with a key that is not its own: member-2's tenant
+    // controller refuses the Tenant, and the task fails at `authentication` with Liqo's
+    // reason, then removes what it made.
+    bed.liqo.as_ref().unwrap().set("member-1", |k| k.forged_signatures = true);
+    let (_, evs) = submit(&client, &peer("member-1", "member-2")).await;
     assert_eq!(end(&evs), EventType::Reverted, "{}", last(&evs));
     let failed = evs.iter().find(|e| e.event == EventType::StepFailed).unwrap();
-    assert_eq!(failed.step_name.as_deref(), Some("addon"));
-    assert!(failed.message.as_deref().unwrap_or("").contains("GatewayNotConnected"), "{failed:?}");
-    for c in ["member-1", "member-2"] {
-        assert!(addons(c).get_opt("submariner").await.unwrap().is_none());
-        assert_eq!(set_of(mcs.get(c).await.unwrap()), None);
-    }
+    assert_eq!((failed.step_name.as_deref(), failed.code.as_deref()), (Some("authentication"), Some("AUTHENTICATION")), "{failed:?}");
+    let why = failed.message.clone().unwrap_or_default();
+    assert!(why.contains("SignatureVerificationFailed") && why.contains("member-2 refused the Tenant of member-1"), "{why}");
+    assert_eq!(peering_objects(&m1).await, Vec::<String>::new());
+    assert_eq!(peering_objects(&m2).await, Vec::<String>::new());
+    bed.liqo.as_ref().unwrap().set("member-1", |k| k.forged_signatures = false);
+
+    // A Tenant as Ferry used to send it (no handshake, in a namespace that is not a tenant
+    // namespace) is refused by Liqo's Tenant webhook.
+    let tenants = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("authentication.liqo.io", "v1beta1", "Tenant"), "tenants");
+    let pp = PatchParams::apply("test");
+    Api::<Namespace>::all(m2.clone())
+        .patch("plain", &pp, &Patch::Apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "plain"}})))
+        .await
+        .unwrap();
+    let old = json!({"apiVersion": "authentication.liqo.io/v1beta1", "kind": "Tenant", "metadata": {"name": "member-1", "namespace": "plain"},
+        "spec": {"clusterID": "member-1", "tenantCondition": "Active"}});
+    let e = Api::<DynamicObject>::namespaced_with(m2.clone(), "plain", &tenants).patch("member-1", &pp, &Patch::Apply(&old)).await.unwrap_err();
+    assert!(e.to_string().contains("must be created in a tenant namespace"), "{e}");
+
+    // In a tenant namespace but with no CSR: accepted by the webhook, refused by the tenant
+    // controller (the signature cannot verify either without the nonce's signer).
+    let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "liqo-tenant-member-1",
+        "labels": {"liqo.io/tenant-namespace": "true", "liqo.io/remote-cluster-id": "member-1"}}});
+    Api::<Namespace>::all(m2.clone()).patch("liqo-tenant-member-1", &pp, &Patch::Apply(&ns)).await.unwrap();
+    let keys = Api::<Secret>::namespaced(m1.clone(), "liqo").get("authentication-keys").await.unwrap();
+    let public = base64::engine::general_purpose::STANDARD.encode(&keys.data.unwrap()["publicKey"].0);
+    let bare = json!({"apiVersion": "authentication.liqo.io/v1beta1", "kind": "Tenant", "metadata": {"name": "member-1", "namespace": "liqo-tenant-member-1",
+        "labels": {"liqo.io/remote-cluster-id": "member-1"}}, "spec": {"clusterID": "member-1", "publicKey": public}});
+    let api = Api::<DynamicObject>::namespaced_with(m2.clone(), "liqo-tenant-member-1", &tenants);
+    api.patch("member-1", &pp, &Patch::Apply(&bare)).await.unwrap();
+    // The provider's verdict, as a Warning event on the Tenant; it never gets auth params.
+    let verdict = ferry_kube::Watches::new()
+        .wait_store::<k8s_openapi::api::core::v1::Event, String>("member-2", &m2, Some("liqo-tenant-member-1"), "the verdict", WAIT, |s| {
+            match s.state().iter().find(|e| e.involved_object.name.as_deref() == Some("member-1") && e.type_.as_deref() == Some("Warning")) {
+                Some(e) => ferry_kube::Check::Done(e.reason.clone().unwrap_or_default()),
+                None => ferry_kube::Check::Pending("no event".into()),
+            }
+        })
+        .await
+        .unwrap();
+    assert!(["NonceNotFound", "SignatureVerificationFailed", "InvalidCSR"].contains(&verdict.as_str()), "{verdict}");
+    assert!(api.get("member-1").await.unwrap().data.pointer("/status/authParams").is_none(), "a refused Tenant gets no credentials");
     bed.stop().await;
 }

@@ -1,6 +1,9 @@
 //! `check` of a Liqo peering: both clusters are known (an unknown one rejects the
-//! command), each has a Ready node of its own and a running Liqo with a cluster id, within
-//! the command's timeout. The ids are its output; every later Liqo step names objects by
+//! command), each has a Ready node of its own and a running Liqo with a cluster id, its
+//! IPAM's pod and external CIDRs, and the gateway template its side of the network needs
+//! (`wireguard-client` on `a`, `wireguard-server` on `b`: liqoctl's `CheckTemplateGwClient`
+//! / `CheckTemplateGwServer`, `pkg/liqoctl/network/handler.go`), within the command's
+//! timeout. The ids are its output; every later Liqo step names objects by
 //! them. It changes nothing.
 
 use std::sync::Arc;
@@ -11,7 +14,9 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::{LiqoClientTemplate, LiqoServerTemplate};
 use crate::handler::Inner;
+use crate::liqo;
 use crate::spec::PeerClusters;
 
 /// The Liqo `check` step's output.
@@ -47,7 +52,13 @@ impl CheckStep<PeerClusters> for LiqoCheck {
             let a = self.0.liqo_ready(&p.a, p.timeout()).await?;
             cx.progress(50, format!("Liqo runs on {} (cluster id {a})", p.a));
             let b = self.0.liqo_ready(&p.b, p.timeout()).await?;
-            cx.progress(100, format!("Liqo runs on {} (cluster id {b})", p.b));
+            cx.progress(80, format!("Liqo runs on {} (cluster id {b})", p.b));
+            for c in [&p.a, &p.b] {
+                self.0.ipam_cidrs(c, p.timeout()).await?;
+            }
+            self.0.template::<LiqoClientTemplate>(&p.a, liqo::CLIENT_TEMPLATE, p.timeout()).await?;
+            self.0.template::<LiqoServerTemplate>(&p.b, liqo::SERVER_TEMPLATE, p.timeout()).await?;
+            cx.progress(100, "networks and gateway templates in place");
             IDS.value(&Ids { a, b })
         }
         .boxed()

@@ -1,5 +1,7 @@
-//! `prepare`: on each side the tenant namespace for the other and its ForeignCluster, as
-//! `liqoctl peer` creates them. Undo waits until both tenant namespaces are gone (Liqo's
+//! `prepare`: on each side the tenant namespace for the other, labelled as Liqo's
+//! namespace manager labels it (`EnsureTenantNamespace` in `pkg/liqoctl/authenticate` and
+//! `network`). The ForeignClusters are Liqo's: its controller makes one for every object
+//! naming a remote cluster. Undo waits until both tenant namespaces are gone (Liqo's
 //! objects inside them go with them).
 
 use ferry_kube::step_errors::wait_err;
@@ -28,8 +30,6 @@ impl ObjectSet for Prepare {
         vec![
             (p.a.clone(), liqo::namespace(&ids.b, &pair)),
             (p.b.clone(), liqo::namespace(&ids.a, &pair)),
-            (p.a.clone(), liqo::foreign_cluster(&ids.b, &pair)),
-            (p.b.clone(), liqo::foreign_cluster(&ids.a, &pair)),
         ]
     }
 

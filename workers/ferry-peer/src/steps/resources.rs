@@ -1,6 +1,9 @@
-//! `resources` (and `resources-reverse`): the consumer's ResourceSlice toward the
-//! provider; waits until the provider accepts it (a denial fails the step) and the virtual
-//! node `liqo-<provider id>` is Ready. Undo waits until the virtual node is gone.
+//! `resources` (and `resources-reverse`): the consumer's ResourceSlice toward the provider
+//! (`liqoctl peer`'s `ensureOffloading`, `pkg/liqoctl/rest/resourceslice/create.go`:
+//! labelled for replication to the provider, annotated for a virtual node); waits until
+//! the provider authorized and accepted it (`ForResourceSliceAuthentication`; a denial
+//! fails the step with Liqo's reason) and the virtual node, named after the slice (the
+//! provider's id), is Ready. Undo waits until the virtual node is gone.
 
 use ferry_kube::Check;
 use ferry_kube::kinds::node_ready;
@@ -55,7 +58,7 @@ impl ObjectSet for Resources {
     fn objects(&self, p: &PeerClusters, ids: &Ids) -> Vec<(String, Value)> {
         let pair = liqo::pair_label(&p.a, &p.b);
         let r = roles(p, ids, self.reverse);
-        vec![(r.consumer, liqo::resource_slice(&r.consumer_id, &r.provider_id, &pair))]
+        vec![(r.consumer, liqo::resource_slice(&r.provider_id, &pair))]
     }
 
     fn ready<'a>(&'a self, inner: &'a Inner, p: &'a PeerClusters, ids: &'a Ids) -> BoxFuture<'a, Result<Value, StepError>> {
@@ -67,20 +70,28 @@ impl ObjectSet for Resources {
                 .cfg
                 .watches
                 .wait_object::<LiqoResourceSlice, Value>(&r.consumer, &client, Some(&ns), &r.provider_id, p.timeout(), |s| {
-                    let res = s
-                        .and_then(|s| s.status_at("/conditions"))
-                        .and_then(Value::as_array)
-                        .and_then(|cs| cs.iter().find(|c| c["type"] == "Resources"))
-                        .and_then(|c| c["status"].as_str());
-                    match res {
-                        Some("Accepted") => Check::Done(s.and_then(|s| s.status_at("/resources")).cloned().unwrap_or_default()),
-                        Some("Denied") => Check::Failed("the provider denied the ResourceSlice".into()),
-                        _ => Check::Pending("not accepted yet".into()),
+                    let cond = |type_: &str| {
+                        s.and_then(|s| s.status_at("/conditions"))
+                            .and_then(Value::as_array)
+                            .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
+                            .map(|c| (c["status"].as_str().unwrap_or("").to_owned(), c["message"].as_str().unwrap_or("").to_owned()))
+                    };
+                    match (cond("Authentication"), cond("Resources")) {
+                        (Some((a, why)), _) if a == "Denied" => Check::Failed(format!("the provider denied the ResourceSlice's authentication: {why}")),
+                        (_, Some((r, why))) if r == "Denied" => Check::Failed(format!("the provider denied the ResourceSlice's resources: {why}")),
+                        (Some((a, _)), Some((r, _))) if a == "Accepted" && r == "Accepted" => {
+                            Check::Done(s.and_then(|s| s.status_at("/resources")).cloned().unwrap_or_default())
+                        }
+                        (a, r) => Check::Pending(format!(
+                            "authentication {}, resources {}",
+                            a.map_or("(none)".into(), |x| x.0),
+                            r.map_or("(none)".into(), |x| x.0)
+                        )),
                     }
                 })
                 .await
                 .map_err(|e| wait_err(codes::RESOURCES, e))?;
-            let node = format!("liqo-{}", r.provider_id);
+            let node = liqo::virtual_node_name(&r.provider_id);
             inner
                 .cfg
                 .watches
@@ -101,7 +112,7 @@ impl ObjectSet for Resources {
             inner
                 .cfg
                 .watches
-                .wait_deleted::<Node>(&r.consumer, &client, None, &format!("liqo-{}", r.provider_id), inner.cfg.removal_timeout)
+                .wait_deleted::<Node>(&r.consumer, &client, None, &liqo::virtual_node_name(&r.provider_id), inner.cfg.removal_timeout)
                 .await
                 .map_err(|e| wait_err(codes::REMOVAL, e))
         }

@@ -1,0 +1,247 @@
+//! Emulated Liqo authentication on one member (liqotech/liqo
+//! `pkg/liqo-controller-manager/authentication/`):
+//!
+//! - **Nonce creator** (`noncecreator-controller/noncecreator_controller.go`): a Secret
+//!   labelled `liqo.io/nonce` and `liqo.io/remote-cluster-id`, in that cluster's tenant
+//!   namespace, gets a fresh nonce (64 random bytes, base64) in field `nonce`; one
+//!   elsewhere is ignored.
+//! - **Nonce signer** (`noncesigner-controller/noncesigner_controller.go`): a Secret
+//!   labelled `liqo.io/signed-nonce` in the right tenant namespace gets field
+//!   `signedNonce`: the nonce signed with the cluster's private key (`authentication-keys`).
+//! - **Tenant controller** (`tenant-controller/tenant_controller.go`, `verifyHandshake`):
+//!   unless `authzPolicy: TolerateNoHandshake`, the Tenant's signature must verify with its
+//!   public key over the nonce this cluster issued for its cluster id, and its CSR must be
+//!   for common name = its cluster id, organization `liqo.io`, and that same key
+//!   (`csr.go`, `CheckCSRForControlPlane`); a failure leaves the status empty and records
+//!   a Warning event (`NonceNotFound`, `SignatureVerificationFailed`, `InvalidCSR`) on the
+//!   Tenant. On success the CSR is signed through the cluster's own certificates API
+//!   (`pkg/identityManager/certificateIdentityProvider.go`, `ApproveSigningRequest`: a
+//!   `kubernetes.io/kube-apiserver-client` CSR, approved; the controller manager signs
+//!   it) and `status.authParams` carries the certificate, the cluster's CA and API server
+//!   address, and `status.tenantNamespace` the namespace.
+//! - **Identity controller** (`identity-controller/identity_controller.go`): an Identity
+//!   gets a kubeconfig Secret `kubeconfig-<identity>` (the certificate of its auth params
+//!   and this cluster's private key: a working credential toward the provider) and
+//!   `status.kubeconfigSecretRef`.
+//!
+//! Not emulated: the tenant's RBAC bindings on the provider, certificate renewal,
+//! cordoned and drained tenants.
+
+use std::collections::BTreeMap;
+
+use base64::Engine;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use sha2::Digest;
+
+use super::{MANAGER, Member, ar, event, keys, name_of, ns_of, set_status};
+use ferry_kube::vocab::liqo::{
+    AUTH_KEYS_SECRET, CONTROL_PLANE_ORGANIZATION, LIQO_NAMESPACE, NONCE_FIELD, NONCE_LABEL, POD_SECURITY_LABELS, REMOTE_ID_LABEL, SIGNED_NONCE_FIELD,
+    SIGNED_NONCE_LABEL, TENANT_NAMESPACE_LABEL, tenant_namespace,
+};
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+pub(super) fn auth(kind: &str, plural: &str) -> kube::api::ApiResource {
+    ar("authentication.liqo.io", "v1beta1", kind, plural)
+}
+
+/// The cluster's private key PEM (`GetClusterKeys`).
+pub(super) async fn private_key(client: &kube::Client) -> Result<Option<String>, kube::Error> {
+    let s = Api::<Secret>::namespaced(client.clone(), LIQO_NAMESPACE).get_opt(AUTH_KEYS_SECRET).await?;
+    Ok(s.and_then(|s| s.data?.get("privateKey").map(|k| String::from_utf8_lossy(&k.0).into_owned())))
+}
+
+/// Whether `ns` is the tenant namespace of `remote` on this cluster (`GetNamespace`).
+async fn is_tenant_namespace(client: &kube::Client, ns: &str, remote: &str) -> Result<bool, kube::Error> {
+    let n = Api::<Namespace>::all(client.clone()).get_opt(ns).await?;
+    Ok(n.and_then(|n| n.metadata.labels).is_some_and(|l| l.get(TENANT_NAMESPACE_LABEL).map(String::as_str) == Some("true") && l.get(REMOTE_ID_LABEL).map(String::as_str) == Some(remote)))
+}
+
+fn label<'a>(s: &'a Secret, key: &str) -> Option<&'a str> {
+    s.metadata.labels.as_ref()?.get(key).map(String::as_str)
+}
+
+/// The nonce creator and signer (`forged`: signing with another key than the cluster's).
+pub(super) async fn nonces(m: &Member, forged: bool) -> Result<(), kube::Error> {
+    let secrets: Api<Secret> = Api::all(m.client.clone());
+    for s in secrets.list(&ListParams::default().labels(&format!("{NONCE_LABEL}=true"))).await?.items {
+        let data = s.data.clone().unwrap_or_default();
+        if data.get(NONCE_FIELD).is_some_and(|n| !n.0.is_empty()) {
+            continue;
+        }
+        let Some(remote) = label(&s, REMOTE_ID_LABEL) else { continue };
+        let ns = s.metadata.namespace.clone().unwrap_or_default();
+        if !is_tenant_namespace(&m.client, &ns, remote).await? {
+            continue;
+        }
+        let Ok(nonce) = keys::nonce() else { continue };
+        let api: Api<Secret> = Api::namespaced(m.client.clone(), &ns);
+        api.patch(&s.metadata.name.clone().unwrap_or_default(), &PatchParams::default(), &Patch::Merge(&json!({"stringData": {NONCE_FIELD: nonce}}))).await?;
+    }
+    let Some(mut private) = private_key(&m.client).await? else { return Ok(()) };
+    if forged {
+        private = keys::generate().map_err(|e| kube::Error::Service(e.to_string().into()))?.0;
+    }
+    for s in secrets.list(&ListParams::default().labels(&format!("{SIGNED_NONCE_LABEL}=true"))).await?.items {
+        let data = s.data.clone().unwrap_or_default();
+        let Some(remote) = label(&s, REMOTE_ID_LABEL) else { continue };
+        let ns = s.metadata.namespace.clone().unwrap_or_default();
+        if data.contains_key(SIGNED_NONCE_FIELD) || !is_tenant_namespace(&m.client, &ns, remote).await? {
+            continue;
+        }
+        let Some(nonce) = data.get(NONCE_FIELD) else { continue };
+        let Ok(sig) = keys::sign(&private, &nonce.0) else { continue };
+        let api: Api<Secret> = Api::namespaced(m.client.clone(), &ns);
+        api.patch(&s.metadata.name.clone().unwrap_or_default(), &PatchParams::default(), &Patch::Merge(&json!({"data": {SIGNED_NONCE_FIELD: B64.encode(sig)}})))
+            .await?;
+    }
+    Ok(())
+}
+
+fn bytes(v: Option<&Value>) -> Vec<u8> {
+    v.and_then(Value::as_str).and_then(|s| B64.decode(s).ok()).unwrap_or_default()
+}
+
+/// Verifies a Tenant's handshake (`verifyHandshake`): Ok, or the event's (reason, message).
+async fn handshake(m: &Member, t: &DynamicObject, consumer: &str) -> Result<Result<(), (&'static str, String)>, kube::Error> {
+    let secrets: Api<Secret> = Api::all(m.client.clone());
+    let lp = ListParams::default().labels(&format!("{NONCE_LABEL}=true,{REMOTE_ID_LABEL}={consumer}"));
+    let nonce = secrets.list(&lp).await?.items.into_iter().find_map(|s| s.data?.get(NONCE_FIELD).map(|n| n.0.clone()).filter(|n| !n.is_empty()));
+    let Some(nonce) = nonce else {
+        return Ok(Err(("NonceNotFound", format!("unable to get the nonce for the Tenant {:?}: nonce not found", name_of(t)))));
+    };
+    let public = bytes(t.data.pointer("/spec/publicKey"));
+    let der = match keys::public_key_der(&public) {
+        Ok(d) => d,
+        Err(e) => return Ok(Err(("SignatureVerificationFailed", format!("failed to parse public key in Tenant resource {:?}: {e}", name_of(t))))),
+    };
+    if keys::verify(&public, &nonce, &bytes(t.data.pointer("/spec/signature"))).is_err() {
+        return Ok(Err(("SignatureVerificationFailed", format!("signature verification failed for Tenant {:?}", name_of(t)))));
+    }
+    if let Err(e) = keys::check_csr(&bytes(t.data.pointer("/spec/csr")), consumer, CONTROL_PLANE_ORGANIZATION, Some(&der)) {
+        return Ok(Err(("InvalidCSR", e.to_string())));
+    }
+    Ok(Ok(()))
+}
+
+/// Signs `csr_pem` through the cluster's certificates API; the certificate once issued.
+pub(super) async fn issue(m: &Member, csr_pem: &[u8]) -> Result<Option<Vec<u8>>, kube::Error> {
+    let api: Api<CertificateSigningRequest> = Api::all(m.client.clone());
+    let digest = sha2::Sha256::digest(csr_pem);
+    let name = format!("liqo-identity-{}", digest[..8].iter().map(|b| format!("{b:02x}")).collect::<String>());
+    let csr = match api.get_opt(&name).await? {
+        Some(c) => c,
+        None => {
+            let obj: CertificateSigningRequest = serde_json::from_value(json!({"apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
+                "metadata": {"name": name, "labels": {"liqo.io/remote-tenant-csr": "true"}},
+                "spec": {"groups": ["system:authenticated"], "signerName": "kubernetes.io/kube-apiserver-client", "request": B64.encode(csr_pem),
+                         "usages": ["digital signature", "key encipherment", "client auth"]}}))
+            .expect("a CSR");
+            api.create(&PostParams::default(), &obj).await?
+        }
+    };
+    let conds = csr.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
+    if !conds.iter().any(|c| c.type_ == "Approved") {
+        let mut csr = csr;
+        csr.status.get_or_insert_with(Default::default).conditions.get_or_insert_with(Vec::new).push(
+            serde_json::from_value(json!({"type": "Approved", "status": "True", "reason": "IdentityManagerApproval", "message": "This CSR was approved by Liqo Identity Manager"}))
+                .expect("a CSR condition"),
+        );
+        api.replace_subresource("approval", &name, &PostParams::default(), &csr).await?;
+        return Ok(None);
+    }
+    Ok(csr.status.and_then(|s| s.certificate).map(|c| c.0).filter(|c| !c.is_empty()))
+}
+
+/// The tenant controller.
+pub(super) async fn tenants(m: &Member) -> Result<(), kube::Error> {
+    let all: Api<DynamicObject> = Api::all_with(m.client.clone(), &auth("Tenant", "tenants"));
+    for t in all.list(&ListParams::default()).await?.items {
+        if t.metadata.deletion_timestamp.is_some() || t.data.pointer("/status/authParams/signedCRT").is_some() {
+            continue;
+        }
+        let Some(consumer) = t.data.pointer("/spec/clusterID").and_then(Value::as_str).map(str::to_owned) else { continue };
+        let tolerate = t.data.pointer("/spec/authzPolicy").and_then(Value::as_str) == Some("TolerateNoHandshake");
+        if !tolerate && let Err((reason, message)) = handshake(m, &t, &consumer).await? {
+            event(&m.client, &t, "Warning", reason, &message).await?;
+            continue;
+        }
+        // `CreateNamespace`: the tenant namespace, made if missing.
+        let ns = tenant_namespace(&consumer);
+        let nss: Api<Namespace> = Api::all(m.client.clone());
+        if nss.get_opt(&ns).await?.is_none() {
+            let mut labels = serde_json::Map::new();
+            labels.insert(REMOTE_ID_LABEL.into(), json!(consumer));
+            labels.insert(TENANT_NAMESPACE_LABEL.into(), json!("true"));
+            for l in POD_SECURITY_LABELS {
+                labels.insert(l.into(), json!("privileged"));
+            }
+            let obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels}});
+            nss.patch(&ns, &PatchParams::apply(MANAGER), &Patch::Apply(&obj)).await?;
+        }
+        let mut status = json!({"tenantNamespace": ns});
+        if !tolerate {
+            let Some(cert) = issue(m, &bytes(t.data.pointer("/spec/csr"))).await? else { continue };
+            status["authParams"] = json!({"signedCRT": B64.encode(cert), "ca": B64.encode(&m.ca_pem), "apiServer": m.server});
+        }
+        let api: Api<DynamicObject> = Api::namespaced_with(m.client.clone(), &ns_of(&t), &auth("Tenant", "tenants"));
+        set_status(&api, &name_of(&t), status).await?;
+    }
+    Ok(())
+}
+
+/// A kubeconfig for `server` (CA `ca`) with client certificate `cert` and key `key`.
+fn kubeconfig(server: &str, ca: &[u8], cert: &[u8], key: &[u8]) -> String {
+    let doc = json!({"apiVersion": "v1", "kind": "Config", "current-context": "liqo",
+        "clusters": [{"name": "remote", "cluster": {"server": server, "certificate-authority-data": B64.encode(ca)}}],
+        "users": [{"name": "liqo", "user": {"client-certificate-data": B64.encode(cert), "client-key-data": B64.encode(key)}}],
+        "contexts": [{"name": "liqo", "context": {"cluster": "remote", "user": "liqo"}}]});
+    doc.to_string()
+}
+
+/// The identity controller.
+pub(super) async fn identities(m: &Member) -> Result<(), kube::Error> {
+    let all: Api<DynamicObject> = Api::all_with(m.client.clone(), &auth("Identity", "identities"));
+    let Some(private) = private_key(&m.client).await? else { return Ok(()) };
+    for id in all.list(&ListParams::default()).await?.items {
+        if id.metadata.deletion_timestamp.is_some() || id.data.pointer("/status/kubeconfigSecretRef/name").is_some() {
+            continue;
+        }
+        let cert = bytes(id.data.pointer("/spec/authParams/signedCRT"));
+        let Some(server) = id.data.pointer("/spec/authParams/apiServer").and_then(Value::as_str) else { continue };
+        if cert.is_empty() {
+            continue;
+        }
+        let ns = ns_of(&id);
+        let name = format!("kubeconfig-{}", name_of(&id));
+        let remote = id.data.pointer("/spec/clusterID").and_then(Value::as_str).unwrap_or_default();
+        let config = kubeconfig(server, &bytes(id.data.pointer("/spec/authParams/ca")), &cert, private.as_bytes());
+        let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": ns,
+            "labels": {REMOTE_ID_LABEL: remote, "liqo.io/identity-type": id.data.pointer("/spec/type").and_then(Value::as_str).unwrap_or("")},
+            "ownerReferences": [{"apiVersion": "authentication.liqo.io/v1beta1", "kind": "Identity", "name": name_of(&id), "uid": id.metadata.uid.clone().unwrap_or_default(), "controller": true}]},
+            "data": {"kubeconfig": B64.encode(config)}});
+        Api::<Secret>::namespaced(m.client.clone(), &ns).patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&secret)).await?;
+        let api: Api<DynamicObject> = Api::namespaced_with(m.client.clone(), &ns, &auth("Identity", "identities"));
+        set_status(&api, &name_of(&id), json!({"kubeconfigSecretRef": {"name": name}})).await?;
+    }
+    Ok(())
+}
+
+/// Remote cluster ids this cluster has a control-plane Identity with a kubeconfig for.
+pub(super) async fn authenticated_toward(m: &Member) -> Result<BTreeMap<String, String>, kube::Error> {
+    let all: Api<DynamicObject> = Api::all_with(m.client.clone(), &auth("Identity", "identities"));
+    Ok(all
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|i| i.data.pointer("/spec/type").and_then(Value::as_str) == Some("ControlPlane"))
+        .filter_map(|i| {
+            let secret = i.data.pointer("/status/kubeconfigSecretRef/name").and_then(Value::as_str)?.to_owned();
+            Some((i.data.pointer("/spec/clusterID").and_then(Value::as_str)?.to_owned(), secret))
+        })
+        .collect())
+}

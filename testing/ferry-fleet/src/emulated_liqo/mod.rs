@@ -1,0 +1,340 @@
+//! Emulated Liqo v1 on the fleet's managed clusters, rebuilt on how upstream's controllers
+//! behave (liqotech/liqo at `557c199`; each module names the files it follows), so the
+//! peer worker is held to what a real `liqoctl peer` must do:
+//!
+//! - install (the chart, `deployments/liqo/templates/`): namespace `liqo`, the cluster-id
+//!   ConfigMap, the controller manager's Deployment, the cluster's authentication keys
+//!   (`authentication-keys`, Ed25519, `authentication/keys.go` `InitClusterKeys`), the IPAM
+//!   Networks ([`ipam`]) and the default gateway templates `wireguard-server` /
+//!   `wireguard-client` (their CRDs are install-time objects `../shared/crds` lacks: ours,
+//!   open-schema);
+//! - [`network`]: Configurations remapped by the IPAM, gateways deployed only from a
+//!   template, Connections Connected only after the PublicKey exchange;
+//! - [`authentication`]: nonces, signatures, the Tenant's handshake verified (or refused
+//!   with a Warning event), certificates issued by the provider's certificates API,
+//!   Identities turned into kubeconfigs;
+//! - [`resources`]: ResourceSlices completed, replicated, authorized and accepted, then
+//!   VirtualNodes and Nodes named after the slice;
+//! - ForeignCluster statuses report each module from what exists.
+//!
+//! [`LiqoKnobs`]: a cluster whose Liqo is never installed, whose gateways never connect or
+//! connect late, or whose nonce signatures are forged. Every member runs one pass every 250 ms; a failed write is logged at
+//! debug and retried on the next pass.
+
+pub mod authentication;
+pub mod ipam;
+pub mod keys;
+pub mod network;
+pub mod resources;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Secret};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::core::GroupVersionKind;
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+
+pub use crate::emulate::now;
+use crate::{Fleet, FleetError};
+pub use ferry_kube::vocab::liqo::{CLUSTER_ID_CONFIGMAP, CONTROLLER_MANAGER, LIQO_NAMESPACE, REMOTE_ID_LABEL, tenant_namespace};
+use ferry_kube::vocab::liqo::{AUTH_KEYS_SECRET, CLIENT_TEMPLATE, CLIENT_TEMPLATE_KIND, SERVER_TEMPLATE, SERVER_TEMPLATE_KIND};
+pub use resources::NOT_ALLOWED_TAINT;
+
+/// Selector of the virtual nodes (label `liqo.io/type`).
+pub const VIRTUAL_NODE_SELECTOR: &str = "liqo.io/type=virtual-node";
+const MANAGER: &str = "ferry-emulated-liqo";
+const TICK: Duration = Duration::from_millis(250);
+
+/// Knobs of one cluster.
+#[derive(Debug, Clone, Default)]
+pub struct LiqoKnobs {
+    /// Liqo is never installed (no Deployment, keys, networks or templates).
+    pub not_installed: bool,
+    /// Gateways involving this cluster never connect.
+    pub gateway_never_connects: bool,
+    /// Gateways involving this cluster connect only once the GatewayClient is this old
+    /// (seconds granularity: creation timestamps are whole seconds).
+    pub gateway_delay: Duration,
+    /// The cluster's nonce signer signs with a key that is not the one in its
+    /// `authentication-keys` (a forged or stale proof): providers refuse its Tenants.
+    pub forged_signatures: bool,
+}
+
+pub(crate) fn ar(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
+}
+
+/// A metav1.Condition, keeping its transition time while the status stays.
+pub(crate) fn cond_v1(old: Option<&Value>, type_: &str, status: &str, reason: &str, message: &str, generation: i64) -> Value {
+    let at = old.filter(|o| o["status"] == status).and_then(|o| o.get("lastTransitionTime").cloned()).unwrap_or_else(|| json!(now()));
+    json!({"type": type_, "status": status, "reason": reason, "message": message, "observedGeneration": generation, "lastTransitionTime": at})
+}
+
+/// Emulated Liqo; stops on drop.
+pub struct EmulatedLiqo {
+    knobs: Arc<Mutex<HashMap<String, LiqoKnobs>>>,
+    task: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for EmulatedLiqo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmulatedLiqo").finish_non_exhaustive()
+    }
+}
+
+impl Drop for EmulatedLiqo {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// One member as the controllers see it.
+pub(crate) struct Member {
+    pub(crate) name: String,
+    pub(crate) client: kube::Client,
+    /// Its API server's address and CA (what `status.authParams` hands to a consumer).
+    pub(crate) server: String,
+    pub(crate) ca_pem: Vec<u8>,
+    installed: bool,
+}
+
+impl EmulatedLiqo {
+    /// Starts on `fleet` (members: every cluster but the hub); `knobs` apply from the start
+    /// (a cluster `not_installed` never gets Liqo's components).
+    pub async fn start(fleet: &Fleet, knobs: HashMap<String, LiqoKnobs>) -> Result<Self, FleetError> {
+        let mut members = Vec::new();
+        for c in fleet.clusters.iter().skip(1) {
+            let client = c.client().await?;
+            // The CRDs come with the cluster (Liqo's CRD chart), before anything else.
+            crate::crds::install(&client, template_crds()).await.map_err(|e| FleetError::Client { cluster: c.name.clone(), source: Box::new(e) })?;
+            members.push(Member { name: c.name.clone(), client, server: c.server.clone(), ca_pem: c.ca_pem()?, installed: false });
+        }
+        let knobs = Arc::new(Mutex::new(knobs));
+        let k = knobs.clone();
+        let task = tokio::spawn(async move {
+            let mut every = tokio::time::interval(TICK);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                // Knobs are read live, when each object is decided.
+                if let Err(e) = tick(&mut members, &k).await {
+                    tracing::debug!(error = %e, "emulated Liqo: retrying on the next tick");
+                }
+            }
+        });
+        Ok(Self { knobs, task })
+    }
+
+    /// Changes the knobs of `cluster`.
+    pub fn set(&self, cluster: &str, f: impl FnOnce(&mut LiqoKnobs)) {
+        f(self.knobs.lock().expect("knobs lock").entry(cluster.to_owned()).or_default());
+    }
+}
+
+pub(crate) async fn apply(api: &Api<DynamicObject>, obj: &Value) -> Result<(), kube::Error> {
+    let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+    api.patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(obj)).await.map(drop)
+}
+
+pub(crate) async fn set_status(api: &Api<DynamicObject>, name: &str, status: Value) -> Result<(), kube::Error> {
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&json!({"status": status}))).await.map(drop)
+}
+
+pub(crate) fn name_of(o: &DynamicObject) -> String {
+    o.metadata.name.clone().unwrap_or_default()
+}
+
+pub(crate) fn ns_of(o: &DynamicObject) -> String {
+    o.metadata.namespace.clone().unwrap_or_default()
+}
+
+/// Records an event on `obj` as a controller's event recorder does; one per object and
+/// reason (what a later reader needs: the latest reason it was refused).
+pub(crate) async fn event(client: &kube::Client, obj: &DynamicObject, type_: &str, reason: &str, message: &str) -> Result<(), kube::Error> {
+    let ns = obj.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+    let name = format!("{}.{}", name_of(obj), reason.to_lowercase());
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    if let Some(e) = events.get_opt(&name).await? {
+        if e.message.as_deref() == Some(message) {
+            return Ok(());
+        }
+        events.delete(&name, &Default::default()).await?;
+    }
+    let kind = obj.types.as_ref().map(|t| t.kind.clone()).unwrap_or_default();
+    let api_version = obj.types.as_ref().map(|t| t.api_version.clone()).unwrap_or_default();
+    let ev: Event = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Event", "metadata": {"name": name, "namespace": ns},
+        "involvedObject": {"kind": kind, "apiVersion": api_version, "name": name_of(obj), "namespace": obj.metadata.namespace, "uid": obj.metadata.uid},
+        "type": type_, "reason": reason, "message": message, "source": {"component": "liqo-controller-manager"},
+        "firstTimestamp": now(), "lastTimestamp": now(), "count": 1}))
+    .expect("an event");
+    match events.create(&PostParams::default(), &ev).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// The gateway template kinds: install-time CRDs of Liqo's chart that `../shared/crds`
+/// does not carry (`deployments/liqo/charts/liqo-crds/crds/networking.liqo.io_wggateway{server,client}templates.yaml`).
+fn template_crds() -> Vec<Value> {
+    [(SERVER_TEMPLATE_KIND, "wggatewayservertemplates"), (CLIENT_TEMPLATE_KIND, "wggatewayclienttemplates")]
+        .iter()
+        .map(|(kind, plural)| crate::kinds::crd(&("networking.liqo.io", "v1beta1", kind, plural, true, false)))
+        .collect()
+}
+
+/// Installs Liqo's components on a member, as the chart does.
+async fn install(m: &Member) -> Result<(), kube::Error> {
+    let pp = PatchParams::apply(MANAGER);
+    let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LIQO_NAMESPACE}});
+    Api::<Namespace>::all(m.client.clone()).patch(LIQO_NAMESPACE, &pp, &Patch::Apply(&ns)).await?;
+    let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": CLUSTER_ID_CONFIGMAP, "namespace": LIQO_NAMESPACE},
+        "data": {"CLUSTER_ID": m.name}});
+    Api::<ConfigMap>::namespaced(m.client.clone(), LIQO_NAMESPACE).patch(CLUSTER_ID_CONFIGMAP, &pp, &Patch::Apply(&cm)).await?;
+    // `InitClusterKeys`: made once, never replaced.
+    let secrets: Api<Secret> = Api::namespaced(m.client.clone(), LIQO_NAMESPACE);
+    if secrets.get_opt(AUTH_KEYS_SECRET).await?.is_none() {
+        let (private, public) = keys::generate().map_err(|e| kube::Error::Service(e.to_string().into()))?;
+        let b = |s: &str| base64::Engine::encode(&base64::engine::general_purpose::STANDARD, s);
+        let s = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": AUTH_KEYS_SECRET, "namespace": LIQO_NAMESPACE},
+            "data": {"privateKey": b(&private), "publicKey": b(&public)}});
+        secrets.patch(AUTH_KEYS_SECRET, &pp, &Patch::Apply(&s)).await?;
+    }
+    ipam::install(&m.client).await?;
+    for (kind, plural, name, child) in [
+        (SERVER_TEMPLATE_KIND, "wggatewayservertemplates", SERVER_TEMPLATE, "WgGatewayServer"),
+        (CLIENT_TEMPLATE_KIND, "wggatewayclienttemplates", CLIENT_TEMPLATE, "WgGatewayClient"),
+    ] {
+        let api: Api<DynamicObject> = Api::namespaced_with(m.client.clone(), LIQO_NAMESPACE, &ar("networking.liqo.io", "v1beta1", kind, plural));
+        let t = json!({"apiVersion": "networking.liqo.io/v1beta1", "kind": kind, "metadata": {"name": name, "namespace": LIQO_NAMESPACE},
+            "spec": {"objectKind": {"apiVersion": "networking.liqo.io/v1beta1", "kind": child},
+                     "template": {"metadata": {"name": "{{ .Name }}", "namespace": "{{ .Namespace }}"}, "spec": {}}}});
+        apply(&api, &t).await?;
+    }
+    let d = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": CONTROLLER_MANAGER, "namespace": LIQO_NAMESPACE},
+        "spec": {"selector": {"matchLabels": {"app.kubernetes.io/name": "controller-manager"}},
+                 "template": {"metadata": {"labels": {"app.kubernetes.io/name": "controller-manager"}},
+                              "spec": {"tolerations": [{"operator": "Exists"}],
+                                       "containers": [{"name": "controller-manager", "image": "ghcr.io/liqotech/liqo-controller-manager:v1.2.0"}]}}}});
+    Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(m.client.clone(), LIQO_NAMESPACE).patch(CONTROLLER_MANAGER, &pp, &Patch::Apply(&d)).await?;
+    Ok(())
+}
+
+async fn tick(members: &mut [Member], knobs: &Mutex<HashMap<String, LiqoKnobs>>) -> Result<(), kube::Error> {
+    let knob = |c: &str| knobs.lock().expect("knobs lock").get(c).cloned().unwrap_or_default();
+    for m in members.iter_mut() {
+        if !m.installed && !knob(&m.name).not_installed {
+            install(m).await?;
+            m.installed = true;
+        }
+    }
+    let clients: BTreeMap<String, kube::Client> = members.iter().filter(|m| m.installed).map(|m| (m.name.clone(), m.client.clone())).collect();
+    for m in members.iter().filter(|m| m.installed) {
+        let passes = async {
+            network::configurations(m).await?;
+            network::gateways(m).await?;
+            network::connections(m, &clients, &knob).await?;
+            authentication::nonces(m, knob(&m.name).forged_signatures).await?;
+            authentication::tenants(m).await?;
+            authentication::identities(m).await?;
+            resources::local_slices(m, &clients).await?;
+            resources::remote_slices(m).await?;
+            resources::virtual_nodes(m).await?;
+            foreign_clusters(m).await
+        };
+        // One member's failure does not stall the others.
+        if let Err(e) = passes.await {
+            tracing::debug!(cluster = %m.name, error = %e, "emulated Liqo: retrying on the next tick");
+        }
+    }
+    Ok(())
+}
+
+fn condition(type_: &str, status: &str) -> Value {
+    json!({"type": type_, "status": status, "reason": type_, "message": "", "lastTransitionTime": now()})
+}
+
+/// The ForeignCluster controller: one ForeignCluster per remote cluster id a peering
+/// object is labelled with (`core/foreigncluster-controller/foreigncluster_controller.go`,
+/// `foreignclusterEnqueuer`: it watches these kinds and creates the missing one; it never
+/// deletes one), and its status: each module established or not, from what exists.
+async fn foreign_clusters(m: &Member) -> Result<(), kube::Error> {
+    let fcs: Api<DynamicObject> = Api::all_with(m.client.clone(), &ar("core.liqo.io", "v1beta1", "ForeignCluster", "foreignclusters"));
+    let mut remotes = std::collections::BTreeSet::new();
+    for (group, kind, plural) in [
+        ("networking.liqo.io", "Configuration", "configurations"),
+        ("networking.liqo.io", "GatewayServer", "gatewayservers"),
+        ("networking.liqo.io", "GatewayClient", "gatewayclients"),
+        ("authentication.liqo.io", "Tenant", "tenants"),
+        ("authentication.liqo.io", "Identity", "identities"),
+        ("authentication.liqo.io", "ResourceSlice", "resourceslices"),
+        ("offloading.liqo.io", "VirtualNode", "virtualnodes"),
+    ] {
+        let api: Api<DynamicObject> = Api::all_with(m.client.clone(), &ar(group, "v1beta1", kind, plural));
+        for o in api.list(&ListParams::default().labels(REMOTE_ID_LABEL)).await?.items {
+            if let Some(id) = o.metadata.labels.as_ref().and_then(|l| l.get(REMOTE_ID_LABEL)) {
+                remotes.insert(id.clone());
+            }
+        }
+    }
+    for id in remotes {
+        if fcs.get_opt(&id).await?.is_none() {
+            let fc = json!({"apiVersion": "core.liqo.io/v1beta1", "kind": "ForeignCluster", "metadata": {"name": id, "labels": {REMOTE_ID_LABEL: id}},
+                "spec": {"clusterID": id}});
+            match fcs.create(&PostParams::default(), &serde_json::from_value(fc).expect("a ForeignCluster")).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    for fc in fcs.list(&ListParams::default()).await?.items {
+        let Some(remote) = fc.data.pointer("/spec/clusterID").and_then(Value::as_str).map(str::to_owned) else { continue };
+        let ns = tenant_namespace(&remote);
+        let list = |kind: &str, plural: &str, group: &str| {
+            let api: Api<DynamicObject> = Api::namespaced_with(m.client.clone(), &ns, &ar(group, "v1beta1", kind, plural));
+            async move { api.list(&ListParams::default()).await.map(|l| l.items) }
+        };
+        let connected = list("Connection", "connections", "networking.liqo.io")
+            .await?
+            .iter()
+            .any(|c| c.data.pointer("/status/value").and_then(Value::as_str) == Some("Connected"));
+        let tenant = list("Tenant", "tenants", "authentication.liqo.io").await?.iter().any(|t| t.data.pointer("/status/authParams").is_some());
+        let identity = list("Identity", "identities", "authentication.liqo.io").await?.iter().any(|i| i.data.pointer("/status/kubeconfigSecretRef").is_some());
+        let virtual_node = !list("VirtualNode", "virtualnodes", "offloading.liqo.io").await?.is_empty();
+        let role = match (identity, tenant) {
+            (true, true) => "ConsumerAndProvider",
+            (true, false) => "Provider",
+            (false, true) => "Consumer",
+            _ => "Unknown",
+        };
+        let st = |ok: bool, yes: &str| if ok { yes.to_owned() } else { "NotReady".to_owned() };
+        let status = json!({
+            "role": role,
+            "tenantNamespace": {"local": ns},
+            "modules": {
+                "networking": {"enabled": connected, "conditions": [condition("NetworkConnectionStatus", &st(connected, "Established"))]},
+                "authentication": {"enabled": tenant || identity, "conditions": [condition("AuthIdentityControlPlaneStatus", &st(identity, "Established")), condition("AuthTenantStatus", &st(tenant, "Established"))]},
+                "offloading": {"enabled": virtual_node, "conditions": [condition("OffloadingVirtualNodeStatus", &st(virtual_node, "Ready"))]},
+            },
+        });
+        let strip = |v: &Value| {
+            let mut v = v.clone();
+            for module in ["networking", "authentication", "offloading"] {
+                if let Some(cs) = v.pointer_mut(&format!("/modules/{module}/conditions")).and_then(Value::as_array_mut) {
+                    cs.iter_mut().for_each(|c| {
+                        c.as_object_mut().map(|o| o.remove("lastTransitionTime"));
+                    });
+                }
+            }
+            v
+        };
+        if strip(fc.data.get("status").unwrap_or(&Value::Null)) != strip(&status) {
+            fcs.patch_status(&name_of(&fc), &PatchParams::default(), &Patch::Merge(&json!({"status": status}))).await?;
+        }
+    }
+    Ok(())
+}

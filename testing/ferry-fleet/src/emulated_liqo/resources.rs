@@ -1,0 +1,313 @@
+//! Emulated Liqo resource sharing on one member (liqotech/liqo
+//! `pkg/liqo-controller-manager/authentication/` and `virtualnodecreator-controller/`):
+//!
+//! - **Local ResourceSlice controller** (`localresourceslice-controller`): a consumer's
+//!   slice gets `spec.consumerClusterID`, `spec.providerClusterID` (from its
+//!   remote-cluster-id label) and `spec.csr`: a CSR signed with the cluster's key for
+//!   common name `<slice>-<hash of the consumer id>`, organization the consumer id
+//!   (`csr.go`, `GenerateCSRForResourceSlice`).
+//! - **Replication** (the CRD replicator, `pkg/crdReplicator`): a slice labelled
+//!   `liqo.io/replication=true` and `liqo.io/remoteID=<provider>` is copied into the
+//!   provider's tenant namespace for the consumer (labels `liqo.io/originID`,
+//!   `liqo.io/replicated`) once the consumer holds a control-plane Identity toward the
+//!   provider (the replicator writes with it); the provider's status is copied back; the
+//!   copy goes with its origin. Without the labels nothing reaches the provider.
+//! - **Remote ResourceSlice controller** (`remoteresourceslice-controller`): on the
+//!   provider, the copy must sit in the consumer's tenant namespace next to its Tenant;
+//!   its CSR must match the Tenant's public key, common name and organization
+//!   (`CheckCSRForResourceSlice`) — else `Authentication: Denied` — and is then signed
+//!   (`status.authParams`); an active Tenant's slice gets `Resources: Accepted` and
+//!   `status.resources`: what the slice asks, else the provider's spare capacity.
+//! - **VirtualNode creator** (`virtualnodecreator_controller.go`): a slice annotated
+//!   `liqo.io/create-virtual-node` whose conditions are all Accepted gets a VirtualNode of
+//!   the slice's name, owned by it; the virtual kubelet (`pkg/vkMachinery/forge/forge.go`)
+//!   registers a Node of the VirtualNode's name, labelled `liqo.io/type=virtual-node` and
+//!   with the provider's id, tainted `virtual-node.liqo.io/not-allowed=true:NoExecute`,
+//!   Ready with the slice's resources. Nodes whose VirtualNode is gone go.
+
+use std::collections::{BTreeMap, HashSet};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+use super::authentication::{auth, authenticated_toward, issue, private_key};
+use super::{MANAGER, Member, apply, ar, event, keys, name_of, now, ns_of, set_status};
+use ferry_kube::quantity::{millicores, units};
+use ferry_kube::vocab::liqo::{
+    CREATE_VIRTUAL_NODE_ANNOTATION, REMOTE_ID_LABEL, REPLICATION_DESTINATION_LABEL, REPLICATION_LABEL, TYPE_LABEL, TYPE_VIRTUAL_NODE, tenant_namespace,
+};
+
+/// Label on a replicated copy: the cluster it came from (`pkg/consts/replication.go`).
+const ORIGIN_LABEL: &str = "liqo.io/originID";
+/// Taint of every virtual node (`=true:NoExecute`), as Liqo's: only tolerating pods go there.
+pub use ferry_kube::vocab::liqo::VIRTUAL_NODE_TOLERATION_KEY as NOT_ALLOWED_TAINT;
+
+fn slices(client: &kube::Client, ns: Option<&str>) -> Api<DynamicObject> {
+    let r = auth("ResourceSlice", "resourceslices");
+    match ns {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &r),
+        None => Api::all_with(client.clone(), &r),
+    }
+}
+
+fn label(o: &DynamicObject, key: &str) -> Option<String> {
+    o.metadata.labels.as_ref()?.get(key).cloned()
+}
+
+fn condition<'a>(s: &'a DynamicObject, type_: &str) -> Option<&'a str> {
+    s.data.pointer("/status/conditions")?.as_array()?.iter().find(|c| c["type"] == type_)?.get("status")?.as_str()
+}
+
+/// Spare CPU and memory of a cluster's real (not virtual) nodes: allocatable less the
+/// requests of the pods bound to them.
+async fn capacity(client: &kube::Client) -> Result<(String, String), kube::Error> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let (mut cpu_m, mut mem) = (0i64, 0i64);
+    let mut real = HashSet::new();
+    for n in nodes.list(&ListParams::default()).await?.items {
+        if n.metadata.labels.as_ref().is_some_and(|l| l.get(TYPE_LABEL).map(String::as_str) == Some(TYPE_VIRTUAL_NODE)) {
+            continue;
+        }
+        real.insert(n.metadata.name.clone().unwrap_or_default());
+        let alloc = n.status.and_then(|s| s.allocatable).unwrap_or_default();
+        cpu_m += alloc.get("cpu").map_or(0, |q| millicores(&q.0).unwrap_or(0));
+        mem += alloc.get("memory").map_or(0, |q| units(&q.0).unwrap_or(0));
+    }
+    let pods: Api<Pod> = Api::all(client.clone());
+    for p in pods.list(&ListParams::default().fields("status.phase!=Succeeded,status.phase!=Failed")).await?.items {
+        let Some(spec) = p.spec else { continue };
+        if !spec.node_name.as_ref().is_some_and(|n| real.contains(n)) {
+            continue;
+        }
+        for c in &spec.containers {
+            let req = c.resources.as_ref().and_then(|r| r.requests.as_ref());
+            cpu_m -= req.and_then(|r| r.get("cpu")).map_or(0, |q| millicores(&q.0).unwrap_or(0));
+            mem -= req.and_then(|r| r.get("memory")).map_or(0, |q| units(&q.0).unwrap_or(0));
+        }
+    }
+    Ok((format!("{}m", cpu_m.max(0)), format!("{}Mi", mem.max(0) / (1024 * 1024))))
+}
+
+/// The consumer's side: the local slice controller and the replicator.
+pub(super) async fn local_slices(m: &Member, clients: &BTreeMap<String, kube::Client>) -> Result<(), kube::Error> {
+    let all = slices(&m.client, None).list(&ListParams::default()).await?.items;
+    let private = private_key(&m.client).await?;
+    let authenticated = authenticated_toward(m).await?;
+    let mut origins = HashSet::new();
+    for s in all.iter().filter(|s| label(s, ORIGIN_LABEL).is_none() && s.metadata.deletion_timestamp.is_none()) {
+        let (name, ns) = (name_of(s), ns_of(s));
+        origins.insert((ns.clone(), name.clone()));
+        let api = slices(&m.client, Some(&ns));
+        let mut spec = serde_json::Map::new();
+        if s.data.pointer("/spec/consumerClusterID").is_none() {
+            spec.insert("consumerClusterID".into(), json!(m.name));
+        }
+        if s.data.pointer("/spec/providerClusterID").is_none()
+            && let Some(p) = label(s, REMOTE_ID_LABEL)
+        {
+            spec.insert("providerClusterID".into(), json!(p));
+        }
+        if s.data.pointer("/spec/csr").and_then(Value::as_str).is_none_or(str::is_empty)
+            && let Some(private) = &private
+            && let Ok(csr) = keys::csr(private, &keys::resource_slice_common_name(&name, &m.name), &m.name)
+        {
+            spec.insert("csr".into(), json!(base64::Engine::encode(&base64::engine::general_purpose::STANDARD, csr)));
+        }
+        if !spec.is_empty() {
+            api.patch(&name, &PatchParams::apply(MANAGER), &Patch::Merge(&json!({"spec": spec}))).await?;
+            continue;
+        }
+        // Replication toward the provider, through the control-plane Identity.
+        let (Some("true"), Some(provider)) = (label(s, REPLICATION_LABEL).as_deref(), label(s, REPLICATION_DESTINATION_LABEL)) else { continue };
+        let (Some(pc), true) = (clients.get(&provider), authenticated.contains_key(&provider)) else { continue };
+        let there = slices(pc, Some(&tenant_namespace(&m.name)));
+        let mut labels = s.metadata.labels.clone().unwrap_or_default();
+        labels.insert(ORIGIN_LABEL.into(), m.name.clone());
+        labels.insert("liqo.io/replicated".into(), "true".into());
+        labels.insert(REMOTE_ID_LABEL.into(), m.name.clone());
+        let copy = json!({"apiVersion": "authentication.liqo.io/v1beta1", "kind": "ResourceSlice",
+            "metadata": {"name": name, "namespace": tenant_namespace(&m.name), "labels": labels}, "spec": s.data.get("spec").cloned().unwrap_or(json!({}))});
+        match there.get_opt(&name).await {
+            Ok(Some(remote)) => {
+                if remote.data.get("spec") != s.data.get("spec") {
+                    apply(&there, &copy).await?;
+                }
+                if let Some(st) = remote.data.get("status")
+                    && s.data.get("status") != Some(st)
+                {
+                    set_status(&api, &name, st.clone()).await?;
+                }
+            }
+            Ok(None) => {
+                if let Err(e) = apply(&there, &copy).await {
+                    // The provider's tenant namespace may not be there yet: retried.
+                    tracing::debug!(error = %e, "emulated Liqo: replicating a ResourceSlice");
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "emulated Liqo: reading a replicated ResourceSlice"),
+        }
+    }
+    // Copies on providers whose origin here is gone.
+    for (provider, pc) in clients {
+        if provider == &m.name {
+            continue;
+        }
+        let there = slices(pc, Some(&tenant_namespace(&m.name)));
+        let Ok(list) = there.list(&ListParams::default().labels(&format!("{ORIGIN_LABEL}={}", m.name))).await else { continue };
+        for c in list.items {
+            let still = origins.iter().any(|(_, n)| n == &name_of(&c));
+            if !still {
+                let _ = there.delete(&name_of(&c), &DeleteParams::default()).await;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn cond(type_: &str, status: &str, reason: &str, message: &str) -> Value {
+    json!({"type": type_, "status": status, "reason": reason, "message": message, "lastTransitionTime": now()})
+}
+
+/// The provider's side: the remote slice controller.
+pub(super) async fn remote_slices(m: &Member) -> Result<(), kube::Error> {
+    let all = slices(&m.client, None).list(&ListParams::default()).await?.items;
+    for s in all.iter().filter(|s| label(s, ORIGIN_LABEL).is_some() && s.metadata.deletion_timestamp.is_none()) {
+        let (name, ns) = (name_of(s), ns_of(s));
+        let Some(consumer) = s.data.pointer("/spec/consumerClusterID").and_then(Value::as_str).map(str::to_owned) else {
+            event(&m.client, s, "Warning", "RemoteCertificateFailed", "ConsumerClusterID not set").await?;
+            continue;
+        };
+        if ns != tenant_namespace(&consumer) {
+            continue;
+        }
+        let tenants: Api<DynamicObject> = Api::namespaced_with(m.client.clone(), &ns, &auth("Tenant", "tenants"));
+        let tenant = tenants.list(&ListParams::default()).await?.items.into_iter().find(|t| t.data.pointer("/spec/clusterID").and_then(Value::as_str) == Some(&consumer));
+        let Some(tenant) = tenant else {
+            event(&m.client, s, "Warning", "TenantNotFound", &format!("no Tenant for cluster {consumer} in {ns}")).await?;
+            continue;
+        };
+        let check_key = tenant.data.pointer("/spec/authzPolicy").and_then(Value::as_str) != Some("TolerateNoHandshake");
+        let b64 = |o: &DynamicObject, p: &str| {
+            o.data.pointer(p).and_then(Value::as_str).and_then(|v| base64::Engine::decode(&base64::engine::general_purpose::STANDARD, v).ok())
+        };
+        let public = b64(&tenant, "/spec/publicKey");
+        let der = if check_key { public.as_deref().and_then(|p| keys::public_key_der(p).ok()) } else { None };
+        let csr = b64(s, "/spec/csr").unwrap_or_default();
+        let checked = if check_key && der.is_none() {
+            Err("failed to parse tenant public key".to_owned())
+        } else {
+            keys::check_csr(&csr, &keys::resource_slice_common_name(&name, &consumer), &consumer, der.as_deref()).map_err(|e| e.to_string())
+        };
+        let mut status = s.data.get("status").cloned().unwrap_or(json!({}));
+        let auth_cond = match checked {
+            Err(why) => {
+                event(&m.client, s, "Warning", "InvalidCSR", &why).await?;
+                cond("Authentication", "Denied", "InvalidCSR", &why)
+            }
+            Ok(()) => {
+                if status.pointer("/authParams/signedCRT").is_none() {
+                    let Some(cert) = issue(m, &csr).await? else { continue };
+                    let e = |b: &[u8]| base64::Engine::encode(&base64::engine::general_purpose::STANDARD, b);
+                    status["authParams"] = json!({"signedCRT": e(&cert), "ca": e(&m.ca_pem), "apiServer": m.server});
+                }
+                cond("Authentication", "Accepted", "AuthenticationAccepted", "")
+            }
+        };
+        let res_cond = match tenant.data.pointer("/spec/tenantCondition").and_then(Value::as_str).unwrap_or("Active") {
+            "Active" => {
+                let (cpu, memory) = capacity(&m.client).await?;
+                let mut res = json!({"cpu": cpu, "memory": memory, "pods": "110"});
+                if let Some(asked) = s.data.pointer("/spec/resources").and_then(Value::as_object) {
+                    for (k, v) in asked {
+                        res[k] = v.clone();
+                    }
+                }
+                if status.get("resources").is_none() {
+                    status["resources"] = res;
+                }
+                cond("Resources", "Accepted", "ResourcesAccepted", "")
+            }
+            _ => cond("Resources", "Denied", "ResourcesDenied", "the tenant is cordoned or drained"),
+        };
+        let same = |c: &Value| condition(s, c["type"].as_str().unwrap_or_default()) == c["status"].as_str();
+        if !same(&auth_cond) || !same(&res_cond) || s.data.get("status") != Some(&status) {
+            status["conditions"] = json!([auth_cond, res_cond]);
+            set_status(&slices(&m.client, Some(&ns)), &name, status).await?;
+        }
+    }
+    Ok(())
+}
+
+fn virtual_node_taints() -> Value {
+    json!([{"key": NOT_ALLOWED_TAINT, "value": "true", "effect": "NoExecute"}])
+}
+
+/// The VirtualNode creator and the virtual kubelet's Node.
+pub(super) async fn virtual_nodes(m: &Member) -> Result<(), kube::Error> {
+    let all = slices(&m.client, None).list(&ListParams::default()).await?.items;
+    let authenticated = authenticated_toward(m).await?;
+    let vn_res = ar("offloading.liqo.io", "v1beta1", "VirtualNode", "virtualnodes");
+    for s in all.iter().filter(|s| label(s, ORIGIN_LABEL).is_none() && s.metadata.deletion_timestamp.is_none()) {
+        let wanted = s.metadata.annotations.as_ref().and_then(|a| a.get(CREATE_VIRTUAL_NODE_ANNOTATION)).is_some_and(|v| !v.is_empty() && !v.eq_ignore_ascii_case("false"));
+        let accepted = condition(s, "Authentication") == Some("Accepted") && condition(s, "Resources") == Some("Accepted");
+        let Some(provider) = label(s, REMOTE_ID_LABEL) else { continue };
+        if !wanted || !accepted || !authenticated.contains_key(&provider) {
+            continue;
+        }
+        let (name, ns) = (name_of(s), ns_of(s));
+        let vns: Api<DynamicObject> = Api::namespaced_with(m.client.clone(), &ns, &vn_res);
+        if vns.get_opt(&name).await?.is_none() {
+            let quota = s.data.pointer("/status/resources").cloned().unwrap_or(json!({}));
+            let vn = json!({"apiVersion": "offloading.liqo.io/v1beta1", "kind": "VirtualNode", "metadata": {"name": name, "namespace": ns,
+                "labels": {REMOTE_ID_LABEL: provider, "liqo.io/resourceslice-name": name},
+                "ownerReferences": [{"apiVersion": "authentication.liqo.io/v1beta1", "kind": "ResourceSlice", "name": name, "uid": s.metadata.uid.clone().unwrap_or_default(), "controller": true}]},
+                "spec": {"clusterID": provider, "createNode": true, "resourceQuota": {"hard": quota}}});
+            apply(&vns, &vn).await?;
+        }
+    }
+    // The virtual kubelets: a Node per VirtualNode asking for one; Nodes without one go.
+    let nodes: Api<Node> = Api::all(m.client.clone());
+    let all_vns: Api<DynamicObject> = Api::all_with(m.client.clone(), &vn_res);
+    let mut wanted = HashSet::new();
+    for vn in all_vns.list(&ListParams::default()).await?.items {
+        if vn.metadata.deletion_timestamp.is_some() || vn.data.pointer("/spec/createNode") == Some(&json!(false)) {
+            continue;
+        }
+        let name = name_of(&vn);
+        let provider = vn.data.pointer("/spec/clusterID").and_then(Value::as_str).unwrap_or_default().to_owned();
+        wanted.insert(name.clone());
+        let existing = nodes.get_opt(&name).await?;
+        if existing.is_none() {
+            let node: Node = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name,
+                "labels": {REMOTE_ID_LABEL: provider, TYPE_LABEL: TYPE_VIRTUAL_NODE, "kubernetes.io/hostname": name}},
+                "spec": {"taints": virtual_node_taints()}}))
+            .expect("valid node");
+            match nodes.create(&PostParams::default(), &node).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        // Admission adds the not-ready taint at creation: its own taints only, before it
+        // reports Ready (so a Ready virtual node has its final taints).
+        let taints = existing.as_ref().and_then(|n| n.spec.as_ref()).and_then(|s| serde_json::to_value(&s.taints).ok());
+        if taints.as_ref() != Some(&virtual_node_taints()) {
+            nodes.patch(&name, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"taints": virtual_node_taints()}}))).await?;
+        }
+        let ready = existing.as_ref().and_then(|n| n.status.as_ref()?.conditions.as_ref()).is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        if !ready {
+            let hard = vn.data.pointer("/spec/resourceQuota/hard").cloned().unwrap_or(json!({}));
+            let status = json!({"status": {"capacity": hard, "allocatable": hard,
+                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "emulated Liqo virtual kubelet", "lastHeartbeatTime": now(), "lastTransitionTime": now()}]}});
+            nodes.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await?;
+        }
+    }
+    for n in nodes.list(&ListParams::default().labels(&format!("{TYPE_LABEL}={TYPE_VIRTUAL_NODE}"))).await?.items {
+        let name = n.metadata.name.clone().unwrap_or_default();
+        if !wanted.contains(&name) {
+            nodes.delete(&name, &DeleteParams::default()).await?;
+        }
+    }
+    Ok(())
+}

@@ -1,51 +1,61 @@
 //! Emulated Liqo namespace offloading on the fleet's members, so the offload worker meets
-//! NamespaceOffloadings that progress and pods that really run on the provider:
+//! NamespaceOffloadings that progress and pods that really run on the provider. This is the
+//! controllers' part; Liqo's admission webhooks (the NamespaceOffloading's immutable
+//! fields, pods mutated at creation) are the test bed's [`crate::webhooks_liqo_offloading`]:
 //!
-//! - **Namespace offloading**: a NamespaceOffloading named `offloading` gets Liqo's
-//!   finalizer; the consumer's virtual nodes matching its `clusterSelector` select the
-//!   providers; each gets a twin namespace (named by the mapping strategy) labelled with
-//!   the consumer and the origin namespace; twins no longer selected are deleted; the
-//!   status reports the phase and, per provider, `OffloadingRequired` and `Ready`
-//!   (`SomeFailed`/`AllFailed` only for lasting failures: the [`OffloadingKnobs::fails`]
-//!   knob, a foreign namespace of that name, a refusal; `InProgress` while an old twin of
-//!   that name still terminates or after a transient error). On deletion: `Terminating`,
-//!   twins deleted, the consumer's pods on virtual nodes deleted, the finalizer removed
-//!   once no twin is left.
-//! - **Scheduling**: Pending, unbound pods of a `Ready` namespace (strategy
-//!   `LocalAndRemote` or `Remote`) get tolerations for the virtual nodes' taints of the
-//!   Ready providers; the real kube-scheduler then places them.
-//! - **Virtual kubelet**: a pod bound to `liqo-<provider>` is reflected into the twin
-//!   namespace on the provider (its scheduler and emulated kubelet run it); the remote
-//!   status is mirrored onto the local pod; deletions propagate both ways.
+//! - **Namespace offloading** (liqotech/liqo `pkg/liqo-controller-manager/offloading/
+//!   namespaceoffloading-controller/`): a NamespaceOffloading named `offloading` gets
+//!   Liqo's finalizer (`lifecycle.go`); the consumer's virtual nodes matching its
+//!   `clusterSelector` select the providers (`clusterselector.go`); each gets a twin
+//!   namespace (named by the mapping strategy, `status.go`) labelled with the consumer and
+//!   the origin namespace; twins no longer selected are deleted; while the strategy is
+//!   `LocalAndRemote` or `Remote` the namespace is labelled `liqo.io/scheduling-enabled=true`,
+//!   otherwise not (`labels.go`; set after the selection, before the status, as
+//!   `Reconcile` does); the status reports the phase and, per provider,
+//!   `OffloadingRequired` and `Ready` (`SomeFailed`/`AllFailed` only for lasting
+//!   failures: the [`OffloadingKnobs::fails`] knob, a foreign namespace of that name, a
+//!   refusal; `InProgress` while an old twin of that name still terminates or after a
+//!   transient error). On deletion (`deletionLogic`): the scheduling label goes first,
+//!   then `Terminating`, twins deleted, the consumer's pods on virtual nodes deleted, the
+//!   finalizer removed once no twin is left.
+//! - **Scheduling**: not here. Liqo's pod webhook gives a pod *created* in a labelled
+//!   namespace the virtual nodes' toleration and a node affinity from the cluster selector
+//!   (`Remote` keeps it off local nodes); the real kube-scheduler then places it. A pod
+//!   created before the label keeps neither and stays where the scheduler left it.
+//! - **Virtual kubelet**: a pod bound to a virtual node (known by its labels
+//!   `liqo.io/type=virtual-node` and `liqo.io/remote-cluster-id`, never by its name) is
+//!   reflected into the twin namespace on the provider (its scheduler and emulated kubelet
+//!   run it); the remote status is mirrored onto the local pod; deletions propagate both
+//!   ways. While a selected provider's twin is not there (being made, or failing), the pod
+//!   waits, bound and Pending; a pod on a provider no longer selected, or in a namespace
+//!   no longer offloaded, is deleted (its controller re-creates it).
 //!
-//! Not emulated: real Liqo injects, at pod creation through its mutating webhook, a
-//! toleration and a node affinity to the selected virtual nodes. Here tolerations are
-//! added to Pending pods afterwards, and per-provider taints on the virtual nodes
-//! ([`PROVIDER_TAINT`]) stand in for the affinity; `Remote` therefore does not keep
-//! pods off local nodes (it offloads exactly like `LocalAndRemote`). Reflected pods keep
-//! only their containers' name, image and resources (no volumes, env, probes, owners:
-//! an offloaded Job's pod never completes); no Services, ConfigMaps or Secrets are
-//! reflected; `DefaultName` is `<namespace>-<consumer>` rather than Liqo's hashed id.
+//! Not emulated: NamespaceMaps (twins are made directly); reflected pods keep only their
+//! containers' name, image and resources (no volumes, env, probes, owners: an offloaded
+//! Job's pod never completes); no Services, ConfigMaps or Secrets are reflected;
+//! `DefaultName` is `<namespace>-<consumer>` rather than Liqo's hashed id.
 //!
 //! Every member runs one loop every 250 ms over watch-fed caches of its
-//! NamespaceOffloadings, virtual nodes, pods and twin namespaces; writes happen only on
-//! change; a failed write is logged at debug and retried on the next tick.
+//! NamespaceOffloadings, virtual nodes, pods, namespaces labelled for scheduling and twin
+//! namespaces; writes happen only on change; a failed write is logged at debug and
+//! retried on the next tick.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::core::v1::{Container, Namespace, Node, Pod, Toleration};
+use k8s_openapi::api::core::v1::{Container, Namespace, Node, Pod};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
 use kube::core::GroupVersionKind;
-use kube::runtime::reflector::{self, Store, store::Writer};
+use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
 use crate::emulate::now;
-pub use crate::emulated_liqo::{NOT_ALLOWED_TAINT, PROVIDER_TAINT, REMOTE_ID_LABEL, VIRTUAL_NODE_SELECTOR};
+pub use crate::emulated_liqo::{NOT_ALLOWED_TAINT, REMOTE_ID_LABEL, VIRTUAL_NODE_SELECTOR};
+pub use crate::webhooks_liqo_offloading::SCHEDULING_LABEL;
 use crate::{Fleet, FleetError};
 
 /// The only NamespaceOffloading name Liqo acts on.
@@ -124,7 +134,7 @@ impl OffloadingPhase {
 pub enum PodOffloadingStrategy {
     /// Pods may run locally or on the providers.
     LocalAndRemote,
-    /// Pods run on the providers (emulated as `LocalAndRemote`: see the module doc).
+    /// Pods run on the providers only (the pod webhook's affinity requires a virtual node).
     Remote,
     /// No pod is offloaded.
     Local,
@@ -175,12 +185,14 @@ struct Member {
     pods: Store<Pod>,
     /// Namespaces labelled [`ORIGIN_NAMESPACE_LABEL`]: twins on this cluster as a provider.
     twins: Store<Namespace>,
+    /// Namespaces labelled [`SCHEDULING_LABEL`] (with any value) on this cluster as a consumer.
+    scheduling: Store<Namespace>,
 }
 
 impl Member {
     /// Its own caches have listed everything once (a consumer's view).
     fn synced_as_consumer(&self) -> bool {
-        synced(&self.offloadings) && synced(&self.virtual_nodes) && self.synced_as_provider()
+        synced(&self.offloadings) && synced(&self.virtual_nodes) && synced(&self.scheduling) && self.synced_as_provider()
     }
 
     /// The caches others read (a provider's view).
@@ -214,6 +226,7 @@ impl EmulatedOffloading {
                 virtual_nodes: mirror(tasks, &c.name, Api::all(client.clone()), (), watcher::Config::default().labels(VIRTUAL_NODE_SELECTOR)),
                 pods: mirror(tasks, &c.name, Api::all(client.clone()), (), watcher::Config::default()),
                 twins: mirror(tasks, &c.name, Api::all(client.clone()), (), watcher::Config::default().labels(ORIGIN_NAMESPACE_LABEL)),
+                scheduling: mirror(tasks, &c.name, Api::all(client.clone()), (), watcher::Config::default().labels(SCHEDULING_LABEL)),
                 client,
             });
         }
@@ -223,12 +236,11 @@ impl EmulatedOffloading {
             tasks.push(tokio::spawn(async move {
                 let mut every = tokio::time::interval(TICK);
                 every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                // Local pods whose reflection was seen: its disappearance then deletes them.
-                let mut reflected = HashSet::new();
+                let mut memory = Memory::default();
                 loop {
                     every.tick().await;
                     // Knobs are read live, when each twin is decided.
-                    tick(&members, me, &knobs, &mut reflected).await;
+                    tick(&members, me, &knobs, &mut memory).await;
                 }
             }));
         }
@@ -329,13 +341,23 @@ pub fn remote_namespace(spec: &Value, namespace: &str, consumer: &str) -> Result
 /// What one tick learnt about a namespace's offloading, for the pod loops.
 struct Offload {
     terminating: bool,
-    phase: OffloadingPhase,
-    pods: PodOffloadingStrategy,
+    /// The providers its cluster selector selects.
+    selected: BTreeSet<String>,
     /// Provider → twin namespace, for the providers whose twin exists.
     ready: BTreeMap<String, String>,
 }
 
-async fn tick(members: &[Member], me: usize, knobs: &Mutex<HashMap<String, OffloadingKnobs>>, reflected: &mut HashSet<String>) {
+/// What a consumer's loop remembers between ticks.
+#[derive(Default)]
+struct Memory {
+    /// Local pods whose reflection was seen: its disappearance then deletes them.
+    reflected: HashSet<String>,
+    /// Every virtual node seen (by its labels) → its provider, so pods still bound to one
+    /// that is gone (an unpeer) are known as offloaded.
+    virtual_nodes: HashMap<String, String>,
+}
+
+async fn tick(members: &[Member], me: usize, knobs: &Mutex<HashMap<String, OffloadingKnobs>>, memory: &mut Memory) {
     let consumer = &members[me];
     if !consumer.synced_as_consumer() || !members.iter().all(Member::synced_as_provider) {
         tracing::debug!(cluster = %consumer.name, "emulated offloading: caches not synced yet");
@@ -367,7 +389,27 @@ async fn tick(members: &[Member], me: usize, knobs: &Mutex<HashMap<String, Offlo
             logged(&p.name, || format!("deleting twin namespace {name}"), api.delete(&name, &DeleteParams::default()).await);
         }
     }
-    pods(consumer, members, &virtual_nodes, &offloads, reflected).await;
+    for n in &virtual_nodes {
+        if let (Some(name), Some(provider)) = (n.metadata.name.clone(), label(&n.metadata, REMOTE_ID_LABEL)) {
+            memory.virtual_nodes.insert(name, provider.to_owned());
+        }
+    }
+    pods(consumer, members, &offloads, memory).await;
+}
+
+/// Liqo's scheduling label on `ns`, present or not as `wanted` (`labels.go`:
+/// `enforceSchedulingLabelPresence` / `enforceSchedulingLabelAbsence`; a value other than
+/// `true` counts as absent, and is left alone when absence is wanted).
+async fn scheduling_label(consumer: &Member, ns: &str, wanted: bool) {
+    let has = consumer.scheduling.get(&ObjectRef::new(ns)).is_some_and(|n| label(&n.metadata, SCHEDULING_LABEL) == Some("true"));
+    if has == wanted {
+        return;
+    }
+    let value = if wanted { json!("true") } else { Value::Null };
+    let patch = json!({"metadata": {"labels": {SCHEDULING_LABEL: value}}});
+    let api: Api<Namespace> = Api::all(consumer.client.clone());
+    let what = if wanted { "adding" } else { "removing" };
+    logged(&consumer.name, || format!("{what} the scheduling label of namespace {ns}"), api.patch(ns, &PatchParams::default(), &Patch::Merge(&patch)).await);
 }
 
 /// One NamespaceOffloading: finalizer, twins, status; or, when deleted, its cleanup.
@@ -389,6 +431,8 @@ async fn offloading(
     let old = nso.data.get("status").cloned().unwrap_or(Value::Null);
 
     if nso.metadata.deletion_timestamp.is_some() {
+        // deletionLogic: the label first, so no pod created from now on is offloaded.
+        scheduling_label(consumer, ns, false).await;
         let phase = OffloadingPhase::Terminating;
         if old["offloadingPhase"] != phase.as_str() {
             let patch = json!({"status": {"offloadingPhase": phase.as_str()}});
@@ -401,7 +445,7 @@ async fn offloading(
             let patch = json!({"metadata": {"finalizers": rest, "resourceVersion": rv}});
             logged(&consumer.name, || what("removing the finalizer of"), api.patch(OFFLOADING_NAME, &PatchParams::default(), &Patch::Merge(&patch)).await);
         }
-        return Offload { terminating: true, phase, pods, ready: BTreeMap::new() };
+        return Offload { terminating: true, selected: BTreeSet::new(), ready: BTreeMap::new() };
     }
 
     if !finalizers.iter().any(|f| f == FINALIZER) {
@@ -442,6 +486,8 @@ async fn offloading(
             Err(NotReady::Pending(_)) => {}
         }
     }
+    // Reconcile: after the cluster selection, before the status.
+    scheduling_label(consumer, ns, matches!(pods, PodOffloadingStrategy::LocalAndRemote | PodOffloadingStrategy::Remote)).await;
     let phase = OffloadingPhase::of(selected.len(), ready.len(), failed);
     // Providers no longer selected leave the map (null removes a key in a merge patch).
     if let Some(before) = old["remoteNamespacesConditions"].as_object() {
@@ -469,7 +515,7 @@ async fn offloading(
             api.patch_status(OFFLOADING_NAME, &PatchParams::default(), &Patch::Merge(&json!({"status": status}))).await,
         );
     }
-    Offload { terminating: false, phase, pods, ready }
+    Offload { terminating: false, selected, ready }
 }
 
 /// A condition, keeping its transition time when its status did not change.
@@ -536,20 +582,10 @@ async fn twin(
     }
 }
 
-fn toleration(key: &str, value: &str, effect: &str) -> Toleration {
-    Toleration { key: Some(key.into()), operator: Some("Equal".into()), value: Some(value.into()), effect: Some(effect.into()), toleration_seconds: None }
-}
-
-fn same_toleration(a: &Toleration, b: &Toleration) -> bool {
-    let op = |t: &Toleration| t.operator.clone().unwrap_or_else(|| "Equal".into());
-    a.key == b.key && op(a) == op(b) && a.value == b.value && a.effect == b.effect && a.toleration_seconds == b.toleration_seconds
-}
-
-/// The pods of the consumer: tolerations for Pending ones, the virtual kubelet for those
-/// bound to virtual nodes, and removal of reflections nobody reflects any more.
-async fn pods(consumer: &Member, members: &[Member], virtual_nodes: &[Arc<Node>], offloads: &BTreeMap<String, Offload>, reflected: &mut HashSet<String>) {
-    let provider_of_node: HashMap<String, String> =
-        virtual_nodes.iter().filter_map(|n| Some((n.metadata.name.clone()?, label(&n.metadata, REMOTE_ID_LABEL)?.to_owned()))).collect();
+/// The pods of the consumer: the virtual kubelet for those bound to virtual nodes, and
+/// removal of reflections nobody reflects any more.
+async fn pods(consumer: &Member, members: &[Member], offloads: &BTreeMap<String, Offload>, memory: &mut Memory) {
+    let Memory { reflected, virtual_nodes: provider_of_node } = memory;
     let providers: HashMap<&str, &Member> = members.iter().filter(|m| m.name != consumer.name).map(|m| (m.name.as_str(), m)).collect();
     // Reflections of this consumer's pods, by (provider, origin namespace, name).
     let mut reflections: HashMap<(String, String, String), Vec<Arc<Pod>>> = HashMap::new();
@@ -566,14 +602,10 @@ async fn pods(consumer: &Member, members: &[Member], virtual_nodes: &[Arc<Node>]
     for pod in &locals {
         let (Some(ns), Some(name), Some(uid)) = (pod.metadata.namespace.clone(), pod.metadata.name.clone(), pod.metadata.uid.clone()) else { continue };
         let api: Api<Pod> = Api::namespaced(consumer.client.clone(), &ns);
-        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-        let Some(node) = node else {
-            tolerate(consumer, &api, pod, offloads.get(&ns)).await;
-            continue;
-        };
+        // Not scheduled yet: the scheduler's (and, at its creation, Liqo's webhook's).
+        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else { continue };
         // A virtual node, or one that was (its pods stay bound to it after an unpeer).
-        let provider = provider_of_node.get(&node).cloned().or_else(|| node.strip_prefix("liqo-").filter(|p| providers.contains_key(p)).map(str::to_owned));
-        let Some(provider) = provider else { continue };
+        let Some(provider) = provider_of_node.get(&node).cloned() else { continue };
         let Some(p) = providers.get(provider.as_str()) else { continue };
         let mine = reflections.get(&(provider.clone(), ns.clone(), name.clone())).map(Vec::as_slice).unwrap_or_default();
         let by_uid = |grace: Option<u32>| DeleteParams {
@@ -590,9 +622,13 @@ async fn pods(consumer: &Member, members: &[Member], virtual_nodes: &[Arc<Node>]
         }
         let offload = offloads.get(&ns);
         let Some(rns) = offload.filter(|o| !o.terminating).and_then(|o| o.ready.get(&provider)) else {
-            // No twin to run in: the pod goes, its controller recreates it locally. Pods
-            // that got there on their own in a namespace never offloaded are left alone.
-            if offload.is_some() || tolerates_provider(pod, &provider) {
+            // Selected, its twin not there (yet): the virtual kubelet waits for it.
+            if offload.is_some_and(|o| !o.terminating && o.selected.contains(&provider)) {
+                continue;
+            }
+            // No twin to run in: the pod goes, its controller recreates it. Pods that got
+            // there on their own in a namespace never offloaded are left alone.
+            if offload.is_some() || tolerates_virtual_nodes(pod) {
                 logged(&consumer.name, || format!("deleting pod {ns}/{name} from {node}"), api.delete(&name, &by_uid(None)).await);
             }
             continue;
@@ -630,28 +666,10 @@ async fn pods(consumer: &Member, members: &[Member], virtual_nodes: &[Arc<Node>]
     }
 }
 
-fn tolerates_provider(pod: &Pod, provider: &str) -> bool {
-    pod.spec.iter().flat_map(|s| s.tolerations.iter().flatten()).any(|t| t.key.as_deref() == Some(PROVIDER_TAINT) && t.value.as_deref() == Some(provider))
-}
-
-/// The webhook's part, late: tolerations of the Ready providers' virtual nodes.
-async fn tolerate(consumer: &Member, api: &Api<Pod>, pod: &Pod, offload: Option<&Offload>) {
-    let pending = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending");
-    let Some(o) = offload.filter(|o| !o.terminating && o.phase == OffloadingPhase::Ready && o.pods != PodOffloadingStrategy::Local) else { return };
-    if !pending || pod.metadata.deletion_timestamp.is_some() {
-        return;
-    }
-    let have = pod.spec.as_ref().and_then(|s| s.tolerations.clone()).unwrap_or_default();
-    let want = std::iter::once(toleration(NOT_ALLOWED_TAINT, "true", "NoExecute")).chain(o.ready.keys().map(|p| toleration(PROVIDER_TAINT, p, "NoSchedule")));
-    let missing: Vec<Toleration> = want.filter(|w| !have.iter().any(|h| same_toleration(h, w))).collect();
-    if missing.is_empty() {
-        return;
-    }
-    let all: Vec<Toleration> = have.into_iter().chain(missing).collect();
-    // The resourceVersion makes it a compare-and-swap: a stale cache gets a conflict.
-    let patch = json!({"metadata": {"resourceVersion": pod.metadata.resource_version}, "spec": {"tolerations": all}});
-    let name = pod.metadata.name.clone().unwrap_or_default();
-    logged(&consumer.name, || format!("adding tolerations to pod {name}"), api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await);
+/// Whether `pod` tolerates the virtual nodes' taint: Liqo's pod webhook gave it that
+/// toleration (or its author did).
+fn tolerates_virtual_nodes(pod: &Pod) -> bool {
+    pod.spec.iter().flat_map(|s| s.tolerations.iter().flatten()).any(|t| t.key.as_deref() == Some(NOT_ALLOWED_TAINT))
 }
 
 /// Creates the reflection of `pod` in `rns` on `provider`.
@@ -710,18 +728,18 @@ mod tests {
     fn cluster_selector_ors_terms_and_ands_expressions() {
         let m2 = labels(&[(REMOTE_ID_LABEL, "member-2"), ("zone", "a")]);
         let m3 = labels(&[(REMOTE_ID_LABEL, "member-3")]);
-        assert!(cluster_selector_matches(None, "liqo-member-2", &m2), "no selector: all");
-        assert!(cluster_selector_matches(Some(&json!({"nodeSelectorTerms": []})), "liqo-member-2", &m2), "no terms: all");
-        assert!(!cluster_selector_matches(Some(&json!({"nodeSelectorTerms": [{}]})), "liqo-member-2", &m2), "an empty term: none");
+        assert!(cluster_selector_matches(None, "member-2", &m2), "no selector: all");
+        assert!(cluster_selector_matches(Some(&json!({"nodeSelectorTerms": []})), "member-2", &m2), "no terms: all");
+        assert!(!cluster_selector_matches(Some(&json!({"nodeSelectorTerms": [{}]})), "member-2", &m2), "an empty term: none");
         let only2 = json!({"nodeSelectorTerms": [{"matchExpressions": [{"key": REMOTE_ID_LABEL, "operator": "In", "values": ["member-2"]}]}]});
-        assert!(cluster_selector_matches(Some(&only2), "liqo-member-2", &m2));
-        assert!(!cluster_selector_matches(Some(&only2), "liqo-member-3", &m3));
+        assert!(cluster_selector_matches(Some(&only2), "member-2", &m2));
+        assert!(!cluster_selector_matches(Some(&only2), "member-3", &m3));
         let and = json!({"nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "Exists"}, {"key": REMOTE_ID_LABEL, "operator": "NotIn", "values": ["member-2"]}]}]});
-        assert!(!cluster_selector_matches(Some(&and), "liqo-member-2", &m2));
-        assert!(!cluster_selector_matches(Some(&and), "liqo-member-3", &m3));
-        let or = json!({"nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "DoesNotExist"}]}, {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["liqo-member-2"]}]}]});
-        assert!(cluster_selector_matches(Some(&or), "liqo-member-2", &m2));
-        assert!(cluster_selector_matches(Some(&or), "liqo-member-3", &m3));
+        assert!(!cluster_selector_matches(Some(&and), "member-2", &m2));
+        assert!(!cluster_selector_matches(Some(&and), "member-3", &m3));
+        let or = json!({"nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "DoesNotExist"}]}, {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["member-2"]}]}]});
+        assert!(cluster_selector_matches(Some(&or), "member-2", &m2));
+        assert!(cluster_selector_matches(Some(&or), "member-3", &m3));
     }
 
     #[test]
@@ -749,11 +767,10 @@ mod tests {
     }
 
     #[test]
-    fn tolerations_compare_with_the_default_operator() {
-        let mut a = toleration(PROVIDER_TAINT, "member-2", "NoSchedule");
-        let b = a.clone();
-        a.operator = None;
-        assert!(same_toleration(&a, &b));
-        assert!(!same_toleration(&a, &toleration(PROVIDER_TAINT, "member-3", "NoSchedule")));
+    fn pod_strategies_parse_as_the_crd_spells_them() {
+        assert_eq!(PodOffloadingStrategy::parse(None), PodOffloadingStrategy::LocalAndRemote);
+        assert_eq!(PodOffloadingStrategy::parse(Some("Remote")), PodOffloadingStrategy::Remote);
+        assert_eq!(PodOffloadingStrategy::parse(Some("Local")), PodOffloadingStrategy::Local);
+        assert_eq!(PodOffloadingStrategy::parse(Some("Elsewhere")), PodOffloadingStrategy::Local);
     }
 }

@@ -1,18 +1,25 @@
-//! Emulated Liqo namespace offloading on real API servers: a consumer (member-1) peered
-//! with two providers (member-2, member-3) through the objects the emulated Liqo reacts
-//! to; a NamespaceOffloading selecting one provider; a Deployment larger than the
-//! consumer whose overflow runs on the provider through the emulated virtual kubelet;
-//! deletion taking everything back; a provider whose twin namespaces cannot be created.
+//! Emulated Liqo namespace offloading on real API servers, with Liqo's offloading
+//! webhooks: a consumer (member-1) peered with two providers (member-2, member-3) by the
+//! peer worker; a NamespaceOffloading selecting one provider, whose namespace Liqo labels
+//! for scheduling; a Deployment larger than the consumer, created afterwards, whose pods
+//! Liqo's pod webhook mutates so that the real scheduler sends the overflow to that
+//! provider's virtual node only, where the emulated virtual kubelet runs it; deletion
+//! taking everything back (the label first); a provider whose twin namespaces cannot be
+//! created.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_fleet::emulated_liqo::{EmulatedLiqo, NOT_ALLOWED_TAINT, PROVIDER_TAINT, tenant_namespace};
+use ferry_fleet::NodeFlavor;
+use ferry_fleet::emulated_liqo::NOT_ALLOWED_TAINT;
 use ferry_fleet::emulated_offloading::{
-    EmulatedOffloading, FINALIZER, ORIGIN_CLUSTER_LABEL, ORIGIN_NAMESPACE_LABEL, OffloadingKnobs, REMOTE_ID_LABEL, namespace_offloading_resource,
+    FINALIZER, ORIGIN_CLUSTER_LABEL, ORIGIN_NAMESPACE_LABEL, OffloadingKnobs, REMOTE_ID_LABEL, SCHEDULING_LABEL, VIRTUAL_NODE_SELECTOR, namespace_offloading_resource,
 };
-use ferry_fleet::{Fleet, FleetOptions, Kubelet, NodeFlavor};
+use ferry_peer::spec::PeerClusters;
+use ferry_peer::{PeerConfig, PeerHandler};
+use ferry_runtime::{EventType, SubmitOptions, TaskKind};
+use ferry_testkit::Bed;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
@@ -79,20 +86,13 @@ async fn namespace(client: &kube::Client, name: &str) {
     apply(client, &dynamic("", "v1", "Namespace", "namespaces"), json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})).await;
 }
 
-/// The objects of a Liqo peering the emulated Liqo needs for a virtual node (as
-/// `ferry_peer::liqo` builds them): the Tenant on the provider, the ResourceSlice on the
-/// consumer, each in its tenant namespace.
-async fn peer(consumer: &kube::Client, provider: &kube::Client, provider_id: &str) {
-    namespace(provider, &tenant_namespace(CONSUMER)).await;
-    let tenant = json!({"apiVersion": "authentication.liqo.io/v1beta1", "kind": "Tenant",
-        "metadata": {"name": CONSUMER, "namespace": tenant_namespace(CONSUMER), "labels": {REMOTE_ID_LABEL: CONSUMER}},
-        "spec": {"clusterID": CONSUMER, "tenantCondition": "Active"}});
-    apply(provider, &dynamic("authentication.liqo.io", "v1beta1", "Tenant", "tenants"), tenant).await;
-    namespace(consumer, &tenant_namespace(provider_id)).await;
-    let slice = json!({"apiVersion": "authentication.liqo.io/v1beta1", "kind": "ResourceSlice",
-        "metadata": {"name": provider_id, "namespace": tenant_namespace(provider_id), "labels": {REMOTE_ID_LABEL: provider_id}},
-        "spec": {"consumerClusterID": CONSUMER, "providerClusterID": provider_id, "class": "default"}});
-    apply(consumer, &dynamic("authentication.liqo.io", "v1beta1", "ResourceSlice", "resourceslices"), slice).await;
+/// Peers `provider` with the consumer through the peer worker (a real `liqoctl peer`'s
+/// objects, which the emulated Liqo reacts to).
+async fn peer(bed: &Bed, provider: &str) {
+    let cmd = PeerClusters { a: CONSUMER.into(), b: provider.into(), timeout_seconds: Some(60), ..PeerClusters::default() };
+    let (id, evs) = bed.client().submit_and_wait(TaskKind::Peer, &cmd.subject(), &cmd, SubmitOptions::default(), WAIT).await.expect("the peering's events");
+    let summary = ferry_runtime::report::summary(&evs);
+    assert_eq!(evs.last().map(|e| e.event), Some(EventType::Succeeded), "peering {CONSUMER} with {provider} ({id}): {summary}");
 }
 
 fn offloading(ns: &str, spec: Value) -> Value {
@@ -123,53 +123,51 @@ async fn twins(client: &kube::Client) -> Vec<String> {
     Api::<Namespace>::all(client.clone()).list(&lp).await.unwrap().items.into_iter().filter_map(|n| n.metadata.name).collect()
 }
 
+/// The value of Liqo's scheduling label on namespace `ns`, if any.
+async fn scheduling_label(client: &kube::Client, ns: &str) -> Option<String> {
+    Api::<Namespace>::all(client.clone()).get(ns).await.unwrap().metadata.labels.unwrap_or_default().get(SCHEDULING_LABEL).cloned()
+}
+
 fn node_of(p: &Pod) -> String {
     p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn namespaces_offload_pods_overflow_to_the_provider_and_deletion_takes_them_back() {
-    let _ = tracing_subscriber::fmt().with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into())).with_test_writer().try_init();
-    if !ferry_fleet::binaries::Binaries::installed() {
-        ferry_runtime::report::missing_prerequisite("the test bed is not installed (scripts/install-testbed.sh)");
-        return;
-    }
     let started = std::time::Instant::now();
-    let fleet = Fleet::start(FleetOptions::hub_and(3)).await.expect("fleet");
-    fleet.install_crds().await.expect("CRDs");
-    let client = |name: &str| fleet.cluster(name).unwrap().client();
-    let (m1, m2, m3) = (client("member-1").await.unwrap(), client("member-2").await.unwrap(), client("member-3").await.unwrap());
-    let mut kubelets = Vec::new();
-    for (c, nodes) in [("member-1", 1), ("member-2", 2), ("member-3", 2)] {
-        let k = Kubelet::start(c, client(c).await.unwrap(), Duration::from_millis(100));
-        k.add_nodes("node", nodes, &NodeFlavor::default()).await.unwrap();
-        kubelets.push(k);
-    }
-    let _liqo = EmulatedLiqo::start(&fleet, HashMap::new()).await.expect("emulated Liqo");
     // member-3 cannot get twin namespaces until the knob is cleared.
     let knobs = HashMap::from([("member-3".to_owned(), OffloadingKnobs { fails: true })]);
-    let offload = EmulatedOffloading::start(&fleet, knobs).await.expect("emulated offloading");
-
-    // Liqo runs on the consumer (its controller manager placed on a real node) before peering.
-    let available = |l: &[Arc<Deployment>]| l.iter().any(|d| d.status.as_ref().and_then(|s| s.available_replicas) == Some(1));
-    wait_for("Liqo's controller manager", Api::namespaced(m1.clone(), "liqo"), (), by_name("liqo-controller-manager"), available).await;
-    peer(&m1, &m2, "member-2").await;
-    peer(&m1, &m3, "member-3").await;
+    let Some(mut bed) = Bed::builder()
+        .member(1, NodeFlavor::default())
+        .member(2, NodeFlavor::default())
+        .member(2, NodeFlavor::default())
+        .kubeconfigs()
+        .liqo(HashMap::new())
+        .offloading(knobs)
+        .start()
+        .await
+    else {
+        return;
+    };
+    bed.run_worker(PeerHandler::new(PeerConfig::new(bed.clusters.clone())));
+    let (m1, m2, m3) = (bed.cluster("member-1").await, bed.cluster("member-2").await, bed.cluster("member-3").await);
+    peer(&bed, "member-2").await;
+    peer(&bed, "member-3").await;
     let ready = |l: &[Arc<Node>]| {
         l.len() == 2
             && l.iter()
                 .all(|n| n.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")))
     };
-    let vnodes = wait_for("two Ready virtual nodes", Api::all(m1.clone()), (), watcher::Config::default().labels("liqo.io/type=virtual-node"), ready).await;
+    let vnodes = wait_for("two Ready virtual nodes", Api::all(m1.clone()), (), watcher::Config::default().labels(VIRTUAL_NODE_SELECTOR), ready).await;
+    // Virtual nodes by their labels: provider id → node name.
+    let vnode: BTreeMap<String, String> =
+        vnodes.iter().map(|n| (n.metadata.labels.as_ref().unwrap()[REMOTE_ID_LABEL].clone(), n.metadata.name.clone().unwrap())).collect();
+    let virtual_names: BTreeSet<String> = vnode.values().cloned().collect();
     for n in &vnodes {
-        let provider = n.metadata.labels.as_ref().unwrap()[REMOTE_ID_LABEL].clone();
         let taints: BTreeSet<(String, String, String)> =
             n.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default().into_iter().map(|t| (t.key, t.value.unwrap_or_default(), t.effect)).collect();
-        let want = BTreeSet::from([
-            (NOT_ALLOWED_TAINT.to_owned(), "true".to_owned(), "NoExecute".to_owned()),
-            (PROVIDER_TAINT.to_owned(), provider, "NoSchedule".to_owned()),
-        ]);
-        assert_eq!(taints, want, "virtual node {:?}: Liqo's taint and the provider's, nothing else", n.metadata.name);
+        let want = BTreeSet::from([(NOT_ALLOWED_TAINT.to_owned(), "true".to_owned(), "NoExecute".to_owned())]);
+        assert_eq!(taints, want, "virtual node {:?}: Liqo's taint, nothing else", n.metadata.name);
     }
     println!("peered in {:?}", started.elapsed());
 
@@ -186,6 +184,7 @@ async fn namespaces_offload_pods_overflow_to_the_provider_and_deletion_takes_the
     let labels = twin.metadata.labels.unwrap();
     assert_eq!((labels[REMOTE_ID_LABEL].as_str(), labels[ORIGIN_NAMESPACE_LABEL].as_str()), (CONSUMER, "web"));
     assert_eq!(twins(&m3).await, Vec::<String>::new(), "nothing on member-3");
+    assert_eq!(scheduling_label(&m1, "web").await.as_deref(), Some("true"), "Liqo labels the offloaded namespace for scheduling");
 
     // 7 replicas of 1 CPU: member-1's one node (4 CPUs) takes at most 4, the rest go remote;
     // member-2 (2 nodes of 4 CPUs, a virtual node of 8) runs any split.
@@ -198,9 +197,17 @@ async fn namespaces_offload_pods_overflow_to_the_provider_and_deletion_takes_the
     wait_for("7 ready replicas", Api::namespaced(m1.clone(), "web"), (), by_name("app"), all_ready).await;
     println!("7 replicas ready at {:?}", started.elapsed());
     let pods = Api::<Pod>::namespaced(m1.clone(), "web").list(&ListParams::default()).await.unwrap().items;
-    let remote: BTreeSet<String> = pods.iter().filter(|p| node_of(p) == "liqo-member-2").filter_map(|p| p.metadata.name.clone()).collect();
-    assert!(pods.iter().all(|p| ["member-1-node-0", "liqo-member-2"].contains(&node_of(p).as_str())), "local node or member-2's virtual node only");
-    assert!(remote.len() >= 3, "the overflow runs on liqo-member-2: {remote:?}");
+    let remote: BTreeSet<String> = pods.iter().filter(|p| node_of(p) == vnode["member-2"]).filter_map(|p| p.metadata.name.clone()).collect();
+    // Liqo's pod webhook gave each pod the toleration and the affinity of the selector
+    // (member-2's virtual node, or a local node): member-3's virtual node is never used.
+    assert!(pods.iter().all(|p| ["member-1-node-0", vnode["member-2"].as_str()].contains(&node_of(p).as_str())), "local node or member-2's virtual node only");
+    for p in &pods {
+        let spec = serde_json::to_value(p.spec.as_ref().unwrap()).unwrap();
+        assert!(spec["tolerations"].as_array().unwrap().iter().any(|t| t["key"] == NOT_ALLOWED_TAINT && t["operator"] == "Exists"), "{:?}", p.metadata.name);
+        let terms = &spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"];
+        assert_eq!(terms.as_array().map(Vec::len), Some(2), "the selector's term and the local nodes' term: {terms}");
+    }
+    assert!(remote.len() >= 3, "the overflow runs on member-2's virtual node: {remote:?}");
     let reflections = Api::<Pod>::namespaced(m2.clone(), "web-member-1").list(&ListParams::default()).await.unwrap().items;
     let reflected: BTreeSet<String> = reflections.iter().filter_map(|p| p.metadata.name.clone()).collect();
     assert_eq!(reflected, remote, "each offloaded pod has its reflection on member-2");
@@ -222,8 +229,9 @@ async fn namespaces_offload_pods_overflow_to_the_provider_and_deletion_takes_the
     )
     .await;
     wait_for("the twin namespace gone", Api::<Namespace>::all(m2.clone()), (), by_name("web-member-1"), |l| l.is_empty()).await;
-    let local = |l: &[Arc<Pod>]| !l.is_empty() && l.iter().all(|p| !node_of(p).starts_with("liqo-"));
+    let local = |l: &[Arc<Pod>]| !l.is_empty() && l.iter().all(|p| !virtual_names.contains(&node_of(p)));
     wait_for("no pod of web on a virtual node", Api::namespaced(m1.clone(), "web"), (), watcher::Config::default(), local).await;
+    assert_eq!(scheduling_label(&m1, "web").await, None, "the scheduling label went with the offloading");
     println!("offloading deleted at {:?}", started.elapsed());
 
     // member-3 fails: SomeFailed when selected with member-2, AllFailed alone; then it recovers.
@@ -238,6 +246,7 @@ async fn namespaces_offload_pods_overflow_to_the_provider_and_deletion_takes_the
     )
     .await;
     let some = phase(&m1, "api", "SomeFailed").await;
+    assert_eq!(scheduling_label(&m1, "api").await, None, "pods of a Local offloading stay home: no scheduling label");
     assert_eq!(ready_condition(&some, "member-2").0, "True");
     let (status, reason, message) = ready_condition(&some, "member-3");
     assert_eq!((status.as_str(), reason.as_str()), ("False", "CreationFailed"), "{message}");
@@ -246,9 +255,10 @@ async fn namespaces_offload_pods_overflow_to_the_provider_and_deletion_takes_the
     assert_eq!(ready_condition(&all, "member-3").1, "CreationFailed");
     assert!(Api::<Namespace>::all(m2.clone()).get_opt("api-remote").await.unwrap().is_some(), "member-2's twin exists meanwhile");
     assert_eq!(twins(&m3).await, Vec::<String>::new(), "nothing created on the failing member-3");
-    offload.set("member-3", |k| k.fails = false);
+    bed.offloading.as_ref().unwrap().set("member-3", |k| k.fails = false);
     phase(&m1, "batch", "Ready").await;
     phase(&m1, "api", "Ready").await;
     assert_eq!(twins(&m3).await, ["api-remote", "batch"], "twins on member-3 once it recovers");
     println!("done in {:?}", started.elapsed());
+    bed.stop().await;
 }

@@ -5,8 +5,11 @@
 //! until it and the twin namespaces are gone); its revert restores it. Burst: check (the
 //! Deployment, its pods' requests, the candidates) → scale (the replicas wanted; waits
 //! until every pod is placed or unschedulable) → place (the overflow to the nearest
-//! candidates with room) → offload (to those) → ready (every replica Ready). Undo
-//! restores what was there: the previous offloading or none, the previous replicas.
+//! candidates with room) → offload (to those) → respawn (the Pending overflow, created
+//! before the offloading, deleted for its ReplicaSet to create again under Liqo's pod
+//! webhook, which acts at creation only) → ready (every replica Ready). Undo restores what
+//! was there: the previous offloading (re-created where its immutable fields differ) or
+//! none, the previous replicas.
 //! Each step is a module of [`crate::steps`].
 
 use std::sync::Arc;
@@ -23,6 +26,7 @@ use crate::steps::place::PlaceStep;
 use crate::steps::policy;
 use crate::steps::ready::ReadyStep;
 use crate::steps::remove::RemoveStep;
+use crate::steps::respawn::RespawnStep;
 use crate::steps::scale::ScaleStep;
 use crate::steps::twins::TwinsStep;
 
@@ -102,6 +106,7 @@ impl TaskHandler for OffloadHandler {
                 Arc::new(ScaleStep { inner: i.clone(), policy: p.clone() }),   // the replicas wanted, each pod placed or unschedulable; undo restores the replicas
                 Arc::new(PlaceStep { inner: i.clone(), policy: p.clone() }),   // the overflow to the nearest candidates with room
                 Arc::new(OffloadStep { inner: i.clone(), policy: p.clone() }), // the offloading toward those; undo as an offload's
+                Arc::new(RespawnStep { inner: i.clone(), policy: p.clone() }), // the Pending overflow created again under Liqo's pod webhook
                 Arc::new(ReadyStep { inner: i.clone(), policy: p }),           // every replica Ready, wherever it runs
             ],
         }

@@ -28,6 +28,7 @@ pub mod outputs {
     pub use crate::steps::place::PLACE;
     pub use crate::steps::ready::READY;
     pub use crate::steps::remove::REMOVE;
+    pub use crate::steps::respawn::RESPAWN;
     pub use crate::steps::scale::SCALE;
     pub use crate::steps::twins::TWINS;
 }

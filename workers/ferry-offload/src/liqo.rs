@@ -16,6 +16,9 @@ pub use ferry_kube::vocab::liqo::REMOTE_ID_LABEL;
 pub const VIRTUAL_NODE_SELECTOR: &str = "liqo.io/type=virtual-node";
 /// Label on the NamespaceOffloading a task created: the task's id.
 pub const TASK_LABEL: &str = "ferry.dev/offload-task";
+/// The scheduling label Liqo puts on an offloaded namespace and the toleration key its pod
+/// webhook adds (see [`ferry_kube::vocab::liqo`]).
+pub use ferry_kube::vocab::liqo::{SCHEDULING_LABEL, VIRTUAL_NODE_TOLERATION_KEY};
 
 fn pod_strategy(s: PodOffloadingStrategy) -> &'static str {
     match s {
@@ -69,6 +72,23 @@ pub fn namespace_offloading(namespace: &str, spec: &Value, task: Option<&str>) -
     };
     json!({"apiVersion": "offloading.liqo.io/v1beta1", "kind": "NamespaceOffloading",
         "metadata": {"name": NAME, "namespace": namespace, "labels": labels}, "spec": spec})
+}
+
+/// Why a NamespaceOffloading with `current` spec cannot become one with `desired` by an
+/// update: Liqo's webhook refuses any change of `namespaceMappingStrategy` or
+/// `remoteNamespaceName` after creation (`pkg/webhooks/namespaceoffloading/nsoff.go`), so
+/// it has to be deleted and created again. None when an update will do. An absent
+/// strategy is the CRD's default (`DefaultName`), an absent name the empty one.
+pub fn immutable_change(current: &Value, desired: &Value) -> Option<String> {
+    let strategy = |s: &Value| s.get("namespaceMappingStrategy").and_then(Value::as_str).unwrap_or("DefaultName").to_owned();
+    let name = |s: &Value| s.get("remoteNamespaceName").and_then(Value::as_str).unwrap_or_default().to_owned();
+    if strategy(current) != strategy(desired) {
+        return Some(format!("namespaceMappingStrategy {} → {}", strategy(current), strategy(desired)));
+    }
+    if name(current) != name(desired) {
+        return Some(format!("remoteNamespaceName {:?} → {:?}", name(current), name(desired)));
+    }
+    None
 }
 
 /// True when `labels` satisfy every requirement.
@@ -141,6 +161,18 @@ mod tests {
         );
         assert_eq!(s["namespaceMappingStrategy"], "DefaultName");
         assert!(s.get("remoteNamespaceName").is_none());
+    }
+
+    #[test]
+    fn mapping_strategy_and_remote_name_changes_need_a_new_offloading() {
+        let default = json!({"namespaceMappingStrategy": "DefaultName", "podOffloadingStrategy": "LocalAndRemote"});
+        assert_eq!(immutable_change(&default, &json!({"namespaceMappingStrategy": "DefaultName", "podOffloadingStrategy": "Remote"})), None);
+        assert_eq!(immutable_change(&json!({}), &default), None, "absent is the CRD's default");
+        let same = json!({"namespaceMappingStrategy": "EnforceSameName"});
+        assert_eq!(immutable_change(&default, &same).as_deref(), Some("namespaceMappingStrategy DefaultName → EnforceSameName"));
+        let named = |n: &str| json!({"namespaceMappingStrategy": "SelectedName", "remoteNamespaceName": n});
+        assert_eq!(immutable_change(&named("a"), &named("a")), None);
+        assert_eq!(immutable_change(&named("a"), &named("b")).as_deref(), Some("remoteNamespaceName \"a\" → \"b\""));
     }
 
     #[test]

@@ -1,107 +1,59 @@
 //! The offload worker end to end: commands through the embedded Kafka-protocol broker;
 //! the peer worker peers the clusters first; the test bed's real API servers and
-//! schedulers with emulated kubelets, emulated Liqo and its namespace offloading.
+//! schedulers with emulated kubelets, emulated Liqo, its namespace offloading and Liqo's
+//! offloading webhooks (the NamespaceOffloading's immutable fields; pods mutated only at
+//! creation, in namespaces labelled for scheduling).
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use ferry_fleet::emulated_liqo::EmulatedLiqo;
-use ferry_fleet::emulated_offloading::{EmulatedOffloading, OffloadingKnobs};
-use ferry_fleet::{Fleet, FleetOptions, Kubelet, NodeFlavor};
-use ferry_kube::Clusters;
+use ferry_fleet::NodeFlavor;
+use ferry_fleet::emulated_offloading::OffloadingKnobs;
 use ferry_offload::latency::LatencyMatrix;
-use ferry_offload::spec::{OffloadCommand, OffloadOperation};
-use ferry_offload::{OffloadConfig, OffloadHandler};
+use ferry_offload::liqo::{REMOTE_ID_LABEL, SCHEDULING_LABEL, TASK_LABEL, VIRTUAL_NODE_SELECTOR, VIRTUAL_NODE_TOLERATION_KEY};
+use ferry_offload::spec::{NamespaceMappingStrategy, OffloadCommand, OffloadOperation};
 use ferry_offload::steps::place::PLACE;
+use ferry_offload::steps::respawn::RESPAWN;
+use ferry_offload::{OffloadConfig, OffloadHandler};
 use ferry_peer::spec::PeerClusters;
 use ferry_peer::{PeerConfig, PeerHandler};
-use ferry_runtime::{Client, EmbeddedBroker, EventType, KafkaConfig, ProgressEvent, SubmitOptions, TaskId, TaskKind, Topics, Worker, WorkerOptions};
+use ferry_runtime::{Client, EventType, ProgressEvent, SubmitOptions, TaskId, TaskKind};
+use ferry_testkit::Bed;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(240);
 
-struct Bed {
-    fleet: Fleet,
-    _kubelets: Vec<Kubelet>,
-    _liqo: EmulatedLiqo,
-    offloading: EmulatedOffloading,
-    broker: Option<EmbeddedBroker>,
-    kafka: KafkaConfig,
-    topics: Topics,
-    stop: CancellationToken,
-    workers: Vec<tokio::task::JoinHandle<()>>,
+fn cpus(n: &str) -> NodeFlavor {
+    NodeFlavor { cpu: n.into(), ..NodeFlavor::default() }
 }
 
-impl Bed {
-    /// member-1: one node of 4 CPUs; member-2: two of 4; member-3: one of 2. member-1
-    /// consumes; `peers` are peered with it (Liqo, through the peer worker).
-    async fn start(peers: &[&str]) -> Option<Self> {
-        let _ = tracing_subscriber::fmt().with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into())).with_test_writer().try_init();
-        if !ferry_fleet::binaries::Binaries::installed() {
-            ferry_runtime::report::missing_prerequisite("the test bed is not installed (scripts/install-testbed.sh)");
-            return None;
-        }
-        let fleet = Fleet::start(FleetOptions::hub_and(3)).await.expect("fleet");
-        fleet.install_crds().await.expect("CRDs");
-        fleet.publish_kubeconfigs().await.expect("kubeconfigs");
-        let mut kubelets = Vec::new();
-        for (c, n, cpu) in [("member-1", 1, "4"), ("member-2", 2, "4"), ("member-3", 1, "2")] {
-            let k = Kubelet::start(c, fleet.cluster(c).unwrap().client().await.unwrap(), Duration::from_millis(100));
-            k.add_nodes("node", n, &NodeFlavor { cpu: cpu.into(), ..NodeFlavor::default() }).await.unwrap();
-            kubelets.push(k);
-        }
-        let liqo = EmulatedLiqo::start(&fleet, HashMap::new()).await.expect("emulated Liqo");
-        let offloading = EmulatedOffloading::start(&fleet, HashMap::new()).await.expect("emulated offloading");
-        let topics = Topics::standard();
-        let broker = EmbeddedBroker::start(1, &topics).expect("broker");
-        let kafka = KafkaConfig::for_embedded(broker.bootstrap());
-        let stop = CancellationToken::new();
-        let hub = Arc::new(Clusters::new(fleet.hub().client().await.unwrap()));
-        let opts = || {
-            let mut o = WorkerOptions::new(kafka.clone());
-            o.topics = topics.clone();
-            o.shutdown_grace = Duration::from_secs(2);
-            o
-        };
-        let mut cfg = OffloadConfig::new(hub.clone());
-        cfg.latency = LatencyMatrix::parse("member-1: {member-2: 40, member-3: 5}", "test").unwrap();
-        let (s1, s2) = (stop.clone(), stop.clone());
-        let (o1, o2) = (opts(), opts());
-        let workers = vec![
-            tokio::spawn(async move { Worker::new(o1, OffloadHandler::new(cfg)).run(s1).await.expect("offload worker") }),
-            tokio::spawn(async move { Worker::new(o2, PeerHandler::new(PeerConfig::new(hub))).run(s2).await.expect("peer worker") }),
-        ];
-        let bed = Self { fleet, _kubelets: kubelets, _liqo: liqo, offloading, broker: Some(broker), kafka, topics, stop, workers };
-        let client = bed.client();
-        for p in peers {
-            let cmd = PeerClusters { a: "member-1".into(), b: (*p).into(), timeout_seconds: Some(60), ..PeerClusters::default() };
-            let (_, evs) = submit(&client, TaskKind::Peer, &cmd.subject(), &cmd).await;
-            assert_eq!(end(&evs), EventType::Succeeded, "peering member-1 with {p}: {}", last(&evs));
-        }
-        Some(bed)
+/// member-1: one node of 4 CPUs; member-2: two of 4; member-3: one of 2. member-1
+/// consumes; `peers` are peered with it (Liqo, through the peer worker).
+async fn start(peers: &[&str]) -> Option<Bed> {
+    let mut bed = Bed::builder()
+        .member(1, cpus("4"))
+        .member(2, cpus("4"))
+        .member(1, cpus("2"))
+        .kubeconfigs()
+        .liqo(HashMap::new())
+        .offloading(HashMap::new())
+        .start()
+        .await?;
+    let mut cfg = OffloadConfig::new(bed.clusters.clone());
+    cfg.latency = LatencyMatrix::parse("member-1: {member-2: 40, member-3: 5}", "test").unwrap();
+    bed.run_worker(OffloadHandler::new(cfg));
+    bed.run_worker(PeerHandler::new(PeerConfig::new(bed.clusters.clone())));
+    let client = bed.client();
+    for p in peers {
+        let cmd = PeerClusters { a: "member-1".into(), b: (*p).into(), timeout_seconds: Some(60), ..PeerClusters::default() };
+        let (_, evs) = submit(&client, TaskKind::Peer, &cmd.subject(), &cmd).await;
+        assert_eq!(end(&evs), EventType::Succeeded, "peering member-1 with {p}: {}", last(&evs));
     }
-
-    fn client(&self) -> Client {
-        Client::new(self.kafka.clone(), self.topics.clone()).unwrap()
-    }
-
-    async fn member(&self, name: &str) -> kube::Client {
-        self.fleet.cluster(name).unwrap().client().await.unwrap()
-    }
-
-    async fn stop(mut self) {
-        self.stop.cancel();
-        for w in self.workers.drain(..) {
-            w.await.unwrap();
-        }
-        drop(self.broker.take());
-    }
+    Some(bed)
 }
 
 async fn submit<T: serde::Serialize + apache_avro::AvroSchema + 'static>(
@@ -187,9 +139,9 @@ fn cmd(ns: &str, targets: &[&str]) -> OffloadCommand {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn offload_unoffload_revert_and_refusals() {
-    let Some(bed) = Bed::start(&["member-2"]).await else { return };
+    let Some(bed) = start(&["member-2"]).await else { return };
     let client = bed.client();
-    let (m1, m2, m3) = (bed.member("member-1").await, bed.member("member-2").await, bed.member("member-3").await);
+    let (m1, m2, m3) = (bed.cluster("member-1").await, bed.cluster("member-2").await, bed.cluster("member-3").await);
     for ns in ["web", "batch", "flaky"] {
         namespace(&m1, ns).await;
     }
@@ -224,6 +176,23 @@ async fn offload_unoffload_revert_and_refusals() {
     let evs = revert(&client, un_id).await;
     assert_eq!(end(&evs), EventType::Reverted, "{}", last(&evs));
     assert!(exists(&m2, "web-member-1").await, "the revert restored the offloading");
+    let ns = Api::<Namespace>::all(m1.clone()).get("web").await.unwrap();
+    assert_eq!(ns.metadata.labels.unwrap_or_default().get(SCHEDULING_LABEL).map(String::as_str), Some("true"), "Liqo labels an offloaded namespace for scheduling");
+
+    // Offloading web again under another mapping strategy: Liqo's webhook forbids changing
+    // it on the offloading there, so the offload re-creates it; its revert re-creates the
+    // previous one, as it was (the old worker re-applied the spec and was refused).
+    let same = OffloadCommand { namespace_mapping_strategy: NamespaceMappingStrategy::EnforceSameName, ..cmd("web", &["member-2"]) };
+    let (same_id, evs) = offload(&client, &same).await;
+    assert_eq!(end(&evs), EventType::Succeeded, "{}", last(&evs));
+    assert!(evs.iter().any(|e| e.message.as_deref().unwrap_or("").contains("namespaceMappingStrategy DefaultName → EnforceSameName cannot be changed")), "{}", last(&evs));
+    assert!(exists(&m2, "web").await && !exists(&m2, "web-member-1").await, "the twin is named as the namespace now");
+    let evs = revert(&client, same_id).await;
+    assert_eq!(end(&evs), EventType::Reverted, "{}", last(&evs));
+    assert!(exists(&m2, "web-member-1").await && !exists(&m2, "web").await, "the previous twin is back");
+    let o = offloadings(&m1, "web").get("offloading").await.unwrap();
+    assert_eq!(o.data["spec"]["namespaceMappingStrategy"], "DefaultName");
+    assert_eq!(o.metadata.labels.unwrap_or_default().get(TASK_LABEL), Some(&offload_id.to_string()), "restored as the first offload's");
     // Reverting the offload itself removes it for good.
     let evs = revert(&client, offload_id).await;
     assert_eq!(end(&evs), EventType::Reverted, "{}", last(&evs));
@@ -232,7 +201,7 @@ async fn offload_unoffload_revert_and_refusals() {
 
     // A provider that cannot create the twin: the offload fails with its reason and the
     // automatic revert leaves no offloading behind.
-    bed.offloading.set("member-2", |k: &mut OffloadingKnobs| k.fails = true);
+    bed.offloading.as_ref().unwrap().set("member-2", |k: &mut OffloadingKnobs| k.fails = true);
     let (_, evs) = offload(&client, &cmd("flaky", &["member-2"])).await;
     assert_eq!(end(&evs), EventType::Reverted, "{}", last(&evs));
     let failed = evs.iter().find(|e| e.event == EventType::StepFailed).unwrap();
@@ -242,25 +211,35 @@ async fn offload_unoffload_revert_and_refusals() {
     bed.stop().await;
 }
 
-/// Pods of `app` in `ns` per node.
+/// The virtual nodes of `c` (by Liqo's labels, never by name) → their provider's id.
+async fn virtual_nodes(c: &kube::Client) -> BTreeMap<String, String> {
+    let nodes = Api::<Node>::all(c.clone()).list(&ListParams::default().labels(VIRTUAL_NODE_SELECTOR)).await.unwrap().items;
+    nodes.into_iter().filter_map(|n| Some((n.metadata.name?, n.metadata.labels?.get(REMOTE_ID_LABEL)?.clone()))).collect()
+}
+
+/// Pods of `app` in `ns`: how many run at home, on each provider's virtual node
+/// (`virtual:<id>`), or are still Pending.
 async fn placement(c: &kube::Client, ns: &str, app: &str) -> HashMap<String, usize> {
+    let virtual_nodes = virtual_nodes(c).await;
     let mut out = HashMap::new();
     for p in Api::<Pod>::namespaced(c.clone(), ns).list(&ListParams::default().labels(&format!("app={app}"))).await.unwrap().items {
         if p.metadata.deletion_timestamp.is_some() {
             continue;
         }
-        let node = p.spec.and_then(|s| s.node_name).unwrap_or_else(|| "(pending)".into());
-        let node = if node.starts_with("liqo-") || node == "(pending)" { node } else { "home".into() };
-        *out.entry(node).or_default() += 1;
+        let at = match p.spec.and_then(|s| s.node_name) {
+            None => "(pending)".to_owned(),
+            Some(n) => virtual_nodes.get(&n).map_or_else(|| "home".to_owned(), |id| format!("virtual:{id}")),
+        };
+        *out.entry(at).or_default() += 1;
     }
     out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn burst_sends_the_overflow_to_the_nearest_peers_with_room_and_revert_takes_it_back() {
-    let Some(bed) = Bed::start(&["member-2", "member-3"]).await else { return };
+    let Some(bed) = start(&["member-2", "member-3"]).await else { return };
     let client = bed.client();
-    let (m1, m3) = (bed.member("member-1").await, bed.member("member-3").await);
+    let (m1, m3) = (bed.cluster("member-1").await, bed.cluster("member-3").await);
     namespace(&m1, "shop").await;
     // Pods of 1 CPU: member-1 (4 CPUs) fits 4.
     let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "api", "namespace": "shop"},
@@ -272,14 +251,23 @@ async fn burst_sends_the_overflow_to_the_nearest_peers_with_room_and_revert_take
     let burst =
         |replicas: i32| OffloadCommand { operation: OffloadOperation::Burst, deployment: Some("api".into()), replicas: Some(replicas), ..cmd("shop", &[]) };
 
-    // 6 replicas: 2 overflow; member-3 is nearest (5 ms) and fits 2 (2 CPUs).
+    // 6 replicas: 2 overflow; member-3 is nearest (5 ms) and fits 2 (2 CPUs). The 2 left
+    // Pending by `scale` predate the offloading: Liqo's webhook (CREATE only) never
+    // touches them, so `respawn` has them created again once the namespace is labelled.
     let (id, evs) = offload(&client, &burst(6)).await;
     assert_eq!(end(&evs), EventType::Succeeded, "{}", last(&evs));
-    assert_eq!(steps(&evs), ["check", "scale", "place", "offload", "ready"]);
+    assert_eq!(steps(&evs), ["check", "scale", "place", "offload", "respawn", "ready"]);
     let snap = client.snapshot(id).await.unwrap().unwrap();
     let shares = PLACE.from_snapshot(&snap).unwrap();
     assert_eq!(shares.iter().map(|s| (s.cluster.as_str(), s.pods)).collect::<Vec<_>>(), [("member-3", 2)]);
-    assert_eq!(placement(&m1, "shop", "api").await, HashMap::from([("home".to_owned(), 4), ("liqo-member-3".to_owned(), 2)]));
+    assert_eq!(RESPAWN.from_snapshot(&snap).unwrap().pods.len(), 2, "the 2 Pending pods were created again");
+    assert_eq!(placement(&m1, "shop", "api").await, HashMap::from([("home".to_owned(), 4), ("virtual:member-3".to_owned(), 2)]));
+    let vnodes = virtual_nodes(&m1).await;
+    for p in Api::<Pod>::namespaced(m1.clone(), "shop").list(&ListParams::default().labels("app=api")).await.unwrap().items {
+        let on_virtual = p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some_and(|n| vnodes.contains_key(n));
+        let tolerates = p.spec.iter().flat_map(|s| s.tolerations.iter().flatten()).any(|t| t.key.as_deref() == Some(VIRTUAL_NODE_TOLERATION_KEY));
+        assert!(!on_virtual || tolerates, "{:?} runs on a virtual node with the toleration Liqo's webhook gave it", p.metadata.name);
+    }
     let reflected = Api::<Pod>::namespaced(m3.clone(), "shop-member-1").list(&ListParams::default()).await.unwrap().items;
     assert_eq!(reflected.iter().filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")).count(), 2, "the overflow runs on member-3");
 
@@ -289,7 +277,9 @@ async fn burst_sends_the_overflow_to_the_nearest_peers_with_room_and_revert_take
     assert_eq!(deployments.get("api").await.unwrap().spec.replicas, Some(2));
     assert!(offloadings(&m1, "shop").get_opt("offloading").await.unwrap().is_none());
     assert!(!exists(&m3, "shop-member-1").await);
-    assert!(placement(&m1, "shop", "api").await.keys().all(|k| !k.starts_with("liqo-")), "no pod left on a virtual node");
+    let ns = Api::<Namespace>::all(m1.clone()).get("shop").await.unwrap();
+    assert!(!ns.metadata.labels.unwrap_or_default().contains_key(SCHEDULING_LABEL), "Liqo removed the scheduling label with the offloading");
+    assert!(placement(&m1, "shop", "api").await.keys().all(|k| !k.starts_with("virtual:")), "no pod left on a virtual node");
 
     // 10 replicas: 6 overflow; member-3 takes 2, the next nearest (member-2, 40 ms) 4.
     let (id, evs) = offload(&client, &burst(10)).await;
@@ -302,7 +292,7 @@ async fn burst_sends_the_overflow_to_the_nearest_peers_with_room_and_revert_take
     );
     let at = placement(&m1, "shop", "api").await;
     assert_eq!(at.get("home"), Some(&4));
-    assert_eq!(at.iter().filter(|(k, _)| k.starts_with("liqo-")).map(|(_, v)| v).sum::<usize>(), 6, "{at:?}");
+    assert_eq!(at.iter().filter(|(k, _)| k.starts_with("virtual:")).map(|(_, v)| v).sum::<usize>(), 6, "{at:?}");
     let evs = revert(&client, id).await;
     assert_eq!(end(&evs), EventType::Reverted, "{}", last(&evs));
 

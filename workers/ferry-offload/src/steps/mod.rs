@@ -1,14 +1,16 @@
 //! The `offload` tasks' steps, one module each, in plan order. Offload: [`check`],
 //! [`offload`], [`twins`]. Unoffload: [`check`], [`remove`]. Burst: [`check`], [`scale`],
-//! [`place`], [`offload`], [`ready`]. What they share is here: the step policy, the
-//! targets ([`Target`]) and their virtual nodes' readiness, the namespace's
-//! NamespaceOffloading (read, applied and waited for, removed) and which task made it.
+//! [`place`], [`offload`], [`respawn`], [`ready`]. What they share is here: the step
+//! policy, the targets ([`Target`]) and their virtual nodes' readiness, the namespace's
+//! NamespaceOffloading (read, applied or re-created and waited for, removed) and which
+//! task made it.
 
 pub mod check;
 pub mod offload;
 pub mod place;
 pub mod ready;
 pub mod remove;
+pub mod respawn;
 pub mod scale;
 pub mod twins;
 
@@ -17,7 +19,7 @@ use std::time::Duration;
 use ferry_kube::kinds::node_ready;
 use ferry_kube::step_errors::{api_err, client_err, kube_err, wait_err};
 use ferry_kube::{Check, ClusterError};
-use ferry_task::{StepError, StepPolicy, codes};
+use ferry_task::{StepContext, StepError, StepPolicy, codes};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 use serde::{Deserialize, Serialize};
@@ -93,8 +95,22 @@ impl Inner {
     }
 
     /// Applies the offloading with `spec` and waits until it is Ready on `ids`; the twin
-    /// namespaces' name.
-    async fn offload(&self, c: &OffloadCommand, spec: &Value, ids: &[String], task: Option<&str>) -> Result<String, StepError> {
+    /// namespaces' name. An offloading whose mapping strategy or remote namespace name
+    /// differs from `spec`'s (Liqo's webhook refuses changing them: `nsoff.go`), or one
+    /// being deleted, is first deleted and waited gone (Liqo's finalizer: its twins go),
+    /// then created anew.
+    async fn offload(&self, cx: &StepContext<'_, OffloadCommand>, spec: &Value, ids: &[String], task: Option<&str>) -> Result<String, StepError> {
+        let c = cx.spec;
+        if let Some(current) = self.offloading(c).await? {
+            let why = match liqo::immutable_change(&current.spec, spec) {
+                Some(change) => Some(format!("{change} cannot be changed on a NamespaceOffloading")),
+                None => current.metadata.deletion_timestamp.is_some().then(|| "the current one is being deleted".to_owned()),
+            };
+            if let Some(why) = why {
+                cx.progress(10, format!("re-creating NamespaceOffloading {}/{}: {why}", c.namespace, liqo::NAME));
+                self.unoffload(c).await?;
+            }
+        }
         let obj = liqo::namespace_offloading(&c.namespace, spec, task);
         let applied = self.cfg.clusters.apply(&c.cluster, &obj, MANAGER).await.map_err(|e| match e {
             e @ ClusterError::NotServed { .. } => StepError::permanent(codes::LIQO_MISSING, format!("{e}: is Liqo installed on {}?", c.cluster)),
@@ -191,6 +207,8 @@ mod tests {
             place::PLACE.value(&vec![share]).unwrap(),
             json!([{"cluster": "member-2", "id": "id-2", "node": "liqo-member-2", "latency_ms": 5, "pods": 2}])
         );
+        assert_eq!(respawn::RESPAWN.value(&respawn::Respawned::default()).unwrap(), json!({"pods": []}));
+        assert_eq!(respawn::RESPAWN.value(&respawn::Respawned { pods: vec!["api-1".into()] }).unwrap(), json!({"pods": ["api-1"]}));
         let ready = ready::ReadyReplicas { replicas: 6, on: BTreeMap::from([("member-1".to_owned(), 4), ("id-2".to_owned(), 2)]) };
         assert_eq!(ready::READY.value(&ready).unwrap(), json!({"replicas": 6, "on": {"id-2": 2, "member-1": 4}}));
     }

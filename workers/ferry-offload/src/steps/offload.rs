@@ -4,6 +4,11 @@
 //! them all. Its undo restores what was there: the previous offloading as it was, or none
 //! (Liqo removes the twin namespaces with it); it leaves alone a reused offloading or one
 //! another task made since.
+//!
+//! Liqo's webhook makes `namespaceMappingStrategy` and `remoteNamespaceName` immutable
+//! (liqotech/liqo `pkg/webhooks/namespaceoffloading/nsoff.go`): where the run or the undo
+//! needs other values than the offloading there has, it deletes it, waits until Liqo let
+//! it go, and creates the new one (`Inner::offload` in [`crate::steps`]).
 
 use std::sync::Arc;
 
@@ -94,7 +99,7 @@ impl Step<OffloadCommand> for OffloadStep {
             let strategy = if burst { PodOffloadingStrategy::LocalAndRemote } else { c.pod_offloading_strategy };
             let selector = if c.clusters.is_empty() && !burst { None } else { Some(ids.as_slice()) };
             cx.progress(20, format!("NamespaceOffloading {}/offloading toward {ids:?}", c.namespace));
-            let remote = self.inner.offload(c, &liqo::spec(c, strategy, selector), &ids, Some(&cx.task_id.to_string())).await?;
+            let remote = self.inner.offload(cx, &liqo::spec(c, strategy, selector), &ids, Some(&cx.task_id.to_string())).await?;
             cx.progress(100, format!("offloading Ready; twin namespace {remote} on {ids:?}"));
             OFFLOAD.value(&Offloaded { remote_namespace: Some(remote), targets, reused: false })
         }
@@ -115,7 +120,7 @@ impl Step<OffloadCommand> for OffloadStep {
             match ch.previous {
                 // It was there before: put it back as it was.
                 Some(prev) => {
-                    self.inner.offload(c, &prev, &[], ch.previous_task.as_deref()).await?;
+                    self.inner.offload(cx, &prev, &[], ch.previous_task.as_deref()).await?;
                     cx.progress(100, "the previous offloading is restored");
                 }
                 None => {

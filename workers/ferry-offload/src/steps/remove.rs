@@ -57,7 +57,7 @@ impl Step<OffloadCommand> for RemoveStep {
         async move {
             let ch = CHECK.required(cx)?;
             if let Some(prev) = ch.previous {
-                self.inner.offload(cx.spec, &prev, &[], ch.previous_task.as_deref()).await?;
+                self.inner.offload(cx, &prev, &[], ch.previous_task.as_deref()).await?;
                 cx.progress(100, "the offloading is restored");
             }
             Ok(())

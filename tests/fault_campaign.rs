@@ -200,8 +200,13 @@ fn explained(cluster: &str, o: &ObjectRef, labels: &BTreeMap<String, String>, st
             || o.namespace.starts_with("liqo-tenant-")
             || (o.kind == "Namespace" && o.name.starts_with("liqo-tenant-")));
     let liqo_installed = cluster != "hub" && (o.namespace == LIQO_NAMESPACE || (o.kind == "Namespace" && o.name == LIQO_NAMESPACE));
+    // Liqo's own, which outlive a peering upstream too: the ForeignCluster its controller
+    // makes for every remote it heard of (never deleted), and the certificate requests its
+    // identity manager approved (until Kubernetes' CSR cleaner removes them).
+    let liqo_own = cluster != "hub"
+        && (o.kind == "ForeignCluster" || (o.kind == "CertificateSigningRequest" && labels.contains_key("liqo.io/remote-tenant-csr")));
     let token = o.kind == "Secret" && o.name.starts_with("default-token-");
-    ours || liqo || liqo_installed || token || o.kind == "AddOnPlacementScore"
+    ours || liqo || liqo_installed || liqo_own || token || o.kind == "AddOnPlacementScore"
 }
 
 /// Awaits `f`, saying so when it took more than 2 s (where the campaign stalls).
@@ -284,6 +289,9 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
         .ocm()
         .capi(capi_options)
         .liqo(HashMap::new())
+        // Submariner's operator CRDs are on the members from the start: OLM leaves them
+        // behind when a reverted tunnel's operator goes, as upstream's does.
+        .submariner(["member-1", "member-2"].map(|m| (m.to_owned(), ferry_fleet::emulated_submariner::SubmarinerKnobs { operator_crds: true, ..Default::default() })).into())
         .offloading(HashMap::new())
         .brokers(3)
         .start()

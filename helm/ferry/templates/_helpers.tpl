@@ -163,6 +163,14 @@ through their kubeconfig Secrets (Cluster API's <cluster>-kubeconfig), never clu
 - apiGroups: [submarineraddon.open-cluster-management.io]
   resources: [submarinerconfigs]
   verbs: [get, list, watch, create, patch, delete]
+# Submariner: the set's Broker in its broker namespace (which the add-on makes and the
+# worker waits for). ManifestWorks stay out of reach: the add-on's carry Secrets.
+- apiGroups: [submariner.io]
+  resources: [brokers]
+  verbs: [get, create, delete]
+- apiGroups: [""]
+  resources: [namespaces]
+  verbs: [get, list, watch]
 {{- else if eq . "offload" }}
 - {{ toYaml $readKubeconfigs | nindent 2 | trim }}
 - {{ toYaml $watchClusters | nindent 2 | trim }}

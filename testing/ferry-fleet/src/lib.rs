@@ -10,11 +10,14 @@
 //! - [`kubelet`]: the emulated node agent (nodes, pod status, job completion).
 //! - [`binaries`]: where the control-plane binaries are.
 //! - [`emulated_capi`]: Cluster API providers played for tests: workload clusters appear.
-//! - [`emulated_liqo`]: Liqo peering and the Submariner add-on played for tests.
+//! - [`emulated_liqo`]: Liqo peering (network, authentication, resources) played as upstream's controllers.
+//! - [`emulated_submariner`]: the Submariner add-on on the hub, played for tests.
 //! - [`emulated_offloading`]: Liqo namespace offloading and its virtual kubelet, played for tests.
 //! - [`emulated_ocm`]: OCM registration, work agents and placement, played for tests.
 //! - [`admission`]: admission webhooks served over TLS and registered on the API servers,
-//!   as upstream installs them; [`webhooks_ocm`]: OCM's hub webhooks (accept, join, bind).
+//!   as upstream installs them; [`webhooks_ocm`]: OCM's hub webhooks (accept, join, bind);
+//!   [`webhooks_liqo`]: Liqo's Tenant webhook; [`webhooks_liqo_offloading`]: Liqo's
+//!   NamespaceOffloading and pod webhooks on members.
 //! - [`inventory`]: every object on a cluster, to compare before and after.
 
 pub mod admission;
@@ -27,6 +30,7 @@ pub mod emulated_liqo;
 pub mod emulated_offloading;
 pub mod emulated_ocm;
 pub mod emulated_registration;
+pub mod emulated_submariner;
 pub mod fault_proxy;
 pub mod fleet;
 pub mod inventory;
@@ -37,6 +41,8 @@ pub mod ocm_prioritizers;
 pub mod process;
 pub mod webhooks_capi;
 pub mod webhooks_cel;
+pub mod webhooks_liqo;
+pub mod webhooks_liqo_offloading;
 pub mod webhooks_ocm;
 
 pub use fleet::{Cluster, ClusterSpawner, CrdSource, Fleet, FleetError, FleetOptions};

@@ -15,6 +15,7 @@ use ferry_fleet::emulated_capi::{CapiOptions, EmulatedCapi};
 use ferry_fleet::emulated_liqo::{EmulatedLiqo, LiqoKnobs};
 use ferry_fleet::emulated_offloading::{EmulatedOffloading, OffloadingKnobs};
 use ferry_fleet::emulated_ocm::EmulatedOcm;
+use ferry_fleet::emulated_submariner::{EmulatedSubmariner, SubmarinerKnobs};
 use ferry_fleet::{CrdSource, Fleet, FleetOptions, Kubelet, NodeFlavor};
 use ferry_kube::Clusters;
 use ferry_runtime::{Client, EmbeddedBroker, KafkaConfig, TaskHandler, Topics, Worker, WorkerOptions};
@@ -39,6 +40,7 @@ pub struct BedBuilder {
     capi: Option<CapiOptions>,
     liqo: Option<HashMap<String, LiqoKnobs>>,
     offloading: Option<HashMap<String, OffloadingKnobs>>,
+    submariner: Option<HashMap<String, SubmarinerKnobs>>,
     brokers: i32,
     dir: Option<PathBuf>,
     pod_start_delay: Duration,
@@ -53,6 +55,7 @@ impl Default for BedBuilder {
             capi: None,
             liqo: None,
             offloading: None,
+            submariner: None,
             brokers: 1,
             dir: None,
             pod_start_delay: Duration::from_millis(100),
@@ -123,6 +126,12 @@ impl BedBuilder {
     /// Emulated Liqo namespace offloading, `knobs` per member.
     pub fn offloading(mut self, knobs: HashMap<String, OffloadingKnobs>) -> Self {
         self.offloading = Some(knobs);
+        self
+    }
+
+    /// The emulated Submariner add-on on the hub, `knobs` per managed cluster.
+    pub fn submariner(mut self, knobs: HashMap<String, SubmarinerKnobs>) -> Self {
+        self.submariner = Some(knobs);
         self
     }
 
@@ -207,6 +216,31 @@ impl BedBuilder {
             }
             Some(server)
         };
+        // Liqo's offloading webhooks on every member, as Liqo's chart installs them: the
+        // NamespaceOffloading's immutable fields; pods mutated at creation in namespaces
+        // labelled for scheduling (`webhooks_liqo_offloading`).
+        let mut liqo_admission = Vec::new();
+        if self.offloading.is_some() {
+            let mut members = Vec::new();
+            for c in fleet.clusters.iter().skip(1) {
+                members.push((c.name.clone(), c.client().await.map_err(part("a member's client"))?));
+            }
+            liqo_admission.push(ferry_fleet::webhooks_liqo_offloading::start(&members).await.map_err(part("Liqo's offloading webhooks"))?);
+        }
+        // Liqo's Tenant webhook on every member with Liqo (`webhooks_liqo`): one server per
+        // member, whose validator reads that member's namespaces and Tenants.
+        if self.liqo.is_some() {
+            for c in fleet.clusters.iter().skip(1) {
+                let client = c.client().await.map_err(part("a member's client"))?;
+                let validators = ferry_fleet::webhooks_liqo::validators(client.clone());
+                let registrations: Vec<_> = validators.iter().map(|(r, _)| r.clone()).collect();
+                let server = AdmissionServer::start(validators).await.map_err(part("Liqo's Tenant webhook"))?;
+                for r in &registrations {
+                    server.register(&client, r).await.map_err(part("Liqo's Tenant webhook"))?;
+                }
+                liqo_admission.push(server);
+            }
+        }
         let ocm = if self.ocm { Some(EmulatedOcm::start(&fleet).await.map_err(part("emulated OCM"))?) } else { None };
         let capi = match self.capi {
             Some(opts) => Some(EmulatedCapi::start(&fleet, opts).await.map_err(part("emulated Cluster API"))?),
@@ -220,11 +254,16 @@ impl BedBuilder {
             Some(knobs) => Some(EmulatedOffloading::start(&fleet, knobs).await.map_err(part("emulated offloading"))?),
             None => None,
         };
+        let submariner = match self.submariner {
+            Some(knobs) => Some(EmulatedSubmariner::start(&fleet, knobs).await.map_err(part("emulated Submariner"))?),
+            None => None,
+        };
         let topics = Topics::standard();
         let broker = EmbeddedBroker::start(self.brokers, &topics).map_err(part("the embedded broker"))?;
         let kafka = KafkaConfig::for_embedded(broker.bootstrap());
         Ok(Bed {
             admission,
+            liqo_admission,
             crds,
             clusters: Arc::new(Clusters::new(admin)),
             fleet,
@@ -233,6 +272,7 @@ impl BedBuilder {
             capi,
             liqo,
             offloading,
+            submariner,
             broker: Some(broker),
             kafka,
             topics,
@@ -262,8 +302,13 @@ pub struct Bed {
     pub liqo: Option<EmulatedLiqo>,
     /// Emulated offloading, when asked for.
     pub offloading: Option<EmulatedOffloading>,
+    /// The emulated Submariner add-on, when asked for.
+    pub submariner: Option<EmulatedSubmariner>,
     /// The hub's admission webhooks (OCM's with OCM, Cluster API's with Cluster API).
     pub admission: Option<AdmissionServer>,
+    /// Liqo's webhooks on the members (the Tenant's with Liqo, the offloading ones with
+    /// offloading).
+    pub liqo_admission: Vec<AdmissionServer>,
     /// The hub's client and the members' through their kubeconfig Secrets.
     pub clusters: Arc<Clusters>,
     broker: Option<EmbeddedBroker>,

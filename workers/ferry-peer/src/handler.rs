@@ -2,7 +2,7 @@
 //! deletes of the pair's own objects, readiness waits), and [`PeerHandler::plan`], the
 //! table of contents. Liqo: check → prepare → network → authentication → resources (→ the
 //! reverse pair when bidirectional) → established. Submariner: check → cluster-set →
-//! config → addon. Unpeer runs the same steps inverted, in reverse order. Each step is a
+//! broker → config → addon. Unpeer runs the same steps inverted, in reverse order. Each step is a
 //! module of [`crate::steps`].
 
 use std::sync::Arc;
@@ -81,7 +81,12 @@ impl Inner {
     }
 
     pub(crate) async fn apply(&self, cluster: &str, obj: &Value) -> Result<(), StepError> {
-        self.cfg.clusters.apply(cluster, obj, MANAGER).await.map(drop).map_err(|e| match e {
+        self.apply_obj(cluster, obj).await.map(drop)
+    }
+
+    /// Applies `obj` on `cluster`; the object as the API server stored it.
+    pub(crate) async fn apply_obj(&self, cluster: &str, obj: &Value) -> Result<kube::api::DynamicObject, StepError> {
+        self.cfg.clusters.apply(cluster, obj, MANAGER).await.map_err(|e| match e {
             e @ ClusterError::NotServed { .. } => StepError::permanent(codes::LIQO_MISSING, format!("{e}: are Liqo's CRDs installed?")),
             e => kube_err(codes::APPLY_FAILED, e),
         })
@@ -100,6 +105,19 @@ impl Inner {
             self.cfg.clusters.delete(cluster, obj).await.map_err(|e| kube_err(codes::CLUSTER_API, e))?;
         }
         Ok(())
+    }
+
+    /// The latest Warning event Liqo recorded on `kind` `name` (uid `uid` when given) in
+    /// `ns` on `cluster`, as `reason: message`: why a controller refuses it.
+    pub(crate) async fn refusal(&self, cluster: &str, ns: &str, kind: &str, name: &str, uid: Option<&str>) -> Option<String> {
+        let client = self.client(cluster).await.ok()?;
+        let lp = kube::api::ListParams::default().fields(&format!("involvedObject.name={name},type=Warning"));
+        let events = kube::Api::<k8s_openapi::api::core::v1::Event>::namespaced(client, ns).list(&lp).await.ok()?.items;
+        events
+            .into_iter()
+            .filter(|e| e.involved_object.kind.as_deref() == Some(kind) && uid.is_none_or(|u| e.involved_object.uid.as_deref() == Some(u)))
+            .max_by_key(|e| e.last_timestamp.as_ref().map(|t| t.0))
+            .map(|e| format!("{}: {}", e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
     }
 
     /// Waits until `cluster` has a Ready node of its own (not a virtual one).
@@ -143,6 +161,50 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// Waits until `cluster`'s IPAM holds its pod and external CIDRs (Networks in Liqo's
+    /// namespace with `status.cidr`, `pkg/utils/ipam/networks.go`); them.
+    pub(crate) async fn ipam_cidrs(&self, cluster: &str, timeout: Duration) -> Result<liqo::Cidrs, StepError> {
+        use ferry_kube::vocab::liqo::NETWORK_TYPE_LABEL;
+        let client = self.client(cluster).await?;
+        self.cfg
+            .watches
+            .wait_store::<crate::steps::LiqoNetwork, liqo::Cidrs>(cluster, &client, Some(liqo::LIQO_NAMESPACE), "the IPAM's networks", timeout, |s| {
+                let of = |kind: &str| -> Vec<String> {
+                    s.state()
+                        .iter()
+                        .filter(|n| n.metadata.labels.as_ref().and_then(|l| l.get(NETWORK_TYPE_LABEL)).map(String::as_str) == Some(kind))
+                        .filter_map(|n| n.status_at("/cidr").and_then(Value::as_str).map(str::to_owned))
+                        .collect()
+                };
+                let (pod, external) = (of("pod-cidr"), of("external-cidr"));
+                match (pod.is_empty(), external.first()) {
+                    (false, Some(e)) => Check::Done(liqo::Cidrs { pod, external: e.clone() }),
+                    _ => Check::Pending(format!("Liqo's IPAM has no configured pod-cidr and external-cidr Networks yet (pod {pod:?}, external {external:?})")),
+                }
+            })
+            .await
+            .map_err(|e| wait_err(codes::LIQO_NOT_READY, e))
+    }
+
+    /// Waits until the gateway template `name` of kind `K` exists in Liqo's namespace.
+    pub(crate) async fn template<K>(&self, cluster: &str, name: &str, timeout: Duration) -> Result<(), StepError>
+    where
+        K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    {
+        let client = self.client(cluster).await?;
+        let kind = K::kind(&()).into_owned();
+        self.cfg
+            .watches
+            .wait_object::<K, ()>(cluster, &client, Some(liqo::LIQO_NAMESPACE), name, timeout, |t| match t {
+                Some(_) => Check::Done(()),
+                None => Check::Pending(format!("no {kind} {}/{name}: Liqo's gateway templates are not installed", liqo::LIQO_NAMESPACE)),
+            })
+            .await
+            .map_err(|e| wait_err(codes::LIQO_NOT_READY, e))
+    }
+}
+
 /// A step of a peer task.
 type PeerStep = Arc<dyn Step<PeerClusters>>;
 
@@ -151,11 +213,11 @@ fn liqo_steps(i: &Arc<Inner>, p: &PeerClusters) -> Vec<PeerStep> {
     let mut steps: Vec<PeerStep> = vec![
         Arc::new(Applies::new(i, Prepare, policy(p))),
         Arc::new(Network::new(i, policy(p))),
-        Arc::new(Applies::new(i, Authentication { reverse: false }, policy(p))),
+        Arc::new(Authentication::new(i, policy(p), false)),
         Arc::new(Applies::new(i, Resources { reverse: false }, policy(p))),
     ];
     if p.bidirectional {
-        steps.push(Arc::new(Applies::new(i, Authentication { reverse: true }, policy(p))));
+        steps.push(Arc::new(Authentication::new(i, policy(p), true)));
         steps.push(Arc::new(Applies::new(i, Resources { reverse: true }, policy(p))));
     }
     steps
@@ -163,7 +225,12 @@ fn liqo_steps(i: &Arc<Inner>, p: &PeerClusters) -> Vec<PeerStep> {
 
 /// The Submariner steps after `check`.
 fn submariner_steps(i: &Arc<Inner>, p: &PeerClusters) -> Vec<PeerStep> {
-    vec![Arc::new(ClusterSet(i.clone())), Arc::new(Applies::new(i, Config, policy(p))), Arc::new(Applies::new(i, Addon, policy(p)))]
+    vec![
+        Arc::new(ClusterSet(i.clone())),
+        Arc::new(crate::steps::submariner_broker::SubmarinerBroker(i.clone(), policy(p))),
+        Arc::new(Applies::new(i, Config, policy(p))),
+        Arc::new(Applies::new(i, Addon, policy(p))),
+    ]
 }
 
 impl TaskHandler for PeerHandler {

@@ -1,7 +1,8 @@
 //! The `peer` tasks' steps, one module each, in plan order. Liqo: [`liqo_check`] (`check`),
 //! [`prepare`], [`network`], [`authentication`] and [`resources`] (each once more,
 //! `-reverse`, when bidirectional), [`established`]. Submariner: [`submariner_check`]
-//! (`check`), [`cluster_set`], [`submariner_addon`] (`config`, `addon`). Steps that apply
+//! (`check`), [`cluster_set`], [`submariner_broker`] (`broker`), [`submariner_addon`]
+//! (`config`, `addon`). Steps that apply
 //! a set of objects and wait are [`objects::ObjectSet`]s run by [`objects::Applies`];
 //! unpeer runs each step [`objects::Inverse`]d. What the steps share is here: the Liqo
 //! kinds they watch, the step policy, a direction's roles and the tenant-namespace waits.
@@ -15,6 +16,7 @@ pub mod objects;
 pub mod prepare;
 pub mod resources;
 pub mod submariner_addon;
+pub mod submariner_broker;
 pub mod submariner_check;
 
 use std::time::Duration;
@@ -48,6 +50,30 @@ ferry_kube::resource!(
 ferry_kube::resource!(
     /// Liqo ForeignCluster.
     LiqoForeignCluster, "ForeignCluster", "core.liqo.io", "v1beta1", "foreignclusters", Cluster
+);
+ferry_kube::resource!(
+    /// Liqo GatewayClient.
+    LiqoGatewayClient, "GatewayClient", "networking.liqo.io", "v1beta1", "gatewayclients", Namespaced
+);
+ferry_kube::resource!(
+    /// Liqo network Configuration (the remote's CIDRs, remapped in `status.remote`).
+    LiqoConfiguration, "Configuration", "networking.liqo.io", "v1beta1", "configurations", Namespaced
+);
+ferry_kube::resource!(
+    /// Liqo Tenant (the consumer's handshake; `status.authParams` once accepted).
+    LiqoTenant, "Tenant", "authentication.liqo.io", "v1beta1", "tenants", Namespaced
+);
+ferry_kube::resource!(
+    /// Liqo IPAM Network (`status.cidr` once allocated).
+    LiqoNetwork, "Network", "ipam.liqo.io", "v1alpha1", "networks", Namespaced
+);
+ferry_kube::resource!(
+    /// Liqo's default gateway server template kind.
+    LiqoServerTemplate, "WgGatewayServerTemplate", "networking.liqo.io", "v1beta1", "wggatewayservertemplates", Namespaced
+);
+ferry_kube::resource!(
+    /// Liqo's default gateway client template kind.
+    LiqoClientTemplate, "WgGatewayClientTemplate", "networking.liqo.io", "v1beta1", "wggatewayclienttemplates", Namespaced
 );
 
 /// Every step's policy: waits are bounded by the command's timeout, removals by the
@@ -122,8 +148,8 @@ mod tests {
         let auth = authentication::Authenticated { consumer: "member-1".into() };
         assert_eq!(authentication::AUTHENTICATION.value(&auth).unwrap(), json!({"consumer": "member-1"}));
         assert_eq!(authentication::AUTHENTICATION_REVERSE.step(), "authentication-reverse");
-        let vn = resources::VirtualNode { virtual_node: "liqo-id-b".into(), on: "member-1".into(), resources: json!({"cpu": "4"}) };
-        assert_eq!(resources::RESOURCES.value(&vn).unwrap(), json!({"virtual_node": "liqo-id-b", "on": "member-1", "resources": {"cpu": "4"}}));
+        let vn = resources::VirtualNode { virtual_node: "id-b".into(), on: "member-1".into(), resources: json!({"cpu": "4"}) };
+        assert_eq!(resources::RESOURCES.value(&vn).unwrap(), json!({"virtual_node": "id-b", "on": "member-1", "resources": {"cpu": "4"}}));
         assert_eq!(resources::RESOURCES_REVERSE.step(), "resources-reverse");
         let fc = established::ForeignClusterRole { cluster: "member-1".into(), remote: "id-b".into(), role: "Provider".into() };
         assert_eq!(

@@ -1,10 +1,13 @@
 //! `config` (a SubmarinerConfig per cluster on the hub) and `addon` (the submariner
-//! ManagedClusterAddOn per cluster; waits until both are Available, and on undo until both
-//! are gone), as the submariner-addon documents enabling Submariner through OCM.
+//! ManagedClusterAddOn per cluster; on undo waits until both are gone), as the
+//! submariner-addon documents enabling Submariner through OCM. `addon` waits until the
+//! add-on's agent says the tunnel is up on both clusters ([`submariner::addon_ready`]);
+//! at the deadline it says, per cluster, what the add-on last said is missing (the
+//! Broker, the agent, the operator OLM installs, the gateway's connections).
 
+use ferry_kube::kinds::ManagedClusterAddOn;
 use ferry_kube::step_errors::{hub_err, wait_err};
 use ferry_kube::{Check, HUB};
-use ferry_kube::kinds::ManagedClusterAddOn;
 use ferry_task::{Output, StepError, codes};
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -57,23 +60,11 @@ impl ObjectSet for Addon {
 
     fn ready<'a>(&'a self, inner: &'a Inner, p: &'a PeerClusters, _: &'a Ids) -> BoxFuture<'a, Result<Value, StepError>> {
         async move {
-            let hub = inner.cfg.clusters.hub().clone();
-            for c in [&p.a, &p.b] {
-                // The shared watch may still hold an add-on an earlier peering removed:
-                // only the one there now (by uid, read fresh) counts.
-                let now = Api::<ManagedClusterAddOn>::namespaced(hub.clone(), c).get_opt("submariner").await.map_err(hub_err)?;
-                let uid = now.and_then(|a| a.metadata.uid);
-                inner
-                    .cfg
-                    .watches
-                    .wait_object::<ManagedClusterAddOn, ()>(HUB, &hub, Some(c), "submariner", p.timeout(), |a| match a {
-                        Some(a) if a.metadata.uid != uid => Check::Pending("the watch has not seen the current add-on yet".into()),
-                        Some(a) if a.condition("Available") == Some("True") => Check::Done(()),
-                        Some(a) => Check::Pending(ferry_kube::kinds::condition_message(&a.status, "Available").unwrap_or_else(|| "no Available condition yet".into())),
-                        None => Check::Pending("not seen yet".into()),
-                    })
-                    .await
-                    .map_err(|e| wait_err(codes::SUBMARINER_NOT_AVAILABLE, e))?;
+            // Both at once (a cluster's tunnel needs its peer's); a failure says what each lacks.
+            match futures::future::join(up(inner, p, &p.a), up(inner, p, &p.b)).await {
+                (Ok(()), Ok(())) => {}
+                (Err(e), Ok(())) | (Ok(()), Err(e)) => return Err(e),
+                (Err(x), Err(y)) => return Err(StepError { message: format!("{}; {}", x.message, y.message), ..x }),
             }
             ADDON.value(&Available { available: vec![p.a.clone(), p.b.clone()] })
         }
@@ -95,4 +86,26 @@ impl ObjectSet for Addon {
         }
         .boxed()
     }
+}
+
+/// Waits until the add-on says the tunnel is up on `c`.
+async fn up(inner: &Inner, p: &PeerClusters, c: &str) -> Result<(), StepError> {
+    let hub = inner.cfg.clusters.hub().clone();
+    // The shared watch may still hold an add-on an earlier peering removed: only the one
+    // there now (by uid, read fresh) counts.
+    let now = Api::<ManagedClusterAddOn>::namespaced(hub.clone(), c).get_opt("submariner").await.map_err(hub_err)?;
+    let uid = now.and_then(|a| a.metadata.uid);
+    inner
+        .cfg
+        .watches
+        .wait_object::<ManagedClusterAddOn, ()>(HUB, &hub, Some(c), "submariner", p.timeout(), |a| match a {
+            Some(a) if a.metadata.uid != uid => Check::Pending("the watch has not seen the current add-on yet".into()),
+            Some(a) => match submariner::addon_ready(&a.status) {
+                Ok(()) => Check::Done(()),
+                Err(why) => Check::Pending(why),
+            },
+            None => Check::Pending("not seen yet".into()),
+        })
+        .await
+        .map_err(|e| wait_err(codes::SUBMARINER_NOT_AVAILABLE, e))
 }

@@ -210,20 +210,9 @@ pub(crate) async fn set_addon_conditions(hub: &kube::Client, cluster: &str, new:
 /// A CRD of the emulator's own making for a kind ../shared/crds lacks (the add-on's
 /// Broker, OLM's kinds, the Submariner operator's), as installing the add-on, OLM or the
 /// operator would: names, scope, one served storage version, a status subresource, an
-/// open schema (the style of [`crate::kinds::crd`]).
-pub(crate) fn own_crd(group: &str, version: &str, kind: &str, plural: &str, namespaced: bool) -> Value {
-    let open = json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true});
-    json!({
-        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-        "metadata": {"name": format!("{plural}.{group}"), "labels": {"ferry.dev/emulated": "submariner"}},
-        "spec": {
-            "group": group,
-            "scope": if namespaced { "Namespaced" } else { "Cluster" },
-            "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(), "listKind": format!("{kind}List")},
-            "versions": [{"name": version, "served": true, "storage": true, "subresources": {"status": {}},
-                "schema": {"openAPIV3Schema": {"type": "object", "properties": {"spec": open, "status": open}}}}],
-        },
-    })
+/// open schema ([`crate::kinds::crd`]).
+pub(crate) fn own_crd(group: &'static str, version: &'static str, kind: &'static str, plural: &'static str, namespaced: bool) -> Value {
+    crate::kinds::crd(&(group, version, kind, plural, namespaced, true))
 }
 
 /// Server-side applies `obj` (namespaced when it names a namespace) with `ar`.

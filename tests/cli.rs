@@ -211,3 +211,40 @@ async fn submit_exports_its_span_over_otlp() {
     assert_eq!(task["trace_parent"], serde_json::json!(tp), "the task carries the exported span as its trace parent");
     env.shutdown().await;
 }
+
+/// `--tenant`: the CLI sends to the tenant's own topic, the worker's gateway takes it from
+/// there, the task is the tenant's (whatever `$USER` says) and the policy holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_submits_on_its_own_topic_and_is_held_to_its_policy() {
+    let topics = Topics::standard();
+    let broker = EmbeddedBroker::start(1, &topics).unwrap();
+    let policy = ferry_runtime::tenants::Policy::parse("tenants: {web: {test: {clusters: ['web-*']}}}").unwrap();
+    for t in topics.tenant_commands(&policy) {
+        broker.create_topic(&t.name, t.partitions, 1).unwrap();
+    }
+    let bootstrap = broker.bootstrap();
+    let kafka = KafkaConfig::for_embedded(bootstrap.clone());
+    let mut opts = WorkerOptions::new(kafka.clone());
+    opts.shutdown_grace = Duration::from_secs(1);
+    opts.policy = Some(std::sync::Arc::new(policy));
+    let stop = CancellationToken::new();
+    let handler = TestHandler { min_delay: Some(Duration::from_millis(10)), effects: None };
+    let worker = tokio::spawn(Worker::new(opts, handler).run(stop.clone()));
+    let client = Client::new(kafka, topics).unwrap();
+    let env = Env { bootstrap, client, dir: tempfile::tempdir().unwrap(), stop, worker: Some(worker), _broker: broker };
+
+    let ok = env.spec("ok.yaml", "subject: web-1\nspec: {steps: 1, fail_transient: 0, step_ms: 0}\n");
+    let out = env.ferry(&["submit", "test", "-f", &ok, "--tenant", "web", "--wait", "--output", "json"]).await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(v["state"], "Succeeded");
+    let id = v["task_id"].as_str().unwrap().to_owned();
+    let snap = env.client.snapshots().await.unwrap().into_iter().find(|s| s.task_id == id).unwrap();
+    assert_eq!(snap.requested_by, "tenant:web");
+
+    let far = env.spec("far.yaml", "subject: db-1\nspec: {steps: 1, fail_transient: 0, step_ms: 0}\n");
+    let out = env.ferry(&["submit", "test", "-f", &far, "--tenant", "web", "--wait"]).await;
+    assert_eq!(out.code, 1, "{}{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("may not target cluster \"db-1\" with test (tenants.web.test.clusters: [web-*])"), "{}", out.stdout);
+    env.shutdown().await;
+}

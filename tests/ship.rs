@@ -3,7 +3,7 @@
 //! Helm chart lints, renders, grants no more than each worker needs, and passes the
 //! API server's server-side dry run; docker-compose.yml runs every worker.
 //!
-//! `FERRY_BLESS=1 cargo test --test ship` regenerates strimzi/kafka-{topics,users}.yaml.
+//! `FERRY_BLESS=1 cargo test --test ship` regenerates strimzi/kafka-{topics,users,tenants}.yaml.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -30,9 +30,11 @@ fn docs(text: &str) -> Vec<Value> {
 #[test]
 fn strimzi_files_are_generated_from_topics() {
     let topics = Topics::standard();
+    let tenants = ferry_runtime::tenants::Policy::load(&root().join("examples/tenants.yaml")).unwrap();
     let generated = [
         ("kafka-topics.yaml", strimzi::to_yaml(&strimzi::kafka_topics(&topics, "ferry"), "Ferry's KafkaTopics")),
-        ("kafka-users.yaml", strimzi::to_yaml(&strimzi::kafka_users(&topics, "ferry"), "Ferry's KafkaUsers: one per worker and the tracker, least-privilege ACLs")),
+        ("kafka-users.yaml", strimzi::to_yaml(&strimzi::kafka_users(&topics, &tenants, "ferry"), "Ferry's KafkaUsers: one per worker and the tracker, least-privilege ACLs")),
+        ("kafka-tenants.yaml", strimzi::to_yaml(&[strimzi::tenant_topics(&topics, &tenants, "ferry"), strimzi::tenant_users(&topics, &tenants, "ferry")].concat(), "The tenants of examples/tenants.yaml: their command topics and KafkaUsers")),
     ];
     for (file, text) in generated {
         let path = root().join("strimzi").join(file);
@@ -136,7 +138,7 @@ async fn strimzi_resources_and_chart_pass_the_api_server() {
     if crds.is_dir() {
         ferry_fleet::crds::install_dir(&clusters.hub().clone(), &crds).await.unwrap();
         let mut checked = 0;
-        for file in ["kafka.yaml", "kafka-topics.yaml", "kafka-users.yaml"] {
+        for file in ["kafka.yaml", "kafka-topics.yaml", "kafka-users.yaml", "kafka-tenants.yaml"] {
             let text = std::fs::read_to_string(root().join("strimzi").join(file)).unwrap();
             for mut d in docs(&text) {
                 d["metadata"]["namespace"] = "kafka".into();

@@ -1,5 +1,6 @@
 //! `ferry topics apply` against a real broker (tansu): creates every topic of
-//! topics/topics.yaml with its partitions, and a second run changes nothing.
+//! topics/topics.yaml with its partitions, and a second run changes nothing; with
+//! `--policy`, the tenants' command topics too.
 
 use std::process::Command;
 use std::time::Duration;
@@ -31,6 +32,21 @@ fn apply_creates_every_topic_once_tansu() {
     let out = String::from_utf8_lossy(&second.stdout).into_owned();
     assert!(second.status.success(), "{out}");
     assert!(!out.contains("created"), "a second apply creates nothing:\n{out}");
+    // With a policy, its tenants' command topics too.
+    let tenants = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/tenants.yaml");
+    let with = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(["--brokers", broker.bootstrap(), "topics", "apply", "--replication-factor", "1", "--policy"])
+        .arg(&tenants)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&with.stdout).into_owned();
+    assert!(with.status.success(), "{out}\n{}", String::from_utf8_lossy(&with.stderr));
+    let policy = ferry_runtime::tenants::Policy::load(&tenants).unwrap();
+    let tenant_topics = topics.tenant_commands(&policy);
+    assert!(!tenant_topics.is_empty());
+    for t in &tenant_topics {
+        assert!(out.contains(&format!("created  {}", t.name)), "{} not created:\n{out}", t.name);
+    }
     let c: BaseConsumer = broker.kafka().reader().create().unwrap();
     let md = c.fetch_metadata(None, Duration::from_secs(30)).unwrap();
     for t in topics.all() {

@@ -1,5 +1,5 @@
 //! `ferry bench tracker`: what `ferry tasks list` costs over a large task-state topic.
-//! Fills `ferry.task-state` with N snapshots (as N finished tasks leave it), then times
+//! Fills `ferry.task-state.test` with N snapshots (as N finished tasks leave it), then times
 //! reading it to the end and filtering it the way `tasks list --state` does.
 
 use std::time::{Duration, Instant};
@@ -81,7 +81,7 @@ pub async fn run(a: TrackerArgs) -> anyhow::Result<std::process::ExitCode> {
     let (broker, kafka) = super::bench::BenchBroker::start(a.broker, a.bootstrap.as_deref(), &topics, 1).await?;
     let registry = Registry::embedded();
     let producer: FutureProducer = kafka.producer().set("linger.ms", "20").create()?;
-    let topic = topics.task_state().name.clone();
+    let topic = topics.task_state(TaskKind::Test).name.clone();
     let fill = Instant::now();
     let mut bytes = 0;
     let mut pending = Vec::with_capacity(1000);
@@ -122,7 +122,7 @@ pub async fn run(a: TrackerArgs) -> anyhow::Result<std::process::ExitCode> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         println!("broker                    {}", report.broker);
-        println!("tasks in ferry.task-state {} ({} bytes per snapshot; filled in {:.1} s)", report.tasks, report.snapshot_bytes, report.fill_s);
+        println!("tasks in ferry.task-state.test {} ({} bytes per snapshot; filled in {:.1} s)", report.tasks, report.snapshot_bytes, report.fill_s);
         println!("read all + filter         {:.2} s ({:.0} tasks/s; {} failed found)", report.read_all_s, report.tasks_per_s, report.failed_found);
     }
     Ok(std::process::ExitCode::SUCCESS)

@@ -97,6 +97,10 @@ impl TaskHandler for WaitHandler {
         Ok(())
     }
 
+    fn targets(&self, subject: &str, _spec: &TestTaskSpec) -> ferry_runtime::targets::Targets {
+        ferry_runtime::targets::Targets::clusters([subject])
+    }
+
     fn plan(&self, _spec: &TestTaskSpec) -> Vec<Arc<dyn Step<TestTaskSpec>>> {
         vec![self.step.clone()]
     }

@@ -37,6 +37,10 @@ pub struct Conn {
     /// A Confluent-compatible schema registry (http://HOST:PORT); the embedded one if unset.
     #[arg(long, global = true, env = "FERRY_SCHEMA_REGISTRY")]
     pub schema_registry: Option<String>,
+    /// Send commands as this tenant, to its own topics (`ferry.tenants.<tenant>.<kind>`):
+    /// the workers record the tenant as who asked, and hold its commands to its policy.
+    #[arg(long, global = true, env = "FERRY_TENANT")]
+    pub tenant: Option<String>,
     /// Any librdkafka property, KEY=VALUE (repeatable), e.g. session.timeout.ms=6000.
     #[arg(long = "kafka-property", global = true, value_parser = parse_property)]
     pub kafka_properties: Vec<(String, String)>,
@@ -83,7 +87,11 @@ impl Conn {
             Some(url) => ferry_runtime::schema_registry::confluent(url).await?,
             None => ferry_runtime::wire::Registry::embedded(),
         };
-        Ok(ferry_runtime::Client::with_registry(self.kafka()?, self.topics(), registry)?)
+        let client = ferry_runtime::Client::with_registry(self.kafka()?, self.topics(), registry)?;
+        Ok(match &self.tenant {
+            Some(t) => client.as_tenant(t),
+            None => client,
+        })
     }
 }
 

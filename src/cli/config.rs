@@ -24,6 +24,7 @@ pub struct ConfigFile {
     sasl_password: Option<String>,
     ssl_ca_location: Option<PathBuf>,
     schema_registry: Option<String>,
+    tenant: Option<String>,
     #[serde(default)]
     kafka_properties: BTreeMap<String, String>,
 }
@@ -66,6 +67,7 @@ impl Conn {
         fill(&mut self.sasl_password, file.sasl_password);
         fill(&mut self.ssl_ca_location, file.ssl_ca_location);
         fill(&mut self.schema_registry, file.schema_registry);
+        fill(&mut self.tenant, file.tenant);
         // Flags come last, so they override the file's properties of the same key.
         let mut props: Vec<(String, String)> = file.kafka_properties.into_iter().collect();
         props.append(&mut self.kafka_properties);

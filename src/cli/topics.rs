@@ -1,6 +1,7 @@
 //! `ferry topics apply`: creates the topics of `topics/topics.yaml` (with the installation's
 //! prefix) with their partitions, replication and configs (compaction for task-state and
-//! scores). Idempotent: existing topics are reported, and their partition count checked.
+//! scores), and with `--policy` its tenants' command topics. Idempotent: existing topics
+//! are reported, and their partition count checked.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -22,11 +23,14 @@ pub enum TopicsCommand {
         /// Print what would be created, change nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Also the command topics of this policy's tenants (`ferry.tenants.<tenant>.<kind>`).
+        #[arg(long, env = "FERRY_POLICY")]
+        policy: Option<std::path::PathBuf>,
     },
 }
 
 pub async fn run(conn: &Conn, cmd: TopicsCommand) -> anyhow::Result<ExitCode> {
-    let TopicsCommand::Apply { replication_factor, dry_run } = cmd;
+    let TopicsCommand::Apply { replication_factor, dry_run, policy } = cmd;
     let kafka = conn.kafka()?;
     let topics = conn.topics();
     let admin: AdminClient<DefaultClientContext> = kafka.client().create()?;
@@ -36,7 +40,11 @@ pub async fn run(conn: &Conn, cmd: TopicsCommand) -> anyhow::Result<ExitCode> {
     };
     let mut problems = 0;
     let mut new = Vec::new();
-    for t in topics.all() {
+    let tenants = match &policy {
+        Some(p) => topics.tenant_commands(&ferry_runtime::tenants::Policy::load(p)?),
+        None => Vec::new(),
+    };
+    for t in topics.all().iter().chain(&tenants) {
         match md.topics().iter().find(|m| m.name() == t.name && m.error().is_none()) {
             Some(m) if m.partitions().len() as i32 == t.partitions => println!("exists   {} ({} partitions)", t.name, t.partitions),
             Some(m) => {

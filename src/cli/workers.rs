@@ -43,6 +43,11 @@ pub struct WorkerArgs {
     /// offload: the latency matrix bursts rank peers by (YAML `from: {to: milliseconds}`).
     #[arg(long, env = "FERRY_LATENCY")]
     pub latency: Option<PathBuf>,
+    /// The tenants and what each may target (YAML; see examples/tenants.yaml): the worker
+    /// takes its tenants' commands from their own topics and refuses what the policy does
+    /// not allow.
+    #[arg(long, env = "FERRY_POLICY")]
+    pub policy: Option<PathBuf>,
     /// test: append each step run's start and end to this file (`task step worker
     /// start|end microseconds`), an effect outside Kafka that shows a double run.
     #[arg(long)]
@@ -104,6 +109,10 @@ pub async fn run(conn: &common::Conn, a: WorkerArgs) -> anyhow::Result<ExitCode>
     opts.http = Some(a.http);
     opts.group_id = a.group;
     opts.schema_registry = conn.schema_registry.clone();
+    opts.policy = match &a.policy {
+        Some(p) => Some(Arc::new(ferry_runtime::tenants::Policy::load(p)?)),
+        None => None,
+    };
     let shutdown = CancellationToken::new();
     common::cancel_on_signal(shutdown.clone());
     match a.kind {

@@ -81,6 +81,9 @@ pub struct Client {
     registry: Arc<Registry>,
     producer: FutureProducer,
     requested_by: String,
+    /// Set: commands go to this tenant's own topics (the broker lets its user write only
+    /// those), and idempotency keys give ids in the tenant's space.
+    tenant: Option<String>,
 }
 
 impl std::fmt::Debug for Client {
@@ -99,7 +102,36 @@ impl Client {
     pub fn with_registry(kafka: KafkaConfig, topics: Topics, registry: Registry) -> Result<Self, ClientError> {
         let producer = kafka.producer().create().map_err(self::kafka("creating the producer"))?;
         let requested_by = std::env::var("USER").unwrap_or_else(|_| "ferry-cli".into());
-        Ok(Self { kafka, topics, registry: Arc::new(registry), producer, requested_by })
+        Ok(Self { kafka, topics, registry: Arc::new(registry), producer, requested_by, tenant: None })
+    }
+
+    /// This client as `tenant`: its commands go to the tenant's topics
+    /// (`ferry.tenants.<tenant>.<kind>`), where the worker's gateway takes them.
+    #[must_use]
+    pub fn as_tenant(mut self, tenant: impl Into<String>) -> Self {
+        self.tenant = Some(tenant.into());
+        self
+    }
+
+    /// The tenant this client sends as, if any.
+    pub fn tenant(&self) -> Option<&str> {
+        self.tenant.as_deref()
+    }
+
+    /// The topic this client sends `kind` commands to.
+    pub fn command_topic(&self, kind: TaskKind) -> String {
+        match &self.tenant {
+            Some(t) => self.topics.tenant_command(t, kind).name,
+            None => self.topics.command(kind).name.clone(),
+        }
+    }
+
+    /// The id a submission of `kind` with idempotency key `key` gets from this client.
+    pub fn id_for_key(&self, kind: TaskKind, key: &str) -> TaskId {
+        match &self.tenant {
+            Some(t) => crate::tenants::tenant_task_id(kind, t, key),
+            None => TaskId::for_idempotency_key(kind, key),
+        }
     }
 
     /// The topics.
@@ -144,7 +176,7 @@ impl Client {
     /// Submits a Start command whose spec is already Confluent-framed.
     pub async fn submit_encoded(&self, kind: TaskKind, subject: &str, spec: Vec<u8>, opts: SubmitOptions) -> Result<TaskId, ClientError> {
         let id = match &opts.idempotency_key {
-            Some(k) => TaskId::for_idempotency_key(kind, k),
+            Some(k) => self.id_for_key(kind, k),
             None => TaskId::new(),
         };
         let env = CommandEnvelope {
@@ -166,7 +198,7 @@ impl Client {
         let attrs = vec![
             opentelemetry::KeyValue::new("ferry.task_id", id.to_string()),
             opentelemetry::KeyValue::new("ferry.subject", subject.to_owned()),
-            opentelemetry::KeyValue::new("messaging.destination.name", self.topics.command(kind).name.clone()),
+            opentelemetry::KeyValue::new("messaging.destination.name", self.command_topic(kind)),
         ];
         let cx = crate::telemetry::start(format!("ferry.submit {kind}"), opentelemetry::trace::SpanKind::Producer, &parent, attrs);
         let trace = crate::telemetry::traceparent(&cx).or_else(|| opts.trace_parent.clone()).unwrap_or_else(new_trace_parent);
@@ -176,14 +208,15 @@ impl Client {
         Ok(id)
     }
 
-    /// Sends an envelope to its kind's command topic, keyed by its subject.
+    /// Sends an envelope to its kind's command topic (the tenant's, for a tenant's client),
+    /// keyed by its subject.
     pub async fn send(&self, env: &CommandEnvelope, trace_parent: Option<&str>) -> Result<(), ClientError> {
         let bytes = self.registry.encode(env)?;
         let mut headers = OwnedHeaders::new();
         if let Some(t) = trace_parent {
             headers = headers.insert(Header { key: TRACEPARENT, value: Some(t) });
         }
-        self.send_raw(&self.topics.command(env.kind).name, Some(env.subject.as_bytes()), &bytes, headers).await
+        self.send_raw(&self.command_topic(env.kind), Some(env.subject.as_bytes()), &bytes, headers).await
     }
 
     /// Sends arbitrary bytes to a topic (tests of bad input, replays).
@@ -234,15 +267,25 @@ impl Client {
         Ok(snap)
     }
 
-    /// Reads the task-state topic to its end; returns every task's latest snapshot.
+    /// Reads every kind's task-state topic to its end; returns every task's latest
+    /// snapshot. A snapshot on another kind's topic than its own is not the task's (no
+    /// worker of that kind wrote it) and is left out.
     pub async fn snapshots(&self) -> Result<Vec<TaskSnapshot>, ClientError> {
-        let (view, thread) = StateView::start(&self.kafka, &self.topics.task_state().name, None, self.registry.clone())?;
-        let r = view.caught_up(Duration::from_secs(60)).await;
-        // The reader thread ends at its next poll; joining could block on a dead broker.
-        view.stop();
-        drop(thread);
-        let all = view.all();
-        r?;
+        let mut views = Vec::new();
+        for t in self.topics.task_states() {
+            views.push(StateView::start(&self.kafka, &t.name, t.kind, self.registry.clone())?);
+        }
+        let caught = futures::future::join_all(views.iter().map(|(v, _)| v.caught_up(Duration::from_secs(60)))).await;
+        let mut all = Vec::new();
+        for (view, thread) in views {
+            // The reader thread ends at its next poll; joining could block on a dead broker.
+            view.stop();
+            drop(thread);
+            all.extend(view.all());
+        }
+        for r in caught {
+            r?;
+        }
         Ok(all)
     }
 

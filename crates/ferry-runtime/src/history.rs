@@ -60,7 +60,7 @@ pub enum Violation {
 }
 
 /// Every event of `events` whose task's latest snapshot (`snapshot_seq`, as the compacted
-/// `ferry.task-state` holds it: task id to seq) has a lower seq, or that has no snapshot.
+/// the task-state topics hold it: task id to seq) has a lower seq, or that has no snapshot.
 pub fn check_snapshots(events: &[ProgressEvent], snapshot_seq: &std::collections::HashMap<String, i64>) -> Vec<Violation> {
     let mut highest: BTreeMap<&str, i64> = BTreeMap::new();
     for e in events {

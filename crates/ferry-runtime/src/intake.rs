@@ -27,6 +27,7 @@ use crate::protocol::{CommandAction, CommandEnvelope};
 use crate::publisher::{DeadLetter, TRACEPARENT};
 use crate::scheduler::{Incoming, SchedMsg, What};
 use crate::step::TaskHandler;
+use crate::tenants::{self, Policy, TENANT_HEADER};
 use crate::wire::Registry;
 
 /// Largest batch handed to the scheduler at once.
@@ -208,6 +209,8 @@ pub(crate) struct Intake<H: TaskHandler> {
     pub registry: Arc<Registry>,
     pub sched: mpsc::Sender<SchedMsg>,
     pub stop: Arc<AtomicBool>,
+    /// The tenants' policy: commands forwarded by the gateway are checked against it.
+    pub policy: Option<Arc<Policy>>,
 }
 
 impl<H: TaskHandler> Intake<H> {
@@ -232,7 +235,13 @@ impl<H: TaskHandler> Intake<H> {
         let consumer: BaseConsumer<IntakeContext> = kafka.group_consumer(group).create_with_context(ctx).map_err(err)?;
         consumer.subscribe(&[topic]).map_err(err)?;
         let kind = handler.kind();
-        Ok(Self { consumer, topic: topic.to_owned(), kind, handler, registry, sched, stop })
+        Ok(Self { consumer, topic: topic.to_owned(), kind, handler, registry, sched, stop, policy: None })
+    }
+
+    /// Checks tenants' commands against `policy` (none: a tenant's command is refused).
+    pub(crate) fn with_policy(mut self, policy: Option<Arc<Policy>>) -> Self {
+        self.policy = policy;
+        self
     }
 
     /// Polls until told to stop; then commits stored offsets and leaves the group.
@@ -371,6 +380,23 @@ impl<H: TaskHandler> Intake<H> {
         reply
     }
 
+    /// The tenant a command comes from: `Ok(None)` for an operator's (no header), an error
+    /// for a header this worker cannot vouch for, or an operator's claim to be a tenant.
+    fn tenancy<'t>(&self, tenant: Option<&'t str>, claimed: &str) -> Result<Option<&'t str>, String> {
+        let Some(t) = tenant else {
+            if claimed.starts_with("tenant:") {
+                let claimed = limits::truncate(claimed, limits::NAME_BYTES);
+                return Err(format!("requested_by {claimed:?}: only the tenant gateway names a tenant (write to the tenant's own topic)"));
+            }
+            return Ok(None);
+        };
+        match &self.policy {
+            None => Err(format!("a command of tenant {:?} (header {TENANT_HEADER}), and this worker has no tenant policy", limits::truncate(t, limits::NAME_BYTES))),
+            Some(p) if !p.tenants().any(|x| x == t) => Err(format!("tenant {:?} is not in the tenant policy", limits::truncate(t, limits::NAME_BYTES))),
+            Some(_) => Ok(Some(t)),
+        }
+    }
+
     fn classify(&self, m: &BorrowedMessage<'_>) -> Incoming {
         let headers: Vec<(String, Vec<u8>)> = m
             .headers()
@@ -389,15 +415,18 @@ impl<H: TaskHandler> Intake<H> {
             headers: headers.clone(),
             reason,
         };
-        let what = self.check(m, &dead);
+        let tenant = headers.iter().find(|(k, _)| k == TENANT_HEADER).map(|(_, v)| String::from_utf8_lossy(v).into_owned());
+        let what = self.check(m, &dead, tenant.as_deref());
         Incoming { partition: m.partition(), offset: m.offset(), trace_parent, what }
     }
 
-    fn check(&self, m: &BorrowedMessage<'_>, dead: &dyn Fn(String) -> DeadLetter) -> What {
+    /// `tenant`: the [`TENANT_HEADER`] the gateway set (only gateways and operators write
+    /// command topics).
+    fn check(&self, m: &BorrowedMessage<'_>, dead: &dyn Fn(String) -> DeadLetter, tenant: Option<&str>) -> What {
         let Some(payload) = m.payload() else {
             return What::DeadLetter(dead("empty record: no command envelope".into()));
         };
-        let env: CommandEnvelope = match self.registry.decode(payload) {
+        let mut env: CommandEnvelope = match self.registry.decode(payload) {
             Ok(e) => e,
             Err(e) => return What::DeadLetter(dead(format!("undecodable command envelope: {e}"))),
         };
@@ -405,12 +434,31 @@ impl<H: TaskHandler> Intake<H> {
             Ok(id) => id,
             Err(e) => return What::DeadLetter(dead(format!("command envelope: {e}"))),
         };
+        // Who sent it is what the broker established (the tenant's topic), never what the
+        // envelope says; the claim is kept in the log only.
+        let claimed = std::mem::take(&mut env.requested_by);
+        let tenancy = self.tenancy(tenant, &claimed);
+        env.requested_by = match &tenancy {
+            Ok(Some(t)) => tenants::principal(t),
+            _ => limits::truncate(&claimed, limits::NAME_BYTES).to_owned(),
+        };
+        if tenant.is_some() && claimed != env.requested_by {
+            let claimed = limits::truncate(&claimed, limits::NAME_BYTES);
+            tracing::debug!(task = %env.task_id, %claimed, principal = %env.requested_by, "requested_by replaced by the tenant's principal");
+        }
         // A Rejected event and snapshot echo the envelope's names: cut to their limits,
         // and the spec left out, so that the rejection of any record fits on any topic.
         let reject = |reason: String| What::Reject { env: bounded(&env), reason, dead: None };
+        if claimed.len() > limits::NAME_BYTES {
+            return reject(format!("requested_by is {} bytes; the limit is {}", claimed.len(), limits::NAME_BYTES));
+        }
         if let Some(reason) = oversized(payload.len(), &env) {
             return reject(reason);
         }
+        let tenant = match tenancy {
+            Ok(t) => t,
+            Err(reason) => return reject(reason),
+        };
         if env.kind != self.kind {
             return reject(format!("a {} command on the {} command topic {}", env.kind, self.kind, self.topic));
         }
@@ -419,6 +467,26 @@ impl<H: TaskHandler> Intake<H> {
         }
         if m.key() != Some(env.subject.as_bytes()) {
             return reject(format!("record key must equal the subject {:?} so that its tasks stay in order", env.subject));
+        }
+        if let Some(t) = tenant {
+            // The tenant's keys live in the tenant's own space, and so do the ids they give.
+            let start = env.action == CommandAction::Start;
+            let key = env.idempotency_key.clone();
+            match &key {
+                Some(key) if start => {
+                    let expected = tenants::tenant_task_id(self.kind, t, key);
+                    if id != expected {
+                        return reject(format!(
+                            "task id {id} is not the one tenant {t:?}'s idempotency key {key:?} gives ({expected}): ids of keyed commands are derived in the tenant's own space"
+                        ));
+                    }
+                }
+                None if start && id.is_derived() => {
+                    return reject(format!("task id {id} is derived from an idempotency key, and the command carries none"));
+                }
+                _ => {}
+            }
+            env.idempotency_key = key.map(|k| tenants::tenant_key(t, &k));
         }
         match env.action {
             CommandAction::Cancel | CommandAction::Revert => What::Control { env, id },
@@ -430,10 +498,15 @@ impl<H: TaskHandler> Intake<H> {
                         return What::Reject { env: bounded(&env), dead: Some(dead(reason.clone())), reason };
                     }
                 };
-                match self.handler.validate(&env.subject, &spec) {
-                    Ok(()) => What::Start { env, id },
-                    Err(r) => reject(format!("invalid {} spec: {}", self.kind, r.reason)),
+                if let Err(r) = self.handler.validate(&env.subject, &spec) {
+                    return What::Reject { env: bounded(&env), reason: format!("invalid {} spec: {}", self.kind, r.reason), dead: None };
                 }
+                if let (Some(t), Some(policy)) = (tenant, &self.policy)
+                    && let Err(reason) = policy.check(t, self.kind, &self.handler.targets(&env.subject, &spec))
+                {
+                    return What::Reject { env: bounded(&env), reason, dead: None };
+                }
+                What::Start { env, id }
             }
         }
     }

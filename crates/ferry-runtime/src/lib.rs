@@ -9,18 +9,21 @@
 //! - [`worker`]: the process: `intake` (command consumer) → `scheduler` (event loop,
 //!   per-subject queues, ownership) → `runner` (one task: steps, retries, undo) →
 //!   [`publisher`] (snapshot then event) and [`state_view`] (the task-state table).
+//! - [`tenants`]: who sent a command (the tenant whose topic it came on, forwarded by
+//!   the worker's `gateway`) and what each tenant may target.
 //! - [`client`]: submit, cancel, revert, read state, follow events.
 //! - [`embedded`]: the in-process broker for `ferry dev` and fault tests.
 //! - [`testkind`]: the runtime's own `test` task kind.
 //!
 //! docs/ARCHITECTURE.md has the protocol and the reasoning behind it.
 
-pub use ferry_task::{codes, ids, kind, limits, output, protocol, report, step, wire};
+pub use ferry_task::{codes, ids, kind, limits, output, protocol, report, step, targets, wire};
 
 pub mod client;
 pub mod effects;
 pub mod embedded;
 mod fences;
+mod gateway;
 pub mod history;
 pub mod http;
 mod intake;
@@ -37,6 +40,7 @@ pub mod secrets;
 pub mod strimzi;
 pub mod telemetry;
 pub mod tansu;
+pub mod tenants;
 pub mod testkind;
 pub mod topics;
 pub mod worker;

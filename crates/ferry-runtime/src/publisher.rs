@@ -342,7 +342,7 @@ impl Publisher {
 
     /// Hands the snapshot to the producer (and to the local view).
     pub fn enqueue_snapshot(&self, snap: &TaskSnapshot) -> Result<Pending, PublishError> {
-        let topic = &self.topics.task_state().name;
+        let topic = &self.topics.task_state(snap.kind).name;
         let p = self.enqueue_record(topic, "TaskSnapshot", snap, &snap.task_id, snap.trace_parent.as_deref())?;
         self.view.apply(snap.clone());
         Ok(p)

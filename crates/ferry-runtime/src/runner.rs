@@ -69,6 +69,8 @@ pub(crate) struct Env<H: TaskHandler> {
     pub publisher: Arc<Publisher>,
     pub metrics: Arc<Metrics>,
     pub registry: Arc<crate::wire::Registry>,
+    /// The tenants' policy, checked again when a tenant's task is taken up.
+    pub policy: Option<Arc<crate::tenants::Policy>>,
 }
 
 enum Flow {
@@ -208,6 +210,24 @@ impl<H: TaskHandler> Runner<H> {
                 return Ok(false);
             }
         };
+        if let Some(why) = self.invalid_spec(&spec) {
+            // The intake validated it; a snapshot that fails now was not written by one (or
+            // the rules grew stricter): run nothing of it, forward or back.
+            let (state, event) = match self.snap.state {
+                TaskState::Accepted | TaskState::Running => (TaskState::Failed, EventType::Failed),
+                TaskState::Reverting => (TaskState::RevertFailed, EventType::RevertFailed),
+                s if self.snap.revert_requested && s.is_revertible() => (TaskState::RevertFailed, EventType::RevertFailed),
+                _ => return Ok(false),
+            };
+            tracing::error!(task = %self.id, %why, "the stored spec does not pass validation; nothing of it runs");
+            self.snap.state = state;
+            self.snap.revert_requested = false;
+            self.snap.cancel_requested = false;
+            self.snap.error = Some(TaskError { code: codes::SPEC_INVALID.into(), message: why.clone(), step: None, transient: false });
+            let d = Detail { code: Some(codes::SPEC_INVALID.into()), ..Detail::default() }.message(why);
+            self.transition(event, d).await?;
+            return Ok(false);
+        }
         let steps = self.env.handler.plan(&spec);
         if let Some(why) = plan_mismatch(&self.snap.journal, &steps) {
             // Resume and undo go by step index: with another plan they would run, or undo,
@@ -261,6 +281,20 @@ impl<H: TaskHandler> Runner<H> {
                 return Ok(true);
             }
         }
+    }
+
+    /// Why the stored spec would not be accepted now: the kind's `validate`, and for a
+    /// tenant's task (`requested_by` `tenant:<name>`) the tenant's policy.
+    fn invalid_spec(&self, spec: &H::Spec) -> Option<String> {
+        if let Err(r) = self.env.handler.validate(&self.snap.subject, spec) {
+            return Some(format!("the stored {} spec is not valid: {}", self.snap.kind, r.reason));
+        }
+        let tenant = self.snap.requested_by.strip_prefix("tenant:")?;
+        let verdict = match &self.env.policy {
+            Some(p) => p.check(tenant, self.snap.kind, &self.env.handler.targets(&self.snap.subject, spec)),
+            None => Err(format!("task of tenant {tenant:?}, and this worker has no tenant policy")),
+        };
+        verdict.err().map(|why| format!("the stored spec is outside its tenant's policy now: {why}"))
     }
 
     fn outputs(&self) -> BTreeMap<String, Value> {

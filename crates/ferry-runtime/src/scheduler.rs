@@ -409,9 +409,13 @@ impl<H: TaskHandler> Scheduler<H> {
         let Ok(id) = env.task_id.parse::<TaskId>() else {
             unreachable!("intake sends unparseable task ids to the dead-letter topic")
         };
-        if env.action != CommandAction::Start || self.view.get(&id).is_some() {
-            // A bad Cancel/Revert, or a Start that reuses a live task's id: tell the
-            // tracker without touching that task's snapshot.
+        // An id derived from an idempotency key belongs to whoever holds the key: a command
+        // that does not may not leave a snapshot under it (the key's own submission would
+        // find it and end a duplicate of this rejection).
+        let owns_id = !id.is_derived() || env.idempotency_key.as_deref().is_some_and(|k| id == TaskId::for_idempotency_key(env.kind, k));
+        if env.action != CommandAction::Start || !owns_id || self.view.get(&id).is_some() {
+            // A bad Cancel/Revert, a Start that reuses a live task's id or takes another's:
+            // tell the tracker without touching that task's snapshot.
             return self.event_only(env, EventType::Rejected, trace, reason);
         }
         let mut snap = self.new_snapshot(env, id, partition, offset, trace);
@@ -480,6 +484,29 @@ impl<H: TaskHandler> Scheduler<H> {
         Ok(p)
     }
 
+    /// Why a Cancel or Revert may not act on its task, if it may not: a tenant acts only
+    /// on its own tasks (another's is as unknown to it as a missing one), and every control
+    /// names its task's subject (it travels on that subject's partition: with another, a
+    /// worker that does not own the task would run it).
+    fn control_refusal(&self, env: &CommandEnvelope, id: TaskId) -> Option<String> {
+        let snap = self.slots.get(&id).map(|s| s.snap.clone()).or_else(|| self.view.get(&id))?;
+        if let Some(tenant) = env.requested_by.strip_prefix("tenant:")
+            && snap.requested_by != env.requested_by
+        {
+            return Some(format!("tenant {tenant:?} has no {} task {id}", env.kind));
+        }
+        if snap.kind != env.kind {
+            return Some(format!("task {id} is a {} task, not {}", snap.kind, env.kind));
+        }
+        if snap.subject != env.subject {
+            return Some(format!(
+                "task {id} acts on {:?}, not {:?}: a {:?} must name its task's subject",
+                snap.subject, env.subject, env.action
+            ));
+        }
+        None
+    }
+
     /// Routes a Cancel or Revert. Returns the runner's reply to wait for when a runner
     /// has the task; otherwise the writes are added to `pending`.
     fn control(
@@ -490,6 +517,10 @@ impl<H: TaskHandler> Scheduler<H> {
         pending: &mut Pending,
     ) -> Result<Option<oneshot::Receiver<ControlReply>>, PublishError> {
         let revert = env.action == CommandAction::Revert;
+        if let Some(reason) = self.control_refusal(env, id) {
+            pending.extend(self.event_only(env, EventType::Rejected, trace, reason)?);
+            return Ok(None);
+        }
         if let Some(slot) = self.slots.get_mut(&id) {
             tracing::info!(task = %id, action = ?env.action, state = ?slot.snap.state, running = slot.ctl.is_some(), "control for a task this worker holds");
             if let Some(ctl) = &slot.ctl {
@@ -551,7 +582,12 @@ impl<H: TaskHandler> Scheduler<H> {
                 }
             }
             None => {
-                pending.extend(self.event_only(env, EventType::Rejected, trace, format!("no {} task {id} is known", env.kind))?);
+                let reason = match env.requested_by.strip_prefix("tenant:") {
+                    // Word for word what another tenant's task gets: no telling which exist.
+                    Some(tenant) => format!("tenant {tenant:?} has no {} task {id}", env.kind),
+                    None => format!("no {} task {id} is known", env.kind),
+                };
+                pending.extend(self.event_only(env, EventType::Rejected, trace, reason)?);
             }
         }
         Ok(None)

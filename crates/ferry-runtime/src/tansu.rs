@@ -119,11 +119,19 @@ impl Tansu {
     /// password), with every topic of `topics`. Users and topics are created before
     /// authentication is switched on, in a SQLite store that survives the restart.
     pub async fn start_secured(topics: &Topics, users: &[(&str, &str)]) -> Result<Self, TansuError> {
+        Self::start_secured_with(topics, &[], users).await
+    }
+
+    /// [`Self::start_secured`], with `extra` topics too (e.g. tenants' command topics).
+    pub async fn start_secured_with(topics: &Topics, extra: &[crate::topics::TopicDef], users: &[(&str, &str)]) -> Result<Self, TansuError> {
         let path = binary();
         let dir = tempfile::tempdir().map_err(|source| TansuError::Spawn { path: path.clone(), source })?;
         let port = free_port()?;
         let open = Self { child: spawn(port, "sqlite://tansu.db", Some(dir.path()), false)?, bootstrap: format!("127.0.0.1:{port}"), _dir: None };
         open.create_topics(topics).await?;
+        for t in extra {
+            open.create_topic(&t.name, t.partitions).await?;
+        }
         for (user, password) in users {
             let out = Command::new(&path)
                 .args(["user", "create", "--broker", &format!("tcp://127.0.0.1:{port}"), "--mechanism", "scram512", user, password])

@@ -151,6 +151,11 @@ impl TaskHandler for TestHandler {
         Ok(())
     }
 
+    /// A test task acts on its subject, read as a cluster name.
+    fn targets(&self, subject: &str, _spec: &TestTaskSpec) -> ferry_task::Targets {
+        ferry_task::Targets::clusters([subject])
+    }
+
     fn plan(&self, spec: &TestTaskSpec) -> Vec<Arc<dyn Step<TestTaskSpec>>> {
         let min_delay = self.min_delay.unwrap_or(Duration::from_millis(100));
         (1..=spec.steps)

@@ -73,6 +73,7 @@ struct RawTopic {
 #[derive(Debug, Clone)]
 pub struct Topics {
     defs: Vec<TopicDef>,
+    prefix: String,
 }
 
 impl Topics {
@@ -101,7 +102,7 @@ impl Topics {
                 }
             })
             .collect();
-        Self { defs }
+        Self { defs, prefix: prefix.to_owned() }
     }
 
     /// Every topic.
@@ -124,14 +125,39 @@ impl Topics {
             .expect("topics.yaml defines a command topic for every kind")
     }
 
+    /// The command topic `tenant` writes `kind` commands to, `ferry.tenants.<tenant>.<kind>`
+    /// (the kind's command topic's partitions and configs): one prefix per tenant, so that
+    /// one prefixed write ACL gives a tenant its topics and nothing else.
+    pub fn tenant_command(&self, tenant: &str, kind: TaskKind) -> TopicDef {
+        TopicDef { name: format!("{}{kind}", self.tenant_prefix(tenant)), ..self.command(kind).clone() }
+    }
+
+    /// The prefix of every topic of `tenant`.
+    pub fn tenant_prefix(&self, tenant: &str) -> String {
+        format!("{}ferry.tenants.{tenant}.", self.prefix)
+    }
+
+    /// The tenants' command topics a policy calls for, tenant by tenant.
+    pub fn tenant_commands(&self, policy: &crate::tenants::Policy) -> Vec<TopicDef> {
+        policy.tenants().flat_map(|t| policy.kinds_of(t).into_iter().map(move |k| self.tenant_command(t, k))).collect()
+    }
+
     /// The progress topic.
     pub fn progress(&self) -> &TopicDef {
         self.by_purpose(Purpose::Progress)
     }
 
-    /// The compacted task-state topic.
-    pub fn task_state(&self) -> &TopicDef {
-        self.by_purpose(Purpose::TaskState)
+    /// The compacted task-state topic of `kind`'s tasks (only its workers write it).
+    pub fn task_state(&self, kind: TaskKind) -> &TopicDef {
+        self.defs
+            .iter()
+            .find(|d| d.purpose == Purpose::TaskState && d.kind == Some(kind))
+            .expect("topics.yaml defines a task-state topic for every kind")
+    }
+
+    /// Every kind's task-state topic.
+    pub fn task_states(&self) -> impl Iterator<Item = &TopicDef> {
+        self.defs.iter().filter(|d| d.purpose == Purpose::TaskState)
     }
 
     /// The dead-letter topic.
@@ -154,8 +180,10 @@ mod tests {
         let t = Topics::standard();
         for kind in TaskKind::ALL {
             assert_eq!(t.command(kind).name, format!("ferry.commands.{kind}"));
+            assert_eq!(t.task_state(kind).name, format!("ferry.task-state.{kind}"));
+            assert_eq!(t.task_state(kind).config.get("cleanup.policy").map(String::as_str), Some("compact"));
         }
-        assert_eq!(t.task_state().config.get("cleanup.policy").map(String::as_str), Some("compact"));
+        assert_eq!(t.task_states().count(), TaskKind::ALL.len());
         assert_eq!(t.scores().config.get("cleanup.policy").map(String::as_str), Some("compact"));
         assert_eq!(t.progress().config.get("min.insync.replicas").map(String::as_str), Some("2"));
         assert_eq!(t.dead_letter().partitions, 3);

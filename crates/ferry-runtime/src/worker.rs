@@ -53,6 +53,9 @@ pub struct WorkerOptions {
     pub schema_registry: Option<String>,
     /// How long the start waits for Kafka to answer before failing.
     pub preflight_limit: Duration,
+    /// The tenants and what each may target: with one, the worker forwards its tenants'
+    /// command topics to its own (the gateway) and enforces the policy on their commands.
+    pub policy: Option<Arc<crate::tenants::Policy>>,
 }
 
 impl WorkerOptions {
@@ -68,6 +71,7 @@ impl WorkerOptions {
             http: None,
             schema_registry: None,
             preflight_limit: Duration::from_secs(60),
+            policy: None,
         }
     }
 }
@@ -93,6 +97,9 @@ pub enum WorkerError {
     /// The command intake failed.
     #[error(transparent)]
     Intake(#[from] IntakeError),
+    /// The tenants' gateway could not start.
+    #[error(transparent)]
+    Gateway(#[from] crate::gateway::GatewayError),
     /// The schema registry could not be used.
     #[error(transparent)]
     SchemaRegistry(#[from] crate::schema_registry::RegistryError),
@@ -150,15 +157,22 @@ impl<H: TaskHandler> Worker<H> {
             Some(url) => crate::schema_registry::confluent(url).await?,
             None => Registry::embedded(),
         });
-        let needed: Vec<String> = [opts.topics.command(kind), opts.topics.progress(), opts.topics.task_state(), opts.topics.dead_letter()]
+        // The tenants' topics of this kind (tenant topic, tenant), for the gateway.
+        let tenant_topics: Vec<(String, String)> = opts
+            .policy
+            .iter()
+            .flat_map(|p| p.tenants_of(kind).into_iter().map(|t| (opts.topics.tenant_command(t, kind).name, t.to_owned())))
+            .collect();
+        let needed: Vec<String> = [opts.topics.command(kind), opts.topics.progress(), opts.topics.task_state(kind), opts.topics.dead_letter()]
             .iter()
             .map(|t| t.name.clone())
+            .chain(tenant_topics.iter().map(|(t, _)| t.clone()))
             .collect();
         crate::preflight::check(&opts.kafka, &needed, opts.preflight_limit).await?;
         let metrics = Arc::new(Metrics::new());
         let ready = Arc::new(AtomicBool::new(false));
         let (view, view_thread) =
-            StateView::start(&opts.kafka, &opts.topics.task_state().name, Some(kind), registry.clone())?;
+            StateView::start(&opts.kafka, &opts.topics.task_state(kind).name, Some(kind), registry.clone())?;
         let producer: FutureProducer = opts.kafka.producer().create().map_err(WorkerError::Producer)?;
         let publisher = Arc::new(Publisher::new(
             producer,
@@ -168,7 +182,7 @@ impl<H: TaskHandler> Worker<H> {
             view.clone(),
             metrics.clone(),
         ));
-        let env = Arc::new(Env { handler: handler.clone(), publisher: publisher.clone(), metrics: metrics.clone(), registry: registry.clone() });
+        let env = Arc::new(Env { handler: handler.clone(), publisher: publisher.clone(), metrics: metrics.clone(), registry: registry.clone(), policy: opts.policy.clone() });
         let (sched_tx, sched_rx) = mpsc::channel(64);
         let fences = Arc::new(crate::fences::Fences::default());
         let scheduler = tokio::spawn(Scheduler::new(env, view.clone(), opts.revoke_grace, fences.clone()).run(sched_rx));
@@ -186,7 +200,12 @@ impl<H: TaskHandler> Worker<H> {
         let stop = Arc::new(AtomicBool::new(false));
         // If this future is dropped (a test's panic, an aborted task), the threads stop too.
         let _stop_guard = StopOnDrop { flag: stop.clone(), view: view.clone() };
-        let intake = Intake::new(&opts.kafka, &group, &topic, handler, registry, sched_tx.clone(), stop.clone(), ready.clone(), fences, publisher.clone(), opts.revoke_grace)?;
+        let intake = Intake::new(&opts.kafka, &group, &topic, handler, registry, sched_tx.clone(), stop.clone(), ready.clone(), fences, publisher.clone(), opts.revoke_grace)?
+            .with_policy(opts.policy.clone());
+        if !tenant_topics.is_empty() {
+            let gateway = crate::gateway::Gateway::new(&opts.kafka, &format!("ferry-gateway-{kind}"), tenant_topics, &topic, stop.clone())?;
+            std::thread::Builder::new().name(format!("ferry-gateway-{kind}")).spawn(move || gateway.run()).expect("spawn gateway thread");
+        }
         // The thread reports its end on a channel instead of being joined: closing a
         // consumer blocks while no broker answers, and shutdown must stay bounded.
         let (intake_tx, intake_done) = oneshot::channel();

@@ -116,6 +116,10 @@ impl TaskHandler for Scripted {
         Ok(())
     }
 
+    fn targets(&self, subject: &str, _: &TestTaskSpec) -> ferry_task::Targets {
+        ferry_task::Targets::clusters([subject])
+    }
+
     fn plan(&self, spec: &TestTaskSpec) -> Vec<Arc<dyn Step<TestTaskSpec>>> {
         let log = &self.log;
         match (spec.steps, self.version) {

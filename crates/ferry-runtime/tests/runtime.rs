@@ -178,7 +178,7 @@ async fn a_duplicate_of_a_running_task_leaves_its_state_where_the_runner_put_it(
     // the highest seq do not show a step back).
     let key = id.to_string();
     let seqs: Vec<(i64, TaskState)> = client
-        .read_to_end(&broker.topics.task_state().name)
+        .read_to_end(&broker.topics.task_state(TaskKind::Test).name)
         .await
         .unwrap()
         .into_iter()

@@ -8,6 +8,9 @@
 pub const REJECTED: &str = "REJECTED";
 /// The spec stored for a resumed task no longer decodes.
 pub const SPEC_UNDECODABLE: &str = "SPEC_UNDECODABLE";
+/// The spec stored for a task no longer passes `validate` (or its tenant's policy) when a
+/// worker takes the task up: a snapshot written by anything but an intake is not run.
+pub const SPEC_INVALID: &str = "SPEC_INVALID";
 /// The task's deadline passed, or a wait ran out of time.
 pub const DEADLINE_EXCEEDED: &str = "DEADLINE_EXCEEDED";
 /// One attempt of a step ran past its timeout (retried).

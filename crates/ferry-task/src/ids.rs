@@ -23,6 +23,11 @@ impl TaskId {
         Self(Uuid::now_v7())
     }
 
+    /// Whether the id was derived from an idempotency key ([`Self::for_idempotency_key`]).
+    pub fn is_derived(&self) -> bool {
+        self.0.get_version_num() == 5
+    }
+
     /// The id every submission with this idempotency key gets, for this kind.
     pub fn for_idempotency_key(kind: TaskKind, key: &str) -> Self {
         let name = format!("{}/{}", kind.as_str(), key);

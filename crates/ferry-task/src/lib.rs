@@ -11,6 +11,7 @@
 //! - [`codes`]: every error code, one meaning each.
 //! - [`limits`]: the size of records and of a command's fields.
 //! - [`report`]: a finished task's events printed for a person, or summed up for a test.
+//! - [`targets`]: what a command acts on, for the tenants' policy.
 
 pub mod codes;
 pub mod ids;
@@ -21,6 +22,7 @@ pub mod protocol;
 pub mod report;
 mod schema_test;
 pub mod step;
+pub mod targets;
 pub mod wire;
 
 pub use ids::TaskId;
@@ -28,6 +30,7 @@ pub use kind::TaskKind;
 pub use output::Output;
 pub use protocol::{CommandAction, EventType, ProgressEvent, TaskSnapshot, TaskState};
 pub use step::{CheckStep, Rejection, Step, StepContext, StepError, StepPolicy, TaskHandler};
+pub use targets::Targets;
 
 // For `committed_schemas!` in other crates' tests.
 #[doc(hidden)]

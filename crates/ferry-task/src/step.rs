@@ -260,6 +260,10 @@ pub trait TaskHandler: Send + Sync + 'static {
     /// Checks a spec before anything is done; the reason goes into the Rejected event.
     fn validate(&self, subject: &str, spec: &Self::Spec) -> Result<(), Rejection>;
 
+    /// What a (valid) spec acts on: a tenant's command is refused unless its policy allows
+    /// every target. Every kind says, so that no kind is open to tenants by omission.
+    fn targets(&self, subject: &str, spec: &Self::Spec) -> crate::targets::Targets;
+
     /// The steps of the task, in order. Same spec, same steps.
     fn plan(&self, spec: &Self::Spec) -> Vec<Arc<dyn Step<Self::Spec>>>;
 }

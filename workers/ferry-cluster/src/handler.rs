@@ -99,6 +99,13 @@ impl TaskHandler for ClusterHandler {
         crate::validate::validate(subject, spec, &self.inner.cfg.catalog)
     }
 
+    /// The cluster, its namespace on the hub and the set it joins in OCM.
+    fn targets(&self, _subject: &str, spec: &ClusterCommand) -> ferry_task::Targets {
+        ferry_task::Targets::clusters([spec.name.clone()])
+            .with_namespaces([spec.namespace().to_owned()])
+            .with_sets(spec.ocm.cluster_set.clone())
+    }
+
     /// One plan per operation.
     fn plan(&self, spec: &ClusterCommand) -> Vec<Arc<dyn Step<ClusterCommand>>> {
         let i = &self.inner;

@@ -79,6 +79,22 @@ impl TaskHandler for DeployHandler {
         crate::validate::validate(subject, spec)
     }
 
+    /// The clusters components name, the sets their placements choose in (a placement with
+    /// none chooses among every set bound to the namespace), the app's namespace and the
+    /// namespaces components are offloaded to.
+    fn targets(&self, _subject: &str, spec: &DeployApp) -> ferry_task::Targets {
+        let mut t = ferry_task::Targets::clusters(spec.components.iter().filter_map(|c| c.cluster.clone()))
+            .with_namespaces([spec.namespace().to_owned()])
+            .with_namespaces(spec.components.iter().filter_map(|c| c.offloaded_namespace.clone()));
+        for p in spec.components.iter().filter_map(|c| c.placement.as_ref()) {
+            if p.cluster_sets.is_empty() {
+                t = t.chosen_at_run(format!("a placement with no cluster set (every set bound to namespace {:?})", spec.namespace()));
+            }
+            t = t.with_sets(p.cluster_sets.iter().cloned());
+        }
+        t
+    }
+
     /// One plan for deploy, update and delete: each step reads the operation.
     fn plan(&self, spec: &DeployApp) -> Vec<Arc<dyn Step<DeployApp>>> {
         let ready = Duration::from_secs(spec.ready_timeout_seconds.unwrap_or(600).max(1) as u64);

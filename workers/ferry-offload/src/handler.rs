@@ -86,6 +86,17 @@ impl TaskHandler for OffloadHandler {
         crate::spec::validate(subject, spec)
     }
 
+    /// The consumer, the providers it names (or a selector that chooses them), the
+    /// namespace and its remote name.
+    fn targets(&self, _subject: &str, spec: &OffloadCommand) -> ferry_task::Targets {
+        let mut t = ferry_task::Targets::clusters(std::iter::once(spec.cluster.clone()).chain(spec.clusters.iter().cloned()))
+            .with_namespaces(std::iter::once(spec.namespace.clone()).chain(spec.remote_namespace_name.clone()));
+        if !spec.cluster_selector.is_empty() {
+            t = t.chosen_at_run("a cluster selector (the peered clusters whose labels match)");
+        }
+        t
+    }
+
     /// One plan per operation; every step has the same policy.
     fn plan(&self, c: &OffloadCommand) -> Vec<Arc<dyn Step<OffloadCommand>>> {
         let (i, p) = (&self.inner, policy(c));

@@ -244,6 +244,11 @@ impl TaskHandler for PeerHandler {
         crate::spec::validate(subject, spec)
     }
 
+    /// Both clusters, and the ManagedClusterSet a Submariner peering joins.
+    fn targets(&self, _subject: &str, spec: &PeerClusters) -> ferry_task::Targets {
+        ferry_task::Targets::clusters([spec.a.clone(), spec.b.clone()]).with_sets(spec.cluster_set.clone())
+    }
+
     fn plan(&self, p: &PeerClusters) -> Vec<PeerStep> {
         let i = &self.inner;
         let (check, steps): (PeerStep, Vec<PeerStep>) = match p.method {

@@ -94,6 +94,12 @@ impl TaskHandler for ScoreHandler {
         crate::validate::validate(spec)
     }
 
+    /// The clusters named, the set scored; neither means every managed cluster.
+    fn targets(&self, _subject: &str, spec: &ScoreClusters) -> ferry_task::Targets {
+        let t = ferry_task::Targets::clusters(spec.clusters.iter().cloned()).with_sets(spec.cluster_set.clone());
+        if spec.clusters.is_empty() && spec.cluster_set.is_none() { t.chosen_at_run("no cluster or set named: every managed cluster") } else { t }
+    }
+
     fn plan(&self, _spec: &ScoreClusters) -> Vec<Arc<dyn Step<ScoreClusters>>> {
         let i = &self.inner;
         vec![

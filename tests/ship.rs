@@ -71,6 +71,57 @@ fn kinds(docs: &[Value]) -> Vec<String> {
     docs.iter().map(|d| d["kind"].as_str().unwrap_or("").to_owned()).collect()
 }
 
+/// The verbs on Secrets each namespace's Roles give worker `kind` (through RoleBindings of
+/// its ServiceAccount), sorted.
+fn secret_grants(docs: &[Value], kind: &str) -> std::collections::BTreeMap<String, Vec<String>> {
+    let mut out = std::collections::BTreeMap::<String, Vec<String>>::new();
+    let sa = format!("ferry-{kind}");
+    for b in docs.iter().filter(|d| d["kind"] == "RoleBinding") {
+        if !b["subjects"].as_array().unwrap().iter().any(|s| s["kind"] == "ServiceAccount" && s["name"] == sa.as_str() && s["namespace"] == "ferry") {
+            continue;
+        }
+        let ns = b["metadata"]["namespace"].as_str().expect("a RoleBinding's namespace");
+        assert_eq!(b["roleRef"]["kind"], "Role", "{sa} is bound to a Role, not a ClusterRole, in {ns}");
+        let role = docs
+            .iter()
+            .find(|d| d["kind"] == "Role" && d["metadata"]["name"] == b["roleRef"]["name"] && d["metadata"]["namespace"] == ns)
+            .unwrap_or_else(|| panic!("Role {} in {ns}", b["roleRef"]["name"]));
+        for rule in role["rules"].as_array().unwrap() {
+            assert_eq!(rule["apiGroups"], serde_json::json!([""]));
+            assert_eq!(rule["resources"], serde_json::json!(["secrets"]), "a worker's Roles grant Secrets only");
+            let verbs = out.entry(ns.to_owned()).or_default();
+            verbs.extend(rule["verbs"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_owned()));
+            verbs.sort();
+            verbs.dedup();
+        }
+    }
+    out
+}
+
+/// Each worker may get kubeconfig Secrets in exactly `cluster_ns` (create-cluster also
+/// list and watch them: it waits for its cluster's), deploy get app Secrets in `app_ns`,
+/// nothing else on Secrets anywhere, and FERRY_CLUSTER_NAMESPACES names `cluster_ns`.
+fn assert_secret_grants(docs: &[Value], cluster_ns: &[&str], app_ns: &[&str]) {
+    for kind in ["create-cluster", "peer", "offload", "deploy", "score"] {
+        let reads: Vec<String> = if kind == "create-cluster" { vec!["get".into(), "list".into(), "watch".into()] } else { vec!["get".into()] };
+        let mut want: std::collections::BTreeMap<String, Vec<String>> = cluster_ns.iter().map(|n| ((*n).to_owned(), reads.clone())).collect();
+        if kind == "deploy" {
+            for n in app_ns {
+                let v = want.entry((*n).to_owned()).or_default();
+                v.push("get".into());
+                v.sort();
+                v.dedup();
+            }
+        }
+        assert_eq!(secret_grants(docs, kind), want, "the Secrets worker {kind} may touch, by namespace");
+        let dep = docs.iter().find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == format!("ferry-{kind}").as_str()).unwrap();
+        let env = dep["spec"]["template"]["spec"]["containers"][0]["env"].as_array().unwrap();
+        let named = env.iter().find(|e| e["name"] == "FERRY_CLUSTER_NAMESPACES").expect("FERRY_CLUSTER_NAMESPACES");
+        assert_eq!(named["value"], cluster_ns.join(",").as_str(), "worker {kind} is told the namespaces its Roles are in");
+        assert_eq!(named["name"], ferry_kube::clusters::NAMESPACES_ENV);
+    }
+}
+
 #[test]
 fn chart_grants_each_worker_only_what_it_touches() {
     let Some(helm) = helm() else {
@@ -114,6 +165,22 @@ fn chart_grants_each_worker_only_what_it_touches() {
     for b in docs.iter().filter(|d| d["kind"] == "ClusterRoleBinding") {
         assert_ne!(b["roleRef"]["name"], "cluster-admin");
     }
+    // Secrets: no ClusterRole grants them (any verb); each worker reads kubeconfig Secrets
+    // through a Role in each cluster namespace, with the verbs it uses, and is told those
+    // namespaces. Deploy reads app Secrets only in the app namespaces that are listed.
+    for role in docs.iter().filter(|d| d["kind"] == "ClusterRole") {
+        for rule in role["rules"].as_array().unwrap() {
+            assert!(!rule["resources"].as_array().unwrap().iter().any(|r| r == "secrets"), "ClusterRole {} grants Secrets: {rule}", role["metadata"]["name"]);
+        }
+    }
+    let values: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(root().join("helm/ferry/values.yaml")).unwrap()).unwrap();
+    let default_ns: Vec<&str> = values["clusterNamespaces"].as_array().expect("values clusterNamespaces").iter().map(|n| n.as_str().unwrap()).collect();
+    assert!(!default_ns.is_empty());
+    assert_secret_grants(&docs, &default_ns, &[]);
+    let more = render_chart(&helm, &["--set", "clusterNamespaces={fleet,edge}", "--set", "workers.deploy.appSecretNamespaces={shop}"]);
+    assert_secret_grants(&more, &["fleet", "edge"], &["shop"]);
+    let bad = Command::new(&helm).args(["template", "ferry"]).arg(root().join("helm/ferry")).args(["--set", "clusterNamespaces={Bad_ns}"]).output().unwrap();
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("not a namespace name"), "a bad namespace fails the chart");
     assert!(k.iter().any(|k| k == "ServiceMonitor"));
     let dash = docs.iter().find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "ferry-dashboard").expect("dashboard");
     assert_eq!(dash["spec"]["template"]["spec"]["automountServiceAccountToken"], false, "the dashboard needs no API access");
@@ -130,7 +197,7 @@ async fn strimzi_resources_and_chart_pass_the_api_server() {
     }
     let fleet = Fleet::start(FleetOptions { controllers: false, ..FleetOptions::hub_and(0) }).await.unwrap();
     let clusters = Clusters::new(fleet.hub().client().await.unwrap());
-    for ns in ["kafka", "ferry"] {
+    for ns in ["kafka", "ferry", "fleet"] {
         let doc = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
         clusters.apply(HUB, &doc, "ferry-test").await.unwrap();
     }
@@ -157,7 +224,7 @@ async fn strimzi_resources_and_chart_pass_the_api_server() {
     // The test bed has no prometheus-operator CRDs; the ServiceMonitor is checked above.
     let cluster_scoped = ["ClusterRole", "ClusterRoleBinding", "Namespace"];
     for mut d in render_chart(&helm, &["--set", "serviceMonitor.enabled=false"]) {
-        if !cluster_scoped.contains(&d["kind"].as_str().unwrap_or("")) {
+        if !cluster_scoped.contains(&d["kind"].as_str().unwrap_or("")) && d["metadata"]["namespace"].is_null() {
             d["metadata"]["namespace"] = "ferry".into();
         }
         clusters.dry_run_apply(HUB, &d, "ferry-test").await.unwrap_or_else(|e| panic!("chart {} {}: {e}", d["kind"], d["metadata"]["name"]));
@@ -320,4 +387,95 @@ async fn chart_rbac_passes_ocm_admission() {
     let patch = Patch::Merge(serde_json::json!({"metadata": {"labels": {ferry_kube::vocab::ocm::CLUSTERSET_LABEL: "tunnels"}}}));
     as_peer.patch("edge-1", &PatchParams::default(), &patch).await.unwrap_or_else(|e| panic!("the peer worker's chart RBAC cannot move a cluster into a set: {e}"));
     drop(server);
+}
+
+/// The chart's Secrets RBAC as the API server decides it: each worker's identity reads a
+/// cluster's kubeconfig Secret through `ferry_kube::Clusters` in the cluster namespace
+/// (its Role's `get` is all it takes), and may read no Secret elsewhere nor list or watch
+/// Secrets across namespaces; only create-cluster may list and watch them there, and no
+/// worker may write one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chart_rbac_reads_kubeconfig_secrets_only_in_cluster_namespaces() {
+    if !ferry_fleet::binaries::Binaries::installed() {
+        ferry_runtime::report::missing_prerequisite("the test bed is not installed (scripts/install-testbed.sh)");
+        return;
+    }
+    let Some(helm) = helm() else {
+        ferry_runtime::report::missing_prerequisite("helm is not installed (scripts/install-helm.sh)");
+        return;
+    };
+    use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+    let fleet = Fleet::start(FleetOptions { controllers: false, ..FleetOptions::hub_and(0) }).await.unwrap();
+    let admin = fleet.hub().client().await.unwrap();
+    let clusters = Clusters::new(admin.clone());
+    for ns in ["ferry", "fleet"] {
+        clusters.apply(HUB, &serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}), "ferry-test").await.unwrap();
+    }
+    for d in render_chart(&helm, &[]).into_iter().filter(|d| ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"].contains(&d["kind"].as_str().unwrap_or(""))) {
+        clusters.apply(HUB, &d, "ferry-test").await.unwrap_or_else(|e| panic!("{} {}: {e}", d["kind"], d["metadata"]["name"]));
+    }
+    // A Cluster API kubeconfig Secret in the cluster namespace (its Cluster need not exist:
+    // no garbage collector runs here), and the same planted in `default`.
+    let kubeconfig = fleet.hub().kubeconfig_inline().unwrap();
+    let owner = serde_json::json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster", "name": "c1", "uid": "6f1d3c58-0c53-4a53-9d0e-1b2f3a4c5d6e"});
+    for ns in ["fleet", "default"] {
+        let s = ferry_fleet::fleet::kubeconfig_secret_owned("c1", &kubeconfig, owner.clone());
+        Api::<k8s_openapi::api::core::v1::Secret>::namespaced(admin.clone(), ns)
+            .patch("c1-kubeconfig", &PatchParams::apply("ferry-test").force(), &Patch::Apply(&s))
+            .await
+            .unwrap();
+    }
+    let sa = |kind: &str| format!("system:serviceaccount:ferry:ferry-{kind}");
+    let groups = ["system:serviceaccounts", "system:serviceaccounts:ferry", "system:authenticated"];
+    let sar = kube::core::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk("authorization.k8s.io", "v1", "SubjectAccessReview"));
+    let reviews = Api::<DynamicObject>::all_with(admin.clone(), &sar);
+    for kind in ["create-cluster", "peer", "offload", "deploy", "score"] {
+        // As the worker runs: its identity, the namespaces the chart tells it.
+        let as_worker = Clusters::with_namespaces(fleet.hub().client_as(&sa(kind), &groups).await.unwrap(), ["fleet"]);
+        // RBAC may take a moment to see the bindings just written.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            match as_worker.kubeconfig_secret("c1").await {
+                Ok(found) => break assert_eq!(found, ("fleet".to_owned(), "c1-kubeconfig".to_owned())),
+                Err(e) if std::time::Instant::now() >= deadline => panic!("worker {kind} cannot read c1's kubeconfig Secret in fleet: {e}"),
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
+            }
+        }
+        as_worker.client("c1").await.unwrap_or_else(|e| panic!("worker {kind}: {e}"));
+        let watches = kind == "create-cluster";
+        if watches {
+            // Its kubeconfig wait, a shared watch of the namespace, needs the Role only (a
+            // watch across namespaces with a field selector would be refused).
+            let absent = || ferry_kube::Check::Pending("absent".to_owned());
+            ferry_kube::Watches::new()
+                .wait_object::<k8s_openapi::api::core::v1::Secret, ()>(ferry_kube::HUB, as_worker.hub(), Some("fleet"), "c1-kubeconfig", std::time::Duration::from_secs(60), |s| {
+                    if s.is_some() { ferry_kube::Check::Done(()) } else { absent() }
+                })
+                .await
+                .unwrap_or_else(|e| panic!("worker {kind} cannot watch its kubeconfig Secret: {e}"));
+        }
+        // (namespace, verb, allowed): "" is every namespace (a list or watch across
+        // namespaces, even with a namespace field selector, is authorized as that).
+        for (ns, verb, allowed) in [
+            ("fleet", "get", true),
+            ("fleet", "list", watches),
+            ("fleet", "watch", watches),
+            ("fleet", "create", false),
+            ("fleet", "patch", false),
+            ("fleet", "update", false),
+            ("fleet", "delete", false),
+            ("default", "get", false),
+            ("kube-system", "get", false),
+            ("ferry", "get", false),
+            ("", "get", false),
+            ("", "list", false),
+            ("", "watch", false),
+        ] {
+            let r: DynamicObject = serde_json::from_value(serde_json::json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+                "spec": {"user": sa(kind), "groups": groups, "resourceAttributes": {"resource": "secrets", "namespace": ns, "verb": verb, "name": if verb == "get" { "c1-kubeconfig" } else { "" }}}}))
+            .unwrap();
+            let got = reviews.create(&PostParams::default(), &r).await.unwrap();
+            assert_eq!(got.data["status"]["allowed"].as_bool().unwrap_or(false), allowed, "worker {kind} {verb} secrets in {ns:?}");
+        }
+    }
 }

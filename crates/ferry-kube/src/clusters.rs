@@ -1,18 +1,26 @@
 //! Clients of the hub and of every managed cluster. A managed cluster's client comes from
 //! its Cluster API kubeconfig Secret on the hub (`<cluster>-kubeconfig`, key `value`,
 //! label `cluster.x-k8s.io/cluster-name`), so kubeconfigs never travel through Kafka.
+//! Only Secrets Cluster API made are used, and only in the configured namespaces
+//! ([`NAMESPACES_ENV`]; [`capi_secret`] says what Cluster API's look like): a Secret
+//! elsewhere is never read, so whoever may write Secrets in another namespace of the hub
+//! cannot plant a cluster's credentials.
 //! Also discovery-backed dynamic APIs with idempotent server-side apply and delete.
+
+pub mod capi_secret;
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::GroupVersionKind;
 use kube::discovery::{ApiCapabilities, ApiResource, Scope};
 use kube::{Client, Config};
 use serde_json::Value;
+
+pub use capi_secret::Rule;
 
 /// The name under which [`Clusters::client`] returns the hub itself.
 pub const HUB: &str = "hub";
@@ -20,14 +28,52 @@ pub const HUB: &str = "hub";
 /// Label Cluster API puts on a cluster's kubeconfig Secret.
 pub const CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
 
+/// The hub namespaces (comma-separated) whose kubeconfig Secrets [`Clusters::new`] uses; a
+/// `<cluster>-kubeconfig` Secret in any other namespace is never looked at. The chart sets
+/// it from `clusterNamespaces`, where each worker's Role lets it read Secrets.
+pub const NAMESPACES_ENV: &str = "FERRY_CLUSTER_NAMESPACES";
+
+/// The namespaces when [`NAMESPACES_ENV`] is unset: those the test bed and `ferry dev` keep
+/// clusters in today: `ferry-fleet` (the bed's members, `Fleet::publish_kubeconfigs`),
+/// `fleet` (the clusters `ferry dev`, the examples and the create-cluster tests make),
+/// `default` (a create-cluster command's namespace when it names none) and `campaign`
+/// (the fault campaign's).
+pub const DEFAULT_NAMESPACES: &[&str] = &["ferry-fleet", "fleet", "default", "campaign"];
+
+/// The namespaces [`NAMESPACES_ENV`] names (or [`DEFAULT_NAMESPACES`] when it is unset):
+/// names that are not namespace names are left out, with a warning.
+pub fn configured_namespaces() -> Vec<String> {
+    match std::env::var(NAMESPACES_ENV) {
+        Ok(v) => parse_namespaces(&v),
+        Err(_) => DEFAULT_NAMESPACES.iter().map(|n| (*n).to_owned()).collect(),
+    }
+}
+
+fn parse_namespaces(v: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for n in v.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        if !crate::names::is_dns1123_label(n) {
+            tracing::warn!(namespace = n, "{NAMESPACES_ENV}: not a namespace name; left out");
+        } else if !out.iter().any(|o| o == n) {
+            out.push(n.to_owned());
+        }
+    }
+    out
+}
+
 /// Why a cluster cannot be reached or an object not applied.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
-    /// No kubeconfig Secret names the cluster.
-    #[error("cluster {cluster:?} is unknown: no Secret {cluster}-kubeconfig labelled {CLUSTER_NAME_LABEL}={cluster} on the hub")]
+    /// No kubeconfig Secret of the cluster in the configured namespaces (Secrets elsewhere
+    /// are not looked at).
+    #[error(
+        "cluster {cluster:?} is unknown: no Secret {cluster}-kubeconfig in the hub's cluster namespaces {namespaces:?} ({NAMESPACES_ENV}); kubeconfig Secrets in other namespaces are not looked at"
+    )]
     Unknown {
         /// The cluster.
         cluster: String,
+        /// Where it was looked for.
+        namespaces: Vec<String>,
     },
     /// More than one namespace holds a kubeconfig Secret for it.
     #[error("cluster {cluster:?} is ambiguous: kubeconfig Secrets in namespaces {namespaces:?}")]
@@ -36,6 +82,19 @@ pub enum ClusterError {
         cluster: String,
         /// Where the Secrets are.
         namespaces: Vec<String>,
+    },
+    /// The cluster's kubeconfig Secret is not one Cluster API made ([`capi_secret`]): it is
+    /// not used, and its content is never read.
+    #[error("cluster {cluster:?}: Secret {namespace}/{cluster}-kubeconfig is not Cluster API's and is not used ({rule} rule: {detail})")]
+    NotClusterApis {
+        /// The cluster.
+        cluster: String,
+        /// The Secret's namespace.
+        namespace: String,
+        /// The rule it breaks.
+        rule: Rule,
+        /// How (names, type and owners; never the content).
+        detail: String,
     },
     /// The Secret's kubeconfig is unusable (its content is never shown).
     #[error("the kubeconfig in Secret {namespace}/{cluster}-kubeconfig is unusable: {reason}")]
@@ -88,6 +147,7 @@ struct Cached {
 /// The hub's client and the managed clusters' clients, cached by their Secret's version.
 pub struct Clusters {
     hub: Client,
+    namespaces: Vec<String>,
     cache: Mutex<HashMap<String, Cached>>,
     kinds: Mutex<HashMap<(String, GroupVersionKind), (ApiResource, ApiCapabilities)>>,
 }
@@ -95,15 +155,32 @@ pub struct Clusters {
 impl std::fmt::Debug for Clusters {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let cached: Vec<String> = self.cache.lock().map(|c| c.keys().cloned().collect()).unwrap_or_default();
-        f.debug_struct("Clusters").field("cached", &cached).finish()
+        f.debug_struct("Clusters").field("namespaces", &self.namespaces).field("cached", &cached).finish()
     }
 }
 
 impl Clusters {
-    /// Clusters reached through `hub`.
+    /// Clusters reached through `hub`, their kubeconfig Secrets in the namespaces
+    /// [`NAMESPACES_ENV`] names ([`configured_namespaces`]).
     pub fn new(hub: Client) -> Self {
+        Self::with_namespaces(hub, configured_namespaces())
+    }
+
+    /// Clusters reached through `hub`, their kubeconfig Secrets in `namespaces` only.
+    pub fn with_namespaces<S: Into<String>>(hub: Client, namespaces: impl IntoIterator<Item = S>) -> Self {
         crate::init_crypto();
-        Self { hub, cache: Mutex::default(), kinds: Mutex::default() }
+        let mut ns: Vec<String> = Vec::new();
+        for n in namespaces.into_iter().map(Into::into) {
+            if !ns.contains(&n) {
+                ns.push(n);
+            }
+        }
+        Self { hub, namespaces: ns, cache: Mutex::default(), kinds: Mutex::default() }
+    }
+
+    /// The hub namespaces whose kubeconfig Secrets are used.
+    pub fn namespaces(&self) -> &[String] {
+        &self.namespaces
     }
 
     /// From the default kubeconfig or the in-cluster config.
@@ -117,26 +194,60 @@ impl Clusters {
         &self.hub
     }
 
-    /// Where `cluster`'s kubeconfig Secret is: `(namespace, name)`.
+    /// Where `cluster`'s kubeconfig Secret is: `(namespace, name)`; only a Secret Cluster
+    /// API made, in a configured namespace.
     pub async fn kubeconfig_secret(&self, cluster: &str) -> Result<(String, String), ClusterError> {
         let s = self.find_secret(cluster).await?;
         Ok((s.metadata.namespace.unwrap_or_default(), s.metadata.name.unwrap_or_default()))
     }
 
-    async fn find_secret(&self, cluster: &str) -> Result<Secret, ClusterError> {
-        let secrets: Api<Secret> = Api::all(self.hub.clone());
-        let lp = ListParams::default().labels(&format!("{CLUSTER_NAME_LABEL}={cluster}"));
-        let list = secrets.list(&lp).await.map_err(|source| ClusterError::Kube { cluster: HUB.into(), source })?;
+    /// The configured namespaces holding a Secret named `<cluster>-kubeconfig`, Cluster
+    /// API's or not (a name in use there is taken).
+    pub async fn kubeconfig_secret_namespaces(&self, cluster: &str) -> Result<Vec<String>, ClusterError> {
+        Ok(self.kubeconfig_secrets(cluster).await?.into_iter().filter_map(|s| s.metadata.namespace).collect())
+    }
+
+    /// Every `<cluster>-kubeconfig` Secret in the configured namespaces: one `get` per
+    /// namespace (all a worker's Role there allows), never a list of other namespaces.
+    async fn kubeconfig_secrets(&self, cluster: &str) -> Result<Vec<Secret>, ClusterError> {
         let name = format!("{cluster}-kubeconfig");
-        let mut found: Vec<Secret> = list.items.into_iter().filter(|s| s.metadata.name.as_deref() == Some(&name)).collect();
-        match found.len() {
-            0 => Err(ClusterError::Unknown { cluster: cluster.to_owned() }),
-            1 => Ok(found.remove(0)),
-            _ => Err(ClusterError::Ambiguous {
-                cluster: cluster.to_owned(),
-                namespaces: found.iter().filter_map(|s| s.metadata.namespace.clone()).collect(),
-            }),
+        // The hub is not a cluster, and a name that is no Secret name is nobody's (nor a path).
+        if cluster == HUB || !crate::names::is_dns1123_subdomain(&name) {
+            return Ok(Vec::new());
         }
+        let gets = self.namespaces.iter().map(|ns| {
+            let api: Api<Secret> = Api::namespaced(self.hub.clone(), ns);
+            let name = name.clone();
+            async move { api.get_opt(&name).await }
+        });
+        let mut found = Vec::new();
+        for got in futures::future::join_all(gets).await {
+            if let Some(s) = got.map_err(|source| ClusterError::Kube { cluster: HUB.into(), source })? {
+                found.push(s);
+            }
+        }
+        Ok(found)
+    }
+
+    async fn find_secret(&self, cluster: &str) -> Result<Secret, ClusterError> {
+        let mut found = self.kubeconfig_secrets(cluster).await?;
+        let secret = match found.len() {
+            0 => return Err(ClusterError::Unknown { cluster: cluster.to_owned(), namespaces: self.namespaces.clone() }),
+            1 => found.remove(0),
+            _ => {
+                return Err(ClusterError::Ambiguous {
+                    cluster: cluster.to_owned(),
+                    namespaces: found.iter().filter_map(|s| s.metadata.namespace.clone()).collect(),
+                });
+            }
+        };
+        capi_secret::check(cluster, &secret).map_err(|(rule, detail)| ClusterError::NotClusterApis {
+            cluster: cluster.to_owned(),
+            namespace: secret.metadata.namespace.clone().unwrap_or_default(),
+            rule,
+            detail,
+        })?;
+        Ok(secret)
     }
 
     /// A client of `cluster` ([`HUB`] for the hub).
@@ -296,6 +407,13 @@ mod tests {
             "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://10.0.0.1:6443\n{cluster}users:\n- name: u\n  user:\n{user}contexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n"
         );
         Kubeconfig::from_yaml(&text).unwrap()
+    }
+
+    #[test]
+    fn namespaces_are_namespace_names() {
+        assert_eq!(parse_namespaces(" fleet, ferry-fleet ,,fleet"), ["fleet", "ferry-fleet"]);
+        assert_eq!(parse_namespaces("fleet,../x,Caps,a/b"), ["fleet"], "names that are not namespaces are left out");
+        assert!(parse_namespaces("").is_empty());
     }
 
     #[test]

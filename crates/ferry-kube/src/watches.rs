@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use kube::api::Api;
+use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
@@ -114,19 +114,23 @@ impl Watches {
         if let Some(s) = open.get(&key).and_then(|a| a.clone().downcast::<Shared<K>>().ok()) {
             return s;
         }
-        // Namespaced through a field selector, which every kind supports, so one generic
-        // path serves namespaced and cluster-scoped kinds.
-        let api: Api<K> = Api::all(client.clone());
-        let mut config = watcher::Config::default();
-        if let Some(ns) = namespace {
-            config = config.fields(&format!("metadata.namespace={ns}"));
-        }
+        let events = match namespace {
+            // Through the namespace's own URL, so that a Role in that namespace is all the
+            // watch needs (a field selector over every namespace is, to RBAC, a list at the
+            // cluster scope). Any kind, whatever its scope type: watched untyped, then read
+            // as `K`.
+            Some(ns) => {
+                let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ApiResource::erase::<K>(&()));
+                watcher(api, watcher::Config::default()).map(|r| r.and_then(typed::<K>)).boxed()
+            }
+            None => watcher(Api::<K>::all(client.clone()), watcher::Config::default()).boxed(),
+        };
         let (store, writer) = reflector::store();
         let changed = Arc::new(Notify::new());
         let last_error = Arc::new(Mutex::new(None));
         let (n, e) = (changed.clone(), last_error.clone());
         let task = tokio::spawn(async move {
-            let stream = reflector::reflector(writer, watcher(api, config).default_backoff());
+            let stream = reflector::reflector(writer, events.default_backoff());
             futures::pin_mut!(stream);
             while let Some(ev) = stream.next().await {
                 match ev {
@@ -233,4 +237,18 @@ impl<F: std::future::Future> NowOrNever for F {
     fn now_or_never_ready(self) -> bool {
         futures::FutureExt::now_or_never(self).is_some()
     }
+}
+
+/// A watch event of an untyped object as one of `K` (the same JSON).
+fn typed<K: DeserializeOwned>(ev: watcher::Event<DynamicObject>) -> Result<watcher::Event<K>, watcher::Error> {
+    let read = |o: DynamicObject| {
+        serde_json::to_value(o).and_then(serde_json::from_value::<K>).map_err(|e| watcher::Error::WatchFailed(kube::Error::SerdeError(e)))
+    };
+    Ok(match ev {
+        watcher::Event::Apply(o) => watcher::Event::Apply(read(o)?),
+        watcher::Event::Delete(o) => watcher::Event::Delete(read(o)?),
+        watcher::Event::InitApply(o) => watcher::Event::InitApply(read(o)?),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitDone => watcher::Event::InitDone,
+    })
 }

@@ -1,13 +1,19 @@
 //! `ferry-kube` against the test bed's real API servers: cluster clients from kubeconfig
-//! Secrets, dynamic apply/get/delete, and shared watches with deadlines.
+//! Secrets (only Cluster API's, only in the cluster namespaces), dynamic apply/get/delete,
+//! and shared watches with deadlines.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferry_fleet::fleet::KUBECONFIG_NAMESPACE;
 use ferry_fleet::{Fleet, FleetOptions};
+use ferry_kube::clusters::{DEFAULT_NAMESPACES, Rule};
 use ferry_kube::{Check, ClusterError, Clusters, WaitError, Watches};
-use k8s_openapi::api::core::v1::ConfigMap;
-use serde_json::json;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::Api;
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::GroupVersionKind;
+use serde_json::{Value, json};
 
 async fn fleet() -> Option<Fleet> {
     if !ferry_fleet::binaries::Binaries::installed() {
@@ -15,6 +21,8 @@ async fn fleet() -> Option<Fleet> {
         return None;
     }
     let fleet = Fleet::start(FleetOptions { controllers: false, ..FleetOptions::hub_and(1) }).await.expect("fleet starts");
+    // The members' Secrets are owned by their control planes: Cluster API's kinds first.
+    fleet.install_crds().await.expect("CRDs");
     fleet.publish_kubeconfigs().await.expect("kubeconfig secrets");
     Some(fleet)
 }
@@ -32,25 +40,7 @@ async fn clients_apply_and_shared_waits() {
         Err(e @ ClusterError::Unknown { .. }) => assert!(e.to_string().contains("nowhere-kubeconfig"), "{e}"),
         other => panic!("expected Unknown, got {:?}", other.err()),
     }
-    assert_eq!(clusters.kubeconfig_secret("member-1").await.unwrap().1, "member-1-kubeconfig");
-
-    // A planted kubeconfig whose user runs a command is refused before any use: the
-    // command never runs.
-    let marker = tempfile::tempdir().unwrap();
-    let ran = marker.path().join("ran");
-    let planted = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: '{}'}}\nusers:\n- name: u\n  user:\n    exec: {{apiVersion: client.authentication.k8s.io/v1, command: /bin/sh, args: [-c, 'touch {}'], interactiveMode: Never}}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n",
-        fleet.cluster("member-1").unwrap().server,
-        ran.display()
-    );
-    let secret = ferry_fleet::fleet::kubeconfig_secret("planted", &planted);
-    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> = kube::Api::namespaced(fleet.hub().client().await.unwrap(), "default");
-    secrets.create(&Default::default(), &serde_json::from_value(secret).unwrap()).await.unwrap();
-    match clusters.client("planted").await {
-        Err(e @ ClusterError::BadKubeconfig { .. }) => assert!(e.to_string().contains("exec credential plugin"), "{e}"),
-        other => panic!("a kubeconfig with exec was accepted: {:?}", other.err()),
-    }
-    assert!(!ran.exists(), "the planted command ran");
+    assert_eq!(clusters.kubeconfig_secret("member-1").await.unwrap(), (KUBECONFIG_NAMESPACE.to_owned(), "member-1-kubeconfig".to_owned()));
 
     // Apply is idempotent; delete of a missing object is success.
     let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "probe", "namespace": "default"}, "data": {"a": "1"}});
@@ -119,4 +109,113 @@ async fn clients_apply_and_shared_waits() {
         Err(e @ ClusterError::NotServed { .. }) => assert!(e.to_string().contains("Nope")),
         other => panic!("expected NotServed, got {other:?}"),
     }
+}
+
+/// A Cluster API `Cluster` named `name` in `ns` (inert: no controllers run), and the owner
+/// reference Cluster API's core controller gives its kubeconfig Secret.
+async fn capi_cluster(hub: &kube::Client, ns: &str, name: &str) -> Value {
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "Cluster"));
+    let c: DynamicObject = serde_json::from_value(json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster", "metadata": {"name": name}, "spec": {"paused": true}})).unwrap();
+    let c = Api::<DynamicObject>::namespaced_with(hub.clone(), ns, &ar).create(&PostParams::default(), &c).await.unwrap();
+    json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster", "name": name, "uid": c.metadata.uid.unwrap()})
+}
+
+/// Writes `secret` (JSON) as `<cluster>-kubeconfig` in `ns`.
+async fn put(hub: &kube::Client, ns: &str, cluster: &str, secret: &Value) {
+    let api: Api<Secret> = Api::namespaced(hub.clone(), ns);
+    api.patch(&format!("{cluster}-kubeconfig"), &PatchParams::apply("ferry-test").force(), &Patch::Apply(secret)).await.unwrap();
+}
+
+/// The failures the namespace list and Cluster API's shape guard against: a kubeconfig
+/// Secret planted outside the cluster namespaces is never looked at (not even to be
+/// refused), and one inside them is used only as Cluster API makes it (its label, its type,
+/// owned by its Cluster or controlled by its control plane); `self_contained` still holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_cluster_apis_kubeconfigs_in_cluster_namespaces_are_used() {
+    let Some(fleet) = fleet().await else { return };
+    assert!(DEFAULT_NAMESPACES.contains(&KUBECONFIG_NAMESPACE), "workers find the test bed's members without settings");
+    let hub = fleet.hub().client().await.unwrap();
+    let clusters = Clusters::with_namespaces(hub.clone(), [KUBECONFIG_NAMESPACE]);
+    let member = fleet.cluster("member-1").unwrap();
+    let good = member.kubeconfig_inline().unwrap();
+    // The member's Secret is its control plane's, as the KubeadmControlPlane makes it.
+    let s = Api::<Secret>::namespaced(hub.clone(), KUBECONFIG_NAMESPACE).get("member-1-kubeconfig").await.unwrap();
+    let owner = &s.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!((owner.kind.as_str(), owner.controller), ("KubeadmControlPlane", Some(true)));
+    assert_eq!(s.type_.as_deref(), Some("cluster.x-k8s.io/secret"));
+
+    // Anyone who may write Secrets in another namespace (here `tenant-a`, which no worker
+    // is told of) plants Cluster API-shaped kubeconfigs there:
+    // one for a cluster Ferry knows (pointing elsewhere), one for a new name whose user
+    // would run a command. Neither is looked at: member-1 is still the real one (not
+    // ambiguous), the new name is unknown and the error says why; the command never runs.
+    let marker = tempfile::tempdir().unwrap();
+    let ran = marker.path().join("ran");
+    let planted = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: '{}'}}\nusers:\n- name: u\n  user:\n    exec: {{apiVersion: client.authentication.k8s.io/v1, command: /bin/sh, args: [-c, 'touch {}'], interactiveMode: Never}}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n",
+        member.server,
+        ran.display()
+    );
+    let elsewhere = good.replace(&member.server, "https://127.0.0.1:1");
+    let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "tenant-a"}});
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(hub.clone()).patch("tenant-a", &PatchParams::apply("ferry-test"), &Patch::Apply(&ns)).await.unwrap();
+    let owner = capi_cluster(&hub, "tenant-a", "member-1").await;
+    put(&hub, "tenant-a", "member-1", &ferry_fleet::fleet::kubeconfig_secret_owned("member-1", &elsewhere, owner)).await;
+    let owner = capi_cluster(&hub, "tenant-a", "ghost").await;
+    put(&hub, "tenant-a", "ghost", &ferry_fleet::fleet::kubeconfig_secret_owned("ghost", &planted, owner)).await;
+    assert_eq!(clusters.kubeconfig_secret("member-1").await.unwrap().0, KUBECONFIG_NAMESPACE);
+    assert_eq!(clusters.client("member-1").await.unwrap().apiserver_version().await.unwrap().major, "1");
+    match clusters.client("ghost").await {
+        Err(e @ ClusterError::Unknown { .. }) => {
+            let m = e.to_string();
+            assert!(m.contains("ghost-kubeconfig") && m.contains(KUBECONFIG_NAMESPACE) && m.contains("other namespaces are not looked at"), "{m}");
+        }
+        other => panic!("a kubeconfig Secret outside the cluster namespaces was used: {:?}", other.err()),
+    }
+    // Only the namespace kept it out: where `tenant-a` is a cluster namespace it is found,
+    // both member-1 Secrets make the name ambiguous, and the exec kubeconfig is still
+    // refused before any use.
+    let with_tenant = Clusters::with_namespaces(hub.clone(), [KUBECONFIG_NAMESPACE, "tenant-a"]);
+    match with_tenant.client("ghost").await {
+        Err(e @ ClusterError::BadKubeconfig { .. }) => assert!(e.to_string().contains("exec credential plugin"), "{e}"),
+        other => panic!("a kubeconfig with exec was accepted: {:?}", other.err()),
+    }
+    assert!(matches!(with_tenant.client("member-1").await, Err(ClusterError::Ambiguous { .. })));
+    assert!(!ran.exists(), "the planted command ran");
+
+    // In the cluster namespace, a Secret Cluster API did not make is refused, naming the
+    // rule (never the content): the wrong type (here Opaque, with the right owner)...
+    let mut opaque = ferry_fleet::fleet::kubeconfig_secret_owned("opaque", &good, capi_cluster(&hub, KUBECONFIG_NAMESPACE, "opaque").await);
+    opaque["type"] = json!("Opaque");
+    put(&hub, KUBECONFIG_NAMESPACE, "opaque", &opaque).await;
+    let refused = |r: Result<kube::Client, ClusterError>, want: Rule| match r {
+        Err(e @ ClusterError::NotClusterApis { rule, .. }) if rule == want => {
+            let m = e.to_string();
+            assert!(m.contains(&format!("{KUBECONFIG_NAMESPACE}/")) && m.contains(&format!("{want} rule")), "{m}");
+            assert!(!m.contains("certificate-authority-data") && !m.contains("token"), "the content shows: {m}");
+        }
+        other => panic!("expected the {want} rule, got {:?}", other.err()),
+    };
+    refused(clusters.client("opaque").await, Rule::Type);
+    // ...no owner reference at all, or one to another cluster's Cluster...
+    put(&hub, KUBECONFIG_NAMESPACE, "orphan", &ferry_fleet::fleet::kubeconfig_secret("orphan", &good)).await;
+    refused(clusters.client("orphan").await, Rule::Owner);
+    let someone_else = capi_cluster(&hub, KUBECONFIG_NAMESPACE, "someone-else").await;
+    put(&hub, KUBECONFIG_NAMESPACE, "stray", &ferry_fleet::fleet::kubeconfig_secret_owned("stray", &good, someone_else)).await;
+    refused(clusters.client("stray").await, Rule::Owner);
+    refused(clusters.kubeconfig_secret("stray").await.map(|_| hub.clone()), Rule::Owner);
+    // ...yet the names are taken in the cluster namespace.
+    assert_eq!(clusters.kubeconfig_secret_namespaces("opaque").await.unwrap(), [KUBECONFIG_NAMESPACE]);
+    assert!(clusters.kubeconfig_secret_namespaces("ghost").await.unwrap().is_empty());
+    // Once the orphan is owned as Cluster API owns it, it is used.
+    let owner = capi_cluster(&hub, KUBECONFIG_NAMESPACE, "orphan").await;
+    put(&hub, KUBECONFIG_NAMESPACE, "orphan", &ferry_fleet::fleet::kubeconfig_secret_owned("orphan", &good, owner)).await;
+    let orphan = clusters.client("orphan").await.expect("a Cluster-owned kubeconfig Secret is used");
+    assert_eq!(orphan.apiserver_version().await.unwrap().major, "1");
+
+    // `hub` stays the hub: a `hub-kubeconfig` Secret, even Cluster API-shaped, names no cluster.
+    let owner = capi_cluster(&hub, KUBECONFIG_NAMESPACE, "hub").await;
+    put(&hub, KUBECONFIG_NAMESPACE, "hub", &ferry_fleet::fleet::kubeconfig_secret_owned("hub", &elsewhere, owner)).await;
+    assert!(matches!(clusters.kubeconfig_secret("hub").await, Err(ClusterError::Unknown { .. })));
+    assert!(clusters.client("hub").await.unwrap().apiserver_version().await.is_ok(), "the hub's own client");
 }

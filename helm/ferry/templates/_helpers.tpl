@@ -76,9 +76,10 @@ seccompProfile:
 {{/*
 The hub API rules of each worker: only what it touches. Managed clusters are reached
 through their kubeconfig Secrets (Cluster API's <cluster>-kubeconfig), never cluster-admin.
+No ClusterRole grants Secrets: those come through Roles in the cluster namespaces
+("ferry.kubeconfigVerbs") and, for deploy, in the app namespaces that are listed.
 */}}
 {{- define "ferry.rules" -}}
-{{- $readKubeconfigs := dict "apiGroups" (list "") "resources" (list "secrets") "verbs" (list "get" "list" "watch") -}}
 {{- $watchClusters := dict "apiGroups" (list "cluster.open-cluster-management.io") "resources" (list "managedclusters") "verbs" (list "get" "list" "watch") -}}
 {{- if eq . "create-cluster" }}
 - apiGroups: [cluster.x-k8s.io]
@@ -100,7 +101,7 @@ through their kubeconfig Secrets (Cluster API's <cluster>-kubeconfig), never clu
   resources: [clusterresourcesets]
   verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [""]
-  resources: [secrets, configmaps]
+  resources: [configmaps]
   verbs: [get, list, watch, create, patch, delete]
 # A revert removes the namespace the create made (and only that one).
 - apiGroups: [""]
@@ -115,7 +116,7 @@ through their kubeconfig Secrets (Cluster API's <cluster>-kubeconfig), never clu
   verbs: [get, list, watch]
 # clusteradm join: a bootstrap token of OCM's bootstrap ServiceAccount (clusteradm
 # pkg/helpers/client.go GetBootstrapTokenFromSA); the hub's address and CA come from
-# kube-public/cluster-info (secrets and configmaps are read above).
+# kube-public/cluster-info (configmaps are read above).
 - apiGroups: [""]
   resources: [serviceaccounts/token]
   resourceNames: [agent-registration-bootstrap]
@@ -141,7 +142,6 @@ through their kubeconfig Secrets (Cluster API's <cluster>-kubeconfig), never clu
   resources: [managedclustersets/join]
   verbs: [create]
 {{- else if eq . "peer" }}
-- {{ toYaml $readKubeconfigs | nindent 2 | trim }}
 - {{ toYaml $watchClusters | nindent 2 | trim }}
 # Submariner: the cluster-set label of the pair (restored on revert); OCM's webhook
 # wants `join` on the old and the new set for that.
@@ -172,10 +172,8 @@ through their kubeconfig Secrets (Cluster API's <cluster>-kubeconfig), never clu
   resources: [namespaces]
   verbs: [get, list, watch]
 {{- else if eq . "offload" }}
-- {{ toYaml $readKubeconfigs | nindent 2 | trim }}
 - {{ toYaml $watchClusters | nindent 2 | trim }}
 {{- else if eq . "deploy" }}
-- {{ toYaml $readKubeconfigs | nindent 2 | trim }}
 - {{ toYaml $watchClusters | nindent 2 | trim }}
 - apiGroups: [work.open-cluster-management.io]
   resources: [manifestworks]
@@ -197,7 +195,6 @@ through their kubeconfig Secrets (Cluster API's <cluster>-kubeconfig), never clu
   resources: [namespaces]
   verbs: [get, create, patch]
 {{- else if eq . "score" }}
-- {{ toYaml $readKubeconfigs | nindent 2 | trim }}
 - {{ toYaml $watchClusters | nindent 2 | trim }}
 - apiGroups: [cluster.open-cluster-management.io]
   resources: [addonplacementscores, addonplacementscores/status]
@@ -209,4 +206,28 @@ through their kubeconfig Secrets (Cluster API's <cluster>-kubeconfig), never clu
   resources: [configmaps]
   verbs: [get]
 {{- end }}
+{{- end }}
+
+{{/*
+The verbs on Secrets a worker has in each cluster namespace (values clusterNamespaces),
+granted by a Role there. Every worker reads a cluster's kubeconfig Secret by name
+(ferry_kube::Clusters: one get per cluster namespace, Secrets elsewhere are never read);
+create-cluster also waits for the one its cluster's providers write (a watch: list,
+watch). No worker writes a Secret on the hub: create-cluster's OCM bootstrap kubeconfig
+goes to the cluster through the cluster's own kubeconfig.
+*/}}
+{{- define "ferry.kubeconfigVerbs" -}}
+{{- if eq . "create-cluster" -}}
+[get, list, watch]
+{{- else -}}
+[get]
+{{- end -}}
+{{- end }}
+
+{{/* A namespace name (DNS-1123 label), or the chart fails naming the value (dict: ns, what). */}}
+{{- define "ferry.namespace" -}}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$" (toString .ns)) -}}
+{{- fail (printf "%s: %q is not a namespace name" .what (toString .ns)) -}}
+{{- end -}}
+{{ .ns }}
 {{- end }}

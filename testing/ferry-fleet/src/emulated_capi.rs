@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
 use crate::emulate::now;
-use crate::fleet::{ClusterSpawner, kubeconfig_secret};
+use crate::fleet::{ClusterSpawner, kubeconfig_secret_owned};
 use crate::{Cluster, Fleet, FleetError, Kubelet, NodeFlavor};
 
 /// Finalizer the emulator keeps on Clusters until their workload cluster is gone.
@@ -330,7 +330,7 @@ async fn provision(cx: &Ctx, s: &mut State, api: &Api<DynamicObject>, c: &Dynami
         // CNI solution"); k3s ships flannel. A topology's control plane is kubeadm here (the
         // test bed serves no other provider).
         let kubeadm = str_at(&c.data, "/spec/controlPlaneRef/kind").is_none_or(|k| k == "KubeadmControlPlane");
-        let w = workload(cx, s, ns, name, &uid, &knobs, kubeadm).await.map_err(|e| kube::Error::Service(Box::new(e)))?;
+        let w = workload(cx, s, ns, c, &knobs, kubeadm).await.map_err(|e| kube::Error::Service(Box::new(e)))?;
         s.workloads.insert(key.to_owned(), w);
     }
     // Control plane replicas and flavor.
@@ -424,18 +424,33 @@ async fn machine(api: &Api<DynamicObject>, cluster: &str, pool: &str, node: &str
     Ok(())
 }
 
-/// Starts the workload cluster of `name` and writes its kubeconfig Secret. A kubeadm
+/// The owner reference of Cluster `c`'s kubeconfig Secret, as upstream gives it: with a
+/// control plane (`spec.controlPlaneRef`, here when its object exists) a controller
+/// reference to it (`controlplane/kubeadm/reconcilers/kubeadmcontrolplane/helpers.go`
+/// `reconcileKubeconfig`); without one, the Cluster itself, no controller flag
+/// (`core/reconcilers/cluster/cluster_controller_phases.go` `reconcileKubeconfig`,
+/// `util/kubeconfig/kubeconfig.go` `CreateSecret`).
+async fn kubeconfig_owner(cx: &Ctx, ns: &str, c: &DynamicObject) -> Result<Value, kube::Error> {
+    if let Some((_, cp)) = referenced(cx, ns, c.data.pointer("/spec/controlPlaneRef")).await? {
+        let kind = cp.types.as_ref().map(|t| (t.api_version.clone(), t.kind.clone())).unwrap_or_default();
+        return Ok(json!({"apiVersion": kind.0, "kind": kind.1, "name": cp.metadata.name, "uid": cp.metadata.uid, "controller": true, "blockOwnerDeletion": true}));
+    }
+    Ok(json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster", "name": c.metadata.name, "uid": c.metadata.uid}))
+}
+
+/// Starts the workload cluster of Cluster `c` and writes its kubeconfig Secret. A kubeadm
 /// cluster on an API server of its own needs a CNI before its nodes are Ready; virtual
 /// clusters share one backing API server, where one cluster's CNI DaemonSet would run on
 /// every cluster's nodes, so theirs have a network from the start.
-async fn workload(cx: &Ctx, s: &mut State, ns: &str, name: &str, uid: &str, knobs: &CapiKnobs, kubeadm: bool) -> Result<Workload, FleetError> {
+async fn workload(cx: &Ctx, s: &mut State, ns: &str, c: &DynamicObject, knobs: &CapiKnobs, kubeadm: bool) -> Result<Workload, FleetError> {
+    let (name, uid) = (c.metadata.name.as_deref().unwrap_or_default(), c.metadata.uid.as_deref().unwrap_or_default());
     let real = s.real_started < cx.opts.real_api_servers;
     let (server, kubeconfig, client) = if real {
-        let c = cx.spawner.spawn(name, true).await?;
+        let server = cx.spawner.spawn(name, true).await?;
         s.real_started += 1;
-        let kc = c.kubeconfig_inline()?;
-        let client = c.client().await?;
-        (Some(c), kc, client)
+        let kc = server.kubeconfig_inline()?;
+        let client = server.client().await?;
+        (Some(server), kc, client)
     } else {
         if s.virtual_backing.is_none() {
             s.virtual_backing = Some(Arc::new(cx.spawner.spawn("virtual-backing", true).await?));
@@ -449,8 +464,8 @@ async fn workload(cx: &Ctx, s: &mut State, ns: &str, name: &str, uid: &str, knob
     if real && kubeadm && !cx.opts.cni_with_cluster {
         kubelet.require_cni();
     }
-    let secret = kubeconfig_secret(name, &kubeconfig);
     let err = |e: kube::Error| FleetError::Client { cluster: "hub".into(), source: Box::new(e) };
+    let secret = kubeconfig_secret_owned(name, &kubeconfig, kubeconfig_owner(cx, ns, c).await.map_err(err)?);
     let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(cx.hub.clone(), ns);
     secrets.patch(&format!("{name}-kubeconfig"), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&secret)).await.map_err(err)?;
     Ok(Workload { _server: server, kubelet, pools: HashMap::new(), uid: uid.to_owned() })

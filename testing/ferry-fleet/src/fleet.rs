@@ -279,21 +279,43 @@ impl Fleet {
     }
 
     /// Writes each managed cluster's kubeconfig into the hub as Cluster API does: Secret
-    /// `<name>-kubeconfig` (key `value`, label `cluster.x-k8s.io/cluster-name`) in
-    /// [`KUBECONFIG_NAMESPACE`], so workers reach clusters the way they would in production.
+    /// `<name>-kubeconfig` (key `value`, label `cluster.x-k8s.io/cluster-name`, type
+    /// `cluster.x-k8s.io/secret`) in [`KUBECONFIG_NAMESPACE`], so workers reach clusters the
+    /// way they would in production. Workers use only Secrets Cluster API made
+    /// (`ferry_kube::clusters::capi_secret`): each member gets the KubeadmControlPlane
+    /// `<name>-control-plane` a kubeadm-made cluster has on the hub, whose controller
+    /// reference owns the Secret as upstream's `reconcileKubeconfig` makes it
+    /// (`controlplane/kubeadm/reconcilers/kubeadmcontrolplane/helpers.go`). Members get no
+    /// `Cluster`: emulated Cluster API would provision one again. Needs the Cluster API
+    /// CRDs ([`Fleet::install_crds`]).
     pub async fn publish_kubeconfigs(&self) -> Result<(), FleetError> {
         use k8s_openapi::api::core::v1::{Namespace, Secret};
-        use kube::api::{Api, Patch, PatchParams};
+        use kube::api::{Api, DynamicObject, Patch, PatchParams};
+        use kube::core::{ApiResource, GroupVersionKind};
         let hub = self.hub().client().await?;
         let err = |e: kube::Error| FleetError::Client { cluster: "hub".into(), source: Box::new(e) };
         let pp = PatchParams::apply("ferry-fleet").force();
         let ns = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": KUBECONFIG_NAMESPACE}});
         Api::<Namespace>::all(hub.clone()).patch(KUBECONFIG_NAMESPACE, &pp, &Patch::Apply(&ns)).await.map_err(err)?;
-        let secrets: Api<Secret> = Api::namespaced(hub, KUBECONFIG_NAMESPACE);
+        let secrets: Api<Secret> = Api::namespaced(hub.clone(), KUBECONFIG_NAMESPACE);
+        let kcp = ApiResource::from_gvk(&GroupVersionKind::gvk("controlplane.cluster.x-k8s.io", "v1beta2", "KubeadmControlPlane"));
+        let kcps: Api<DynamicObject> = Api::namespaced_with(hub, KUBECONFIG_NAMESPACE, &kcp);
+        // Cluster API's own field manager: a test that re-points a Secret (applying
+        // `kubeconfig_secret` as `ferry-fleet`) leaves its owner reference in place.
+        let capi = PatchParams::apply(MEMBER_CAPI_MANAGER).force();
         for c in self.clusters.iter().skip(1) {
-            let secret = kubeconfig_secret(&c.name, &c.kubeconfig_inline()?);
+            let version = c.client().await?.apiserver_version().await.map_err(|e| FleetError::Client { cluster: c.name.clone(), source: Box::new(e) })?;
+            let cp_name = format!("{}-control-plane", c.name);
+            let cp = serde_json::json!({"apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KubeadmControlPlane",
+                "metadata": {"name": cp_name, "labels": {"cluster.x-k8s.io/cluster-name": c.name}},
+                "spec": {"version": version.git_version, "replicas": 1,
+                    "machineTemplate": {"spec": {"infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachineTemplate", "name": cp_name}}}}});
+            let cp = kcps.patch(&cp_name, &capi, &Patch::Apply(&cp)).await.map_err(err)?;
+            let owner = serde_json::json!({"apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KubeadmControlPlane", "name": cp_name,
+                "uid": cp.metadata.uid, "controller": true, "blockOwnerDeletion": true});
+            let secret = kubeconfig_secret_owned(&c.name, &c.kubeconfig_inline()?, owner);
             let name = format!("{}-kubeconfig", c.name);
-            secrets.patch(&name, &pp, &Patch::Apply(&secret)).await.map_err(err)?;
+            secrets.patch(&name, &capi, &Patch::Apply(&secret)).await.map_err(err)?;
         }
         Ok(())
     }
@@ -326,7 +348,20 @@ impl ClusterSpawner {
 /// Namespace of the hub where [`Fleet::publish_kubeconfigs`] writes kubeconfig Secrets.
 pub const KUBECONFIG_NAMESPACE: &str = "ferry-fleet";
 
-/// A Cluster API kubeconfig Secret (`<cluster>-kubeconfig`, key `value`) as JSON for SSA.
+/// Field manager of the members' control planes and kubeconfig Secrets.
+const MEMBER_CAPI_MANAGER: &str = "ferry-fleet-capi";
+
+/// [`kubeconfig_secret`] owned by `owner` (an owner reference), as Cluster API writes it
+/// (`util/kubeconfig/kubeconfig.go` `GenerateSecretWithOwner`): the Cluster (core
+/// controller) or, as controller, its control plane (the control plane provider).
+pub fn kubeconfig_secret_owned(cluster: &str, kubeconfig: &str, owner: serde_json::Value) -> serde_json::Value {
+    let mut s = kubeconfig_secret(cluster, kubeconfig);
+    s["metadata"]["ownerReferences"] = serde_json::json!([owner]);
+    s
+}
+
+/// A Cluster API kubeconfig Secret (`<cluster>-kubeconfig`, key `value`) as JSON for SSA,
+/// without its owner (workers refuse it until it has one: [`kubeconfig_secret_owned`]).
 pub fn kubeconfig_secret(cluster: &str, kubeconfig: &str) -> serde_json::Value {
     use base64::Engine;
     serde_json::json!({

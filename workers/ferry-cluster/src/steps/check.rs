@@ -14,8 +14,8 @@ use ferry_kube::{ClusterError, HUB};
 use ferry_task::{CheckStep, Output, StepContext, StepError, StepPolicy, codes};
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
-use kube::api::{Api, ListParams};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::Api;
 use kube::core::GroupVersionKind;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -119,17 +119,21 @@ impl CreateCheck {
                 )
             });
         }
+        // Workers read kubeconfig Secrets only in the cluster namespaces (their Roles): a
+        // cluster made elsewhere would be provisioned and then unreachable.
+        let clusters = &self.0.cfg.clusters;
+        if !clusters.namespaces().iter().any(|n| n == ns) {
+            return Err(StepError::rejected(
+                codes::BAD_SPEC,
+                format!("namespace {ns:?} is not a cluster namespace (the workers reach clusters in {:?} only: FERRY_CLUSTER_NAMESPACES)", clusters.namespaces()),
+            ));
+        }
         // Workers reach clusters by name: a name in use elsewhere would be ambiguous.
-        let secrets: Api<Secret> = Api::all(hub.clone());
-        let lp = ListParams::default().labels(&format!("{}={name}", render::CAPI_CLUSTER_LABEL));
-        if let Some(s) = secrets.list(&lp).await.map_err(hub_err)?.items.into_iter().find(|s| s.metadata.name.as_deref() == Some(&format!("{name}-kubeconfig")))
-        {
+        let taken = clusters.kubeconfig_secret_namespaces(name).await.map_err(|e| kube_err(codes::HUB_API, e))?;
+        if let Some(other) = taken.first() {
             return Err(StepError::rejected(
                 codes::NAME_TAKEN,
-                format!(
-                    "cluster name {name:?} is taken: Secret {}/{name}-kubeconfig exists; cluster names must be unique across namespaces",
-                    s.metadata.namespace.unwrap_or_default()
-                ),
+                format!("cluster name {name:?} is taken: Secret {other}/{name}-kubeconfig exists; cluster names must be unique across the cluster namespaces"),
             ));
         }
         if cmd.ocm.enabled {

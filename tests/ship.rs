@@ -479,3 +479,30 @@ async fn chart_rbac_reads_kubeconfig_secrets_only_in_cluster_namespaces() {
         }
     }
 }
+
+/// The chart's `tenants` (examples/tenants.yaml as a values file) reach every worker as the
+/// policy file it reads, unchanged; without tenants there is no policy at all.
+#[test]
+fn chart_gives_every_worker_the_tenant_policy() {
+    let Some(helm) = helm() else {
+        ferry_runtime::report::missing_prerequisite("helm is not installed (scripts/install-helm.sh)");
+        return;
+    };
+    let example = root().join("examples/tenants.yaml");
+    let docs = render_chart(&helm, &["-f", example.to_str().unwrap()]);
+    let cm = docs.iter().find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "ferry-tenants").expect("a ConfigMap ferry-tenants");
+    let text = cm["data"]["policy.yaml"].as_str().unwrap();
+    assert_eq!(ferry_runtime::tenants::Policy::parse(text).unwrap(), ferry_runtime::tenants::Policy::load(&example).unwrap());
+    for kind in ["create-cluster", "peer", "offload", "deploy", "score"] {
+        let d = docs.iter().find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == format!("ferry-{kind}").as_str()).unwrap();
+        let pod = &d["spec"]["template"]["spec"];
+        let c = &pod["containers"][0];
+        let env = c["env"].as_array().unwrap();
+        assert!(env.iter().any(|e| e["name"] == "FERRY_POLICY" && e["value"] == "/etc/ferry/tenants/policy.yaml"), "{kind}: {env:?}");
+        assert!(c["volumeMounts"].as_array().unwrap().iter().any(|m| m["name"] == "tenants" && m["mountPath"] == "/etc/ferry/tenants"), "{kind}");
+        assert!(pod["volumes"].as_array().unwrap().iter().any(|v| v["name"] == "tenants" && v["configMap"]["name"] == "ferry-tenants"), "{kind}");
+    }
+    let plain = render_chart(&helm, &[]);
+    assert!(!plain.iter().any(|d| d["metadata"]["name"] == "ferry-tenants"));
+    assert!(!serde_json::to_string(&plain).unwrap().contains("FERRY_POLICY"));
+}

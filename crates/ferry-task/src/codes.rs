@@ -93,6 +93,11 @@ pub const NOT_READY: &str = "NOT_READY";
 pub const NOT_RESTORED: &str = "NOT_RESTORED";
 /// The app was not removed within the undo's deadline.
 pub const NOT_REMOVED: &str = "NOT_REMOVED";
+/// An object the deploy would write exists and Ferry did not make it for this app (not
+/// labelled `app.kubernetes.io/managed-by=ferry` and `ferry.io/app=<app>` and written by
+/// Ferry's field manager), or another field manager owns fields Ferry applies (a
+/// server-side apply conflict): Ferry leaves it alone.
+pub const OBJECT_NOT_FERRYS: &str = "OBJECT_NOT_FERRYS";
 
 // Create-cluster.
 /// The hub does not serve a kind the command renders (its Cluster API provider is not

@@ -2,9 +2,10 @@
 //! servers: registration as upstream's ([`crate::emulated_registration`]: the hub's
 //! controllers and a klusterlet per managed cluster, the members' and the Cluster API
 //! workload clusters'), the work agent of each managed cluster (applies a ManifestWork's manifests server-side,
-//! reports conditions, resource status and feedback, honours the delete option), and the
-//! placement controller (Placement → PlacementDecision by cluster sets, label predicates
-//! and AddOnPlacementScore prioritizers).
+//! reports conditions, resource status and feedback, owns what it applied through the
+//! work's AppliedManifestWork and, when the work goes, deletes only that, as the delete
+//! option says), and the placement controller (Placement → PlacementDecision by cluster
+//! sets, label predicates and AddOnPlacementScore prioritizers).
 //!
 //! Each part is a loop that re-reads its objects every [`TICK`] and writes only what
 //! changed: simple, restart-proof, and quick enough for tests. Knobs make a cluster never
@@ -14,10 +15,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::discovery::{ApiCapabilities, Scope};
 use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 use tokio::task::JoinHandle;
 
 use crate::emulate::now;
@@ -29,6 +32,13 @@ use crate::ocm_prioritizers::{self, Decision};
 pub const TICK: Duration = Duration::from_millis(250);
 /// The work agent's finalizer (as OCM names it).
 pub const WORK_FINALIZER: &str = "cluster.open-cluster-management.io/manifest-work-cleanup";
+/// The finalizer of an AppliedManifestWork (api `work/v1/types.go`,
+/// `AppliedManifestWorkFinalizer`).
+pub const APPLIED_FINALIZER: &str = "cluster.open-cluster-management.io/applied-manifest-work-cleanup";
+/// The AppliedManifestWork kind, cluster-scoped on each managed cluster: the record of what
+/// a work applied and the owner of what it owns. The work agent installs it (the project's
+/// open-schema form, [`crate::kinds::crd`]: upstream's CRD is not among the shared ones).
+pub const APPLIED_KIND: crate::kinds::Kind = ("work.open-cluster-management.io", "v1", "AppliedManifestWork", "appliedmanifestworks", false, true);
 pub use ferry_kube::vocab::ocm::CLUSTERSET_LABEL;
 /// Label of a Placement's decisions.
 pub const PLACEMENT_LABEL: &str = "cluster.open-cluster-management.io/placement";
@@ -40,6 +50,10 @@ fn ar(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
 
 fn works() -> ApiResource {
     ar("work.open-cluster-management.io", "v1", "ManifestWork", "manifestworks")
+}
+fn applied_works() -> ApiResource {
+    let (group, version, kind, plural, _, _) = APPLIED_KIND;
+    ar(group, version, kind, plural)
 }
 fn managed_clusters() -> ApiResource {
     ar("cluster.open-cluster-management.io", "v1", "ManagedCluster", "managedclusters")
@@ -124,7 +138,12 @@ impl EmulatedOcm {
                 move || placement(hub.clone())
             })),
         ];
+        // `HubHash`: what names a work's AppliedManifestWork (`<hub hash>-<work>`).
+        let hub_hash: String = Sha256::digest(hub_cluster.server.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
         for c in fleet.clusters.iter().skip(1) {
+            crate::crds::install(&c.client().await?, vec![crate::kinds::crd(&APPLIED_KIND)])
+                .await
+                .map_err(|e| crate::FleetError::Client { cluster: c.name.clone(), source: Box::new(e) })?;
             let klusterlet = Arc::new(Klusterlet::new(&c.name, c.client().await?, knobs.clone()));
             tasks.push(tokio::spawn(async move {
                 let mut every = tokio::time::interval(AGENT_TICK);
@@ -137,6 +156,7 @@ impl EmulatedOcm {
             }));
             let agent = WorkAgent {
                 cluster: c.name.clone(),
+                hub_hash: hub_hash.clone(),
                 hub: hub.clone(),
                 managed: c.client().await?,
                 knobs: knobs.clone(),
@@ -231,6 +251,8 @@ fn knob(knobs: &Mutex<HashMap<String, OcmKnobs>>, cluster: &str) -> OcmKnobs {
 
 struct WorkAgent {
     cluster: String,
+    /// The hub's hash (ocm `pkg/work/helper/helpers.go`, `HubHash`).
+    hub_hash: String,
     hub: kube::Client,
     managed: kube::Client,
     knobs: Arc<Mutex<HashMap<String, OcmKnobs>>>,
@@ -334,6 +356,106 @@ impl Meta {
     }
 }
 
+/// One entry of an AppliedManifestWork's `status.appliedResources`
+/// (`AppliedManifestResourceMeta`): what the work applied, with the UID it had then. The
+/// order is upstream's (`appliedmanifestwork_reconciler.go` sorts by group, version,
+/// resource, namespace, name).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct AppliedResource {
+    group: String,
+    version: String,
+    resource: String,
+    namespace: String,
+    name: String,
+    uid: String,
+}
+
+impl AppliedResource {
+    fn json(&self) -> Value {
+        json!({"group": self.group, "version": self.version, "resource": self.resource, "namespace": self.namespace, "name": self.name, "uid": self.uid})
+    }
+
+    /// Read as the API server keeps it (an empty string may come back null).
+    fn from_json(v: &Value) -> Option<Self> {
+        let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+        Some(Self { group: s("group"), version: s("version"), resource: s("resource"), namespace: s("namespace"), name: v.get("name")?.as_str()?.to_owned(), uid: s("uid") })
+    }
+
+    /// Its `ResourceIdentifier` (no version: `FindUntrackedResources` matches by this).
+    fn id(&self) -> (&str, &str, &str, &str) {
+        (&self.group, &self.resource, &self.namespace, &self.name)
+    }
+}
+
+/// The applied resources an AppliedManifestWork records.
+fn applied_resources(amw: &DynamicObject) -> Vec<AppliedResource> {
+    amw.data.pointer("/status/appliedResources").and_then(Value::as_array).into_iter().flatten().filter_map(AppliedResource::from_json).collect()
+}
+
+/// The owner reference an AppliedManifestWork puts on what its work owns (ocm
+/// `pkg/work/helper/helpers.go`, `NewAppliedManifestWorkOwner`).
+fn applied_owner(amw: &DynamicObject) -> OwnerReference {
+    let (group, version, kind, _, _, _) = APPLIED_KIND;
+    OwnerReference {
+        api_version: format!("{group}/{version}"),
+        kind: kind.to_owned(),
+        name: amw.metadata.name.clone().unwrap_or_default(),
+        uid: amw.metadata.uid.clone().unwrap_or_default(),
+        ..OwnerReference::default()
+    }
+}
+
+/// Whether the work owns the manifest at `meta` (ocm `pkg/work/helper/helpers.go`,
+/// `OwnedByTheWork`): yes by default and under `Foreground`; no under `Orphan`; under
+/// `SelectivelyOrphan` (or no policy), no when an orphaning rule names its group, resource,
+/// namespace and name exactly (no wildcards, unlike a manifest config's identifier).
+fn owned_by_the_work(meta: &Meta, delete_option: Option<&Value>) -> bool {
+    let Some(option) = delete_option.filter(|d| !d.is_null()) else { return true };
+    match option.get("propagationPolicy").and_then(Value::as_str) {
+        Some("Foreground") => return true,
+        Some("Orphan") => return false,
+        _ => {}
+    }
+    let Some(selectively) = option.get("selectivelyOrphans").filter(|s| !s.is_null()) else { return true };
+    let rules = selectively.get("orphaningRules").and_then(Value::as_array).into_iter().flatten();
+    let field = |r: &Value, k: &str| r.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+    !rules.into_iter().any(|r| field(r, "group") == meta.group && field(r, "resource") == meta.resource && field(r, "namespace") == meta.namespace && field(r, "name") == meta.name)
+}
+
+/// The owner references an object should carry, None when it already does: the work's
+/// owner added when the work owns it, else removed (ocm `manifestwork_reconciler.go`,
+/// `manageOwnerRef`, asks library-go's `resourcemerge.MergeOwnerRefs` to remove it with
+/// the `<uid>-` key; owners match by name, kind and API group).
+fn merge_owner(existing: &[OwnerReference], owner: &OwnerReference, owned: bool) -> Option<Vec<OwnerReference>> {
+    let group = |av: &str| av.rsplit_once('/').map_or(String::new(), |(g, _)| g.to_owned());
+    let mut refs = existing.to_vec();
+    match (refs.iter().position(|o| o.name == owner.name && o.kind == owner.kind && group(&o.api_version) == group(&owner.api_version)), owned) {
+        (None, false) => return None,
+        (None, true) => refs.push(owner.clone()),
+        (Some(i), false) => {
+            refs.remove(i);
+        }
+        (Some(i), true) if refs[i] == *owner => return None,
+        (Some(i), true) => refs[i] = owner.clone(),
+    }
+    Some(refs)
+}
+
+/// `helpers.go`, `ApplyOwnerReferences`: a merge patch of the owner references (guarded by
+/// the object's UID and resourceVersion) when [`merge_owner`] changes them; the object as
+/// it is after.
+async fn apply_owner(api: &Api<DynamicObject>, obj: DynamicObject, owner: &OwnerReference, owned: bool) -> Result<DynamicObject, kube::Error> {
+    let Some(refs) = merge_owner(obj.metadata.owner_references.as_deref().unwrap_or_default(), owner, owned) else { return Ok(obj) };
+    let patch = json!({"metadata": {"uid": obj.metadata.uid, "resourceVersion": obj.metadata.resource_version, "ownerReferences": refs}});
+    api.patch(obj.metadata.name.as_deref().unwrap_or_default(), &PatchParams::default(), &Patch::Merge(&patch)).await
+}
+
+/// The work's owner on what it writes, and whether this manifest takes it.
+struct Own<'a> {
+    owner: &'a OwnerReference,
+    owned: bool,
+}
+
 impl WorkAgent {
     async fn resolve(&self, api_version: &str, kind: &str) -> Result<(ApiResource, ApiCapabilities), kube::Error> {
         let key = (api_version.to_owned(), kind.to_owned());
@@ -366,7 +488,14 @@ impl WorkAgent {
     /// failure, if the API server refused the write (reported in the work's status); with
     /// it comes the live object as this pass left it (the write's answer, or the object
     /// read before it), which the status reports from.
-    async fn write(&self, work: &str, m: &Value, meta: &Meta, strategy: Strategy, changed: bool) -> Result<Written, kube::Error> {
+    ///
+    /// A successful write leaves the work's owner on the object when the work owns it, and
+    /// takes it off when not (`own`): the Update strategy merges it into its write
+    /// (`update_apply.go`), a create carries it, the others patch it on after the write
+    /// (`server_side_apply.go` and `create_only_apply.go` call `ApplyOwnerReferences`, on
+    /// an object that was already there too). A refused write (a server-side apply's
+    /// conflict) adds nothing, and `ReadOnly` never touches the object.
+    async fn write(&self, work: &str, m: &Value, meta: &Meta, strategy: Strategy, changed: bool, own: &Own<'_>) -> Result<Written, kube::Error> {
         let (ar, caps) = self.resolve(m["apiVersion"].as_str().unwrap_or(""), &meta.kind).await?;
         let api = self.api(&ar, &caps, &meta.namespace);
         let live = api.get_opt(&meta.name).await?;
@@ -375,70 +504,158 @@ impl WorkAgent {
         let last = self.applied.lock().expect("applied lock").get(&key).cloned();
         // Nothing changed since this agent's last write: upstream skips the write.
         let untouched = live.as_ref().is_some_and(|l| last.as_ref().is_some_and(|(req, rv)| *req == required && l.metadata.resource_version.as_ref() == Some(rv)));
+        let owners = |o: &DynamicObject| merge_owner(o.metadata.owner_references.as_deref().unwrap_or_default(), own.owner, own.owned);
         let written = match (&strategy, &live) {
-            (Strategy::ReadOnly, _) | (Strategy::CreateOnly, Some(_)) => return Ok((Ok(()), live)),
-            (Strategy::ServerSideApply { .. } | Strategy::Update, Some(_)) if untouched && !changed => return Ok((Ok(()), live)),
+            (Strategy::ReadOnly, _) => return Ok((Ok(()), live)),
+            (Strategy::CreateOnly, Some(l)) => Ok(l.clone()),
+            (Strategy::ServerSideApply { .. } | Strategy::Update, Some(l)) if untouched && !changed => Ok(l.clone()),
             (Strategy::ServerSideApply { manager, force }, _) => {
                 let mut pp = PatchParams::apply(manager);
                 pp.force = *force;
                 api.patch(&meta.name, &pp, &Patch::Apply(m)).await
             }
             (Strategy::Update | Strategy::CreateOnly, None) => match serde_json::from_value::<DynamicObject>(m.clone()) {
-                Ok(obj) => api.create(&kube::api::PostParams::default(), &obj).await,
+                Ok(mut obj) => {
+                    if own.owned {
+                        obj.metadata.owner_references = Some(vec![own.owner.clone()]);
+                    }
+                    api.create(&PostParams::default(), &obj).await
+                }
                 Err(e) => return Ok((Err(format!("the manifest does not decode: {e}")), live)),
             },
-            (Strategy::Update, Some(l)) if same_as_live(m, l) => {
-                let rv = l.metadata.resource_version.clone().unwrap_or_default();
-                self.applied.lock().expect("applied lock").insert(key, (required, rv));
-                return Ok((Ok(()), live));
-            }
+            (Strategy::Update, Some(l)) if same_as_live(m, l) && owners(l).is_none() => Ok(l.clone()),
             (Strategy::Update, Some(l)) => {
                 let mut obj: DynamicObject = match serde_json::from_value(m.clone()) {
                     Ok(o) => o,
                     Err(e) => return Ok((Err(format!("the manifest does not decode: {e}")), live)),
                 };
                 // resourcemerge: the live labels, annotations and owners merged with the
-                // manifest's; finalizers kept; the rest is the manifest.
+                // manifest's (the work's owner added or removed); finalizers kept; the rest
+                // is the manifest.
                 let mut labels = l.metadata.labels.clone().unwrap_or_default();
                 labels.extend(obj.metadata.labels.take().unwrap_or_default());
                 let mut annotations = l.metadata.annotations.clone().unwrap_or_default();
                 annotations.extend(obj.metadata.annotations.take().unwrap_or_default());
                 obj.metadata.labels = Some(labels);
                 obj.metadata.annotations = Some(annotations);
-                obj.metadata.owner_references = l.metadata.owner_references.clone();
+                obj.metadata.owner_references = owners(l).or_else(|| l.metadata.owner_references.clone());
                 obj.metadata.finalizers = l.metadata.finalizers.clone();
                 obj.metadata.resource_version = l.metadata.resource_version.clone();
-                api.replace(&meta.name, &kube::api::PostParams::default(), &obj).await
+                api.replace(&meta.name, &PostParams::default(), &obj).await
             }
         };
-        match written {
-            Ok(obj) => {
-                let rv = obj.metadata.resource_version.clone().unwrap_or_default();
-                self.applied.lock().expect("applied lock").insert(key, (required, rv));
-                Ok((Ok(()), Some(obj)))
-            }
-            Err(kube::Error::Api(s)) => Ok((Err(s.message), live)),
-            Err(e) => Err(e),
-        }
+        let obj = match written {
+            Ok(obj) => obj,
+            Err(kube::Error::Api(s)) => return Ok((Err(s.message), live)),
+            Err(e) => return Err(e),
+        };
+        let obj = match apply_owner(&api, obj.clone(), own.owner, own.owned).await {
+            Ok(o) => o,
+            // Upstream reports it as the manifest's apply error.
+            Err(kube::Error::Api(s)) => return Ok((Err(s.message), Some(obj))),
+            Err(e) => return Err(e),
+        };
+        let rv = obj.metadata.resource_version.clone().unwrap_or_default();
+        self.applied.lock().expect("applied lock").insert(key, (required, rv));
+        Ok((Ok(()), Some(obj)))
     }
 
-    async fn delete(&self, meta: &Meta) -> Result<bool, kube::Error> {
-        let av = if meta.group.is_empty() { meta.version.clone() } else { format!("{}/{}", meta.group, meta.version) };
-        let (ar, caps) = self.resolve(&av, &meta.kind).await?;
-        let api = self.api(&ar, &caps, &meta.namespace);
-        match api.get_opt(&meta.name).await? {
-            None => Ok(true),
-            Some(o) => {
-                if o.metadata.deletion_timestamp.is_none() {
-                    match api.delete(&meta.name, &DeleteParams::foreground()).await {
-                        Ok(_) => {}
-                        Err(kube::Error::Api(s)) if s.code == 404 => {}
-                        Err(e) => return Err(e),
-                    }
-                }
-                Ok(false)
+    /// The API of an applied resource: by group, version and resource, cluster-scoped when
+    /// it has no namespace (as upstream's dynamic client reaches it).
+    fn resource_api(&self, r: &AppliedResource) -> Api<DynamicObject> {
+        let api_version = if r.group.is_empty() { r.version.clone() } else { format!("{}/{}", r.group, r.version) };
+        let ar = ApiResource { group: r.group.clone(), version: r.version.clone(), api_version, kind: String::new(), plural: r.resource.clone() };
+        if r.namespace.is_empty() { Api::all_with(self.managed.clone(), &ar) } else { Api::namespaced_with(self.managed.clone(), &r.namespace, &ar) }
+    }
+
+    fn applied_api(&self) -> Api<DynamicObject> {
+        Api::all_with(self.managed.clone(), &applied_works())
+    }
+
+    /// ocm `pkg/work/helper/helpers.go`, `DeleteAppliedResources`: deletes those of
+    /// `resources` the work owns (they carry `owner`, `IsOwnedBy`) and returns those still
+    /// being deleted. One without the owner is left alone: a manifest the work failed to
+    /// apply (another field manager's conflict), one it orphaned, one someone else made.
+    /// One another AppliedManifestWork also owns only loses `owner`; one whose UID is not
+    /// the recorded one was made again and is forgotten. Deleted in the background, with
+    /// the UID as precondition.
+    async fn delete_applied(&self, resources: &[AppliedResource], owner: &OwnerReference) -> Result<Vec<AppliedResource>, kube::Error> {
+        let mut pending = Vec::new();
+        for r in resources {
+            let api = self.resource_api(r);
+            let Some(live) = api.get_opt(&r.name).await? else { continue };
+            let owners = live.metadata.owner_references.clone().unwrap_or_default();
+            if !owners.iter().any(|o| o.uid == owner.uid) {
+                continue;
+            }
+            // `existOtherAppliedManifestWorkOwners`.
+            if owners.iter().any(|o| o.api_version == owner.api_version && o.kind == owner.kind && o.uid != owner.uid) {
+                apply_owner(&api, live, owner, false).await?;
+                continue;
+            }
+            if live.metadata.uid.as_deref() != Some(r.uid.as_str()) {
+                continue;
+            }
+            if live.metadata.deletion_timestamp.is_some() {
+                pending.push(r.clone());
+                continue;
+            }
+            let dp = DeleteParams {
+                propagation_policy: Some(PropagationPolicy::Background),
+                preconditions: Some(Preconditions { uid: Some(r.uid.clone()), resource_version: None }),
+                ..DeleteParams::default()
+            };
+            match api.delete(&r.name, &dp).await {
+                Ok(_) => pending.push(r.clone()),
+                // Gone, or the UID precondition failed: forgotten.
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+                Err(e) => return Err(e),
             }
         }
+        Ok(pending)
+    }
+
+    /// ocm `pkg/work/spoke/controllers/finalizercontroller/appliedmanifestwork_finalize_controller.go`:
+    /// an AppliedManifestWork being deleted deletes what its work owns
+    /// ([`Self::delete_applied`]), records what is still going, and once nothing is, drops
+    /// its finalizer.
+    async fn finalize_applied(&self, amw: &DynamicObject) -> Result<(), kube::Error> {
+        let finalizers = amw.metadata.finalizers.clone().unwrap_or_default();
+        if amw.metadata.deletion_timestamp.is_none() || !finalizers.iter().any(|f| f == APPLIED_FINALIZER) {
+            return Ok(());
+        }
+        let name = amw.metadata.name.clone().unwrap_or_default();
+        let resources = applied_resources(amw);
+        let pending = self.delete_applied(&resources, &applied_owner(amw)).await?;
+        let api = self.applied_api();
+        if pending != resources {
+            // Upstream returns on a status update and goes on at the next event.
+            let listed: Vec<Value> = pending.iter().map(AppliedResource::json).collect();
+            api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&json!({"status": {"appliedResources": listed}}))).await?;
+            return Ok(());
+        }
+        if pending.is_empty() {
+            let rest: Vec<&String> = finalizers.iter().filter(|f| *f != APPLIED_FINALIZER).collect();
+            let patch = json!({"metadata": {"finalizers": rest, "resourceVersion": amw.metadata.resource_version}});
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        }
+        Ok(())
+    }
+
+    /// The work's AppliedManifestWork (`manifestwork_controller.go`,
+    /// `applyAppliedManifestWork`: `<hub hash>-<work>`, the work's labels, the finalizer),
+    /// made when missing.
+    async fn applied_work(&self, w: &DynamicObject) -> Result<DynamicObject, kube::Error> {
+        let work = w.metadata.name.clone().unwrap_or_default();
+        let name = format!("{}-{work}", self.hub_hash);
+        let api = self.applied_api();
+        if let Some(amw) = api.get_opt(&name).await? {
+            return Ok(amw);
+        }
+        let mut amw = DynamicObject::new(&name, &applied_works()).data(json!({"spec": {"hubHash": self.hub_hash, "manifestWorkName": work, "agentID": self.cluster}}));
+        amw.metadata.labels = w.metadata.labels.clone();
+        amw.metadata.finalizers = Some(vec![APPLIED_FINALIZER.to_owned()]);
+        api.create(&PostParams::default(), &amw).await
     }
 
     async fn tick(&self) -> Result<(), kube::Error> {
@@ -464,23 +681,37 @@ impl WorkAgent {
     async fn reconcile(&self, api: &Api<DynamicObject>, w: DynamicObject) -> Result<(), kube::Error> {
         let name = w.metadata.name.clone().unwrap_or_default();
         let finalizers = w.metadata.finalizers.clone().unwrap_or_default();
-        let applied: Vec<Meta> = w.data.pointer("/status/resourceStatus/manifests").and_then(Value::as_array).into_iter().flatten().filter_map(|m| Meta::from_status(&m["resourceMeta"])).collect();
         if w.metadata.deletion_timestamp.is_some() {
             if !finalizers.iter().any(|f| f == WORK_FINALIZER) {
                 return Ok(());
             }
-            let orphan = w.data.pointer("/spec/deleteOption/propagationPolicy").and_then(Value::as_str) == Some("Orphan");
-            let mut gone = true;
-            if !orphan {
-                // Dependants first: reverse apply order, namespaces last.
-                for m in applied.iter().rev() {
-                    gone &= self.delete(m).await?;
+            // ocm `pkg/work/spoke/controllers/finalizercontroller/manifestwork_finalize_controller.go`:
+            // the work is marked Deleting and its AppliedManifestWork deleted; that one's
+            // finalize controller ([`Self::finalize_applied`]) deletes what the work owns,
+            // and once it is gone the work's finalizer goes. What the work does not own (its
+            // delete option orphaned it, or it never applied it) stays.
+            let amws = self.applied_api();
+            match amws.get_opt(&format!("{}-{name}", self.hub_hash)).await? {
+                Some(amw) if amw.metadata.deletion_timestamp.is_none() => {
+                    let mut conds = w.data.pointer("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
+                    if !conds.iter().any(|c| c["type"] == "Deleting" && c["status"] == "True") {
+                        conds.retain(|c| c["type"] != "Deleting");
+                        conds.push(condition("Deleting", true, "WorkDeleting", "ManifestWork is being deleted", w.metadata.generation.unwrap_or(0)));
+                        let patch = json!({"status": {"conditions": conds}, "metadata": {"resourceVersion": w.metadata.resource_version}});
+                        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                    }
+                    match amws.delete(amw.metadata.name.as_deref().unwrap_or_default(), &DeleteParams::default()).await {
+                        Ok(_) => {}
+                        Err(kube::Error::Api(s)) if s.code == 404 => {}
+                        Err(e) => return Err(e),
+                    }
                 }
-            }
-            if gone {
-                let rest: Vec<&String> = finalizers.iter().filter(|f| *f != WORK_FINALIZER).collect();
-                let patch = json!({"metadata": {"finalizers": rest, "resourceVersion": w.metadata.resource_version}});
-                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                Some(amw) => self.finalize_applied(&amw).await?,
+                None => {
+                    let rest: Vec<&String> = finalizers.iter().filter(|f| *f != WORK_FINALIZER).collect();
+                    let patch = json!({"metadata": {"finalizers": rest, "resourceVersion": w.metadata.resource_version}});
+                    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                }
             }
             return Ok(());
         }
@@ -507,6 +738,14 @@ impl WorkAgent {
             }
             return Ok(());
         }
+        let amw = self.applied_work(&w).await?;
+        if amw.metadata.deletion_timestamp.is_some() {
+            // The AppliedManifestWork of an earlier work of this name, still going (upstream
+            // would apply against it; here the new work waits for it).
+            return self.finalize_applied(&amw).await;
+        }
+        let owner = applied_owner(&amw);
+        let delete_option = w.data.pointer("/spec/deleteOption");
         let manifests: Vec<Value> = w.data.pointer("/spec/workload/manifests").and_then(Value::as_array).cloned().unwrap_or_default();
         let configs: Vec<Value> = w.data.pointer("/spec/manifestConfigs").and_then(Value::as_array).cloned().unwrap_or_default();
         let seen_generation = w.data.pointer("/status/conditions").and_then(Value::as_array).and_then(|cs| {
@@ -528,13 +767,42 @@ impl WorkAgent {
                 }
             };
             let uid = w.metadata.uid.clone().unwrap_or_default();
-            let written = self.write(&uid, m, &meta, strategy(config_for(&configs, &meta)), must_apply).await?;
+            let own = Own { owner: &owner, owned: owned_by_the_work(&meta, delete_option) };
+            let written = self.write(&uid, m, &meta, strategy(config_for(&configs, &meta)), must_apply, &own).await?;
             results[i] = (Some(meta), written);
         }
-        // Resources of an earlier version that the work no longer lists.
-        let now_listed: BTreeSet<&Meta> = results.iter().filter_map(|(m, _)| m.as_ref()).collect();
-        for old in applied.iter().filter(|m| !now_listed.contains(m)) {
-            self.delete(old).await?;
+        // ocm `pkg/work/spoke/controllers/manifestcontroller/appliedmanifestwork_reconciler.go`
+        // (once the work has an Applied condition, which this pass gives it when it has
+        // manifests): every manifest that exists is recorded with its UID, applied or not;
+        // those an earlier version listed and this one does not are deleted if the work
+        // owns them (`FindUntrackedResources`, `DeleteAppliedResources`), and stay recorded
+        // while they are going.
+        let has_applied = w.data.pointer("/status/conditions").and_then(Value::as_array).into_iter().flatten().any(|c| c["type"] == "Applied");
+        if !manifests.is_empty() || has_applied {
+            let mut now: Vec<AppliedResource> = results
+                .iter()
+                .filter_map(|(meta, (_, live))| {
+                    let (meta, live) = (meta.as_ref()?, live.as_ref()?);
+                    Some(AppliedResource {
+                        group: meta.group.clone(),
+                        version: meta.version.clone(),
+                        resource: meta.resource.clone(),
+                        namespace: meta.namespace.clone(),
+                        name: meta.name.clone(),
+                        uid: live.metadata.uid.clone().unwrap_or_default(),
+                    })
+                })
+                .collect();
+            let before = applied_resources(&amw);
+            let untracked: Vec<AppliedResource> = before.iter().filter(|o| !now.iter().any(|n| n.id() == o.id())).cloned().collect();
+            now.extend(self.delete_applied(&untracked, &owner).await?);
+            now.sort();
+            if now != before {
+                let listed: Vec<Value> = now.iter().map(AppliedResource::json).collect();
+                self.applied_api()
+                    .patch_status(amw.metadata.name.as_deref().unwrap_or_default(), &PatchParams::default(), &Patch::Merge(&json!({"status": {"appliedResources": listed}})))
+                    .await?;
+            }
         }
         let all_applied = results.iter().all(|(_, (r, _))| r.is_ok());
         let mut statuses = Vec::new();
@@ -816,6 +1084,51 @@ mod tests {
             strategy(Some(&json!({"updateStrategy": {"type": "ServerSideApply"}}))),
             Strategy::ServerSideApply { manager: "work-agent".into(), force: false }
         );
+    }
+
+    #[test]
+    fn the_delete_option_decides_ownership_as_upstreams_owned_by_the_work() {
+        let meta = |group: &str, resource: &str, namespace: &str, name: &str| Meta {
+            group: group.into(),
+            version: "v1".into(),
+            kind: String::new(),
+            resource: resource.into(),
+            namespace: namespace.into(),
+            name: name.into(),
+        };
+        let ns = meta("", "namespaces", "", "shop");
+        let web = meta("apps", "deployments", "shop", "web");
+        assert!(owned_by_the_work(&ns, None));
+        assert!(owned_by_the_work(&ns, Some(&json!({"propagationPolicy": "Foreground"}))));
+        assert!(!owned_by_the_work(&web, Some(&json!({"propagationPolicy": "Orphan"}))));
+        // SelectivelyOrphan without rules orphans nothing.
+        assert!(owned_by_the_work(&ns, Some(&json!({"propagationPolicy": "SelectivelyOrphan"}))));
+        // A rule names group, resource, namespace and name exactly (an empty string may be stored as null).
+        let rules = json!({"propagationPolicy": "SelectivelyOrphan", "selectivelyOrphans": {"orphaningRules": [{"group": null, "resource": "namespaces", "name": "shop"}]}});
+        assert!(!owned_by_the_work(&ns, Some(&rules)));
+        assert!(owned_by_the_work(&meta("", "namespaces", "", "blog"), Some(&rules)));
+        assert!(owned_by_the_work(&web, Some(&rules)));
+        let wildcard = json!({"propagationPolicy": "SelectivelyOrphan", "selectivelyOrphans": {"orphaningRules": [{"group": "apps", "resource": "deployments", "namespace": "shop", "name": "*"}]}});
+        assert!(owned_by_the_work(&web, Some(&wildcard)), "no wildcards in orphaning rules");
+    }
+
+    #[test]
+    fn the_works_owner_is_merged_as_library_gos_merge_owner_refs() {
+        let owner = |name: &str, uid: &str| OwnerReference {
+            api_version: "work.open-cluster-management.io/v1".into(),
+            kind: "AppliedManifestWork".into(),
+            name: name.into(),
+            uid: uid.into(),
+            ..OwnerReference::default()
+        };
+        let mine = owner("h-w", "1");
+        let other = owner("h-x", "2");
+        assert_eq!(merge_owner(&[], &mine, true), Some(vec![mine.clone()]));
+        assert_eq!(merge_owner(&[other.clone(), mine.clone()], &mine, true), None, "already there");
+        assert_eq!(merge_owner(std::slice::from_ref(&other), &mine, false), None, "nothing to remove");
+        assert_eq!(merge_owner(&[mine.clone(), other.clone()], &mine, false), Some(vec![other.clone()]));
+        // Matched by name, kind and group: an AppliedManifestWork made again replaces its old self.
+        assert_eq!(merge_owner(&[owner("h-w", "0")], &mine, true), Some(vec![mine.clone()]));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! - [`spec`]: the command (`DeployApp`: deploy, update, delete).
 //! - [`validate`]: rules that need no cluster.
 //! - [`exportable`]: which hub Secrets a deploy may copy to clusters.
+//! - [`ownership`]: which objects are Ferry's; the rest it neither takes over nor deletes.
 //! - [`render`]: app → objects, ManifestWorks, Placements; feedback → readiness (pure).
 //! - [`handler`]: the configuration and the plan: check, place, apply, wait.
 //! - [`steps`]: one module per step; [`outputs`]: the keys of their outputs.
@@ -12,6 +13,7 @@
 
 pub mod exportable;
 pub mod handler;
+pub mod ownership;
 pub mod render;
 pub mod spec;
 pub mod steps;

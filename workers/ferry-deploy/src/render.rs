@@ -9,6 +9,7 @@ use ferry_kube::kinds::ManifestWork;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use crate::ownership::{FERRY, MANAGED_BY};
 use crate::spec::{Component, DeployApp, Port};
 
 /// Field manager of everything the deploy worker applies.
@@ -83,7 +84,7 @@ fn selector(app: &DeployApp, c: &Component) -> Value {
 }
 
 fn labels(app: &DeployApp, c: Option<&Component>) -> Value {
-    let mut l = json!({"app.kubernetes.io/managed-by": "ferry", APP_LABEL: app.name, "app.kubernetes.io/part-of": app.name});
+    let mut l = json!({MANAGED_BY: FERRY, APP_LABEL: app.name, "app.kubernetes.io/part-of": app.name});
     if let Some(c) = c {
         l["app.kubernetes.io/name"] = json!(c.name);
         l["app.kubernetes.io/instance"] = json!(app.name);
@@ -187,48 +188,95 @@ pub fn objects(app: &DeployApp, components: &[&Component], secrets: &BTreeMap<St
     out
 }
 
-/// The ManifestWork that carries `components` to `cluster`: server-side apply, feedback
-/// for readiness and addresses, foreground deletion of everything it applied.
-pub fn manifest_work(app: &DeployApp, cluster: &str, components: &[&Component], secrets: &BTreeMap<String, SecretData>, task: &str) -> Value {
+/// The resource (plural) of a kind [`objects`] renders, for a ManifestWork's resource
+/// identifiers.
+fn resource_of(kind: &str) -> String {
+    match kind {
+        "Ingress" => "ingresses".to_owned(),
+        k => format!("{}s", k.to_ascii_lowercase()),
+    }
+}
+
+/// The manifest config of one rendered object: how the work agent writes it, and the
+/// feedback [`readiness`] and addresses come from.
+///
+/// - Server-side apply as [`WORK_FIELD_MANAGER`] without force: a field another manager
+///   owns is a conflict (Applied=False with the API server's message), never taken over
+///   (ocm `pkg/work/spoke/apply/server_side_apply.go`: `Force` comes from
+///   `updateStrategy.serverSideApply.force`, default false, and an `IsConflict` answer is
+///   returned as `ServerSideApplyConflictError`; api `work/v1/types.go`,
+///   `ServerSideApplyConfig`). The default strategy, `Update`, would replace an object
+///   that is there, whoever made it, so every manifest names its strategy.
+/// - A Namespace is `CreateOnly`: made when missing, a namespace that is there is not
+///   written (ocm `pkg/work/spoke/apply/create_only_apply.go`).
+fn manifest_config(o: &Value) -> Value {
+    let s = |p: &str| o.pointer(p).and_then(Value::as_str).unwrap_or("");
+    let kind = s("/kind");
+    let group = s("/apiVersion").rsplit_once('/').map_or("", |(g, _)| g);
+    let mut id = json!({"group": group, "resource": resource_of(kind), "name": s("/metadata/name")});
+    if !s("/metadata/namespace").is_empty() {
+        id["namespace"] = json!(s("/metadata/namespace"));
+    }
     // The work agent applies as this field manager; OCM's ManifestWork CRD requires it to
     // start with `work-agent` (api v1.3.0, `serverSideApply.fieldManager` pattern).
-    let ssa = json!({"type": "ServerSideApply", "serverSideApply": {"fieldManager": WORK_FIELD_MANAGER, "force": true}});
-    let mut configs = Vec::new();
-    for c in components {
-        let ns = c.namespace(app);
-        configs.push(json!({
-            "resourceIdentifier": {"group": "apps", "resource": "deployments", "name": c.name, "namespace": ns},
-            "feedbackRules": [
+    let strategy = match kind {
+        "Namespace" => json!({"type": "CreateOnly"}),
+        _ => json!({"type": "ServerSideApply", "serverSideApply": {"fieldManager": WORK_FIELD_MANAGER, "force": false}}),
+    };
+    let mut c = json!({"resourceIdentifier": id, "updateStrategy": strategy});
+    match kind {
+        "Deployment" => {
+            c["feedbackRules"] = json!([
                 {"type": "WellKnownStatus"},
                 {"type": "JSONPaths", "jsonPaths": [
                     {"name": "updatedReplicas", "path": ".status.updatedReplicas"},
                     {"name": "observedGeneration", "path": ".status.observedGeneration"},
                     {"name": "generation", "path": ".metadata.generation"},
                 ]},
-            ],
-            "updateStrategy": ssa,
-        }));
-        if !c.ports.is_empty() {
-            configs.push(json!({
-                "resourceIdentifier": {"group": "", "resource": "services", "name": c.name, "namespace": ns},
-                "feedbackRules": [{"type": "JSONPaths", "jsonPaths": [
-                    {"name": "clusterIP", "path": ".spec.clusterIP"},
-                    {"name": "loadBalancerIP", "path": ".status.loadBalancer.ingress[0].ip"},
-                ]}],
-                "updateStrategy": ssa,
-            }));
+            ]);
         }
+        "Service" => {
+            c["feedbackRules"] = json!([{"type": "JSONPaths", "jsonPaths": [
+                {"name": "clusterIP", "path": ".spec.clusterIP"},
+                {"name": "loadBalancerIP", "path": ".status.loadBalancer.ingress[0].ip"},
+            ]}]);
+        }
+        _ => {}
     }
+    c
+}
+
+/// The ManifestWork that carries `components` to `cluster`: every manifest server-side
+/// applied without force (a Namespace created only when missing), feedback for readiness
+/// and addresses, and on deletion everything it applied removed but its namespaces.
+///
+/// The work agent owns (and on deletion removes) whatever it applied, an object that was
+/// there before included (ocm `pkg/work/spoke/apply/server_side_apply.go` and
+/// `create_only_apply.go` call `helper.ApplyOwnerReferences` on success;
+/// `pkg/work/helper/helpers.go`, `DeleteAppliedResources`, deletes what carries that
+/// owner). From the hub Ferry cannot tell a namespace it made from one it found, so the
+/// namespaces are orphaned (`SelectivelyOrphan`: `helpers.go`, `OwnedByTheWork`, and
+/// `manifestwork_reconciler.go`, `manageOwnerRef`, keep the work's owner off them): a
+/// namespace Ferry did not create is never deleted, at the price of leaving the ones it
+/// did create.
+pub fn manifest_work(app: &DeployApp, cluster: &str, components: &[&Component], secrets: &BTreeMap<String, SecretData>, task: &str) -> Value {
+    let manifests = objects(app, components, secrets);
+    let configs: Vec<Value> = manifests.iter().map(manifest_config).collect();
+    let orphans: Vec<Value> = manifests
+        .iter()
+        .filter(|m| m["kind"] == "Namespace")
+        .map(|m| json!({"group": "", "resource": "namespaces", "name": m["metadata"]["name"]}))
+        .collect();
     json!({
         "apiVersion": "work.open-cluster-management.io/v1", "kind": "ManifestWork",
         "metadata": {
             "name": work_name(app), "namespace": cluster,
-            "labels": {"app.kubernetes.io/managed-by": "ferry", APP_LABEL: app.name, OWNER_LABEL: owner_label(&app.owner)},
+            "labels": {MANAGED_BY: FERRY, APP_LABEL: app.name, OWNER_LABEL: owner_label(&app.owner)},
             "annotations": {TASK_ANNOTATION: task},
         },
         "spec": {
-            "workload": {"manifests": objects(app, components, secrets)},
-            "deleteOption": {"propagationPolicy": "Foreground"},
+            "workload": {"manifests": manifests},
+            "deleteOption": {"propagationPolicy": "SelectivelyOrphan", "selectivelyOrphans": {"orphaningRules": orphans}},
             "manifestConfigs": configs,
         },
     })
@@ -262,7 +310,7 @@ pub fn placement(app: &DeployApp, c: &Component, task: &str) -> Option<Value> {
     Some(json!({
         "apiVersion": "cluster.open-cluster-management.io/v1beta1", "kind": "Placement",
         "metadata": {"name": placement_name(app, &c.name), "namespace": app.namespace(),
-                     "labels": {"app.kubernetes.io/managed-by": "ferry", APP_LABEL: app.name}, "annotations": {TASK_ANNOTATION: task}},
+                     "labels": {MANAGED_BY: FERRY, APP_LABEL: app.name}, "annotations": {TASK_ANNOTATION: task}},
         "spec": spec,
     }))
 }
@@ -339,19 +387,34 @@ mod tests {
     }
 
     #[test]
-    fn the_manifest_work_asks_for_readiness_feedback_and_foreground_deletion() {
+    fn the_manifest_work_asks_for_readiness_feedback_and_keeps_namespaces() {
         let a = app();
         let w = manifest_work(&a, "member-1", &[&a.components[0]], &BTreeMap::new(), "tsk_1");
         assert_eq!(w["metadata"]["namespace"], "member-1");
         assert_eq!(w["metadata"]["name"], "shop-shop");
         assert_eq!(w["metadata"]["labels"][OWNER_LABEL], "team_a");
-        assert_eq!(w["spec"]["deleteOption"]["propagationPolicy"], "Foreground");
-        assert_eq!(w["spec"]["manifestConfigs"][0]["feedbackRules"][0]["type"], "WellKnownStatus");
-        assert_eq!(w["spec"]["manifestConfigs"][0]["updateStrategy"]["type"], "ServerSideApply");
-        // OCM's CRD: `fieldManager` must match `^work-agent`.
-        let manager = w["spec"]["manifestConfigs"][0]["updateStrategy"]["serverSideApply"]["fieldManager"].as_str().unwrap();
-        assert!(manager.starts_with("work-agent"), "{manager}");
-        assert_eq!(w["spec"]["manifestConfigs"][1]["resourceIdentifier"]["resource"], "services");
+        let configs = w["spec"]["manifestConfigs"].as_array().unwrap();
+        let config = |resource: &str| configs.iter().find(|c| c["resourceIdentifier"]["resource"] == resource).unwrap_or_else(|| panic!("no config of {resource}"));
+        assert_eq!(config("deployments")["feedbackRules"][0]["type"], "WellKnownStatus");
+        assert_eq!(config("deployments")["resourceIdentifier"], json!({"group": "apps", "resource": "deployments", "name": "web", "namespace": "shop"}));
+        assert_eq!(config("services")["feedbackRules"][0]["jsonPaths"][0]["name"], "clusterIP");
+        // Every manifest names its strategy (the default, Update, replaces what is there).
+        assert_eq!(configs.len(), w["spec"]["workload"]["manifests"].as_array().unwrap().len());
+        for c in configs.iter().filter(|c| c["resourceIdentifier"]["resource"] != "namespaces") {
+            let s = &c["updateStrategy"];
+            assert_eq!(s["type"], "ServerSideApply", "{c}");
+            assert_eq!(s["serverSideApply"]["force"], false, "no forced takeover: {c}");
+            // OCM's CRD: `fieldManager` must match `^work-agent`.
+            assert!(s["serverSideApply"]["fieldManager"].as_str().unwrap().starts_with("work-agent"), "{c}");
+        }
+        assert_eq!(config("ingresses")["resourceIdentifier"]["group"], "networking.k8s.io");
+        assert_eq!(config("secrets")["resourceIdentifier"]["name"], "shop-tls");
+        // A namespace is created only when missing, and never deleted with the work.
+        let ns = config("namespaces");
+        assert_eq!(ns["updateStrategy"]["type"], "CreateOnly");
+        assert_eq!(ns["resourceIdentifier"], json!({"group": "", "resource": "namespaces", "name": "shop"}));
+        assert_eq!(w["spec"]["deleteOption"]["propagationPolicy"], "SelectivelyOrphan");
+        assert_eq!(w["spec"]["deleteOption"]["selectivelyOrphans"]["orphaningRules"], json!([{"group": "", "resource": "namespaces", "name": "shop"}]));
     }
 
     #[test]

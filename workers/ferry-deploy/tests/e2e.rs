@@ -272,3 +272,185 @@ async fn placements_follow_scores_deadlines_revert_and_bad_input_is_rejected() {
     }
     bed.stop().await;
 }
+
+/// Server-side applies `obj` on `cluster` as "someone else": a field manager that is not
+/// Ferry's, no Ferry labels.
+async fn someone_else_applies(bed: &Bed, cluster: &str, obj: serde_json::Value) {
+    let c = bed.fleet.cluster(cluster).unwrap().client().await.unwrap();
+    let gvk = ferry_kube::clusters::gvk_of(&obj).unwrap();
+    let (ar, caps) = kube::discovery::pinned_kind(&c, &gvk).await.unwrap();
+    let name = obj["metadata"]["name"].as_str().unwrap();
+    let api: Api<kube::api::DynamicObject> = match (caps.scope, obj["metadata"]["namespace"].as_str()) {
+        (kube::discovery::Scope::Namespaced, Some(ns)) => Api::namespaced_with(c, ns, &ar),
+        _ => Api::all_with(c, &ar),
+    };
+    api.patch(name, &kube::api::PatchParams::apply(OTHER).force(), &kube::api::Patch::Apply(&obj)).await.unwrap();
+}
+
+/// The field manager of the objects the tests make as someone else.
+const OTHER: &str = "someone-else";
+
+/// Someone else's Deployment `web` in `ns`, with the selector Ferry's would have (so a
+/// forced apply could take it over: a selector cannot change).
+fn someones_deployment(ns: &str, image: &str) -> serde_json::Value {
+    let selector = serde_json::json!({"app.kubernetes.io/name": "web", "app.kubernetes.io/instance": ns});
+    serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": ns, "labels": {"team": "other"}},
+        "spec": {"replicas": 1, "selector": {"matchLabels": selector},
+                 "template": {"metadata": {"labels": selector}, "spec": {"containers": [{"name": "web", "image": image}]}}}})
+}
+
+fn managers(meta: &kube::api::ObjectMeta) -> std::collections::BTreeSet<String> {
+    meta.managed_fields.iter().flatten().filter_map(|f| f.manager.clone()).collect()
+}
+
+async fn namespace(bed: &Bed, cluster: &str, name: &str) -> Option<k8s_openapi::api::core::v1::Namespace> {
+    let c = bed.fleet.cluster(cluster).unwrap().client().await.unwrap();
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(c).get_opt(name).await.unwrap()
+}
+
+fn app_on(name: &str, cluster: &str, delivery: Delivery, image: &str) -> DeployApp {
+    DeployApp {
+        name: name.into(),
+        owner: "team-t".into(),
+        delivery,
+        components: vec![Component { name: "web".into(), image: image.into(), replicas: Some(2), cluster: Some(cluster.into()), ..Component::default() }],
+        ready_timeout_seconds: Some(60),
+        ..DeployApp::default()
+    }
+}
+
+/// Trust boundaries: what Ferry did not make it neither takes over nor deletes. An object
+/// of the app's name made by someone else fails the deploy (`OBJECT_NOT_FERRYS`) and is
+/// unchanged after the revert; a field someone else took is not forced back; a namespace
+/// that was there survives the revert, one the deploy created does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_ferry_did_not_make_it_leaves_alone() {
+    let Some(mut bed) = Bed::builder().members(1, 2).ocm().start().await else { return };
+    bed.run_worker(DeployHandler::new(DeployConfig::new(bed.clusters.clone())));
+    let client = bed.client();
+    demo::prepare(&bed.fleet, &["member-1"], "guarded").await.unwrap();
+    let hub = bed.hub().await;
+    let not_ferrys = |evs: &[ferry_runtime::ProgressEvent]| {
+        evs.iter().find(|e| e.event == EventType::StepFailed).cloned().unwrap_or_else(|| panic!("no failed step in {evs:?}"))
+    };
+
+    // 1. Someone else's Deployment (and namespace) of the app's name, direct delivery: the
+    // deploy fails and reverts; the Deployment is as it was, the namespace is still there.
+    someone_else_applies(&bed, "member-1", serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "taken", "labels": {"team": "other"}}})).await;
+    someone_else_applies(&bed, "member-1", someones_deployment("taken", "nginx:1.25")).await;
+    let before = deployment(&bed, "member-1", "taken", "web").await.unwrap();
+    let (_, evs) = demo::submit(&client, &app_on("taken", "member-1", Delivery::Direct, "nginx:1.27")).await.unwrap();
+    assert_eq!(last(&evs).event, EventType::Reverted, "{:?}", last(&evs));
+    let failed = not_ferrys(&evs);
+    assert_eq!(failed.code.as_deref(), Some("OBJECT_NOT_FERRYS"), "{failed:?}");
+    let msg = failed.message.clone().unwrap_or_default();
+    assert!(msg.contains(r#"cluster "member-1": Deployment taken/web exists and Ferry did not make it for app "taken""#) && msg.contains(OTHER), "{msg}");
+    let after = deployment(&bed, "member-1", "taken", "web").await.expect("someone else's Deployment is still there");
+    let image = |d: &Deployment| d.spec.template.spec.as_ref().map(|p| p.containers[0].image.clone().unwrap_or_default());
+    assert_eq!(image(&after).as_deref(), Some("nginx:1.25"));
+    assert_eq!(after.spec.replicas, Some(1));
+    assert_eq!(after.metadata.labels, before.metadata.labels);
+    assert_eq!(after.metadata.uid, before.metadata.uid, "not deleted and made again");
+    // Its field managers: someone else's (and the controllers' status writes), none of Ferry's.
+    let by = managers(&after.metadata);
+    assert!(by.contains(OTHER) && by.iter().all(|m| m == OTHER || m == "kube-controller-manager"), "{by:?}");
+    let ns = namespace(&bed, "member-1", "taken").await.expect("the namespace Ferry found is kept");
+    assert!(ns.metadata.deletion_timestamp.is_none());
+    assert_eq!(managers(&ns.metadata), [OTHER.to_owned()].into(), "Ferry did not write the namespace either");
+    let record = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(hub.clone(), "taken").get_opt("ferry-app-taken").await.unwrap();
+    assert!(record.is_none(), "nothing was deployed");
+
+    // 2. A namespace that was there and one the deploy creates: the revert removes Ferry's
+    // Deployments from both, deletes the one it created and keeps the other.
+    someone_else_applies(&bed, "member-1", serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "found-ns", "labels": {"team": "other"}}})).await;
+    let mut homes = app_on("homes", "member-1", Delivery::Direct, "busybox:1.36");
+    homes.components[0].replicas = Some(1);
+    homes.components.push(Component { name: "found".into(), offloaded_namespace: Some("found-ns".into()), ..homes.components[0].clone() });
+    let (id, evs) = demo::submit(&client, &homes).await.unwrap();
+    assert_eq!(last(&evs).event, EventType::Succeeded, "{:?}", last(&evs));
+    let snap = client.snapshot(id).await.unwrap().expect("a snapshot");
+    let used = ferry_deploy::outputs::APPLY.from_snapshot(&snap).expect("the apply output").namespaces.expect("namespaces recorded");
+    let used: Vec<(String, bool)> = used.into_iter().map(|n| (n.namespace, n.created)).collect();
+    assert_eq!(used, [("found-ns".to_owned(), false), ("homes".to_owned(), true)]);
+    let made = namespace(&bed, "member-1", "homes").await.expect("the namespace the deploy created");
+    let annotation = made.metadata.annotations.as_ref().and_then(|a| a.get(ferry_deploy::ownership::CREATED_BY_ANNOTATION)).cloned();
+    assert_eq!(annotation, Some(id.to_string()));
+    assert!(deployment(&bed, "member-1", "found-ns", "found").await.is_some());
+    let mut events = client.events(false).await.unwrap();
+    client.revert(id).await.unwrap();
+    let evs = events.until(id, WAIT, |e| e.event.is_final()).await.unwrap();
+    assert_eq!(last(&evs).event, EventType::Reverted, "{:?}", last(&evs));
+    assert!(deployment(&bed, "member-1", "found-ns", "found").await.is_none(), "Ferry's Deployment in the found namespace is gone");
+    assert!(deployment(&bed, "member-1", "homes", "web").await.is_none());
+    let kept = namespace(&bed, "member-1", "found-ns").await.expect("the found namespace is kept");
+    assert!(kept.metadata.deletion_timestamp.is_none(), "the found namespace is not being deleted");
+    let m1 = bed.fleet.cluster("member-1").unwrap().client().await.unwrap();
+    let made_uid = made.metadata.uid.clone().unwrap();
+    let gone = kube::runtime::wait::await_condition(Api::<k8s_openapi::api::core::v1::Namespace>::all(m1.clone()), "homes", kube::runtime::wait::conditions::is_deleted(&made_uid));
+    tokio::time::timeout(WAIT, gone).await.expect("the namespace the deploy created is deleted by its revert").unwrap();
+
+    // 3. A field someone else took (scaled by hand): an update does not force it back; the
+    // task fails (keeping its partial work, as asked) and the replicas stay theirs.
+    let held = app_on("held", "member-1", Delivery::Direct, "busybox:1.36");
+    let (_, evs) = demo::submit(&client, &held).await.unwrap();
+    assert_eq!(last(&evs).event, EventType::Succeeded, "{:?}", last(&evs));
+    someone_else_applies(&bed, "member-1", serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": "held"}, "spec": {"replicas": 3}})).await;
+    let mut update = held.clone();
+    update.operation = DeployOperation::Update;
+    update.components[0].replicas = Some(4);
+    let opts = SubmitOptions { keep_partial: true, ..SubmitOptions::default() };
+    let (_, evs) = client.submit_and_wait(TaskKind::Deploy, &update.subject(), &update, opts, Duration::from_secs(300)).await.unwrap();
+    assert_eq!(last(&evs).event, EventType::Failed, "{:?}", last(&evs));
+    let failed = not_ferrys(&evs);
+    assert_eq!(failed.code.as_deref(), Some("OBJECT_NOT_FERRYS"), "{failed:?}");
+    let msg = failed.message.clone().unwrap_or_default();
+    assert!(msg.contains("Deployment held/web") && msg.contains(&format!("[{OTHER:?}]")) && msg.contains(".spec.replicas"), "{msg}");
+    let web = deployment(&bed, "member-1", "held", "web").await.unwrap();
+    assert_eq!(web.spec.replicas, Some(3), "the replicas stay someone else's");
+    assert!(managers(&web.metadata).contains(OTHER));
+
+    // 4. With ManifestWorks: the work agent applies without force, so someone else's
+    // Deployment is a conflict it reports, and the deploy fails on it at once. The revert
+    // deletes the ManifestWork, and the work agent deletes only what the work owns (ocm
+    // `pkg/work/helper/helpers.go`, `DeleteAppliedResources`: what carries its
+    // AppliedManifestWork's owner, which a conflicting apply never adds): someone else's
+    // Deployment stays as it was; the namespace, which was there and which the work's
+    // `SelectivelyOrphan` rule orphans (`OwnedByTheWork`), is never owned and stays too.
+    someone_else_applies(&bed, "member-1", serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ocm-taken"}})).await;
+    someone_else_applies(&bed, "member-1", someones_deployment("ocm-taken", "nginx:1.25")).await;
+    let before = deployment(&bed, "member-1", "ocm-taken", "web").await.unwrap();
+    let ns_before = namespace(&bed, "member-1", "ocm-taken").await.unwrap();
+    let ocm_taken = app_on("ocm-taken", "member-1", Delivery::ManifestWork, "nginx:1.27");
+    let (_, evs) = demo::submit(&client, &ocm_taken).await.unwrap();
+    assert_eq!(last(&evs).event, EventType::Reverted, "{:?}", last(&evs));
+    let failed = not_ferrys(&evs);
+    assert_eq!(failed.code.as_deref(), Some("OBJECT_NOT_FERRYS"), "{failed:?}");
+    let msg = failed.message.clone().unwrap_or_default();
+    assert!(msg.contains(r#"cluster "member-1": Deployment ocm-taken/web"#) && msg.contains(OTHER), "{msg}");
+    // The work agent has finished with the work (its finalizer is off) before anything is looked at.
+    let works = Api::<ManifestWork>::namespaced(hub.clone(), "member-1");
+    let work = ferry_deploy::render::work_name(&ocm_taken);
+    tokio::time::timeout(WAIT, async {
+        while works.get_opt(&work).await.unwrap().is_some() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await
+    .expect("the reverted ManifestWork is gone");
+    let after = deployment(&bed, "member-1", "ocm-taken", "web").await.expect("someone else's Deployment survives the ManifestWork's deletion");
+    assert_eq!(after.metadata.uid, before.metadata.uid, "not deleted and made again");
+    assert!(after.metadata.deletion_timestamp.is_none(), "not being deleted");
+    assert_eq!(image(&after).as_deref(), Some("nginx:1.25"));
+    assert_eq!(after.spec.replicas, Some(1));
+    assert_eq!(after.metadata.labels, before.metadata.labels);
+    assert_eq!(after.metadata.owner_references, before.metadata.owner_references, "the work never owned it");
+    let by = managers(&after.metadata);
+    assert!(by.contains(OTHER) && by.iter().all(|m| m == OTHER || m == "kube-controller-manager"), "{by:?}");
+    let ns = namespace(&bed, "member-1", "ocm-taken").await.expect("the namespace is orphaned: it survives the ManifestWork's deletion");
+    assert_eq!(ns.metadata.uid, ns_before.metadata.uid);
+    assert!(ns.metadata.deletion_timestamp.is_none(), "the namespace is not being deleted");
+    assert_eq!(ns.metadata.owner_references, ns_before.metadata.owner_references, "the orphaned namespace never got the work's owner");
+    assert_eq!(ns.metadata.labels, ns_before.metadata.labels);
+    assert_eq!(ns.metadata.managed_fields, ns_before.metadata.managed_fields, "nobody wrote the namespace");
+    bed.stop().await;
+}

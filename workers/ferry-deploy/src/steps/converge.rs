@@ -1,7 +1,7 @@
 //! Converging the fleet from one app state to another, the one idea behind apply and every
-//! undo: apply what the new state has, remove what only the old one had, record the new
-//! state on the hub; then wait until the removed objects are gone and the restored
-//! ManifestWorks are applied.
+//! undo: apply what the new state has, remove what only the old one had (of what is
+//! Ferry's, see `guard`), record the new state on the hub; then wait until the removed
+//! objects are gone and the restored ManifestWorks are applied.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -11,11 +11,14 @@ use ferry_kube::{Check, HUB};
 use ferry_task::{StepError, codes};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
+use super::guard::{NamespaceUse, Namespaces};
 use super::unapplied;
 use crate::handler::Inner;
+use crate::ownership::is_ferrys;
 use crate::render::{self, AppState, MANAGER, SecretData};
 use crate::spec::{Component, Delivery, DeployApp};
 
@@ -49,8 +52,11 @@ impl Inner {
 
     /// Makes the fleet hold `to` instead of `from`: applies `to`'s objects and removes
     /// those only `from` has; records `to` on the hub. Safe to repeat and to interrupt.
-    pub(super) async fn converge(&self, from: Option<&AppState>, to: Option<&AppState>, app: &DeployApp, task: &str) -> Result<(), StepError> {
+    /// Only Ferry's objects of the app are written or deleted (`guard`); namespaces are
+    /// deleted as `namespaces` says. Returns the namespaces a direct delivery put `to` in.
+    pub(super) async fn converge(&self, from: Option<&AppState>, to: Option<&AppState>, app: &DeployApp, task: &str, namespaces: &Namespaces<'_>) -> Result<Vec<NamespaceUse>, StepError> {
         let delivery = to.or(from).map(|s| s.spec.delivery).unwrap_or_default();
+        let mut used = Vec::new();
         if let Some(to) = to {
             self.ensure_hub_namespace(to.spec.namespace()).await?;
             for (cluster, comps) in to.by_cluster() {
@@ -58,11 +64,15 @@ impl Inner {
                 match delivery {
                     Delivery::ManifestWork => {
                         let work = render::manifest_work(&to.spec, &cluster, &comps, &secrets, task);
-                        self.cfg.clusters.apply(HUB, &work, MANAGER).await.map_err(|e| kube_err(codes::HUB_API, e))?;
+                        self.apply_owned(HUB, &work, &app.name).await?;
                     }
                     Delivery::Direct => {
                         for obj in render::objects(&to.spec, &comps, &secrets) {
-                            self.cfg.clusters.apply(&cluster, &obj, MANAGER).await.map_err(|e| kube_err(codes::CLUSTER_API, e))?;
+                            if obj["kind"] == "Namespace" {
+                                used.push(self.ensure_namespace(&cluster, &obj, &app.name, task).await?);
+                            } else {
+                                self.apply_owned(&cluster, &obj, &app.name).await?;
+                            }
                         }
                     }
                 }
@@ -75,7 +85,7 @@ impl Inner {
                     for cluster in from.clusters().difference(&keep) {
                         let work = json!({"apiVersion": "work.open-cluster-management.io/v1", "kind": "ManifestWork",
                             "metadata": {"name": render::work_name(&from.spec), "namespace": cluster}});
-                        self.cfg.clusters.delete(HUB, &work).await.map_err(|e| kube_err(codes::HUB_API, e))?;
+                        self.delete_owned(HUB, &work, &app.name).await?;
                     }
                 }
                 Delivery::Direct => {
@@ -86,15 +96,22 @@ impl Inner {
                         let mut objs = render::objects(&from.spec, &comps, &BTreeMap::new());
                         objs.reverse();
                         for obj in objs {
-                            if !wanted.contains(&(cluster.clone(), identity(&obj))) {
-                                self.cfg.clusters.delete(&cluster, &obj).await.map_err(|e| kube_err(codes::CLUSTER_API, e))?;
+                            if wanted.contains(&(cluster.clone(), identity(&obj))) {
+                                continue;
+                            }
+                            if obj["kind"] == "Namespace" {
+                                let name = obj["metadata"]["name"].as_str().unwrap_or_default();
+                                self.remove_namespace(&cluster, name, &app.name, namespaces).await?;
+                            } else {
+                                self.delete_owned(&cluster, &obj, &app.name).await?;
                             }
                         }
                     }
                 }
             }
         }
-        self.write_state(app, to, task).await
+        self.write_state(app, to, task).await?;
+        Ok(used)
     }
 
     /// Waits until every ManifestWork of `state` is applied at its current generation: a
@@ -115,9 +132,11 @@ impl Inner {
         Ok(())
     }
 
-    /// Waits until the objects `from` has and `to` has not are gone.
+    /// Waits until the objects `from` has and `to` has not are gone (those that are not
+    /// Ferry's for the app were left alone: not waited for).
     pub(super) async fn wait_removed(&self, from: Option<&AppState>, to: Option<&AppState>) -> Result<(), StepError> {
         let Some(from) = from else { return Ok(()) };
+        let app = from.spec.name.as_str();
         let keep = to.map(AppState::clusters).unwrap_or_default();
         let timeout = self.cfg.removal_timeout;
         match from.spec.delivery {
@@ -126,7 +145,7 @@ impl Inner {
                 for cluster in from.clusters().difference(&keep) {
                     self.cfg
                         .watches
-                        .wait_deleted::<ManifestWork>(HUB, &self.hub(), Some(cluster), &name, timeout)
+                        .wait_object::<ManifestWork, ()>(HUB, &self.hub(), Some(cluster), &name, timeout, |w| gone(w.map(|w| &w.metadata), app))
                         .await
                         .map_err(|e| StepError::transient(codes::NOT_REMOVED, e.to_string()))?;
                 }
@@ -143,7 +162,7 @@ impl Inner {
                         }
                         self.cfg
                             .watches
-                            .wait_deleted::<Deployment>(&cluster, &client, Some(c.namespace(&from.spec)), &c.name, timeout)
+                            .wait_object::<Deployment, ()>(&cluster, &client, Some(c.namespace(&from.spec)), &c.name, timeout, |d| gone(d.map(|d| &d.metadata), app))
                             .await
                             .map_err(|e| StepError::transient(codes::NOT_REMOVED, e.to_string()))?;
                     }
@@ -151,6 +170,19 @@ impl Inner {
             }
         }
         Ok(())
+    }
+}
+
+/// Whether a removal is done with the object as it is now: gone, or not Ferry's for `app`
+/// (left alone).
+fn gone(meta: Option<&ObjectMeta>, app: &str) -> Check<()> {
+    match meta {
+        None => Check::Done(()),
+        Some(m) if !is_ferrys(m, app) => Check::Done(()),
+        Some(m) => Check::Pending(match m.deletion_timestamp {
+            Some(_) => format!("being deleted (finalizers {:?})", m.finalizers.clone().unwrap_or_default()),
+            None => "still exists".to_owned(),
+        }),
     }
 }
 

@@ -20,7 +20,8 @@ use serde_json::{Value, json};
 
 use super::check::CHECK;
 use crate::handler::Inner;
-use crate::render::{self, APP_LABEL, MANAGER, Targets};
+use crate::ownership::{FERRY, MANAGED_BY};
+use crate::render::{self, APP_LABEL, Targets};
 use crate::spec::{Component, DeployApp, DeployOperation};
 
 /// Label OCM puts on a Placement's decisions.
@@ -43,7 +44,8 @@ pub struct Place {
 
 impl Inner {
     /// Applies the placements of `state` and deletes the app's other Placements (`apply`
-    /// calls it too: a delete's Placements go with the app).
+    /// calls it too: a delete's Placements go with the app); a Placement of that name that
+    /// is not Ferry's for the app fails it (`OBJECT_NOT_FERRYS`), and is not deleted.
     pub(super) async fn converge_placements(&self, app: &DeployApp, state: Option<&DeployApp>, task: &str) -> Result<(), StepError> {
         let gvk = GroupVersionKind::gvk("cluster.open-cluster-management.io", "v1beta1", "Placement");
         let api = self.cfg.clusters.api(HUB, &gvk, Some(app.namespace())).await.map_err(|e| kube_err(codes::HUB_API, e))?;
@@ -53,11 +55,11 @@ impl Inner {
             for c in &s.components {
                 if let Some(p) = render::placement(s, c, task) {
                     keep.insert(render::placement_name(s, &c.name));
-                    self.cfg.clusters.apply(HUB, &p, MANAGER).await.map_err(|e| kube_err(codes::HUB_API, e))?;
+                    self.apply_owned(HUB, &p, &app.name).await?;
                 }
             }
         }
-        let lp = ListParams::default().labels(&format!("{APP_LABEL}={}", app.name));
+        let lp = ListParams::default().labels(&format!("{MANAGED_BY}={FERRY},{APP_LABEL}={}", app.name));
         let existing = match api.list(&lp).await {
             Ok(l) => l.items,
             Err(kube::Error::Api(s)) if s.code == 404 => Vec::new(),

@@ -1,6 +1,7 @@
 //! `wait`: every component rolled out on each of its clusters, judged as `kubectl rollout
 //! status` judges it (from the ManifestWork's status feedback once the work agent applied
-//! its current generation, or from the Deployment itself with direct delivery), and the
+//! its current generation, or from the Deployment itself with direct delivery; a
+//! server-side apply conflict the work agent met fails it, `OBJECT_NOT_FERRYS`), and the
 //! objects the app left gone; progress from ready replicas, deadline
 //! `ready_timeout_seconds`. It changes nothing, so its undo has nothing to put back (the
 //! undo of `apply` removes what did not become ready).
@@ -21,8 +22,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::check::CHECK;
-use super::{desired, unapplied};
+use super::{desired, ssa_conflict, unapplied};
 use crate::handler::Inner;
+use crate::ownership::NotFerrys;
 use crate::render::{self, AppState};
 use crate::spec::{Component, Delivery, DeployApp};
 
@@ -69,8 +71,12 @@ impl Wait {
             .inner
             .cfg
             .watches
-            .wait_object::<ManifestWork, Vec<ComponentStatus>>(HUB, &hub, Some(cluster), &name, self.ready, |w| {
+            .wait_object::<ManifestWork, Result<Vec<ComponentStatus>, NotFerrys>>(HUB, &hub, Some(cluster), &name, self.ready, |w| {
                 let Some(w) = w else { return Check::Pending("the ManifestWork is not there".into()) };
+                // A conflict stays one until someone else lets go of the fields: fail now.
+                if let Some(e) = ssa_conflict(w, cluster) {
+                    return Check::Done(Err(e));
+                }
                 if let Some(why) = unapplied(w) {
                     return Check::Pending(why);
                 }
@@ -100,10 +106,10 @@ impl Wait {
                     let line: Vec<String> = out.iter().map(|s| format!("{}@{} {} ready", s.component, s.cluster, s.ready)).collect();
                     cx.progress((ready * 100 / total.max(1)).clamp(0, 100) as u8, line.join(", "));
                 }
-                if pending.is_empty() { Check::Done(out) } else { Check::Pending(format!("on {cluster}: {}", pending.join(", "))) }
+                if pending.is_empty() { Check::Done(Ok(out)) } else { Check::Pending(format!("on {cluster}: {}", pending.join(", "))) }
             })
             .await;
-        r.map_err(|e| StepError::permanent(codes::NOT_READY, e.to_string()))
+        Ok(r.map_err(|e| StepError::permanent(codes::NOT_READY, e.to_string()))??)
     }
 
     async fn wait_direct(&self, state: &AppState, cluster: &str, comps: &[&Component]) -> Result<Vec<ComponentStatus>, StepError> {

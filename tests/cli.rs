@@ -248,3 +248,25 @@ async fn a_tenant_submits_on_its_own_topic_and_is_held_to_its_policy() {
     assert!(out.stdout.contains("may not target cluster \"db-1\" with test (tenants.web.test.clusters: [web-*])"), "{}", out.stdout);
     env.shutdown().await;
 }
+
+/// `submit --tosca FILE --dry-run` prints the command a blueprint becomes (a spec file `-f`
+/// takes back) and sends nothing; a blueprint that does not convert says where, and fails.
+#[test]
+fn tosca_dry_run_prints_the_command_and_sends_nothing() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    // No broker is named or running: a dry run must not need one.
+    let run = |args: &[&str]| std::process::Command::new(env!("CARGO_BIN_EXE_ferry")).args(args).env("RUST_LOG", "error").env("FERRY_BROKERS", "127.0.0.1:9").output().unwrap();
+    let charity = root.join("examples/charity.tosca.yaml");
+    let out = run(&["submit", "deploy", "--tosca", charity.to_str().unwrap(), "--cluster", "member-1", "--dry-run"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&stdout).expect("the dry run prints a spec file");
+    let names: Vec<&str> = doc["spec"]["components"].as_sequence().unwrap().iter().filter_map(|c| c["name"].as_str()).collect();
+    assert!(names.contains(&"ingest") && !names.contains(&"charity-kafka"), "externals are left out: {names:?}");
+    let bad = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(bad.path(), std::fs::read_to_string(&charity).unwrap().replacen("name: ingest", "name: ingest\n        replicas: 4294967297", 1)).unwrap();
+    let out = run(&["submit", "deploy", "--tosca", bad.path().to_str().unwrap(), "--cluster", "member-1", "--dry-run"]);
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_ne!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("node_templates.ingest.properties.replicas") && text.contains("4294967297"), "{text}");
+}

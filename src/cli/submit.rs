@@ -30,9 +30,24 @@ pub struct SubmitArgs {
     /// --tosca: the app's owner (default: the blueprint's metadata.owner).
     #[arg(long, requires = "tosca")]
     pub owner: Option<String>,
-    /// --tosca: the cluster of components that name none (default: none, they need one).
+    /// --tosca: the cluster of components that name none (default: none, they need one; a
+    /// CHARITY `placement_hint` then places them on clusters labelled with it).
     #[arg(long, requires = "tosca")]
     pub cluster: Option<String>,
+    /// --tosca: the app's name (default: the blueprint's metadata.template_name).
+    #[arg(long, requires = "tosca")]
+    pub name: Option<String>,
+    /// --tosca: a value for one of the blueprint's inputs (over its default); repeatable.
+    #[arg(long = "input", value_name = "NAME=VALUE", requires = "tosca", value_parser = parse_input)]
+    pub inputs: Vec<(String, String)>,
+    /// --tosca: Ingress hosts the blueprint does not name become `<component>.<app>.<DOMAIN>`.
+    #[arg(long, value_name = "DOMAIN", requires = "tosca")]
+    pub ingress_domain: Option<String>,
+    /// Print the command that would be sent (`subject:` and `spec:`, a file `-f` takes) and
+    /// check it as the worker would before anything runs; send nothing. Exit 0 if it is
+    /// valid, 2 if not.
+    #[arg(long)]
+    pub dry_run: bool,
     /// Same key, same task: resubmitting is safe.
     #[arg(long)]
     pub idempotency_key: Option<String>,
@@ -58,6 +73,11 @@ struct SpecFile {
     #[serde(default)]
     subject: Option<String>,
     spec: serde_json::Value,
+}
+
+fn parse_input(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s.split_once('=').ok_or_else(|| format!("{s:?}: expected NAME=VALUE"))?;
+    Ok((k.to_owned(), v.to_owned()))
 }
 
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -106,6 +126,9 @@ pub fn encode_spec(client: &ferry_runtime::Client, kind: TaskKind, spec: serde_j
 
 pub async fn run(conn: &Conn, a: SubmitArgs) -> anyhow::Result<ExitCode> {
     let file = read_spec(&a)?;
+    if a.dry_run {
+        return dry_run(&a, file);
+    }
     let subject = match (file.subject, a.kind) {
         (Some(s), _) => s,
         (None, TaskKind::Deploy) => {
@@ -154,16 +177,68 @@ fn read_spec(a: &SubmitArgs) -> anyhow::Result<SpecFile> {
     if let Some(path) = &a.tosca {
         anyhow::ensure!(a.kind == TaskKind::Deploy, "--tosca makes a deploy command; the kind is {}", a.kind);
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let overrides = ferry_deploy::tosca::Overrides { name: None, owner: a.owner.clone(), cluster: a.cluster.clone() };
+        let overrides = ferry_deploy::tosca::Overrides {
+            name: a.name.clone(),
+            owner: a.owner.clone(),
+            cluster: a.cluster.clone(),
+            inputs: a.inputs.iter().cloned().collect(),
+            ingress_domain: a.ingress_domain.clone(),
+        };
         let converted = ferry_deploy::tosca::convert(&text, &overrides).with_context(|| format!("converting {}", path.display()))?;
+        // DeployApp has no field for them (its schema is versioned): said here.
         if !converted.skipped.is_empty() {
             eprintln!("tosca: external node(s) left out: {}", converted.skipped.join(", "));
+        }
+        for note in &converted.notes {
+            eprintln!("tosca: note: {note}");
         }
         return Ok(SpecFile { subject: Some(converted.app.subject()), spec: serde_json::to_value(&converted.app)? });
     }
     let path = a.file.as_ref().context("give -f FILE or --tosca FILE")?;
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     serde_yaml_ng::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+/// `v` without its null fields and empty lists (every such field of a spec has a default),
+/// for people to read.
+fn compact(v: serde_json::Value) -> serde_json::Value {
+    match v {
+        serde_json::Value::Object(m) => serde_json::Value::Object(
+            m.into_iter().filter(|(_, x)| !x.is_null() && x.as_array().is_none_or(|a| !a.is_empty())).map(|(k, x)| (k, compact(x))).collect(),
+        ),
+        serde_json::Value::Array(a) => serde_json::Value::Array(a.into_iter().map(compact).collect()),
+        other => other,
+    }
+}
+
+/// `--dry-run`: prints the command as a spec file and checks it (deploy: every rule of
+/// `ferry_deploy::validate`; other kinds: that the spec decodes as the kind's record).
+fn dry_run(a: &SubmitArgs, file: SpecFile) -> anyhow::Result<ExitCode> {
+    let subject = match (&file.subject, a.kind) {
+        (Some(s), _) => s.clone(),
+        (None, TaskKind::Deploy) => serde_json::from_value::<ferry_deploy::spec::DeployApp>(file.spec.clone()).map(|d| d.subject()).unwrap_or_default(),
+        (None, _) => String::new(),
+    };
+    match a.output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "subject": subject, "spec": compact(file.spec.clone()) }))?),
+        _ => print!("{}{}", serde_yaml_ng::to_string(&serde_json::json!({ "subject": subject }))?, serde_yaml_ng::to_string(&serde_json::json!({ "spec": compact(file.spec.clone()) }))?),
+    }
+    let verdict = match a.kind {
+        TaskKind::Deploy => serde_json::from_value::<ferry_deploy::spec::DeployApp>(file.spec)
+            .map_err(|e| format!("spec does not match the deploy kind's fields (DeployApp): {e}"))
+            .and_then(|app| ferry_deploy::validate::validate(&subject, &app).map_err(|r| r.reason)),
+        _ => Ok(()),
+    };
+    match verdict {
+        Ok(()) => {
+            eprintln!("dry run: nothing sent");
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(reason) => {
+            eprintln!("dry run: the {} task would be rejected: {reason}", a.kind);
+            Ok(ExitCode::from(2))
+        }
+    }
 }
 
 /// Prints events of `id` until a final one, then (json/yaml) the snapshot; exit 0 only

@@ -25,6 +25,7 @@ pub const EMBEDDED: &[(u32, &str, &str)] = &[
     (31, "ClusterCommand.v2.avsc", include_str!("../../../schemas/ClusterCommand.v2.avsc")),
     (40, "OffloadCommand.avsc", include_str!("../../../schemas/OffloadCommand.avsc")),
     (50, "DeployApp.avsc", include_str!("../../../schemas/DeployApp.avsc")),
+    (51, "DeployApp.v2.avsc", include_str!("../../../schemas/DeployApp.v2.avsc")),
 ];
 
 /// Why bytes could not be encoded or decoded.

@@ -183,6 +183,12 @@ pub struct DeployApp {
     /// Time for every component to become ready, in seconds (default 600).
     #[serde(default)]
     pub ready_timeout_seconds: Option<i32>,
+    /// Parts of the app that run elsewhere and are not deployed (a TOSCA blueprint's
+    /// external components): listed in the `check` step's output, so the task says what it
+    /// left out. Version 2 of the schema (id 51); version 1 records have none.
+    #[serde(default)]
+    #[avro(default = "[]")]
+    pub external: Vec<String>,
 }
 
 impl DeployApp {

@@ -182,6 +182,9 @@ pub fn validate(subject: &str, app: &DeployApp) -> Result<(), Rejection> {
     if !is_dns1123_label(&app.name) || app.name.len() > 40 {
         return Err(reject(format!("app name {:?} is not a DNS-1123 label of at most 40 characters", app.name)));
     }
+    if app.external.len() > 100 || app.external.iter().any(|e| e.is_empty() || e.len() > 253) {
+        return Err(reject("external: at most 100 names of 1 to 253 characters"));
+    }
     if !is_dns1123_label(app.namespace()) {
         return Err(reject(format!("namespace {:?} is not a DNS-1123 label", app.namespace())));
     }

@@ -111,6 +111,12 @@ async fn deploy(bed: &Bed, app: &DeployApp) -> Vec<(String, String)> {
     let client = bed.client();
     let (id, evs) = demo::submit(&client, app).await.unwrap();
     assert_eq!(evs.last().unwrap().event, EventType::Succeeded, "{:?}", evs.last());
+    // The task itself says what it left out: the check step's output lists the externals.
+    let snap = client.snapshot(id).await.unwrap().expect("the task's snapshot");
+    let check = snap.journal.iter().find(|e| e.name == "check").and_then(|e| e.output.clone()).expect("check's output");
+    let checked: serde_json::Value = serde_json::from_str(&check).unwrap();
+    let external: Vec<String> = serde_json::from_value(checked["external"].clone()).unwrap_or_default();
+    assert_eq!(external, app.external, "{check}");
     let mut placed: Vec<(String, String)> = demo::statuses(&client, id).await.unwrap().into_iter().map(|s| (s.component, s.cluster)).collect();
     placed.sort();
     placed
@@ -137,6 +143,7 @@ async fn charity_simple_profile_and_ferry_blueprints_deploy_end_to_end() {
     demo::secret(&hub, "charity", "ingest-tls", &[("tls.crt", "cert"), ("tls.key", "key")]).await.unwrap();
     let charity = convert(&fixture("charity.tosca.yaml"), &Overrides::default()).unwrap();
     assert_eq!(charity.skipped, ["charity-kafka"]);
+    assert_eq!(charity.app.external, ["charity-kafka"]);
     let placed = deploy(&bed, &charity.app).await;
     assert_eq!(placed, pairs(&[("batch", "member-1"), ("dashboard", "member-1"), ("ingest", "member-2"), ("store", "member-1")]));
 

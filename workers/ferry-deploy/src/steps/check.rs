@@ -36,6 +36,9 @@ pub const CHECK: Output<Checked> = Output::new("check");
 pub struct Checked {
     /// The previous state (None: not deployed).
     pub previous: Option<AppState>,
+    /// The app's external parts, not deployed by this task (from the spec).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub external: Vec<String>,
 }
 
 /// The `check` step.
@@ -219,7 +222,10 @@ impl CheckStep<DeployApp> for Check {
                 Some(p) => format!("app {} runs on {} cluster(s) now", app.subject(), p.clusters().len()),
                 None => format!("app {} is new", app.subject()),
             });
-            CHECK.value(&Checked { previous })
+            if !app.external.is_empty() {
+                cx.progress(100, format!("external, not deployed: {}", app.external.join(", ")));
+            }
+            CHECK.value(&Checked { previous, external: app.external.clone() })
         }
         .boxed()
     }

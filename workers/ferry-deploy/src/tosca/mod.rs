@@ -352,7 +352,7 @@ pub fn convert(yaml: &str, o: &Overrides) -> Result<Converted, ToscaError> {
         }
         components.push(c);
     }
-    Ok(Converted { app: DeployApp { name, owner, components, ..DeployApp::default() }, skipped, notes })
+    Ok(Converted { app: DeployApp { name, owner, components, external: skipped.clone(), ..DeployApp::default() }, skipped, notes })
 }
 
 #[cfg(test)]

@@ -19,6 +19,9 @@ use tokio_util::sync::CancellationToken;
 pub enum BenchCommand {
     /// The task runtime against the broker's own limit.
     Runtime(RuntimeArgs),
+    /// Command -> Accepted and -> Succeeded at a fixed open-loop rate, beside the broker's
+    /// round trip at that rate.
+    Latency(super::bench_latency::LatencyArgs),
     /// Many tasks waiting for simulated clusters in one worker: watches, memory, idle CPU.
     Waits(super::bench_waits::WaitsArgs),
     /// Reading the task-state topic as `ferry tasks list` does, over many tasks.
@@ -154,6 +157,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
         BenchCommand::Waits(a) => return super::bench_waits::run(a).await,
         BenchCommand::Tracker(a) => return super::bench_tracker::run(a).await,
         BenchCommand::Recovery(a) => return super::bench_recovery::run(a).await,
+        BenchCommand::Latency(a) => return super::bench_latency::run(a).await,
     };
     let topics = Topics::standard();
     let bench_topic = "ferry.bench.raw";

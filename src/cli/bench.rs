@@ -142,7 +142,8 @@ struct Report {
     succeeded_p99_ms: f64,
 }
 
-fn pct(v: &mut [f64], p: f64) -> f64 {
+/// The `p` quantile (0 to 1) of `v` (sorted in place); 0 for none.
+pub(crate) fn pct(v: &mut [f64], p: f64) -> f64 {
     if v.is_empty() {
         return 0.0;
     }

@@ -18,7 +18,7 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use super::bench::{BenchBroker, BrokerChoice};
+use super::bench::{BenchBroker, BrokerChoice, pct};
 
 #[derive(Debug, Args)]
 pub struct LatencyArgs {
@@ -59,14 +59,6 @@ struct Report {
     succeeded_p99_ms: f64,
     /// accepted_p99_ms / raw_round_trip_p99_ms (the goal: at most 2 at 100/s).
     accepted_p99_over_raw_p99: f64,
-}
-
-fn pct(v: &mut [f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
 }
 
 /// Sends `n` ticks, one every `1/rate` s from now, calling `send(i)` without waiting for

@@ -45,6 +45,17 @@ impl KafkaConfig {
         Self { bootstrap: bootstrap.into(), ..Self::default() }
     }
 
+    /// SASL/SCRAM-SHA-512 over plaintext (a loopback broker such as tansu) as `user`.
+    pub fn scram_plaintext(bootstrap: impl Into<String>, user: &str, password: &str) -> Self {
+        Self {
+            security_protocol: Some("SASL_PLAINTEXT".into()),
+            sasl_mechanism: Some("SCRAM-SHA-512".into()),
+            sasl_username: Some(user.into()),
+            sasl_password: Some(password.into()),
+            ..Self::plaintext(bootstrap)
+        }
+    }
+
     /// For the embedded mock cluster, which does not answer a fetch early when data
     /// arrives: short fetch waits, or every hop costs `fetch.wait.max.ms` (500 ms).
     pub fn for_embedded(bootstrap: impl Into<String>) -> Self {

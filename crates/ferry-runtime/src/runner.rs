@@ -213,38 +213,16 @@ impl<H: TaskHandler> Runner<H> {
         if let Some(why) = self.invalid_spec(&spec) {
             // The intake validated it; a snapshot that fails now was not written by one (or
             // the rules grew stricter): run nothing of it, forward or back.
-            let (state, event) = match self.snap.state {
-                TaskState::Accepted | TaskState::Running => (TaskState::Failed, EventType::Failed),
-                TaskState::Reverting => (TaskState::RevertFailed, EventType::RevertFailed),
-                s if self.snap.revert_requested && s.is_revertible() => (TaskState::RevertFailed, EventType::RevertFailed),
-                _ => return Ok(false),
-            };
             tracing::error!(task = %self.id, %why, "the stored spec does not pass validation; nothing of it runs");
-            self.snap.state = state;
-            self.snap.revert_requested = false;
-            self.snap.cancel_requested = false;
-            self.snap.error = Some(TaskError { code: codes::SPEC_INVALID.into(), message: why.clone(), step: None, transient: false });
-            let d = Detail { code: Some(codes::SPEC_INVALID.into()), ..Detail::default() }.message(why);
-            self.transition(event, d).await?;
+            self.refuse(codes::SPEC_INVALID, why).await?;
             return Ok(false);
         }
         let steps = self.env.handler.plan(&spec);
         if let Some(why) = plan_mismatch(&self.snap.journal, &steps) {
             // Resume and undo go by step index: with another plan they would run, or undo,
             // the wrong step. Stop here, saying so.
-            let (state, event) = match self.snap.state {
-                TaskState::Accepted | TaskState::Running => (TaskState::Failed, EventType::Failed),
-                TaskState::Reverting => (TaskState::RevertFailed, EventType::RevertFailed),
-                s if self.snap.revert_requested && s.is_revertible() => (TaskState::RevertFailed, EventType::RevertFailed),
-                _ => return Ok(false),
-            };
             tracing::error!(task = %self.id, %why, "the task's journal does not match its plan");
-            self.snap.state = state;
-            self.snap.revert_requested = false;
-            self.snap.cancel_requested = false;
-            self.snap.error = Some(TaskError { code: codes::PLAN_CHANGED.into(), message: why.clone(), step: None, transient: false });
-            let d = Detail { code: Some(codes::PLAN_CHANGED.into()), ..Detail::default() }.message(why);
-            self.transition(event, d).await?;
+            self.refuse(codes::PLAN_CHANGED, why).await?;
             return Ok(false);
         }
         loop {
@@ -281,6 +259,23 @@ impl<H: TaskHandler> Runner<H> {
                 return Ok(true);
             }
         }
+    }
+
+    /// Ends a task that must not run, forward or back, with `code` and `why`: Failed, or
+    /// RevertFailed for one reverting or asked to; a settled task is left as it is.
+    async fn refuse(&mut self, code: &str, why: String) -> Result<(), PublishError> {
+        let (state, event) = match self.snap.state {
+            TaskState::Accepted | TaskState::Running => (TaskState::Failed, EventType::Failed),
+            TaskState::Reverting => (TaskState::RevertFailed, EventType::RevertFailed),
+            s if self.snap.revert_requested && s.is_revertible() => (TaskState::RevertFailed, EventType::RevertFailed),
+            _ => return Ok(()),
+        };
+        self.snap.state = state;
+        self.snap.revert_requested = false;
+        self.snap.cancel_requested = false;
+        self.snap.error = Some(TaskError { code: code.into(), message: why.clone(), step: None, transient: false });
+        let d = Detail { code: Some(code.into()), ..Detail::default() }.message(why);
+        self.transition(event, d).await
     }
 
     /// Why the stored spec would not be accepted now: the kind's `validate`, and for a

@@ -14,13 +14,7 @@ const USER: &str = "ferry-worker-test";
 const PASSWORD: &str = "correct-horse-battery";
 
 fn scram(bootstrap: &str, user: &str, password: &str) -> KafkaConfig {
-    KafkaConfig {
-        security_protocol: Some("SASL_PLAINTEXT".into()),
-        sasl_mechanism: Some("SCRAM-SHA-512".into()),
-        sasl_username: Some(user.into()),
-        sasl_password: Some(password.into()),
-        ..KafkaConfig::plaintext(bootstrap)
-    }
+    KafkaConfig::scram_plaintext(bootstrap, user, password)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -26,13 +26,7 @@ const ACME: (&str, &str) = ("ferry-tenant-acme", "acme-secret-1");
 const GLOBEX: (&str, &str) = ("ferry-tenant-globex", "globex-secret-1");
 
 fn scram(bootstrap: &str, (user, password): (&str, &str)) -> KafkaConfig {
-    KafkaConfig {
-        security_protocol: Some("SASL_PLAINTEXT".into()),
-        sasl_mechanism: Some("SCRAM-SHA-512".into()),
-        sasl_username: Some(user.into()),
-        sasl_password: Some(password.into()),
-        ..KafkaConfig::plaintext(bootstrap)
-    }
+    KafkaConfig::scram_plaintext(bootstrap, user, password)
 }
 
 fn policy() -> Policy {

@@ -160,6 +160,12 @@ fn chart_grants_each_worker_only_what_it_touches() {
             let touches_works = rule["resources"].as_array().unwrap().iter().any(|r| r == "manifestworks");
             let name = role["metadata"]["name"].as_str().unwrap();
             assert!(!touches_works || name == "ferry-deploy" || name == "ferry-score", "{name} should not touch ManifestWorks");
+            if name == "ferry-create-cluster" && rule["resources"].as_array().unwrap().iter().any(|r| r == "configmaps") {
+                // It reads kube-public/cluster-info for joins, and writes no ConfigMap.
+                assert_eq!(rule["verbs"], serde_json::json!(["get"]), "{rule}");
+                assert_eq!(rule["resourceNames"], serde_json::json!(["cluster-info"]), "{rule}");
+            }
+            assert!(!rule["resources"].as_array().unwrap().iter().any(|r| r == "clusterresourcesets"), "{name}: no worker makes ClusterResourceSets");
         }
     }
     for b in docs.iter().filter(|d| d["kind"] == "ClusterRoleBinding") {

@@ -97,12 +97,12 @@ No ClusterRole grants Secrets: those come through Roles in the cluster namespace
 - apiGroups: [infrastructure.cluster.x-k8s.io]
   resources: [openstackclusters, openstackmachinetemplates, dockerclusters, dockermachinetemplates]
   verbs: [get, list, watch, create, patch, delete]
-- apiGroups: [addons.cluster.x-k8s.io]
-  resources: [clusterresourcesets]
-  verbs: [get, list, watch, create, patch, delete]
+# The hub's address and CA for clusteradm join: kube-public/cluster-info, and no other
+# ConfigMap (ferry_kube::ocm_join; the worker writes none on the hub).
 - apiGroups: [""]
   resources: [configmaps]
-  verbs: [get, list, watch, create, patch, delete]
+  resourceNames: [cluster-info]
+  verbs: [get]
 # A revert removes the namespace the create made (and only that one).
 - apiGroups: [""]
   resources: [namespaces]
@@ -116,7 +116,7 @@ No ClusterRole grants Secrets: those come through Roles in the cluster namespace
   verbs: [get, list, watch]
 # clusteradm join: a bootstrap token of OCM's bootstrap ServiceAccount (clusteradm
 # pkg/helpers/client.go GetBootstrapTokenFromSA); the hub's address and CA come from
-# kube-public/cluster-info (configmaps are read above).
+# kube-public/cluster-info (read above).
 - apiGroups: [""]
   resources: [serviceaccounts/token]
   resourceNames: [agent-registration-bootstrap]

@@ -12,6 +12,7 @@
 //! - [`tenants`]: who sent a command (the tenant whose topic it came on, forwarded by
 //!   the worker's `gateway`) and what each tenant may target.
 //! - [`client`]: submit, cancel, revert, read state, follow events.
+//! - [`asyncapi`]: the protocol as an AsyncAPI document (`docs/asyncapi.yaml`).
 //! - [`embedded`]: the in-process broker for `ferry dev` and fault tests.
 //! - [`testkind`]: the runtime's own `test` task kind.
 //!
@@ -19,6 +20,7 @@
 
 pub use ferry_task::{codes, ids, kind, limits, output, protocol, report, step, targets, wire};
 
+pub mod asyncapi;
 pub mod client;
 pub mod effects;
 pub mod embedded;

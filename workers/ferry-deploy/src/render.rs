@@ -254,17 +254,17 @@ fn manifest_config(o: &Value) -> Value {
 /// there before included (ocm `pkg/work/spoke/apply/server_side_apply.go` and
 /// `create_only_apply.go` call `helper.ApplyOwnerReferences` on success;
 /// `pkg/work/helper/helpers.go`, `DeleteAppliedResources`, deletes what carries that
-/// owner). From the hub Ferry cannot tell a namespace it made from one it found, so the
-/// namespaces are orphaned (`SelectivelyOrphan`: `helpers.go`, `OwnedByTheWork`, and
+/// owner). So the namespaces in `found` (there before, not made by Ferry for this app:
+/// the caller looks through the cluster's kubeconfig, and lists every namespace when it
+/// cannot) are orphaned (`SelectivelyOrphan`: `helpers.go`, `OwnedByTheWork`, and
 /// `manifestwork_reconciler.go`, `manageOwnerRef`, keep the work's owner off them): a
-/// namespace Ferry did not create is never deleted, at the price of leaving the ones it
-/// did create.
-pub fn manifest_work(app: &DeployApp, cluster: &str, components: &[&Component], secrets: &BTreeMap<String, SecretData>, task: &str) -> Value {
+/// namespace Ferry did not create is never deleted, and one it created goes with the app.
+pub fn manifest_work(app: &DeployApp, cluster: &str, components: &[&Component], secrets: &BTreeMap<String, SecretData>, task: &str, found: &BTreeSet<String>) -> Value {
     let manifests = objects(app, components, secrets);
     let configs: Vec<Value> = manifests.iter().map(manifest_config).collect();
     let orphans: Vec<Value> = manifests
         .iter()
-        .filter(|m| m["kind"] == "Namespace")
+        .filter(|m| m["kind"] == "Namespace" && m["metadata"]["name"].as_str().is_none_or(|n| found.contains(n)))
         .map(|m| json!({"group": "", "resource": "namespaces", "name": m["metadata"]["name"]}))
         .collect();
     json!({
@@ -389,7 +389,9 @@ mod tests {
     #[test]
     fn the_manifest_work_asks_for_readiness_feedback_and_keeps_namespaces() {
         let a = app();
-        let w = manifest_work(&a, "member-1", &[&a.components[0]], &BTreeMap::new(), "tsk_1");
+        let none = manifest_work(&a, "member-1", &[&a.components[0]], &BTreeMap::new(), "tsk_1", &BTreeSet::new());
+        assert_eq!(none["spec"]["deleteOption"]["selectivelyOrphans"]["orphaningRules"], json!([]), "a namespace Ferry makes goes with the work");
+        let w = manifest_work(&a, "member-1", &[&a.components[0]], &BTreeMap::new(), "tsk_1", &["shop".to_owned()].into());
         assert_eq!(w["metadata"]["namespace"], "member-1");
         assert_eq!(w["metadata"]["name"], "shop-shop");
         assert_eq!(w["metadata"]["labels"][OWNER_LABEL], "team_a");

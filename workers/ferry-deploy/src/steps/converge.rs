@@ -32,6 +32,32 @@ impl Inner {
         Ok(())
     }
 
+    /// The namespaces of `objects` that a ManifestWork must orphan on `cluster`: those there
+    /// already that Ferry did not make for `app` (upstream's work agent would own, and on
+    /// deletion delete, a namespace it found: `pkg/work/helper/helpers.go`
+    /// `ApplyOwnerReferences`, `DeleteAppliedResources`). Read through the cluster's
+    /// kubeconfig; when it cannot be read, every namespace is orphaned (kept), the safe way.
+    async fn found_namespaces(&self, cluster: &str, objects: &[Value], app: &str) -> BTreeSet<String> {
+        let names: BTreeSet<String> = objects.iter().filter(|o| o["kind"] == "Namespace").filter_map(|o| o["metadata"]["name"].as_str().map(str::to_owned)).collect();
+        let Ok(client) = self.cfg.clusters.client(cluster).await else { return names };
+        let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client);
+        let mut found = BTreeSet::new();
+        for n in names {
+            let ours = |m: &ObjectMeta| {
+                let label = |k: &str| m.labels.as_ref().and_then(|l| l.get(k)).map(String::as_str);
+                label(crate::ownership::MANAGED_BY) == Some(crate::ownership::FERRY) && label(render::APP_LABEL) == Some(app)
+            };
+            match api.get_opt(&n).await {
+                Ok(None) => {}
+                Ok(Some(ns)) if ours(&ns.metadata) => {}
+                _ => {
+                    found.insert(n);
+                }
+            }
+        }
+        found
+    }
+
     /// The Secrets components reference, read from the app's namespace on the hub.
     async fn secrets(&self, app: &DeployApp, comps: &[&Component]) -> Result<BTreeMap<String, SecretData>, StepError> {
         let api: Api<Secret> = Api::namespaced(self.hub(), app.namespace());
@@ -63,7 +89,8 @@ impl Inner {
                 let secrets = self.secrets(&to.spec, &comps).await?;
                 match delivery {
                     Delivery::ManifestWork => {
-                        let work = render::manifest_work(&to.spec, &cluster, &comps, &secrets, task);
+                        let found = self.found_namespaces(&cluster, &render::objects(&to.spec, &comps, &secrets), &app.name).await;
+                        let work = render::manifest_work(&to.spec, &cluster, &comps, &secrets, task, &found);
                         self.apply_owned(HUB, &work, &app.name).await?;
                     }
                     Delivery::Direct => {

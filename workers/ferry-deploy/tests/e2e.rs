@@ -428,15 +428,11 @@ async fn what_ferry_did_not_make_it_leaves_alone() {
     let msg = failed.message.clone().unwrap_or_default();
     assert!(msg.contains(r#"cluster "member-1": Deployment ocm-taken/web"#) && msg.contains(OTHER), "{msg}");
     // The work agent has finished with the work (its finalizer is off) before anything is looked at.
-    let works = Api::<ManifestWork>::namespaced(hub.clone(), "member-1");
     let work = ferry_deploy::render::work_name(&ocm_taken);
-    tokio::time::timeout(WAIT, async {
-        while works.get_opt(&work).await.unwrap().is_some() {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    })
-    .await
-    .expect("the reverted ManifestWork is gone");
+    ferry_kube::Watches::new()
+        .wait_deleted::<ManifestWork>(ferry_kube::HUB, &hub, Some("member-1"), &work, WAIT)
+        .await
+        .expect("the reverted ManifestWork is gone");
     let after = deployment(&bed, "member-1", "ocm-taken", "web").await.expect("someone else's Deployment survives the ManifestWork's deletion");
     assert_eq!(after.metadata.uid, before.metadata.uid, "not deleted and made again");
     assert!(after.metadata.deletion_timestamp.is_none(), "not being deleted");

@@ -244,9 +244,9 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Messages/s produced and consumed through the broker, and single-message round trips.
-async fn raw_baseline(kafka: &KafkaConfig, topic: &str, n: usize) -> anyhow::Result<(f64, Vec<f64>)> {
-    let producer: FutureProducer = kafka.producer().create()?;
+/// A reader of every partition of `topic` from its current end: it sees only what is
+/// written from now on.
+pub(crate) fn tail_reader(kafka: &KafkaConfig, topic: &str) -> anyhow::Result<StreamConsumer> {
     let consumer: StreamConsumer = kafka.reader().create()?;
     let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(30))?;
     let mut tpl = TopicPartitionList::new();
@@ -255,6 +255,13 @@ async fn raw_baseline(kafka: &KafkaConfig, topic: &str, n: usize) -> anyhow::Res
         tpl.add_partition_offset(topic, p.id(), Offset::Offset(hi))?;
     }
     consumer.assign(&tpl)?;
+    Ok(consumer)
+}
+
+/// Messages/s produced and consumed through the broker, and single-message round trips.
+async fn raw_baseline(kafka: &KafkaConfig, topic: &str, n: usize) -> anyhow::Result<(f64, Vec<f64>)> {
+    let producer: FutureProducer = kafka.producer().create()?;
+    let consumer = tail_reader(kafka, topic)?;
     let payload = vec![7u8; 200];
     let start = Instant::now();
     let produce = async {

@@ -12,13 +12,12 @@ use clap::Args;
 use ferry_runtime::testkind::{TestHandler, TestTaskSpec};
 use ferry_runtime::{Client, EventType, KafkaConfig, SubmitOptions, TaskKind, Topics, Worker, WorkerOptions};
 use futures::StreamExt;
-use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::{Message, Offset, TopicPartitionList};
+use rdkafka::Message;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use super::bench::{BenchBroker, BrokerChoice, pct};
+use super::bench::{BenchBroker, BrokerChoice, pct, tail_reader};
 
 #[derive(Debug, Args)]
 pub struct LatencyArgs {
@@ -85,14 +84,7 @@ where
 /// send to its arrival at a reader of the topic.
 async fn raw_round_trips(kafka: &KafkaConfig, topic: &str, rate: f64, n: usize) -> anyhow::Result<Vec<f64>> {
     let producer: FutureProducer = kafka.producer().create()?;
-    let consumer: StreamConsumer = kafka.reader().create()?;
-    let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(30))?;
-    let mut tpl = TopicPartitionList::new();
-    for p in md.topics().iter().flat_map(|t| t.partitions()) {
-        let hi = consumer.fetch_watermarks(topic, p.id(), Duration::from_secs(30))?.1;
-        tpl.add_partition_offset(topic, p.id(), Offset::Offset(hi))?;
-    }
-    consumer.assign(&tpl)?;
+    let consumer = tail_reader(kafka, topic)?;
     let sent: Arc<Mutex<HashMap<usize, Instant>>> = Arc::default();
     let read = {
         let sent = sent.clone();

@@ -1,7 +1,9 @@
 //! What ships, checked against real parts: the Strimzi resources generated from
 //! `topics/` are current and pass a real API server with the upstream Strimzi CRDs; the
-//! Helm chart lints, renders, grants no more than each worker needs, and passes the
-//! API server's server-side dry run; docker-compose.yml runs every worker.
+//! Helm chart lints, renders, grants no more than each worker needs, passes the API
+//! server's server-side dry run and installs (values schema, names, PDBs, monitoring only
+//! where prometheus-operator is served, `helm test`, Kafka Secrets from Kafka's namespace);
+//! the Strimzi external-listener overlay applies; docker-compose.yml runs every worker.
 //!
 //! `FERRY_BLESS=1 cargo test --test ship` regenerates strimzi/kafka-{topics,users,tenants}.yaml.
 
@@ -186,8 +188,9 @@ fn chart_grants_each_worker_only_what_it_touches() {
     let more = render_chart(&helm, &["--set", "clusterNamespaces={fleet,edge}", "--set", "workers.deploy.appSecretNamespaces={shop}"]);
     assert_secret_grants(&more, &["fleet", "edge"], &["shop"]);
     let bad = Command::new(&helm).args(["template", "ferry"]).arg(root().join("helm/ferry")).args(["--set", "clusterNamespaces={Bad_ns}"]).output().unwrap();
-    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("not a namespace name"), "a bad namespace fails the chart");
-    assert!(k.iter().any(|k| k == "ServiceMonitor"));
+    // values.schema.json refuses it first; the template's own check stays for the values it cannot see.
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("clusterNamespaces"), "a bad namespace fails the chart, naming the value");
+    assert!(!k.iter().any(|k| k == "ServiceMonitor"), "no ServiceMonitor where its CRD is not served (chart_monitoring_needs_the_prometheus_operator)");
     let dash = docs.iter().find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "ferry-dashboard").expect("dashboard");
     assert_eq!(dash["spec"]["template"]["spec"]["automountServiceAccountToken"], false, "the dashboard needs no API access");
     // Turning a worker off removes all of its objects.
@@ -220,6 +223,24 @@ async fn strimzi_resources_and_chart_pass_the_api_server() {
             }
         }
         assert!(checked >= 3 + 6 + 6, "every Strimzi resource was checked ({checked})");
+        // The external-listener overlay is a JSON Patch of the Kafka: it applies to
+        // kafka.yaml's Kafka, and the result passes the CRD.
+        let kafka = docs(&std::fs::read_to_string(root().join("strimzi/kafka.yaml")).unwrap()).into_iter().find(|d| d["kind"] == "Kafka").unwrap();
+        let mut kafka = kafka;
+        kafka["metadata"]["namespace"] = "kafka".into();
+        clusters.apply(HUB, &kafka, "ferry-test").await.unwrap();
+        let overlay: ferry_fleet::admission::JsonPatch = serde_yaml_ng::from_str(&std::fs::read_to_string(root().join("strimzi/overlays/kafka-external-listener.yaml")).unwrap()).expect("the overlay is a JSON Patch");
+        let ar = kube::core::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk("kafka.strimzi.io", "v1", "Kafka"));
+        let api = kube::api::Api::<kube::api::DynamicObject>::namespaced_with(clusters.hub().clone(), "kafka", &ar);
+        let patched = api
+            .patch("ferry", &kube::api::PatchParams { dry_run: true, ..Default::default() }, &kube::api::Patch::Json::<()>(overlay))
+            .await
+            .unwrap_or_else(|e| panic!("strimzi/overlays/kafka-external-listener.yaml does not apply to the Kafka: {e}"));
+        let listeners = patched.data["spec"]["kafka"]["listeners"].as_array().unwrap();
+        let external = listeners.iter().find(|l| l["name"] == "external").expect("the external listener");
+        assert_eq!((&external["tls"], &external["authentication"]["type"]), (&Value::Bool(true), &Value::from("scram-sha-512")), "SCRAM over TLS");
+        assert!(["loadbalancer", "nodeport"].contains(&external["type"].as_str().unwrap()), "{external}");
+        assert_eq!(listeners.len(), 3, "the internal listeners stay");
     } else {
         ferry_runtime::report::missing_prerequisite("../shared/crds/strimzi (the upstream Strimzi CRDs) is absent: Strimzi resources not validated");
     }
@@ -227,7 +248,11 @@ async fn strimzi_resources_and_chart_pass_the_api_server() {
         ferry_runtime::report::missing_prerequisite("helm is not installed (scripts/install-helm.sh): chart not validated");
         return;
     };
-    // The test bed has no prometheus-operator CRDs; the ServiceMonitor is checked above.
+    // The chart's test Pod runs as the namespace's default ServiceAccount, which a cluster's
+    // controller manager makes (none runs here); it mounts no token, so the account is all
+    // admission looks up.
+    clusters.apply(HUB, &serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": "ferry"}}), "ferry-test").await.unwrap();
+    // The test bed has no prometheus-operator CRDs: the chart renders no ServiceMonitor.
     let cluster_scoped = ["ClusterRole", "ClusterRoleBinding", "Namespace"];
     for mut d in render_chart(&helm, &["--set", "serviceMonitor.enabled=false"]) {
         if !cluster_scoped.contains(&d["kind"].as_str().unwrap_or("")) && d["metadata"]["namespace"].is_null() {
@@ -235,6 +260,47 @@ async fn strimzi_resources_and_chart_pass_the_api_server() {
         }
         clusters.dry_run_apply(HUB, &d, "ferry-test").await.unwrap_or_else(|e| panic!("chart {} {}: {e}", d["kind"], d["metadata"]["name"]));
     }
+    // A real `helm install` where Strimzi wrote the KafkaUser Secrets and the cluster CA in
+    // Kafka's namespace: the chart copies what the pods read into its own (helm's lookup
+    // against this API server), skips the ServiceMonitor and PrometheusRule whose CRDs
+    // are not served here, and its notes say where the Secrets came from.
+    let users = ["ferry-tracker", "ferry-worker-create-cluster", "ferry-worker-peer", "ferry-worker-offload", "ferry-worker-deploy", "ferry-worker-score"];
+    let secret = |ns: &str, name: &str| serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": ns}});
+    for u in users {
+        let mut s = secret("kafka", u);
+        s["stringData"] = serde_json::json!({"password": format!("pw-{u}"), "sasl.jaas.config": "not copied"});
+        clusters.apply(HUB, &s, "ferry-test").await.unwrap();
+    }
+    let mut ca = secret("kafka", "ferry-cluster-ca-cert");
+    ca["stringData"] = serde_json::json!({"ca.crt": "CA", "ca.p12": "not copied"});
+    clusters.apply(HUB, &ca, "ferry-test").await.unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let kubeconfig = home.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, fleet.hub().kubeconfig_inline().unwrap()).unwrap();
+    let install = Command::new(&helm)
+        .args(["install", "ferry"])
+        .arg(root().join("helm/ferry"))
+        .args(["--namespace", "ferry", "--kubeconfig"])
+        .arg(&kubeconfig)
+        .args(["--set", "kafka.userSecretsNamespace=kafka", "--set", "kafka.caSecretNamespace=kafka"])
+        .env("HELM_CACHE_HOME", home.path().join("cache"))
+        .env("HELM_CONFIG_HOME", home.path().join("config"))
+        .env("HELM_DATA_HOME", home.path().join("data"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&install.stdout);
+    assert!(install.status.success(), "helm install: {}\n{said}", String::from_utf8_lossy(&install.stderr));
+    assert!(said.contains("helm test ferry -n ferry --logs") && said.contains("copied by this release from namespace kafka"), "the notes: {said}");
+    assert!(said.contains("serves no monitoring.coreos.com/v1 ServiceMonitor"), "the notes: {said}");
+    let data = async |ns: &str, name: &str| clusters.get(HUB, &secret(ns, name)).await.unwrap().map(|s| s.data["data"].clone()).unwrap_or_else(|| panic!("no Secret {ns}/{name}"));
+    for u in users {
+        let original = data("kafka", u).await;
+        assert_eq!(data("ferry", u).await, serde_json::json!({"password": original["password"]}), "{u}: the password, only");
+    }
+    let original = data("kafka", "ferry-cluster-ca-cert").await;
+    assert_eq!(data("ferry", "ferry-cluster-ca-cert").await, serde_json::json!({"ca.crt": original["ca.crt"]}), "the CA certificate, only");
+    let deployed = clusters.get(HUB, &serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "ferry-peer", "namespace": "ferry"}})).await.unwrap();
+    assert!(deployed.is_some(), "the release is installed");
 }
 
 /// The dashboard's chart: read-only unless a token Secret is named (then mounted and
@@ -286,28 +352,48 @@ fn compose_runs_kafka_the_topics_every_worker_and_the_dashboard() {
     assert!(dockerfile.lines().any(|l| l.trim() == "USER 65532:65532"), "the image runs as non-root");
 }
 
+/// Metric names as a worker's /metrics exposes them (TYPE lines; samples add suffixes).
+fn exported_metrics() -> Vec<String> {
+    let exposition = ferry_runtime::metrics::Metrics::with_one_sample_each().encode();
+    let exported: Vec<String> = exposition.lines().filter_map(|l| l.strip_prefix("# TYPE ")).filter_map(|l| l.split_whitespace().next()).map(str::to_owned).collect();
+    assert!(exported.len() >= 5, "{exposition}");
+    exported
+}
+
+/// Every `ferry_*` name in a PromQL expression is one the workers export (and there is one).
+fn assert_names_exported(expr: &str, exported: &[String]) {
+    let names: Vec<&str> = expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).filter(|w| w.starts_with("ferry_")).collect();
+    assert!(!names.is_empty(), "{expr} names no Ferry metric");
+    for n in names {
+        let base = ["_total", "_bucket", "_sum", "_count"].iter().fold(n, |n, s| n.strip_suffix(s).unwrap_or(n));
+        assert!(exported.iter().any(|e| e == base), "{expr}: {n} is not exported (exported: {exported:?})");
+    }
+}
+
+/// The Grafana dashboard queries only what the workers export, and every query is scoped
+/// by the dashboard's `namespace` and `job` variables (one Grafana, many installations).
 #[test]
 fn grafana_dashboard_queries_name_metrics_the_workers_export() {
     let text = std::fs::read_to_string(root().join("helm/ferry/dashboards/ferry.json")).unwrap();
     let dash: Value = serde_json::from_str(&text).expect("the dashboard is JSON");
-    // Names as a worker's /metrics exposes them (TYPE lines; samples add suffixes).
-    let exposition = ferry_runtime::metrics::Metrics::with_one_sample_each().encode();
-    let exported: Vec<&str> = exposition.lines().filter_map(|l| l.strip_prefix("# TYPE ")).filter_map(|l| l.split_whitespace().next()).collect();
-    assert!(exported.len() >= 5, "{exposition}");
+    let exported = exported_metrics();
+    let variables: Vec<&str> = dash["templating"]["list"].as_array().unwrap().iter().filter_map(|v| v["name"].as_str()).collect();
+    for v in ["datasource", "namespace", "job"] {
+        assert!(variables.contains(&v), "the dashboard has a ${v} variable: {variables:?}");
+    }
     let mut queries = 0;
     for panel in dash["panels"].as_array().unwrap() {
         for t in panel["targets"].as_array().unwrap() {
             let expr = t["expr"].as_str().unwrap();
             queries += 1;
-            let names: Vec<&str> = expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).filter(|w| w.starts_with("ferry_")).collect();
-            assert!(!names.is_empty(), "{expr} names no Ferry metric");
-            for n in names {
-                let base = ["_total", "_bucket", "_sum", "_count"].iter().fold(n, |n, s| n.strip_suffix(s).unwrap_or(n));
-                assert!(exported.contains(&base), "{expr}: {n} is not exported (exported: {exported:?})");
+            assert_names_exported(expr, &exported);
+            for scope in ["namespace=~\"$namespace\"", "job=~\"$job\""] {
+                assert!(expr.contains(scope), "{expr} is not scoped by {scope}");
             }
         }
     }
-    assert!(queries >= 6, "tasks by state, step latency, retries, dead letters, consumer lag");
+    assert!(queries >= 8, "tasks by state, step latency, retries, dead letters, consumer lag, in flight, task duration");
+    assert!(text.contains("ferry_consumer_lag_records"), "lag under its name with units");
 }
 
 #[test]
@@ -511,6 +597,304 @@ fn chart_gives_every_worker_the_tenant_policy() {
     let plain = render_chart(&helm, &[]);
     assert!(!plain.iter().any(|d| d["metadata"]["name"] == "ferry-tenants"));
     assert!(!serde_json::to_string(&plain).unwrap().contains("FERRY_POLICY"));
+}
+
+/// `helm template RELEASE` in namespace ferry with `extra`: the objects, or helm's error.
+fn template_chart(helm: &Path, release: &str, extra: &[&str]) -> Result<Vec<Value>, String> {
+    let out = Command::new(helm)
+        .args(["template", release])
+        .arg(root().join("helm/ferry"))
+        .args(["--namespace", "ferry", "--kube-version", "1.20.0"])
+        .args(extra)
+        .output()
+        .unwrap();
+    if out.status.success() { Ok(docs(&String::from_utf8_lossy(&out.stdout))) } else { Err(String::from_utf8_lossy(&out.stderr).into_owned()) }
+}
+
+/// The prometheus-operator kinds, served as a cluster with the operator serves them.
+const PROMETHEUS_OPERATOR: [&str; 4] = ["--api-versions", "monitoring.coreos.com/v1/ServiceMonitor", "--api-versions", "monitoring.coreos.com/v1/PrometheusRule"];
+
+/// Every key path of a values file ("kafka.bootstrap", "workers.peer.replicas"), down to
+/// the leaves and to maps that are data (tenants, latency, resources, labels).
+fn value_paths(v: &Value, prefix: &str, out: &mut Vec<String>) {
+    if let Some(map) = v.as_object() {
+        for (k, child) in map {
+            let path = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+            out.push(path.clone());
+            let data = ["tenants", "latency", "resources", "labels", "requests", "limits"].contains(&k.as_str());
+            if !data {
+                value_paths(child, &path, out);
+            }
+        }
+    }
+}
+
+/// The schema node that describes `path`, following `properties` and `$ref`s.
+fn schema_at<'a>(schema: &'a Value, path: &str) -> Option<&'a Value> {
+    let resolve = |mut n: &'a Value| {
+        while let Some(r) = n["$ref"].as_str() {
+            n = schema.pointer(r.trim_start_matches('#'))?;
+        }
+        Some(n)
+    };
+    let mut node = schema;
+    for key in path.split('.') {
+        node = resolve(node)?.get("properties")?.get(key)?;
+    }
+    Some(node)
+}
+
+/// values.schema.json describes every value in values.yaml (helm checks values against it
+/// on lint, template, install and upgrade): the defaults pass, a wrong type, an unknown
+/// key and a bad namespace each fail both `helm lint` and `helm template`, naming the value.
+#[test]
+fn chart_values_schema_covers_every_value_and_refuses_wrong_ones() {
+    let Some(helm) = helm() else {
+        ferry_runtime::report::missing_prerequisite("helm is not installed (scripts/install-helm.sh)");
+        return;
+    };
+    let chart = root().join("helm/ferry");
+    let schema: Value = serde_json::from_str(&std::fs::read_to_string(chart.join("values.schema.json")).unwrap()).expect("values.schema.json is JSON");
+    assert_eq!(schema["$schema"], "http://json-schema.org/draft-07/schema#");
+    assert_eq!(schema["additionalProperties"], false, "an unknown top-level value is refused");
+    let values: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(chart.join("values.yaml")).unwrap()).unwrap();
+    let mut paths = Vec::new();
+    value_paths(&values, "", &mut paths);
+    assert!(paths.len() > 40, "{paths:?}");
+    for path in &paths {
+        let node = schema_at(&schema, path).unwrap_or_else(|| panic!("values.schema.json does not describe {path}"));
+        assert!(node["description"].as_str().is_some_and(|d| !d.is_empty()), "values.schema.json: {path} has no description");
+    }
+    assert!(template_chart(&helm, "ferry", &[]).is_ok(), "the defaults pass");
+    for (set, names) in [
+        ("workers.peer.replicas=two", "workers.peer.replicas"),
+        ("dashboard.replicas=many", "dashboard.replicas"),
+        ("kafka.bootstrapp=kafka:9092", "bootstrapp"),
+        ("kafka.securityProtocol=TLS", "kafka.securityProtocol"),
+        ("clusterNamespaces={Bad_ns}", "clusterNamespaces"),
+        ("podDisruptionBudget.minAvailable=half", "podDisruptionBudget.minAvailable"),
+        ("serviceMonitor.interval=often", "serviceMonitor.interval"),
+    ] {
+        let lint = Command::new(&helm).arg("lint").arg(&chart).args(["--set", set]).output().unwrap();
+        let said = String::from_utf8_lossy(&lint.stdout);
+        assert!(!lint.status.success() && said.contains(names), "helm lint --set {set} fails naming {names}: {said}");
+        let err = template_chart(&helm, "ferry", &["--set", set]).err().unwrap_or_else(|| panic!("helm template --set {set} should fail"));
+        assert!(err.contains("values don't meet the specifications of the schema") && err.contains(names), "--set {set}: {err}");
+    }
+    // The tenants of the example pass the schema; a rule with an unknown field does not.
+    assert!(template_chart(&helm, "ferry", &["-f", root().join("examples/tenants.yaml").to_str().unwrap()]).is_ok());
+    assert!(template_chart(&helm, "ferry", &["--set", "tenants.web.deploy.cluster=member-1"]).is_err());
+}
+
+/// Object names follow the usual `_helpers.tpl` rules (release "ferry": ferry-peer; release
+/// "prod": prod-ferry-peer; nameOverride and fullnameOverride), every object carries the
+/// standard labels, and what refers to a name (ServiceAccounts, Services' selectors, the
+/// test Pod's URLs) follows it.
+#[test]
+fn chart_names_follow_the_overrides_and_carry_the_standard_labels() {
+    let Some(helm) = helm() else {
+        ferry_runtime::report::missing_prerequisite("helm is not installed (scripts/install-helm.sh)");
+        return;
+    };
+    for (release, extra, prefix, name) in [
+        ("ferry", vec![], "ferry", "ferry"),
+        ("prod", vec![], "prod-ferry", "ferry"),
+        ("prod", vec!["--set", "nameOverride=fleet"], "prod-fleet", "fleet"),
+        ("prod", vec!["--set", "fullnameOverride=acme"], "acme", "ferry"),
+        ("my-ferry-2", vec![], "my-ferry-2", "ferry"),
+    ] {
+        let mut args = extra.clone();
+        args.extend(PROMETHEUS_OPERATOR);
+        let docs = template_chart(&helm, release, &args).unwrap();
+        for d in &docs {
+            let l = &d["metadata"]["labels"];
+            let what = format!("{release} {extra:?}: {} {}", d["kind"], d["metadata"]["name"]);
+            assert_eq!(l["app.kubernetes.io/name"], name, "{what}");
+            assert_eq!(l["app.kubernetes.io/instance"], release, "{what}");
+            assert_eq!(l["app.kubernetes.io/managed-by"], "Helm", "{what}");
+            assert_eq!(l["app.kubernetes.io/version"], "0.1.0", "{what}");
+            assert_eq!(l["helm.sh/chart"], "ferry-0.1.0", "{what}");
+            let n = d["metadata"]["name"].as_str().unwrap();
+            assert!(n.starts_with(&format!("{prefix}-")) || n.starts_with("ferry-worker-") || n == "ferry-tracker", "{what}: named {n}, not {prefix}-*");
+            assert!(n.len() <= 63, "{what}");
+        }
+        for kind in ["create-cluster", "peer", "offload", "deploy", "score"] {
+            let full = format!("{prefix}-{kind}");
+            let dep = docs.iter().find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == full.as_str()).unwrap_or_else(|| panic!("Deployment {full}"));
+            assert_eq!(dep["spec"]["template"]["spec"]["serviceAccountName"], full.as_str());
+            assert!(docs.iter().any(|d| d["kind"] == "ServiceAccount" && d["metadata"]["name"] == full.as_str()));
+            let pod_labels = &dep["spec"]["template"]["metadata"]["labels"];
+            let svc = docs.iter().find(|d| d["kind"] == "Service" && d["metadata"]["name"] == format!("{full}-metrics").as_str()).expect("metrics Service");
+            for (k, v) in svc["spec"]["selector"].as_object().unwrap() {
+                assert_eq!(&pod_labels[k], v, "{full}-metrics selects the worker's Pods");
+            }
+            for (k, v) in dep["spec"]["selector"]["matchLabels"].as_object().unwrap() {
+                assert_eq!(&pod_labels[k], v, "{full} selects its own Pods");
+            }
+        }
+        let sm = docs.iter().find(|d| d["kind"] == "ServiceMonitor").unwrap();
+        assert_eq!(sm["metadata"]["name"], format!("{prefix}-workers").as_str());
+        let test = docs.iter().find(|d| d["kind"] == "Pod").expect("the helm test Pod");
+        let args = serde_json::to_string(&test["spec"]["containers"][0]["args"]).unwrap();
+        assert!(args.contains(&format!("http://{prefix}-dashboard:80/readyz")), "{args}");
+    }
+    // Objects made only on request carry the labels too.
+    let latency = template_chart(&helm, "ferry", &["--set", "workers.offload.latency.a.b=5"]).unwrap();
+    let cm = latency.iter().find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "ferry-offload-latency").expect("the latency ConfigMap");
+    assert_eq!(cm["metadata"]["labels"]["app.kubernetes.io/instance"], "ferry");
+}
+
+/// The ServiceMonitor and the alerts exist only where the cluster serves their kinds (an
+/// install elsewhere would fail on the unknown kind), and only when enabled; the alerts
+/// query metrics the workers export, scoped to this release's workers.
+#[test]
+fn chart_monitoring_needs_the_prometheus_operator() {
+    let Some(helm) = helm() else {
+        ferry_runtime::report::missing_prerequisite("helm is not installed (scripts/install-helm.sh)");
+        return;
+    };
+    let count = |docs: &[Value], kind: &str| docs.iter().filter(|d| d["kind"] == kind).count();
+    let bare = render_chart(&helm, &[]);
+    assert_eq!((count(&bare, "ServiceMonitor"), count(&bare, "PrometheusRule")), (0, 0), "no prometheus-operator kinds served: none rendered");
+    let served = render_chart(&helm, &PROMETHEUS_OPERATOR);
+    assert_eq!((count(&served, "ServiceMonitor"), count(&served, "PrometheusRule")), (1, 1));
+    let only_sm = render_chart(&helm, &PROMETHEUS_OPERATOR[..2]);
+    assert_eq!((count(&only_sm, "ServiceMonitor"), count(&only_sm, "PrometheusRule")), (1, 0));
+    let mut off = PROMETHEUS_OPERATOR.to_vec();
+    off.extend(["--set", "serviceMonitor.enabled=false", "--set", "prometheusRule.enabled=false"]);
+    let off = render_chart(&helm, &off);
+    assert_eq!((count(&off, "ServiceMonitor"), count(&off, "PrometheusRule")), (0, 0), "disabled");
+
+    let sm = served.iter().find(|d| d["kind"] == "ServiceMonitor").unwrap();
+    let selector = sm["spec"]["selector"]["matchLabels"].as_object().unwrap();
+    let scraped: Vec<&Value> = served.iter().filter(|d| d["kind"] == "Service" && selector.iter().all(|(k, v)| &d["metadata"]["labels"][k] == v)).collect();
+    assert_eq!(scraped.len(), 5, "the ServiceMonitor scrapes each worker's metrics Service");
+    let rule = served.iter().find(|d| d["kind"] == "PrometheusRule").unwrap();
+    let exported = exported_metrics();
+    let rules: Vec<&Value> = rule["spec"]["groups"].as_array().unwrap().iter().flat_map(|g| g["rules"].as_array().unwrap()).collect();
+    let alerts: Vec<&str> = rules.iter().filter_map(|r| r["alert"].as_str()).collect();
+    for want in ["FerryDeadLetters", "FerryRevertFailed", "FerryConsumerLagHigh", "FerryTasksStuck"] {
+        assert!(alerts.contains(&want), "alert {want} missing: {alerts:?}");
+    }
+    for r in &rules {
+        let expr = r["expr"].as_str().unwrap();
+        if r["alert"] != "FerryWorkerDown" {
+            assert_names_exported(expr, &exported);
+        }
+        // Each selector names this release's namespace and its workers' metrics Services
+        // (the job label prometheus-operator gives their targets).
+        let selectors = expr.matches('{').count();
+        assert_eq!(expr.matches(r#"namespace="ferry", job=~"ferry-.+-metrics""#).count(), selectors, "{expr}");
+        assert!(r["labels"]["severity"].as_str().is_some(), "{r}");
+        let description = r["annotations"]["description"].as_str().unwrap();
+        assert!(description.contains("{{ $labels.") && !description.contains("<no value>"), "Prometheus, not helm, fills in the labels: {description}");
+    }
+    let revert_failed = rules.iter().find(|r| r["alert"] == "FerryRevertFailed").unwrap();
+    assert!(revert_failed["expr"].as_str().unwrap().contains(r#"event="RevertFailed""#));
+    let tuned = render_chart(&helm, &[&PROMETHEUS_OPERATOR[..], &["--set", "prometheusRule.consumerLagRecords=50", "--set", "prometheusRule.stuckAfter=3h"]].concat());
+    let text = serde_json::to_string(tuned.iter().find(|d| d["kind"] == "PrometheusRule").unwrap()).unwrap();
+    assert!(text.contains("ferry_consumer_lag_records{namespace=\\\"ferry\\\", job=~\\\"ferry-.+-metrics\\\"}) > 50") && text.contains("[3h]"), "{text}");
+}
+
+/// A PodDisruptionBudget never blocks a drain: none for a worker with one replica, and
+/// minAvailable at most replicas - 1 otherwise; v1beta1 on Kubernetes before 1.21.
+#[test]
+fn chart_disruption_budgets_allow_drains() {
+    let Some(helm) = helm() else {
+        ferry_runtime::report::missing_prerequisite("helm is not installed (scripts/install-helm.sh)");
+        return;
+    };
+    let pdb = |docs: &[Value], kind: &str| docs.iter().find(|d| d["kind"] == "PodDisruptionBudget" && d["metadata"]["name"] == format!("ferry-{kind}").as_str()).cloned();
+    let two = render_chart(&helm, &[]);
+    for kind in ["create-cluster", "peer", "offload", "deploy", "score"] {
+        let p = pdb(&two, kind).unwrap_or_else(|| panic!("{kind}: two replicas, a PDB"));
+        assert_eq!(p["spec"]["minAvailable"], 1, "{kind}");
+        assert_eq!(p["apiVersion"], "policy/v1beta1", "Kubernetes 1.20");
+    }
+    let one = render_chart(&helm, &["--set", "workers.peer.replicas=1", "--set", "workers.score.replicas=0"]);
+    assert!(pdb(&one, "peer").is_none(), "one replica: no PDB, or a drain could never evict it");
+    assert!(pdb(&one, "score").is_none());
+    assert!(pdb(&one, "deploy").is_some());
+    let capped = render_chart(&helm, &["--set", "workers.peer.replicas=3", "--set", "podDisruptionBudget.minAvailable=5"]);
+    assert_eq!(pdb(&capped, "peer").unwrap()["spec"]["minAvailable"], 2, "three replicas: at most two kept");
+    assert_eq!(pdb(&capped, "deploy").unwrap()["spec"]["minAvailable"], 1, "two replicas: at most one kept");
+    let percent = render_chart(&helm, &["--set", "podDisruptionBudget.minAvailable=50%"]);
+    assert_eq!(pdb(&percent, "peer").unwrap()["spec"]["minAvailable"], "50%");
+    let newer = template_chart(&helm, "ferry", &["--kube-version", "1.25.0"]).unwrap();
+    assert_eq!(pdb(&newer, "peer").unwrap()["apiVersion"], "policy/v1");
+    let none = render_chart(&helm, &["--set", "podDisruptionBudget.enabled=false"]);
+    assert!(!none.iter().any(|d| d["kind"] == "PodDisruptionBudget"));
+}
+
+/// `helm test`'s Pod (a test hook) asks /readyz of the dashboard's Service and of each
+/// enabled worker's metrics Service, on the ports those Services expose, as a restricted
+/// Pod; with allowedHosts the dashboard is asked (and probed) under an allowed host name.
+/// The test bed's emulated kubelets mark Pods Running without running them, so the Pod's
+/// run is not exercised here, only what it asks.
+#[test]
+fn chart_test_hook_asks_every_readyz() {
+    let Some(helm) = helm() else {
+        ferry_runtime::report::missing_prerequisite("helm is not installed (scripts/install-helm.sh)");
+        return;
+    };
+    let check = |docs: &[Value]| -> Vec<String> {
+        let pod = docs.iter().find(|d| d["kind"] == "Pod").expect("the test Pod");
+        assert_eq!(pod["metadata"]["annotations"]["helm.sh/hook"], "test");
+        assert_eq!(pod["spec"]["restartPolicy"], "Never");
+        let c = &pod["spec"]["containers"][0];
+        assert_eq!(c["securityContext"]["runAsNonRoot"], true);
+        assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+        let urls: Vec<String> = c["args"].as_array().unwrap()[2..].iter().map(|a| a.as_str().unwrap().to_owned()).collect();
+        for url in &urls {
+            let rest = url.strip_prefix("http://").and_then(|u| u.strip_suffix("/readyz")).unwrap_or_else(|| panic!("{url}"));
+            let (svc, port) = rest.split_once(':').unwrap();
+            let port: u64 = port.parse().unwrap_or_else(|_| panic!("{url}: port"));
+            let s = docs.iter().find(|d| d["kind"] == "Service" && d["metadata"]["name"] == svc).unwrap_or_else(|| panic!("{url}: no Service {svc}"));
+            assert!(s["spec"]["ports"].as_array().unwrap().iter().any(|p| p["port"] == port), "{url}: Service {svc} has no port {port}");
+        }
+        urls
+    };
+    let all = check(&render_chart(&helm, &[]));
+    assert_eq!(all.len(), 6, "the dashboard and five workers: {all:?}");
+    let fewer = check(&render_chart(&helm, &["--set", "workers.peer.enabled=false", "--set", "dashboard.enabled=false"]));
+    assert_eq!(fewer.len(), 4, "{fewer:?}");
+    assert!(!fewer.iter().any(|u| u.contains("peer") || u.contains("dashboard")));
+    let hosts = render_chart(&helm, &["--set", "dashboard.allowedHosts={ferry.example.com:80}"]);
+    let pod = hosts.iter().find(|d| d["kind"] == "Pod").unwrap();
+    let env = &pod["spec"]["containers"][0]["env"];
+    assert!(env.as_array().unwrap().iter().any(|e| e["name"] == "DASHBOARD_HOST" && e["value"] == "ferry.example.com:80"));
+    let dash = hosts.iter().find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "ferry-dashboard").unwrap();
+    let c = &dash["spec"]["template"]["spec"]["containers"][0];
+    for probe in ["livenessProbe", "readinessProbe"] {
+        assert_eq!(c[probe]["httpGet"]["httpHeaders"], serde_json::json!([{"name": "Host", "value": "ferry.example.com:80"}]), "{probe}: the kubelet's Host would be refused");
+    }
+}
+
+/// KafkaUser Secrets where Strimzi writes them: in the release namespace (the default)
+/// the pods read them directly and the chart makes none; in another namespace the chart
+/// copies them with `lookup`, which an offline render cannot do: it fails naming the Secret.
+#[test]
+fn chart_kafka_secrets_namespace_is_configurable() {
+    let Some(helm) = helm() else {
+        ferry_runtime::report::missing_prerequisite("helm is not installed (scripts/install-helm.sh)");
+        return;
+    };
+    for same in [vec![], vec!["--set", "kafka.userSecretsNamespace=ferry", "--set", "kafka.caSecretNamespace=ferry"]] {
+        let docs = render_chart(&helm, &same);
+        assert!(!docs.iter().any(|d| d["kind"] == "Secret"), "{same:?}: the pods read the Secrets where they are");
+    }
+    let err = template_chart(&helm, "ferry", &["--set", "kafka.userSecretsNamespace=kafka"]).unwrap_err();
+    assert!(err.contains("Secret kafka/ferry-") && err.contains("offline render"), "{err}");
+    let err = template_chart(&helm, "ferry", &["--set", "kafka.caSecretNamespace=kafka"]).unwrap_err();
+    assert!(err.contains("Secret kafka/ferry-cluster-ca-cert"), "{err}");
+    // The User Operator's secretPrefix names the Secrets the pods read.
+    let prefixed = render_chart(&helm, &["--set", "kafka.userSecretPrefix=kafka-"]);
+    let dep = prefixed.iter().find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "ferry-peer").unwrap();
+    let env = dep["spec"]["template"]["spec"]["containers"][0]["env"].as_array().unwrap();
+    let pw = env.iter().find(|e| e["name"] == "FERRY_KAFKA_SASL_PASSWORD").unwrap();
+    assert_eq!(pw["valueFrom"]["secretKeyRef"]["name"], "kafka-ferry-worker-peer");
+    let user = env.iter().find(|e| e["name"] == "FERRY_KAFKA_SASL_USERNAME").unwrap();
+    assert_eq!(user["value"], "ferry-worker-peer", "the Kafka user keeps its name");
 }
 
 /// docs/asyncapi.yaml is generated from the topics, schema ids and headers the workers

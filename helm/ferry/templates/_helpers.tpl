@@ -1,10 +1,54 @@
-{{/* Common labels. */}}
+{{/* The chart's name, or nameOverride (the app.kubernetes.io/name label). */}}
+{{- define "ferry.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The prefix of every object's name: fullnameOverride, else the release name when it
+already contains the chart's name (release "ferry": ferry-peer, not ferry-ferry-peer),
+else <release>-<name>. 63 characters at most (a DNS label).
+*/}}
+{{- define "ferry.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* <fullname>-<suffix>, kept a DNS label (dict: root, suffix). */}}
+{{- define "ferry.componentName" -}}
+{{- printf "%s-%s" (include "ferry.fullname" .root) .suffix | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The helm.sh/chart label: <chart>-<version>, `+` not allowed in label values. */}}
+{{- define "ferry.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Common labels (Kubernetes' recommended app.kubernetes.io/* and Helm's helm.sh/chart). */}}
 {{- define "ferry.labels" -}}
-app.kubernetes.io/name: ferry
+helm.sh/chart: {{ include "ferry.chart" . }}
+app.kubernetes.io/name: {{ include "ferry.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+app.kubernetes.io/part-of: ferry
+{{- end }}
+
+{{/*
+Selector labels of one component (dict: root, component). Release and component only,
+as in the chart's first version: a Deployment's selector is immutable, so adding the name
+label would break upgrades.
+*/}}
+{{- define "ferry.selectorLabels" -}}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
 {{- define "ferry.image" -}}
@@ -39,10 +83,31 @@ seccompProfile:
 - name: FERRY_KAFKA_SASL_PASSWORD
   valueFrom:
     secretKeyRef:
-      name: {{ .user }}
+      name: {{ include "ferry.userSecret" . }}
       key: password
 - name: FERRY_KAFKA_SSL_CA_LOCATION
   value: /etc/ferry/kafka-ca/ca.crt
+{{- end }}
+
+{{/*
+The Secret holding KafkaUser `user`'s password (dict: root, user): Strimzi's User
+Operator names it after the KafkaUser, behind the Kafka resource's
+entityOperator.userOperator.secretPrefix (kafka.userSecretPrefix here).
+*/}}
+{{- define "ferry.userSecret" -}}
+{{ .root.Values.kafka.userSecretPrefix }}{{ .user }}
+{{- end }}
+
+{{/* The KafkaUsers of what is enabled, one a line: the tracker (dashboard), each worker's. */}}
+{{- define "ferry.kafkaUsers" -}}
+{{- if .Values.dashboard.enabled }}
+ferry-tracker
+{{- end }}
+{{- range $kind, $w := .Values.workers }}
+{{- if $w.enabled }}
+ferry-worker-{{ $kind }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{- define "ferry.kafkaVolume" -}}
@@ -230,4 +295,34 @@ goes to the cluster through the cluster's own kubeconfig.
 {{- fail (printf "%s: %q is not a namespace name" .what (toString .ns)) -}}
 {{- end -}}
 {{ .ns }}
+{{- end }}
+
+{{/*
+A copy of Secret `name` from namespace `from` into the release namespace, keys `keys` only
+(dict: root, from, name, keys, what). Fails naming the Secret when it cannot be read.
+*/}}
+{{- define "ferry.copySecret" -}}
+{{- $src := lookup "v1" "Secret" .from .name }}
+{{- if not $src }}
+{{- fail (printf "%s, Secret %s/%s, cannot be read: it does not exist yet, helm may not get Secrets there, or this is an offline render (helm template, --dry-run, Argo CD), where lookup finds nothing. Install with access to %s, or leave the namespace value empty and put the Secret into %s yourself (docs/OPERATIONS.md)" .what .from .name .from .root.Release.Namespace) }}
+{{- end }}
+{{- $data := $src.data | default dict }}
+---
+apiVersion: v1
+kind: Secret
+metadata:
+  name: {{ .name }}
+  labels:
+    {{- include "ferry.labels" .root | nindent 4 }}
+  annotations:
+    # Copied at install/upgrade; a password Strimzi regenerates needs a `helm upgrade`.
+    ferry.io/copied-from: {{ printf "%s/%s" .from .name }}
+type: Opaque
+data:
+  {{- range $k := .keys }}
+  {{- if not (hasKey $data $k) }}
+  {{- fail (printf "%s, Secret %s/%s, has no key %s" $.what $.from $.name $k) }}
+  {{- end }}
+  {{ $k }}: {{ index $data $k }}
+  {{- end }}
 {{- end }}

@@ -204,6 +204,8 @@ impl ConsumerContext for IntakeContext {
 pub(crate) struct Intake<H: TaskHandler> {
     pub consumer: BaseConsumer<IntakeContext>,
     pub topic: String,
+    /// The consumer group (for the records' spans).
+    pub group: String,
     pub kind: TaskKind,
     pub handler: Arc<H>,
     pub registry: Arc<Registry>,
@@ -235,7 +237,7 @@ impl<H: TaskHandler> Intake<H> {
         let consumer: BaseConsumer<IntakeContext> = kafka.group_consumer(group).create_with_context(ctx).map_err(err)?;
         consumer.subscribe(&[topic]).map_err(err)?;
         let kind = handler.kind();
-        Ok(Self { consumer, topic: topic.to_owned(), kind, handler, registry, sched, stop, policy: None })
+        Ok(Self { consumer, topic: topic.to_owned(), group: group.to_owned(), kind, handler, registry, sched, stop, policy: None })
     }
 
     /// Checks tenants' commands against `policy` (none: a tenant's command is refused).
@@ -416,7 +418,14 @@ impl<H: TaskHandler> Intake<H> {
             reason,
         };
         let tenant = headers.iter().find(|(k, _)| k == TENANT_HEADER).map(|(_, v)| String::from_utf8_lossy(v).into_owned());
+        let attrs = crate::telemetry::consumed(crate::telemetry::Operation::Process, &self.topic, &self.group, m.partition(), m.offset(), m.key());
+        let span = crate::telemetry::start(format!("process {}", self.topic), opentelemetry::trace::SpanKind::Consumer, &crate::telemetry::context_of(trace_parent.as_deref()), attrs);
         let what = self.check(m, &dead, tenant.as_deref());
+        crate::telemetry::end(&span, match &what {
+            What::DeadLetter(d) => Some(d.reason.clone()),
+            What::Reject { reason, .. } => Some(reason.clone()),
+            _ => None,
+        });
         Incoming { partition: m.partition(), offset: m.offset(), trace_parent, what }
     }
 

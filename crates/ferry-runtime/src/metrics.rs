@@ -1,17 +1,49 @@
-//! Prometheus metrics of a worker: events by kind and type, step durations, retries,
-//! dead letters, and consumer lag.
+//! Prometheus metrics of a worker: events by kind and type, step and task durations, tasks
+//! in flight, retries, dead letters, consumer lag and the build.
+//!
+//! # Names
+//! Every name has the `ferry_` prefix; `Metrics::with_one_sample_each` shows them all:
+//! - `ferry_task_events_total{kind,event}`: progress events published.
+//! - `ferry_step_duration_seconds{kind,step}`: step runs, retries included (10 ms to 2 h).
+//! - `ferry_task_duration_seconds{kind,outcome}`: from the command's creation (the
+//!   submitter's clock) to the task's final event, by that event (`Succeeded`, `Failed`,
+//!   `Cancelled`, `Reverted`, `RevertFailed`, `Rejected`); 10 ms to 6 h.
+//! - `ferry_tasks_in_flight{kind,state}`: tasks a runner of this worker holds, `state`
+//!   `running` or `reverting`.
+//! - `ferry_step_retries_total{kind,step}`, `ferry_dead_letters_total{topic}`.
+//! - `ferry_consumer_lag_records{topic}`: command records not yet read.
+//! - `ferry_build_info{version}`: always 1.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use tokio::sync::watch;
 
 use crate::kind::TaskKind;
-use crate::protocol::EventType;
+use crate::protocol::{EventType, ProgressEvent, TaskSnapshot, TaskState};
+
+/// Upper bounds of the step-duration buckets, in seconds: a step that waits for a cluster
+/// may take half an hour, so they reach 2 h.
+pub const STEP_BUCKETS: [f64; 17] = [0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0];
+
+/// Upper bounds of the task-duration buckets, in seconds: 10 ms to 6 h.
+pub const TASK_BUCKETS: [f64; 19] =
+    [0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 14400.0, 21600.0];
+
+/// The `state` label of `ferry_tasks_in_flight` for a task a runner holds.
+fn in_flight_state(state: TaskState) -> &'static str {
+    match state {
+        TaskState::Reverting => "reverting",
+        _ => "running",
+    }
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct EventLabels {
@@ -26,8 +58,34 @@ struct StepLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    kind: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    kind: String,
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TopicLabels {
     topic: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VersionLabels {
+    version: String,
+}
+
+/// A task some runner holds: its gauge label, and how many runners hold it (a run given up
+/// with its partition may still be ending when the partition comes back and a new run
+/// starts).
+struct Held {
+    kind: TaskKind,
+    state: &'static str,
+    runners: i64,
 }
 
 /// The metrics of one worker process.
@@ -35,9 +93,15 @@ pub struct Metrics {
     registry: Registry,
     events: Family<EventLabels, Counter>,
     step_seconds: Family<StepLabels, Histogram>,
+    task_seconds: Family<OutcomeLabels, Histogram>,
+    in_flight: Family<StateLabels, Gauge>,
     retries: Family<StepLabels, Counter>,
     dead_letters: Family<TopicLabels, Counter>,
     lag: Family<TopicLabels, Gauge>,
+    /// The tasks runners hold, by task id: where a state change moves them between labels.
+    held: Mutex<HashMap<String, Held>>,
+    /// The number of tasks held, for whoever waits until the runners are done.
+    held_total: watch::Sender<i64>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -57,23 +121,107 @@ impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("ferry");
         let events = Family::<EventLabels, Counter>::default();
-        let step_seconds =
-            Family::<StepLabels, Histogram>::new_with_constructor(|| Histogram::new(exponential_buckets(0.005, 2.0, 16)));
+        let step_seconds = Family::<StepLabels, Histogram>::new_with_constructor(|| Histogram::new(STEP_BUCKETS));
+        let task_seconds = Family::<OutcomeLabels, Histogram>::new_with_constructor(|| Histogram::new(TASK_BUCKETS));
+        let in_flight = Family::<StateLabels, Gauge>::default();
         let retries = Family::<StepLabels, Counter>::default();
         let dead_letters = Family::<TopicLabels, Counter>::default();
         let lag = Family::<TopicLabels, Gauge>::default();
+        let build = Family::<VersionLabels, Gauge>::default();
+        build.get_or_create(&VersionLabels { version: env!("CARGO_PKG_VERSION").to_owned() }).set(1);
         registry.register("task_events", "Task progress events published, by kind and event", events.clone());
         registry.register("step_duration_seconds", "Duration of step runs, retries included", step_seconds.clone());
+        registry.register(
+            "task_duration_seconds",
+            "Time from a command's creation to its task's final event, by kind and final event",
+            task_seconds.clone(),
+        );
+        registry.register("tasks_in_flight", "Tasks a runner of this worker holds, by kind and state (running, reverting)", in_flight.clone());
         registry.register("step_retries", "Transient step failures that were retried", retries.clone());
         registry.register("dead_letters", "Records sent to the dead-letter topic, by source topic", dead_letters.clone());
-        registry.register("consumer_lag", "Command records not yet read, by topic", lag.clone());
-        Self { registry, events, step_seconds, retries, dead_letters, lag }
+        registry.register("consumer_lag_records", "Command records not yet read, by topic", lag.clone());
+        registry.register("build_info", "The worker's version (always 1)", build);
+        Self {
+            registry,
+            events,
+            step_seconds,
+            task_seconds,
+            in_flight,
+            retries,
+            dead_letters,
+            lag,
+            held: Mutex::default(),
+            held_total: watch::Sender::new(0),
+        }
     }
 
-    pub(crate) fn event(&self, kind: TaskKind, event: EventType) {
+    /// Counts a task's event as it is written with its snapshot: the event, the task's
+    /// duration when the event is final, and the move of a held task between `running`
+    /// and `reverting`.
+    pub(crate) fn written(&self, snap: &TaskSnapshot, ev: &ProgressEvent) {
         self.events
-            .get_or_create(&EventLabels { kind: kind.to_string(), event: format!("{event:?}") })
+            .get_or_create(&EventLabels { kind: snap.kind.to_string(), event: format!("{:?}", ev.event) })
             .inc();
+        if ev.event.is_final() {
+            let took = Duration::from_millis(ev.at_ms.saturating_sub(snap.created_at_ms).max(0) as u64);
+            self.task_finished(snap.kind, ev.event, took);
+        }
+        if snap.state.is_terminal() {
+            // The run is ending: it leaves the gauge when its runner does.
+            return;
+        }
+        let mut held = self.held.lock().expect("metrics lock");
+        if let Some(h) = held.get_mut(&snap.task_id) {
+            let state = in_flight_state(snap.state);
+            if state != h.state {
+                self.gauge(h.kind, h.state).dec_by(h.runners);
+                self.gauge(h.kind, state).inc_by(h.runners);
+                h.state = state;
+            }
+        }
+    }
+
+    fn gauge(&self, kind: TaskKind, state: &str) -> Gauge {
+        self.in_flight.get_or_create_owned(&StateLabels { kind: kind.to_string(), state: state.to_owned() })
+    }
+
+    fn task_finished(&self, kind: TaskKind, outcome: EventType, took: Duration) {
+        self.task_seconds
+            .get_or_create(&OutcomeLabels { kind: kind.to_string(), outcome: format!("{outcome:?}") })
+            .observe(took.as_secs_f64());
+    }
+
+    /// Counts the task in `ferry_tasks_in_flight` while the returned guard lives (the
+    /// scheduler keeps it with the task's runner).
+    pub(crate) fn in_flight(self: &Arc<Self>, snap: &TaskSnapshot) -> InFlight {
+        let state = in_flight_state(snap.state);
+        {
+            let mut held = self.held.lock().expect("metrics lock");
+            let h = held.entry(snap.task_id.clone()).or_insert(Held { kind: snap.kind, state, runners: 0 });
+            h.runners += 1;
+            self.gauge(h.kind, h.state).inc();
+        }
+        self.held_total.send_modify(|n| *n += 1);
+        InFlight { metrics: self.clone(), task: snap.task_id.clone() }
+    }
+
+    fn release(&self, task: &str) {
+        {
+            let mut held = self.held.lock().expect("metrics lock");
+            let Some(h) = held.get_mut(task) else { return };
+            h.runners -= 1;
+            self.gauge(h.kind, h.state).dec();
+            if h.runners == 0 {
+                held.remove(task);
+            }
+        }
+        self.held_total.send_modify(|n| *n -= 1);
+    }
+
+    /// The number of tasks runners of this worker hold, as it changes (runners start and
+    /// end): what `ferry_tasks_in_flight` adds up to.
+    pub fn tasks_in_flight(&self) -> watch::Receiver<i64> {
+        self.held_total.subscribe()
     }
 
     pub(crate) fn step_finished(&self, kind: TaskKind, step: &str, took: Duration) {
@@ -98,8 +246,10 @@ impl Metrics {
     /// checking dashboards against what workers export).
     pub fn with_one_sample_each() -> Self {
         let m = Self::new();
-        m.event(TaskKind::Test, EventType::Succeeded);
+        m.events.get_or_create(&EventLabels { kind: TaskKind::Test.to_string(), event: format!("{:?}", EventType::Succeeded) }).inc();
         m.step_finished(TaskKind::Test, "step", Duration::from_millis(1));
+        m.task_finished(TaskKind::Test, EventType::Succeeded, Duration::from_millis(1));
+        m.gauge(TaskKind::Test, "running").set(0);
         m.retry(TaskKind::Test, "step");
         m.dead_letter("topic");
         m.set_lag("topic", 0);
@@ -111,5 +261,157 @@ impl Metrics {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String");
         out
+    }
+}
+
+/// A task counted in `ferry_tasks_in_flight`; dropping it (its runner ended, or was
+/// dropped) takes the task out.
+pub(crate) struct InFlight {
+    metrics: Arc<Metrics>,
+    task: String,
+}
+
+impl InFlight {
+    /// Runs `f` with the task counted, until `f` ends.
+    pub(crate) async fn during<F: std::future::Future>(self, f: F) -> F::Output {
+        let out = f.await;
+        drop(self);
+        out
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.metrics.release(&self.task);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::Bytes;
+
+    fn snapshot(id: &str, state: TaskState, created_at_ms: i64) -> TaskSnapshot {
+        TaskSnapshot {
+            task_id: id.to_owned(),
+            kind: TaskKind::Test,
+            subject: "s".into(),
+            state,
+            seq: 1,
+            last_event: EventType::Accepted,
+            idempotency_key: None,
+            requested_by: "me".into(),
+            origin_partition: 0,
+            origin_offset: 0,
+            created_at_ms,
+            updated_at_ms: created_at_ms,
+            deadline_ms: None,
+            keep_partial: false,
+            worker: "w".into(),
+            trace_parent: None,
+            spec: Bytes::default(),
+            journal: Vec::new(),
+            error: None,
+            cancel_requested: false,
+            revert_requested: false,
+        }
+    }
+
+    fn event(snap: &TaskSnapshot, event: EventType, at_ms: i64) -> ProgressEvent {
+        crate::publisher::Detail::default().into_event((&snap.task_id, snap.kind, &snap.subject), snap.seq, event, "w", at_ms, None)
+    }
+
+    /// The `le` bounds of one histogram series in the exposition.
+    fn bounds(text: &str, series: &str) -> Vec<String> {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{series}_bucket{{")))
+            .filter_map(|l| l.split("le=\"").nth(1).and_then(|r| r.split('"').next()).map(str::to_owned))
+            .collect()
+    }
+
+    #[test]
+    fn every_family_is_exposed_under_its_name() {
+        let text = Metrics::with_one_sample_each().encode();
+        let types: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("# TYPE ")).collect();
+        for t in [
+            "ferry_task_events counter",
+            "ferry_step_duration_seconds histogram",
+            "ferry_task_duration_seconds histogram",
+            "ferry_tasks_in_flight gauge",
+            "ferry_step_retries counter",
+            "ferry_dead_letters counter",
+            "ferry_consumer_lag_records gauge",
+            "ferry_build_info gauge",
+        ] {
+            assert!(types.contains(&t), "{t} missing: {types:?}");
+        }
+        let build = format!("ferry_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"));
+        assert!(text.lines().any(|l| l == build), "{text}");
+        assert!(text.contains(r#"ferry_consumer_lag_records{topic="topic"} 0"#), "{text}");
+    }
+
+    #[test]
+    fn step_buckets_reach_two_hours_and_task_buckets_ten_ms_to_six_hours() {
+        let text = Metrics::with_one_sample_each().encode();
+        let step = bounds(&text, "ferry_step_duration_seconds");
+        assert_eq!(step.first().map(String::as_str), Some("0.01"), "{step:?}");
+        assert!(step.iter().any(|b| b == "7200.0"), "{step:?}");
+        assert_eq!(step.last().map(String::as_str), Some("+Inf"));
+        let task = bounds(&text, "ferry_task_duration_seconds");
+        assert_eq!(task.first().map(String::as_str), Some("0.01"), "{task:?}");
+        assert_eq!(task[task.len() - 2], "21600.0", "{task:?}");
+        assert!(text.contains(r#"ferry_task_duration_seconds_bucket{le="0.01",kind="test",outcome="Succeeded"} 1"#), "{text}");
+    }
+
+    #[test]
+    fn a_half_hour_step_lands_below_the_top_bucket() {
+        let m = Metrics::new();
+        m.step_finished(TaskKind::Test, "wait", Duration::from_secs(30 * 60));
+        let text = m.encode();
+        assert!(text.contains(r#"ferry_step_duration_seconds_bucket{le="1800.0",kind="test",step="wait"} 1"#), "{text}");
+        assert!(text.contains(r#"ferry_step_duration_seconds_bucket{le="600.0",kind="test",step="wait"} 0"#), "{text}");
+    }
+
+    #[test]
+    fn final_events_time_the_task_by_outcome() {
+        let m = Metrics::new();
+        let snap = snapshot("t1", TaskState::Succeeded, 1_000);
+        m.written(&snap, &event(&snap, EventType::StepSucceeded, 2_000));
+        m.written(&snap, &event(&snap, EventType::Succeeded, 4_000));
+        let failed = snapshot("t2", TaskState::Rejected, 1_000);
+        m.written(&failed, &event(&failed, EventType::Rejected, 1_020));
+        let text = m.encode();
+        assert!(text.contains(r#"ferry_task_duration_seconds_sum{kind="test",outcome="Succeeded"} 3.0"#), "{text}");
+        assert!(text.contains(r#"ferry_task_duration_seconds_count{kind="test",outcome="Succeeded"} 1"#), "{text}");
+        assert!(text.contains(r#"ferry_task_duration_seconds_bucket{le="0.01",kind="test",outcome="Rejected"} 0"#), "{text}");
+        assert!(text.contains(r#"ferry_task_duration_seconds_bucket{le="0.05",kind="test",outcome="Rejected"} 1"#), "{text}");
+        assert!(text.contains(r#"ferry_task_events_total{kind="test",event="StepSucceeded"} 1"#), "{text}");
+        assert!(!text.contains(r#"outcome="StepSucceeded""#), "only final events time a task: {text}");
+    }
+
+    #[test]
+    fn a_held_task_moves_from_running_to_reverting_and_leaves_with_its_runner() {
+        let m = Arc::new(Metrics::new());
+        let total = m.tasks_in_flight();
+        let mut snap = snapshot("t1", TaskState::Accepted, 0);
+        let guard = m.in_flight(&snap);
+        assert_eq!(*total.borrow(), 1);
+        assert!(m.encode().contains(r#"ferry_tasks_in_flight{kind="test",state="running"} 1"#));
+        snap.state = TaskState::Reverting;
+        m.written(&snap, &event(&snap, EventType::Reverting, 1));
+        let text = m.encode();
+        assert!(text.contains(r#"ferry_tasks_in_flight{kind="test",state="running"} 0"#), "{text}");
+        assert!(text.contains(r#"ferry_tasks_in_flight{kind="test",state="reverting"} 1"#), "{text}");
+        snap.state = TaskState::Reverted;
+        m.written(&snap, &event(&snap, EventType::Reverted, 2));
+        assert!(m.encode().contains(r#"ferry_tasks_in_flight{kind="test",state="reverting"} 1"#), "held until the runner ends");
+        drop(guard);
+        let text = m.encode();
+        assert!(text.contains(r#"ferry_tasks_in_flight{kind="test",state="reverting"} 0"#), "{text}");
+        assert_eq!(*total.borrow(), 0);
+        // A task no runner holds is not counted by its writes.
+        let other = snapshot("t2", TaskState::Running, 0);
+        m.written(&other, &event(&other, EventType::StepStarted, 1));
+        assert!(m.encode().contains(r#"ferry_tasks_in_flight{kind="test",state="running"} 0"#));
     }
 }

@@ -1,7 +1,8 @@
 //! The dashboard in a real browser (Debian's headless Chromium through chromedriver): a
 //! task submitted with the CLI appears and progresses without a reload, and its Revert
 //! button reverts it through Kafka. Screenshots go to the test's target directory, or to
-//! `FERRY_SCREENSHOTS` when set (docs/screenshots holds the committed ones).
+//! `FERRY_SCREENSHOTS` when set (docs/screenshots holds the committed ones). Its API
+//! answers from live views: every task written before it started, none that was deleted.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -196,6 +197,58 @@ async fn a_task_from_the_cli_appears_progresses_and_reverts_in_the_browser() {
     println!("screenshots in {}", shots.display());
 
     browser.close().await.unwrap();
+    stop.cancel();
+    worker.await.unwrap().unwrap();
+}
+
+/// GETs `url`; returns the status and the body.
+async fn get(url: &str) -> (u16, String) {
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http::<axum::body::Body>();
+    let resp = http.request(axum::http::Request::get(url).body(axum::body::Body::empty()).unwrap()).await.unwrap();
+    let status = resp.status().as_u16();
+    let body = axum::body::to_bytes(axum::body::Body::new(resp.into_body()), usize::MAX).await.unwrap();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_answers_every_task_written_before_it_started_and_none_deleted() {
+    use ferry_runtime::testkind::TestTaskSpec;
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+
+    let topics = Topics::standard();
+    let broker = EmbeddedBroker::start(1, &topics).unwrap();
+    let bootstrap = broker.bootstrap();
+    let kafka = KafkaConfig::for_embedded(bootstrap.clone());
+    let mut opts = WorkerOptions::new(kafka.clone());
+    opts.shutdown_grace = Duration::from_secs(1);
+    let stop = CancellationToken::new();
+    let worker = tokio::spawn(Worker::new(opts, TestHandler::default()).run(stop.clone()));
+    let client = Client::new(kafka.clone(), topics.clone()).unwrap();
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        let (id, _) = client.submit_and_wait(ferry_runtime::TaskKind::Test, &format!("api/{i}"), &TestTaskSpec::steps(1), Default::default(), WAIT).await.unwrap();
+        ids.push(id.to_string());
+    }
+    // The first task is deleted (a tombstone on its kind's task-state topic).
+    let producer: FutureProducer = kafka.producer().create().unwrap();
+    let topic = topics.task_state(ferry_runtime::TaskKind::Test).name.clone();
+    producer.send(FutureRecord::<str, [u8]>::to(&topic).key(&ids[0]), Duration::from_secs(30)).await.map_err(|(e, _)| e).unwrap();
+    let kept: std::collections::BTreeSet<String> = ids[1..].iter().cloned().collect();
+
+    let token_file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(token_file.path(), "an-operator-token-of-32-characters").unwrap();
+    let (_dash, url) = dashboard(&bootstrap, token_file.path());
+    // The API waits for its view's first catch-up: the first answer has every task.
+    let (status, body) = get(&format!("{url}api/tasks")).await;
+    assert_eq!(status, 200, "{body}");
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+    let shown: std::collections::BTreeSet<String> = rows.iter().map(|r| r["task_id"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(shown, kept, "every task written before the dashboard started, and not the deleted one");
+    let (status, body) = get(&format!("{url}api/fleet")).await;
+    assert_eq!(status, 200, "{body}");
+    // Both views have caught up once (the two answers above waited for it): ready.
+    assert_eq!(get(&format!("{url}readyz")).await, (200, "ok".to_owned()));
+
     stop.cancel();
     worker.await.unwrap().unwrap();
 }

@@ -5,6 +5,9 @@
 //! `/api/tasks/{id}/revert|cancel`, which send the commands through Kafka. `/api/fleet`
 //! has the latest score of each cluster, the apps the deploy worker runs, and the
 //! clusters, peerings and offloaded namespaces the other workers made (`fleet_view`).
+//! Tasks and scores are answered from live views (`ferry_runtime::live`): one reader of
+//! the task-state topics and one of `ferry.scores`, started with the router, so a request
+//! reads memory, not Kafka; `/readyz` is unready until both have caught up once.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -18,7 +21,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use clap::Args;
-use ferry_runtime::{Client, TaskId};
+use ferry_runtime::live::{Follower, LiveState};
+use ferry_runtime::protocol::TaskSnapshot;
+use ferry_runtime::{Client, TaskId, TaskKind};
+use ferry_score::spec::ClusterScore;
 use futures::Stream;
 use serde::Serialize;
 use tokio::sync::broadcast;
@@ -47,12 +53,25 @@ pub struct DashboardArgs {
     pub allowed_hosts: Vec<String>,
 }
 
+/// Rows `/api/tasks` returns: the newest tasks.
+const TASK_ROWS: usize = 500;
+/// How long a request waits for a view that has not caught up yet (just started).
+const READY_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+/// The kinds whose tasks `/api/fleet` replays (`apps`, `fleet_view`).
+const FLEET_KINDS: [TaskKind; 4] = [TaskKind::Deploy, TaskKind::CreateCluster, TaskKind::Peer, TaskKind::Offload];
+
 struct App {
     client: Client,
+    /// Every task's latest snapshot (also the index the client's Cancel and Revert use).
+    state: LiveState,
+    /// The latest score of every cluster.
+    scores: Follower<ClusterScore>,
     events: broadcast::Sender<String>,
     access: Arc<Access>,
     /// The event fan-out follows the progress topic (`/readyz`).
     following: Arc<AtomicBool>,
+    /// Ends the event fan-out (and its consumer) when the routes are dropped.
+    _fan_out: tokio_util::sync::DropGuard,
 }
 
 type Shared = Arc<App>;
@@ -72,22 +91,47 @@ async fn healthz() -> &'static str {
 }
 
 async fn readyz(State(app): State<Shared>) -> Response {
-    if app.following.load(Ordering::Relaxed) { "ok".into_response() } else { error(StatusCode::SERVICE_UNAVAILABLE, "not following the progress topic") }
+    if !app.following.load(Ordering::Relaxed) {
+        error(StatusCode::SERVICE_UNAVAILABLE, "not following the progress topic")
+    } else if !app.state.is_ready() {
+        error(StatusCode::SERVICE_UNAVAILABLE, "not caught up with the task-state topics yet")
+    } else if !app.scores.is_ready() {
+        error(StatusCode::SERVICE_UNAVAILABLE, "not caught up with the scores topic yet")
+    } else {
+        "ok".into_response()
+    }
 }
 
 async fn metrics(State(app): State<Shared>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], app.access.metrics())
 }
 
-async fn tasks(State(app): State<Shared>) -> Response {
-    match app.client.snapshots().await {
-        Ok(mut all) => {
-            all.sort_by_key(|s| std::cmp::Reverse(s.created_at_ms));
-            all.truncate(500);
-            Json(all.iter().map(TaskView::from).collect::<Vec<_>>()).into_response()
-        }
-        Err(e) => error(StatusCode::BAD_GATEWAY, e),
+/// Waits (bounded) for a view that has not caught up once: a page opened right after
+/// start-up gets the whole table, not the part read so far.
+async fn caught_up<V>(view: &Follower<V>) -> Result<(), Response> {
+    if view.is_ready() {
+        return Ok(());
     }
+    view.ready(READY_WAIT).await.map_err(|e| error(StatusCode::SERVICE_UNAVAILABLE, e))
+}
+
+/// The newest `n` of `tasks`, newest first, as the page shows them.
+fn newest(tasks: &mut dyn Iterator<Item = &TaskSnapshot>, n: usize) -> Vec<TaskView> {
+    let newest_first = |a: &&TaskSnapshot, b: &&TaskSnapshot| b.created_at_ms.cmp(&a.created_at_ms).then_with(|| b.task_id.cmp(&a.task_id));
+    let mut v: Vec<&TaskSnapshot> = tasks.collect();
+    if v.len() > n && n > 0 {
+        v.select_nth_unstable_by(n - 1, newest_first);
+    }
+    v.truncate(n);
+    v.sort_by(newest_first);
+    v.into_iter().map(TaskView::from).collect()
+}
+
+async fn tasks(State(app): State<Shared>) -> Response {
+    if let Err(r) = caught_up(app.state.follower()).await {
+        return r;
+    }
+    Json(app.state.follower().scan(|all| newest(all, TASK_ROWS))).into_response()
 }
 
 #[derive(Serialize)]
@@ -100,18 +144,15 @@ struct Fleet {
 }
 
 async fn fleet(State(app): State<Shared>) -> Response {
-    let scores = match ferry_score::scores::latest(&app.client).await {
-        Ok(s) => {
-            let mut v: Vec<_> = s.into_values().collect();
-            v.sort_by(|a, b| b.score.cmp(&a.score).then(a.cluster.cmp(&b.cluster)));
-            v
+    for r in [caught_up(&app.scores).await, caught_up(app.state.follower()).await] {
+        if let Err(r) = r {
+            return r;
         }
-        Err(e) => return error(StatusCode::BAD_GATEWAY, e),
-    };
-    let snapshots = match app.client.snapshots().await {
-        Ok(s) => s,
-        Err(e) => return error(StatusCode::BAD_GATEWAY, e),
-    };
+    }
+    let mut scores = app.scores.values();
+    scores.sort_by(|a, b| b.score.cmp(&a.score).then(a.cluster.cmp(&b.cluster)));
+    // Only the kinds the fleet is made of: the table may hold many more `test` tasks.
+    let snapshots: Vec<TaskSnapshot> = app.state.follower().scan(|all| all.filter(|s| FLEET_KINDS.contains(&s.kind)).cloned().collect());
     let r = app.client.registry();
     Json(Fleet {
         scores,
@@ -182,22 +223,27 @@ fn tokio_stream_from<T>(mut rx: tokio::sync::mpsc::Receiver<T>) -> impl Stream<I
 }
 
 /// The page's routes over `client` under `access`; progress events are read once and
-/// fanned out.
+/// fanned out, tasks and scores followed by live views started here (the client's own
+/// live view: its Cancel and Revert then take a task's subject from it).
 pub async fn router(client: Client, access: Arc<Access>) -> anyhow::Result<Router> {
+    let state = client.live_view().await?;
+    let scores = client.follow(vec![client.topics().scores().name.clone()], |_, r, p| r.decode::<ClusterScore>(p).map(Some)).await?;
     let (tx, _) = broadcast::channel(1024);
     let mut stream = client.events(false).await?;
     let fan = tx.clone();
     let following = Arc::new(AtomicBool::new(true));
     let alive = following.clone();
+    let ended = tokio_util::sync::CancellationToken::new();
+    let end = ended.clone();
     tokio::spawn(async move {
-        while let Some(e) = stream.next().await {
+        while let Some(Some(e)) = end.run_until_cancelled(stream.next()).await {
             if let Ok(json) = serde_json::to_string(&e) {
                 let _ = fan.send(json);
             }
         }
         alive.store(false, Ordering::Relaxed);
     });
-    let app = Arc::new(App { client, events: tx, access: access.clone(), following });
+    let app = Arc::new(App { client, state, scores, events: tx, access: access.clone(), following, _fan_out: ended.drop_guard() });
     Ok(Router::new()
         .route("/", get(page))
         .route("/healthz", get(healthz))
@@ -234,4 +280,22 @@ pub async fn run(conn: &Conn, a: DashboardArgs) -> anyhow::Result<ExitCode> {
     super::common::cancel_on_signal(shutdown.clone());
     axum::serve(listener, app).with_graceful_shutdown(async move { shutdown.cancelled().await }).await?;
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_runtime::TaskState;
+    use ferry_runtime::testkind::TestTaskSpec;
+
+    #[test]
+    fn the_table_has_the_newest_tasks_newest_first() {
+        let r = ferry_runtime::wire::Registry::embedded();
+        let order = [5, 1, 9, 3, 7, 2];
+        let all: Vec<TaskSnapshot> = order.iter().map(|&n| super::super::fleet_view::tests::snap(&r, n, TaskKind::Test, "s", &TestTaskSpec::steps(1), TaskState::Succeeded, vec![])).collect();
+        let ids = |n| newest(&mut all.iter(), n).into_iter().map(|v| v.task_id).collect::<Vec<_>>();
+        assert_eq!(ids(3), ["tsk_9", "tsk_7", "tsk_5"]);
+        assert_eq!(ids(10), ["tsk_9", "tsk_7", "tsk_5", "tsk_3", "tsk_2", "tsk_1"]);
+        assert!(ids(0).is_empty());
+    }
 }

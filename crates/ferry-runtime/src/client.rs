@@ -1,7 +1,9 @@
 //! The producer side for services, the CLI and tests: submit commands, cancel and revert
-//! tasks, read snapshots and follow progress events.
+//! tasks, read snapshots and follow progress events. A one-shot caller (the CLI) reads the
+//! task-state topics per call; a long-running service starts [`Client::live_view`] once,
+//! and every later read, cancel and revert is answered from it.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use apache_avro::AvroSchema;
@@ -16,9 +18,10 @@ use serde::Serialize;
 use crate::ids::TaskId;
 use crate::kafka::KafkaConfig;
 use crate::kind::TaskKind;
+use crate::live::{Decoder, Follower, LiveError, LiveState};
 use crate::protocol::{Bytes, CommandAction, CommandEnvelope, ProgressEvent, TaskSnapshot, now_ms};
 use crate::publisher::TRACEPARENT;
-use crate::state_view::{StateView, ViewError};
+use crate::state_view::ViewError;
 use crate::topics::Topics;
 use crate::wire::{Registry, WireError};
 
@@ -40,6 +43,9 @@ pub enum ClientError {
     /// Reading the task-state topic failed.
     #[error(transparent)]
     View(#[from] ViewError),
+    /// Following the task-state (or another) topic failed.
+    #[error(transparent)]
+    Live(#[from] LiveError),
     /// No snapshot of the task exists.
     #[error("no task {0} on the task-state topic")]
     UnknownTask(TaskId),
@@ -71,6 +77,9 @@ pub struct SubmitOptions {
     pub trace_parent: Option<String>,
 }
 
+/// How long a read of the task-state topics may take to reach their ends.
+const READ_LIMIT: Duration = Duration::from_secs(60);
+
 /// One record as (key, payload).
 pub type KeyedRecord = (Option<Vec<u8>>, Vec<u8>);
 
@@ -84,6 +93,8 @@ pub struct Client {
     /// Set: commands go to this tenant's own topics (the broker lets its user write only
     /// those), and idempotency keys give ids in the tenant's space.
     tenant: Option<String>,
+    /// Set by [`Client::live_view`]: reads, cancels and reverts are answered from it.
+    live: Mutex<Option<LiveState>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -102,7 +113,7 @@ impl Client {
     pub fn with_registry(kafka: KafkaConfig, topics: Topics, registry: Registry) -> Result<Self, ClientError> {
         let producer = kafka.producer().create().map_err(self::kafka("creating the producer"))?;
         let requested_by = std::env::var("USER").unwrap_or_else(|_| "ferry-cli".into());
-        Ok(Self { kafka, topics, registry: Arc::new(registry), producer, requested_by, tenant: None })
+        Ok(Self { kafka, topics, registry: Arc::new(registry), producer, requested_by, tenant: None, live: Mutex::new(None) })
     }
 
     /// This client as `tenant`: its commands go to the tenant's topics
@@ -250,49 +261,96 @@ impl Client {
         self.send(&env, None).await
     }
 
-    /// Cancels a task, looking up its kind and subject on the task-state topic (a read of
-    /// the whole topic: a service that knows them, from its command or a progress event,
-    /// sends [`Self::control`] instead).
+    /// Cancels a task, looking up its kind and subject in the live view when one runs
+    /// ([`Self::live_view`]), else on the task-state topics (a read of every topic: a
+    /// service that knows them, from its command or a progress event, sends
+    /// [`Self::control`] instead).
     pub async fn cancel(&self, id: TaskId) -> Result<TaskSnapshot, ClientError> {
-        let snap = self.snapshot(id).await?.ok_or(ClientError::UnknownTask(id))?;
+        let snap = self.target(id).await?;
         self.control(snap.kind, &snap.subject, id, CommandAction::Cancel, None).await?;
         Ok(snap)
     }
 
-    /// Reverts a task, looking up its kind and subject on the task-state topic (a read of
-    /// the whole topic; see [`Self::cancel`]).
+    /// Reverts a task, looking up its kind and subject as [`Self::cancel`] does.
     pub async fn revert(&self, id: TaskId) -> Result<TaskSnapshot, ClientError> {
-        let snap = self.snapshot(id).await?.ok_or(ClientError::UnknownTask(id))?;
+        let snap = self.target(id).await?;
         self.control(snap.kind, &snap.subject, id, CommandAction::Revert, None).await?;
         Ok(snap)
     }
 
-    /// Reads every kind's task-state topic to its end; returns every task's latest
-    /// snapshot. A snapshot on another kind's topic than its own is not the task's (no
-    /// worker of that kind wrote it) and is left out.
-    pub async fn snapshots(&self) -> Result<Vec<TaskSnapshot>, ClientError> {
-        let mut views = Vec::new();
-        for t in self.topics.task_states() {
-            views.push(StateView::start(&self.kafka, &t.name, t.kind, self.registry.clone())?);
+    /// The live view of every task, started on the first call (a consumer thread that
+    /// follows every kind's task-state topic until the client and every clone of the view
+    /// are dropped). From then on [`Self::snapshots`], [`Self::snapshot`], [`Self::cancel`]
+    /// and [`Self::revert`] answer from it instead of reading the topics.
+    pub async fn live_view(&self) -> Result<LiveState, ClientError> {
+        if let Some(live) = self.live() {
+            return Ok(live);
         }
-        let caught = futures::future::join_all(views.iter().map(|(v, _)| v.caught_up(Duration::from_secs(60)))).await;
-        let mut all = Vec::new();
-        for (view, thread) in views {
-            // The reader thread ends at its next poll; joining could block on a dead broker.
-            view.stop();
-            drop(thread);
-            all.extend(view.all());
-        }
-        for r in caught {
-            r?;
-        }
-        Ok(all)
+        let (kafka, topics, registry) = (self.kafka.clone(), self.topics.clone(), self.registry.clone());
+        let started = tokio::task::spawn_blocking(move || LiveState::start(&kafka, &topics, registry)).await.expect("live view start task")?;
+        // Two first calls at once: the first stored wins, the other's reader stops when dropped.
+        Ok(self.live.lock().expect("live view lock").get_or_insert(started).clone())
     }
 
-    /// The latest snapshot of one task.
+    fn live(&self) -> Option<LiveState> {
+        self.live.lock().expect("live view lock").clone()
+    }
+
+    /// Follows `topics` (compacted, keyed) with a [`Follower`] that decodes their records
+    /// with this client's registry through `decode` (the topic's name, the registry, the
+    /// payload; `Ok(None)` leaves a record out).
+    pub async fn follow<V, F>(&self, topics: Vec<String>, decode: F) -> Result<Follower<V>, ClientError>
+    where
+        V: Send + Sync + 'static,
+        F: Fn(&str, &Registry, &[u8]) -> Result<Option<V>, WireError> + Send + Sync + 'static,
+    {
+        let (kafka, registry) = (self.kafka.clone(), self.registry.clone());
+        let decode: Decoder<V> = Box::new(move |topic, payload| decode(topic, &registry, payload));
+        Ok(tokio::task::spawn_blocking(move || Follower::start(&kafka, topics, decode)).await.expect("follower start task")?)
+    }
+
+    /// Every task's latest snapshot, as of the topics' ends at the call: from the live view
+    /// when one runs (after it has caught up with those ends), else by reading every kind's
+    /// task-state topic to its end. A snapshot on another kind's topic than its own is not
+    /// the task's (no worker of that kind wrote it) and is left out.
+    pub async fn snapshots(&self) -> Result<Vec<TaskSnapshot>, ClientError> {
+        if let Some(live) = self.live() {
+            live.caught_up(READ_LIMIT).await?;
+            return Ok(live.all());
+        }
+        let (kafka, topics, registry) = (self.kafka.clone(), self.topics.clone(), self.registry.clone());
+        // One reader for every topic; it stops when dropped here.
+        let once = tokio::task::spawn_blocking(move || LiveState::start(&kafka, &topics, registry)).await.expect("task-state reader start task")?;
+        once.follower().ready(READ_LIMIT).await?;
+        Ok(once.all())
+    }
+
+    /// The latest snapshot of one task, as of the topics' ends at the call (see
+    /// [`Self::snapshots`]).
     pub async fn snapshot(&self, id: TaskId) -> Result<Option<TaskSnapshot>, ClientError> {
+        if let Some(live) = self.live() {
+            live.caught_up(READ_LIMIT).await?;
+            return Ok(live.get(id));
+        }
         let key = id.to_string();
         Ok(self.snapshots().await?.into_iter().find(|s| s.task_id == key))
+    }
+
+    /// The snapshot a Cancel or Revert takes the task's kind and subject from (neither
+    /// changes in a task's life): with a live view, the one it holds, at once; a task it
+    /// does not hold yet (just submitted) is looked for again once it has caught up.
+    async fn target(&self, id: TaskId) -> Result<TaskSnapshot, ClientError> {
+        let found = match self.live() {
+            Some(live) => match live.get(id) {
+                Some(s) => Some(s),
+                None => {
+                    live.caught_up(READ_LIMIT).await?;
+                    live.get(id)
+                }
+            },
+            None => self.snapshot(id).await?,
+        };
+        found.ok_or(ClientError::UnknownTask(id))
     }
 
     /// Every progress event of one task so far, in order.

@@ -31,6 +31,7 @@ pub mod http;
 mod intake;
 pub mod kafka;
 mod lag;
+pub mod live;
 pub mod metrics;
 pub mod preflight;
 pub mod publisher;

@@ -1,0 +1,149 @@
+//! The live task-state view (`Client::live_view`): it sees a task submitted after it
+//! started and the task's later updates, drops a task whose snapshot was tombstoned and
+//! leaves out a snapshot on another kind's topic (embedded and tansu), and answers a
+//! Cancel's kind and subject from its index while reading the topics fails (embedded: the
+//! failure is injected).
+
+mod support;
+
+use std::time::Duration;
+
+use ferry_runtime::protocol::{Bytes, CommandEnvelope, EventType, TaskSnapshot, TaskState};
+use ferry_runtime::testkind::TestTaskSpec;
+use ferry_runtime::{Client, ClientError, CommandAction, TaskId, TaskKind};
+use rdkafka::message::OwnedHeaders;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+use support::*;
+
+/// A finished task's snapshot as a worker of `kind` would leave it.
+fn snapshot(id: TaskId, kind: TaskKind, subject: &str) -> TaskSnapshot {
+    TaskSnapshot {
+        task_id: id.to_string(),
+        kind,
+        subject: subject.into(),
+        state: TaskState::Succeeded,
+        seq: 3,
+        last_event: EventType::Succeeded,
+        idempotency_key: None,
+        requested_by: "live-test".into(),
+        origin_partition: 0,
+        origin_offset: 0,
+        created_at_ms: 1,
+        updated_at_ms: 2,
+        deadline_ms: None,
+        keep_partial: false,
+        worker: "live-test".into(),
+        trace_parent: None,
+        spec: Bytes::default(),
+        journal: Vec::new(),
+        error: None,
+        cancel_requested: false,
+        revert_requested: false,
+    }
+}
+
+async fn plant(client: &Client, topic: &str, snap: &TaskSnapshot) {
+    let bytes = client.registry().encode(snap).unwrap();
+    client.send_raw(topic, Some(snap.task_id.as_bytes()), &bytes, OwnedHeaders::new()).await.unwrap();
+}
+
+async fn sees_new_tasks_their_updates_and_tombstones(broker: TestBroker) {
+    let client = broker.client();
+    let live = client.live_view().await.unwrap();
+    live.follower().ready(WAIT).await.unwrap();
+    assert!(live.all().is_empty(), "a fresh broker has no task");
+    let (stop, worker) = broker.spawn_worker(broker.worker_options());
+
+    // A task submitted after the view started shows up; reverted once it succeeded (the
+    // Revert addressed from the view's index), its update shows up too.
+    let id = submit(&client, "live/a", &TestTaskSpec::steps(2)).await;
+    let done = live.wait_for(id, WAIT, |s| s.state == TaskState::Succeeded).await.unwrap();
+    assert_eq!((done.kind, done.subject.as_str()), (TaskKind::Test, "live/a"));
+    assert_eq!(live.locate(id), Some((TaskKind::Test, "live/a".to_owned())));
+    client.revert(id).await.unwrap();
+    let reverted = live.wait_for(id, WAIT, |s| s.state == TaskState::Reverted).await.unwrap();
+    assert!(reverted.seq > done.seq, "the view took in the task's update: seq {} then {}", done.seq, reverted.seq);
+
+    // A snapshot on another kind's topic is not the task's: left out.
+    let stray = TaskId::new();
+    plant(&client, &broker.topics.task_state(TaskKind::Deploy).name, &snapshot(stray, TaskKind::Test, "live/stray")).await;
+    // A tombstone deletes the task; wait until the view has read it.
+    let other = submit(&client, "live/b", &TestTaskSpec::steps(1)).await;
+    live.wait_for(other, WAIT, |s| s.state == TaskState::Succeeded).await.unwrap();
+    let producer: FutureProducer = broker.kafka.producer().create().unwrap();
+    let topic = broker.topics.task_state(TaskKind::Test).name.clone();
+    let key = id.to_string();
+    producer.send(FutureRecord::<str, [u8]>::to(&topic).key(&key), Duration::from_secs(30)).await.map_err(|(e, _)| e).unwrap();
+    live.follower().wait_for(WAIT, |f| f.get(&key).is_none().then_some(())).await.unwrap();
+    live.caught_up(WAIT).await.unwrap();
+    let ids: Vec<String> = live.all().into_iter().map(|s| s.task_id).collect();
+    assert_eq!(ids, vec![other.to_string()], "the tombstoned task and the stray snapshot are gone, the other task stays");
+    assert!(matches!(client.cancel(id).await, Err(ClientError::UnknownTask(t)) if t == id), "a deleted task cannot be cancelled");
+
+    stop.cancel();
+    worker.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_view_sees_new_tasks_their_updates_and_tombstones_embedded() {
+    sees_new_tasks_their_updates_and_tombstones(TestBroker::embedded()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_view_sees_new_tasks_their_updates_and_tombstones_tansu() {
+    sees_new_tasks_their_updates_and_tombstones(TestBroker::tansu().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_takes_the_subject_from_the_index_without_reading_the_topics() {
+    let broker = TestBroker::embedded();
+    let client = broker.client();
+    let live = client.live_view().await.unwrap();
+    let id = TaskId::new();
+    plant(&client, &broker.topics.task_state(TaskKind::Test).name, &snapshot(id, TaskKind::Test, "index/subject")).await;
+    live.wait_for(id, WAIT, |_| true).await.unwrap();
+
+    // From here every ListOffsets request fails: reading a topic from its beginning to its
+    // end needs its watermarks, so a client without the live view cannot find the task.
+    let mock = broker.embedded.as_ref().expect("embedded broker").mock();
+    mock.request_errors(RDKafkaApiKey::ListOffsets, &vec![RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED; 10_000]);
+    let reads_topics = broker.client().cancel(id).await;
+    assert!(reads_topics.is_err(), "the failure injection stops a client that reads the topics: {reads_topics:?}");
+
+    let snap = client.cancel(id).await.unwrap();
+    assert_eq!(snap.subject, "index/subject");
+    mock.clear_request_errors(RDKafkaApiKey::ListOffsets);
+
+    // The Cancel went to the kind's command topic, keyed and addressed by the subject.
+    let sent: Vec<(Option<Vec<u8>>, CommandEnvelope)> = client
+        .read_to_end(&broker.topics.command(TaskKind::Test).name)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(k, p)| (k, client.registry().decode::<CommandEnvelope>(&p).unwrap()))
+        .collect();
+    assert_eq!(sent.len(), 1, "one command sent");
+    let (key, env) = &sent[0];
+    assert_eq!((env.task_id.as_str(), env.action, env.kind, env.subject.as_str()), (id.to_string().as_str(), CommandAction::Cancel, TaskKind::Test, "index/subject"));
+    assert_eq!(key.as_deref(), Some("index/subject".as_bytes()), "keyed by the subject, so it reaches the partition that owns the task");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_view_is_ready_only_once_it_holds_everything_written_before_it_started() {
+    let broker = TestBroker::embedded();
+    let client = broker.client();
+    let topic = broker.topics.task_state(TaskKind::Test).name.clone();
+    let ids: Vec<TaskId> = (0..50).map(|_| TaskId::new()).collect();
+    for (i, id) in ids.iter().enumerate() {
+        plant(&client, &topic, &snapshot(*id, TaskKind::Test, &format!("ready/{i}"))).await;
+    }
+    // Every request now takes a while: a view that called itself ready before its reads
+    // came back would hold fewer tasks than the topic.
+    let embedded = broker.embedded.as_ref().expect("embedded broker");
+    embedded.set_round_trip(Duration::from_millis(200)).unwrap();
+    let live = client.live_view().await.unwrap();
+    live.follower().ready(WAIT).await.unwrap();
+    assert_eq!(live.follower().len(), ids.len(), "ready means every task written before the start is there");
+    embedded.set_round_trip(Duration::ZERO).unwrap();
+}

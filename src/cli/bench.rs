@@ -151,7 +151,9 @@ pub(crate) fn pct(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() as f64 - 1.0) * p).round() as usize]
 }
 
-pub async fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
+/// Runs a benchmark; `properties` (the global `--kafka-property`) apply to Ferry's clients
+/// in `bench runtime`'s task phase, not to its raw baseline (for tuning experiments).
+pub async fn run(cmd: BenchCommand, properties: &[(String, String)]) -> anyhow::Result<ExitCode> {
     let a = match cmd {
         BenchCommand::Runtime(a) => a,
         BenchCommand::Testbed { clusters, json } => return testbed(clusters, json).await,
@@ -166,6 +168,8 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
     broker.create_topic(bench_topic, 6).await?;
     let (rate, rtt) = raw_baseline(&kafka, bench_topic, a.messages).await?;
     let mut rtt = rtt;
+    let mut kafka = kafka;
+    kafka.extra.extend(properties.iter().cloned());
 
     let shutdown = CancellationToken::new();
     let mut opts = WorkerOptions::new(kafka.clone());

@@ -113,6 +113,8 @@ impl KafkaConfig {
         let mut c = self.client();
         c.set("enable.idempotence", "true")
             .set("acks", "all")
+            // 2 ms: 0 was measured (docs/BENCHMARKS.md, session 16) and cost throughput
+            // (smaller requests, more system time) without a latency gain under load.
             .set("linger.ms", "2")
             .set("message.timeout.ms", "300000")
             // Explicit: the limits in ferry_task::limits are derived from it.

@@ -21,6 +21,9 @@ use crate::wire::{Registry, WireError};
 pub const TRACEPARENT: &str = "traceparent";
 /// Header naming the task of a record.
 pub const TASK_HEADER: &str = "ferry-task-id";
+/// Header with a snapshot's seq: a state view skips decoding a snapshot it already holds
+/// (its own writes, read back) by key and this header alone.
+pub const SEQ_HEADER: &str = "ferry-seq";
 /// Dead-letter headers.
 pub const DLQ_REASON: &str = "ferry-dlq-reason";
 /// Topic the dead record came from.
@@ -66,6 +69,10 @@ pub enum PublishError {
     Transition {
         /// The event whose write failed; its snapshot is the task's in-memory snapshot.
         event: Box<ProgressEvent>,
+        /// The task's previous event, when its acknowledgement was still awaited (events
+        /// are acknowledged together with the next snapshot, [`InFlight`]): written again
+        /// before `event`.
+        before: Option<Box<ProgressEvent>>,
         /// Cause.
         #[source]
         source: Box<PublishError>,
@@ -281,6 +288,25 @@ impl Pending {
     }
 }
 
+/// A task's last event, handed to the producer and not yet acknowledged
+/// ([`Publisher::transition`]).
+#[derive(Default)]
+pub struct InFlight(Option<(ProgressEvent, DeliveryFuture)>);
+
+impl std::fmt::Debug for InFlight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("InFlight").field(&self.0.as_ref().map(|(e, _)| e.seq)).finish()
+    }
+}
+
+impl InFlight {
+    /// Waits for the event in flight, if any; on failure returns it, to be written again.
+    pub async fn settle(&mut self, topic: &str) -> Result<(), (ProgressEvent, PublishError)> {
+        let Some((ev, f)) = self.0.take() else { return Ok(()) };
+        acknowledged(vec![(topic.to_owned(), f)]).await.map_err(|e| (ev, e))
+    }
+}
+
 /// The producer side of a worker: snapshots, events and dead letters.
 pub struct Publisher {
     producer: FutureProducer,
@@ -314,6 +340,11 @@ impl Publisher {
         &self.worker
     }
 
+    /// The progress topic's name.
+    pub fn progress_topic(&self) -> String {
+        self.topics.progress().name.clone()
+    }
+
     fn headers(task: &str, trace: Option<&str>) -> OwnedHeaders {
         let h = OwnedHeaders::new().insert(Header { key: TASK_HEADER, value: Some(task) });
         match trace {
@@ -343,9 +374,12 @@ impl Publisher {
     /// Hands the snapshot to the producer (and to the local view).
     pub fn enqueue_snapshot(&self, snap: &TaskSnapshot) -> Result<Pending, PublishError> {
         let topic = &self.topics.task_state(snap.kind).name;
-        let p = self.enqueue_record(topic, "TaskSnapshot", snap, &snap.task_id, snap.trace_parent.as_deref())?;
-        self.view.apply(snap.clone());
-        Ok(p)
+        let bytes = self.registry.encode(snap).map_err(|source| PublishError::Encode { record: "TaskSnapshot", task: snap.task_id.clone(), source })?;
+        let seq = snap.seq.to_string();
+        let headers = Self::headers(&snap.task_id, snap.trace_parent.as_deref()).insert(Header { key: SEQ_HEADER, value: Some(&seq) });
+        let f = self.send(topic, snap.task_id.as_bytes(), &bytes, headers)?;
+        self.view.apply_own(snap.clone());
+        Ok(Pending { futures: vec![(topic.to_owned(), f)], ..Pending::none() })
     }
 
     /// Hands one event to the producer without touching any snapshot (for commands that
@@ -368,17 +402,34 @@ impl Publisher {
     /// Hands the snapshot to the producer, and its event to produce once the snapshot is
     /// durable ([`Pending::durable`]).
     pub fn enqueue_write(&self, snap: &TaskSnapshot, ev: &ProgressEvent) -> Result<Pending, PublishError> {
-        let bytes = self.registry.encode(ev).map_err(|source| PublishError::Encode { record: "ProgressEvent", task: ev.task_id.clone(), source })?;
+        self.enqueue_write_all(snap, std::slice::from_ref(ev))
+    }
+
+    /// [`Self::enqueue_write`] with several events of the snapshot's task, produced in
+    /// order once the snapshot is durable (a paused write whose previous event was not
+    /// acknowledged either).
+    pub fn enqueue_write_all(&self, snap: &TaskSnapshot, evs: &[ProgressEvent]) -> Result<Pending, PublishError> {
+        let mut deferred = Vec::with_capacity(evs.len());
+        for ev in evs {
+            deferred.push(self.deferred_event(ev)?);
+        }
         let mut p = self.enqueue_snapshot(snap)?;
-        p.deferred.push(Deferred {
+        p.deferred = deferred;
+        p.producer = Some(self.producer.clone());
+        for ev in evs {
+            self.metrics.written(snap, ev);
+        }
+        Ok(p)
+    }
+
+    fn deferred_event(&self, ev: &ProgressEvent) -> Result<Deferred, PublishError> {
+        let bytes = self.registry.encode(ev).map_err(|source| PublishError::Encode { record: "ProgressEvent", task: ev.task_id.clone(), source })?;
+        Ok(Deferred {
             topic: self.topics.progress().name.clone(),
             key: ev.task_id.as_bytes().to_vec(),
             payload: bytes,
             headers: Self::headers(&ev.task_id, ev.trace_parent.as_deref()),
-        });
-        p.producer = Some(self.producer.clone());
-        self.metrics.event(snap.kind, ev.event);
-        Ok(p)
+        })
     }
 
     /// Advances the snapshot by one event (seq + 1, state as already set by the caller),
@@ -389,16 +440,42 @@ impl Publisher {
         self.enqueue_write(snap, &ev)
     }
 
-    /// [`Self::enqueue_transition`], waiting until snapshot and event are durable. On
-    /// failure the error carries the event, so that the same write can be made again
-    /// (same seq) before the task goes on.
-    pub async fn transition(&self, snap: &mut TaskSnapshot, event: EventType, d: Detail) -> Result<(), PublishError> {
+    /// A task's transition, pipelined: the snapshot is produced and acknowledged together
+    /// with the task's previous event (`in_flight`), then this transition's event is
+    /// produced and left in flight, its acknowledgement awaited with the next transition's
+    /// snapshot or by [`InFlight::settle`]. One acknowledgement round per transition
+    /// instead of two, and an event still never goes out before its snapshot is durable.
+    /// On failure the error carries the event (and the previous one when its
+    /// acknowledgement failed), so that the same write can be made again (same seqs)
+    /// before the task goes on.
+    pub async fn transition(&self, snap: &mut TaskSnapshot, event: EventType, d: Detail, in_flight: &mut InFlight) -> Result<(), PublishError> {
         let ev = self.advance(snap, event, d);
-        let written = match self.enqueue_write(snap, &ev) {
-            Ok(p) => p.durable().await,
-            Err(e) => Err(e),
+        let before = in_flight.0.take();
+        let fail = |before: Option<ProgressEvent>, ev: ProgressEvent, source| PublishError::Transition { event: Box::new(ev), before: before.map(Box::new), source: Box::new(source) };
+        let deferred = match self.deferred_event(&ev) {
+            Ok(d) => d,
+            Err(e) => return Err(fail(before.map(|(b, _)| b), ev, e)),
         };
-        written.map_err(|source| PublishError::Transition { event: Box::new(ev), source: Box::new(source) })
+        let snapshot = match self.enqueue_snapshot(snap) {
+            Ok(p) => p,
+            Err(e) => return Err(fail(before.map(|(b, _)| b), ev, e)),
+        };
+        let (snapshot, previous) = match before {
+            Some((b, f)) => {
+                let (s, p) = futures::join!(acknowledged(snapshot.futures), acknowledged(vec![(self.topics.progress().name.clone(), f)]));
+                (s, p.map_err(|e| (b, e)))
+            }
+            None => (acknowledged(snapshot.futures).await, Ok(())),
+        };
+        match (snapshot, previous) {
+            (Ok(()), Ok(())) => {}
+            (Err(e), Ok(())) => return Err(fail(None, ev, e)),
+            (Ok(()), Err((b, e))) | (Err(_), Err((b, e))) => return Err(fail(Some(b), ev, e)),
+        }
+        self.metrics.written(snap, &ev);
+        let f = send_record(&self.producer, &deferred.topic, &deferred.key, &deferred.payload, deferred.headers).map_err(|e| fail(None, ev.clone(), e))?;
+        in_flight.0 = Some((ev, f));
+        Ok(())
     }
 
     /// Hands a dead letter to the producer: original key, bytes and headers (cut to fit,

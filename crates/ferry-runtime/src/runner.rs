@@ -59,8 +59,9 @@ pub(crate) struct Done {
 /// The write a runner could not make: its snapshot is the one handed back.
 #[derive(Debug, Clone)]
 pub(crate) struct Unwritten {
-    /// The event of that snapshot, when the write was a transition.
-    pub event: Option<crate::protocol::ProgressEvent>,
+    /// The events to write after that snapshot, in order (none: the snapshot alone): the
+    /// transition's event, after the previous one when its acknowledgement failed too.
+    pub events: Vec<crate::protocol::ProgressEvent>,
 }
 
 /// What a runner shares with every other runner of its worker.
@@ -114,6 +115,8 @@ pub(crate) struct Runner<H: TaskHandler> {
     otel: opentelemetry::Context,
     /// The scheduler's number for this run (see [`Done::run`]).
     run: u64,
+    /// The last transition's event, not yet acknowledged ([`Publisher::transition`]).
+    in_flight: crate::publisher::InFlight,
 }
 
 impl<H: TaskHandler> Runner<H> {
@@ -126,7 +129,7 @@ impl<H: TaskHandler> Runner<H> {
         fence: CancellationToken,
         run: u64,
     ) -> Self {
-        Self { env, id, snap, ctl, done, stop: None, fence, otel: opentelemetry::Context::new(), run }
+        Self { env, id, snap, ctl, done, stop: None, fence, otel: opentelemetry::Context::new(), run, in_flight: Default::default() }
     }
 
     /// Fails once the task is fenced: its partition belongs to another worker now.
@@ -141,7 +144,7 @@ impl<H: TaskHandler> Runner<H> {
     /// and after it: a write that was in flight when the fence fell is the last one).
     async fn transition(&mut self, event: EventType, d: Detail) -> Result<(), PublishError> {
         self.fenced()?;
-        let written = self.env.publisher.transition(&mut self.snap, event, d).await;
+        let written = self.env.publisher.transition(&mut self.snap, event, d, &mut self.in_flight).await;
         // Fenced meanwhile: the write failing (purged when the assignment was lost) or not,
         // the task is another worker's now.
         self.fenced()?;
@@ -157,13 +160,25 @@ impl<H: TaskHandler> Runner<H> {
             opentelemetry::KeyValue::new("ferry.subject", self.snap.subject.clone()),
         ];
         self.otel = crate::telemetry::start(format!("ferry.task {}", self.snap.kind), opentelemetry::trace::SpanKind::Consumer, &parent, attrs);
-        let driven = self.drive().await;
+        let logs = crate::telemetry::task_log_span(&self.otel, &self.snap);
+        let mut driven = tracing::Instrument::instrument(self.drive(), logs.clone()).await;
+        // The last event's acknowledgement, before the task is handed back: whatever the
+        // scheduler writes for the task next (a control, another run) comes after it.
+        if !matches!(driven, Err(PublishError::Fenced { .. }))
+            && let Err((ev, source)) = self.in_flight.settle(&self.env.publisher.progress_topic()).await
+        {
+            driven = Err(match self.fenced() {
+                Err(fenced) => fenced,
+                Ok(()) => PublishError::Transition { event: Box::new(ev), before: None, source: Box::new(source) },
+            });
+        }
         let error = match (&driven, &self.snap.error) {
             (Err(e), _) => Some(e.to_string()),
             (Ok(_), Some(e)) if !matches!(self.snap.state, TaskState::Succeeded) => Some(format!("{}: {}", e.code, e.message)),
             _ => None,
         };
         crate::telemetry::end(&self.otel, error);
+        logs.in_scope(|| tracing::debug!(state = ?self.snap.state, "task run ended"));
         let (stopped, unwritten) = match driven {
             Ok(stopped) => (stopped, None),
             Err(PublishError::Fenced { .. }) => {
@@ -175,11 +190,11 @@ impl<H: TaskHandler> Runner<H> {
                 // may or may not be durable: the scheduler makes it again, identical (same
                 // seq, same event), before the task goes on.
                 tracing::error!(task = %self.id, error = %e, "task paused: its state could not be written; it runs again first in its subject");
-                let event = match e {
-                    PublishError::Transition { event, .. } => Some(*event),
-                    _ => None,
+                let events = match e {
+                    PublishError::Transition { event, before, .. } => before.into_iter().chain(Some(event)).map(|e| *e).collect(),
+                    _ => Vec::new(),
                 };
-                (true, Some(Unwritten { event }))
+                (true, Some(Unwritten { events }))
             }
         };
         let _ = self.done.send(Done { task_id: self.id, run: self.run, snapshot: self.snap.clone(), stopped, unwritten });

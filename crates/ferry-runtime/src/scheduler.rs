@@ -242,10 +242,7 @@ impl<H: TaskHandler> Scheduler<H> {
                     if *gate {
                         return Ok(());
                     }
-                    match &write.event {
-                        Some(ev) => publisher.enqueue_write(&snap, ev)?,
-                        None => publisher.enqueue_snapshot(&snap)?,
-                    }
+                    if write.events.is_empty() { publisher.enqueue_snapshot(&snap)? } else { publisher.enqueue_write_all(&snap, &write.events)? }
                 };
                 pending.durable().await
             };
@@ -301,7 +298,7 @@ impl<H: TaskHandler> Scheduler<H> {
             self.runs += 1;
             slot.run = self.runs;
             let runner = Runner::new(self.env.clone(), id, slot.snap.clone(), rx, self.done_tx.clone(), fence, self.runs);
-            tokio::spawn(runner.run());
+            tokio::spawn(self.env.metrics.in_flight(&slot.snap).during(runner.run()));
             self.running.insert(subject.to_owned(), id);
             break;
         }
@@ -544,9 +541,10 @@ impl<H: TaskHandler> Scheduler<H> {
                 if let Some(r) = &paused.retry {
                     r.abort();
                 }
-                pending.extend(match &paused.write.event {
-                    Some(ev) => self.env.publisher.enqueue_write(&slot.snap, ev)?,
-                    None => self.env.publisher.enqueue_snapshot(&slot.snap)?,
+                pending.extend(if paused.write.events.is_empty() {
+                    self.env.publisher.enqueue_snapshot(&slot.snap)?
+                } else {
+                    self.env.publisher.enqueue_write_all(&slot.snap, &paused.write.events)?
                 });
                 if self.running.get(&slot.snap.subject) == Some(&id) {
                     self.running.remove(&slot.snap.subject);

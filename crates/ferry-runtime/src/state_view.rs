@@ -48,6 +48,11 @@ struct Table {
     keys: HashMap<String, TaskId>,
     positions: HashMap<i32, i64>,
     undecodable: u64,
+    /// The seq of each task's last snapshot written by this process: read back from the
+    /// topic it is not decoded again (a worker reads every snapshot it writes).
+    own: HashMap<TaskId, i64>,
+    /// Snapshots skipped that way, for tests and benchmarks.
+    skipped: u64,
 }
 
 /// The in-memory task-state table of one process.
@@ -111,6 +116,14 @@ impl StateView {
         while !self.stop.load(Ordering::Relaxed) {
             match self.consumer.poll(Duration::from_millis(100)) {
                 Some(Ok(m)) => {
+                    if self.held(&m) {
+                        let mut t = self.table.write().expect("view lock");
+                        t.positions.insert(m.partition(), m.offset() + 1);
+                        t.skipped += 1;
+                        drop(t);
+                        self.changed.send_modify(|v| *v += 1);
+                        continue;
+                    }
                     let decoded = m.payload().map(|p| registry.decode::<TaskSnapshot>(p));
                     let mut t = self.table.write().expect("view lock");
                     t.positions.insert(m.partition(), m.offset() + 1);
@@ -123,7 +136,14 @@ impl StateView {
                             t.undecodable += 1;
                             tracing::error!(topic = %self.topic, offset = m.offset(), error = %e, "undecodable task snapshot skipped");
                         }
-                        None => {} // a tombstone: compaction removes the task
+                        // A tombstone: the task is deleted (compaction removes it too).
+                        None => {
+                            if let Some(id) = m.key().and_then(|k| std::str::from_utf8(k).ok()).and_then(|k| k.parse::<TaskId>().ok()) {
+                                t.tasks.remove(&id);
+                                t.keys.retain(|_, v| *v != id);
+                                t.own.remove(&id);
+                            }
+                        }
                     }
                     self.changed.send_modify(|v| *v += 1);
                 }
@@ -143,6 +163,41 @@ impl StateView {
                     }
                 }
             }
+        }
+    }
+
+    /// True when the record is a snapshot this process wrote and still holds (same task,
+    /// same seq) or one older than the held snapshot: decoding it would change nothing.
+    /// Known from the key and the seq header alone; records without them are decoded.
+    fn held(&self, m: &rdkafka::message::BorrowedMessage<'_>) -> bool {
+        use rdkafka::message::Headers;
+        let Some(id) = m.key().and_then(|k| std::str::from_utf8(k).ok()).and_then(|k| k.parse::<TaskId>().ok()) else { return false };
+        let Some(seq) = m
+            .headers()
+            .and_then(|h| h.iter().find(|h| h.key == crate::publisher::SEQ_HEADER))
+            .and_then(|h| h.value)
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .and_then(|v| v.parse::<i64>().ok())
+        else {
+            return false;
+        };
+        let t = self.table.read().expect("view lock");
+        t.own.get(&id) == Some(&seq) || t.tasks.get(&id).is_some_and(|s| s.seq > seq)
+    }
+
+    /// Snapshots read back without decoding (see [`Self::apply_own`]).
+    pub fn skipped(&self) -> u64 {
+        self.table.read().expect("view lock").skipped
+    }
+
+    /// [`Self::apply`] for a snapshot this process writes: when it is read back from the
+    /// topic with the same seq, it is not decoded again.
+    pub fn apply_own(&self, snap: TaskSnapshot) {
+        let (Ok(id), seq) = (snap.task_id.parse::<TaskId>(), snap.seq) else { return };
+        self.apply(snap);
+        let mut t = self.table.write().expect("view lock");
+        if t.tasks.get(&id).is_some_and(|s| s.seq == seq) {
+            t.own.insert(id, seq);
         }
     }
 

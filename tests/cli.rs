@@ -206,6 +206,8 @@ async fn submit_exports_its_span_over_otlp() {
     let submit = spans.iter().find(|s| s.name == "ferry.submit test").expect("the producer span");
     let service = req.resource_spans[0].resource.as_ref().unwrap().attributes.iter().find(|a| a.key == "service.name").unwrap();
     assert!(format!("{:?}", service.value).contains("ferry-submit"), "{service:?}");
+    assert_eq!(otlp_attr(&submit.attributes, "messaging.system").as_deref(), Some("kafka"), "the producer span is a Kafka send");
+    assert_eq!(otlp_attr(&submit.attributes, "messaging.operation.type").as_deref(), Some("send"));
     let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
     let tp = format!("00-{}-{}-01", hex(&submit.trace_id), hex(&submit.span_id));
     assert_eq!(task["trace_parent"], serde_json::json!(tp), "the task carries the exported span as its trace parent");
@@ -269,4 +271,331 @@ fn tosca_dry_run_prints_the_command_and_sends_nothing() {
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert_ne!(out.status.code(), Some(0), "{text}");
     assert!(text.contains("node_templates.ingest.properties.replicas") && text.contains("4294967297"), "{text}");
+}
+
+/// A `ferry worker test` process against `bootstrap`, its stderr piped (killed on drop).
+fn ferry_worker(bootstrap: &str, args: &[&str], envs: &[(&str, &str)]) -> tokio::process::Child {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(["worker", "test", "--brokers", bootstrap, "--kafka-property", "fetch.wait.max.ms=5"])
+        .args(args)
+        .envs(envs.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+/// An in-process OTLP/HTTP collector: its endpoint, and the export requests it receives.
+async fn otlp_collector() -> (String, tokio::sync::mpsc::UnboundedReceiver<opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest>) {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use prost::Message;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<ExportTraceServiceRequest>();
+    let collector = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let tx = tx.clone();
+            async move {
+                if let Ok(req) = ExportTraceServiceRequest::decode(body) {
+                    let _ = tx.send(req);
+                }
+                axum::http::StatusCode::OK
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, collector).await.unwrap() });
+    (endpoint, rx)
+}
+
+/// An OTLP attribute's value as text (strings and integers), if the attribute is there.
+fn otlp_attr(attrs: &[opentelemetry_proto::tonic::common::v1::KeyValue], key: &str) -> Option<String> {
+    use opentelemetry_proto::tonic::common::v1::any_value::Value;
+    match attrs.iter().find(|a| a.key == key)?.value.as_ref()?.value.as_ref()? {
+        Value::StringValue(s) => Some(s.clone()),
+        Value::IntValue(i) => Some(i.to_string()),
+        other => Some(format!("{other:?}")),
+    }
+}
+
+/// `--log-format json`: every stderr line of a worker is one JSON object, and the lines of
+/// a task's run carry the trace id the task's command came with, and a span id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_logs_json_lines_that_name_each_tasks_trace() {
+    use ferry_runtime::testkind::TestTaskSpec;
+    use tokio::io::AsyncBufReadExt;
+    let topics = Topics::standard();
+    let broker = EmbeddedBroker::start(1, &topics).unwrap();
+    let client = Client::new(KafkaConfig::for_embedded(broker.bootstrap()), topics).unwrap();
+    let mut events = client.events(false).await.unwrap();
+    let mut worker = ferry_worker(&broker.bootstrap(), &["--log-format", "json"], &[("RUST_LOG", "info,ferry_runtime=debug")]);
+    let mut lines = tokio::io::BufReader::new(worker.stderr.take().unwrap()).lines();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut seen: Vec<serde_json::Value> = Vec::new();
+    // Reads stderr until a line matches, checking that every line is one JSON object.
+    let mut read_until = async |pred: &dyn Fn(&serde_json::Value) -> bool, seen: &mut Vec<serde_json::Value>| loop {
+        let line = tokio::time::timeout_at(deadline, lines.next_line()).await.expect("the awaited log line in time").unwrap().expect("the worker is running");
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"));
+        assert!(v.is_object(), "{line}");
+        let hit = pred(&v);
+        seen.push(v);
+        if hit {
+            return;
+        }
+    };
+    read_until(&|v| v["message"].as_str().is_some_and(|m| m.starts_with("partitions assigned")), &mut seen).await;
+
+    let id = client.submit(ferry_runtime::TaskKind::Test, "json-logs", &TestTaskSpec::steps(2), ferry_runtime::SubmitOptions::default()).await.unwrap();
+    let evs = events.until(id, Duration::from_secs(60), |e| e.event.is_final()).await.unwrap();
+    assert_eq!(evs.last().unwrap().event, EventType::Succeeded);
+    let trace = evs[0].trace_parent.as_deref().expect("the task's traceparent").split('-').nth(1).unwrap().to_owned();
+    let task = id.to_string();
+    let of_task = |v: &serde_json::Value| v["span"]["task_id"].as_str() == Some(task.as_str());
+    read_until(&|v| of_task(v) && v["message"] == "task run ended", &mut seen).await;
+    worker.start_kill().unwrap();
+    let _ = worker.wait().await;
+
+    let task_lines: Vec<&serde_json::Value> = seen.iter().filter(|v| of_task(v)).collect();
+    assert!(task_lines.iter().any(|v| v["message"] == "task run started"), "{task_lines:?}");
+    for v in &task_lines {
+        assert_eq!(v["trace_id"].as_str(), Some(trace.as_str()), "a task line names the task's trace: {v}");
+        let span = v["span_id"].as_str().unwrap_or_default();
+        assert!(span.len() == 16 && span.chars().all(|c| c.is_ascii_hexdigit()), "a task line names a span: {v}");
+        assert_eq!(v["level"], "DEBUG", "{v}");
+    }
+    let started = seen.iter().find(|v| v["message"].as_str().is_some_and(|m| m.starts_with("partitions assigned"))).unwrap();
+    assert!(started.get("trace_id").is_none(), "lines outside a task name no trace: {started}");
+    assert!(started["timestamp"].is_string() && started["target"].is_string(), "{started}");
+}
+
+/// A worker's spans go out under its kind's service name, and the span of each command
+/// record it reads carries OpenTelemetry's Kafka messaging attributes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_exports_spans_under_its_kinds_service_name_with_messaging_attributes() {
+    use ferry_runtime::testkind::TestTaskSpec;
+    let topics = Topics::standard();
+    let command_topic = topics.command(ferry_runtime::TaskKind::Test).name.clone();
+    let broker = EmbeddedBroker::start(1, &topics).unwrap();
+    let client = Client::new(KafkaConfig::for_embedded(broker.bootstrap()), topics).unwrap();
+    let mut events = client.events(false).await.unwrap();
+    let (endpoint, mut rx) = otlp_collector().await;
+    let _worker = ferry_worker(
+        &broker.bootstrap(),
+        &[],
+        // Export every 100 ms: the spans arrive while the worker runs.
+        &[("RUST_LOG", "error"), ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint), ("OTEL_BSP_SCHEDULE_DELAY", "100")],
+    );
+    let id = client.submit(ferry_runtime::TaskKind::Test, "otlp-worker", &TestTaskSpec::steps(1), ferry_runtime::SubmitOptions::default()).await.unwrap();
+    let evs = events.until(id, Duration::from_secs(60), |e| e.event.is_final()).await.unwrap();
+    assert_eq!(evs.last().unwrap().event, EventType::Succeeded);
+    let trace = evs[0].trace_parent.as_deref().unwrap().split('-').nth(1).unwrap().to_owned();
+
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let (mut process, mut task) = (None, None);
+    while process.is_none() || task.is_none() {
+        let req = tokio::time::timeout_at(deadline, rx.recv()).await.expect("the worker's spans in time").unwrap();
+        for rs in &req.resource_spans {
+            let service = otlp_attr(&rs.resource.as_ref().unwrap().attributes, "service.name");
+            for s in rs.scope_spans.iter().flat_map(|s| &s.spans) {
+                if hex(&s.trace_id) != trace {
+                    continue;
+                }
+                if s.name == format!("process {command_topic}") {
+                    process = Some((service.clone(), s.clone()));
+                } else if s.name == "ferry.task test" {
+                    task = Some((service.clone(), s.clone()));
+                }
+            }
+        }
+    }
+    let (service, process) = process.unwrap();
+    assert_eq!(service.as_deref(), Some("ferry-test"), "a worker's service is named after its kind");
+    assert_eq!(task.unwrap().0.as_deref(), Some("ferry-test"));
+    assert_eq!(process.kind, opentelemetry_proto::tonic::trace::v1::span::SpanKind::Consumer as i32);
+    let a = |k: &str| otlp_attr(&process.attributes, k);
+    assert_eq!(a("messaging.system").as_deref(), Some("kafka"));
+    assert_eq!(a("messaging.operation.type").as_deref(), Some("process"));
+    assert_eq!(a("messaging.operation.name").as_deref(), Some("process"));
+    assert_eq!(a("messaging.destination.name").as_deref(), Some(command_topic.as_str()));
+    assert_eq!(a("messaging.consumer.group.name").as_deref(), Some("ferry-test"));
+    assert_eq!(a("messaging.kafka.message.key").as_deref(), Some("otlp-worker"));
+    assert!(a("messaging.destination.partition.id").is_some_and(|p| p.parse::<u32>().is_ok()), "{:?}", process.attributes);
+    assert!(a("messaging.kafka.offset").is_some_and(|o| o.parse::<u64>().is_ok()), "{:?}", process.attributes);
+}
+
+impl Env {
+    /// `ferry ARGS` with `input` on its standard input.
+    async fn ferry_stdin(&self, args: &[&str], input: &str) -> Out {
+        use tokio::io::AsyncWriteExt;
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .args(args)
+            .args(["--brokers", &self.bootstrap, "--kafka-property", "fetch.wait.max.ms=5"])
+            .env("RUST_LOG", "error")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(input.as_bytes()).await.unwrap();
+        drop(stdin);
+        let o = child.wait_with_output().await.unwrap();
+        Out { code: o.status.code().unwrap_or(-1), stdout: String::from_utf8_lossy(&o.stdout).into_owned(), stderr: String::from_utf8_lossy(&o.stderr).into_owned() }
+    }
+}
+
+/// `ferry ARGS` with no broker anywhere (HOME and the config file pointed at an empty
+/// directory, so neither a running `ferry dev` nor the user's config is found).
+fn ferry_offline(home: &std::path::Path, args: &[&str], envs: &[(&str, &str)]) -> Out {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(args)
+        .env("RUST_LOG", "error")
+        .env("HOME", home)
+        .env("XDG_CONFIG_HOME", home.join("config"))
+        .env("FERRY_STATE", home.join("state"))
+        .env_remove("FERRY_BROKERS")
+        .env_remove("FERRY_CONTEXT")
+        .env_remove("FERRY_CONFIG")
+        .envs(envs.iter().copied())
+        .output()
+        .unwrap();
+    Out { code: o.status.code().unwrap_or(-1), stdout: String::from_utf8_lossy(&o.stdout).into_owned(), stderr: String::from_utf8_lossy(&o.stderr).into_owned() }
+}
+
+/// Kinds and states are closed sets: `--help` lists them and a typo is refused with the
+/// valid names; `completions` prints a script that knows the subcommands.
+#[test]
+fn kinds_and_states_are_checked_and_completions_know_the_commands() {
+    let home = tempfile::tempdir().unwrap();
+    let out = ferry_offline(home.path(), &["completions", "bash"], &[]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(out.stdout.contains("submit") && out.stdout.contains("tasks") && out.stdout.contains("complete -F"), "{}", out.stdout);
+    for shell in ["zsh", "fish", "powershell", "elvish"] {
+        let out = ferry_offline(home.path(), &["completions", shell], &[]);
+        assert!(out.code == 0 && out.stdout.contains("submit"), "{shell}: {}", out.stderr);
+    }
+
+    let out = ferry_offline(home.path(), &["tasks", "list", "--state", "runing"], &[]);
+    assert_eq!(out.code, 2);
+    assert!(out.stderr.contains("invalid value 'runing' for '--state <STATE>'"), "{}", out.stderr);
+    assert!(out.stderr.contains("possible values: accepted, running, succeeded"), "{}", out.stderr);
+    assert!(out.stderr.contains("a similar value exists: 'running'"), "{}", out.stderr);
+    let out = ferry_offline(home.path(), &["submit", "dpeloy", "-f", "x.yaml"], &[]);
+    assert_eq!(out.code, 2);
+    assert!(out.stderr.contains("invalid value 'dpeloy'") && out.stderr.contains("create-cluster, peer, offload, deploy, score, test"), "{}", out.stderr);
+    let out = ferry_offline(home.path(), &["tasks", "list", "--help"], &[]);
+    assert!(out.stdout.contains("revert-failed") && out.stdout.contains("create-cluster"), "{}", out.stdout);
+    let out = ferry_offline(home.path(), &["submit", "test", "-f", "x.yaml", "--timeout", "1h30"], &[]);
+    assert_eq!(out.code, 2);
+    assert!(out.stderr.contains("invalid value '1h30' for '--timeout <TIMEOUT>'"), "{}", out.stderr);
+}
+
+/// No broker at the address: the command says so, naming it, instead of hanging on reads.
+#[test]
+fn an_unreachable_broker_is_a_clear_failure() {
+    let home = tempfile::tempdir().unwrap();
+    let out = ferry_offline(home.path(), &["tasks", "list", "--brokers", "127.0.0.1:1", "--connect-timeout", "1s"], &[]);
+    assert_ne!(out.code, 0, "{}", out.stdout);
+    assert!(out.stderr.contains("error: cannot reach Kafka at 127.0.0.1:1: "), "{}", out.stderr);
+    assert!(out.stderr.contains("Connection refused"), "librdkafka's reason is kept: {}", out.stderr);
+    assert_eq!(out.stderr.lines().count(), 1, "one line, not librdkafka's retries: {}", out.stderr);
+}
+
+/// Contexts in the config file, as kubectl has them: `--context`/`FERRY_CONTEXT` over
+/// `current_context:`, flags and environment over both, `use-context` writes the file.
+#[test]
+fn contexts_select_the_broker_and_use_context_switches() {
+    let home = tempfile::tempdir().unwrap();
+    let cfg = home.path().join("ferry.yaml");
+    std::fs::write(&cfg, "brokers: 127.0.0.1:1\ncurrent_context: one\ncontexts:\n  one: {brokers: 127.0.0.1:2, tenant: web}\n  two: {brokers: 127.0.0.1:3}\n").unwrap();
+    let cfg_s = cfg.to_str().unwrap();
+    // Which broker a command tries, from its error: no broker listens on these ports.
+    let tried = |args: &[&str], envs: &[(&str, &str)]| {
+        let mut a = vec!["--config", cfg_s, "--connect-timeout", "1s"];
+        a.extend_from_slice(args);
+        a.extend_from_slice(&["tasks", "list"]);
+        let out = ferry_offline(home.path(), &a, envs);
+        assert_ne!(out.code, 0);
+        out.stderr.split("cannot reach Kafka at ").nth(1).and_then(|r| r.split(':').nth(1)).map(str::to_owned).unwrap_or_else(|| panic!("{}", out.stderr))
+    };
+    assert_eq!(tried(&[], &[]), "2", "current_context");
+    assert_eq!(tried(&["--context", "two"], &[]), "3", "--context over current_context");
+    assert_eq!(tried(&[], &[("FERRY_CONTEXT", "two")]), "3", "FERRY_CONTEXT over current_context");
+    assert_eq!(tried(&[], &[("FERRY_BROKERS", "127.0.0.1:4")]), "4", "the environment over the context");
+    assert_eq!(tried(&["--brokers", "127.0.0.1:5"], &[("FERRY_BROKERS", "127.0.0.1:4")]), "5", "a flag over the environment");
+
+    let out = ferry_offline(home.path(), &["--config", cfg_s, "--context", "nope", "tasks", "list"], &[]);
+    assert_eq!(out.code, 2);
+    assert!(out.stderr.contains("no context \"nope\" in the config file") && out.stderr.contains("(contexts: one, two)"), "{}", out.stderr);
+
+    let out = ferry_offline(home.path(), &["--config", cfg_s, "config", "get-contexts"], &[]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert!(lines[0].starts_with("CURRENT   NAME   BROKERS"), "{}", out.stdout);
+    assert!(lines[1].starts_with("*         one    127.0.0.1:2") && lines[1].ends_with("web"), "{}", out.stdout);
+    let out = ferry_offline(home.path(), &["--config", cfg_s, "config", "use-context", "two"], &[]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let out = ferry_offline(home.path(), &["--config", cfg_s, "config", "current-context"], &[]);
+    assert_eq!(out.stdout.trim(), "two");
+    assert_eq!(tried(&[], &[]), "3", "use-context wrote the file");
+    let out = ferry_offline(home.path(), &["--config", cfg_s, "config", "use-context", "three"], &[]);
+    assert_ne!(out.code, 0);
+    assert!(out.stderr.contains("no context \"three\""), "{}", out.stderr);
+}
+
+fn is_rfc3339_utc(v: &serde_json::Value) -> bool {
+    v.as_str().is_some_and(|s| s.len() >= 20 && s.as_bytes()[10] == b'T' && s.ends_with('Z') && s[..4].parse::<u32>().is_ok_and(|y| y >= 2024))
+}
+
+/// `-f -` reads the spec from standard input; `--reason` is carried by the Cancel and
+/// Revert commands and shown by `tasks get`; tables show ages, JSON RFC 3339 times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdin_specs_reasons_and_times() {
+    let env = env().await;
+    let out = env.ferry_stdin(&["submit", "test", "-f", "-", "--wait", "--output", "json"], "subject: in\nspec: {steps: 2, fail_transient: 0, step_ms: 0}\n").await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!((v["subject"].as_str(), v["state"].as_str()), (Some("in"), Some("Succeeded")));
+    assert!(is_rfc3339_utc(&v["created_at"]) && is_rfc3339_utc(&v["updated_at"]) && v["created_at_ms"].is_i64(), "{v}");
+    assert!(is_rfc3339_utc(&v["steps"][0]["started_at"]), "{v}");
+    let out = env.ferry_stdin(&["submit", "test", "-f", "-"], "subject: [unclosed\n").await;
+    assert_eq!(out.code, 2);
+    assert!(out.stderr.contains("parsing the spec from standard input"), "{}", out.stderr);
+
+    let blocked = env.spec("blocked.yaml", "subject: r\nspec: {steps: 3, block_at: 2, fail_transient: 0, step_ms: 0}\n");
+    let mut events = env.client.events(true).await.unwrap();
+    let id: TaskId = env.ferry(&["submit", "test", "-f", &blocked]).await.stdout.trim().parse().unwrap();
+    events.until(id, Duration::from_secs(60), |e| e.event == EventType::StepProgress).await.unwrap();
+    let out = env.ferry(&["tasks", "cancel", &id.to_string(), "--reason", "wrong cluster, see INC-42"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(out.stdout.contains("(task was Running)"), "{}", out.stdout);
+    events.until(id, Duration::from_secs(60), |e| e.event == EventType::Cancelled).await.unwrap();
+    let out = env.ferry(&["tasks", "revert", &id.to_string(), "--reason", "roll back INC-42", "--wait"]).await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+
+    let out = env.ferry(&["tasks", "get", &id.to_string(), "--output", "json"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let controls = v["controls"].as_array().unwrap();
+    assert_eq!(controls.len(), 2, "{v}");
+    assert_eq!((controls[0]["action"].as_str(), controls[0]["reason"].as_str()), (Some("Cancel"), Some("wrong cluster, see INC-42")));
+    assert_eq!((controls[1]["action"].as_str(), controls[1]["reason"].as_str()), (Some("Revert"), Some("roll back INC-42")));
+    assert!(is_rfc3339_utc(&controls[0]["requested_at"]) && is_rfc3339_utc(&v["events"][0]["at"]), "{v}");
+
+    let out = env.ferry(&["tasks", "get", &id.to_string()]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(out.stdout.lines().any(|l| l.starts_with("Cancelled by:") && l.ends_with("ago: wrong cluster, see INC-42")), "{}", out.stdout);
+    assert!(out.stdout.lines().any(|l| l.starts_with("State:") && l.ends_with("Reverted")), "{}", out.stdout);
+    assert!(!out.stdout.contains("Some("), "no Debug text: {}", out.stdout);
+
+    let out = env.ferry(&["tasks", "list", "--state", "Reverted"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let header = out.stdout.lines().next().unwrap();
+    assert!(header.starts_with("TASK") && header.ends_with("AGE"), "{}", out.stdout);
+    let row = out.stdout.lines().find(|l| l.starts_with(&id.to_string())).unwrap_or_else(|| panic!("{}", out.stdout));
+    let age = row.split_whitespace().last().unwrap();
+    assert!(age.ends_with('s') || age.ends_with('m'), "an age like 45s or 3m, not epoch milliseconds: {row}");
+    env.shutdown().await;
 }

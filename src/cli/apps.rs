@@ -39,6 +39,8 @@ pub struct AppView {
     pub task_id: String,
     /// When that task finished (ms since the epoch).
     pub updated_at_ms: i64,
+    /// The same, RFC 3339.
+    pub updated_at: Option<String>,
 }
 
 /// The apps in `snapshots` (deploy tasks; others are ignored).
@@ -62,6 +64,7 @@ pub fn apps(registry: &ferry_runtime::wire::Registry, snapshots: &[TaskSnapshot]
                 clusters,
                 task_id: s.task_id.clone(),
                 updated_at_ms: s.updated_at_ms,
+                updated_at: super::table::rfc3339(s.updated_at_ms),
             },
         );
     }
@@ -77,11 +80,14 @@ pub async fn run(conn: &Conn, cmd: AppsCommand) -> anyhow::Result<ExitCode> {
             match output {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&views)?),
                 Output::Yaml => print!("{}", serde_yaml_ng::to_string(&views)?),
+                Output::Table if views.is_empty() => eprintln!("No apps found."),
                 Output::Table => {
-                    println!("{:<28} {:<14} {:<28} {:<24} TASK", "APP", "OWNER", "COMPONENTS", "CLUSTERS");
+                    let now = ferry_runtime::protocol::now_ms();
+                    let mut t = super::table::table(["APP", "OWNER", "COMPONENTS", "CLUSTERS", "TASK", "AGE"]);
                     for v in &views {
-                        println!("{:<28} {:<14} {:<28} {:<24} {}", v.app, v.owner, v.components.join(","), v.clusters.join(","), v.task_id);
+                        t.add_row([v.app.clone(), v.owner.clone(), v.components.join(","), v.clusters.join(","), v.task_id.clone(), super::table::age(now, v.updated_at_ms)]);
                     }
+                    super::table::print(t);
                 }
             }
             Ok(ExitCode::SUCCESS)

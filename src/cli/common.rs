@@ -1,10 +1,16 @@
-//! Shared CLI pieces: broker connection flags, spec files, output formats, signals.
+//! Shared CLI pieces: broker connection flags, task kinds and states as command-line
+//! values, durations, output formats, signals.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
+use clap::builder::{EnumValueParser, TypedValueParser};
 use clap::{Args, ValueEnum};
-use ferry_runtime::{KafkaConfig, Topics};
+use ferry_runtime::{KafkaConfig, TaskKind, TaskState, Topics};
+use rdkafka::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use tokio_util::sync::CancellationToken;
 
 /// How to reach Kafka; every flag also reads an environment variable.
@@ -13,6 +19,9 @@ pub struct Conn {
     /// A YAML config file of these settings (default ~/.config/ferry/config.yaml when it exists).
     #[arg(long, global = true, env = "FERRY_CONFIG")]
     pub config: Option<PathBuf>,
+    /// The config file's context to use (default: its `current_context:`).
+    #[arg(long, global = true, env = "FERRY_CONTEXT")]
+    pub context: Option<String>,
     /// Bootstrap servers; defaults to the running `ferry dev` broker.
     #[arg(long, global = true, env = "FERRY_BROKERS")]
     pub brokers: Option<String>,
@@ -44,14 +53,144 @@ pub struct Conn {
     /// Any librdkafka property, KEY=VALUE (repeatable), e.g. session.timeout.ms=6000.
     #[arg(long = "kafka-property", global = true, value_parser = parse_property)]
     pub kafka_properties: Vec<(String, String)>,
+    /// How long to try reaching Kafka before giving up, e.g. 5s, 1m (0s: do not check).
+    #[arg(long, global = true, env = "FERRY_CONNECT_TIMEOUT", value_parser = parse_duration, default_value = "5s")]
+    pub connect_timeout: Duration,
 }
 
 fn parse_property(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
         .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
         .filter(|(k, _)| !k.is_empty())
-        .ok_or_else(|| format!("{s:?}: expected KEY=VALUE"))
+        .ok_or_else(|| format!("'{s}': expected KEY=VALUE"))
 }
+
+/// A duration as people write it (`90s`, `10m`, `1h30m`, `500ms`), through `humantime`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("'{s}': {e} (e.g. 90s, 10m, 1h30m)"))
+}
+
+/// A task kind on the command line: `--help` lists them, and a typo is refused with the
+/// valid names (and the nearest one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Kind {
+    /// Cluster API provisioning, scaling and deletion.
+    CreateCluster,
+    /// Liqo or Submariner peering between two clusters.
+    Peer,
+    /// Liqo namespace offloading and bursting.
+    Offload,
+    /// Applications through OCM ManifestWork.
+    Deploy,
+    /// Cluster scoring for placement.
+    Score,
+    /// The runtime's own no-op task, for demos, tests and benchmarks.
+    Test,
+}
+
+impl From<Kind> for TaskKind {
+    fn from(k: Kind) -> Self {
+        match k {
+            Kind::CreateCluster => TaskKind::CreateCluster,
+            Kind::Peer => TaskKind::Peer,
+            Kind::Offload => TaskKind::Offload,
+            Kind::Deploy => TaskKind::Deploy,
+            Kind::Score => TaskKind::Score,
+            Kind::Test => TaskKind::Test,
+        }
+    }
+}
+
+/// The value parser of a task-kind argument whose field is a `TaskKind`.
+pub fn kind_parser() -> impl TypedValueParser<Value = TaskKind> {
+    EnumValueParser::<Kind>::new().map(TaskKind::from)
+}
+
+/// A task state on the command line (any case: `running`, `Running`, `revert-failed`,
+/// `RevertFailed`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum State {
+    /// Durable and waiting for its subject.
+    Accepted,
+    /// Running its steps.
+    Running,
+    /// Every step finished.
+    Succeeded,
+    /// A step failed; partial work kept on request.
+    Failed,
+    /// Stopped by a Cancel; finished steps kept.
+    Cancelled,
+    /// Undoing its steps.
+    Reverting,
+    /// Every started step undone.
+    Reverted,
+    /// An undo failed; a new Revert retries.
+    #[value(alias = "revertfailed")]
+    RevertFailed,
+    /// The command was invalid.
+    Rejected,
+}
+
+impl From<State> for TaskState {
+    fn from(s: State) -> Self {
+        match s {
+            State::Accepted => TaskState::Accepted,
+            State::Running => TaskState::Running,
+            State::Succeeded => TaskState::Succeeded,
+            State::Failed => TaskState::Failed,
+            State::Cancelled => TaskState::Cancelled,
+            State::Reverting => TaskState::Reverting,
+            State::Reverted => TaskState::Reverted,
+            State::RevertFailed => TaskState::RevertFailed,
+            State::Rejected => TaskState::Rejected,
+        }
+    }
+}
+
+/// The value parser of a task-state argument whose field is a `TaskState`.
+pub fn state_parser() -> impl TypedValueParser<Value = TaskState> {
+    EnumValueParser::<State>::new().map(TaskState::from)
+}
+
+/// Kafka could not be reached before the connect timeout.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot reach Kafka at {bootstrap}: {detail} (tried for {waited}; check --brokers and the TLS/SASL settings, or raise --connect-timeout)")]
+pub struct Unreachable {
+    /// The bootstrap servers tried.
+    pub bootstrap: String,
+    /// librdkafka's last word on the connection (refused, TLS handshake, SASL), else the
+    /// metadata request's error.
+    pub detail: String,
+    /// How long it was tried, as people write it.
+    pub waited: String,
+}
+
+/// The probe's client context: keeps librdkafka's last error log line (connection
+/// refused, TLS handshake, SASL authentication) instead of logging each retry (an
+/// unreachable broker would print dozens of lines before the one that matters).
+#[derive(Default)]
+struct Probe {
+    last_error: std::sync::Mutex<Option<String>>,
+}
+
+impl ClientContext for Probe {
+    fn log(&self, level: RDKafkaLogLevel, _fac: &str, message: &str) {
+        if (level as i32) <= RDKafkaLogLevel::Warning as i32 {
+            // `[thrd:HOST:PORT/bootstrap]: HOST:PORT/bootstrap: Connect to ... failed: ...`
+            let message = message.strip_prefix("[thrd:").and_then(|m| m.split_once("]: ")).map_or(message, |(_, m)| m);
+            *self.last_error.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(message.to_owned());
+        }
+    }
+
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        // AllBrokersDown follows every connection failure and says less than it.
+        if error.rdkafka_error_code() != Some(rdkafka::types::RDKafkaErrorCode::AllBrokersDown) {
+            *self.last_error.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(reason.to_owned());
+        }
+    }
+}
+
+impl ConsumerContext for Probe {}
 
 impl Conn {
     pub fn kafka(&self) -> anyhow::Result<KafkaConfig> {
@@ -82,7 +221,32 @@ impl Conn {
         Topics::with_prefix(self.topic_prefix.as_deref().unwrap_or_default())
     }
 
+    /// Fails fast, with the address, when no broker answers a metadata request within the
+    /// connect timeout (instead of each later read waiting out its own long timeout).
+    pub async fn check_reachable(&self) -> anyhow::Result<()> {
+        let kafka = self.kafka()?;
+        let timeout = self.connect_timeout;
+        if timeout.is_zero() {
+            return Ok(());
+        }
+        let bootstrap = kafka.bootstrap.clone();
+        let probe = tokio::task::spawn_blocking(move || -> Result<(), String> {
+            let c: BaseConsumer<Probe> = kafka.reader().create_with_context(Probe::default()).map_err(|e| e.to_string())?;
+            c.fetch_metadata(None, timeout).map(|_| ()).map_err(|e| {
+                // Logs and errors wait on the client's queue (`log.queue`) until a poll serves them.
+                let _ = c.poll(Duration::ZERO);
+                let last = c.context().last_error.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+                last.unwrap_or_else(|| e.to_string())
+            })
+        });
+        match probe.await.context("the Kafka probe panicked")? {
+            Ok(()) => Ok(()),
+            Err(detail) => Err(Unreachable { bootstrap, detail, waited: humantime::format_duration(timeout).to_string() }.into()),
+        }
+    }
+
     pub async fn client(&self) -> anyhow::Result<ferry_runtime::Client> {
+        self.check_reachable().await?;
         let registry = match &self.schema_registry {
             Some(url) => ferry_runtime::schema_registry::confluent(url).await?,
             None => ferry_runtime::wire::Registry::embedded(),

@@ -7,13 +7,16 @@ pub mod bench_recovery;
 pub mod bench_tracker;
 pub mod bench_waits;
 pub mod common;
+pub mod completions;
 pub mod config;
 pub mod dashboard;
 pub mod dashboard_access;
 pub mod dev;
 pub mod fleet_view;
+pub mod logs;
 pub mod otlp;
 pub mod submit;
+pub mod table;
 pub mod tasks;
 pub mod topics;
 pub mod watch;
@@ -34,6 +37,10 @@ pub struct Cli {
     /// More log output (-v info, -vv debug); RUST_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
+    /// Log lines on stderr as text, or as JSON objects one a line (inside a task with its
+    /// trace_id and span_id).
+    #[arg(long, global = true, value_enum, env = "FERRY_LOG_FORMAT", default_value_t)]
+    pub log_format: logs::LogFormat,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -68,6 +75,11 @@ pub enum Command {
         #[arg(short, long, value_enum, default_value_t)]
         output: common::Output,
     },
+    /// The config file's contexts: get-contexts, use-context, current-context.
+    #[command(subcommand)]
+    Config(config::ConfigCommand),
+    /// A shell completion script (bash, zsh, fish, powershell, elvish) on stdout.
+    Completions(completions::CompletionsArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -90,11 +102,13 @@ impl Command {
             Command::Bench(_) => "bench",
             Command::Testbed(_) => "testbed",
             Command::Fleet { .. } => "fleet",
+            Command::Config(_) => "config",
+            Command::Completions(_) => "completions",
         }
     }
 }
 
-pub fn init_tracing(verbose: u8) {
+pub fn init_tracing(verbose: u8, format: logs::LogFormat) {
     let default = match verbose {
         // kube logs every failed request at ERROR, probes of starting API servers included;
         // the errors that matter reach Ferry as results and are reported there.
@@ -103,12 +117,17 @@ pub fn init_tracing(verbose: u8) {
         _ => "debug",
     };
     let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| default.into());
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    logs::init(&filter, format);
 }
 
 pub async fn run(mut cli: Cli) -> anyhow::Result<ExitCode> {
-    let file = config::load(cli.conn.config.as_deref())?;
-    cli.conn.apply(file);
+    // Neither needs a connection; use-context must work while the current one is broken.
+    match cli.command {
+        Command::Completions(a) => return completions::run(a),
+        Command::Config(c) => return config::run(&cli.conn, c),
+        _ => {}
+    }
+    config::resolve(&mut cli.conn)?;
     match cli.command {
         Command::Dev(a) => dev::run(a).await,
         Command::Worker(a) => workers::run(&cli.conn, a).await,
@@ -117,9 +136,10 @@ pub async fn run(mut cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Apps(c) => apps::run(&cli.conn, c).await,
         Command::Dashboard(a) => dashboard::run(&cli.conn, a).await,
         Command::Topics(c) => topics::run(&cli.conn, c).await,
-        Command::Bench(c) => bench::run(c).await,
+        Command::Bench(c) => bench::run(c, &cli.conn.kafka_properties).await,
         Command::Testbed(TestbedCommand::Install) => testbed_install(),
         Command::Fleet { output } => fleet(output).await,
+        Command::Completions(_) | Command::Config(_) => unreachable!("handled above"),
     }
 }
 

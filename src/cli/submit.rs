@@ -1,9 +1,10 @@
-//! `ferry submit <kind> -f FILE [--wait]`: encode a spec file as the kind's Avro record,
-//! send the Start command, and optionally follow the task to its end.
+//! `ferry submit <kind> -f FILE [--wait]`: encode a spec file (`-f -`: standard input) as
+//! the kind's Avro record, send the Start command, and optionally follow the task to its end.
 //!
 //! Exit codes: 0 submitted (or, with `--wait`, Succeeded); 1 the task ended otherwise;
 //! 2 bad input or Kafka unreachable; 3 `--wait` timed out.
 
+use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -13,15 +14,16 @@ use clap::Args;
 use ferry_runtime::{EventType, SubmitOptions, TaskId, TaskKind};
 use serde::Deserialize;
 
-use super::common::{Conn, Output};
+use super::common::{Conn, Output, kind_parser, parse_duration};
 use super::tasks::{print_event, print_snapshot};
 
 #[derive(Debug, Args)]
 pub struct SubmitArgs {
     /// Task kind.
+    #[arg(value_parser = kind_parser())]
     pub kind: TaskKind,
-    /// YAML or JSON file: `subject:` and `spec:` (the kind's fields); deploy, create-cluster, peer and offload specs may
-    /// leave out `subject:` (derived: deploy `<namespace>/<name>`, offload `<cluster>/<namespace>`, ...).
+    /// YAML or JSON file (`-`: standard input): `subject:` and `spec:` (the kind's fields); deploy, create-cluster, peer
+    /// and offload specs may leave out `subject:` (derived: deploy `<namespace>/<name>`, offload `<cluster>/<namespace>`, ...).
     #[arg(short = 'f', long = "file", required_unless_present = "tosca", conflicts_with = "tosca")]
     pub file: Option<PathBuf>,
     /// deploy: convert this TOSCA blueprint into the DeployApp command.
@@ -51,7 +53,7 @@ pub struct SubmitArgs {
     /// Same key, same task: resubmitting is safe.
     #[arg(long)]
     pub idempotency_key: Option<String>,
-    /// Deadline of the task, e.g. 90s, 10m, 2h.
+    /// Deadline of the task, e.g. 90s, 10m, 1h30m.
     #[arg(long, value_parser = parse_duration)]
     pub deadline: Option<Duration>,
     /// On failure keep finished steps instead of reverting them.
@@ -60,7 +62,7 @@ pub struct SubmitArgs {
     /// Follow progress until the task ends; exit 0 only if it succeeded.
     #[arg(long)]
     pub wait: bool,
-    /// Give up waiting after this long.
+    /// Give up waiting after this long, e.g. 10m, 1h30m.
     #[arg(long, value_parser = parse_duration, default_value = "1h")]
     pub timeout: Duration,
     #[arg(short, long, value_enum, default_value_t)]
@@ -76,20 +78,8 @@ struct SpecFile {
 }
 
 fn parse_input(s: &str) -> Result<(String, String), String> {
-    let (k, v) = s.split_once('=').ok_or_else(|| format!("{s:?}: expected NAME=VALUE"))?;
+    let (k, v) = s.split_once('=').ok_or_else(|| format!("'{s}': expected NAME=VALUE"))?;
     Ok((k.to_owned(), v.to_owned()))
-}
-
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: u64 = num.parse().map_err(|_| format!("{s:?}: expected a number with s, m or h"))?;
-    match unit {
-        "" | "s" => Ok(Duration::from_secs(n)),
-        "ms" => Ok(Duration::from_millis(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        "h" => Ok(Duration::from_secs(n * 3600)),
-        _ => Err(format!("{s:?}: unknown unit {unit:?} (use ms, s, m or h)")),
-    }
 }
 
 /// Encodes a spec given as JSON for `kind` (Confluent-framed Avro).
@@ -195,8 +185,14 @@ fn read_spec(a: &SubmitArgs) -> anyhow::Result<SpecFile> {
         return Ok(SpecFile { subject: Some(converted.app.subject()), spec: serde_json::to_value(&converted.app)? });
     }
     let path = a.file.as_ref().context("give -f FILE or --tosca FILE")?;
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    serde_yaml_ng::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+    let (text, name) = if path.as_os_str() == "-" {
+        let mut text = String::new();
+        std::io::stdin().read_to_string(&mut text).context("reading the spec from standard input")?;
+        (text, "the spec from standard input".to_owned())
+    } else {
+        (std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?, path.display().to_string())
+    };
+    serde_yaml_ng::from_str(&text).with_context(|| format!("parsing {name}"))
 }
 
 /// `v` without its null fields and empty lists (every such field of a spec has a default),
@@ -262,6 +258,10 @@ pub async fn wait_for_end(
         .await;
     let last = match r {
         Ok(evs) => evs.last().map(|e| e.event),
+        Err(ferry_runtime::ClientError::Timeout { task, waited }) => {
+            eprintln!("error: task {task} did not end within {} (it goes on; follow it with `ferry tasks watch {task}`)", humantime::format_duration(waited));
+            return Ok(ExitCode::from(3));
+        }
         Err(e) => {
             eprintln!("error: {e}");
             return Ok(ExitCode::from(3));

@@ -1,16 +1,17 @@
 //! `ferry tasks get|list|watch|cancel|revert`: the task tracker over the task-state and progress
-//! topics.
+//! topics (and, for who cancelled or reverted a task and why, the command topic).
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Subcommand;
-use ferry_runtime::protocol::{StepStatus, TaskSnapshot};
-use ferry_runtime::{EventType, ProgressEvent, TaskId, TaskKind, TaskState};
+use ferry_runtime::protocol::{CommandEnvelope, StepStatus, TaskSnapshot, now_ms};
+use ferry_runtime::{ClientError, CommandAction, EventType, ProgressEvent, TaskId, TaskKind, TaskState};
 use serde::Serialize;
 
-use super::common::{Conn, Output};
-use super::submit::{parse_duration, wait_for_end};
+use super::common::{Conn, Output, kind_parser, parse_duration, state_parser};
+use super::submit::wait_for_end;
+use super::table::{age, name, rfc3339, table};
 
 #[derive(Debug, Subcommand)]
 pub enum TasksCommand {
@@ -22,14 +23,15 @@ pub enum TasksCommand {
     },
     /// Tasks from the task-state topic, newest first.
     List {
-        /// Only tasks in this state (e.g. Running, Failed).
-        #[arg(long)]
-        state: Option<String>,
-        #[arg(long)]
+        /// Only tasks in this state (any case: running, Failed, revert-failed).
+        #[arg(long, value_parser = state_parser(), ignore_case = true)]
+        state: Option<TaskState>,
+        /// Only tasks of this kind.
+        #[arg(long, value_parser = kind_parser())]
         kind: Option<TaskKind>,
         #[arg(long)]
         subject: Option<String>,
-        /// Only tasks created within this long, e.g. 1h.
+        /// Only tasks created within this long, e.g. 1h, 2h30m.
         #[arg(long, value_parser = parse_duration)]
         since: Option<Duration>,
         #[arg(short, long, value_enum, default_value_t)]
@@ -39,13 +41,22 @@ pub enum TasksCommand {
     /// every running task and each new one (until interrupted).
     Watch { ids: Vec<TaskId> },
     /// Stop a running task; finished steps stay and can be reverted later.
-    Cancel { id: TaskId },
+    Cancel {
+        id: TaskId,
+        /// Why, for the record (carried in the command; `tasks get` shows it).
+        #[arg(long)]
+        reason: Option<String>,
+    },
     /// Undo a task (cancelling it first if it runs).
     Revert {
         id: TaskId,
+        /// Why, for the record (carried in the command; `tasks get` shows it).
+        #[arg(long)]
+        reason: Option<String>,
         /// Follow until the revert ends; exit 0 only if Reverted.
         #[arg(long)]
         wait: bool,
+        /// Give up waiting after this long, e.g. 10m, 1h30m.
         #[arg(long, value_parser = parse_duration, default_value = "1h")]
         timeout: Duration,
         #[arg(short, long, value_enum, default_value_t)]
@@ -53,7 +64,8 @@ pub enum TasksCommand {
     },
 }
 
-/// A snapshot as people and scripts read it (spec bytes left out, outputs as JSON).
+/// A snapshot as people and scripts read it (spec bytes left out, outputs as JSON). Times
+/// twice: `*_ms` (milliseconds since the epoch, as before) and `*_at` (RFC 3339, UTC).
 #[derive(Debug, Serialize)]
 pub struct TaskView {
     pub task_id: String,
@@ -64,8 +76,11 @@ pub struct TaskView {
     pub requested_by: String,
     pub idempotency_key: Option<String>,
     pub created_at_ms: i64,
+    pub created_at: Option<String>,
     pub updated_at_ms: i64,
+    pub updated_at: Option<String>,
     pub deadline_ms: Option<i64>,
+    pub deadline_at: Option<String>,
     pub worker: String,
     pub steps: Vec<StepView>,
     pub error: Option<ferry_runtime::protocol::TaskError>,
@@ -81,7 +96,19 @@ pub struct StepView {
     pub name: String,
     pub status: StepStatus,
     pub attempts: i32,
+    pub started_at: Option<String>,
+    pub finished_at: Option<String>,
     pub output: Option<serde_json::Value>,
+}
+
+/// A Cancel or Revert of a task, from its kind's command topic: who, when, why.
+#[derive(Debug, Serialize)]
+pub struct ControlView {
+    pub action: CommandAction,
+    pub requested_by: String,
+    pub requested_at_ms: i64,
+    pub requested_at: Option<String>,
+    pub reason: Option<String>,
 }
 
 impl From<&TaskSnapshot> for TaskView {
@@ -94,6 +121,8 @@ impl From<&TaskSnapshot> for TaskView {
                 name: e.name.clone(),
                 status: e.status,
                 attempts: e.attempts,
+                started_at: rfc3339(e.started_at_ms),
+                finished_at: e.finished_at_ms.and_then(rfc3339),
                 output: e.output.as_deref().and_then(|o| serde_json::from_str(o).ok()),
             })
             .collect();
@@ -112,8 +141,11 @@ impl From<&TaskSnapshot> for TaskView {
             requested_by: s.requested_by.clone(),
             idempotency_key: s.idempotency_key.clone(),
             created_at_ms: s.created_at_ms,
+            created_at: rfc3339(s.created_at_ms),
             updated_at_ms: s.updated_at_ms,
+            updated_at: rfc3339(s.updated_at_ms),
             deadline_ms: s.deadline_ms,
+            deadline_at: s.deadline_ms.and_then(rfc3339),
             worker: s.worker.clone(),
             steps,
             error: s.error.clone(),
@@ -122,18 +154,36 @@ impl From<&TaskSnapshot> for TaskView {
     }
 }
 
+/// One event as a line: `seq Event[ step N name][ detail][: message]`.
 pub fn print_event(e: &ProgressEvent) {
+    println!("{:>4} {}", e.seq, event_line(e));
+}
+
+/// An event without its seq: `Event[ step N name][ detail][: message]`.
+fn event_line(e: &ProgressEvent) -> String {
     let step = match (&e.step, &e.step_name) {
         (Some(i), Some(n)) => format!(" step {i} {n}"),
         _ => String::new(),
     };
     let extra = match e.event {
         EventType::StepProgress => format!(" {}%", e.percent.unwrap_or(0)),
-        EventType::Retrying => format!(" attempt {} in {}ms", e.attempt.unwrap_or(0), e.delay_ms.unwrap_or(0)),
+        EventType::Retrying => {
+            let delay = humantime::format_duration(Duration::from_millis(e.delay_ms.unwrap_or(0).max(0) as u64));
+            format!(" attempt {} in {delay}", e.attempt.unwrap_or(0))
+        }
         _ => String::new(),
     };
     let msg = e.message.as_deref().map(|m| format!(": {m}")).unwrap_or_default();
-    println!("{:>4} {:?}{step}{extra}{msg}", e.seq, e.event);
+    format!("{}{step}{extra}{msg}", name(&e.event))
+}
+
+/// The event as JSON, with `at` (RFC 3339) beside `at_ms`.
+fn event_json(e: &ProgressEvent) -> anyhow::Result<serde_json::Value> {
+    let mut v = serde_json::to_value(e)?;
+    if let Some(m) = v.as_object_mut() {
+        m.insert("at".into(), rfc3339(e.at_ms).into());
+    }
+    Ok(v)
 }
 
 pub fn print_snapshot(s: &TaskSnapshot, output: Output) -> anyhow::Result<()> {
@@ -141,21 +191,81 @@ pub fn print_snapshot(s: &TaskSnapshot, output: Output) -> anyhow::Result<()> {
     match output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&v)?),
         Output::Yaml => print!("{}", serde_yaml_ng::to_string(&v)?),
-        Output::Table => {
-            println!("task     {}\nkind     {}\nsubject  {}\nstate    {:?}", v.task_id, v.kind, v.subject, v.state);
-            for st in &v.steps {
-                let out = st.output.as_ref().map(|o| o.to_string()).unwrap_or_default();
-                println!("  {:>2} {:<24} {:<10} attempts {:<2} {out}", st.step, st.name, format!("{:?}", st.status), st.attempts);
-            }
-            if let Some(e) = &v.error {
-                println!("error    {}: {} (step {:?}, transient {})", e.code, e.message, e.step, e.transient);
-            }
-            if !v.revert_would_undo.is_empty() {
-                println!("revert would undo: {}", v.revert_would_undo.join(", "));
-            }
-        }
+        Output::Table => print_view(&v, &[]),
     }
     Ok(())
+}
+
+/// `tasks get`'s table: the task's fields, its steps, its error, and its cancels and reverts.
+fn print_view(v: &TaskView, controls: &[ControlView]) {
+    let now = now_ms();
+    let mut fields = vec![
+        ("Task:", v.task_id.clone()),
+        ("Kind:", v.kind.clone()),
+        ("Subject:", v.subject.clone()),
+        ("State:", name(&v.state)),
+        ("Requested by:", v.requested_by.clone()),
+        ("Created:", format!("{} ({} ago)", v.created_at.clone().unwrap_or_default(), age(now, v.created_at_ms))),
+        ("Updated:", format!("{} ({} ago)", v.updated_at.clone().unwrap_or_default(), age(now, v.updated_at_ms))),
+    ];
+    if let Some(d) = &v.deadline_at {
+        fields.push(("Deadline:", d.clone()));
+    }
+    if let Some(e) = &v.error {
+        let mut notes: Vec<String> = e.step.map(|s| format!("step {s}")).into_iter().collect();
+        if e.transient {
+            notes.push("transient".into());
+        }
+        let notes = if notes.is_empty() { String::new() } else { format!(" ({})", notes.join(", ")) };
+        fields.push(("Error:", format!("{}: {}{notes}", e.code, e.message)));
+    }
+    for c in controls {
+        let reason = c.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
+        fields.push((if c.action == CommandAction::Cancel { "Cancelled by:" } else { "Reverted by:" }, format!("{} {} ago{reason}", c.requested_by, age(now, c.requested_at_ms))));
+    }
+    if !v.revert_would_undo.is_empty() {
+        fields.push(("Revert would undo:", v.revert_would_undo.join(", ")));
+    }
+    let mut t = super::table::plain();
+    t.add_rows(fields.into_iter().map(|(k, v)| [k.to_owned(), v]));
+    super::table::print(t);
+    if !v.steps.is_empty() {
+        let mut t = table(["STEP", "NAME", "STATUS", "ATTEMPTS", "OUTPUT"]);
+        for st in &v.steps {
+            let out = st.output.as_ref().map(|o| o.to_string()).unwrap_or_default();
+            t.add_row([st.step.to_string(), st.name.clone(), name(&st.status), st.attempts.to_string(), out]);
+        }
+        println!();
+        super::table::print(t);
+    }
+}
+
+/// The Cancels and Revert of `snap`'s task on its kind's command topic, oldest first.
+async fn controls(conn: &Conn, client: &ferry_runtime::Client, snap: &TaskSnapshot) -> anyhow::Result<Vec<ControlView>> {
+    let topic = conn.topics().command(snap.kind).name.clone();
+    let records = client.read_to_end(&topic).await?;
+    let mut out: Vec<ControlView> = records
+        .into_iter()
+        .filter(|(k, _)| k.as_deref() == Some(snap.subject.as_bytes()))
+        .filter_map(|(_, p)| client.registry().decode::<CommandEnvelope>(&p).ok())
+        .filter(|c| c.task_id == snap.task_id && c.action != CommandAction::Start)
+        .map(|c| ControlView {
+            action: c.action,
+            requested_by: c.requested_by,
+            requested_at_ms: c.created_at_ms,
+            requested_at: rfc3339(c.created_at_ms),
+            reason: c.reason,
+        })
+        .collect();
+    out.sort_by_key(|c| c.requested_at_ms);
+    Ok(out)
+}
+
+/// Sends a Cancel or Revert for `id`, looking up its kind and subject in the task state.
+async fn control(client: &ferry_runtime::Client, id: TaskId, action: CommandAction, reason: Option<String>) -> anyhow::Result<TaskSnapshot> {
+    let snap = client.snapshot(id).await?.ok_or(ClientError::UnknownTask(id))?;
+    client.control(snap.kind, &snap.subject, id, action, reason).await?;
+    Ok(snap)
 }
 
 pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
@@ -167,30 +277,37 @@ pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::from(1));
             };
             let history = client.history(id).await?;
+            let controls = controls(conn, &client, &snap).await?;
             match output {
                 Output::Table => {
-                    print_snapshot(&snap, output)?;
-                    println!("history:");
-                    history.iter().for_each(print_event);
+                    print_view(&TaskView::from(&snap), &controls);
+                    let now = now_ms();
+                    let mut t = table(["SEQ", "AGE", "EVENT"]);
+                    for e in &history {
+                        t.add_row([e.seq.to_string(), age(now, e.at_ms), event_line(e)]);
+                    }
+                    println!();
+                    super::table::print(t);
                 }
-                Output::Json => {
-                    let v = serde_json::json!({ "task": TaskView::from(&snap), "events": history });
-                    println!("{}", serde_json::to_string_pretty(&v)?);
-                }
-                Output::Yaml => {
-                    let v = serde_json::json!({ "task": TaskView::from(&snap), "events": history });
-                    print!("{}", serde_yaml_ng::to_string(&v)?);
+                Output::Json | Output::Yaml => {
+                    let events = history.iter().map(event_json).collect::<anyhow::Result<Vec<_>>>()?;
+                    let v = serde_json::json!({ "task": TaskView::from(&snap), "controls": controls, "events": events });
+                    if output == Output::Json {
+                        println!("{}", serde_json::to_string_pretty(&v)?);
+                    } else {
+                        print!("{}", serde_yaml_ng::to_string(&v)?);
+                    }
                 }
             }
             Ok(ExitCode::SUCCESS)
         }
         TasksCommand::List { state, kind, subject, since, output } => {
-            let now = ferry_runtime::protocol::now_ms();
+            let now = now_ms();
             let mut all: Vec<TaskSnapshot> = client
                 .snapshots()
                 .await?
                 .into_iter()
-                .filter(|s| state.as_ref().is_none_or(|st| format!("{:?}", s.state).eq_ignore_ascii_case(st)))
+                .filter(|s| state.is_none_or(|st| s.state == st))
                 .filter(|s| kind.is_none_or(|k| s.kind == k))
                 .filter(|s| subject.as_ref().is_none_or(|x| &s.subject == x))
                 .filter(|s| since.is_none_or(|d| s.created_at_ms >= now - d.as_millis() as i64))
@@ -200,27 +317,30 @@ pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
             match output {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&views)?),
                 Output::Yaml => print!("{}", serde_yaml_ng::to_string(&views)?),
+                // As kubectl: nothing on stdout, a word on stderr.
+                Output::Table if views.is_empty() => eprintln!("No tasks found."),
                 Output::Table => {
-                    println!("{:<38} {:<15} {:<24} {:<13} STEPS", "TASK", "KIND", "SUBJECT", "STATE");
+                    let mut t = table(["TASK", "KIND", "SUBJECT", "STATE", "STEPS", "AGE"]);
                     for v in &views {
                         let done = v.steps.iter().filter(|s| s.status == StepStatus::Succeeded).count();
-                        println!("{:<38} {:<15} {:<24} {:<13} {done}/{}", v.task_id, v.kind, v.subject, format!("{:?}", v.state), v.steps.len());
+                        t.add_row([v.task_id.clone(), v.kind.clone(), v.subject.clone(), name(&v.state), format!("{done}/{}", v.steps.len()), age(now, v.created_at_ms)]);
                     }
+                    super::table::print(t);
                 }
             }
             Ok(ExitCode::SUCCESS)
         }
         TasksCommand::Watch { ids } => super::watch::run(conn, ids).await,
-        TasksCommand::Cancel { id } => {
-            let snap = client.cancel(id).await?;
-            println!("cancel of {id} sent (task was {:?})", snap.state);
+        TasksCommand::Cancel { id, reason } => {
+            let snap = control(&client, id, CommandAction::Cancel, reason).await?;
+            println!("cancel of {id} sent (task was {})", name(&snap.state));
             Ok(ExitCode::SUCCESS)
         }
-        TasksCommand::Revert { id, wait, timeout, output } => {
+        TasksCommand::Revert { id, reason, wait, timeout, output } => {
             let mut events = if wait { Some(client.events(false).await?) } else { None };
-            let snap = client.revert(id).await?;
+            let snap = control(&client, id, CommandAction::Revert, reason).await?;
             let Some(events) = events.as_mut() else {
-                println!("revert of {id} sent (task was {:?})", snap.state);
+                println!("revert of {id} sent (task was {})", name(&snap.state));
                 return Ok(ExitCode::SUCCESS);
             };
             if snap.state == TaskState::Reverted {

@@ -31,6 +31,7 @@ pub enum TopicsCommand {
 
 pub async fn run(conn: &Conn, cmd: TopicsCommand) -> anyhow::Result<ExitCode> {
     let TopicsCommand::Apply { replication_factor, dry_run, policy } = cmd;
+    conn.check_reachable().await?;
     let kafka = conn.kafka()?;
     let topics = conn.topics();
     let admin: AdminClient<DefaultClientContext> = kafka.client().create()?;
@@ -56,7 +57,8 @@ pub async fn run(conn: &Conn, cmd: TopicsCommand) -> anyhow::Result<ExitCode> {
     }
     if dry_run {
         for t in &new {
-            println!("would create {} ({} partitions, {:?})", t.name, t.partitions, t.config);
+            let config: Vec<String> = t.config.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            println!("would create {} ({} partitions{}{})", t.name, t.partitions, if config.is_empty() { "" } else { ", " }, config.join(", "));
         }
         return Ok(ExitCode::SUCCESS);
     }

@@ -11,6 +11,7 @@ use ferry_runtime::{EventType, ProgressEvent, TaskId, TaskState};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::common::Conn;
+use super::table::name;
 
 struct Bar {
     bar: ProgressBar,
@@ -50,13 +51,13 @@ pub async fn run(conn: &Conn, ids: Vec<TaskId>) -> anyhow::Result<ExitCode> {
         }
         if s.state.is_terminal() && !ids.is_empty() {
             // Already over: report it and stop waiting for it.
-            println!("{} {} {} {:?}", s.task_id, s.kind, s.subject, s.state);
+            println!("{} {} {} {}", s.task_id, s.kind, s.subject, name(&s.state));
             failed |= !(s.state == TaskState::Succeeded || (s.state == TaskState::Reverted && s.error.is_none()));
             waiting.remove(&s.task_id);
             continue;
         }
         let bar = add(&multi, s.kind.as_str(), &s.subject, &s.task_id);
-        bar.set_message(format!("{:?}", s.state));
+        bar.set_message(name(&s.state));
         bars.insert(s.task_id.clone(), Bar { bar, step_failed: s.error.is_some() });
     }
     if !ids.is_empty() && waiting.is_empty() {
@@ -71,7 +72,11 @@ pub async fn run(conn: &Conn, ids: Vec<TaskId>) -> anyhow::Result<ExitCode> {
             Ok(Some(e)) => e,
             Ok(None) => break,
             Err(_) if !unknown.is_empty() => {
-                anyhow::bail!("no task {} is known (not in the task state, no events within {UNKNOWN_GRACE:?})", unknown.first().expect("not empty"))
+                anyhow::bail!(
+                    "no task {} is known (not in the task state, no events within {})",
+                    unknown.first().expect("not empty"),
+                    humantime::format_duration(UNKNOWN_GRACE)
+                )
             }
             Err(_) => break,
         };
@@ -91,8 +96,8 @@ pub async fn run(conn: &Conn, ids: Vec<TaskId>) -> anyhow::Result<ExitCode> {
         if e.event.is_final() {
             let ok = e.event == EventType::Succeeded || (e.event == EventType::Reverted && !b.step_failed);
             failed |= !ok;
-            b.bar.finish_with_message(format!("{:?}{}", e.event, e.message.as_deref().map(|m| format!(": {m}")).unwrap_or_default()));
-            multi.suspend(|| println!("{} {} {} {:?}", e.task_id, e.kind, e.subject, e.event));
+            b.bar.finish_with_message(format!("{}{}", name(&e.event), e.message.as_deref().map(|m| format!(": {m}")).unwrap_or_default()));
+            multi.suspend(|| println!("{} {} {} {}", e.task_id, e.kind, e.subject, name(&e.event)));
             waiting.remove(&e.task_id);
             if !ids.is_empty() && waiting.is_empty() {
                 break;
@@ -126,6 +131,6 @@ fn update(b: &mut Bar, e: &ProgressEvent) {
             b.bar.set_message(format!("{step} failed: {}", e.message.clone().unwrap_or_default()));
         }
         EventType::StepReverted => b.bar.set_message(format!("{step} undone")),
-        _ => b.bar.set_message(format!("{:?} {step}", e.event)),
+        _ => b.bar.set_message(format!("{} {step}", name(&e.event))),
     }
 }

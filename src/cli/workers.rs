@@ -19,6 +19,7 @@ use super::common;
 #[derive(Debug, Args)]
 pub struct WorkerArgs {
     /// The task kind this worker serves.
+    #[arg(value_parser = common::kind_parser())]
     pub kind: TaskKind,
     /// Serve /healthz, /readyz and /metrics here.
     #[arg(long, env = "FERRY_HTTP", default_value = "127.0.0.1:0")]
@@ -78,7 +79,8 @@ pub async fn serve<H: TaskHandler>(opts: WorkerOptions, handler: H, shutdown: Ca
     Worker::new(opts, handler)
         .run_with(shutdown, |h| {
             if let Some(addr) = h.http {
-                eprintln!("probes: http://{addr}/healthz /readyz /metrics");
+                // A log line, so that `--log-format json` keeps stderr all JSON.
+                tracing::info!(%addr, "probes: http://{addr}/healthz /readyz /metrics");
             }
         })
         .await?;

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Runs Ferry's whole test suite. Installs what the tests need first (cached outside the
 # clone, so later runs start at once): the tansu broker, the Kubernetes test bed, Chromium,
-# helm and dockerfilelint. The installs run beside the build of the tests, and the time of
-# every phase (each install, the build, each test binary) is printed at the end as
-# `phase:` lines (docs/BENCHMARKS.md, "CI", keeps the measured figures).
+# helm, dockerfilelint and the Python example's venv. The installs run beside the build of
+# the tests, and the time of every phase (each install, the build, each test binary) is
+# printed at the end as `phase:` lines (docs/BENCHMARKS.md, "CI", keeps the measured figures).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LOGS=$(mktemp -d)
@@ -14,7 +14,7 @@ started=$SECONDS
 
 # Runs the install scripts named in order, one after another, each logged with its time.
 # Chromium and the test bed both use apt-get, whose lock forbids two at once: they share a
-# chain. The npm installs are a chain of their own.
+# chain. The npm installs are a chain of their own (the pip venv of the Python example too).
 chain() {
   for name in "$@"; do
     local t0=$SECONDS rc=0
@@ -27,7 +27,7 @@ chain() {
 }
 chain chromium testbed &
 apt_chain=$!
-chain helm dockerfilelint &
+chain helm dockerfilelint python-example &
 npm_chain=$!
 chain tansu &
 tansu_chain=$!
@@ -86,7 +86,7 @@ t0=$SECONDS
 wait "$apt_chain" || true
 wait "$npm_chain" || true
 phase "waited for installs after build" $((SECONDS - t0))
-report_installs chromium testbed helm dockerfilelint || exit 1
+report_installs chromium testbed helm dockerfilelint python-example || exit 1
 
 # Two tests at a time within a binary: each starts brokers and API servers.
 t0=$SECONDS

@@ -43,8 +43,10 @@ pub struct Conn {
     /// CA bundle for TLS.
     #[arg(long, global = true, env = "FERRY_KAFKA_SSL_CA_LOCATION")]
     pub ssl_ca_location: Option<PathBuf>,
-    /// A Confluent-compatible schema registry (http://HOST:PORT); the embedded one if unset.
-    #[arg(long, global = true, env = "FERRY_SCHEMA_REGISTRY")]
+    /// A Confluent-compatible schema registry, http[s]://HOST:PORT[?mode=register|lookup]
+    /// (lookup: a locked registry; basic auth from FERRY_SCHEMA_REGISTRY_USER and
+    /// FERRY_SCHEMA_REGISTRY_PASSWORD); the embedded ids if unset.
+    #[arg(long, global = true, env = "FERRY_SCHEMA_REGISTRY", hide_env_values = true)]
     pub schema_registry: Option<String>,
     /// Send commands as this tenant, to its own topics (`ferry.tenants.<tenant>.<kind>`):
     /// the workers record the tenant as who asked, and hold its commands to its policy.

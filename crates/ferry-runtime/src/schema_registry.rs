@@ -1,28 +1,79 @@
-//! The adapter to a Confluent-compatible schema registry (REST): registers each of
-//! Ferry's schemas under its record name (RecordNameStrategy: one envelope record serves
-//! every command topic) and loads every registered version of those subjects with the
-//! server's ids, so records framed by other producers decode too.
+//! The adapter to a Confluent-compatible schema registry (REST): finds the server's id of
+//! each of Ferry's schemas, registering them first or only looking them up, and loads
+//! every registered version of those subjects, so records framed by other producers decode
+//! too.
 //!
-//! Plain HTTP; put a TLS-terminating proxy in front of a registry that requires TLS.
+//! # Subjects
+//! Ferry names subjects by **RecordNameStrategy**: a schema's subject is its record's full
+//! name (`io.ferry.v1.CommandEnvelope`, `io.ferry.v1.TestTaskSpec`, ...), not
+//! `<topic>-value` (TopicNameStrategy, the Confluent default). One envelope record serves
+//! every command topic (`ferry.commands.<kind>`, `ferry.tenants.<tenant>.<kind>`, topics
+//! made as tenants come), and a spec is framed inside an envelope's `bytes`, where there is
+//! no topic at all. Clients of other languages set their serializer's subject strategy to
+//! the record name (confluent-kafka: `record_subject_name_strategy`).
+//!
+//! # The setting
+//! One string selects and configures the registry (`--schema-registry`,
+//! `FERRY_SCHEMA_REGISTRY`, a context's `schema_registry`):
+//! `http[s]://[USER:PASSWORD@]HOST[:PORT][/PATH][?mode=register|lookup]`.
+//! - `mode=register` (the default) registers every schema at start (idempotent: a known
+//!   schema keeps its id); `mode=lookup` only asks for ids (`POST /subjects/{subject}`),
+//!   for registries locked to writes, and fails naming the first subject that lacks the
+//!   schema.
+//! - Basic auth: the URL's user info, else `FERRY_SCHEMA_REGISTRY_USER` and
+//!   `FERRY_SCHEMA_REGISTRY_PASSWORD` (prefer these: a URL may end up in a shell history).
+//!   The password is never logged nor put in an error.
+//! - https is verified against the system's roots, or only against the PEM bundle in
+//!   `FERRY_SCHEMA_REGISTRY_CA` when set.
 
+mod stand_in;
+
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
+use base64::Engine as _;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
 use serde::Deserialize;
 use serde_json::json;
 
 use crate::wire::{EMBEDDED, Registry, WireError};
 
+pub use stand_in::{StandIn, StandInHandle, StandInOptions};
+
+/// The user of basic auth, from the environment.
+pub const USER_ENV: &str = "FERRY_SCHEMA_REGISTRY_USER";
+/// The password of basic auth, from the environment.
+pub const PASSWORD_ENV: &str = "FERRY_SCHEMA_REGISTRY_PASSWORD";
+/// A PEM bundle: the only roots an https registry is verified against.
+pub const CA_ENV: &str = "FERRY_SCHEMA_REGISTRY_CA";
+
 /// Why the registry could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
-    /// The URL does not parse.
-    #[error("schema registry URL {0:?} is not an http:// URL")]
-    Url(String),
+    /// The setting does not parse.
+    #[error("schema registry {url:?}: {reason} (expected http[s]://[USER:PASSWORD@]HOST[:PORT][?mode=register|lookup])")]
+    Url {
+        /// The setting, its password masked.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The CA bundle could not be read.
+    #[error("reading the schema registry's CA bundle {path}: {message}")]
+    Ca {
+        /// The bundle.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
     /// The request failed.
     #[error("schema registry {url}: {message}")]
     Http {
@@ -30,6 +81,26 @@ pub enum RegistryError {
         url: String,
         /// What went wrong.
         message: String,
+    },
+    /// The registry refused the credentials (or their absence).
+    #[error("schema registry {url} answered {status}: {}; set {USER_ENV} and {PASSWORD_ENV} (or the URL's user info)", match user { Some(u) => format!("user {u:?} is not allowed"), None => "it wants credentials".to_owned() })]
+    Unauthorized {
+        /// The request URL.
+        url: String,
+        /// 401 or 403.
+        status: u16,
+        /// The user sent, if any.
+        user: Option<String>,
+    },
+    /// In lookup mode, a schema is not registered.
+    #[error("schema registry {url}: subject {subject:?} has no version matching schemas/{file} (lookup mode registers nothing: register it, e.g. by one start in mode=register)")]
+    NotRegistered {
+        /// The registry.
+        url: String,
+        /// The subject (the record's full name).
+        subject: String,
+        /// Ferry's schema file.
+        file: String,
     },
     /// The registry refused the request.
     #[error("schema registry {url} answered {status}: {body}")]
@@ -46,6 +117,111 @@ pub enum RegistryError {
     Wire(#[from] WireError),
 }
 
+/// What Ferry does with its schemas at start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Register every schema (`POST /subjects/{subject}/versions`).
+    #[default]
+    Register,
+    /// Only find the ids of schemas someone registered (`POST /subjects/{subject}`).
+    Lookup,
+}
+
+/// Basic-auth credentials; `Debug` masks the password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct BasicAuth {
+    /// The user.
+    pub user: String,
+    /// The password.
+    pub password: String,
+}
+
+impl std::fmt::Debug for BasicAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BasicAuth").field("user", &self.user).field("password", &"***").finish()
+    }
+}
+
+/// Where the registry is and how to use it (the module docs give the string form).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// `http[s]://HOST[:PORT][/PATH]`, without user info, query or trailing slash.
+    pub base: String,
+    /// Register or only look up.
+    pub mode: Mode,
+    /// Basic auth, if any.
+    pub auth: Option<BasicAuth>,
+    /// The only roots to verify https against (else the system's).
+    pub ca: Option<PathBuf>,
+}
+
+/// Percent-decodes user info (`%40` is `@`); `None` if malformed.
+fn percent_decode(s: &str) -> Option<String> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut bytes = s.bytes();
+    while let Some(b) = bytes.next() {
+        if b == b'%' {
+            let hex = [bytes.next()?, bytes.next()?];
+            out.push(u8::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()?);
+        } else {
+            out.push(b);
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+impl Settings {
+    /// Parses the setting's string; credentials only from the URL (see [`Self::with_env`]).
+    pub fn parse(spec: &str) -> Result<Self, RegistryError> {
+        let (rest, query) = spec.split_once('?').unwrap_or((spec, ""));
+        let (scheme, rest) = rest.split_once("://").unwrap_or(("", rest));
+        let (authority, path) = rest.find('/').map_or((rest, ""), |i| rest.split_at(i));
+        let (userinfo, host) = authority.rsplit_once('@').map_or((None, authority), |(u, h)| (Some(u), h));
+        let masked = match userinfo {
+            Some(u) => spec.replacen(u, &format!("{}:***", u.split(':').next().unwrap_or_default()), 1),
+            None => spec.to_owned(),
+        };
+        let bad = |reason: &str| RegistryError::Url { url: masked.clone(), reason: reason.to_owned() };
+        if scheme != "http" && scheme != "https" {
+            return Err(bad("not an http:// or https:// URL"));
+        }
+        if host.is_empty() {
+            return Err(bad("no host"));
+        }
+        let auth = match userinfo {
+            None => None,
+            Some(u) => {
+                let (user, password) = u.split_once(':').ok_or_else(|| bad("user info without a password (USER:PASSWORD@)"))?;
+                let decode = |s: &str| percent_decode(s).ok_or_else(|| bad("malformed %-escape in the user info"));
+                Some(BasicAuth { user: decode(user)?, password: decode(password)? })
+            }
+        };
+        let mut mode = Mode::default();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            mode = match pair {
+                "mode=register" => Mode::Register,
+                "mode=lookup" => Mode::Lookup,
+                _ => return Err(bad(&format!("unknown option {:?} (only mode=register or mode=lookup)", pair.split('=').next().unwrap_or_default()))),
+            };
+        }
+        let base = format!("{scheme}://{host}{}", path.trim_end_matches('/'));
+        Ok(Self { base, mode, auth, ca: None })
+    }
+
+    /// Takes the credentials (when the URL has none) and the CA bundle from the environment.
+    pub fn with_env(mut self) -> Self {
+        if self.auth.is_none()
+            && let (Ok(user), Ok(password)) = (std::env::var(USER_ENV), std::env::var(PASSWORD_ENV))
+        {
+            self.auth = Some(BasicAuth { user, password });
+        }
+        if self.ca.is_none() {
+            self.ca = std::env::var_os(CA_ENV).map(PathBuf::from);
+        }
+        self
+    }
+}
+
 #[derive(Deserialize)]
 struct Registered {
     id: u32,
@@ -59,64 +235,139 @@ struct Version {
 
 struct Http {
     base: String,
-    client: Client<HttpConnector, Full<Bytes>>,
+    authorization: Option<String>,
+    user: Option<String>,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+}
+
+/// Roots for https: the CA bundle alone when given, else the system's.
+fn roots(ca: Option<&PathBuf>) -> Result<rustls::RootCertStore, RegistryError> {
+    let mut roots = rustls::RootCertStore::empty();
+    match ca {
+        Some(path) => {
+            let err = |message: String| RegistryError::Ca { path: path.clone(), message };
+            for cert in CertificateDer::pem_file_iter(path).map_err(|e| err(e.to_string()))? {
+                roots.add(cert.map_err(|e| err(e.to_string()))?).map_err(|e| err(e.to_string()))?;
+            }
+            if roots.is_empty() {
+                return Err(err("no certificate in it".into()));
+            }
+        }
+        None => {
+            // Unreadable system certificates are skipped, as curl and browsers do.
+            let found = rustls_native_certs::load_native_certs();
+            roots.add_parsable_certificates(found.certs);
+        }
+    }
+    Ok(roots)
 }
 
 impl Http {
-    async fn call(&self, method: hyper::Method, path: &str, body: Option<serde_json::Value>) -> Result<String, RegistryError> {
+    fn new(settings: &Settings) -> Result<Self, RegistryError> {
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| RegistryError::Http { url: settings.base.clone(), message: e.to_string() })?
+            .with_root_certificates(roots(settings.ca.as_ref())?)
+            .with_no_client_auth();
+        let connector = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls).https_or_http().enable_http1().build();
+        let authorization = settings.auth.as_ref().map(|a| {
+            format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{}:{}", a.user, a.password)))
+        });
+        Ok(Self {
+            base: settings.base.clone(),
+            authorization,
+            user: settings.auth.as_ref().map(|a| a.user.clone()),
+            client: Client::builder(TokioExecutor::new()).build(connector),
+        })
+    }
+
+    /// One call; `Ok(None)` on 404 (the callers say what was missing).
+    async fn call(&self, method: hyper::Method, path: &str, body: Option<serde_json::Value>) -> Result<Option<String>, RegistryError> {
         let url = format!("{}{path}", self.base);
         let err = |message: String| RegistryError::Http { url: url.clone(), message };
-        let req = hyper::Request::builder()
+        let mut req = hyper::Request::builder()
             .method(method)
             .uri(&url)
             .header("content-type", "application/vnd.schemaregistry.v1+json")
-            .header("accept", "application/vnd.schemaregistry.v1+json")
-            .body(Full::new(Bytes::from(body.map(|b| b.to_string()).unwrap_or_default())))
-            .map_err(|e| err(e.to_string()))?;
+            .header("accept", "application/vnd.schemaregistry.v1+json");
+        if let Some(a) = &self.authorization {
+            req = req.header("authorization", a);
+        }
+        let req = req.body(Full::new(Bytes::from(body.map(|b| b.to_string()).unwrap_or_default()))).map_err(|e| err(e.to_string()))?;
         let res = tokio::time::timeout(Duration::from_secs(30), self.client.request(req))
             .await
             .map_err(|_| err("no answer within 30 s".into()))?
-            .map_err(|e| err(e.to_string()))?;
+            .map_err(|e| {
+                // The connector's cause (refused, certificate) is in the source chain.
+                let mut message = e.to_string();
+                let mut source = std::error::Error::source(&e);
+                while let Some(s) = source {
+                    message = format!("{message}: {s}");
+                    source = s.source();
+                }
+                err(message)
+            })?;
         let status = res.status().as_u16();
         let bytes = res.into_body().collect().await.map_err(|e| err(e.to_string()))?.to_bytes();
         let text = String::from_utf8_lossy(&bytes).into_owned();
-        if status >= 300 {
-            return Err(RegistryError::Status { url, status, body: text });
+        match status {
+            200..=299 => Ok(Some(text)),
+            404 => Ok(None),
+            401 | 403 => Err(RegistryError::Unauthorized { url, status, user: self.user.clone() }),
+            _ => Err(RegistryError::Status { url, status, body: text }),
         }
-        Ok(text)
+    }
+
+    /// A call whose 404 is an error, its answer parsed as `T`.
+    async fn json<T: serde::de::DeserializeOwned>(&self, method: hyper::Method, path: &str, body: Option<serde_json::Value>) -> Result<Option<T>, RegistryError> {
+        let Some(text) = self.call(method, path, body).await? else { return Ok(None) };
+        serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|e| RegistryError::Http { url: format!("{}{path}", self.base), message: format!("unexpected answer ({e}): {text}") })
     }
 }
 
-/// Registers Ferry's schemas at `url` and returns a registry with the server's ids.
-pub async fn confluent(url: &str) -> Result<Registry, RegistryError> {
-    if !url.starts_with("http://") {
-        return Err(RegistryError::Url(url.to_owned()));
-    }
-    let http = Http { base: url.trim_end_matches('/').to_owned(), client: Client::builder(TokioExecutor::new()).build_http() };
-    let parse = |text: &str, what: &str| -> Result<serde_json::Value, RegistryError> {
-        serde_json::from_str(text).map_err(|e| RegistryError::Http { url: format!("{url} ({what})"), message: e.to_string() })
-    };
+/// Connects with `spec` (the module docs give its form, credentials may come from the
+/// environment) and returns a registry with the server's ids.
+pub async fn confluent(spec: &str) -> Result<Registry, RegistryError> {
+    connect(&Settings::parse(spec)?.with_env()).await
+}
+
+/// Registers or looks up Ferry's schemas as `settings` say, and returns a registry with
+/// the server's ids.
+pub async fn connect(settings: &Settings) -> Result<Registry, RegistryError> {
+    let http = Http::new(settings)?;
+    let gone = |path: String| RegistryError::Status { url: format!("{}{path}", settings.base), status: 404, body: "not found".into() };
     let mut entries: Vec<(u32, String, String)> = Vec::new();
     let mut subjects = Vec::new();
     let mut own = Vec::new();
     for (_, file, text) in EMBEDDED {
         let schema = apache_avro::Schema::parse_str(text).map_err(|e| WireError::BadSchema { file: (*file).to_owned(), source: Box::new(e) })?;
         let subject = schema.name().map(|n| n.fullname(None)).unwrap_or_else(|| (*file).to_owned());
-        let body = json!({ "schema": text });
-        let reg: Registered = serde_json::from_value(parse(&http.call(hyper::Method::POST, &format!("/subjects/{subject}/versions"), Some(body)).await?, "register")?)
-            .map_err(|e| RegistryError::Http { url: url.to_owned(), message: e.to_string() })?;
-        tracing::debug!(%subject, id = reg.id, "schema registered");
-        own.push((subject.clone(), reg.id));
+        let body = Some(json!({ "schema": text }));
+        let id = match settings.mode {
+            Mode::Register => {
+                let path = format!("/subjects/{subject}/versions");
+                http.json::<Registered>(hyper::Method::POST, &path, body).await?.ok_or_else(|| gone(path))?.id
+            }
+            Mode::Lookup => {
+                let found = http.json::<Registered>(hyper::Method::POST, &format!("/subjects/{subject}"), body).await?;
+                let not_registered = || RegistryError::NotRegistered { url: settings.base.clone(), subject: subject.clone(), file: (*file).to_owned() };
+                found.ok_or_else(not_registered)?.id
+            }
+        };
+        tracing::debug!(%subject, id, mode = ?settings.mode, "schema id");
+        own.push((subject.clone(), id));
         if !subjects.contains(&subject) {
             subjects.push(subject);
         }
     }
     for subject in &subjects {
-        let versions: Vec<i64> = serde_json::from_value(parse(&http.call(hyper::Method::GET, &format!("/subjects/{subject}/versions"), None).await?, "versions")?)
-            .map_err(|e| RegistryError::Http { url: url.to_owned(), message: e.to_string() })?;
+        let path = format!("/subjects/{subject}/versions");
+        let versions: Vec<i64> = http.json(hyper::Method::GET, &path, None).await?.ok_or_else(|| gone(path))?;
         for v in versions {
-            let ver: Version = serde_json::from_value(parse(&http.call(hyper::Method::GET, &format!("/subjects/{subject}/versions/{v}"), None).await?, "version")?)
-                .map_err(|e| RegistryError::Http { url: url.to_owned(), message: e.to_string() })?;
+            let path = format!("/subjects/{subject}/versions/{v}");
+            let ver: Version = http.json(hyper::Method::GET, &path, None).await?.ok_or_else(|| gone(path))?;
             entries.push((ver.id, format!("{subject} v{v}"), ver.schema));
         }
     }
@@ -125,4 +376,34 @@ pub async fn confluent(url: &str) -> Result<Registry, RegistryError> {
         registry.pin(&subject, id);
     }
     Ok(registry)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_parse_mode_and_credentials() {
+        let s = Settings::parse("https://ferry:p%40ss@registry.example:8081/sr/?mode=lookup").unwrap();
+        assert_eq!(s.base, "https://registry.example:8081/sr");
+        assert_eq!(s.mode, Mode::Lookup);
+        assert_eq!(s.auth, Some(BasicAuth { user: "ferry".into(), password: "p@ss".into() }));
+        assert!(!format!("{s:?}").contains("p@ss"), "Debug masks the password");
+        let plain = Settings::parse("http://127.0.0.1:8081").unwrap();
+        assert_eq!((plain.base.as_str(), plain.mode, plain.auth), ("http://127.0.0.1:8081", Mode::Register, None));
+    }
+
+    #[test]
+    fn bad_settings_are_named_without_the_password() {
+        for (spec, reason) in [
+            ("registry:8081", "not an http"),
+            ("ftp://u:secret@host", "not an http"),
+            ("http://u:secret@host?mode=write", "unknown option"),
+            ("http://?mode=lookup", "no host"),
+        ] {
+            let e = Settings::parse(spec).unwrap_err().to_string();
+            assert!(e.contains(reason), "{spec}: {e}");
+            assert!(!e.contains("secret"), "{spec}: the password leaked: {e}");
+        }
+    }
 }

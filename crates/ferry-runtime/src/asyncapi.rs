@@ -7,7 +7,10 @@
 use serde_json::{Map, Value, json};
 
 use crate::kind::TaskKind;
-use crate::publisher::{DLQ_HEADERS_DROPPED, DLQ_KEY_BYTES, DLQ_OFFSET, DLQ_PARTITION, DLQ_REASON, DLQ_TOPIC, DLQ_VALUE_BYTES, DLQ_VALUE_SHA256, TASK_HEADER, TRACEPARENT};
+use crate::publisher::{
+    CE_ID, CE_SOURCE, CE_SPECVERSION, CE_SUBJECT, CE_TIME, CE_TYPE, CLOUDEVENTS_VERSION, CONTENT_TYPE, DLQ_HEADERS_DROPPED, DLQ_KEY_BYTES, DLQ_OFFSET, DLQ_PARTITION, DLQ_REASON, DLQ_TOPIC,
+    DLQ_VALUE_BYTES, DLQ_VALUE_SHA256, EVENT_CONTENT_TYPE, EVENT_TYPES, TASK_HEADER, TRACEPARENT, cloudevent_source, cloudevent_type,
+};
 use crate::tenants::TENANT_HEADER;
 use crate::topics::Topics;
 use crate::wire::EMBEDDED;
@@ -46,6 +49,23 @@ fn key(name: &str) -> String {
 
 fn header(description: &str) -> Value {
     json!({"type": "string", "description": description})
+}
+
+/// A progress event's headers: the task, the trace, and the CloudEvents 1.0 attributes of
+/// the Kafka binding's binary content mode (the value is the event's data).
+fn event_headers(trace: &Value) -> Value {
+    let sources: Vec<String> = TaskKind::ALL.iter().map(|k| cloudevent_source(*k)).collect();
+    json!({
+        TRACEPARENT: trace,
+        TASK_HEADER: header("the task id"),
+        CE_SPECVERSION: {"type": "string", "const": CLOUDEVENTS_VERSION, "description": "CloudEvents spec version"},
+        CE_ID: header("CloudEvents id: `<task_id>:<seq>`, the event's dedupe key (a re-sent event keeps it); a seq 0 event (a refused Cancel or Revert) is `<task_id>:0:<uuid>`"),
+        CE_TYPE: {"type": "string", "enum": EVENT_TYPES.iter().map(|e| cloudevent_type(*e)).collect::<Vec<_>>(), "description": "CloudEvents type: the event's `event`, `io.ferry.task.<snake_case>`"},
+        CE_SOURCE: {"type": "string", "enum": sources, "description": "CloudEvents source: the kind's workers, `/ferry/workers/<kind>` (the instance is the record's `worker`)"},
+        CE_SUBJECT: header("CloudEvents subject: the task's subject"),
+        CE_TIME: {"type": "string", "format": "date-time", "description": "CloudEvents time: the event's `at_ms`, RFC 3339 in UTC with milliseconds"},
+        CONTENT_TYPE: {"type": "string", "const": EVENT_CONTENT_TYPE, "description": "the CloudEvents datacontenttype: the value is Avro in the Confluent framing"},
+    })
 }
 
 /// An Avro message in the Confluent framing (magic 0, 4-byte schema id, datum).
@@ -127,7 +147,7 @@ pub fn document(topics: &Topics) -> Value {
     operations.insert("follow".into(), json!({"action": "receive", "channel": {"$ref": format!("#/channels/{}", key(progress))}, "summary": "follow tasks; dedupe by (task_id, seq)"}));
     messages.insert(
         "event".into(),
-        avro_message("ProgressEvent.avsc", "the task id", "one event of a task (seq strictly increasing per task)", json!({TRACEPARENT: trace, TASK_HEADER: header("the task id")})),
+        avro_message("ProgressEvent.avsc", "the task id", "one event of a task (seq strictly increasing per task), a CloudEvent in the Kafka binding's binary content mode", event_headers(&trace)),
     );
     messages.insert(
         "snapshot".into(),

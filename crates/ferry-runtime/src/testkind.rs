@@ -15,7 +15,7 @@ use crate::kind::TaskKind;
 use crate::step::{Rejection, Step, StepContext, StepError, StepPolicy, TaskHandler};
 
 /// Spec of a `test` task.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, AvroSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
 #[avro(namespace = "io.ferry.v1")]
 pub struct TestTaskSpec {
     /// Number of steps, 1 to 100.

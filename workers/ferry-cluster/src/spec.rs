@@ -8,23 +8,26 @@ use apache_avro::AvroSchema;
 use serde::{Deserialize, Serialize};
 
 /// What to do with the cluster.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
 #[avro(namespace = "io.ferry.v1")]
 pub enum ClusterOperation {
     /// `CreateCluster`: provision, install add-ons, register; revert deletes it all.
     #[default]
     #[serde(alias = "create")]
+    #[schemars(extend("x-aliases" = ["create"]))]
     Create,
     /// `ScaleCluster`: new control-plane and/or worker counts; revert restores the old ones.
     #[serde(alias = "scale")]
+    #[schemars(extend("x-aliases" = ["scale"]))]
     Scale,
     /// `DeleteCluster`: deregister from OCM, delete the Cluster, wait until it is gone.
     #[serde(alias = "delete")]
+    #[schemars(extend("x-aliases" = ["delete"]))]
     Delete,
 }
 
 /// A set of machines: how many and of which flavor.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
 #[avro(namespace = "io.ferry.v1")]
 pub struct MachinePool {
     /// Machines (control plane: at least 1; workers: 0 or more). For scale: the new count,
@@ -38,7 +41,7 @@ pub struct MachinePool {
 
 /// The worker machines: how many and of which flavor. (A record of its own: the Avro
 /// serializer cannot encode a second use of a named record.)
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
 #[avro(namespace = "io.ferry.v1")]
 pub struct WorkerPool {
     /// Worker machines (0 or more). For scale: the new count, or none to keep it.
@@ -50,7 +53,7 @@ pub struct WorkerPool {
 }
 
 /// OpenStack settings (infrastructure `openstack`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
 #[avro(namespace = "io.ferry.v1")]
 pub struct OpenStackSettings {
     /// Secret (in the cluster's namespace on the hub) holding `clouds.yaml`.
@@ -76,7 +79,7 @@ pub struct OpenStackSettings {
 }
 
 /// One add-on to install once the nodes are Ready.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
 #[avro(namespace = "io.ferry.v1")]
 pub struct AddonRequest {
     /// A name of the add-on catalog (`cni`, `metallb`, `ingress-nginx`, `liqo`,
@@ -88,7 +91,7 @@ pub struct AddonRequest {
 }
 
 /// Registration with Open Cluster Management.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
 #[avro(namespace = "io.ferry.v1")]
 pub struct OcmRegistration {
     /// Register the cluster as a ManagedCluster of the hub.
@@ -100,7 +103,7 @@ pub struct OcmRegistration {
 }
 
 /// `ClusterCommand`: create, scale or delete one Cluster API cluster.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
 #[avro(namespace = "io.ferry.v1")]
 pub struct ClusterCommand {
     /// Create (default), scale or delete.

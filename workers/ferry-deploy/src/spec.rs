@@ -8,36 +8,41 @@ use apache_avro::AvroSchema;
 use serde::{Deserialize, Serialize};
 
 /// What to do with the app.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
 #[avro(namespace = "io.ferry.v1")]
 pub enum DeployOperation {
     /// Create the app (its ManifestWorks) and wait until every component is ready.
     #[default]
     #[serde(alias = "deploy")]
+    #[schemars(extend("x-aliases" = ["deploy"]))]
     Deploy,
     /// Roll the app forward to this spec; the revert restores the previous one.
     #[serde(alias = "update")]
+    #[schemars(extend("x-aliases" = ["update"]))]
     Update,
     /// Remove the app from every cluster and wait until its resources are gone.
     #[serde(alias = "delete")]
+    #[schemars(extend("x-aliases" = ["delete"]))]
     Delete,
 }
 
 /// How manifests reach the clusters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
 #[avro(namespace = "io.ferry.v1")]
 pub enum Delivery {
     /// One OCM ManifestWork per cluster on the hub; readiness from status feedback.
     #[default]
     #[serde(alias = "manifest-work", alias = "ocm")]
+    #[schemars(extend("x-aliases" = ["manifest-work", "ocm"]))]
     ManifestWork,
     /// Server-side apply through the cluster's kubeconfig (no OCM).
     #[serde(alias = "direct")]
+    #[schemars(extend("x-aliases" = ["direct"]))]
     Direct,
 }
 
 /// A reference to one key of a Secret in the app's namespace on the hub.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
 #[avro(namespace = "io.ferry.v1")]
 pub struct SecretKeyRef {
     /// The Secret.
@@ -47,7 +52,7 @@ pub struct SecretKeyRef {
 }
 
 /// One environment variable: a plain value or a Secret key.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
 #[avro(namespace = "io.ferry.v1")]
 pub struct EnvVar {
     /// Variable name.
@@ -61,7 +66,7 @@ pub struct EnvVar {
 }
 
 /// A port the component listens on.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
 #[avro(namespace = "io.ferry.v1")]
 pub struct Port {
     /// Port name (DNS-1123 label, at most 15 characters); default `p<port>`.
@@ -75,7 +80,7 @@ pub struct Port {
 }
 
 /// Public exposure through an Ingress.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
 #[avro(namespace = "io.ferry.v1")]
 pub struct IngressSpec {
     /// Hostname (DNS-1123 subdomain).
@@ -92,7 +97,7 @@ pub struct IngressSpec {
 }
 
 /// Where a component goes when no cluster is named: an OCM Placement.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
 #[avro(namespace = "io.ferry.v1")]
 pub struct PlacementSpec {
     /// ManagedClusterSets to choose from (bound to the app's namespace on the hub); empty
@@ -115,7 +120,7 @@ pub struct PlacementSpec {
 }
 
 /// One component of the app: a Deployment, its Service and Ingress.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
 #[avro(namespace = "io.ferry.v1")]
 pub struct Component {
     /// DNS-1123 label, unique in the app.
@@ -160,7 +165,7 @@ pub struct Component {
 }
 
 /// `DeployApp`: deploy, update or delete one application.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
 #[avro(namespace = "io.ferry.v1")]
 pub struct DeployApp {
     /// Deploy (default), update or delete.

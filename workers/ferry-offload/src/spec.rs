@@ -11,24 +11,27 @@ use ferry_task::Rejection;
 use serde::{Deserialize, Serialize};
 
 /// What to do.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
 #[avro(namespace = "io.ferry.v1")]
 pub enum OffloadOperation {
     /// Offload the namespace (a NamespaceOffloading); revert unoffloads it.
     #[default]
     #[serde(alias = "offload")]
+    #[schemars(extend("x-aliases" = ["offload"]))]
     Offload,
     /// Remove the namespace's offloading; revert restores it as it was.
     #[serde(alias = "unoffload")]
+    #[schemars(extend("x-aliases" = ["unoffload"]))]
     Unoffload,
     /// Scale `deployment` to `replicas` and offload what the cluster cannot fit; revert
     /// restores the replicas and removes an offloading it created.
     #[serde(alias = "burst")]
+    #[schemars(extend("x-aliases" = ["burst"]))]
     Burst,
 }
 
 /// Where the namespace's pods may run (Liqo's `podOffloadingStrategy`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
 #[avro(namespace = "io.ferry.v1")]
 pub enum PodOffloadingStrategy {
     /// Local nodes and the selected remote clusters.
@@ -41,7 +44,7 @@ pub enum PodOffloadingStrategy {
 }
 
 /// How the twin namespaces are named (Liqo's `namespaceMappingStrategy`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
 #[avro(namespace = "io.ferry.v1")]
 pub enum NamespaceMappingStrategy {
     /// `<namespace>-<cluster id>`.
@@ -55,7 +58,7 @@ pub enum NamespaceMappingStrategy {
 
 /// A requirement on the labels of the cluster's virtual nodes (one per peered provider;
 /// `liqo.io/remote-cluster-id` names it), as in a node selector term.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
 #[avro(namespace = "io.ferry.v1")]
 pub struct SelectorRequirement {
     /// The label key.
@@ -68,7 +71,7 @@ pub struct SelectorRequirement {
 }
 
 /// `OffloadCommand`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
 #[avro(namespace = "io.ferry.v1")]
 pub struct OffloadCommand {
     /// Offload (default), unoffload or burst.

@@ -8,33 +8,37 @@ use ferry_task::Rejection;
 use serde::{Deserialize, Serialize};
 
 /// Peer or unpeer.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
 #[avro(namespace = "io.ferry.v1")]
 pub enum PeerOperation {
     /// Establish the peering; revert removes it.
     #[default]
     #[serde(alias = "peer")]
+    #[schemars(extend("x-aliases" = ["peer"]))]
     Peer,
     /// Remove what a peering created, in reverse order; revert peers again.
     #[serde(alias = "unpeer")]
+    #[schemars(extend("x-aliases" = ["unpeer"]))]
     Unpeer,
 }
 
 /// How the clusters connect.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
 #[avro(namespace = "io.ferry.v1")]
 pub enum PeerMethod {
     /// Liqo: `a` consumes `b`'s resources (a virtual node of `b` in `a`).
     #[default]
     #[serde(alias = "liqo")]
+    #[schemars(extend("x-aliases" = ["liqo"]))]
     Liqo,
     /// Submariner through OCM: a network tunnel between the clusters' pods and services.
     #[serde(alias = "submariner")]
+    #[schemars(extend("x-aliases" = ["submariner"]))]
     Submariner,
 }
 
 /// `PeerClusters`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
 #[avro(namespace = "io.ferry.v1")]
 pub struct PeerClusters {
     /// Peer (default) or unpeer.

@@ -7,25 +7,30 @@ use apache_avro::AvroSchema;
 use serde::{Deserialize, Serialize};
 
 /// How clusters are scored (each a pure function in [`crate::policy`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
 #[avro(namespace = "io.ferry.v1")]
 // Avro symbols are the variant names; spec files may use the kebab-case names.
 pub enum ScorePolicy {
     /// Free CPU and memory against MIN and MAX bounds (rcs-score).
     #[default]
     #[serde(alias = "resource-usage")]
+    #[schemars(extend("x-aliases" = ["resource-usage"]))]
     ResourceUsage,
     /// The most replicas of the workload fit: spread (mck8s worst-fit).
     #[serde(alias = "worst-fit")]
+    #[schemars(extend("x-aliases" = ["worst-fit"]))]
     WorstFit,
     /// The fewest replicas still fit: pack (mck8s best-fit).
     #[serde(alias = "best-fit")]
+    #[schemars(extend("x-aliases" = ["best-fit"]))]
     BestFit,
     /// Nearest to the source location by the latency matrix.
     #[serde(alias = "latency-aware")]
+    #[schemars(extend("x-aliases" = ["latency-aware"]))]
     LatencyAware,
     /// A benchmark Job on each cluster through a ManifestWork.
     #[serde(alias = "benchmark")]
+    #[schemars(extend("x-aliases" = ["benchmark"]))]
     Benchmark,
 }
 
@@ -43,7 +48,7 @@ impl ScorePolicy {
 }
 
 /// What one replica requests, and how many replicas.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, AvroSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
 #[avro(namespace = "io.ferry.v1")]
 pub struct Workload {
     /// CPU per replica, a Kubernetes quantity (`500m`, `1`).
@@ -55,7 +60,7 @@ pub struct Workload {
 }
 
 /// Bounds of the resource-usage policy: available resources at MIN score -100, at MAX +100.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, AvroSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
 #[avro(namespace = "io.ferry.v1")]
 pub struct UsageBounds {
     /// CPU at -100 (quantity); default 0.
@@ -73,7 +78,7 @@ pub struct UsageBounds {
 }
 
 /// The benchmark policy's Job.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, AvroSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
 #[avro(namespace = "io.ferry.v1")]
 pub struct BenchmarkSpec {
     /// Image of the benchmark; it writes its result (higher is better) to the ConfigMap
@@ -84,7 +89,7 @@ pub struct BenchmarkSpec {
 }
 
 /// `ScoreClusters`: score the named clusters (or a ManagedClusterSet's members).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, AvroSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
 #[avro(namespace = "io.ferry.v1")]
 pub struct ScoreClusters {
     /// Clusters to score; empty means the members of `cluster_set`.

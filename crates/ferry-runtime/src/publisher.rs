@@ -24,6 +24,25 @@ pub const TASK_HEADER: &str = "ferry-task-id";
 /// Header with a snapshot's seq: a state view skips decoding a snapshot it already holds
 /// (its own writes, read back) by key and this header alone.
 pub const SEQ_HEADER: &str = "ferry-seq";
+/// CloudEvents 1.0 attributes of every progress event, in the binary content mode of the
+/// Kafka protocol binding (`ce_` and the attribute's name; the value stays the Avro record).
+pub const CE_SPECVERSION: &str = "ce_specversion";
+/// The event's id: `<task id>:<seq>` (unique with `ce_source`; a re-sent event keeps it).
+pub const CE_ID: &str = "ce_id";
+/// The event's type: [`cloudevent_type`].
+pub const CE_TYPE: &str = "ce_type";
+/// Where it happened: [`cloudevent_source`].
+pub const CE_SOURCE: &str = "ce_source";
+/// The task's subject.
+pub const CE_SUBJECT: &str = "ce_subject";
+/// RFC 3339 UTC time of the event's `at_ms`.
+pub const CE_TIME: &str = "ce_time";
+/// The record value's media type; the binding maps it to the CloudEvents `datacontenttype`.
+pub const CONTENT_TYPE: &str = "content-type";
+/// The CloudEvents spec version Ferry's events follow.
+pub const CLOUDEVENTS_VERSION: &str = "1.0";
+/// `content-type` of a progress event: Avro (in the Confluent framing, docs/PROTOCOL.md).
+pub const EVENT_CONTENT_TYPE: &str = "application/avro";
 /// Dead-letter headers.
 pub const DLQ_REASON: &str = "ferry-dlq-reason";
 /// Topic the dead record came from.
@@ -69,10 +88,10 @@ pub enum PublishError {
     Transition {
         /// The event whose write failed; its snapshot is the task's in-memory snapshot.
         event: Box<ProgressEvent>,
-        /// The task's previous event, when its acknowledgement was still awaited (events
-        /// are acknowledged together with the next snapshot, [`InFlight`]): written again
-        /// before `event`.
-        before: Option<Box<ProgressEvent>>,
+        /// The task's earlier events whose acknowledgement failed or was still awaited
+        /// (events are acknowledged together with the next snapshot, [`InFlight`]), or
+        /// that waited for this snapshot: written again before `event`, in order.
+        before: Vec<ProgressEvent>,
         /// Cause.
         #[source]
         source: Box<PublishError>,
@@ -146,6 +165,75 @@ impl Detail {
             delay_ms: self.delay_ms,
         }
     }
+}
+
+/// Every event type, in the enum's order (a test checks them against the Avro symbols).
+pub const EVENT_TYPES: [EventType; 15] = [
+    EventType::Accepted,
+    EventType::Rejected,
+    EventType::StepStarted,
+    EventType::StepProgress,
+    EventType::StepSucceeded,
+    EventType::StepFailed,
+    EventType::Retrying,
+    EventType::Succeeded,
+    EventType::Failed,
+    EventType::CancelRequested,
+    EventType::Cancelled,
+    EventType::Reverting,
+    EventType::StepReverted,
+    EventType::Reverted,
+    EventType::RevertFailed,
+];
+
+/// The CloudEvents `type` of an event: `io.ferry.task.` and its [`EventType`] in snake case
+/// (`io.ferry.task.step_succeeded`), one per event type.
+pub fn cloudevent_type(event: EventType) -> &'static str {
+    match event {
+        EventType::Accepted => "io.ferry.task.accepted",
+        EventType::Rejected => "io.ferry.task.rejected",
+        EventType::StepStarted => "io.ferry.task.step_started",
+        EventType::StepProgress => "io.ferry.task.step_progress",
+        EventType::StepSucceeded => "io.ferry.task.step_succeeded",
+        EventType::StepFailed => "io.ferry.task.step_failed",
+        EventType::Retrying => "io.ferry.task.retrying",
+        EventType::Succeeded => "io.ferry.task.succeeded",
+        EventType::Failed => "io.ferry.task.failed",
+        EventType::CancelRequested => "io.ferry.task.cancel_requested",
+        EventType::Cancelled => "io.ferry.task.cancelled",
+        EventType::Reverting => "io.ferry.task.reverting",
+        EventType::StepReverted => "io.ferry.task.step_reverted",
+        EventType::Reverted => "io.ferry.task.reverted",
+        EventType::RevertFailed => "io.ferry.task.revert_failed",
+    }
+}
+
+/// The CloudEvents `source` of a kind's events: `/ferry/workers/<kind>`. The kind's workers
+/// together, not one instance: after a worker moves, another may write the same event again
+/// (same seq), and with the same source and id a consumer sees it as the duplicate it is.
+/// The instance is the record's `worker` field.
+pub fn cloudevent_source(kind: TaskKind) -> String {
+    format!("/ferry/workers/{kind}")
+}
+
+/// The CloudEvents headers of `ev`, in order (binary content mode). `ce_id` is
+/// `<task id>:<seq>`; an event with seq 0 (a refused Cancel or Revert, which leaves its task
+/// as it was) is not the task's n-th event and several may exist, so its id also gets a
+/// fresh UUID v7: `<task id>:0:<uuid>`. `ce_time` is left out only if `at_ms` is not a time.
+pub fn cloudevent_headers(ev: &ProgressEvent) -> Vec<(&'static str, String)> {
+    let id = if ev.seq == 0 { format!("{}:0:{}", ev.task_id, uuid::Uuid::now_v7().simple()) } else { format!("{}:{}", ev.task_id, ev.seq) };
+    let mut h = vec![
+        (CE_SPECVERSION, CLOUDEVENTS_VERSION.to_owned()),
+        (CE_ID, id),
+        (CE_TYPE, cloudevent_type(ev.event).to_owned()),
+        (CE_SOURCE, cloudevent_source(ev.kind)),
+        (CE_SUBJECT, ev.subject.clone()),
+    ];
+    if let Ok(t) = jiff::Timestamp::from_millisecond(ev.at_ms) {
+        h.push((CE_TIME, format!("{t:.3}")));
+    }
+    h.push((CONTENT_TYPE, EVENT_CONTENT_TYPE.to_owned()));
+    h
 }
 
 /// A record as it arrived, for the dead-letter topic.
@@ -288,22 +376,20 @@ impl Pending {
     }
 }
 
-/// A task's last event, handed to the producer and not yet acknowledged
-/// ([`Publisher::transition`]).
+/// A task's events handed to the producer and not yet acknowledged, and events held for
+/// the next snapshot ([`Publisher::transition`], [`Publisher::hold`]).
 #[derive(Default)]
-pub struct InFlight(Option<(ProgressEvent, DeliveryFuture)>);
+pub struct InFlight {
+    sent: Vec<(ProgressEvent, DeliveryFuture)>,
+    held: Vec<ProgressEvent>,
+}
 
 impl std::fmt::Debug for InFlight {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("InFlight").field(&self.0.as_ref().map(|(e, _)| e.seq)).finish()
-    }
-}
-
-impl InFlight {
-    /// Waits for the event in flight, if any; on failure returns it, to be written again.
-    pub async fn settle(&mut self, topic: &str) -> Result<(), (ProgressEvent, PublishError)> {
-        let Some((ev, f)) = self.0.take() else { return Ok(()) };
-        acknowledged(vec![(topic.to_owned(), f)]).await.map_err(|e| (ev, e))
+        f.debug_struct("InFlight")
+            .field("sent", &self.sent.iter().map(|(e, _)| e.seq).collect::<Vec<_>>())
+            .field("held", &self.held.iter().map(|e| e.seq).collect::<Vec<_>>())
+            .finish()
     }
 }
 
@@ -340,17 +426,22 @@ impl Publisher {
         &self.worker
     }
 
-    /// The progress topic's name.
-    pub fn progress_topic(&self) -> String {
-        self.topics.progress().name.clone()
-    }
-
     fn headers(task: &str, trace: Option<&str>) -> OwnedHeaders {
         let h = OwnedHeaders::new().insert(Header { key: TASK_HEADER, value: Some(task) });
         match trace {
             Some(t) => h.insert(Header { key: TRACEPARENT, value: Some(t) }),
             None => h,
         }
+    }
+
+    /// A progress event's headers: [`Self::headers`] and the CloudEvents attributes
+    /// ([`cloudevent_headers`]). Every event Ferry writes goes through here.
+    fn event_headers(ev: &ProgressEvent) -> OwnedHeaders {
+        let mut h = Self::headers(&ev.task_id, ev.trace_parent.as_deref());
+        for (key, value) in cloudevent_headers(ev) {
+            h = h.insert(Header { key, value: Some(&value) });
+        }
+        h
     }
 
     fn send(&self, topic: &str, key: &[u8], payload: &[u8], headers: OwnedHeaders) -> Result<DeliveryFuture, PublishError> {
@@ -364,10 +455,10 @@ impl Publisher {
         record: &'static str,
         value: &T,
         task: &str,
-        trace: Option<&str>,
+        headers: OwnedHeaders,
     ) -> Result<Pending, PublishError> {
         let bytes = self.registry.encode(value).map_err(|source| PublishError::Encode { record, task: task.to_owned(), source })?;
-        let f = self.send(topic, task.as_bytes(), &bytes, Self::headers(task, trace))?;
+        let f = self.send(topic, task.as_bytes(), &bytes, headers)?;
         Ok(Pending { futures: vec![(topic.to_owned(), f)], ..Pending::none() })
     }
 
@@ -386,7 +477,7 @@ impl Publisher {
     /// name no known task, and final events published again).
     pub fn enqueue_event(&self, ev: &ProgressEvent) -> Result<Pending, PublishError> {
         let topic = &self.topics.progress().name;
-        self.enqueue_record(topic, "ProgressEvent", ev, &ev.task_id, ev.trace_parent.as_deref())
+        self.enqueue_record(topic, "ProgressEvent", ev, &ev.task_id, Self::event_headers(ev))
     }
 
     /// Advances the snapshot by one event (seq + 1, state as already set by the caller)
@@ -428,7 +519,7 @@ impl Publisher {
             topic: self.topics.progress().name.clone(),
             key: ev.task_id.as_bytes().to_vec(),
             payload: bytes,
-            headers: Self::headers(&ev.task_id, ev.trace_parent.as_deref()),
+            headers: Self::event_headers(ev),
         })
     }
 
@@ -441,41 +532,98 @@ impl Publisher {
     }
 
     /// A task's transition, pipelined: the snapshot is produced and acknowledged together
-    /// with the task's previous event (`in_flight`), then this transition's event is
-    /// produced and left in flight, its acknowledgement awaited with the next transition's
-    /// snapshot or by [`InFlight::settle`]. One acknowledgement round per transition
-    /// instead of two, and an event still never goes out before its snapshot is durable.
-    /// On failure the error carries the event (and the previous one when its
-    /// acknowledgement failed), so that the same write can be made again (same seqs)
-    /// before the task goes on.
+    /// with the task's events still in flight, then this transition's event (after any
+    /// held ones, [`Self::hold`]) is produced and left in flight, its acknowledgement
+    /// awaited with the next transition's snapshot or by [`Self::finish`]. One
+    /// acknowledgement round per transition instead of two, and an event still never goes
+    /// out before a snapshot at least as far is durable. On failure the error carries the
+    /// events to write again after the snapshot (same seqs) before the task goes on.
     pub async fn transition(&self, snap: &mut TaskSnapshot, event: EventType, d: Detail, in_flight: &mut InFlight) -> Result<(), PublishError> {
         let ev = self.advance(snap, event, d);
-        let before = in_flight.0.take();
-        let fail = |before: Option<ProgressEvent>, ev: ProgressEvent, source| PublishError::Transition { event: Box::new(ev), before: before.map(Box::new), source: Box::new(source) };
-        let deferred = match self.deferred_event(&ev) {
-            Ok(d) => d,
-            Err(e) => return Err(fail(before.map(|(b, _)| b), ev, e)),
+        in_flight.held.push(ev);
+        self.write_held(snap, in_flight).await
+    }
+
+    /// Advances the snapshot by one event without writing it: the event goes out with the
+    /// next transition's snapshot, which covers both (a step's StepSucceeded and the next
+    /// step's StepStarted: nothing happens between them, so one snapshot and one
+    /// acknowledgement round serve both). The caller must make another transition or call
+    /// [`Self::finish`] before anything else happens.
+    pub fn hold(&self, snap: &mut TaskSnapshot, event: EventType, d: Detail, in_flight: &mut InFlight) {
+        let ev = self.advance(snap, event, d);
+        in_flight.held.push(ev);
+    }
+
+    /// Writes the snapshot (as it stands) and then the held events, acknowledging the
+    /// events in flight together with the snapshot.
+    async fn write_held(&self, snap: &TaskSnapshot, in_flight: &mut InFlight) -> Result<(), PublishError> {
+        let mut held = std::mem::take(&mut in_flight.held);
+        let Some(last) = held.pop() else { return Ok(()) };
+        let sent = std::mem::take(&mut in_flight.sent);
+        let fail = |mut before: Vec<ProgressEvent>, held: Vec<ProgressEvent>, ev: ProgressEvent, source| {
+            before.extend(held);
+            PublishError::Transition { event: Box::new(ev), before, source: Box::new(source) }
         };
-        let snapshot = match self.enqueue_snapshot(snap) {
-            Ok(p) => p,
-            Err(e) => return Err(fail(before.map(|(b, _)| b), ev, e)),
+        let encoded = held.iter().chain(Some(&last)).map(|e| self.deferred_event(e)).collect::<Result<Vec<_>, _>>();
+        let snapshot = encoded.and_then(|enc| self.enqueue_snapshot(snap).map(|p| (enc, p)));
+        let (encoded, snapshot) = match snapshot {
+            Ok(x) => x,
+            Err(e) => return Err(fail(sent.into_iter().map(|(e, _)| e).collect(), held, last, e)),
         };
-        let (snapshot, previous) = match before {
-            Some((b, f)) => {
-                let (s, p) = futures::join!(acknowledged(snapshot.futures), acknowledged(vec![(self.topics.progress().name.clone(), f)]));
-                (s, p.map_err(|e| (b, e)))
-            }
-            None => (acknowledged(snapshot.futures).await, Ok(())),
-        };
-        match (snapshot, previous) {
+        let progress = self.topics.progress().name.clone();
+        let (acked, previous) = futures::join!(acknowledged(snapshot.futures), Self::settle_each(sent, &progress));
+        match (acked, previous) {
             (Ok(()), Ok(())) => {}
-            (Err(e), Ok(())) => return Err(fail(None, ev, e)),
-            (Ok(()), Err((b, e))) | (Err(_), Err((b, e))) => return Err(fail(Some(b), ev, e)),
+            (Err(e), Ok(())) => return Err(fail(Vec::new(), held, last, e)),
+            (_, Err((failed, e))) => return Err(fail(failed, held, last, e)),
         }
-        self.metrics.written(snap, &ev);
-        let f = send_record(&self.producer, &deferred.topic, &deferred.key, &deferred.payload, deferred.headers).map_err(|e| fail(None, ev.clone(), e))?;
-        in_flight.0 = Some((ev, f));
+        let events: Vec<ProgressEvent> = held.into_iter().chain(Some(last)).collect();
+        for (i, (ev, d)) in events.iter().zip(encoded).enumerate() {
+            match send_record(&self.producer, &d.topic, &d.key, &d.payload, d.headers) {
+                Ok(f) => {
+                    self.metrics.written(snap, ev);
+                    in_flight.sent.push((ev.clone(), f));
+                }
+                Err(e) => {
+                    // Those handed over stay in flight; this one and the rest are made again.
+                    let mut rest = events[i..].to_vec();
+                    let last = rest.pop().expect("at least this event");
+                    return Err(fail(Vec::new(), rest, last, e));
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// Awaits the events in flight; the failed ones (in order) with the first error.
+    async fn settle_each(sent: Vec<(ProgressEvent, DeliveryFuture)>, topic: &str) -> Result<(), (Vec<ProgressEvent>, PublishError)> {
+        let results = futures::future::join_all(sent.into_iter().map(|(ev, f)| async move { (ev, acknowledged(vec![(topic.to_owned(), f)]).await) })).await;
+        let mut failed = Vec::new();
+        let mut first = None;
+        for (ev, r) in results {
+            if let Err(e) = r {
+                failed.push(ev);
+                first.get_or_insert(e);
+            }
+        }
+        match first {
+            None => Ok(()),
+            Some(e) => Err((failed, e)),
+        }
+    }
+
+    /// Writes what is held and waits for every event in flight: before a runner hands its
+    /// task back, so that whatever the scheduler writes for the task next comes after.
+    pub async fn finish(&self, snap: &TaskSnapshot, in_flight: &mut InFlight) -> Result<(), PublishError> {
+        if !in_flight.held.is_empty() {
+            self.write_held(snap, in_flight).await?;
+        }
+        let sent = std::mem::take(&mut in_flight.sent);
+        let progress = self.topics.progress().name.clone();
+        Self::settle_each(sent, &progress).await.map_err(|(mut failed, e)| {
+            let last = failed.pop().expect("a failed event");
+            PublishError::Transition { event: Box::new(last), before: failed, source: Box::new(e) }
+        })
     }
 
     /// Hands a dead letter to the producer: original key, bytes and headers (cut to fit,
@@ -522,6 +670,49 @@ mod tests {
 
     fn header<'a>(h: &'a [(String, Vec<u8>)], key: &str) -> Option<&'a str> {
         h.iter().find(|(k, _)| k == key).map(|(_, v)| std::str::from_utf8(v).unwrap())
+    }
+
+    fn event(seq: i64, event: EventType) -> ProgressEvent {
+        // 2026-01-02T03:04:05.678Z
+        Detail::step(1, "install").into_event(("tsk_0190f1a2b3c4d5e6f708192a3b4c5d6e", TaskKind::Deploy, "shop/web"), seq, event, "ferry-deploy-0", 1_767_323_045_678, None)
+    }
+
+    #[test]
+    fn an_event_carries_the_cloudevents_attributes_as_headers() {
+        let h = cloudevent_headers(&event(5, EventType::StepSucceeded));
+        let expected = [
+            (CE_SPECVERSION, "1.0"),
+            (CE_ID, "tsk_0190f1a2b3c4d5e6f708192a3b4c5d6e:5"),
+            (CE_TYPE, "io.ferry.task.step_succeeded"),
+            (CE_SOURCE, "/ferry/workers/deploy"),
+            (CE_SUBJECT, "shop/web"),
+            (CE_TIME, "2026-01-02T03:04:05.678Z"),
+            (CONTENT_TYPE, "application/avro"),
+        ];
+        assert_eq!(h.iter().map(|(k, v)| (*k, v.as_str())).collect::<Vec<_>>(), expected);
+        // Whole seconds keep their three digits: one shape for every event.
+        let whole = cloudevent_headers(&Detail::default().into_event(("t", TaskKind::Test, "s"), 1, EventType::Accepted, "w", 0, None));
+        assert_eq!(whole.iter().find(|(k, _)| *k == CE_TIME).map(|(_, v)| v.as_str()), Some("1970-01-01T00:00:00.000Z"));
+    }
+
+    #[test]
+    fn every_event_type_has_its_own_cloudevent_type() {
+        use apache_avro::AvroSchema;
+        let apache_avro::Schema::Enum(avro) = EventType::get_schema() else { panic!("EventType is an Avro enum") };
+        let listed: Vec<String> = EVENT_TYPES.iter().map(|e| format!("{e:?}")).collect();
+        assert_eq!(listed, avro.symbols, "EVENT_TYPES lists every event type");
+        let types: std::collections::HashSet<&str> = EVENT_TYPES.iter().map(|e| cloudevent_type(*e)).collect();
+        assert_eq!(types.len(), EVENT_TYPES.len());
+        assert!(types.iter().all(|t| t.starts_with("io.ferry.task.") && t.bytes().all(|b| b.is_ascii_lowercase() || b == b'.' || b == b'_')), "{types:?}");
+    }
+
+    #[test]
+    fn events_with_seq_0_get_distinct_ids() {
+        let id = |ev: &ProgressEvent| cloudevent_headers(ev).into_iter().find(|(k, _)| *k == CE_ID).unwrap().1;
+        let (a, b) = (id(&event(0, EventType::Rejected)), id(&event(0, EventType::Rejected)));
+        assert_ne!(a, b, "two refused Cancels of one task are two events");
+        assert!(a.starts_with("tsk_0190f1a2b3c4d5e6f708192a3b4c5d6e:0:"), "{a}");
+        assert_eq!(id(&event(3, EventType::Rejected)), id(&event(3, EventType::Rejected)), "a re-sent event keeps its id");
     }
 
     #[test]

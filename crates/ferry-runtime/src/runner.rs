@@ -151,6 +151,13 @@ impl<H: TaskHandler> Runner<H> {
         written
     }
 
+    /// Advances the task by an event written with the next transition ([`Publisher::hold`]).
+    fn hold(&mut self, event: EventType, d: Detail) -> Result<(), PublishError> {
+        self.fenced()?;
+        self.env.publisher.hold(&mut self.snap, event, d, &mut self.in_flight);
+        Ok(())
+    }
+
     /// Drives the task, hands it back, then answers late controls with `Finished` until
     /// the scheduler lets go.
     pub(crate) async fn run(mut self) {
@@ -165,11 +172,11 @@ impl<H: TaskHandler> Runner<H> {
         // The last event's acknowledgement, before the task is handed back: whatever the
         // scheduler writes for the task next (a control, another run) comes after it.
         if !matches!(driven, Err(PublishError::Fenced { .. }))
-            && let Err((ev, source)) = self.in_flight.settle(&self.env.publisher.progress_topic()).await
+            && let Err(e) = self.env.publisher.finish(&self.snap, &mut self.in_flight).await
         {
             driven = Err(match self.fenced() {
                 Err(fenced) => fenced,
-                Ok(()) => PublishError::Transition { event: Box::new(ev), before: None, source: Box::new(source) },
+                Ok(()) => e,
             });
         }
         let error = match (&driven, &self.snap.error) {
@@ -191,7 +198,10 @@ impl<H: TaskHandler> Runner<H> {
                 // seq, same event), before the task goes on.
                 tracing::error!(task = %self.id, error = %e, "task paused: its state could not be written; it runs again first in its subject");
                 let events = match e {
-                    PublishError::Transition { event, before, .. } => before.into_iter().chain(Some(event)).map(|e| *e).collect(),
+                    PublishError::Transition { event, mut before, .. } => {
+                        before.push(*event);
+                        before
+                    }
                     _ => Vec::new(),
                 };
                 (true, Some(Unwritten { events }))
@@ -374,7 +384,9 @@ impl<H: TaskHandler> Runner<H> {
                     e.output = Some(output.to_string());
                     e.attempts = attempts as i32;
                     e.finished_at_ms = Some(now_ms());
-                    self.transition(EventType::StepSucceeded, Detail::step(i, &name)).await?;
+                    // Written with the next transition's snapshot (the next StepStarted or
+                    // Succeeded, or at hand-back): nothing happens in between.
+                    self.hold(EventType::StepSucceeded, Detail::step(i, &name))?;
                 }
                 Exec::Err(err, attempts) => {
                     self.snap.journal[i].attempts = attempts as i32;

@@ -171,25 +171,8 @@ async fn watch_follows_tasks_to_their_end() {
 /// carry that span as their trace parent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn submit_exports_its_span_over_otlp() {
-    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-    use prost::Message;
     let env = env().await;
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<ExportTraceServiceRequest>();
-    let collector = axum::Router::new().route(
-        "/v1/traces",
-        axum::routing::post(move |body: axum::body::Bytes| {
-            let tx = tx.clone();
-            async move {
-                if let Ok(req) = ExportTraceServiceRequest::decode(body) {
-                    let _ = tx.send(req);
-                }
-                axum::http::StatusCode::OK
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, collector).await.unwrap() });
+    let (endpoint, mut rx) = otlp_collector().await;
 
     let spec = env.spec("traced.yaml", "subject: otlp\nspec: {steps: 1, fail_transient: 0, step_ms: 0}\n");
     let o = tokio::process::Command::new(env!("CARGO_BIN_EXE_ferry"))

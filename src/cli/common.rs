@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::builder::{EnumValueParser, TypedValueParser};
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Args, ValueEnum};
 use ferry_runtime::{KafkaConfig, TaskKind, TaskState, Topics};
 use rdkafka::ClientContext;
@@ -72,86 +72,24 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("'{s}': {e} (e.g. 90s, 10m, 1h30m)"))
 }
 
-/// A task kind on the command line: `--help` lists them, and a typo is refused with the
-/// valid names (and the nearest one).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Kind {
-    /// Cluster API provisioning, scaling and deletion.
-    CreateCluster,
-    /// Liqo or Submariner peering between two clusters.
-    Peer,
-    /// Liqo namespace offloading and bursting.
-    Offload,
-    /// Applications through OCM ManifestWork.
-    Deploy,
-    /// Cluster scoring for placement.
-    Score,
-    /// The runtime's own no-op task, for demos, tests and benchmarks.
-    Test,
-}
-
-impl From<Kind> for TaskKind {
-    fn from(k: Kind) -> Self {
-        match k {
-            Kind::CreateCluster => TaskKind::CreateCluster,
-            Kind::Peer => TaskKind::Peer,
-            Kind::Offload => TaskKind::Offload,
-            Kind::Deploy => TaskKind::Deploy,
-            Kind::Score => TaskKind::Score,
-            Kind::Test => TaskKind::Test,
-        }
-    }
-}
-
-/// The value parser of a task-kind argument whose field is a `TaskKind`.
+/// The value parser of a task-kind argument: `--help` lists the kinds (from
+/// `TaskKind::ALL`, so a new kind reaches the CLI by itself), and a typo is refused with
+/// the valid names and the nearest one.
 pub fn kind_parser() -> impl TypedValueParser<Value = TaskKind> {
-    EnumValueParser::<Kind>::new().map(TaskKind::from)
+    let values = TaskKind::ALL.map(|k| PossibleValue::new(k.as_str()).help(k.describe()));
+    PossibleValuesParser::new(values).map(|s| s.parse::<TaskKind>().expect("clap admits only the kinds' names"))
 }
 
-/// A task state on the command line (any case: `running`, `Running`, `revert-failed`,
-/// `RevertFailed`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum State {
-    /// Durable and waiting for its subject.
-    Accepted,
-    /// Running its steps.
-    Running,
-    /// Every step finished.
-    Succeeded,
-    /// A step failed; partial work kept on request.
-    Failed,
-    /// Stopped by a Cancel; finished steps kept.
-    Cancelled,
-    /// Undoing its steps.
-    Reverting,
-    /// Every started step undone.
-    Reverted,
-    /// An undo failed; a new Revert retries.
-    #[value(alias = "revertfailed")]
-    RevertFailed,
-    /// The command was invalid.
-    Rejected,
-}
-
-impl From<State> for TaskState {
-    fn from(s: State) -> Self {
-        match s {
-            State::Accepted => TaskState::Accepted,
-            State::Running => TaskState::Running,
-            State::Succeeded => TaskState::Succeeded,
-            State::Failed => TaskState::Failed,
-            State::Cancelled => TaskState::Cancelled,
-            State::Reverting => TaskState::Reverting,
-            State::Reverted => TaskState::Reverted,
-            State::RevertFailed => TaskState::RevertFailed,
-            State::Rejected => TaskState::Rejected,
-        }
-    }
-}
-
-/// The value parser of a task-state argument whose field is a `TaskState`.
+/// The value parser of a task-state argument (any case with `ignore_case`: `running`,
+/// `Running`, `revert-failed`, `RevertFailed`), from `TaskState::ALL`.
 pub fn state_parser() -> impl TypedValueParser<Value = TaskState> {
-    EnumValueParser::<State>::new().map(TaskState::from)
+    let value = |s: TaskState| {
+        let v = PossibleValue::new(s.name()).help(s.describe());
+        if s == TaskState::RevertFailed { v.alias("revertfailed") } else { v }
+    };
+    PossibleValuesParser::new(TaskState::ALL.map(value)).map(move |s| {
+        TaskState::ALL.into_iter().find(|st| value(*st).matches(&s, true)).expect("clap admits only the states' names")
+    })
 }
 
 /// Kafka could not be reached before the connect timeout.

@@ -48,6 +48,20 @@ impl TaskKind {
     }
 }
 
+impl TaskKind {
+    /// One line on what the kind does (the CLI's `--help` lists it).
+    pub fn describe(self) -> &'static str {
+        match self {
+            TaskKind::CreateCluster => "Cluster API provisioning, scaling and deletion",
+            TaskKind::Peer => "Liqo or Submariner peering between two clusters",
+            TaskKind::Offload => "Liqo namespace offloading and bursting",
+            TaskKind::Deploy => "Applications through OCM ManifestWork",
+            TaskKind::Score => "Cluster scoring for placement",
+            TaskKind::Test => "The runtime's own no-op task, for demos, tests and benchmarks",
+        }
+    }
+}
+
 impl fmt::Display for TaskKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())

@@ -184,6 +184,49 @@ pub enum TaskState {
 }
 
 impl TaskState {
+    /// Every state, in a task's life order.
+    pub const ALL: [TaskState; 9] = [
+        TaskState::Accepted,
+        TaskState::Running,
+        TaskState::Succeeded,
+        TaskState::Failed,
+        TaskState::Cancelled,
+        TaskState::Reverting,
+        TaskState::Reverted,
+        TaskState::RevertFailed,
+        TaskState::Rejected,
+    ];
+
+    /// The name on the command line: `accepted`, ..., `revert-failed`.
+    pub fn name(self) -> &'static str {
+        match self {
+            TaskState::Accepted => "accepted",
+            TaskState::Running => "running",
+            TaskState::Succeeded => "succeeded",
+            TaskState::Failed => "failed",
+            TaskState::Cancelled => "cancelled",
+            TaskState::Reverting => "reverting",
+            TaskState::Reverted => "reverted",
+            TaskState::RevertFailed => "revert-failed",
+            TaskState::Rejected => "rejected",
+        }
+    }
+
+    /// One line on what the state means (the CLI's `--help` lists it).
+    pub fn describe(self) -> &'static str {
+        match self {
+            TaskState::Accepted => "Durable and waiting for its subject",
+            TaskState::Running => "Running its steps",
+            TaskState::Succeeded => "Every step finished",
+            TaskState::Failed => "A step failed; partial work kept on request",
+            TaskState::Cancelled => "Stopped by a Cancel; finished steps kept",
+            TaskState::Reverting => "Undoing its steps",
+            TaskState::Reverted => "Every started step undone",
+            TaskState::RevertFailed => "An undo failed; a new Revert retries",
+            TaskState::Rejected => "The command was invalid",
+        }
+    }
+
     /// No step runs in this state until a new command arrives.
     pub fn is_terminal(self) -> bool {
         !matches!(self, TaskState::Accepted | TaskState::Running | TaskState::Reverting)

@@ -465,12 +465,11 @@ impl Publisher {
     /// Hands the snapshot to the producer (and to the local view).
     pub fn enqueue_snapshot(&self, snap: &TaskSnapshot) -> Result<Pending, PublishError> {
         let topic = &self.topics.task_state(snap.kind).name;
-        let bytes = self.registry.encode(snap).map_err(|source| PublishError::Encode { record: "TaskSnapshot", task: snap.task_id.clone(), source })?;
         let seq = snap.seq.to_string();
         let headers = Self::headers(&snap.task_id, snap.trace_parent.as_deref()).insert(Header { key: SEQ_HEADER, value: Some(&seq) });
-        let f = self.send(topic, snap.task_id.as_bytes(), &bytes, headers)?;
+        let p = self.enqueue_record(topic, "TaskSnapshot", snap, &snap.task_id, headers)?;
         self.view.apply_own(snap.clone());
-        Ok(Pending { futures: vec![(topic.to_owned(), f)], ..Pending::none() })
+        Ok(p)
     }
 
     /// Hands one event to the producer without touching any snapshot (for commands that

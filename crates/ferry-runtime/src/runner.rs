@@ -60,7 +60,7 @@ pub(crate) struct Done {
 #[derive(Debug, Clone)]
 pub(crate) struct Unwritten {
     /// The events to write after that snapshot, in order (none: the snapshot alone): the
-    /// transition's event, after the previous one when its acknowledgement failed too.
+    /// transition's event, after every earlier one not acknowledged or held for it.
     pub events: Vec<crate::protocol::ProgressEvent>,
 }
 
@@ -115,7 +115,8 @@ pub(crate) struct Runner<H: TaskHandler> {
     otel: opentelemetry::Context,
     /// The scheduler's number for this run (see [`Done::run`]).
     run: u64,
-    /// The last transition's event, not yet acknowledged ([`Publisher::transition`]).
+    /// Events sent and not yet acknowledged, and events held for the next snapshot
+    /// ([`Publisher::transition`], [`Publisher::hold`]).
     in_flight: crate::publisher::InFlight,
 }
 

@@ -51,8 +51,6 @@ struct Table {
     /// The seq of each task's last snapshot written by this process: read back from the
     /// topic it is not decoded again (a worker reads every snapshot it writes).
     own: HashMap<TaskId, i64>,
-    /// Snapshots skipped that way, for tests and benchmarks.
-    skipped: u64,
 }
 
 /// The in-memory task-state table of one process.
@@ -119,7 +117,6 @@ impl StateView {
                     if self.held(&m) {
                         let mut t = self.table.write().expect("view lock");
                         t.positions.insert(m.partition(), m.offset() + 1);
-                        t.skipped += 1;
                         drop(t);
                         self.changed.send_modify(|v| *v += 1);
                         continue;
@@ -183,11 +180,6 @@ impl StateView {
         };
         let t = self.table.read().expect("view lock");
         t.own.get(&id) == Some(&seq) || t.tasks.get(&id).is_some_and(|s| s.seq > seq)
-    }
-
-    /// Snapshots read back without decoding (see [`Self::apply_own`]).
-    pub fn skipped(&self) -> u64 {
-        self.table.read().expect("view lock").skipped
     }
 
     /// [`Self::apply`] for a snapshot this process writes: when it is read back from the

@@ -36,52 +36,221 @@ fn peer_offload_demo_peers_offloads_runs_a_pod_remotely_and_undoes_it() {
     demo("peer-offload");
 }
 
-/// The README's "Using the CLI" score and deploy examples, verbatim, on a plain `ferry dev`
-/// (its members joined to OCM through their klusterlets, in set `demo`).
+/// A running `ferry dev` and a shell to run README lines against it: `ferry` on the PATH is
+/// the binary under test, the config file and the dev state are the test's own.
+struct Dev {
+    process: std::process::Child,
+    state: tempfile::TempDir,
+    config: tempfile::TempDir,
+    bin: tempfile::TempDir,
+}
+
+impl Dev {
+    fn start() -> Dev {
+        use std::io::{BufRead, BufReader};
+        use std::process::Stdio;
+        let state = tempfile::tempdir().unwrap();
+        let mut process =
+            Command::new(env!("CARGO_BIN_EXE_ferry")).arg("dev").env("FERRY_STATE", state.path()).stderr(Stdio::piped()).stdout(Stdio::null()).spawn().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stderr = process.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        // Ready: the fleet, the broker, the workers, the members joined (minutes on a loaded machine).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
+        let mut seen = Vec::new();
+        loop {
+            match rx.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now())) {
+                Ok(line) if line.contains("ferry dev: ready") => break,
+                Ok(line) => seen.push(line),
+                Err(_) => {
+                    let _ = process.kill();
+                    panic!("ferry dev was not ready within 600 s:\n{}", seen.join("\n"));
+                }
+            }
+        }
+        let bin = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ferry"), bin.path().join("ferry")).unwrap();
+        Dev { process, state, config: tempfile::tempdir().unwrap(), bin }
+    }
+
+    /// A bash command as a user types it in the project's root.
+    fn shell(&self, line: &str) -> Command {
+        let mut c = Command::new("bash");
+        let path = format!("{}:{}", self.bin.path().display(), std::env::var("PATH").unwrap_or_default());
+        c.arg("-c").arg(line).current_dir(env!("CARGO_MANIFEST_DIR")).env("PATH", path).env("FERRY_STATE", self.state.path()).env("XDG_CONFIG_HOME", self.config.path());
+        c
+    }
+
+    /// Runs `line` to its end: whether it succeeded, and stdout then stderr.
+    fn run(&self, line: &str) -> (bool, String) {
+        let out = self.shell(line).output().unwrap();
+        (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+    }
+
+    /// Runs `line`, which must succeed; returns its output.
+    fn ok(&self, line: &str) -> String {
+        let (ok, out) = self.run(line);
+        assert!(ok, "README example failed: {line}\n{out}");
+        out
+    }
+
+    /// A test task that blocks in its first step until cancelled; its id.
+    fn blocker(&self, subject: &str) -> String {
+        let spec = format!("subject: {subject}\nspec: {{steps: 2, fail_transient: 0, step_ms: 0, block_at: 1}}\n");
+        let out = self.ok(&format!("ferry submit test -f - <<'EOF'\n{spec}EOF"));
+        task_id(&out).unwrap_or_else(|| panic!("no task id in {out}"))
+    }
+
+    /// A long-running command with its stdout and stderr lines on one channel.
+    fn spawn(&self, line: &str) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
+        use std::io::{BufRead, BufReader};
+        use std::process::Stdio;
+        let mut child = self.shell(&format!("exec {line}")).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (out, err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+        let tx2 = tx.clone();
+        std::thread::spawn(move || BufReader::new(out).lines().map_while(Result::ok).for_each(|l| drop(tx.send(l))));
+        std::thread::spawn(move || BufReader::new(err).lines().map_while(Result::ok).for_each(|l| drop(tx2.send(l))));
+        (child, rx)
+    }
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        // Ctrl-C, as the README says.
+        let _ = Command::new("kill").args(["-INT", &self.process.id().to_string()]).status();
+        let _ = self.process.wait();
+    }
+}
+
+/// The first task id in `out`.
+fn task_id(out: &str) -> Option<String> {
+    let i = out.find("tsk_")?;
+    Some(out[i..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect())
+}
+
+/// Lines from `rx` until one satisfies `want`, within `secs`; every line read otherwise.
+fn wait_line(rx: &std::sync::mpsc::Receiver<String>, secs: u64, want: impl Fn(&str) -> bool) -> Result<String, Vec<String>> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    let mut seen = Vec::new();
+    loop {
+        match rx.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now())) {
+            Ok(l) if want(&l) => return Ok(l),
+            Ok(l) => seen.push(l),
+            Err(_) => return Err(seen),
+        }
+    }
+}
+
+/// The README's command lines: its "Using the CLI" block, and each per-kind example of
+/// "Running against a real Kafka" as `ferry submit <kind> -f FILE --wait`.
+fn readme_lines() -> Vec<String> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let block = readme.split("## Using the CLI").nth(1).and_then(|s| s.split("```sh\n").nth(1)).and_then(|s| s.split("```").next()).expect("the README's CLI block");
+    let mut lines: Vec<String> = block
+        .lines()
+        .map(|l| l.split(" # ").next().unwrap_or_default().trim().to_owned())
+        .filter(|l| !l.is_empty())
+        .collect();
+    let kinds = readme.split("4. Commands, one example per kind").nth(1).and_then(|s| s.split("\n5.").next()).expect("the README's per-kind commands");
+    for l in kinds.lines() {
+        let l = l.trim_start();
+        if let Some((kind, rest)) = l.strip_prefix("- ").and_then(|l| l.split_once(": `")) {
+            let file = rest.split('`').next().unwrap();
+            // The same command appears once in the CLI block already: run once (a second
+            // deploy of one app is rightly Rejected: "already deployed; send operation update").
+            let line = format!("ferry submit {kind} -f {file} --wait");
+            if !lines.contains(&line) {
+                lines.push(line);
+            }
+        }
+    }
+    lines
+}
+
+/// Every README command line, verbatim (`tsk_...` stands for a task the test made for
+/// it), in the README's order, on a plain `ferry dev` (its members joined to OCM through
+/// their klusterlets, in set `demo`). A line no rule here covers fails the test, so a new
+/// example is run too.
 #[test]
-fn readme_score_and_deploy_examples_run_on_ferry_dev() {
-    use std::io::{BufRead, BufReader};
-    use std::process::Stdio;
+fn readme_examples_run_verbatim_on_ferry_dev() {
     if !ferry_fleet::binaries::Binaries::installed() {
         ferry_runtime::report::missing_prerequisite("the test bed is not installed (scripts/install-testbed.sh), needed by ferry dev");
         return;
     }
-    let state = tempfile::tempdir().unwrap();
-    let mut dev = Command::new(env!("CARGO_BIN_EXE_ferry")).arg("dev").env("FERRY_STATE", state.path()).stderr(Stdio::piped()).stdout(Stdio::null()).spawn().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let stderr = dev.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    // Ready: the fleet, the broker, the workers, the members joined (minutes on a loaded machine).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
-    let mut seen = Vec::new();
-    loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(line) if line.contains("ferry dev: ready") => break,
-            Ok(line) => seen.push(line),
-            Err(_) => {
-                let _ = dev.kill();
-                panic!("ferry dev was not ready within 600 s:\n{}", seen.join("\n"));
+    let lines = readme_lines();
+    assert!(lines.len() >= 15, "the README's examples: {lines:#?}");
+    let dev = Dev::start();
+    // The test task the first example submits: `tasks get` and `tasks revert` act on it.
+    let mut submitted: Option<String> = None;
+    for line in &lines {
+        println!("README: {line}");
+        let cmd = line.strip_prefix("ferry ").unwrap_or(line);
+        if cmd.starts_with("submit ") && cmd.contains("--wait") {
+            let out = dev.ok(line);
+            if cmd.starts_with("submit test -f examples/") {
+                submitted = task_id(&out);
             }
+        } else if cmd.starts_with("tasks list") || cmd.starts_with("apps list") || cmd.starts_with("config ") {
+            dev.ok(line);
+        } else if cmd.starts_with("tasks get tsk_...") {
+            let id = submitted.clone().expect("a test task submitted first");
+            let out = dev.ok(&line.replace("tsk_...", &id));
+            assert!(out.contains(&id), "{line}: {out}");
+        } else if cmd.starts_with("tasks revert tsk_...") {
+            let id = submitted.clone().expect("a test task submitted first");
+            dev.ok(&line.replace("tsk_...", &id));
+        } else if cmd.starts_with("tasks cancel tsk_...") {
+            // A task that runs until cancelled; it must end Cancelled, with the reason given.
+            let id = dev.blocker("readme/cancel");
+            dev.ok(&line.replace("tsk_...", &id));
+            let (_, end) = dev.run(&format!("ferry tasks watch {id}"));
+            assert!(end.contains(&format!("{id} test readme/cancel Cancelled")), "{line}: the task did not end Cancelled: {end}");
+            if let Some(reason) = line.split("--reason \"").nth(1).and_then(|r| r.split('"').next()) {
+                let got = dev.ok(&format!("ferry tasks get {id}"));
+                assert!(got.contains(reason), "{line}: `tasks get` does not show the reason: {got}");
+            }
+        } else if cmd == "tasks watch" {
+            // It follows every running task and prints each end: a task cancelled once it
+            // follows must show up.
+            let id = dev.blocker("readme/watch");
+            let (mut watch, rx) = dev.spawn(line);
+            let started = wait_line(&rx, 60, |l| l.starts_with("watching "));
+            let ended = started.is_ok().then(|| {
+                dev.ok(&format!("ferry tasks cancel {id}"));
+                wait_line(&rx, 120, |l| l.contains(&id) && l.ends_with("Cancelled"))
+            });
+            let _ = watch.kill();
+            let _ = watch.wait();
+            assert!(started.is_ok(), "{line} did not start following: {started:?}");
+            assert!(ended.as_ref().is_some_and(Result::is_ok), "{line} did not print the end of {id}: {ended:?}");
+        } else if cmd.starts_with("dashboard ") {
+            let (mut dash, rx) = dev.spawn(line);
+            let url = wait_line(&rx, 60, |l| l.starts_with("dashboard: http://"));
+            let page = url.as_ref().ok().map(|u| {
+                use std::io::{Read, Write};
+                let addr = u.trim_start_matches("dashboard: http://").trim_end_matches('/').to_owned();
+                let mut s = std::net::TcpStream::connect(&addr).unwrap();
+                write!(s, "GET / HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+                let mut body = String::new();
+                let _ = s.read_to_string(&mut body);
+                body
+            });
+            let _ = dash.kill();
+            let _ = dash.wait();
+            assert!(url.is_ok(), "{line} did not listen: {url:?}");
+            let page = page.unwrap();
+            assert!(page.starts_with("HTTP/1.0 200") || page.starts_with("HTTP/1.1 200"), "{line}: GET / answered {}", page.lines().next().unwrap_or_default());
+        } else if cmd.starts_with("submit test -f - ") {
+            dev.ok(line);
+        } else if line.starts_with("source <(ferry completions bash)") {
+            dev.ok(&format!("{line} && complete -p ferry"));
+        } else {
+            panic!("a README example no rule of this test runs: {line}");
         }
     }
-    let submit = |file: &str| {
-        let out = Command::new(env!("CARGO_BIN_EXE_ferry"))
-            .args(["submit", file.split('/').nth(1).unwrap().trim_end_matches(".yaml"), "-f", file, "--wait"])
-            .env("FERRY_STATE", state.path())
-            .output()
-            .unwrap();
-        (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
-    };
-    let score = submit("examples/score.yaml");
-    let deploy = submit("examples/deploy.yaml");
-    // Ctrl-C, as the README says.
-    let _ = Command::new("kill").args(["-INT", &dev.id().to_string()]).status();
-    let _ = dev.wait();
-    assert!(score.0, "ferry submit score -f examples/score.yaml --wait:\n{}", score.1);
-    assert!(deploy.0, "ferry submit deploy -f examples/deploy.yaml --wait:\n{}", deploy.1);
 }

@@ -137,6 +137,11 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
             eprintln!("ferry dev: ready. In another terminal: ferry submit test -f examples/test-task.yaml --wait");
             eprintln!("ferry dev: Ctrl-C to stop");
             super::common::cancel_on_signal(shutdown.clone());
+                // The README's offload example offloads namespace `web` of member-1.
+                if let Some(m) = bed.fleet.cluster(ferry_testkit::offload::CONSUMER) {
+                    eprintln!("ferry dev: namespace web on {} (the README's offload example)", m.name);
+                    ferry_testkit::offload::namespace(&m.client().await?, "web").await?;
+                }
             shutdown.cancelled().await;
             ExitCode::SUCCESS
         }

@@ -63,6 +63,13 @@ pub async fn run(conn: &Conn, ids: Vec<TaskId>) -> anyhow::Result<ExitCode> {
     if !ids.is_empty() && waiting.is_empty() {
         return Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS });
     }
+    // Said once following has started (the bars are not drawn without a terminal): from
+    // here on, every end is printed.
+    if ids.is_empty() {
+        eprintln!("watching {} running task(s) and every new one; Ctrl-C to stop", bars.len());
+    } else {
+        eprintln!("watching {} task(s) until they end", waiting.len());
+    }
     // A task just submitted may not be in the state yet: its events are awaited a while.
     let mut unknown: BTreeSet<String> = waiting.iter().filter(|w| !bars.contains_key(*w)).cloned().collect();
     let unknown_until = tokio::time::Instant::now() + UNKNOWN_GRACE;

@@ -46,6 +46,13 @@ where
     }
 }
 
+/// Creates (or keeps) namespace `name` on a cluster: what an offload acts on.
+pub async fn namespace(cluster: &kube::Client, name: &str) -> anyhow::Result<()> {
+    let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
+    Api::<Namespace>::all(cluster.clone()).patch(name, &PatchParams::apply("ferry-demo"), &Patch::Apply(ns)).await?;
+    Ok(())
+}
+
 /// Runs the demo: `consumer` and `provider` are the two clusters' clients; true when every
 /// check passed.
 pub async fn run(client: &Client, consumer: &kube::Client, provider: &kube::Client) -> anyhow::Result<bool> {
@@ -59,9 +66,7 @@ pub async fn run(client: &Client, consumer: &kube::Client, provider: &kube::Clie
     let ready = Api::<Node>::all(consumer.clone()).get_opt(&vnode).await?.is_some_and(|n| ferry_kube::kinds::node_ready(&n));
     ok &= check("peer", ready, format!("virtual node {vnode} Ready on {CONSUMER}"));
 
-    Api::<Namespace>::all(consumer.clone())
-        .patch(NAMESPACE, &PatchParams::apply("ferry-demo"), &Patch::Apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})))
-        .await?;
+    namespace(consumer, NAMESPACE).await?;
     let offload = OffloadCommand {
         cluster: CONSUMER.into(),
         namespace: NAMESPACE.into(),

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use ferry_runtime::testkind::TestHandler;
-use ferry_runtime::{Client, EmbeddedBroker, EventType, KafkaConfig, TaskId, Topics, Worker, WorkerOptions};
+use ferry_runtime::{Client, EmbeddedBroker, EventType, KafkaConfig, TaskId, TaskKind, Topics, Worker, WorkerOptions};
 use tokio_util::sync::CancellationToken;
 
 struct Env {
@@ -127,6 +127,20 @@ async fn cancel_and_revert_through_the_cli() {
     let out = env.ferry(&["tasks", "cancel", &id.to_string()]).await;
     assert_eq!(out.code, 0, "{}", out.stderr);
     events.until(id, Duration::from_secs(60), |e| e.event == EventType::Cancelled).await.unwrap();
+    // The undo plan: step 2 (started, blocked, cancelled) then step 1 (finished, with its
+    // output); nothing goes to the command topic.
+    let commands = Topics::standard().command(TaskKind::Test).name.clone();
+    let before = env.client.read_to_end(&commands).await.unwrap().len();
+    let out = env.ferry(&["tasks", "revert", &id.to_string(), "--dry-run", "-o", "json"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let plan: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let steps: Vec<(i64, &str)> = plan["would_undo"].as_array().unwrap().iter().map(|u| (u["step"].as_i64().unwrap(), u["status"].as_str().unwrap())).collect();
+    assert_eq!(steps, [(2, "Started"), (1, "Succeeded")], "{}", out.stdout);
+    assert!(plan["would_undo"][0]["output"].is_null() && !plan["would_undo"][1]["output"].is_null(), "{}", out.stdout);
+    assert_eq!(plan["sent"], false);
+    assert_eq!(env.client.read_to_end(&commands).await.unwrap().len(), before, "a dry run sent a command");
+    let table = env.ferry(&["tasks", "revert", &id.to_string(), "--dry-run"]).await;
+    assert!(table.stdout.contains("a revert undoes these steps, last first") && table.stderr.contains("dry run: nothing sent"), "{}{}", table.stdout, table.stderr);
     let out = env.ferry(&["tasks", "revert", &id.to_string(), "--wait"]).await;
     assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
     assert!(out.stdout.contains("Reverted"));

@@ -56,6 +56,10 @@ pub enum TasksCommand {
         /// Follow until the revert ends; exit 0 only if Reverted.
         #[arg(long)]
         wait: bool,
+        /// Print the undo plan (the steps a revert would undo, last first, each with the
+        /// output its undo gets) and send nothing.
+        #[arg(long, conflicts_with_all = ["wait", "reason"])]
+        dry_run: bool,
         /// Give up waiting after this long, e.g. 10m, 1h30m.
         #[arg(long, value_parser = parse_duration, default_value = "1h")]
         timeout: Duration,
@@ -336,7 +340,12 @@ pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
             println!("cancel of {id} sent (task was {})", name(&snap.state));
             Ok(ExitCode::SUCCESS)
         }
-        TasksCommand::Revert { id, reason, wait, timeout, output } => {
+        TasksCommand::Revert { id, dry_run: true, output, .. } => {
+            let snap = client.snapshot(id).await?.ok_or(ClientError::UnknownTask(id))?;
+            print_undo_plan(&snap, output)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        TasksCommand::Revert { id, reason, wait, timeout, output, .. } => {
             let mut events = if wait { Some(client.events(false).await?) } else { None };
             let snap = control(&client, id, CommandAction::Revert, reason).await?;
             let Some(events) = events.as_mut() else {
@@ -353,4 +362,69 @@ pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
             .await
         }
     }
+}
+
+/// One step of an undo plan: what the runtime's revert does with it (`runner.rs`,
+/// `Runner::revert`: every journaled step not yet Reverted, last first; a finished step's
+/// undo gets its output, a step that started and did not finish is undone without one).
+#[derive(Debug, Serialize)]
+struct UndoStep {
+    step: i32,
+    name: String,
+    status: StepStatus,
+    /// The output the undo gets (a finished step's), if any.
+    output: Option<serde_json::Value>,
+}
+
+/// `tasks revert --dry-run`: the steps a Revert sent now would undo, in order; nothing is
+/// sent. A running task is cancelled first, so its plan can still grow by the step it runs.
+fn print_undo_plan(snap: &TaskSnapshot, output: Output) -> anyhow::Result<()> {
+    let running = matches!(snap.state, TaskState::Accepted | TaskState::Running | TaskState::Reverting);
+    let plan: Vec<UndoStep> = if snap.state.is_revertible() || running {
+        snap.journal
+            .iter()
+            .rev()
+            .filter(|e| e.status != StepStatus::Reverted)
+            .map(|e| UndoStep {
+                step: e.step,
+                name: e.name.clone(),
+                status: e.status,
+                output: e.output.as_deref().filter(|_| e.status == StepStatus::Succeeded).and_then(|o| serde_json::from_str(o).ok()),
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let note = match snap.state {
+        TaskState::Accepted | TaskState::Running => "the task runs: a revert cancels it first, then undoes what started by then (so far, below)",
+        TaskState::Reverting => "the task is being reverted already: a revert changes nothing",
+        s if s.is_revertible() => "a revert undoes these steps, last first; an undo that fails ends RevertFailed (revert again to retry)",
+        _ => "nothing to undo: a revert of a task in this state changes nothing",
+    };
+    match output {
+        Output::Json | Output::Yaml => {
+            let v = serde_json::json!({
+                "task_id": snap.task_id, "kind": snap.kind.to_string(), "subject": snap.subject, "state": snap.state,
+                "would_undo": plan, "note": note, "sent": false,
+            });
+            if output == Output::Json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                print!("{}", serde_yaml_ng::to_string(&v)?);
+            }
+        }
+        Output::Table => {
+            println!("revert of {} ({} {}, {}): {note}", snap.task_id, snap.kind, snap.subject, name(&snap.state));
+            if !plan.is_empty() {
+                let mut t = table(["STEP", "NAME", "STATUS", "UNDO GETS"]);
+                for u in &plan {
+                    let given = u.output.as_ref().map_or_else(|| "no output (the step did not finish)".to_owned(), |o| o.to_string());
+                    t.add_row([u.step.to_string(), u.name.clone(), name(&u.status), given]);
+                }
+                super::table::print(t);
+            }
+        }
+    }
+    eprintln!("dry run: nothing sent");
+    Ok(())
 }

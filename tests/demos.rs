@@ -197,13 +197,17 @@ fn readme_examples_run_verbatim_on_ferry_dev() {
             }
         } else if cmd.starts_with("tasks list") || cmd.starts_with("apps list") || cmd.starts_with("config ") {
             dev.ok(line);
+        } else if cmd == "fleet" {
+            let out = dev.ok(line);
+            assert!(out.contains("CLUSTER") && out.contains("member-1") && out.contains("member-2"), "{line}: {out}");
         } else if cmd.starts_with("tasks get tsk_...") {
             let id = submitted.clone().expect("a test task submitted first");
             let out = dev.ok(&line.replace("tsk_...", &id));
             assert!(out.contains(&id), "{line}: {out}");
         } else if cmd.starts_with("tasks revert tsk_...") {
             let id = submitted.clone().expect("a test task submitted first");
-            dev.ok(&line.replace("tsk_...", &id));
+            let out = dev.ok(&line.replace("tsk_...", &id));
+            assert!(!cmd.contains("--dry-run") || out.contains("dry run: nothing sent"), "{line}: {out}");
         } else if cmd.starts_with("tasks cancel tsk_...") {
             // A task that runs until cancelled; it must end Cancelled, with the reason given.
             let id = dev.blocker("readme/cancel");

@@ -174,13 +174,19 @@ async fn fleet(output: common::Output) -> anyhow::Result<ExitCode> {
         common::Output::Json => println!("{}", serde_json::to_string_pretty(&views)?),
         common::Output::Yaml => print!("{}", serde_yaml_ng::to_string(&views)?),
         common::Output::Table => {
+            // The clusters, then their nodes (kubectl's columns: upper-case, no borders).
+            let mut clusters = table::table(["CLUSTER", "NODES", "PENDING PODS", "KUBECONFIG"]);
+            let mut nodes = table::table(["CLUSTER", "NODE", "READY", "PODS", "ALLOCATABLE"]);
             for c in &views {
-                println!("{} ({} nodes, {} pods pending)  {}", c.name, c.nodes.len(), c.pending_pods, c.kubeconfig);
+                clusters.add_row([c.name.clone(), c.nodes.len().to_string(), c.pending_pods.to_string(), c.kubeconfig.clone()]);
                 for n in &c.nodes {
                     let alloc = n.allocatable.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ");
-                    println!("  {:<28} ready={:<5} pods={:<3} {alloc}", n.name, n.ready, n.pods);
+                    nodes.add_row([c.name.clone(), n.name.clone(), n.ready.to_string(), n.pods.to_string(), alloc]);
                 }
             }
+            table::print(clusters);
+            println!();
+            table::print(nodes);
         }
     }
     Ok(ExitCode::SUCCESS)

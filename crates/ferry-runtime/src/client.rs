@@ -50,7 +50,7 @@ pub enum ClientError {
     #[error("no task {0} on the task-state topic")]
     UnknownTask(TaskId),
     /// The wait ran out.
-    #[error("task {task} did not reach the awaited event within {waited:?}")]
+    #[error("task {task} did not reach the awaited event within {} s", .waited.as_secs_f64().round())]
     Timeout {
         /// The task.
         task: TaskId,

@@ -55,9 +55,10 @@ pub struct Conn {
     /// Any librdkafka property, KEY=VALUE (repeatable), e.g. session.timeout.ms=6000.
     #[arg(long = "kafka-property", global = true, value_parser = parse_property)]
     pub kafka_properties: Vec<(String, String)>,
-    /// How long to try reaching Kafka before giving up, e.g. 5s, 1m (0s: do not check).
-    #[arg(long, global = true, env = "FERRY_CONNECT_TIMEOUT", value_parser = parse_duration, default_value = "5s")]
-    pub connect_timeout: Duration,
+    /// How long to try reaching Kafka before giving up, e.g. 5s, 1m (0s: do not check;
+    /// default 5s, or `connect_timeout:` in the config file).
+    #[arg(long, global = true, env = "FERRY_CONNECT_TIMEOUT", value_parser = parse_duration)]
+    pub connect_timeout: Option<Duration>,
 }
 
 fn parse_property(s: &str) -> Result<(String, String), String> {
@@ -66,6 +67,10 @@ fn parse_property(s: &str) -> Result<(String, String), String> {
         .filter(|(k, _)| !k.is_empty())
         .ok_or_else(|| format!("'{s}': expected KEY=VALUE"))
 }
+
+/// How long a command tries to reach Kafka when neither a flag, the environment nor the
+/// config file says.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A duration as people write it (`90s`, `10m`, `1h30m`, `500ms`), through `humantime`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -165,7 +170,7 @@ impl Conn {
     /// connect timeout (instead of each later read waiting out its own long timeout).
     pub async fn check_reachable(&self) -> anyhow::Result<()> {
         let kafka = self.kafka()?;
-        let timeout = self.connect_timeout;
+        let timeout = self.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT);
         if timeout.is_zero() {
             return Ok(());
         }

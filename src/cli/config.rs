@@ -3,7 +3,7 @@
 //! top-level keys > defaults. Looked up at `--config` / `FERRY_CONFIG`, else
 //! `$XDG_CONFIG_HOME/ferry/config.yaml` (`~/.config/ferry/...`) when it exists. Keys are
 //! the long flag names with `_` (e.g. `brokers`, `topic_prefix`, `sasl_username`,
-//! `kafka_properties: {KEY: VALUE}`); unknown keys are an error.
+//! `connect_timeout: 10s`, `kafka_properties: {KEY: VALUE}`); unknown keys are an error.
 //!
 //! ```yaml
 //! brokers: localhost:9092            # used when no context is selected, or the context leaves it unset
@@ -36,8 +36,18 @@ pub struct Settings {
     ssl_ca_location: Option<PathBuf>,
     schema_registry: Option<String>,
     tenant: Option<String>,
+    /// As `--connect-timeout`: `5s`, `1m`, `0s`.
+    #[serde(default, deserialize_with = "duration")]
+    connect_timeout: Option<std::time::Duration>,
     #[serde(default)]
     kafka_properties: BTreeMap<String, String>,
+}
+
+/// `connect_timeout:` as the flag takes it (`90s`, `1m30s`), through humantime; a bad one
+/// is a parse error of the file naming the key.
+fn duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<std::time::Duration>, D::Error> {
+    let s = String::deserialize(d)?;
+    super::common::parse_duration(&s).map(Some).map_err(|e| serde::de::Error::custom(format!("connect_timeout: {e}")))
 }
 
 /// The config file as read.
@@ -193,6 +203,7 @@ impl Conn {
             fill(&mut self.ssl_ca_location, &layer.ssl_ca_location);
             fill(&mut self.schema_registry, &layer.schema_registry);
             fill(&mut self.tenant, &layer.tenant);
+            fill(&mut self.connect_timeout, &layer.connect_timeout);
         }
         if let Some(c) = &context {
             props.extend(c.kafka_properties.clone());
@@ -334,6 +345,16 @@ mod tests {
         let mut conn = Conn { context: Some("staging".into()), ..Conn::default() };
         conn.apply(file(CONTEXTS)).unwrap();
         assert_eq!((conn.brokers.as_deref(), conn.tenant.as_deref(), conn.topic_prefix.as_deref()), (Some("staging:9094"), Some("web"), Some("top.")));
+
+        // connect_timeout as the flag takes it; a bad one names the key.
+        let mut conn = Conn::default();
+        conn.apply(file("connect_timeout: 1m30s\ncontexts: {fast: {connect_timeout: 2s}}\n")).unwrap();
+        assert_eq!(conn.connect_timeout, Some(std::time::Duration::from_secs(90)));
+        let mut conn = Conn { context: Some("fast".into()), ..Conn::default() };
+        conn.apply(file("connect_timeout: 1m30s\ncontexts: {fast: {connect_timeout: 2s}}\n")).unwrap();
+        assert_eq!(conn.connect_timeout, Some(std::time::Duration::from_secs(2)), "the context beats the top level");
+        let e = format!("{:#}", anyhow::Error::from(parse(PathBuf::from("/etc/ferry.yaml"), "connect_timeout: soon\n").unwrap_err()));
+        assert!(e.contains("connect_timeout") && e.contains("'soon'"), "{e}");
 
         // No context at all: the top level alone.
         let mut conn = Conn::default();

@@ -20,6 +20,17 @@ use clap::Parser;
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = cli::Cli::parse();
+    if args.command.prints_and_exits() {
+        // As other Unix tools: `ferry tasks list | head` ends quietly when `head` closes the
+        // pipe. Rust ignores SIGPIPE, so each print to a closed pipe panicked instead.
+        // Servers and workers keep ignoring it (their sockets report EPIPE as errors).
+        // SAFETY: restores a signal's default disposition before any thread is spawned
+        // that could depend on it; no handler runs Rust code.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     cli::init_tracing(args.verbose, args.log_format);
     let json = args.log_format == cli::logs::LogFormat::Json;
     // One process-wide TLS crypto provider (ring) for every rustls user: kube, and reqwest

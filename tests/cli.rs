@@ -596,3 +596,23 @@ async fn stdin_specs_reasons_and_times() {
     assert!(age.ends_with('s') || age.ends_with('m'), "an age like 45s or 3m, not epoch milliseconds: {row}");
     env.shutdown().await;
 }
+
+/// A command piped into a reader that goes away (`ferry tasks list | head -1`) ends as
+/// other Unix tools do, by SIGPIPE, without a panic and its backtrace on stderr.
+#[test]
+fn a_closed_stdout_ends_a_command_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(["completions", "bash"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The read end closes before the first write: that write meets a broken pipe.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{:?}: {stderr}", out.status);
+}

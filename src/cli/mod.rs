@@ -106,6 +106,15 @@ impl Command {
             Command::Completions(_) => "completions",
         }
     }
+
+    /// A command that prints its answer and exits (a closed stdout may end it, as it ends
+    /// other Unix tools), not a server, worker or benchmark that runs on.
+    pub fn prints_and_exits(&self) -> bool {
+        match self {
+            Command::Submit(_) | Command::Tasks(_) | Command::Apps(_) | Command::Topics(_) | Command::Fleet { .. } | Command::Config(_) | Command::Completions(_) => true,
+            Command::Dev(_) | Command::Worker(_) | Command::Dashboard(_) | Command::Bench(_) | Command::Testbed(_) => false,
+        }
+    }
 }
 
 pub fn init_tracing(verbose: u8, format: logs::LogFormat) {

@@ -133,15 +133,15 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
                 let members: Vec<&str> = bed.fleet.clusters.iter().skip(1).map(|c| c.name.as_str()).collect();
                 eprintln!("ferry dev: joining {} to OCM (ManagedClusterSet demo, bound to namespace hello)", members.join(", "));
                 ferry_testkit::deploy::prepare(&bed.fleet, &members, "hello").await?;
-            }
-            eprintln!("ferry dev: ready. In another terminal: ferry submit test -f examples/test-task.yaml --wait");
-            eprintln!("ferry dev: Ctrl-C to stop");
-            super::common::cancel_on_signal(shutdown.clone());
                 // The README's offload example offloads namespace `web` of member-1.
                 if let Some(m) = bed.fleet.cluster(ferry_testkit::offload::CONSUMER) {
                     eprintln!("ferry dev: namespace web on {} (the README's offload example)", m.name);
                     ferry_testkit::offload::namespace(&m.client().await?, "web").await?;
                 }
+            }
+            eprintln!("ferry dev: ready. In another terminal: ferry submit test -f examples/test-task.yaml --wait");
+            eprintln!("ferry dev: Ctrl-C to stop");
+            super::common::cancel_on_signal(shutdown.clone());
             shutdown.cancelled().await;
             ExitCode::SUCCESS
         }

@@ -28,6 +28,8 @@ fn invalid(client: &Client, kind: TaskKind) -> (String, Vec<u8>) {
     let r = client.registry();
     match kind {
         TaskKind::Test => ("poison/test".into(), r.encode(&TestTaskSpec::steps(0)).unwrap()),
+        // A plan of no steps.
+        TaskKind::Plan => ("poison/plan".into(), r.encode(&ferry_plan::spec::PlanSpec::default()).unwrap()),
         TaskKind::Score => ("poison/score".into(), r.encode(&ferry_score::spec::ScoreClusters::default()).unwrap()),
         TaskKind::Deploy => {
             let a = ferry_deploy::spec::DeployApp { name: "web".into(), owner: "poison".into(), ..Default::default() };

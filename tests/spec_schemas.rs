@@ -35,6 +35,7 @@ fn spec_of(kind: TaskKind, generator: &mut SchemaGenerator) -> (Value, &'static 
         TaskKind::Deploy => (generator.subschema_for::<ferry_deploy::spec::DeployApp>(), "DeployApp", Some("`<namespace>/<name>`")),
         TaskKind::Score => (generator.subschema_for::<ferry_score::spec::ScoreClusters>(), "ScoreClusters", None),
         TaskKind::Test => (generator.subschema_for::<ferry_runtime::testkind::TestTaskSpec>(), "TestTaskSpec", None),
+        TaskKind::Plan => (generator.subschema_for::<ferry_plan::spec::PlanSpec>(), "PlanSpec", None),
     };
     (schema.to_value(), record, derived)
 }
@@ -150,6 +151,7 @@ fn decodes(kind: TaskKind, spec: &Value) -> Result<(), serde_json::Error> {
         TaskKind::Deploy => into::<ferry_deploy::spec::DeployApp>(spec),
         TaskKind::Score => into::<ferry_score::spec::ScoreClusters>(spec),
         TaskKind::Test => into::<ferry_runtime::testkind::TestTaskSpec>(spec),
+        TaskKind::Plan => into::<ferry_plan::spec::PlanSpec>(spec),
     }
 }
 
@@ -168,6 +170,27 @@ fn every_example_spec_file_names_and_meets_its_schema() {
         decodes(kind, &file["spec"]).unwrap_or_else(|e| panic!("{}: ferry submit {kind} would refuse it: {e}", path.display()));
     }
     assert_eq!(kinds.len(), TaskKind::ALL.len(), "an example of every kind: {kinds:?}");
+}
+
+#[test]
+fn every_plan_example_passes_the_plan_rules_and_its_children_decode() {
+    let mut plans = 0;
+    for path in example_specs() {
+        let text = std::fs::read_to_string(&path).unwrap();
+        if kind_of(&path, &text) != TaskKind::Plan {
+            continue;
+        }
+        plans += 1;
+        let file: Value = serde_yaml_ng::from_str(&text).unwrap();
+        let plan: ferry_plan::spec::PlanSpec = serde_json::from_value(file["spec"].clone()).unwrap();
+        ferry_plan::validate::validate(&plan).unwrap_or_else(|r| panic!("{}: the plan worker would reject it: {r}", path.display()));
+        for step in &plan.steps {
+            let kind: TaskKind = step.kind.parse().unwrap();
+            // What each child's worker gets once its references are put in: the kind's fields.
+            decodes(kind, &step.spec_value().unwrap()).unwrap_or_else(|e| panic!("{}: step {}: the {kind} child would be refused: {e}", path.display(), step.name));
+        }
+    }
+    assert!(plans >= 2, "the runnable test plan and the fleet plan");
 }
 
 #[test]

@@ -73,8 +73,12 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
     let mut opts = WorkerOptions::new(kafka.clone());
     opts.topics = topics.clone();
     opts.shutdown_grace = Duration::from_secs(5);
-    let mut workers = vec![tokio::spawn(super::workers::serve(opts.clone(), TestHandler::default(), shutdown.clone()))];
-    let mut names = vec!["test"];
+    let plans = super::workers::plan_handler(Client::new(kafka.clone(), topics.clone())?, Duration::from_secs(3600)).await?;
+    let mut workers = vec![
+        tokio::spawn(super::workers::serve(opts.clone(), TestHandler::default(), shutdown.clone())),
+        tokio::spawn(super::workers::serve(opts.clone(), plans, shutdown.clone())),
+    ];
+    let mut names = vec!["test", "plan"];
     if let Some(bed) = &bed {
         let clusters = bed.clusters.clone();
         // Onboarding scorings would race the demo's own; they run in the interactive mode.

@@ -84,32 +84,55 @@ fn parse_input(s: &str) -> Result<(String, String), String> {
 
 /// Encodes a spec given as JSON for `kind` (Confluent-framed Avro).
 pub fn encode_spec(client: &ferry_runtime::Client, kind: TaskKind, spec: serde_json::Value) -> anyhow::Result<Vec<u8>> {
+    encode_with(client.registry(), kind, spec)
+}
+
+/// The plan worker's [`ferry_runtime::child_tasks::SpecEncoder`]: a child's spec encoded as
+/// its kind's record, with the subject the kind derives from it (as `ferry submit` does).
+pub fn encode_child(registry: &ferry_runtime::wire::Registry, kind: TaskKind, spec: &serde_json::Value) -> Result<ferry_runtime::child_tasks::EncodedSpec, String> {
+    let subject = match kind {
+        TaskKind::Deploy => serde_json::from_value::<ferry_deploy::spec::DeployApp>(spec.clone()).ok().map(|a| a.subject()),
+        TaskKind::CreateCluster => serde_json::from_value::<ferry_cluster::spec::ClusterCommand>(spec.clone()).ok().map(|c| c.subject()),
+        TaskKind::Peer => serde_json::from_value::<ferry_peer::spec::PeerClusters>(spec.clone()).ok().map(|p| p.subject()),
+        TaskKind::Offload => serde_json::from_value::<ferry_offload::spec::OffloadCommand>(spec.clone()).ok().map(|c| c.subject()),
+        TaskKind::Score | TaskKind::Test | TaskKind::Plan => None,
+    };
+    let bytes = encode_with(registry, kind, spec.clone()).map_err(|e| format!("{e:#}"))?;
+    Ok(ferry_runtime::child_tasks::EncodedSpec { bytes, subject })
+}
+
+/// Encodes a spec given as JSON for `kind` with `registry`.
+fn encode_with(registry: &ferry_runtime::wire::Registry, kind: TaskKind, spec: serde_json::Value) -> anyhow::Result<Vec<u8>> {
     match kind {
         TaskKind::Test => {
             let s: ferry_runtime::testkind::TestTaskSpec = serde_json::from_value(spec).context("spec does not match the test kind's fields")?;
-            Ok(client.registry().encode(&s)?)
+            Ok(registry.encode(&s)?)
         }
         TaskKind::Score => {
             let s: ferry_score::spec::ScoreClusters = serde_json::from_value(spec).context("spec does not match the score kind's fields (ScoreClusters)")?;
-            Ok(client.registry().encode(&s)?)
+            Ok(registry.encode(&s)?)
         }
         TaskKind::Deploy => {
             let s: ferry_deploy::spec::DeployApp = serde_json::from_value(spec).context("spec does not match the deploy kind's fields (DeployApp)")?;
-            Ok(client.registry().encode(&s)?)
+            Ok(registry.encode(&s)?)
         }
         TaskKind::CreateCluster => {
             let s: ferry_cluster::spec::ClusterCommand =
                 serde_json::from_value(spec).context("spec does not match the create-cluster kind's fields (ClusterCommand)")?;
-            Ok(client.registry().encode(&s)?)
+            Ok(registry.encode(&s)?)
         }
         TaskKind::Peer => {
             let s: ferry_peer::spec::PeerClusters = serde_json::from_value(spec).context("spec does not match the peer kind's fields (PeerClusters)")?;
-            Ok(client.registry().encode(&s)?)
+            Ok(registry.encode(&s)?)
         }
         TaskKind::Offload => {
             let s: ferry_offload::spec::OffloadCommand =
                 serde_json::from_value(spec).context("spec does not match the offload kind's fields (OffloadCommand)")?;
-            Ok(client.registry().encode(&s)?)
+            Ok(registry.encode(&s)?)
+        }
+        TaskKind::Plan => {
+            let s: ferry_plan::spec::PlanSpec = serde_json::from_value(spec).context("spec does not match the plan kind's fields (PlanSpec)")?;
+            Ok(registry.encode(&s)?)
         }
     }
 }
@@ -147,7 +170,7 @@ pub async fn run(conn: &Conn, a: SubmitArgs) -> anyhow::Result<ExitCode> {
     let spec = encode_spec(&client, a.kind, file.spec)?;
     // Follow from the current end before sending, so no event is missed.
     let mut events = if a.wait { Some(client.events(false).await?) } else { None };
-    let opts = SubmitOptions { idempotency_key: a.idempotency_key, deadline: a.deadline, keep_partial: a.keep_partial, trace_parent: None };
+    let opts = SubmitOptions { idempotency_key: a.idempotency_key, deadline: a.deadline, keep_partial: a.keep_partial, trace_parent: None, requested_by: None };
     let id = client.submit_encoded(a.kind, &subject, spec, opts).await?;
     let Some(events) = events.as_mut() else {
         match a.output {
@@ -223,6 +246,9 @@ fn dry_run(a: &SubmitArgs, file: SpecFile) -> anyhow::Result<ExitCode> {
         TaskKind::Deploy => serde_json::from_value::<ferry_deploy::spec::DeployApp>(file.spec)
             .map_err(|e| format!("spec does not match the deploy kind's fields (DeployApp): {e}"))
             .and_then(|app| ferry_deploy::validate::validate(&subject, &app).map_err(|r| r.reason)),
+        TaskKind::Plan => serde_json::from_value::<ferry_plan::spec::PlanSpec>(file.spec)
+            .map_err(|e| format!("spec does not match the plan kind's fields (PlanSpec): {e}"))
+            .and_then(|plan| ferry_plan::validate::validate(&plan).map_err(|r| r.reason)),
         _ => Ok(()),
     };
     match verdict {

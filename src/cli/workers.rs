@@ -53,6 +53,9 @@ pub struct WorkerArgs {
     /// start|end microseconds`), an effect outside Kafka that shows a double run.
     #[arg(long)]
     pub effects: Option<PathBuf>,
+    /// plan: how long a child task may take to end, or to be reverted, e.g. 30m, 2h.
+    #[arg(long, value_parser = common::parse_duration, default_value = "1h")]
+    pub child_timeout: std::time::Duration,
 }
 
 /// The add-on catalog named by `--addons`.
@@ -85,6 +88,15 @@ pub async fn serve<H: TaskHandler>(opts: WorkerOptions, handler: H, shutdown: Ca
         })
         .await?;
     Ok(())
+}
+
+/// The plan handler: children submitted with `client` (the operator's), their specs
+/// encoded as `ferry submit` encodes them.
+pub async fn plan_handler(client: ferry_runtime::Client, child_timeout: std::time::Duration) -> anyhow::Result<ferry_plan::PlanHandler> {
+    let children = ferry_runtime::child_tasks::KafkaChildren::new(client, Arc::new(super::submit::encode_child)).await?;
+    let mut cfg = ferry_plan::PlanConfig::new(Arc::new(children));
+    cfg.child_timeout = child_timeout;
+    Ok(ferry_plan::PlanHandler::new(cfg))
 }
 
 /// The score worker and, given a client to submit with, its onboarding watcher.
@@ -147,6 +159,7 @@ pub async fn run(conn: &common::Conn, a: WorkerArgs) -> anyhow::Result<ExitCode>
             }
             serve(opts, ferry_offload::OffloadHandler::new(cfg), shutdown).await?;
         }
+        TaskKind::Plan => serve(opts, plan_handler(conn.client().await?, a.child_timeout).await?, shutdown).await?,
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -24,6 +24,7 @@ pub fn spec_schema(kind: TaskKind) -> &'static str {
         TaskKind::Deploy => "DeployApp.v2.avsc",
         TaskKind::Score => "ScoreClusters.avsc",
         TaskKind::Test => "TestTaskSpec.avsc",
+        TaskKind::Plan => "PlanSpec.avsc",
     }
 }
 

@@ -75,6 +75,9 @@ pub struct SubmitOptions {
     pub keep_partial: bool,
     /// W3C trace context of the caller.
     pub trace_parent: Option<String>,
+    /// Who the command is from, instead of the client's user (a plan names itself,
+    /// `plan/<id>`, so that its children are linked to it).
+    pub requested_by: Option<String>,
 }
 
 /// How long a read of the task-state topics may take to reach their ends.
@@ -196,7 +199,7 @@ impl Client {
             action: CommandAction::Start,
             subject: subject.to_owned(),
             idempotency_key: opts.idempotency_key.clone(),
-            requested_by: self.requested_by.clone(),
+            requested_by: opts.requested_by.clone().unwrap_or_else(|| self.requested_by.clone()),
             created_at_ms: now_ms(),
             deadline_ms: opts.deadline.map(|d| now_ms() + d.as_millis() as i64),
             keep_partial: opts.keep_partial,

@@ -12,16 +12,18 @@
 //! - [`tenants`]: who sent a command (the tenant whose topic it came on, forwarded by
 //!   the worker's `gateway`) and what each tenant may target.
 //! - [`client`]: submit, cancel, revert, read state, follow events.
+//! - [`child_tasks`]: [`children::Children`] over a [`Client`], for the `plan` kind.
 //! - [`asyncapi`]: the protocol as an AsyncAPI document (`docs/asyncapi.yaml`).
 //! - [`embedded`]: the in-process broker for `ferry dev` and fault tests.
 //! - [`testkind`]: the runtime's own `test` task kind.
 //!
 //! docs/ARCHITECTURE.md has the protocol and the reasoning behind it.
 
-pub use ferry_task::{codes, ids, kind, limits, output, protocol, report, step, targets, wire};
+pub use ferry_task::{children, codes, ids, kind, limits, output, protocol, report, step, targets, wire};
 
 pub mod asyncapi;
 pub mod client;
+pub mod child_tasks;
 pub mod effects;
 pub mod embedded;
 mod fences;

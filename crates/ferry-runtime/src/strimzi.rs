@@ -14,7 +14,7 @@ use crate::tenants::Policy;
 use crate::topics::{Purpose, Topics};
 
 /// The worker kinds that run in production (the `test` kind is for development).
-pub const WORKER_KINDS: [TaskKind; 5] = [TaskKind::CreateCluster, TaskKind::Peer, TaskKind::Offload, TaskKind::Deploy, TaskKind::Score];
+pub const WORKER_KINDS: [TaskKind; 6] = [TaskKind::CreateCluster, TaskKind::Peer, TaskKind::Offload, TaskKind::Deploy, TaskKind::Score, TaskKind::Plan];
 
 /// Label that ties a resource to its Strimzi `Kafka` cluster.
 const CLUSTER_LABEL: &str = "strimzi.io/cluster";
@@ -153,6 +153,15 @@ pub fn kafka_users(topics: &Topics, policy: &Policy, cluster: &str) -> Vec<Value
                 acls.push(acl("topic", &scores, "literal", &["Write", "Describe"]));
             }
             TaskKind::Deploy => acls.push(acl("topic", &scores, "literal", &["Read", "Describe"])),
+            TaskKind::Plan => {
+                // Its children: Start and Revert commands of the other kinds, and their
+                // snapshots (its live view follows every task-state topic). It reads no
+                // other command topic and writes no other task state.
+                for other in WORKER_KINDS.into_iter().filter(|k| *k != TaskKind::Plan) {
+                    acls.push(acl("topic", &topics.command(other).name, "literal", &["Write", "Describe"]));
+                    acls.push(acl("topic", &topics.task_state(other).name, "literal", &["Read", "Describe"]));
+                }
+            }
             _ => {}
         }
         users.push(user(&format!("ferry-worker-{kind}"), cluster, acls));
@@ -235,8 +244,11 @@ mod tests {
                 if topic.starts_with("ferry.commands.") {
                     let own = *topic == topics.command(kind).name;
                     assert_eq!(allows(w, "topic", topic, "Read"), own, "{kind} worker reads {topic}");
+                    // The plan worker submits and reverts its children: it writes the
+                    // other production kinds' command topics (never the test kind's).
+                    let child = kind == TaskKind::Plan && WORKER_KINDS.iter().any(|k| *topic == topics.command(*k).name);
                     if !own {
-                        assert!(!allows(w, "topic", topic, "Write"), "{kind} worker writes {topic}");
+                        assert_eq!(allows(w, "topic", topic, "Write"), child, "{kind} worker writes {topic}");
                     }
                 }
             }

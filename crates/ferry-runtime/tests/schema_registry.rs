@@ -97,7 +97,7 @@ async fn lookup_mode_finds_the_ids_of_a_locked_registry() {
     assert_eq!(registry.id_of::<CommandEnvelope>().unwrap(), env);
     assert_eq!(registry.id_of::<TestTaskSpec>().unwrap(), spec);
     // Lookup wrote nothing: the same subjects, one version each (two for the v1/v2 pairs).
-    assert_eq!(stand_in.handle().subjects().len(), 10);
+    assert_eq!(stand_in.handle().subjects().len(), 11);
 }
 
 #[tokio::test]

@@ -181,3 +181,17 @@ pub const SCHEDULING: &str = "SCHEDULING";
 /// A burst needs to offload a namespace another task (or someone else) offloaded, and not
 /// to every cluster the overflow needs.
 pub const ALREADY_OFFLOADED: &str = "ALREADY_OFFLOADED";
+
+// Plan.
+/// A plan's child task ended otherwise than Succeeded (failed and reverted itself, was
+/// rejected, cancelled, or its revert failed): the plan fails and undoes what it did.
+pub const CHILD_FAILED: &str = "CHILD_FAILED";
+/// A child's revert ended RevertFailed: the plan's undo stops there (a new Revert of the
+/// plan retries it).
+pub const CHILD_REVERT_FAILED: &str = "CHILD_REVERT_FAILED";
+/// A `${steps...}` reference in a child's spec names nothing in the earlier child's output.
+pub const REF_UNRESOLVED: &str = "REF_UNRESOLVED";
+/// A child's spec does not encode as its kind's record.
+pub const CHILD_SPEC: &str = "CHILD_SPEC";
+/// Submitting a child, or following or reverting it, failed on Kafka's side (retried).
+pub const CHILDREN_UNREACHABLE: &str = "CHILDREN_UNREACHABLE";

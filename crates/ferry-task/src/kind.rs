@@ -22,17 +22,21 @@ pub enum TaskKind {
     Score,
     /// The runtime's own no-op task, for demos, tests and benchmarks.
     Test,
+    /// A list of commands of the other kinds, each run as a child task, reverted as one.
+    /// Last: a new Avro enum symbol goes at the end, so older records keep their indexes.
+    Plan,
 }
 
 impl TaskKind {
     /// Every kind, in topic order.
-    pub const ALL: [TaskKind; 6] = [
+    pub const ALL: [TaskKind; 7] = [
         TaskKind::CreateCluster,
         TaskKind::Peer,
         TaskKind::Offload,
         TaskKind::Deploy,
         TaskKind::Score,
         TaskKind::Test,
+        TaskKind::Plan,
     ];
 
     /// The name used on the command line and in `topics/topics.yaml`.
@@ -44,6 +48,7 @@ impl TaskKind {
             TaskKind::Deploy => "deploy",
             TaskKind::Score => "score",
             TaskKind::Test => "test",
+            TaskKind::Plan => "plan",
         }
     }
 }
@@ -58,6 +63,7 @@ impl TaskKind {
             TaskKind::Deploy => "Applications through OCM ManifestWork",
             TaskKind::Score => "Cluster scoring for placement",
             TaskKind::Test => "The runtime's own no-op task, for demos, tests and benchmarks",
+            TaskKind::Plan => "Commands of the other kinds run as child tasks, reverted as one",
         }
     }
 }
@@ -70,7 +76,7 @@ impl fmt::Display for TaskKind {
 
 /// A name that is not a task kind.
 #[derive(Debug, thiserror::Error)]
-#[error("unknown task kind {0:?}: expected one of create-cluster, peer, offload, deploy, score, test")]
+#[error("unknown task kind {0:?}: expected one of create-cluster, peer, offload, deploy, score, test, plan")]
 pub struct UnknownKind(pub String);
 
 impl FromStr for TaskKind {

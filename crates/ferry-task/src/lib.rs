@@ -12,7 +12,9 @@
 //! - [`limits`]: the size of records and of a command's fields.
 //! - [`report`]: a finished task's events printed for a person, or summed up for a test.
 //! - [`targets`]: what a command acts on, for the tenants' policy.
+//! - [`children`]: what a task that runs other tasks (a plan) submits and follows them with.
 
+pub mod children;
 pub mod codes;
 pub mod ids;
 pub mod kind;

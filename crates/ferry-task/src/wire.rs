@@ -26,6 +26,7 @@ pub const EMBEDDED: &[(u32, &str, &str)] = &[
     (40, "OffloadCommand.avsc", include_str!("../../../schemas/OffloadCommand.avsc")),
     (50, "DeployApp.avsc", include_str!("../../../schemas/DeployApp.avsc")),
     (51, "DeployApp.v2.avsc", include_str!("../../../schemas/DeployApp.v2.avsc")),
+    (60, "PlanSpec.avsc", include_str!("../../../schemas/PlanSpec.avsc")),
 ];
 
 /// Why bytes could not be encoded or decoded.

@@ -1,0 +1,134 @@
+//! [`Children`] over Kafka, for the `plan` kind: a child's Start goes to its kind's command
+//! topic through a [`Client`] (keyed, `requested_by` = `plan/<parent>`), and its snapshots
+//! are read and waited for in the client's live view of every task-state topic (one
+//! consumer for the process, whatever the number of plans waiting).
+//!
+//! The runtime does not know every kind's spec type (they live in the worker crates), so
+//! whoever builds the plan worker passes a [`SpecEncoder`]: the `ferry` binary's knows
+//! every kind, [`encode_test_kind`] only the runtime's own `test` kind.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde_json::Value;
+
+use crate::children::{ChildCommand, ChildError, Children};
+use crate::client::{Client, ClientError, SubmitOptions};
+use crate::ids::TaskId;
+use crate::kind::TaskKind;
+use crate::live::{LiveError, LiveState};
+use crate::protocol::{CommandAction, TaskSnapshot};
+use crate::wire::Registry;
+
+/// A child's spec encoded as its kind's record, with the subject the kind derives from it.
+#[derive(Debug, Clone)]
+pub struct EncodedSpec {
+    /// Confluent-framed Avro of the kind's spec record.
+    pub bytes: Vec<u8>,
+    /// The subject the kind derives from the spec, for kinds that derive one.
+    pub subject: Option<String>,
+}
+
+/// Encodes a child's JSON spec as its kind's record (the reason names the field on error).
+pub type SpecEncoder = Arc<dyn Fn(&Registry, TaskKind, &Value) -> Result<EncodedSpec, String> + Send + Sync>;
+
+/// How long reading the task-state topics to their ends may take.
+const READ_LIMIT: Duration = Duration::from_secs(60);
+
+/// The encoder of the runtime's own kind: `test` children only.
+pub fn encode_test_kind(registry: &Registry, kind: TaskKind, spec: &Value) -> Result<EncodedSpec, String> {
+    match kind {
+        TaskKind::Test => {
+            let s: crate::testkind::TestTaskSpec = serde_json::from_value(spec.clone()).map_err(|e| format!("does not match TestTaskSpec: {e}"))?;
+            Ok(EncodedSpec { bytes: registry.encode(&s).map_err(|e| e.to_string())?, subject: None })
+        }
+        other => Err(format!("this worker cannot encode {other} specs (it was built with the test kind's encoder only)")),
+    }
+}
+
+/// [`Children`] through a [`Client`] and its live view.
+pub struct KafkaChildren {
+    client: Client,
+    live: LiveState,
+    encode: SpecEncoder,
+}
+
+impl std::fmt::Debug for KafkaChildren {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaChildren").field("client", &self.client).finish()
+    }
+}
+
+impl KafkaChildren {
+    /// Children sent with `client` (an operator's client: a tenant's would put them on its
+    /// own topics), specs encoded by `encode`. Starts the client's live view.
+    pub async fn new(client: Client, encode: SpecEncoder) -> Result<Self, ClientError> {
+        let live = client.live_view().await?;
+        Ok(Self { client, live, encode })
+    }
+}
+
+fn unreachable_by(what: impl Into<String>) -> impl FnOnce(ClientError) -> ChildError {
+    let what = what.into();
+    move |e| ChildError::Unreachable { what, reason: e.to_string() }
+}
+
+impl Children for KafkaChildren {
+    fn child_id(&self, kind: TaskKind, key: &str) -> TaskId {
+        self.client.id_for_key(kind, key)
+    }
+
+    fn submit<'a>(&'a self, child: &'a ChildCommand) -> BoxFuture<'a, Result<TaskId, ChildError>> {
+        async move {
+            let encoded = (self.encode)(self.client.registry(), child.kind, &child.spec).map_err(|reason| ChildError::Spec { kind: child.kind, reason })?;
+            let Some(subject) = child.subject.clone().or(encoded.subject) else {
+                return Err(ChildError::Spec { kind: child.kind, reason: "no subject: give the step a subject (the kind derives none from its spec)".into() });
+            };
+            let opts = SubmitOptions {
+                idempotency_key: Some(child.idempotency_key.clone()),
+                requested_by: Some(format!("plan/{}", child.parent)),
+                ..SubmitOptions::default()
+            };
+            self.client
+                .submit_encoded(child.kind, &subject, encoded.bytes, opts)
+                .await
+                .map_err(unreachable_by(format!("submitting the {} child {}", child.kind, child.idempotency_key)))
+        }
+        .boxed()
+    }
+
+    fn snapshot(&self, id: TaskId) -> BoxFuture<'_, Result<Option<TaskSnapshot>, ChildError>> {
+        async move {
+            self.live.caught_up(READ_LIMIT).await.map_err(|e| ChildError::Unreachable { what: format!("reading child {id}'s snapshot"), reason: e.to_string() })?;
+            Ok(self.live.get(id))
+        }
+        .boxed()
+    }
+
+    fn wait<'a>(
+        &'a self,
+        id: TaskId,
+        limit: Duration,
+        until: &'a mut (dyn FnMut(&TaskSnapshot) -> bool + Send),
+    ) -> BoxFuture<'a, Result<TaskSnapshot, ChildError>> {
+        async move {
+            self.live.wait_for(id, limit, |s| until(s)).await.map_err(|e| match e {
+                LiveError::WaitTimeout { .. } => ChildError::Timeout { task: id, waited: limit },
+                e => ChildError::Unreachable { what: format!("following child {id}"), reason: e.to_string() },
+            })
+        }
+        .boxed()
+    }
+
+    fn revert<'a>(&'a self, kind: TaskKind, subject: &'a str, id: TaskId, reason: String) -> BoxFuture<'a, Result<(), ChildError>> {
+        async move {
+            self.client
+                .control(kind, subject, id, CommandAction::Revert, Some(reason))
+                .await
+                .map_err(unreachable_by(format!("sending Revert of child {id}")))
+        }
+        .boxed()
+    }
+}

@@ -1,0 +1,105 @@
+//! The plan worker's configuration and handler: validate, targets, and the plan (one
+//! [`ChildStep`] per child command).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_task::children::Children;
+use ferry_task::{Rejection, Step, StepContext, StepError, TaskHandler, TaskKind, Targets, codes};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde_json::Value;
+
+use crate::refs;
+use crate::spec::PlanSpec;
+use crate::steps::child::ChildStep;
+
+/// What the plan worker needs.
+#[derive(Clone)]
+pub struct PlanConfig {
+    /// Submits and follows the children (over Kafka: `ferry_runtime::child_tasks`).
+    pub children: Arc<dyn Children>,
+    /// How long a child may take to end (and to be reverted): the plan step fails with
+    /// DEADLINE_EXCEEDED after it, and the plan's revert reverts the child.
+    pub child_timeout: Duration,
+    /// How long an undo waits for a child it finds no snapshot of to be taken up by its
+    /// worker: past it, the child's Start was never sent.
+    pub appear_grace: Duration,
+}
+
+impl std::fmt::Debug for PlanConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlanConfig").field("child_timeout", &self.child_timeout).field("appear_grace", &self.appear_grace).finish()
+    }
+}
+
+impl PlanConfig {
+    /// Defaults: a child may take an hour; a Start on its way is waited for 30 s.
+    pub fn new(children: Arc<dyn Children>) -> Self {
+        Self { children, child_timeout: Duration::from_secs(3600), appear_grace: Duration::from_secs(30) }
+    }
+}
+
+/// The handler of `plan` tasks.
+#[derive(Debug, Clone)]
+pub struct PlanHandler {
+    cfg: PlanConfig,
+}
+
+impl PlanHandler {
+    /// A handler with `cfg`.
+    pub fn new(cfg: PlanConfig) -> Self {
+        Self { cfg }
+    }
+}
+
+/// The step of a child whose kind does not parse: only a bug gets here (`validate`
+/// refuses such a plan), and it says so instead of running another kind.
+struct Unplannable {
+    name: String,
+    reason: String,
+}
+
+impl Step<PlanSpec> for Unplannable {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn run<'a>(&'a self, _: &'a StepContext<'a, PlanSpec>) -> BoxFuture<'a, Result<Value, StepError>> {
+        async move { Err(StepError::permanent(codes::INTERNAL, format!("step {}: {}", self.name, self.reason))) }.boxed()
+    }
+
+    fn undo<'a>(&'a self, _: &'a StepContext<'a, PlanSpec>, _: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>> {
+        async { Ok(()) }.boxed()
+    }
+}
+
+impl TaskHandler for PlanHandler {
+    type Spec = PlanSpec;
+
+    fn kind(&self) -> TaskKind {
+        TaskKind::Plan
+    }
+
+    fn validate(&self, _subject: &str, spec: &PlanSpec) -> Result<(), Rejection> {
+        crate::validate::validate(spec)
+    }
+
+    /// The children's literal subjects, and clusters chosen at run time: the plan worker
+    /// submits its children as the operator, on the operator's topics, so a tenant's
+    /// plan must be allowed every cluster (`clusters: ["*"]`) in its policy's plan rule.
+    fn targets(&self, _subject: &str, spec: &PlanSpec) -> Targets {
+        let literal = spec.steps.iter().filter_map(|s| s.subject.clone()).filter(|s| refs::in_text(s).is_ok_and(|r| r.is_empty()));
+        Targets::clusters(literal).chosen_at_run("a plan's children, which the plan worker submits as the operator")
+    }
+
+    fn plan(&self, spec: &PlanSpec) -> Vec<Arc<dyn Step<PlanSpec>>> {
+        spec.steps
+            .iter()
+            .map(|s| match ChildStep::new(s.clone(), self.cfg.clone()) {
+                Ok(step) => Arc::new(step) as Arc<dyn Step<PlanSpec>>,
+                Err(e) => Arc::new(Unplannable { name: s.name.clone(), reason: e.to_string() }),
+            })
+            .collect()
+    }
+}

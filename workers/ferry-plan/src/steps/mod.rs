@@ -1,0 +1,3 @@
+//! The plan's steps: one kind, [`child::ChildStep`], one per child command.
+
+pub mod child;

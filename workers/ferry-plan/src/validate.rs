@@ -1,0 +1,144 @@
+//! The plan command's rules, checked before anything runs; each rejection names the step
+//! (`steps[i] (<name>)`), the field and the rule.
+
+use std::collections::HashMap;
+
+use ferry_task::{Rejection, TaskKind};
+
+use crate::refs;
+use crate::spec::PlanSpec;
+
+/// Children of one plan, at most: each is a step of the plan's journal, which rides in its
+/// snapshot with the children's outputs.
+pub const MAX_STEPS: usize = 50;
+
+/// Longest step name (a Kubernetes label value's limit: names may end up in ones).
+const NAME_LEN: usize = 63;
+
+/// The kinds that derive a subject from their spec when a step gives none.
+const DERIVE_SUBJECT: [TaskKind; 4] = [TaskKind::CreateCluster, TaskKind::Peer, TaskKind::Offload, TaskKind::Deploy];
+
+/// Checks `spec`: step names, kinds, specs, subjects and every reference.
+pub fn validate(spec: &PlanSpec) -> Result<(), Rejection> {
+    if spec.steps.is_empty() {
+        return Err(Rejection::new("steps: a plan needs at least one step"));
+    }
+    if spec.steps.len() > MAX_STEPS {
+        return Err(Rejection::new(format!("steps: a plan has at most {MAX_STEPS} steps, got {}", spec.steps.len())));
+    }
+    let mut index: HashMap<&str, usize> = HashMap::new();
+    for (i, s) in spec.steps.iter().enumerate() {
+        let at = format!("steps[{i}]");
+        let name_ok = !s.name.is_empty()
+            && s.name.len() <= NAME_LEN
+            && s.name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            && !s.name.starts_with('-')
+            && !s.name.ends_with('-');
+        if !name_ok {
+            return Err(Rejection::new(format!(
+                "{at}.name {:?}: 1 to {NAME_LEN} lowercase letters, digits and '-', starting and ending with a letter or digit",
+                s.name
+            )));
+        }
+        if let Some(first) = index.insert(&s.name, i) {
+            return Err(Rejection::new(format!("{at}.name {:?}: steps[{first}] has that name already; step names are unique in a plan", s.name)));
+        }
+    }
+    for (i, s) in spec.steps.iter().enumerate() {
+        let at = format!("steps[{i}] ({})", s.name);
+        let kind: TaskKind = s.kind.parse().map_err(|e| Rejection::new(format!("{at}.kind: {e}")))?;
+        if kind == TaskKind::Plan {
+            return Err(Rejection::new(format!("{at}.kind: a plan does not run plans (put their steps in this one)")));
+        }
+        let value = s.spec_value().map_err(|e| Rejection::new(format!("{at}.spec: not JSON: {e}")))?;
+        if !value.is_object() {
+            return Err(Rejection::new(format!("{at}.spec: the {kind} kind's fields, an object; got {value}")));
+        }
+        match &s.subject {
+            Some(subject) if subject.trim().is_empty() => return Err(Rejection::new(format!("{at}.subject: empty (leave it out to derive it)"))),
+            None if !DERIVE_SUBJECT.contains(&kind) => {
+                return Err(Rejection::new(format!("{at}.subject: required for a {kind} child (its spec names no subject)")));
+            }
+            _ => {}
+        }
+        let mut found = refs::in_value(&value, "spec").map_err(|e| Rejection::new(format!("{at}.spec: {e}")))?;
+        if let Some(subject) = &s.subject {
+            let in_subject = refs::in_text(subject).map_err(|e| Rejection::new(format!("{at}.subject: {e}")))?;
+            found.extend(in_subject.into_iter().map(|(_, r)| ("subject".to_owned(), r)));
+        }
+        for (field, r) in found {
+            match index.get(r.step.as_str()) {
+                None => {
+                    let names: Vec<&str> = spec.steps.iter().map(|s| s.name.as_str()).collect();
+                    return Err(Rejection::new(format!("{at}.{field}: {r} refers to no step named {:?} (the steps are: {})", r.step, names.join(", "))));
+                }
+                Some(&j) if j >= i => {
+                    let which = if j == i { "itself".to_owned() } else { format!("steps[{j}], which runs after it") };
+                    return Err(Rejection::new(format!("{at}.{field}: {r} refers to {which}; a step may refer only to earlier steps")));
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn plan(steps: serde_json::Value) -> PlanSpec {
+        serde_json::from_value(json!({ "steps": steps })).unwrap()
+    }
+
+    fn reason(steps: serde_json::Value) -> String {
+        validate(&plan(steps)).unwrap_err().reason
+    }
+
+    #[test]
+    fn a_plan_with_backward_references_is_valid() {
+        validate(&plan(json!([
+            {"name": "create", "kind": "create-cluster", "spec": {"name": "edge-1"}},
+            {"name": "peer", "kind": "peer", "spec": {"a": "hub-1", "b": "${steps.create.outputs.register.cluster}"}},
+            {"name": "check", "kind": "test", "subject": "${steps.peer.subject}", "spec": {"steps": 1}, "keep": true},
+        ])))
+        .unwrap();
+    }
+
+    #[test]
+    fn unknown_and_later_steps_are_refused_precisely() {
+        let steps = |r: &str| json!([
+            {"name": "one", "kind": "test", "subject": "s", "spec": {"steps": 1}},
+            {"name": "two", "kind": "test", "subject": "s", "spec": {"steps": 1, "note": r}},
+            {"name": "three", "kind": "test", "subject": "s", "spec": {"steps": 1}},
+        ]);
+        assert_eq!(
+            reason(steps("${steps.four.task_id}")),
+            "steps[1] (two).spec.note: ${steps.four.task_id} refers to no step named \"four\" (the steps are: one, two, three)"
+        );
+        assert_eq!(
+            reason(steps("${steps.three.task_id}")),
+            "steps[1] (two).spec.note: ${steps.three.task_id} refers to steps[2], which runs after it; a step may refer only to earlier steps"
+        );
+        assert_eq!(reason(steps("${steps.two.task_id}")), "steps[1] (two).spec.note: ${steps.two.task_id} refers to itself; a step may refer only to earlier steps");
+        assert!(reason(steps("${steps.one.output}")).starts_with("steps[1] (two).spec: ${steps.one.output}: a reference is"));
+    }
+
+    #[test]
+    fn names_kinds_specs_and_subjects_are_checked() {
+        assert_eq!(reason(json!([])), "steps: a plan needs at least one step");
+        let one = |s: serde_json::Value| reason(json!([s]));
+        assert!(one(json!({"name": "Bad_Name", "kind": "test", "subject": "s", "spec": {}})).starts_with("steps[0].name \"Bad_Name\": 1 to 63"));
+        assert!(one(json!({"name": "a", "kind": "build", "subject": "s", "spec": {}})).starts_with("steps[0] (a).kind: unknown task kind \"build\""));
+        assert_eq!(one(json!({"name": "a", "kind": "plan", "subject": "s", "spec": {}})), "steps[0] (a).kind: a plan does not run plans (put their steps in this one)");
+        assert_eq!(one(json!({"name": "a", "kind": "test", "spec": {}})), "steps[0] (a).subject: required for a test child (its spec names no subject)");
+        assert_eq!(one(json!({"name": "a", "kind": "test", "subject": "s", "spec": [1]})), "steps[0] (a).spec: the test kind's fields, an object; got [1]");
+        let twice = reason(json!([
+            {"name": "a", "kind": "test", "subject": "s", "spec": {}},
+            {"name": "a", "kind": "test", "subject": "s", "spec": {}},
+        ]));
+        assert_eq!(twice, "steps[1].name \"a\": steps[0] has that name already; step names are unique in a plan");
+    }
+}

@@ -1,0 +1,288 @@
+//! Plans end to end on the embedded Kafka-protocol broker: a plan worker runs its children
+//! as `test` tasks through real `test` workers, over `ferry_runtime::child_tasks` (no fake
+//! of Kafka). Children are linked to their plan by their idempotency key
+//! `plan/<plan>/<step>` (which fixes their ids) and their `requested_by` `plan/<plan>`.
+//! Every wait is on events or snapshots with a deadline; nothing sleeps.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_plan::spec::PlanSpec;
+use ferry_plan::{PlanConfig, PlanHandler};
+use ferry_runtime::child_tasks::{KafkaChildren, encode_test_kind};
+use ferry_runtime::protocol::{CommandEnvelope, TaskSnapshot};
+use ferry_runtime::testkind::{TestHandler, TestTaskSpec};
+use ferry_runtime::{Client, EmbeddedBroker, EventStream, EventType, KafkaConfig, ProgressEvent, SubmitOptions, TaskId, TaskKind, TaskState, Topics, Worker, WorkerOptions};
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+const WAIT: Duration = Duration::from_secs(90);
+
+/// The embedded broker with every topic, a client, and the workers started on it.
+struct Bed {
+    _broker: EmbeddedBroker,
+    kafka: KafkaConfig,
+    topics: Topics,
+    client: Client,
+}
+
+/// A running worker: cancel `stop` and await `handle` to stop it.
+struct Running {
+    stop: CancellationToken,
+    handle: JoinHandle<()>,
+}
+
+impl Running {
+    async fn stop(self) {
+        self.stop.cancel();
+        self.handle.await.expect("worker task");
+    }
+}
+
+impl Bed {
+    fn start() -> Self {
+        let _ = tracing_subscriber::fmt().with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into())).with_test_writer().try_init();
+        let topics = Topics::standard();
+        let broker = EmbeddedBroker::start(3, &topics).expect("embedded broker");
+        let kafka = KafkaConfig::for_embedded(broker.bootstrap());
+        let client = Client::new(kafka.clone(), topics.clone()).expect("client");
+        Self { _broker: broker, kafka, topics, client }
+    }
+
+    fn options(&self, name: &str) -> WorkerOptions {
+        let mut o = WorkerOptions::new(self.kafka.clone());
+        o.topics = self.topics.clone();
+        o.worker_id = name.to_owned();
+        o.revoke_grace = Duration::from_secs(2);
+        o.shutdown_grace = Duration::from_secs(2);
+        o
+    }
+
+    fn test_worker(&self) -> Running {
+        let stop = CancellationToken::new();
+        let handler = TestHandler { min_delay: Some(Duration::from_millis(10)), effects: None };
+        let worker = Worker::new(self.options("test-worker"), handler);
+        let t = stop.clone();
+        Running { stop, handle: tokio::spawn(async move { worker.run(t).await.expect("test worker") }) }
+    }
+
+    async fn plan_worker(&self, name: &str) -> Running {
+        let client = Client::new(self.kafka.clone(), self.topics.clone()).expect("client");
+        let children = KafkaChildren::new(client, Arc::new(encode_test_kind)).await.expect("children over Kafka");
+        let mut cfg = PlanConfig::new(Arc::new(children));
+        cfg.child_timeout = WAIT;
+        cfg.appear_grace = Duration::from_secs(5);
+        let worker = Worker::new(self.options(name), PlanHandler::new(cfg));
+        let stop = CancellationToken::new();
+        let t = stop.clone();
+        Running { stop, handle: tokio::spawn(async move { worker.run(t).await.expect("plan worker") }) }
+    }
+
+    async fn submit(&self, subject: &str, plan: Value, keep_partial: bool) -> TaskId {
+        let spec: PlanSpec = serde_json::from_value(plan).expect("a plan");
+        let opts = SubmitOptions { keep_partial, ..SubmitOptions::default() };
+        self.client.submit(TaskKind::Plan, subject, &spec, opts).await.expect("submit")
+    }
+
+    async fn snapshot(&self, id: TaskId) -> TaskSnapshot {
+        self.client.snapshot(id).await.expect("read snapshots").unwrap_or_else(|| panic!("no snapshot of {id}"))
+    }
+
+    /// Every record of `topic`, decoded as `T` (others left out).
+    async fn records<T: serde::de::DeserializeOwned + apache_avro::AvroSchema + 'static>(&self, topic: &str) -> Vec<T> {
+        let records = self.client.read_to_end(topic).await.expect("read topic");
+        records.into_iter().filter_map(|(_, p)| self.client.registry().decode::<T>(&p).ok()).collect()
+    }
+}
+
+/// The child of `plan`'s step `step` (a `test` task): its id is fixed by its key.
+fn child(plan: TaskId, step: &str) -> TaskId {
+    TaskId::for_idempotency_key(TaskKind::Test, &format!("plan/{plan}/{step}"))
+}
+
+async fn until(events: &mut EventStream, id: TaskId, done: impl FnMut(&ProgressEvent) -> bool) -> Vec<ProgressEvent> {
+    events.until(id, WAIT, done).await.unwrap_or_else(|e| panic!("{e}"))
+}
+
+async fn until_final(events: &mut EventStream, id: TaskId) -> Vec<ProgressEvent> {
+    until(events, id, |e| e.event.is_final()).await
+}
+
+fn test_step(name: &str, subject: &str, spec: TestTaskSpec) -> Value {
+    json!({"name": name, "kind": "test", "subject": subject, "spec": serde_json::to_value(spec).unwrap()})
+}
+
+/// The time of `child`'s first `event` in its history.
+fn at(history: &[ProgressEvent], event: EventType) -> i64 {
+    history.iter().find(|e| e.event == event).unwrap_or_else(|| panic!("no {event:?} in {history:#?}")).at_ms
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_of_three_children_succeeds_and_its_revert_reverts_them_last_first() {
+    let bed = Bed::start();
+    let mut events = bed.client.events(true).await.unwrap();
+    let (tests, plans) = (bed.test_worker(), bed.plan_worker("plan-worker").await);
+    let plan = json!({"steps": [
+        test_step("one", "plan-a/one", TestTaskSpec::steps(2)),
+        test_step("two", "plan-a/two", TestTaskSpec::steps(3)),
+        // Its subject comes from the first child's output, resolved when it runs.
+        test_step("three", "after-${steps.one.task_id}", TestTaskSpec::steps(1)),
+    ]});
+    let id = bed.submit("plan-a", plan, false).await;
+    let evs = until_final(&mut events, id).await;
+    assert_eq!(evs.last().unwrap().event, EventType::Succeeded, "{evs:#?}");
+    // The plan's progress shows its children as they move.
+    let progress: Vec<&str> = evs.iter().filter(|e| e.event == EventType::StepProgress).filter_map(|e| e.message.as_deref()).collect();
+    for step in ["one", "two", "three"] {
+        let c = child(id, step).to_string();
+        assert!(progress.iter().any(|m| m.starts_with(&format!("child {c} (test)"))), "progress of child {step}: {progress:#?}");
+    }
+
+    let snap = bed.snapshot(id).await;
+    for step in ["one", "two", "three"] {
+        let c = bed.snapshot(child(id, step)).await;
+        assert_eq!(c.state, TaskState::Succeeded, "child {step}");
+        assert_eq!(c.kind, TaskKind::Test);
+        assert_eq!(c.idempotency_key.as_deref(), Some(format!("plan/{id}/{step}").as_str()), "child {step} is linked by its key");
+        assert_eq!(c.requested_by, format!("plan/{id}"), "child {step} names its plan");
+        let out: Value = snap.output_of(step).expect("the plan step's output");
+        assert_eq!(out["task_id"], json!(c.task_id));
+        assert_eq!(out["outputs"]["step-1"]["step"], json!(1), "the child's own step outputs: {out}");
+    }
+    assert_eq!(bed.snapshot(child(id, "three")).await.subject, format!("after-{}", child(id, "one")), "a reference resolved at run time");
+
+    bed.client.revert(id).await.unwrap();
+    let evs = until(&mut events, id, |e| matches!(e.event, EventType::Reverted | EventType::RevertFailed)).await;
+    assert_eq!(evs.last().unwrap().event, EventType::Reverted, "{evs:#?}");
+    let undone: Vec<i32> = evs.iter().filter(|e| e.event == EventType::StepReverted).filter_map(|e| e.step).collect();
+    assert_eq!(undone, [3, 2, 1]);
+    let mut history = BTreeMap::new();
+    for step in ["one", "two", "three"] {
+        let c = child(id, step);
+        assert_eq!(bed.snapshot(c).await.state, TaskState::Reverted, "child {step}");
+        history.insert(step, bed.client.history(c).await.unwrap());
+    }
+    // Across workers, last first: each child's revert begins after the later one's ended.
+    assert!(at(&history["three"], EventType::Reverted) <= at(&history["two"], EventType::Reverting), "three reverted before two began");
+    assert!(at(&history["two"], EventType::Reverted) <= at(&history["one"], EventType::Reverting), "two reverted before one began");
+    plans.stop().await;
+    tests.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_child_reverts_the_plan_or_with_keep_partial_leaves_the_others() {
+    let bed = Bed::start();
+    let mut events = bed.client.events(true).await.unwrap();
+    let (tests, plans) = (bed.test_worker(), bed.plan_worker("plan-worker").await);
+    let plan = |p: &str| {
+        json!({"steps": [
+            test_step("one", &format!("{p}/one"), TestTaskSpec::steps(2)),
+            test_step("two", &format!("{p}/two"), TestTaskSpec::steps(2)),
+            test_step("three", &format!("{p}/three"), TestTaskSpec { fail_at: Some(2), ..TestTaskSpec::steps(3) }),
+        ]})
+    };
+
+    let id = bed.submit("plan-b", plan("plan-b"), false).await;
+    let evs = until_final(&mut events, id).await;
+    assert_eq!(evs.last().unwrap().event, EventType::Reverted, "{evs:#?}");
+    let failed = evs.iter().find(|e| e.event == EventType::StepFailed).expect("StepFailed");
+    assert_eq!((failed.step, failed.code.as_deref()), (Some(3), Some("CHILD_FAILED")));
+    let message = failed.message.as_deref().unwrap_or_default();
+    assert!(message.contains(&child(id, "three").to_string()) && message.contains("INJECTED_FAILURE"), "names the child and its reason: {message}");
+    for step in ["one", "two", "three"] {
+        assert_eq!(bed.snapshot(child(id, step)).await.state, TaskState::Reverted, "child {step}");
+    }
+    assert_eq!(bed.snapshot(id).await.error.map(|e| e.code), Some("CHILD_FAILED".to_owned()));
+
+    let kept = bed.submit("plan-c", plan("plan-c"), true).await;
+    let evs = until_final(&mut events, kept).await;
+    assert_eq!(evs.last().unwrap().event, EventType::Failed, "{evs:#?}");
+    assert!(!evs.iter().any(|e| e.event == EventType::StepReverted), "keep-partial undoes nothing");
+    for step in ["one", "two"] {
+        assert_eq!(bed.snapshot(child(kept, step)).await.state, TaskState::Succeeded, "child {step} kept");
+    }
+    // The failed child reverted its own steps (children are submitted without keep-partial).
+    assert_eq!(bed.snapshot(child(kept, "three")).await.state, TaskState::Reverted);
+    plans.stop().await;
+    tests.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_resumed_by_another_worker_re_attaches_and_submits_no_child_twice() {
+    let bed = Bed::start();
+    let mut events = bed.client.events(true).await.unwrap();
+    let tests = bed.test_worker();
+    let first = bed.plan_worker("plan-worker-1").await;
+    let plan = json!({"steps": [
+        test_step("one", "plan-d/one", TestTaskSpec::steps(2)),
+        // Long enough to outlive the first plan worker's stop (2 s of grace).
+        test_step("two", "plan-d/two", TestTaskSpec { step_ms: 2000, ..TestTaskSpec::steps(3) }),
+        test_step("three", "plan-d/three", TestTaskSpec::steps(1)),
+    ]});
+    let id = bed.submit("plan-d", plan, false).await;
+    until(&mut events, child(id, "two"), |e| e.event == EventType::StepStarted).await;
+    // The plan worker stops while child two runs: its step is dropped at the await point.
+    first.stop().await;
+    assert_eq!(bed.snapshot(child(id, "two")).await.state, TaskState::Running, "child two still runs");
+    assert!(!bed.snapshot(id).await.state.is_terminal(), "the plan is unfinished");
+
+    let second = bed.plan_worker("plan-worker-2").await;
+    let evs = until_final(&mut events, id).await;
+    assert_eq!(evs.last().unwrap().event, EventType::Succeeded, "{evs:#?}");
+    assert!(evs.iter().any(|e| e.worker == "plan-worker-2"), "the second worker finished the plan");
+    let started_one = evs.iter().filter(|e| e.event == EventType::StepStarted && e.step == Some(1)).count();
+    assert_eq!(started_one, 1, "the finished step one is not run again");
+
+    // Exactly one Start command, and one task, per (plan, step).
+    let prefix = format!("plan/{id}/");
+    let mut starts: BTreeMap<String, usize> = BTreeMap::new();
+    for env in bed.records::<CommandEnvelope>(&bed.topics.command(TaskKind::Test).name).await {
+        if let Some(key) = env.idempotency_key.filter(|k| k.starts_with(&prefix)) {
+            *starts.entry(key).or_default() += 1;
+        }
+    }
+    let expected: BTreeMap<String, usize> = ["one", "two", "three"].iter().map(|s| (format!("{prefix}{s}"), 1)).collect();
+    assert_eq!(starts, expected, "one Start per child");
+    let tasks: BTreeSet<(String, String)> = bed
+        .records::<TaskSnapshot>(&bed.topics.task_state(TaskKind::Test).name)
+        .await
+        .into_iter()
+        .filter_map(|s| Some((s.idempotency_key.filter(|k| k.starts_with(&prefix))?, s.task_id)))
+        .collect();
+    assert_eq!(tasks.len(), 3, "one task per child: {tasks:?}");
+    for step in ["one", "two", "three"] {
+        let history = bed.client.history(child(id, step)).await.unwrap();
+        assert_eq!(history.iter().filter(|e| e.event == EventType::Accepted).count(), 1, "child {step} accepted once");
+        assert_eq!(bed.snapshot(child(id, step)).await.state, TaskState::Succeeded, "child {step}");
+    }
+    second.stop().await;
+    tests.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reference_to_an_unknown_or_later_step_is_rejected_with_the_reason() {
+    let bed = Bed::start();
+    let mut events = bed.client.events(true).await.unwrap();
+    let plans = bed.plan_worker("plan-worker").await;
+    let with_ref = |r: &str| {
+        json!({"steps": [
+            test_step("one", "plan-e/one", TestTaskSpec::steps(1)),
+            {"name": "two", "kind": "test", "subject": r, "spec": {"steps": 1}},
+            test_step("three", "plan-e/three", TestTaskSpec::steps(1)),
+        ]})
+    };
+    for (r, reason) in [
+        ("${steps.four.task_id}", "steps[1] (two).subject: ${steps.four.task_id} refers to no step named \"four\" (the steps are: one, two, three)"),
+        ("${steps.three.subject}", "steps[1] (two).subject: ${steps.three.subject} refers to steps[2], which runs after it; a step may refer only to earlier steps"),
+    ] {
+        let id = bed.submit("plan-e", with_ref(r), false).await;
+        let evs = until_final(&mut events, id).await;
+        let last = evs.last().unwrap();
+        assert_eq!(last.event, EventType::Rejected, "{evs:#?}");
+        assert_eq!(last.message.as_deref(), Some(format!("invalid plan spec: {reason}").as_str()));
+        assert!(bed.records::<CommandEnvelope>(&bed.topics.command(TaskKind::Test).name).await.is_empty(), "no child was submitted");
+    }
+    plans.stop().await;
+}

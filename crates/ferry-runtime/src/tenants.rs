@@ -125,6 +125,13 @@ impl Policy {
             let mut rules = BTreeMap::new();
             for (kind, rule) in kinds {
                 let k: TaskKind = kind.parse().map_err(|e| format!("tenants.{tenant}: {e}"))?;
+                if k == TaskKind::Plan {
+                    // The plan worker submits a plan's children under its own identity, so a
+                    // tenant's plan would run every kind outside the tenant's rules.
+                    return Err(format!(
+                        "tenants.{tenant}.plan: tenants may not submit plans (a plan's children run as the operator, outside the tenant's rules); give the tenant rules for the kinds its plan would run instead"
+                    ));
+                }
                 for (what, list) in [("clusters", &rule.clusters), ("cluster_sets", &rule.cluster_sets), ("namespaces", &rule.namespaces)] {
                     if let Some(p) = list.iter().find(|p| p.is_empty() || p[..p.len() - 1].contains('*')) {
                         return Err(format!("tenants.{tenant}.{kind}.{what}: {p:?} is not a name, a prefix ending in '*' or '*'"));
@@ -189,6 +196,12 @@ impl Policy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_policy_granting_a_tenant_plans_is_refused_with_the_reason() {
+        let e = Policy::parse("tenants:\n  web:\n    plan:\n      clusters: [\"*\"]\n").unwrap_err();
+        assert!(e.contains("tenants.web.plan: tenants may not submit plans"), "{e}");
+    }
 
     const POLICY: &str = r#"
 tenants:

@@ -152,6 +152,18 @@ fn chart_grants_each_worker_only_what_it_touches() {
         let pw = env.iter().find(|e| e["name"] == "FERRY_KAFKA_SASL_PASSWORD").unwrap();
         assert_eq!(pw["valueFrom"]["secretKeyRef"]["name"], format!("ferry-worker-{kind}").as_str(), "the password comes from the KafkaUser's Secret");
     }
+    // The plan worker talks only to Kafka: its own Kafka user, and no RBAC, kubeconfig,
+    // hub credentials or service-account token at all.
+    let plan = docs.iter().find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "ferry-plan").expect("Deployment ferry-plan");
+    let pod = &plan["spec"]["template"]["spec"];
+    assert_eq!(pod["containers"][0]["args"], serde_json::json!(["worker", "plan"]));
+    assert_eq!(pod["automountServiceAccountToken"], false, "no token in the plan worker's Pods");
+    let env = pod["containers"][0]["env"].as_array().unwrap();
+    assert!(env.iter().any(|e| e["name"] == "FERRY_KAFKA_SASL_USERNAME" && e["value"] == "ferry-worker-plan"));
+    assert!(!env.iter().any(|e| e["name"] == "FERRY_CLUSTER_NAMESPACES" || e["name"] == "FERRY_HUB_KUBECONFIG"), "{env:?}");
+    for d in docs.iter().filter(|d| ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"].contains(&d["kind"].as_str().unwrap_or_default())) {
+        assert!(!d["metadata"]["name"].as_str().unwrap().starts_with("ferry-plan"), "the plan worker has no RBAC: {} {}", d["kind"], d["metadata"]["name"]);
+    }
     // Least privilege: no wildcard, no cluster-admin, and only the deploy and score workers
     // may touch ManifestWorks.
     for role in docs.iter().filter(|d| d["kind"] == "ClusterRole") {
@@ -264,7 +276,7 @@ async fn strimzi_resources_and_chart_pass_the_api_server() {
     // Kafka's namespace: the chart copies what the pods read into its own (helm's lookup
     // against this API server), skips the ServiceMonitor and PrometheusRule whose CRDs
     // are not served here, and its notes say where the Secrets came from.
-    let users = ["ferry-tracker", "ferry-worker-create-cluster", "ferry-worker-peer", "ferry-worker-offload", "ferry-worker-deploy", "ferry-worker-score"];
+    let users = ["ferry-tracker", "ferry-worker-create-cluster", "ferry-worker-peer", "ferry-worker-offload", "ferry-worker-deploy", "ferry-worker-score", "ferry-worker-plan"];
     let secret = |ns: &str, name: &str| serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": ns}});
     for u in users {
         let mut s = secret("kafka", u);
@@ -339,7 +351,7 @@ fn compose_runs_kafka_the_topics_every_worker_and_the_dashboard() {
     let kafka = &services["kafka"];
     assert_eq!(kafka["environment"]["KAFKA_PROCESS_ROLES"], "broker,controller", "KRaft mode");
     let listeners = kafka["environment"]["KAFKA_ADVERTISED_LISTENERS"].as_str().unwrap();
-    for kind in ["create-cluster", "peer", "offload", "deploy", "score"] {
+    for kind in ["create-cluster", "peer", "offload", "deploy", "score", "plan"] {
         let s = &services[&format!("worker-{kind}")];
         assert_eq!(s["command"], serde_json::json!(["worker", kind]));
         let brokers = s["environment"]["FERRY_BROKERS"].as_str().unwrap();
@@ -768,7 +780,7 @@ fn chart_monitoring_needs_the_prometheus_operator() {
     let sm = served.iter().find(|d| d["kind"] == "ServiceMonitor").unwrap();
     let selector = sm["spec"]["selector"]["matchLabels"].as_object().unwrap();
     let scraped: Vec<&Value> = served.iter().filter(|d| d["kind"] == "Service" && selector.iter().all(|(k, v)| &d["metadata"]["labels"][k] == v)).collect();
-    assert_eq!(scraped.len(), 5, "the ServiceMonitor scrapes each worker's metrics Service");
+    assert_eq!(scraped.len(), 6, "the ServiceMonitor scrapes each worker's metrics Service");
     let rule = served.iter().find(|d| d["kind"] == "PrometheusRule").unwrap();
     let exported = exported_metrics();
     let rules: Vec<&Value> = rule["spec"]["groups"].as_array().unwrap().iter().flat_map(|g| g["rules"].as_array().unwrap()).collect();
@@ -855,9 +867,9 @@ fn chart_test_hook_asks_every_readyz() {
         urls
     };
     let all = check(&render_chart(&helm, &[]));
-    assert_eq!(all.len(), 6, "the dashboard and five workers: {all:?}");
+    assert_eq!(all.len(), 7, "the dashboard and six workers: {all:?}");
     let fewer = check(&render_chart(&helm, &["--set", "workers.peer.enabled=false", "--set", "dashboard.enabled=false"]));
-    assert_eq!(fewer.len(), 4, "{fewer:?}");
+    assert_eq!(fewer.len(), 5, "{fewer:?}");
     assert!(!fewer.iter().any(|u| u.contains("peer") || u.contains("dashboard")));
     let hosts = render_chart(&helm, &["--set", "dashboard.allowedHosts={ferry.example.com:80}"]);
     let pod = hosts.iter().find(|d| d["kind"] == "Pod").unwrap();

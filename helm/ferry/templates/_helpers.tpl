@@ -117,12 +117,6 @@ ferry-worker-{{ $kind }}
     items: [{key: ca.crt, path: ca.crt}]
 - name: tmp
   emptyDir: {}
-{{- if .Values.hub.kubeconfigSecret }}
-- name: hub-kubeconfig
-  secret:
-    secretName: {{ .Values.hub.kubeconfigSecret }}
-    items: [{key: value, path: kubeconfig}]
-{{- end }}
 {{- end }}
 
 {{- define "ferry.kafkaMounts" -}}
@@ -131,11 +125,6 @@ ferry-worker-{{ $kind }}
   readOnly: true
 - name: tmp
   mountPath: /tmp
-{{- if .Values.hub.kubeconfigSecret }}
-- name: hub-kubeconfig
-  mountPath: /etc/ferry/hub
-  readOnly: true
-{{- end }}
 {{- end }}
 
 {{/*

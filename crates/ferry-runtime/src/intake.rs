@@ -7,7 +7,6 @@
 //! partitions and keeps polling: librdkafka delivers rebalance callbacks only on poll, and
 //! a lost assignment must fence its tasks at once, not when the broker answers again.
 
-use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -37,28 +36,6 @@ const MAX_BATCH: usize = 500;
 /// How long the intake waits for a batch's writes before it pauses its partitions and
 /// serves rebalance callbacks while it waits on.
 const HOLD_AFTER: Duration = Duration::from_millis(200);
-
-/// How many batches may be with the scheduler at once, their writes in flight. The next
-/// batch is read and handed over while earlier ones wait for their acknowledgements
-/// (before, a command that came during a batch's acknowledgement round waited for it,
-/// then for its own); with this many out the intake waits for the oldest (holding its
-/// partitions after [`HOLD_AFTER`]), so a slow broker does not pile records up.
-const MAX_OUTSTANDING: usize = 4;
-
-/// How long a poll waits while batches are out, their replies looked at in between
-/// (storing their offsets is not urgent: the commit runs once a second).
-const POLL_WHILE_OUTSTANDING: Duration = Duration::from_millis(10);
-
-/// The scheduler's reply to a batch: the partitions whose records it skipped (their
-/// offsets not to be stored), or why the batch's writes failed.
-type BatchReply = Result<HashSet<i32>, crate::publisher::PublishError>;
-
-/// A batch handed to the scheduler and not answered yet.
-struct Outstanding {
-    /// Its records' partitions and offsets, stored once the reply says they are durable.
-    offsets: Vec<(i32, i64)>,
-    reply: std::sync::mpsc::Receiver<BatchReply>,
-}
 
 /// How long an assignment callback waits for the scheduler to resume its tasks.
 const ASSIGN_LIMIT: Duration = Duration::from_secs(75);
@@ -281,60 +258,12 @@ impl<H: TaskHandler> Intake<H> {
     fn poll_loop(&self) -> Result<(), IntakeError> {
         // Records polled while a batch was held (fetched before the pause took hold): the
         // next batch starts with them, so none is skipped.
-        let mut carried = VecDeque::new();
-        // Batches with the scheduler, oldest first: it answers them in this order, and
-        // their offsets are stored in this order.
-        let mut out: VecDeque<Outstanding> = VecDeque::new();
+        let mut carried = std::collections::VecDeque::new();
         let mut failures_in_a_row = 0u32;
         while !self.stop.load(Ordering::Relaxed) {
-            // The oldest batch's reply: waited for when the most are out, else taken if in.
-            if let Some(oldest) = out.front() {
-                let reply = if out.len() >= MAX_OUTSTANDING {
-                    match self.wait_serving_callbacks(&oldest.reply, &mut carried) {
-                        Some(r) => Some(r),
-                        None => return Ok(()),
-                    }
-                } else {
-                    match oldest.reply.try_recv() {
-                        Ok(r) => Some(r),
-                        Err(std::sync::mpsc::TryRecvError::Empty) => None,
-                        Err(std::sync::mpsc::TryRecvError::Disconnected) => return Ok(()),
-                    }
-                };
-                if let Some(reply) = reply {
-                    let oldest = out.pop_front().expect("the oldest batch");
-                    match reply {
-                        Ok(skipped) => {
-                            failures_in_a_row = 0;
-                            self.store(oldest.offsets, &skipped);
-                        }
-                        Err(e) => {
-                            // Not durable (the broker refused the writes for the whole
-                            // message timeout): store no offset, read the batch again after a
-                            // pause. The scheduler writes what it had accepted again,
-                            // identical. The batches after it are read again with it (they
-                            // fail with it: their events may follow its events): their
-                            // replies are awaited and none of their offsets is stored.
-                            let mut offsets = oldest.offsets;
-                            for later in out.drain(..) {
-                                if self.wait_serving_callbacks(&later.reply, &mut carried).is_none() {
-                                    return Ok(());
-                                }
-                                offsets.extend(later.offsets);
-                            }
-                            failures_in_a_row += 1;
-                            let pause = REREAD_FIRST.saturating_mul(1 << (failures_in_a_row - 1).min(5)).min(REREAD_MAX);
-                            tracing::error!(topic = %self.topic, error = %e, failures_in_a_row, pause_ms = pause.as_millis() as u64, "a batch of commands could not be made durable; reading it again");
-                            self.reread(&offsets, pause, &mut carried);
-                        }
-                    }
-                    continue;
-                }
-            }
-            let wait = if out.is_empty() { Duration::from_millis(100) } else { POLL_WHILE_OUTSTANDING };
             let first = match carried.pop_front() {
                 Some(r) => r,
-                None => match self.consumer.poll(wait) {
+                None => match self.consumer.poll(Duration::from_millis(100)) {
                     Some(r) => r,
                     None => continue,
                 },
@@ -361,28 +290,29 @@ impl<H: TaskHandler> Intake<H> {
             if self.sched.blocking_send(SchedMsg::Batch { items: batch, reply }).is_err() {
                 return Ok(());
             }
-            out.push_back(Outstanding { offsets, reply: rx });
-        }
-        // Stopping: the batches out are answered first and their offsets stored, as when
-        // the loop stopped only between batches (the next owner would read them again).
-        for batch in out {
-            match self.wait_serving_callbacks(&batch.reply, &mut carried) {
-                Some(Ok(skipped)) => self.store(batch.offsets, &skipped),
-                _ => break,
+            let skipped = match self.wait_serving_callbacks(&rx, &mut carried) {
+                Some(Ok(skipped)) => skipped,
+                Some(Err(e)) => {
+                    // Not durable (the broker refused the writes for the whole message
+                    // timeout): store no offset, read the batch again after a pause. The
+                    // scheduler writes what it had accepted again, identical.
+                    failures_in_a_row += 1;
+                    let pause = REREAD_FIRST.saturating_mul(1 << (failures_in_a_row - 1).min(5)).min(REREAD_MAX);
+                    tracing::error!(topic = %self.topic, error = %e, failures_in_a_row, pause_ms = pause.as_millis() as u64, "a batch of commands could not be made durable; reading it again");
+                    self.reread(&offsets, pause, &mut carried);
+                    continue;
+                }
+                None => return Ok(()),
+            };
+            failures_in_a_row = 0;
+            for (p, o) in offsets.into_iter().filter(|(p, _)| !skipped.contains(p)) {
+                // Fails only for partitions revoked meanwhile; their new owner reads them again.
+                if let Err(e) = self.consumer.store_offset(&self.topic, p, o) {
+                    tracing::debug!(partition = p, offset = o, error = %e, "offset not stored");
+                }
             }
         }
         Ok(())
-    }
-
-    /// Stores the offsets of a batch whose records are durable, but those of the
-    /// partitions it skipped (given up meanwhile: their next owner reads them again).
-    fn store(&self, offsets: Vec<(i32, i64)>, skipped: &HashSet<i32>) {
-        for (p, o) in offsets.into_iter().filter(|(p, _)| !skipped.contains(p)) {
-            // Fails only for partitions revoked meanwhile; their new owner reads them again.
-            if let Err(e) = self.consumer.store_offset(&self.topic, p, o) {
-                tracing::debug!(partition = p, offset = o, error = %e, "offset not stored");
-            }
-        }
     }
 
     /// Waits `pause` with the partitions paused, serving rebalance callbacks, then rewinds

@@ -108,11 +108,6 @@ pub enum PublishError {
         /// The topic.
         topic: String,
     },
-    /// An earlier batch's writes failed, so this batch's events were not produced: they
-    /// may follow that batch's events of the same task (a Cancel's after the Accepted),
-    /// which must go out first ([`Pending::durable_after`]).
-    #[error("an earlier batch's writes failed; this batch's events were held back")]
-    EarlierBatch,
 }
 
 /// The optional fields of one event.
@@ -377,28 +372,6 @@ impl Pending {
         for d in self.deferred {
             then.push((d.topic.clone(), send_record(&producer, &d.topic, &d.key, &d.payload, d.headers)?));
         }
-        acknowledged(then).await
-    }
-
-    /// [`Self::durable`] for one of several batches in flight at once: the deferred events
-    /// are produced only once `after` says the previous batch's were handed to the
-    /// producer, and `handed` says so in turn to the next batch. Two batches may hold
-    /// events of one task (an Accepted, then a Cancel's CancelRequested), and they must
-    /// reach the progress topic in seq order; the producer keeps the order it is handed.
-    /// When the previous batch failed (`after` dropped), this one produces no event and
-    /// fails too, like one batch whose writes failed: the intake reads both again.
-    pub async fn durable_after(self, after: Option<tokio::sync::oneshot::Receiver<()>>, handed: tokio::sync::oneshot::Sender<()>) -> Result<(), PublishError> {
-        acknowledged(self.futures).await?;
-        if let Some(after) = after {
-            after.await.map_err(|_| PublishError::EarlierBatch)?;
-        }
-        let mut then = Vec::with_capacity(self.deferred.len());
-        if let Some(producer) = self.producer {
-            for d in self.deferred {
-                then.push((d.topic.clone(), send_record(&producer, &d.topic, &d.key, &d.payload, d.headers)?));
-            }
-        }
-        let _ = handed.send(());
         acknowledged(then).await
     }
 }

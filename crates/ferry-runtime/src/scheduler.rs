@@ -7,9 +7,6 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
-use futures::future::BoxFuture;
-use futures::stream::FuturesOrdered;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::fences::Fences;
@@ -108,27 +105,6 @@ struct Slot {
     fence: Option<tokio_util::sync::CancellationToken>,
     /// The number of the last runner started for the slot (0: none yet).
     run: u64,
-    /// The number of the batch in flight that holds the task's latest write (its Accepted,
-    /// a queued Cancel's CancelRequested), 0 when none does: the task does not start
-    /// before that write is durable (`pump` waits for it; `settle_batch` clears it).
-    awaits: u64,
-}
-
-/// A Cancel or Revert routed to a runner: its reply is awaited once the batch is durable.
-type RoutedControl = (CommandEnvelope, TaskId, Option<String>, oneshot::Receiver<ControlReply>);
-
-/// A batch whose writes are in flight: what is left to do once they are durable.
-struct InBatch {
-    /// Its number (see `Slot::awaits`).
-    number: u64,
-    controls: Vec<RoutedControl>,
-    subjects: HashSet<String>,
-    /// Partitions whose records were skipped (given up before the batch was handled).
-    skipped: HashSet<i32>,
-    partitions: HashSet<i32>,
-    /// The tasks the batch wrote for.
-    tasks: Vec<TaskId>,
-    reply: std::sync::mpsc::Sender<Result<HashSet<i32>, PublishError>>,
 }
 
 pub(crate) struct Scheduler<H: TaskHandler> {
@@ -150,18 +126,6 @@ pub(crate) struct Scheduler<H: TaskHandler> {
     wake_rx: mpsc::UnboundedReceiver<Rewritten>,
     /// Runners started so far: numbers each run (see `Done::run`).
     runs: u64,
-    /// The intake's batches whose writes are in flight, oldest first, with their writes
-    /// (`writes` yields in the same order). The loop handles the next batch, hand-backs
-    /// and retries while an earlier batch's acknowledgements are outstanding; each batch
-    /// is settled (runners started, controls answered, the intake told its offsets may
-    /// be stored) once its writes are durable, in the order the batches came.
-    batches: VecDeque<InBatch>,
-    writes: FuturesOrdered<BoxFuture<'static, Result<(), PublishError>>>,
-    /// Batches handled so far: numbers each batch.
-    batch_count: u64,
-    /// Says when the last batch's events were handed to the producer (the next batch's
-    /// events go after them, see `Pending::durable_after`).
-    events_handed: Option<oneshot::Receiver<()>>,
 }
 
 impl<H: TaskHandler> Scheduler<H> {
@@ -183,10 +147,6 @@ impl<H: TaskHandler> Scheduler<H> {
             wake_tx,
             wake_rx,
             runs: 0,
-            batches: VecDeque::new(),
-            writes: FuturesOrdered::new(),
-            batch_count: 0,
-            events_handed: None,
         }
     }
 
@@ -195,35 +155,20 @@ impl<H: TaskHandler> Scheduler<H> {
             tokio::select! {
                 Some(done) = self.done_rx.recv() => self.on_done(done),
                 Some(r) = self.wake_rx.recv() => self.on_rewritten(r),
-                // The oldest batch's writes (`writes` yields in the order batches came).
-                Some(written) = self.writes.next() => self.settle_batch(written).await,
                 msg = rx.recv() => match msg {
                     Some(SchedMsg::Batch { items, reply }) => {
-                        self.on_batch(items, reply);
-                        // A control a runner was asked to carry out is answered when its
-                        // batch settles, and one the runner missed (it had just handed its
-                        // task back) is handled then: that batch settles before the next is
-                        // handled, so each control still acts in command order.
-                        if self.batches.back().is_some_and(|b| !b.controls.is_empty()) {
-                            self.settle_batches().await;
-                        }
+                        let r = self.on_batch(items).await;
+                        let _ = reply.send(r);
                     }
-                    // Every batch the intake sent before a rebalance is settled before it is
-                    // handled, as when each batch was awaited on its own: a revoke finds the
-                    // batches' runners started and their controls answered, and no batch
-                    // settles after its partitions were given up.
                     Some(SchedMsg::Assigned { partitions, reply }) => {
-                        self.settle_batches().await;
                         self.on_assigned(partitions).await;
                         let _ = reply.send(());
                     }
                     Some(SchedMsg::Revoked { partitions, lost, reply }) => {
-                        self.settle_batches().await;
                         self.on_revoked(&partitions, lost).await;
                         let _ = reply.send(());
                     }
                     Some(SchedMsg::Shutdown { reply }) => {
-                        self.settle_batches().await;
                         let all: Vec<i32> = self.owned.iter().copied().collect();
                         self.on_revoked(&all, false).await;
                         let _ = reply.send(());
@@ -339,24 +284,13 @@ impl<H: TaskHandler> Scheduler<H> {
             return;
         }
         let Some(queue) = self.queues.get_mut(subject) else { return };
-        while let Some(&id) = queue.front() {
-            let Some(slot) = self.slots.get_mut(&id) else {
-                queue.pop_front();
-                continue;
-            };
+        while let Some(id) = queue.pop_front() {
+            let Some(slot) = self.slots.get_mut(&id) else { continue };
             // Never start a task of a partition this worker is giving up: its next owner
             // resumes the subject in order (starting it here ran it twice, out of order).
             if !self.owned.contains(&slot.snap.origin_partition) {
-                queue.pop_front();
                 continue;
             }
-            // Its latest write (its Accepted, a Cancel's CancelRequested) is in a batch still
-            // in flight: it starts when that batch settles (which pumps its subject), so no
-            // runner writes seq n + 1 before seq n is durable. It stays first in its subject.
-            if slot.awaits != 0 {
-                break;
-            }
-            queue.pop_front();
             let (tx, rx) = mpsc::channel(16);
             slot.ctl = Some(tx);
             let fence = self.fences.child(slot.snap.origin_partition);
@@ -375,44 +309,15 @@ impl<H: TaskHandler> Scheduler<H> {
 
     fn enqueue_task(&mut self, id: TaskId, snap: TaskSnapshot) {
         self.queues.entry(snap.subject.clone()).or_default().push_back(id);
-        self.slots.insert(id, Slot { snap, ctl: None, fence: None, run: 0, awaits: 0 });
+        self.slots.insert(id, Slot { snap, ctl: None, fence: None, run: 0 });
     }
 
-    /// Hands a batch's writes to the producer and leaves them in flight: the batch settles
-    /// (`settle_batch`) once they are durable, after every earlier batch. Meanwhile the
-    /// loop goes on with the next batch, hand-backs and retries; before, it awaited each
-    /// batch here, and everything else waited behind its acknowledgements.
-    fn on_batch(&mut self, items: Vec<Incoming>, reply: std::sync::mpsc::Sender<Result<HashSet<i32>, PublishError>>) {
-        self.batch_count += 1;
-        let number = self.batch_count;
-        let mut batch = InBatch { number, controls: Vec::new(), subjects: HashSet::new(), skipped: HashSet::new(), partitions: HashSet::new(), tasks: Vec::new(), reply };
-        let handled = self.handle_batch(items, &mut batch);
-        for id in &batch.tasks {
-            if let Some(slot) = self.slots.get_mut(id) {
-                slot.awaits = number;
-            }
-        }
-        let (handed, next) = oneshot::channel();
-        // Chained to the previous batch only while it is in flight. Once settled, its
-        // events were handed over, or it failed and the intake reads it (and every batch
-        // that was in flight with it) again: chaining to a failed, settled batch failed
-        // every batch after it, for good.
-        let after = self.events_handed.replace(next).filter(|_| !self.batches.is_empty());
-        let writes: BoxFuture<'static, Result<(), PublishError>> = match handled {
-            Ok(pending) => Box::pin(pending.durable_after(after, handed)),
-            // Some of its records were handed over and not the rest: it fails when it
-            // settles, and the batches after it with it (`handed` dropped unsent).
-            Err(e) => Box::pin(std::future::ready(Err(e))),
-        };
-        self.writes.push_back(writes);
-        self.batches.push_back(batch);
-    }
-
-    /// Enqueues the writes of a batch's records; the tasks written for, the subjects to
-    /// pump and the controls to await go into `batch`.
-    fn handle_batch(&mut self, items: Vec<Incoming>, batch: &mut InBatch) -> Result<Pending, PublishError> {
+    async fn on_batch(&mut self, items: Vec<Incoming>) -> Result<HashSet<i32>, PublishError> {
         let mut pending = crate::publisher::Publisher::nothing();
-        let InBatch { controls, subjects, skipped, partitions: batch_partitions, tasks, .. } = batch;
+        let mut controls = Vec::new();
+        let mut subjects = HashSet::new();
+        let mut skipped = HashSet::new();
+        let mut batch_partitions = HashSet::new();
         for item in items {
             batch_partitions.insert(item.partition);
             if !self.owned.contains(&item.partition) {
@@ -430,58 +335,17 @@ impl<H: TaskHandler> Scheduler<H> {
                 }
                 What::Start { env, id } => {
                     subjects.insert(env.subject.clone());
-                    tasks.push(id);
                     pending.extend(self.start(env, id, item.partition, item.offset, item.trace_parent)?);
                 }
                 What::Control { env, id } => {
                     subjects.insert(env.subject.clone());
-                    tasks.push(id);
                     if let Some(wait) = self.control(&env, id, item.trace_parent.clone(), &mut pending)? {
                         controls.push((env, id, item.trace_parent, wait));
                     }
                 }
             }
         }
-        Ok(pending)
-    }
-
-    /// Settles every batch in flight, in order (before a rebalance or shutdown).
-    async fn settle_batches(&mut self) {
-        while let Some(written) = self.writes.next().await {
-            self.settle_batch(written).await;
-        }
-    }
-
-    /// The oldest batch's writes are durable (or failed): its tasks may start, its
-    /// controls are answered, and the intake is told which offsets it may store.
-    async fn settle_batch(&mut self, written: Result<(), PublishError>) {
-        let batch = self.batches.pop_front().expect("a batch for each write in flight");
-        for id in &batch.tasks {
-            if let Some(slot) = self.slots.get_mut(id)
-                && slot.awaits == batch.number
-            {
-                // Cleared whether or not the writes were made: a failed batch's tasks stay
-                // queued (as when each batch was awaited on its own) and are written again
-                // when the intake reads the batch again.
-                slot.awaits = 0;
-            }
-        }
-        let InBatch { controls, subjects, skipped, partitions, reply, .. } = batch;
-        let r = self.after_durable(written, controls, subjects, skipped, partitions).await;
-        let _ = reply.send(r);
-    }
-
-    /// What is left of a batch once its writes are durable or failed (what `on_batch` did
-    /// after awaiting them, before the batches were pipelined).
-    async fn after_durable(
-        &mut self,
-        written: Result<(), PublishError>,
-        controls: Vec<RoutedControl>,
-        subjects: HashSet<String>,
-        skipped: HashSet<i32>,
-        batch_partitions: HashSet<i32>,
-    ) -> Result<HashSet<i32>, PublishError> {
-        if let Err(e) = written {
+        if let Err(e) = pending.durable().await {
             // The assignment was lost meanwhile (its unacknowledged writes purged): the new
             // owner reads these records again; store none of their offsets.
             if batch_partitions.iter().all(|p| !self.fences.is_open(*p)) {

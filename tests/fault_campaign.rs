@@ -413,7 +413,10 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
     // Chaos keyed to progress: after this many scorings have settled, do this.
     let started = std::time::Instant::now();
     let mut scored = HashSet::new();
-    let mut settled: HashMap<String, EventType> = HashMap::new();
+    // Each task's final event with the highest seq read so far, as a tracker reads it: a
+    // second writer's ending under a lower seq (the window the checker reports at the end)
+    // read after the owner's later one does not undo it.
+    let mut settled: HashMap<String, (i64, EventType)> = HashMap::new();
     let mut cancelled = HashSet::new();
     let mut reverted = HashSet::new();
     let mut revert_retries: HashMap<TaskId, u32> = HashMap::new();
@@ -430,7 +433,8 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
     // The peer and offload workers are killed once each while they hold a task mid-way.
     let (mut peer_killed, mut offload_killed) = (false, false);
     let (mut back_up, mut reported) = (None::<(std::time::Instant, usize)>, 0);
-    while !expected.iter().all(|(id, want)| settled.get(id) == Some(want)) {
+    let settled_as = |settled: &HashMap<String, (i64, EventType)>, id: &str| settled.get(id).map(|(_, e)| *e);
+    while !expected.iter().all(|(id, want)| settled_as(&settled, id) == Some(*want)) {
         // No task settled for two minutes (a run settles hundreds a minute): stuck, report
         // now rather than at the overall deadline.
         let stalled = last_settled + Duration::from_secs(120);
@@ -443,7 +447,7 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
                 client.snapshots().await.unwrap_or_default().into_iter().map(|s| (s.task_id.clone(), s)).collect();
             let missing: Vec<String> = expected
                 .iter()
-                .filter(|(id, want)| settled.get(*id) != Some(*want))
+                .filter(|(id, want)| settled_as(&settled, id) != Some(**want))
                 .take(10)
                 .map(|(id, want)| {
                     let last = history.iter().rev().find(|e| &e.task_id == id);
@@ -455,13 +459,23 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
                         let group = format!("ferry-{}", s.kind);
                         command_trace(&kafka, &topics.command(s.kind).name, &group, id)
                     });
+                    // The task's whole history as read, and what the checker says of it: a
+                    // second writer shows as a reused seq or a second ending.
+                    let events: Vec<String> = history
+                        .iter()
+                        .filter(|e| &e.task_id == id)
+                        .map(|e| format!("{} {:?} {:?} {} at {}", e.seq, e.event, e.step_name, e.worker, e.at_ms))
+                        .collect();
+                    let own: Vec<ferry_runtime::ProgressEvent> = history.iter().filter(|e| &e.task_id == id).cloned().collect();
                     format!(
-                        "{id} ({:?}) wants {want:?}, settled {:?}, last event {}, snapshot {}, {}",
+                        "{id} ({:?}) wants {want:?}, settled {:?}, last event {}, snapshot {}, {}\n  events read: {}\n  checker: {:?}",
                         plans[id].0,
                         settled.get(id),
                         last.unwrap_or_else(|| "none".into()),
                         snap.unwrap_or_else(|| "none".into()),
-                        commands.unwrap_or_default()
+                        commands.unwrap_or_default(),
+                        events.join(" | "),
+                        ferry_runtime::history::check(&own)
                     )
                 })
                 .collect();
@@ -539,7 +553,12 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
         }
         if ev.event.is_final() {
             last_settled = tokio::time::Instant::now();
-            settled.insert(ev.task_id.clone(), ev.event);
+            let newest = settled.get(&ev.task_id).is_none_or(|(seq, _)| ev.seq >= *seq);
+            if newest {
+                settled.insert(ev.task_id.clone(), (ev.seq, ev.event));
+            } else {
+                println!("campaign: {id} ({p:?}) {:?} under seq {} read after {:?}: a second writer (the checker reports it)", ev.event, ev.seq, settled.get(&ev.task_id));
+            }
             if kube_heavy(p) {
                 scored.insert(ev.task_id.clone());
             }
@@ -550,7 +569,7 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
             }
             // An undo that ran out of retries (the hub failing 30 requests in a row) ends
             // RevertFailed; the operator's answer is to revert again, as here.
-            if ev.event == EventType::RevertFailed {
+            if newest && ev.event == EventType::RevertFailed {
                 let n = revert_retries.entry(id).or_insert(0);
                 *n += 1;
                 assert!(*n <= 3, "task {id} failed to revert three times: {:?}", ev.message);

@@ -131,7 +131,7 @@ impl From<&TaskSnapshot> for TaskView {
             })
             .collect();
         let revert_would_undo = if s.state.is_revertible() {
-            steps.iter().rev().filter(|st| st.status != StepStatus::Reverted).map(|st| st.name.clone()).collect()
+            undo_order(s).map(|e| e.name.clone()).collect()
         } else {
             Vec::new()
         };
@@ -364,6 +364,12 @@ pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// The journal's steps a revert undoes, in the order `Runner::revert` undoes them: every
+/// one not yet Reverted, last first (`tasks get`'s `revert_would_undo` and the dry run).
+fn undo_order(s: &TaskSnapshot) -> impl Iterator<Item = &ferry_runtime::protocol::JournalEntry> {
+    s.journal.iter().rev().filter(|e| e.status != StepStatus::Reverted)
+}
+
 /// One step of an undo plan: what the runtime's revert does with it (`runner.rs`,
 /// `Runner::revert`: every journaled step not yet Reverted, last first; a finished step's
 /// undo gets its output, a step that started and did not finish is undone without one).
@@ -381,10 +387,7 @@ struct UndoStep {
 fn print_undo_plan(snap: &TaskSnapshot, output: Output) -> anyhow::Result<()> {
     let running = matches!(snap.state, TaskState::Accepted | TaskState::Running | TaskState::Reverting);
     let plan: Vec<UndoStep> = if snap.state.is_revertible() || running {
-        snap.journal
-            .iter()
-            .rev()
-            .filter(|e| e.status != StepStatus::Reverted)
+        undo_order(snap)
             .map(|e| UndoStep {
                 step: e.step,
                 name: e.name.clone(),

@@ -7,7 +7,15 @@
 //!
 //! # Guarantees
 //! - A key's value is the last record of it on its partition that the reader has read; a
-//!   tombstone (a record without payload) removes the key, as compaction will.
+//!   tombstone (a record without payload) removes the key, as compaction will. A
+//!   versioned follower ([`Follower::start_versioned`]; [`LiveState`]: a snapshot's seq)
+//!   keeps the newest version instead: a record read again after the consumer was rewound
+//!   (librdkafka resets a fetch position to the beginning when it cannot validate it after
+//!   a leader change or a failed fetch), or written late by a stale writer, does not put a
+//!   key back to an older value. Before, the campaign's live view showed tasks `Accepted`
+//!   again after they had succeeded, until the re-read reached their later records.
+//! - Positions are the consumer's own: after a rewind, [`Follower::caught_up`] waits for
+//!   the re-read to reach the ends again.
 //! - [`Follower::is_ready`] is true once the reader has read every record that was on the
 //!   topics when it started; [`Follower::caught_up`] waits for the ends as of its call
 //!   (read-your-writes: a caller that saw its write acknowledged, then awaits it, reads it).
@@ -86,6 +94,9 @@ pub enum LiveError {
 /// value: `Ok(None)` leaves the record out (e.g. a snapshot on another kind's topic).
 pub type Decoder<V> = Box<dyn Fn(&str, &[u8]) -> Result<Option<V>, WireError> + Send + Sync>;
 
+/// A value's version: of two values of one key, the lower one is older.
+pub type Version<V> = fn(&V) -> i64;
+
 struct Entry<V> {
     /// Index of the topic it was read from: a tombstone removes it only from that topic.
     topic: usize,
@@ -101,6 +112,8 @@ struct Table<V> {
 
 struct Shared<V> {
     topics: Vec<String>,
+    /// Set: a record older than the value held is not taken.
+    version: Option<Version<V>>,
     table: RwLock<Table<V>>,
     consumer: BaseConsumer,
     partitions: Vec<(usize, i32)>,
@@ -172,6 +185,16 @@ impl<V: Send + Sync + 'static> Follower<V> {
     /// Starts following `topics` from their beginning. Blocks on the broker's metadata and
     /// watermarks (call it from a blocking context, e.g. `spawn_blocking`).
     pub fn start(kafka: &KafkaConfig, topics: Vec<String>, decode: Decoder<V>) -> Result<Self, LiveError> {
+        Self::follow(kafka, topics, decode, None)
+    }
+
+    /// [`Self::start`], keeping each key's newest value by `version` rather than its last
+    /// record read: a record read again after a rewind, or written late, changes nothing.
+    pub fn start_versioned(kafka: &KafkaConfig, topics: Vec<String>, decode: Decoder<V>, version: Version<V>) -> Result<Self, LiveError> {
+        Self::follow(kafka, topics, decode, Some(version))
+    }
+
+    fn follow(kafka: &KafkaConfig, topics: Vec<String>, decode: Decoder<V>, version: Option<Version<V>>) -> Result<Self, LiveError> {
         let err = |source| LiveError::Consumer { topics: topics.join(", "), source };
         let consumer: BaseConsumer = kafka.reader().create().map_err(err)?;
         let mut partitions = Vec::new();
@@ -188,6 +211,7 @@ impl<V: Send + Sync + 'static> Follower<V> {
         let stop = Arc::new(AtomicBool::new(false));
         let shared = Arc::new(Shared {
             topics,
+            version,
             table: RwLock::new(Table { entries: HashMap::new(), positions: HashMap::new(), undecodable: 0 }),
             consumer,
             partitions,
@@ -229,7 +253,10 @@ impl<V> Shared<V> {
                     table.positions.insert((t, m.partition()), m.offset() + 1);
                     match (key, decoded) {
                         (Some(key), Some(Ok(Some(value)))) => {
-                            table.entries.insert(key, Entry { topic: t, value });
+                            let older = self.version.is_some_and(|v| table.entries.get(&key).is_some_and(|held| v(&held.value) > v(&value)));
+                            if !older {
+                                table.entries.insert(key, Entry { topic: t, value });
+                            }
                         }
                         (Some(_), Some(Ok(None))) => {}
                         (Some(key), Some(Err(e))) => {
@@ -250,13 +277,14 @@ impl<V> Shared<V> {
                 }
                 Some(Err(e)) => tracing::warn!(topics = %self.topics.join(", "), error = %e, "live reader error"),
                 None => {
-                    // Idle: positions past empty or compacted-away ranges come from the consumer.
+                    // Idle: positions past empty or compacted-away ranges come from the consumer,
+                    // as they are (lower after a rewind: the ends are not reached until the
+                    // re-read reaches them).
                     if let Ok(pos) = self.consumer.position() {
                         let mut table = self.table.write().expect("live table lock");
                         for e in pos.elements() {
                             if let (Offset::Offset(o), Some(t)) = (e.offset(), self.topic_index(e.topic())) {
-                                let cur = table.positions.entry((t, e.partition())).or_insert(0);
-                                *cur = (*cur).max(o);
+                                table.positions.insert((t, e.partition()), o);
                             }
                         }
                     }
@@ -389,7 +417,8 @@ pub struct LiveState {
 }
 
 impl LiveState {
-    /// Starts following every kind's task-state topic of `topics`. A snapshot on another
+    /// Starts following every kind's task-state topic of `topics`, keeping each task's
+    /// highest seq. A snapshot on another
     /// kind's topic than its own is left out (no worker of that kind wrote it). Blocks on
     /// the broker (see [`Follower::start`]).
     pub fn start(kafka: &KafkaConfig, topics: &Topics, registry: Arc<Registry>) -> Result<Self, LiveError> {
@@ -402,7 +431,8 @@ impl LiveState {
                 _ => Some(snap),
             })
         });
-        Ok(Self { tasks: Follower::start(kafka, names, decode)? })
+        // A task's newest snapshot is the one with the highest seq (seqs only grow).
+        Ok(Self { tasks: Follower::start_versioned(kafka, names, decode, |s| s.seq)? })
     }
 
     /// The follower underneath (readiness, waits, scans).

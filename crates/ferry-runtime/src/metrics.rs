@@ -98,6 +98,7 @@ pub struct Metrics {
     retries: Family<StepLabels, Counter>,
     dead_letters: Family<TopicLabels, Counter>,
     lag: Family<TopicLabels, Gauge>,
+    overtaken: Counter,
     /// The tasks runners hold, by task id: where a state change moves them between labels.
     held: Mutex<HashMap<String, Held>>,
     /// The number of tasks held, for whoever waits until the runners are done.
@@ -127,6 +128,7 @@ impl Metrics {
         let retries = Family::<StepLabels, Counter>::default();
         let dead_letters = Family::<TopicLabels, Counter>::default();
         let lag = Family::<TopicLabels, Gauge>::default();
+        let overtaken = Counter::default();
         let build = Family::<VersionLabels, Gauge>::default();
         build.get_or_create(&VersionLabels { version: env!("CARGO_PKG_VERSION").to_owned() }).set(1);
         registry.register("task_events", "Task progress events published, by kind and event", events.clone());
@@ -140,6 +142,11 @@ impl Metrics {
         registry.register("step_retries", "Transient step failures that were retried", retries.clone());
         registry.register("dead_letters", "Records sent to the dead-letter topic, by source topic", dead_letters.clone());
         registry.register("consumer_lag_records", "Command records not yet read, by topic", lag.clone());
+        registry.register(
+            "tasks_overtaken",
+            "Runs stopped because another worker wrote their task (two workers took themselves for its owner)",
+            overtaken.clone(),
+        );
         registry.register("build_info", "The worker's version (always 1)", build);
         Self {
             registry,
@@ -150,6 +157,7 @@ impl Metrics {
             retries,
             dead_letters,
             lag,
+            overtaken,
             held: Mutex::default(),
             held_total: watch::Sender::new(0),
         }
@@ -238,6 +246,10 @@ impl Metrics {
         self.dead_letters.get_or_create(&TopicLabels { topic: topic.to_owned() }).inc();
     }
 
+    pub(crate) fn overtaken(&self) {
+        self.overtaken.inc();
+    }
+
     pub(crate) fn set_lag(&self, topic: &str, lag: i64) {
         self.lag.get_or_create(&TopicLabels { topic: topic.to_owned() }).set(lag);
     }
@@ -253,6 +265,7 @@ impl Metrics {
         m.retry(TaskKind::Test, "step");
         m.dead_letter("topic");
         m.set_lag("topic", 0);
+        m.overtaken();
         m
     }
 

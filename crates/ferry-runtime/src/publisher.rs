@@ -426,6 +426,11 @@ impl Publisher {
         &self.worker
     }
 
+    /// The worker's task-state view, which this publisher writes through to.
+    pub(crate) fn view(&self) -> &StateView {
+        &self.view
+    }
+
     fn headers(task: &str, trace: Option<&str>) -> OwnedHeaders {
         let h = OwnedHeaders::new().insert(Header { key: TASK_HEADER, value: Some(task) });
         match trace {

@@ -50,6 +50,10 @@ pub(crate) struct Done {
     pub snapshot: TaskSnapshot,
     /// Left for the next owner (Stop) rather than settled.
     pub stopped: bool,
+    /// Left because another worker wrote the task while this one ran it
+    /// ([`crate::state_view::StateView::guard`]): the scheduler takes it up again later,
+    /// from the newest snapshot, if it still owns the partition.
+    pub overtaken: bool,
     /// Left because its state could not be written (the broker refused or timed out):
     /// the scheduler makes the same write again, then runs the task again, before any
     /// other task of its subject.
@@ -111,6 +115,8 @@ pub(crate) struct Runner<H: TaskHandler> {
     /// Cancelled when this worker gives the task's partition up for good (the revoke grace
     /// ran out, or the assignment was lost): nothing more is written, no step goes on.
     fence: CancellationToken,
+    /// Set, with the fence cancelled, when another worker wrote this task meanwhile.
+    overtaken: Arc<std::sync::atomic::AtomicBool>,
     /// This run's `ferry.task` span, under the command's trace.
     otel: opentelemetry::Context,
     /// The scheduler's number for this run (see [`Done::run`]).
@@ -128,13 +134,24 @@ impl<H: TaskHandler> Runner<H> {
         ctl: mpsc::Receiver<Control>,
         done: mpsc::UnboundedSender<Done>,
         fence: CancellationToken,
+        overtaken: Arc<std::sync::atomic::AtomicBool>,
         run: u64,
     ) -> Self {
-        Self { env, id, snap, ctl, done, stop: None, fence, otel: opentelemetry::Context::new(), run, in_flight: Default::default() }
+        Self { env, id, snap, ctl, done, stop: None, fence, overtaken, otel: opentelemetry::Context::new(), run, in_flight: Default::default() }
     }
 
-    /// Fails once the task is fenced: its partition belongs to another worker now.
+    /// Fails once the task is fenced: its partition belongs to another worker now, or
+    /// another worker wrote the task past this run's seq (seen by the view's guard, or here
+    /// before a write: the newest snapshot the view holds is not this run's).
     fn fenced(&self) -> Result<(), PublishError> {
+        if !self.fence.is_cancelled()
+            && let Some(seq) = self.env.publisher.view().seq_of(&self.id)
+            && seq > self.snap.seq
+        {
+            tracing::warn!(task = %self.id, seq, held = self.snap.seq, "another worker wrote this task past this run's seq: stopping it");
+            self.overtaken.store(true, std::sync::atomic::Ordering::Relaxed);
+            self.fence.cancel();
+        }
         if self.fence.is_cancelled() {
             return Err(PublishError::Fenced { task: self.snap.task_id.clone() });
         }
@@ -187,8 +204,13 @@ impl<H: TaskHandler> Runner<H> {
         };
         crate::telemetry::end(&self.otel, error);
         logs.in_scope(|| tracing::debug!(state = ?self.snap.state, "task run ended"));
+        let overtaken = self.overtaken.load(std::sync::atomic::Ordering::Relaxed);
         let (stopped, unwritten) = match driven {
             Ok(stopped) => (stopped, None),
+            Err(PublishError::Fenced { .. }) if overtaken => {
+                tracing::warn!(task = %self.id, "task overtaken by another worker's write; stopped without another write, to be taken up again later");
+                (true, None)
+            }
             Err(PublishError::Fenced { .. }) => {
                 tracing::warn!(task = %self.id, "task fenced: its partition moved to another worker; stopped without another write");
                 (true, None)
@@ -208,7 +230,7 @@ impl<H: TaskHandler> Runner<H> {
                 (true, Some(Unwritten { events }))
             }
         };
-        let _ = self.done.send(Done { task_id: self.id, run: self.run, snapshot: self.snap.clone(), stopped, unwritten });
+        let _ = self.done.send(Done { task_id: self.id, run: self.run, snapshot: self.snap.clone(), stopped, overtaken, unwritten });
         if let Some((_, reply)) = self.stop.take() {
             let _ = reply.send(ControlReply::Handled);
         }

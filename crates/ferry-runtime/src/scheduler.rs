@@ -105,6 +105,9 @@ struct Slot {
     fence: Option<tokio_util::sync::CancellationToken>,
     /// The number of the last runner started for the slot (0: none yet).
     run: u64,
+    /// Cancels and Reverts that came while another worker's newer write of the task
+    /// stood in the view: applied to the newest snapshot when the task is taken up again.
+    deferred: Vec<(CommandEnvelope, Option<String>)>,
 }
 
 pub(crate) struct Scheduler<H: TaskHandler> {
@@ -126,12 +129,18 @@ pub(crate) struct Scheduler<H: TaskHandler> {
     wake_rx: mpsc::UnboundedReceiver<Rewritten>,
     /// Runners started so far: numbers each run (see `Done::run`).
     runs: u64,
+    /// How long a task overtaken by another worker's write waits, its subject's lane held,
+    /// before it is taken up again from the newest snapshot (see `Done::overtaken`).
+    overtaken_pause: Duration,
+    overtaken_tx: mpsc::UnboundedSender<TaskId>,
+    overtaken_rx: mpsc::UnboundedReceiver<TaskId>,
 }
 
 impl<H: TaskHandler> Scheduler<H> {
-    pub(crate) fn new(env: Arc<Env<H>>, view: Arc<StateView>, revoke_grace: Duration, fences: Arc<Fences>) -> Self {
+    pub(crate) fn new(env: Arc<Env<H>>, view: Arc<StateView>, revoke_grace: Duration, overtaken_pause: Duration, fences: Arc<Fences>) -> Self {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let (wake_tx, wake_rx) = mpsc::unbounded_channel();
+        let (overtaken_tx, overtaken_rx) = mpsc::unbounded_channel();
         Self {
             env,
             view,
@@ -147,6 +156,9 @@ impl<H: TaskHandler> Scheduler<H> {
             wake_tx,
             wake_rx,
             runs: 0,
+            overtaken_pause,
+            overtaken_tx,
+            overtaken_rx,
         }
     }
 
@@ -155,6 +167,7 @@ impl<H: TaskHandler> Scheduler<H> {
             tokio::select! {
                 Some(done) = self.done_rx.recv() => self.on_done(done),
                 Some(r) = self.wake_rx.recv() => self.on_rewritten(r),
+                Some(id) = self.overtaken_rx.recv() => self.on_overtaken_pause_over(id).await,
                 msg = rx.recv() => match msg {
                     Some(SchedMsg::Batch { items, reply }) => {
                         let r = self.on_batch(items).await;
@@ -190,9 +203,14 @@ impl<H: TaskHandler> Scheduler<H> {
             tracing::info!(task = %done.task_id, stale = done.run, current = slot.run, "a given-up run's hand-back ignored");
             return;
         }
+        self.view.unguard(&done.task_id, done.run);
         let subject = done.snapshot.subject.clone();
         slot.ctl = None;
         slot.snap = done.snapshot;
+        if done.overtaken && self.owned.contains(&slot.snap.origin_partition) {
+            self.hold_overtaken(done.task_id, subject);
+            return;
+        }
         if let Some(write) = done.unwritten
             && self.owned.contains(&slot.snap.origin_partition)
         {
@@ -278,12 +296,69 @@ impl<H: TaskHandler> Scheduler<H> {
         self.pump(&subject);
     }
 
+    /// Holds an overtaken task's subject lane (no later task of the subject starts) and
+    /// takes it up again after a pause, from the newest snapshot: if this worker is the one
+    /// that lost its partition without knowing, it learns within its session timeout and
+    /// gives the task up; if the other writer was, its writes have stopped by then.
+    fn hold_overtaken(&mut self, id: TaskId, subject: String) {
+        tracing::warn!(task = %id, pause_ms = self.overtaken_pause.as_millis() as u64, "task overtaken by another worker; taking it up again after a pause");
+        self.env.metrics.overtaken();
+        self.running.insert(subject.clone(), id);
+        let queue = self.queues.entry(subject).or_default();
+        queue.retain(|q| *q != id);
+        queue.push_front(id);
+        let (tx, pause) = (self.overtaken_tx.clone(), self.overtaken_pause);
+        tokio::spawn(async move {
+            tokio::time::sleep(pause).await;
+            let _ = tx.send(id);
+        });
+    }
+
+    /// An overtaken task's pause is over: run it again, first in its subject, from the
+    /// newest snapshot (nothing to run when that one is settled). Nothing to do when its
+    /// partition was given up meanwhile.
+    async fn on_overtaken_pause_over(&mut self, id: TaskId) {
+        let Some(slot) = self.slots.get_mut(&id) else { return };
+        let subject = slot.snap.subject.clone();
+        if slot.ctl.is_some() || self.running.get(&subject) != Some(&id) || !self.owned.contains(&slot.snap.origin_partition) {
+            return;
+        }
+        if let Some(newest) = self.view.get(&id).filter(|v| v.seq > slot.snap.seq) {
+            tracing::info!(task = %id, seq = newest.seq, state = ?newest.state, by = %newest.worker, "taking an overtaken task up again from the newest snapshot");
+            slot.snap = newest;
+        }
+        // The controls that came meanwhile, on the newest snapshot.
+        let deferred = std::mem::take(&mut slot.deferred);
+        if !deferred.is_empty() {
+            let mut pending = crate::publisher::Publisher::nothing();
+            for (env, trace) in deferred {
+                match self.control(&env, id, trace, &mut pending) {
+                    Ok(_) => {}
+                    Err(e) => tracing::error!(task = %id, error = %e, "a deferred control could not be written"),
+                }
+            }
+            if let Err(e) = pending.durable().await {
+                tracing::error!(task = %id, error = %e, "a deferred control could not be written");
+            }
+        }
+        let Some(slot) = self.slots.get_mut(&id) else { return };
+        self.running.remove(&subject);
+        if crate::publisher::settled(&slot.snap) {
+            self.slots.remove(&id);
+            if let Some(q) = self.queues.get_mut(&subject) {
+                q.retain(|q| *q != id);
+            }
+        }
+        self.pump(&subject);
+    }
+
     /// Starts the next task of `subject` when none runs.
     fn pump(&mut self, subject: &str) {
         if self.running.contains_key(subject) {
             return;
         }
         let Some(queue) = self.queues.get_mut(subject) else { return };
+        let mut overtaken = None;
         while let Some(id) = queue.pop_front() {
             let Some(slot) = self.slots.get_mut(&id) else { continue };
             // Never start a task of a partition this worker is giving up: its next owner
@@ -291,13 +366,21 @@ impl<H: TaskHandler> Scheduler<H> {
             if !self.owned.contains(&slot.snap.origin_partition) {
                 continue;
             }
+            // Written meanwhile by another worker (it takes itself for the owner too): do
+            // not run it alongside; wait, then go on from the newest snapshot.
+            if self.view.seq_of(&id).is_some_and(|seq| seq > slot.snap.seq) {
+                overtaken = Some(id);
+                break;
+            }
             let (tx, rx) = mpsc::channel(16);
             slot.ctl = Some(tx);
             let fence = self.fences.child(slot.snap.origin_partition);
             slot.fence = Some(fence.clone());
             self.runs += 1;
             slot.run = self.runs;
-            let runner = Runner::new(self.env.clone(), id, slot.snap.clone(), rx, self.done_tx.clone(), fence, self.runs);
+            let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            self.view.guard(id, self.runs, slot.snap.seq, fence.clone(), flag.clone());
+            let runner = Runner::new(self.env.clone(), id, slot.snap.clone(), rx, self.done_tx.clone(), fence, flag, self.runs);
             tokio::spawn(self.env.metrics.in_flight(&slot.snap).during(runner.run()));
             self.running.insert(subject.to_owned(), id);
             break;
@@ -305,11 +388,14 @@ impl<H: TaskHandler> Scheduler<H> {
         if queue.is_empty() {
             self.queues.remove(subject);
         }
+        if let Some(id) = overtaken {
+            self.hold_overtaken(id, subject.to_owned());
+        }
     }
 
     fn enqueue_task(&mut self, id: TaskId, snap: TaskSnapshot) {
         self.queues.entry(snap.subject.clone()).or_default().push_back(id);
-        self.slots.insert(id, Slot { snap, ctl: None, fence: None, run: 0 });
+        self.slots.insert(id, Slot { snap, ctl: None, fence: None, run: 0, deferred: Vec::new() });
     }
 
     async fn on_batch(&mut self, items: Vec<Incoming>) -> Result<HashSet<i32>, PublishError> {
@@ -444,12 +530,13 @@ impl<H: TaskHandler> Scheduler<H> {
     }
 
     fn start(&mut self, env: CommandEnvelope, id: TaskId, partition: i32, offset: i64, trace: Option<String>) -> Result<Pending, PublishError> {
-        let existing = self
-            .slots
-            .get(&id)
-            .map(|s| s.snap.clone())
-            .or_else(|| self.view.get(&id))
-            .or_else(|| env.idempotency_key.as_deref().and_then(|k| self.view.by_key(k)));
+        // The newer of the slot's and the view's: a slot another worker overtook is older.
+        let held = self.slots.get(&id).map(|s| s.snap.clone());
+        let existing = match (held, self.view.get(&id)) {
+            (Some(h), Some(v)) => Some(if v.seq > h.seq { v } else { h }),
+            (h, v) => h.or(v),
+        }
+        .or_else(|| env.idempotency_key.as_deref().and_then(|k| self.view.by_key(k)));
         if let Some(snap) = existing {
             if snap.task_id == env.task_id {
                 let reread = snap.origin_partition == partition && snap.origin_offset == offset;
@@ -516,6 +603,22 @@ impl<H: TaskHandler> Scheduler<H> {
         let revert = env.action == CommandAction::Revert;
         if let Some(reason) = self.control_refusal(env, id) {
             pending.extend(self.event_only(env, EventType::Rejected, trace, reason)?);
+            return Ok(None);
+        }
+        if let Some(slot) = self.slots.get(&id)
+            && slot.ctl.is_none()
+            && let Some(seq) = self.view.seq_of(&id).filter(|seq| *seq > slot.snap.seq)
+        {
+            // Another worker wrote the task after this one took it up: one of the two lost
+            // the partition without knowing yet. Acting on this older snapshot would write
+            // under seqs the other already used (a queued task cancelled and reverted at
+            // seq 3 and 5 after its owner's Reverted at 21, in the fault campaign). The
+            // control waits with the task, which is taken up again (if this worker still
+            // owns it then) from the newest snapshot (`on_overtaken_pause_over`).
+            tracing::warn!(task = %id, action = ?env.action, seq, held = slot.snap.seq, "control for a task another worker wrote since: deferred");
+            if let Some(slot) = self.slots.get_mut(&id) {
+                slot.deferred.push((env.clone(), trace));
+            }
             return Ok(None);
         }
         if let Some(slot) = self.slots.get_mut(&id) {
@@ -685,10 +788,12 @@ impl<H: TaskHandler> Scheduler<H> {
             .map(|(id, _)| *id)
             .collect();
         for id in ids {
-            if let Some(slot) = self.slots.remove(&id)
-                && self.running.get(&slot.snap.subject) == Some(&id) {
+            if let Some(slot) = self.slots.remove(&id) {
+                self.view.unguard(&id, slot.run);
+                if self.running.get(&slot.snap.subject) == Some(&id) {
                     self.running.remove(&slot.snap.subject);
                 }
+            }
         }
         for q in self.queues.values_mut() {
             q.retain(|id| self.slots.contains_key(id));

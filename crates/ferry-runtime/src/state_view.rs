@@ -1,7 +1,9 @@
 //! The task-state table: a consumer that reads the compacted task-state topic from the
 //! beginning into memory, and can tell when it has caught up with the topic's end.
 //! Workers rebuild their view from it on start and on partition assignment; the local
-//! publisher writes through to it so the worker sees its own writes at once.
+//! publisher writes through to it so the worker sees its own writes at once. It also
+//! guards the tasks this worker runs: another writer's newer snapshot of one falls its
+//! runner's fence ([`StateView::guard`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,6 +15,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::{Message, Offset, TopicPartitionList};
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use crate::ids::TaskId;
 use crate::kafka::KafkaConfig;
@@ -51,6 +54,17 @@ struct Table {
     /// The seq of each task's last snapshot written by this process: read back from the
     /// topic it is not decoded again (a worker reads every snapshot it writes).
     own: HashMap<TaskId, i64>,
+    /// The tasks this worker runs, by run.
+    guards: HashMap<TaskId, Guard>,
+}
+
+/// A running task's guard: falls when a snapshot of the task that this process did not
+/// write, past the seq it ran from and past its own writes, is read from the topic.
+struct Guard {
+    run: u64,
+    from_seq: i64,
+    fence: CancellationToken,
+    overtaken: Arc<AtomicBool>,
 }
 
 /// The in-memory task-state table of one process.
@@ -126,6 +140,7 @@ impl StateView {
                     t.positions.insert(m.partition(), m.offset() + 1);
                     match decoded {
                         Some(Ok(snap)) => {
+                            Self::check_guard(&mut t, &snap);
                             drop(t);
                             self.apply(snap);
                         }
@@ -146,13 +161,14 @@ impl StateView {
                 }
                 Some(Err(e)) => tracing::warn!(topic = %self.topic, error = %e, "task-state read error"),
                 None => {
-                    // Idle: positions of empty or compacted-away ranges come from the consumer.
+                    // Idle: positions of empty or compacted-away ranges come from the consumer,
+                    // as they are: after a rewind (librdkafka resets a position it cannot
+                    // validate to the beginning) `caught_up` waits for the re-read.
                     if let Ok(pos) = self.consumer.position() {
                         let mut t = self.table.write().expect("view lock");
                         for e in pos.elements() {
                             if let Offset::Offset(o) = e.offset() {
-                                let cur = t.positions.entry(e.partition()).or_insert(0);
-                                *cur = (*cur).max(o);
+                                t.positions.insert(e.partition(), o);
                             }
                         }
                         drop(t);
@@ -180,6 +196,43 @@ impl StateView {
         };
         let t = self.table.read().expect("view lock");
         t.own.get(&id) == Some(&seq) || t.tasks.get(&id).is_some_and(|s| s.seq > seq)
+    }
+
+    /// Another writer's snapshot of a task this worker runs: only a worker that also takes
+    /// itself for the task's owner writes it (one of the two lost its partition and does
+    /// not know it yet: librdkafka's mock cluster evicts a member whose JoinGroup it holds
+    /// past the session timeout, and the member learns it only when answered). Its runner
+    /// stops before its next write and drops its step; the scheduler takes the task up
+    /// again later from the newest snapshot if it still owns the partition.
+    fn check_guard(t: &mut Table, snap: &TaskSnapshot) {
+        let Ok(id) = snap.task_id.parse::<TaskId>() else { return };
+        let Some(g) = t.guards.get(&id) else { return };
+        let own = t.own.get(&id).copied().unwrap_or(i64::MIN);
+        if snap.seq > g.from_seq.max(own) && !g.fence.is_cancelled() {
+            tracing::warn!(task = %id, seq = snap.seq, writer = %snap.worker, own, "another worker wrote a task this worker runs: stopping it");
+            g.overtaken.store(true, Ordering::Relaxed);
+            g.fence.cancel();
+        }
+    }
+
+    /// Guards run `run` of a task that started from `from_seq`: `fence` falls (and
+    /// `overtaken` is set) when another writer's newer snapshot of it is read.
+    pub(crate) fn guard(&self, id: TaskId, run: u64, from_seq: i64, fence: CancellationToken, overtaken: Arc<AtomicBool>) {
+        let mut t = self.table.write().expect("view lock");
+        t.guards.insert(id, Guard { run, from_seq, fence, overtaken });
+    }
+
+    /// Drops the guard of run `run` of a task (a later run's stays).
+    pub(crate) fn unguard(&self, id: &TaskId, run: u64) {
+        let mut t = self.table.write().expect("view lock");
+        if t.guards.get(id).is_some_and(|g| g.run == run) {
+            t.guards.remove(id);
+        }
+    }
+
+    /// The seq of the newest snapshot of a task the view holds.
+    pub fn seq_of(&self, id: &TaskId) -> Option<i64> {
+        self.table.read().expect("view lock").tasks.get(id).map(|s| s.seq)
     }
 
     /// [`Self::apply`] for a snapshot this process writes: when it is read back from the

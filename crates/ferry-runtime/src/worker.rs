@@ -47,6 +47,11 @@ pub struct WorkerOptions {
     pub revoke_grace: Duration,
     /// Time running steps get to finish on shutdown.
     pub shutdown_grace: Duration,
+    /// How long a task another worker wrote while this one ran it waits before this
+    /// worker takes it up again from the newest snapshot (if it still owns the partition):
+    /// longer than the group's session timeout, so that whichever of the two had lost its
+    /// partition without knowing has learnt it by then.
+    pub overtaken_pause: Duration,
     /// Where to serve `/healthz`, `/readyz`, `/metrics`.
     pub http: Option<SocketAddr>,
     /// A Confluent-compatible schema registry (`http://...`); the embedded one if None.
@@ -67,6 +72,7 @@ impl WorkerOptions {
             worker_id: default_worker_id(),
             group_id: None,
             revoke_grace: Duration::from_secs(5),
+            overtaken_pause: Duration::from_secs(15),
             shutdown_grace: Duration::from_secs(20),
             http: None,
             schema_registry: None,
@@ -185,7 +191,7 @@ impl<H: TaskHandler> Worker<H> {
         let env = Arc::new(Env { handler: handler.clone(), publisher: publisher.clone(), metrics: metrics.clone(), registry: registry.clone(), policy: opts.policy.clone() });
         let (sched_tx, sched_rx) = mpsc::channel(64);
         let fences = Arc::new(crate::fences::Fences::default());
-        let scheduler = tokio::spawn(Scheduler::new(env, view.clone(), opts.revoke_grace, fences.clone()).run(sched_rx));
+        let scheduler = tokio::spawn(Scheduler::new(env, view.clone(), opts.revoke_grace, opts.overtaken_pause, fences.clone()).run(sched_rx));
 
         let http = match opts.http {
             Some(addr) => Some(

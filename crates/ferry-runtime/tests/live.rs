@@ -2,7 +2,8 @@
 //! started and the task's later updates, drops a task whose snapshot was tombstoned and
 //! leaves out a snapshot on another kind's topic (embedded and tansu), and answers a
 //! Cancel's kind and subject from its index while reading the topics fails (embedded: the
-//! failure is injected).
+//! failure is injected). A task keeps its highest seq whatever order its snapshots are read
+//! in (a rewound reader, a late write).
 
 mod support;
 
@@ -146,4 +147,33 @@ async fn a_view_is_ready_only_once_it_holds_everything_written_before_it_started
     live.follower().ready(WAIT).await.unwrap();
     assert_eq!(live.follower().len(), ids.len(), "ready means every task written before the start is there");
     embedded.set_round_trip(Duration::ZERO).unwrap();
+}
+
+/// A view keeps each task's highest seq: a lower-seq snapshot read after a higher one (read
+/// again after librdkafka rewound the reader, or written late by a stale writer) does not
+/// put the task back. Before, the fault campaign's live view showed succeeded tasks
+/// `Accepted` again while its rewound reader re-read their first records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_keeps_its_highest_seq_whatever_order_its_snapshots_are_read_in() {
+    let broker = TestBroker::embedded();
+    let client = broker.client();
+    let topic = broker.topics.task_state(TaskKind::Test).name.clone();
+    let at = |id: TaskId, seq: i64, state: TaskState| TaskSnapshot { seq, state, ..snapshot(id, TaskKind::Test, "order/a") };
+    // Written before the view starts: it reads both in its first catch-up.
+    let before = TaskId::new();
+    plant(&client, &topic, &at(before, 3, TaskState::Succeeded)).await;
+    plant(&client, &topic, &at(before, 2, TaskState::Running)).await;
+    let live = client.live_view().await.unwrap();
+    live.follower().ready(WAIT).await.unwrap();
+    assert_eq!(live.get(before).map(|s| (s.seq, s.state)), Some((3, TaskState::Succeeded)), "read in its first catch-up");
+    // Written while it follows.
+    let after = TaskId::new();
+    plant(&client, &topic, &at(after, 5, TaskState::Succeeded)).await;
+    plant(&client, &topic, &at(after, 4, TaskState::Running)).await;
+    live.caught_up(WAIT).await.unwrap();
+    assert_eq!(live.get(after).map(|s| (s.seq, s.state)), Some((5, TaskState::Succeeded)), "read while following");
+    // A higher seq still replaces it.
+    plant(&client, &topic, &at(after, 6, TaskState::Reverting)).await;
+    let now = live.wait_for(after, WAIT, |s| s.seq == 6).await.unwrap();
+    assert_eq!(now.state, TaskState::Reverting);
 }

@@ -865,3 +865,48 @@ async fn a_cancel_for_a_paused_task_is_written_after_the_paused_write() {
     stop.cancel();
     worker.await.unwrap();
 }
+
+/// Another worker's newer write of a task this worker runs (both take themselves for its
+/// owner: one lost its partition without knowing yet) stops the run at once, without a
+/// write, and the task is taken up again after a pause from the newest snapshot. Here the
+/// other write is planted while the task is blocked in its second step: before, the run
+/// stayed blocked and the Cancel sent next was written under the run's old seqs, below the
+/// other worker's (the campaign saw a zombie cancel and revert a task at seqs 3 and 5 after
+/// its owner's Reverted at 21).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_another_worker_writes_ahead_is_stopped_and_goes_on_from_the_newest_snapshot() {
+    let broker = TestBroker::embedded();
+    let client = broker.client();
+    let mut events = client.events(true).await.unwrap();
+    let mut opts = broker.worker_options();
+    opts.overtaken_pause = Duration::from_millis(500);
+    let me = opts.worker_id.clone();
+    let (stop, worker) = broker.spawn_worker(opts);
+    let spec = TestTaskSpec { block_at: Some(2), ..TestTaskSpec::steps(3) };
+    let id = submit(&client, "overtaken", &spec).await;
+    until_event(&mut events, id, EventType::StepProgress).await;
+
+    // The other worker's snapshot: the same task, ten seqs further.
+    let mut ahead = client.snapshot(id).await.unwrap().unwrap();
+    let was = ahead.seq;
+    ahead.seq += 10;
+    ahead.worker = "another-worker".into();
+    let bytes = client.registry().encode(&ahead).unwrap();
+    let topic = broker.topics.task_state(TaskKind::Test).name.clone();
+    client.send_raw(&topic, Some(ahead.task_id.as_bytes()), &bytes, OwnedHeaders::new()).await.unwrap();
+
+    // Taken up again from it: step 2 starts again past the other worker's seq.
+    let evs = events.until(id, WAIT, |e| e.event == EventType::StepStarted && e.seq > ahead.seq).await.unwrap();
+    let between: Vec<String> = evs.iter().filter(|e| e.worker == me && e.seq > was && e.seq <= ahead.seq).map(|e| format!("{} {:?}", e.seq, e.event)).collect();
+    assert!(between.is_empty(), "the overtaken run wrote under seqs the other worker had used: {between:?}");
+    assert_eq!(evs.last().unwrap().step, Some(2), "resumed at its started step");
+    until_event(&mut events, id, EventType::StepProgress).await;
+    client.cancel(id).await.unwrap();
+    let evs = until_final(&mut events, id).await;
+    assert_eq!(types(&evs), vec![EventType::CancelRequested, EventType::Cancelled]);
+    assert!(evs.iter().all(|e| e.seq > ahead.seq && e.worker == me), "{evs:?}");
+    let snap = client.snapshot(id).await.unwrap().unwrap();
+    assert_eq!((snap.state, snap.worker.as_str()), (TaskState::Cancelled, me.as_str()));
+    stop.cancel();
+    worker.await.unwrap();
+}

@@ -319,6 +319,9 @@ pub struct Pending {
     futures: Vec<(String, DeliveryFuture)>,
     deferred: Vec<Deferred>,
     producer: Option<FutureProducer>,
+    /// Snapshots among the records, for the local view once they are acknowledged.
+    own: Vec<TaskSnapshot>,
+    view: Option<Arc<StateView>>,
 }
 
 /// Hands a record to the producer, waiting while its local queue is full.
@@ -351,15 +354,31 @@ async fn acknowledged(futures: Vec<(String, DeliveryFuture)>) -> Result<(), Publ
 
 impl Pending {
     fn none() -> Self {
-        Self { futures: Vec::new(), deferred: Vec::new(), producer: None }
+        Self { futures: Vec::new(), deferred: Vec::new(), producer: None, own: Vec::new(), view: None }
+    }
+
+    /// Hands the acknowledged snapshots to the local view: it holds what is durable, never
+    /// a write that may have failed (a worker that took its partition back once republished
+    /// the final event of a snapshot the broker never acknowledged, and left the task
+    /// `Reverting` on the topic for good).
+    fn into_view(own: Vec<TaskSnapshot>, view: Option<Arc<StateView>>) {
+        if let Some(view) = view {
+            for snap in own {
+                view.apply_own(snap);
+            }
+        }
     }
 
     /// Adds another batch of acknowledgements (and its deferred events).
     pub fn extend(&mut self, other: Pending) {
         self.futures.extend(other.futures);
         self.deferred.extend(other.deferred);
+        self.own.extend(other.own);
         if self.producer.is_none() {
             self.producer = other.producer;
+        }
+        if self.view.is_none() {
+            self.view = other.view;
         }
     }
 
@@ -367,6 +386,7 @@ impl Pending {
     /// deferred events and waits for them too.
     pub async fn durable(self) -> Result<(), PublishError> {
         acknowledged(self.futures).await?;
+        Self::into_view(self.own, self.view);
         let Some(producer) = self.producer else { return Ok(()) };
         let mut then = Vec::with_capacity(self.deferred.len());
         for d in self.deferred {
@@ -467,13 +487,14 @@ impl Publisher {
         Ok(Pending { futures: vec![(topic.to_owned(), f)], ..Pending::none() })
     }
 
-    /// Hands the snapshot to the producer (and to the local view).
+    /// Hands the snapshot to the producer (and to the local view once acknowledged).
     pub fn enqueue_snapshot(&self, snap: &TaskSnapshot) -> Result<Pending, PublishError> {
         let topic = &self.topics.task_state(snap.kind).name;
         let seq = snap.seq.to_string();
         let headers = Self::headers(&snap.task_id, snap.trace_parent.as_deref()).insert(Header { key: SEQ_HEADER, value: Some(&seq) });
-        let p = self.enqueue_record(topic, "TaskSnapshot", snap, &snap.task_id, headers)?;
-        self.view.apply_own(snap.clone());
+        let mut p = self.enqueue_record(topic, "TaskSnapshot", snap, &snap.task_id, headers)?;
+        p.own.push(snap.clone());
+        p.view = Some(self.view.clone());
         Ok(p)
     }
 
@@ -576,6 +597,9 @@ impl Publisher {
         };
         let progress = self.topics.progress().name.clone();
         let (acked, previous) = futures::join!(acknowledged(snapshot.futures), Self::settle_each(sent, &progress));
+        if acked.is_ok() {
+            Pending::into_view(snapshot.own, snapshot.view);
+        }
         match (acked, previous) {
             (Ok(()), Ok(())) => {}
             (Err(e), Ok(())) => return Err(fail(Vec::new(), held, last, e)),

@@ -1,7 +1,8 @@
 //! The task-state table: a consumer that reads the compacted task-state topic from the
 //! beginning into memory, and can tell when it has caught up with the topic's end.
 //! Workers rebuild their view from it on start and on partition assignment; the local
-//! publisher writes through to it so the worker sees its own writes at once. It also
+//! publisher hands it each snapshot the broker acknowledged (never one still in flight:
+//! a write that fails must not be taken for the task's state). It also
 //! guards the tasks this worker runs: another writer's newer snapshot of one falls its
 //! runner's fence ([`StateView::guard`]).
 
@@ -62,6 +63,9 @@ struct Table {
 /// write, past the seq it ran from and past its own writes, is read from the topic.
 struct Guard {
     run: u64,
+    /// This worker's name: a record it wrote, read back before its acknowledgement was
+    /// handled, is not another writer's.
+    me: String,
     from_seq: i64,
     fence: CancellationToken,
     overtaken: Arc<AtomicBool>,
@@ -208,7 +212,7 @@ impl StateView {
         let Ok(id) = snap.task_id.parse::<TaskId>() else { return };
         let Some(g) = t.guards.get(&id) else { return };
         let own = t.own.get(&id).copied().unwrap_or(i64::MIN);
-        if snap.seq > g.from_seq.max(own) && !g.fence.is_cancelled() {
+        if snap.worker != g.me && snap.seq > g.from_seq.max(own) && !g.fence.is_cancelled() {
             tracing::warn!(task = %id, seq = snap.seq, writer = %snap.worker, own, "another worker wrote a task this worker runs: stopping it");
             g.overtaken.store(true, Ordering::Relaxed);
             g.fence.cancel();
@@ -217,9 +221,9 @@ impl StateView {
 
     /// Guards run `run` of a task that started from `from_seq`: `fence` falls (and
     /// `overtaken` is set) when another writer's newer snapshot of it is read.
-    pub(crate) fn guard(&self, id: TaskId, run: u64, from_seq: i64, fence: CancellationToken, overtaken: Arc<AtomicBool>) {
+    pub(crate) fn guard(&self, id: TaskId, run: u64, me: &str, from_seq: i64, fence: CancellationToken, overtaken: Arc<AtomicBool>) {
         let mut t = self.table.write().expect("view lock");
-        t.guards.insert(id, Guard { run, from_seq, fence, overtaken });
+        t.guards.insert(id, Guard { run, me: me.to_owned(), from_seq, fence, overtaken });
     }
 
     /// Drops the guard of run `run` of a task (a later run's stays).

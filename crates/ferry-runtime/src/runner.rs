@@ -133,8 +133,7 @@ impl<H: TaskHandler> Runner<H> {
         snap: TaskSnapshot,
         ctl: mpsc::Receiver<Control>,
         done: mpsc::UnboundedSender<Done>,
-        fence: CancellationToken,
-        overtaken: Arc<std::sync::atomic::AtomicBool>,
+        (fence, overtaken): (CancellationToken, Arc<std::sync::atomic::AtomicBool>),
         run: u64,
     ) -> Self {
         Self { env, id, snap, ctl, done, stop: None, fence, overtaken, otel: opentelemetry::Context::new(), run, in_flight: Default::default() }

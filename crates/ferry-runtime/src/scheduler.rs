@@ -380,7 +380,7 @@ impl<H: TaskHandler> Scheduler<H> {
             slot.run = self.runs;
             let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
             self.view.guard(id, self.runs, self.env.publisher.worker(), slot.snap.seq, fence.clone(), flag.clone());
-            let runner = Runner::new(self.env.clone(), id, slot.snap.clone(), rx, self.done_tx.clone(), fence, flag, self.runs);
+            let runner = Runner::new(self.env.clone(), id, slot.snap.clone(), rx, self.done_tx.clone(), (fence, flag), self.runs);
             tokio::spawn(self.env.metrics.in_flight(&slot.snap).during(runner.run()));
             self.running.insert(subject.to_owned(), id);
             break;

@@ -134,6 +134,9 @@ pub(crate) struct Scheduler<H: TaskHandler> {
     overtaken_pause: Duration,
     overtaken_tx: mpsc::UnboundedSender<TaskId>,
     overtaken_rx: mpsc::UnboundedReceiver<TaskId>,
+    /// Idempotency keys of the tasks the current batch created: the view takes a snapshot
+    /// only once it is durable, which is after the batch.
+    batch_keys: HashMap<String, TaskId>,
 }
 
 impl<H: TaskHandler> Scheduler<H> {
@@ -159,6 +162,7 @@ impl<H: TaskHandler> Scheduler<H> {
             overtaken_pause,
             overtaken_tx,
             overtaken_rx,
+            batch_keys: HashMap::new(),
         }
     }
 
@@ -404,6 +408,7 @@ impl<H: TaskHandler> Scheduler<H> {
         let mut subjects = HashSet::new();
         let mut skipped = HashSet::new();
         let mut batch_partitions = HashSet::new();
+        self.batch_keys.clear();
         for item in items {
             batch_partitions.insert(item.partition);
             if !self.owned.contains(&item.partition) {
@@ -496,7 +501,7 @@ impl<H: TaskHandler> Scheduler<H> {
         // that does not may not leave a snapshot under it (the key's own submission would
         // find it and end a duplicate of this rejection).
         let owns_id = !id.is_derived() || env.idempotency_key.as_deref().is_some_and(|k| id == TaskId::for_idempotency_key(env.kind, k));
-        if env.action != CommandAction::Start || !owns_id || self.view.get(&id).is_some() {
+        if env.action != CommandAction::Start || !owns_id || self.view.get(&id).is_some() || self.slots.contains_key(&id) {
             // A bad Cancel/Revert, a Start that reuses a live task's id or takes another's:
             // tell the tracker without touching that task's snapshot.
             return self.event_only(env, EventType::Rejected, trace, reason);
@@ -536,7 +541,7 @@ impl<H: TaskHandler> Scheduler<H> {
             (Some(h), Some(v)) => Some(if v.seq > h.seq { v } else { h }),
             (h, v) => h.or(v),
         }
-        .or_else(|| env.idempotency_key.as_deref().and_then(|k| self.view.by_key(k)));
+        .or_else(|| env.idempotency_key.as_deref().and_then(|k| self.by_key(k)));
         if let Some(snap) = existing {
             if snap.task_id == env.task_id {
                 let reread = snap.origin_partition == partition && snap.origin_offset == offset;
@@ -564,8 +569,17 @@ impl<H: TaskHandler> Scheduler<H> {
         }
         let mut snap = self.new_snapshot(&env, id, partition, offset, trace);
         let p = self.env.publisher.enqueue_transition(&mut snap, EventType::Accepted, Detail::default())?;
+        if let Some(k) = &env.idempotency_key {
+            self.batch_keys.entry(k.clone()).or_insert(id);
+        }
         self.enqueue_task(id, snap);
         Ok(p)
+    }
+
+    /// The task that first used an idempotency key: one this batch created (not in the
+    /// view until the batch is durable), or the view's.
+    fn by_key(&self, key: &str) -> Option<TaskSnapshot> {
+        self.batch_keys.get(key).and_then(|id| self.slots.get(id)).map(|s| s.snap.clone()).or_else(|| self.view.by_key(key))
     }
 
     /// Why a Cancel or Revert may not act on its task, if it may not: a tenant acts only

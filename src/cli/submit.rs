@@ -170,7 +170,7 @@ pub async fn run(conn: &Conn, a: SubmitArgs) -> anyhow::Result<ExitCode> {
     let spec = encode_spec(&client, a.kind, file.spec)?;
     // Follow from the current end before sending, so no event is missed.
     let mut events = if a.wait { Some(client.events(false).await?) } else { None };
-    let opts = SubmitOptions { idempotency_key: a.idempotency_key, deadline: a.deadline, keep_partial: a.keep_partial, trace_parent: None, requested_by: None };
+    let opts = SubmitOptions { idempotency_key: a.idempotency_key, deadline: a.deadline, keep_partial: a.keep_partial, ..SubmitOptions::default() };
     let id = client.submit_encoded(a.kind, &subject, spec, opts).await?;
     let Some(events) = events.as_mut() else {
         match a.output {

@@ -86,9 +86,13 @@ impl Children for KafkaChildren {
             let Some(subject) = child.subject.clone().or(encoded.subject) else {
                 return Err(ChildError::Spec { kind: child.kind, reason: "no subject: give the step a subject (the kind derives none from its spec)".into() });
             };
+            // The parent's deadline as it is (one already past ends the child at once).
             let opts = SubmitOptions {
                 idempotency_key: Some(child.idempotency_key.clone()),
                 requested_by: Some(format!("plan/{}", child.parent)),
+                deadline_at_ms: child.deadline_ms,
+                keep_partial: child.keep_partial,
+                trace_parent: child.trace_parent.clone(),
                 ..SubmitOptions::default()
             };
             self.client
@@ -118,6 +122,16 @@ impl Children for KafkaChildren {
                 LiveError::WaitTimeout { .. } => ChildError::Timeout { task: id, waited: limit },
                 e => ChildError::Unreachable { what: format!("following child {id}"), reason: e.to_string() },
             })
+        }
+        .boxed()
+    }
+
+    fn cancel<'a>(&'a self, kind: TaskKind, subject: &'a str, id: TaskId, reason: String) -> BoxFuture<'a, Result<(), ChildError>> {
+        async move {
+            self.client
+                .control(kind, subject, id, CommandAction::Cancel, Some(reason))
+                .await
+                .map_err(unreachable_by(format!("sending Cancel of child {id}")))
         }
         .boxed()
     }

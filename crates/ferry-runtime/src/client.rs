@@ -71,6 +71,9 @@ pub struct SubmitOptions {
     pub idempotency_key: Option<String>,
     /// Deadline of the forward run, from now.
     pub deadline: Option<Duration>,
+    /// Deadline of the forward run as a time (ms since the epoch); wins over `deadline`
+    /// (a plan passes its own on to its children unchanged).
+    pub deadline_at_ms: Option<i64>,
     /// On failure keep finished steps instead of reverting.
     pub keep_partial: bool,
     /// W3C trace context of the caller.
@@ -201,7 +204,7 @@ impl Client {
             idempotency_key: opts.idempotency_key.clone(),
             requested_by: opts.requested_by.clone().unwrap_or_else(|| self.requested_by.clone()),
             created_at_ms: now_ms(),
-            deadline_ms: opts.deadline.map(|d| now_ms() + d.as_millis() as i64),
+            deadline_ms: opts.deadline_at_ms.or_else(|| opts.deadline.map(|d| now_ms() + d.as_millis() as i64)),
             keep_partial: opts.keep_partial,
             reason: None,
             spec: Bytes(spec),

@@ -382,10 +382,12 @@ impl<H: TaskHandler> Runner<H> {
             let policy = step.policy();
             let (id, subject) = (self.id, self.snap.subject.clone());
             let (id_ref, subject_ref, outputs_ref) = (&id, subject.as_str(), &outputs);
+            let (task_deadline, keep_partial, trace) = (self.snap.deadline_ms, self.snap.keep_partial, crate::telemetry::traceparent(&step_cx));
+            let trace_ref = &trace;
             let result = self
                 .execute(i, &name, &policy, deadline, true, move |attempt, reports| {
                     Box::pin(async move {
-                        let cx = StepContext::new(id_ref, subject_ref, spec, outputs_ref, attempt, reports);
+                        let cx = StepContext::new(id_ref, subject_ref, spec, outputs_ref, attempt, reports).with_task(task_deadline, keep_partial, trace_ref.clone());
                         step.run(&cx).await
                     })
                 })
@@ -454,6 +456,9 @@ impl<H: TaskHandler> Runner<H> {
                     return Ok(Flow::Continue);
                 }
                 Exec::Cancelled => {
+                    if !self.snap.revert_requested && !self.on_cancel(i, &name, spec, step.as_ref()).await? {
+                        return Ok(Flow::Stopped);
+                    }
                     self.snap.state = TaskState::Cancelled;
                     self.snap.cancel_requested = false;
                     self.transition(EventType::Cancelled, Detail::step(i, &name)).await?;
@@ -466,6 +471,35 @@ impl<H: TaskHandler> Runner<H> {
         self.snap.error = None;
         self.transition(EventType::Succeeded, Detail::default()).await?;
         Ok(Flow::Continue)
+    }
+
+    /// Runs the interrupted step's cancel hook ([`Step::on_cancel`]) under its policy;
+    /// false when the task is to stop for the next owner meanwhile. A failed hook is
+    /// logged: the cancel goes on. A Revert that comes meanwhile is recorded (the task is
+    /// reverted once Cancelled).
+    async fn on_cancel(&mut self, i: usize, name: &str, spec: &H::Spec, step: &dyn Step<H::Spec>) -> Result<bool, PublishError> {
+        let outputs = self.outputs();
+        let policy = step.policy();
+        let (id, subject) = (self.id, self.snap.subject.clone());
+        let (id_ref, subject_ref, outputs_ref) = (&id, subject.as_str(), &outputs);
+        let (keep_partial, trace) = (self.snap.keep_partial, self.snap.trace_parent.clone());
+        let trace_ref = &trace;
+        let result = self
+            .execute(i, name, &policy, None, true, move |attempt, reports| {
+                Box::pin(async move {
+                    let cx = StepContext::new(id_ref, subject_ref, spec, outputs_ref, attempt, reports).with_task(None, keep_partial, trace_ref.clone());
+                    step.on_cancel(&cx).await.map(|()| Value::Null)
+                })
+            })
+            .await?;
+        match result {
+            Exec::Stopped => Ok(false),
+            Exec::Err(e, _) => {
+                tracing::warn!(task = %self.id, step = %name, code = %e.code, error = %e.message, "the step's cancel hook failed; cancelling anyway");
+                Ok(true)
+            }
+            Exec::Ok(..) | Exec::Cancelled => Ok(true),
+        }
     }
 
     /// A step's output, or the permanent failure `OUTPUT_TOO_LARGE` when it would take the
@@ -505,10 +539,13 @@ impl<H: TaskHandler> Runner<H> {
             let (id, subject) = (self.id, self.snap.subject.clone());
             let (id_ref, subject_ref, outputs_ref, output_ref) = (&id, subject.as_str(), &outputs, output.as_ref());
             let undo_cx = crate::telemetry::start(format!("ferry.undo {name}"), opentelemetry::trace::SpanKind::Internal, &self.otel, vec![opentelemetry::KeyValue::new("ferry.step", i as i64 + 1)]);
+            let (keep_partial, trace) = (self.snap.keep_partial, crate::telemetry::traceparent(&undo_cx));
+            let trace_ref = &trace;
             let result = self
                 .execute(i, &name, &policy, None, false, move |attempt, reports| {
                     Box::pin(async move {
-                        let cx = StepContext::new(id_ref, subject_ref, spec, outputs_ref, attempt, reports);
+                        // An undo runs past the task's deadline (it bounds the forward run).
+                        let cx = StepContext::new(id_ref, subject_ref, spec, outputs_ref, attempt, reports).with_task(None, keep_partial, trace_ref.clone());
                         step.undo(&cx, output_ref).await.map(|()| Value::Null)
                     })
                 })

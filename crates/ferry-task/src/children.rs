@@ -36,6 +36,12 @@ pub struct ChildCommand {
     pub idempotency_key: String,
     /// The task that runs it, recorded as the child's `requested_by` (`plan/<id>`).
     pub parent: TaskId,
+    /// The parent's deadline (ms since the epoch): the child's forward run ends by it too.
+    pub deadline_ms: Option<i64>,
+    /// The parent's keep-partial: a failing child keeps its finished steps as the plan does.
+    pub keep_partial: bool,
+    /// W3C trace context the child is traced under (the parent's step).
+    pub trace_parent: Option<String>,
 }
 
 /// Why a child could not be submitted, followed or reverted.
@@ -75,7 +81,7 @@ impl ChildError {
     }
 }
 
-/// The child tasks of a task: submit, read, wait, revert.
+/// The child tasks of a task: submit, read, wait, cancel, revert.
 pub trait Children: Send + Sync + 'static {
     /// The id a child of `kind` with idempotency key `key` gets (the same on every call).
     fn child_id(&self, kind: TaskKind, key: &str) -> TaskId;
@@ -102,4 +108,8 @@ pub trait Children: Send + Sync + 'static {
     /// Sends a Revert of the child (of `kind` on `subject`); the child's worker undoes
     /// its steps (cancelling it first if it runs).
     fn revert<'a>(&'a self, kind: TaskKind, subject: &'a str, id: TaskId, reason: String) -> BoxFuture<'a, Result<(), ChildError>>;
+
+    /// Sends a Cancel of the child (of `kind` on `subject`): its worker stops it at its
+    /// next safe point and it ends Cancelled (its finished steps stay until a Revert).
+    fn cancel<'a>(&'a self, kind: TaskKind, subject: &'a str, id: TaskId, reason: String) -> BoxFuture<'a, Result<(), ChildError>>;
 }

@@ -155,6 +155,13 @@ pub struct StepContext<'a, S> {
     pub outputs: &'a BTreeMap<String, Value>,
     /// 1 for the first attempt of this run.
     pub attempt: u32,
+    /// The task's deadline (ms since the epoch), if its command set one: what a step that
+    /// starts other tasks (a plan's child) passes on to them.
+    pub deadline_ms: Option<i64>,
+    /// Whether the task keeps its finished steps on failure instead of reverting them.
+    pub keep_partial: bool,
+    /// W3C trace context of this step's span: a task this step starts is traced under it.
+    pub trace_parent: Option<String>,
     reports: mpsc::UnboundedSender<StepReport>,
 }
 
@@ -168,7 +175,15 @@ impl<'a, S> StepContext<'a, S> {
         attempt: u32,
         reports: mpsc::UnboundedSender<StepReport>,
     ) -> Self {
-        Self { task_id, subject, spec, outputs, attempt, reports }
+        Self { task_id, subject, spec, outputs, attempt, deadline_ms: None, keep_partial: false, trace_parent: None, reports }
+    }
+
+    /// The task's deadline, keep-partial and the step's trace context (see the fields).
+    pub fn with_task(mut self, deadline_ms: Option<i64>, keep_partial: bool, trace_parent: Option<String>) -> Self {
+        self.deadline_ms = deadline_ms;
+        self.keep_partial = keep_partial;
+        self.trace_parent = trace_parent;
+        self
     }
 
     /// Publishes a StepProgress event (best effort, in order).
@@ -202,6 +217,15 @@ pub trait Step<S>: Send + Sync {
 
     /// Undoes the work; `output` is `None` when `run` did not finish.
     fn undo<'a>(&'a self, cx: &'a StepContext<'a, S>, output: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>>;
+
+    /// Called once a Cancel interrupted `run` (its future dropped after CancelRequested
+    /// was durable), before the task ends Cancelled: a step whose run set work going
+    /// elsewhere (a plan's child task) stops it there. Not called when the task only moves
+    /// to another worker, nor for a Revert (the undo that follows deals with the step).
+    /// Bounded by the step's policy; its failure is logged and the cancel goes on.
+    fn on_cancel<'a>(&'a self, _cx: &'a StepContext<'a, S>) -> BoxFuture<'a, Result<(), StepError>> {
+        Box::pin(async { Ok(()) })
+    }
 
     /// Whether running this step may change anything outside Kafka. A rejection
     /// ([`StepError::rejected`]) ends a task Rejected only while no step before it acts;

@@ -130,7 +130,10 @@ async fn a_plan_of_three_children_succeeds_and_its_revert_reverts_them_last_firs
         // Its subject comes from the first child's output, resolved when it runs.
         test_step("three", "after-${steps.one.task_id}", TestTaskSpec::steps(1)),
     ]});
-    let id = bed.submit("plan-a", plan, false).await;
+    // Under a deadline, which the children inherit.
+    let spec: PlanSpec = serde_json::from_value(plan).expect("a plan");
+    let opts = SubmitOptions { deadline: Some(Duration::from_secs(600)), ..SubmitOptions::default() };
+    let id = bed.client.submit(TaskKind::Plan, "plan-a", &spec, opts).await.expect("submit");
     let evs = until_final(&mut events, id).await;
     assert_eq!(evs.last().unwrap().event, EventType::Succeeded, "{evs:#?}");
     // The plan's progress shows its children as they move.
@@ -147,6 +150,9 @@ async fn a_plan_of_three_children_succeeds_and_its_revert_reverts_them_last_firs
         assert_eq!(c.kind, TaskKind::Test);
         assert_eq!(c.idempotency_key.as_deref(), Some(format!("plan/{id}/{step}").as_str()), "child {step} is linked by its key");
         assert_eq!(c.requested_by, format!("plan/{id}"), "child {step} names its plan");
+        assert!(c.deadline_ms.is_some() && c.deadline_ms == snap.deadline_ms, "child {step} has its plan's deadline: {:?} {:?}", c.deadline_ms, snap.deadline_ms);
+        let trace_id = |t: &Option<String>| t.as_deref().and_then(|t| t.split('-').nth(1)).map(str::to_owned);
+        assert!(trace_id(&c.trace_parent).is_some() && trace_id(&c.trace_parent) == trace_id(&snap.trace_parent), "child {step} is traced under its plan");
         let out: Value = snap.output_of(step).expect("the plan step's output");
         assert_eq!(out["task_id"], json!(c.task_id));
         assert_eq!(out["outputs"]["step-1"]["step"], json!(1), "the child's own step outputs: {out}");
@@ -203,8 +209,45 @@ async fn a_failing_child_reverts_the_plan_or_with_keep_partial_leaves_the_others
     for step in ["one", "two"] {
         assert_eq!(bed.snapshot(child(kept, step)).await.state, TaskState::Succeeded, "child {step} kept");
     }
-    // The failed child reverted its own steps (children are submitted without keep-partial).
-    assert_eq!(bed.snapshot(child(kept, "three")).await.state, TaskState::Reverted);
+    // The failed child kept its own finished step too: children inherit keep-partial.
+    let three = bed.snapshot(child(kept, "three")).await;
+    assert_eq!((three.state, three.keep_partial), (TaskState::Failed, true));
+    plans.stop().await;
+    tests.stop().await;
+}
+
+/// Cancelling a plan cancels the child it waits for (before, the child ran on, blocked
+/// here for good), and the plan ends Cancelled only once the child has ended; reverting the
+/// plan then reverts both children.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_plan_cancels_its_running_child_and_a_revert_undoes_both() {
+    let bed = Bed::start();
+    let mut events = bed.client.events(true).await.unwrap();
+    let (tests, plans) = (bed.test_worker(), bed.plan_worker("plan-worker").await);
+    let plan = json!({"steps": [
+        test_step("one", "plan-x/one", TestTaskSpec::steps(1)),
+        // Blocks in its first step until cancelled.
+        test_step("two", "plan-x/two", TestTaskSpec { block_at: Some(1), ..TestTaskSpec::steps(2) }),
+        test_step("three", "plan-x/three", TestTaskSpec::steps(1)),
+    ]});
+    let id = bed.submit("plan-x", plan, false).await;
+    let two = child(id, "two");
+    until(&mut events, two, |e| e.event == EventType::StepProgress).await;
+    bed.client.cancel(id).await.unwrap();
+    let evs = until_final(&mut events, id).await;
+    assert_eq!(evs.last().unwrap().event, EventType::Cancelled, "{evs:#?}");
+    let child_two = bed.client.history(two).await.unwrap();
+    let ended = child_two.iter().find(|e| e.event.is_final()).unwrap_or_else(|| panic!("child two never ended: {child_two:#?}"));
+    assert_eq!(ended.event, EventType::Cancelled, "child two was cancelled: {child_two:#?}");
+    assert!(ended.at_ms <= evs.last().unwrap().at_ms, "the plan ended after its child");
+    assert!(bed.snapshot(id).await.journal.len() == 2, "step three never started");
+
+    bed.client.revert(id).await.unwrap();
+    let evs = until(&mut events, id, |e| matches!(e.event, EventType::Reverted | EventType::RevertFailed)).await;
+    assert_eq!(evs.last().unwrap().event, EventType::Reverted, "{evs:#?}");
+    for step in ["one", "two"] {
+        assert_eq!(bed.snapshot(child(id, step)).await.state, TaskState::Reverted, "child {step}");
+    }
     plans.stop().await;
     tests.stop().await;
 }

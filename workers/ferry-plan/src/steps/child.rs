@@ -12,6 +12,11 @@
 //! `{"task_id", "kind", "subject", "outputs": {<child step>: <its output>}}`: what later
 //! steps' `${steps.<name>...}` references read, and what the undo reverts.
 //!
+//! # Cancel
+//! A Cancel of the plan while this step waits cancels the child too ([`Step::on_cancel`]):
+//! the plan ends Cancelled once the child has ended, and a later Revert of the plan
+//! reverts the child with the rest.
+//!
 //! # Undo
 //! Reverts the child and waits for its Reverted (a running child is cancelled, then
 //! undone, by its own worker). A child already Reverted or Rejected needs nothing; a child
@@ -24,7 +29,6 @@
 //! is [`codes::REF_UNRESOLVED`]; Kafka errors are transient; a child that does not end
 //! within the child timeout is [`codes::DEADLINE_EXCEEDED`].
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -73,8 +77,10 @@ impl ChildStep {
         self.children().child_id(self.kind, &child_key(plan, &self.step.name))
     }
 
-    /// The child's command with the earlier children's outputs put in.
-    fn command(&self, plan: &TaskId, outputs: &BTreeMap<String, Value>) -> Result<ChildCommand, StepError> {
+    /// The child's command with the earlier children's outputs put in, under the plan's
+    /// deadline, keep-partial and this step's trace.
+    fn command(&self, cx: &StepContext<'_, PlanSpec>) -> Result<ChildCommand, StepError> {
+        let (plan, outputs) = (cx.task_id, cx.outputs);
         let unresolved = |e: refs::RefError| StepError::permanent(codes::REF_UNRESOLVED, format!("step {}: {e}", self.step.name));
         let spec = self.step.spec_value().map_err(|e| StepError::permanent(codes::INTERNAL, format!("step {}: the validated spec no longer parses: {e}", self.step.name)))?;
         let subject = match &self.step.subject {
@@ -90,6 +96,9 @@ impl ChildStep {
             spec: refs::resolve(&spec, outputs).map_err(unresolved)?,
             idempotency_key: child_key(plan, &self.step.name),
             parent: *plan,
+            deadline_ms: cx.deadline_ms,
+            keep_partial: cx.keep_partial,
+            trace_parent: cx.trace_parent.clone(),
         })
     }
 
@@ -150,7 +159,7 @@ impl Step<PlanSpec> for ChildStep {
                     self.report(cx, id, &snap);
                 }
                 None => {
-                    let command = self.command(cx.task_id, cx.outputs)?;
+                    let command = self.command(cx)?;
                     self.children().submit(&command).await.map_err(step_error)?;
                     cx.progress(0, format!("child {id} ({}) submitted", self.kind));
                 }
@@ -172,6 +181,31 @@ impl Step<PlanSpec> for ChildStep {
                 ));
             }
             Ok(output(self.kind, &end))
+        }
+        .boxed()
+    }
+
+    fn on_cancel<'a>(&'a self, cx: &'a StepContext<'a, PlanSpec>) -> BoxFuture<'a, Result<(), StepError>> {
+        async move {
+            let id = self.id(cx.task_id);
+            let snap = match self.children().snapshot(id).await.map_err(step_error)? {
+                Some(s) => s,
+                // Sent just before the cancel: wait a while for it to be taken up.
+                None => match self.children().wait(id, self.cfg.appear_grace, &mut |_| true).await {
+                    Ok(s) => s,
+                    Err(ChildError::Timeout { .. }) => return Ok(()),
+                    Err(e) => return Err(step_error(e)),
+                },
+            };
+            if snap.state.is_terminal() {
+                return Ok(());
+            }
+            let reason = format!("plan {} was cancelled in its step {}", cx.task_id, self.step.name);
+            self.children().cancel(self.kind, &snap.subject, id, reason).await.map_err(step_error)?;
+            cx.progress(50, format!("child {id} ({}) cancelling", self.kind));
+            let end = self.children().wait(id, self.cfg.child_timeout, &mut |s| s.state.is_terminal()).await.map_err(step_error)?;
+            cx.progress(100, format!("child {id} ({}) ended {}", self.kind, end.state.name()));
+            Ok(())
         }
         .boxed()
     }

@@ -672,6 +672,9 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
     // CIs: a task Running on the topic after its Succeeded was read). Each task gets a
     // bounded wait on the live view for its expected state; what is still off then fails.
     let live = client.live_view().await.unwrap();
+    // A fresh view holds what it has read so far: read everything first (before, it was
+    // read at once and reported tasks "Accepted" whose later records it had not reached).
+    live.caught_up(Duration::from_secs(120)).await.unwrap();
     let want_of = |id: &str| match expected[id] {
         EventType::Succeeded => TaskState::Succeeded,
         EventType::Reverted => TaskState::Reverted,

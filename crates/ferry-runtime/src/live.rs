@@ -12,8 +12,7 @@
 //!   keeps the newest version instead: a record read again after the consumer was rewound
 //!   (librdkafka resets a fetch position to the beginning when it cannot validate it after
 //!   a leader change or a failed fetch), or written late by a stale writer, does not put a
-//!   key back to an older value. Before, the campaign's live view showed tasks `Accepted`
-//!   again after they had succeeded, until the re-read reached their later records.
+//!   key back to an older value.
 //! - Positions are the consumer's own: after a rewind, [`Follower::caught_up`] waits for
 //!   the re-read to reach the ends again.
 //! - [`Follower::is_ready`] is true once the reader has read every record that was on the

@@ -151,8 +151,7 @@ async fn a_view_is_ready_only_once_it_holds_everything_written_before_it_started
 
 /// A view keeps each task's highest seq: a lower-seq snapshot read after a higher one (read
 /// again after librdkafka rewound the reader, or written late by a stale writer) does not
-/// put the task back. Before, the fault campaign's live view showed succeeded tasks
-/// `Accepted` again while its rewound reader re-read their first records.
+/// put the task back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_keeps_its_highest_seq_whatever_order_its_snapshots_are_read_in() {
     let broker = TestBroker::embedded();

@@ -127,21 +127,22 @@ impl Children for KafkaChildren {
     }
 
     fn cancel<'a>(&'a self, kind: TaskKind, subject: &'a str, id: TaskId, reason: String) -> BoxFuture<'a, Result<(), ChildError>> {
-        async move {
-            self.client
-                .control(kind, subject, id, CommandAction::Cancel, Some(reason))
-                .await
-                .map_err(unreachable_by(format!("sending Cancel of child {id}")))
-        }
-        .boxed()
+        self.control(kind, subject, id, CommandAction::Cancel, reason)
     }
 
     fn revert<'a>(&'a self, kind: TaskKind, subject: &'a str, id: TaskId, reason: String) -> BoxFuture<'a, Result<(), ChildError>> {
+        self.control(kind, subject, id, CommandAction::Revert, reason)
+    }
+}
+
+impl KafkaChildren {
+    /// Sends a Cancel or Revert of a child.
+    fn control<'a>(&'a self, kind: TaskKind, subject: &'a str, id: TaskId, action: CommandAction, reason: String) -> BoxFuture<'a, Result<(), ChildError>> {
         async move {
             self.client
-                .control(kind, subject, id, CommandAction::Revert, Some(reason))
+                .control(kind, subject, id, action, Some(reason))
                 .await
-                .map_err(unreachable_by(format!("sending Revert of child {id}")))
+                .map_err(unreachable_by(format!("sending {action:?} of child {id}")))
         }
         .boxed()
     }

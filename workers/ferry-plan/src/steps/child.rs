@@ -102,6 +102,21 @@ impl ChildStep {
         })
     }
 
+    /// The child's snapshot, once it has one. The Start may be on its way to the child's
+    /// worker (the run sent it just before it stopped): wait the appear grace for it to be
+    /// taken up. `None` if it never is: no Start was sent (or it was rejected without a
+    /// snapshot), so there is nothing to cancel or undo.
+    async fn appeared(&self, id: TaskId) -> Result<Option<TaskSnapshot>, StepError> {
+        if let Some(s) = self.children().snapshot(id).await.map_err(step_error)? {
+            return Ok(Some(s));
+        }
+        match self.children().wait(id, self.cfg.appear_grace, &mut |_| true).await {
+            Ok(s) => Ok(Some(s)),
+            Err(ChildError::Timeout { .. }) => Ok(None),
+            Err(e) => Err(step_error(e)),
+        }
+    }
+
     /// Reports where the child is, once per new snapshot.
     fn report(&self, cx: &StepContext<'_, PlanSpec>, id: TaskId, snap: &TaskSnapshot) {
         let done = snap.journal.iter().filter(|j| j.status == StepStatus::Succeeded).count();
@@ -188,15 +203,7 @@ impl Step<PlanSpec> for ChildStep {
     fn on_cancel<'a>(&'a self, cx: &'a StepContext<'a, PlanSpec>) -> BoxFuture<'a, Result<(), StepError>> {
         async move {
             let id = self.id(cx.task_id);
-            let snap = match self.children().snapshot(id).await.map_err(step_error)? {
-                Some(s) => s,
-                // Sent just before the cancel: wait a while for it to be taken up.
-                None => match self.children().wait(id, self.cfg.appear_grace, &mut |_| true).await {
-                    Ok(s) => s,
-                    Err(ChildError::Timeout { .. }) => return Ok(()),
-                    Err(e) => return Err(step_error(e)),
-                },
-            };
+            let Some(snap) = self.appeared(id).await? else { return Ok(()) };
             if snap.state.is_terminal() {
                 return Ok(());
             }
@@ -217,17 +224,7 @@ impl Step<PlanSpec> for ChildStep {
                 cx.progress(100, format!("child {id} ({}) kept (keep: true)", self.kind));
                 return Ok(());
             }
-            let snap = match self.children().snapshot(id).await.map_err(step_error)? {
-                Some(s) => s,
-                // The Start may be on its way to the child's worker (the run sent it just
-                // before it stopped): wait a while for it to be taken up. If it never is,
-                // no Start was sent (or it was rejected without a snapshot): nothing to undo.
-                None => match self.children().wait(id, self.cfg.appear_grace, &mut |_| true).await {
-                    Ok(s) => s,
-                    Err(ChildError::Timeout { .. }) => return Ok(()),
-                    Err(e) => return Err(step_error(e)),
-                },
-            };
+            let Some(snap) = self.appeared(id).await? else { return Ok(()) };
             if matches!(snap.state, TaskState::Reverted | TaskState::Rejected) {
                 return Ok(());
             }

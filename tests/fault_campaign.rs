@@ -667,10 +667,9 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
             _ => None,
         })
         .collect();
-    // The end state may lag the events read: a worker that resumed a task from an older
-    // snapshot after the broker outage runs it to its end again (seen twice in session 17's
-    // CIs: a task Running on the topic after its Succeeded was read). Each task gets a
-    // bounded wait on the live view for its expected state; what is still off then fails.
+    // The end state may lag the events read (a task overtaken by another worker is taken
+    // up again after a pause). Each task not yet in its expected state on the live view
+    // gets a bounded wait, printed with its records; what is still off then fails below.
     let live = client.live_view().await.unwrap();
     // A fresh view holds what it has read so far: read everything first (before, it was
     // read at once and reported tasks "Accepted" whose later records it had not reached).

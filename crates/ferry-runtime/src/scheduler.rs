@@ -535,13 +535,7 @@ impl<H: TaskHandler> Scheduler<H> {
     }
 
     fn start(&mut self, env: CommandEnvelope, id: TaskId, partition: i32, offset: i64, trace: Option<String>) -> Result<Pending, PublishError> {
-        // The newer of the slot's and the view's: a slot another worker overtook is older.
-        let held = self.slots.get(&id).map(|s| s.snap.clone());
-        let existing = match (held, self.view.get(&id)) {
-            (Some(h), Some(v)) => Some(if v.seq > h.seq { v } else { h }),
-            (h, v) => h.or(v),
-        }
-        .or_else(|| env.idempotency_key.as_deref().and_then(|k| self.by_key(k)));
+        let existing = self.known(id).or_else(|| env.idempotency_key.as_deref().and_then(|k| self.by_key(k)));
         if let Some(snap) = existing {
             if snap.task_id == env.task_id {
                 let reread = snap.origin_partition == partition && snap.origin_offset == offset;
@@ -576,6 +570,18 @@ impl<H: TaskHandler> Scheduler<H> {
         Ok(p)
     }
 
+    /// The newest snapshot of a task this worker knows: its slot's or the view's, whichever
+    /// is further. The view holds only acknowledged writes (not yet this batch's); a slot
+    /// another worker overtook is older than the view.
+    fn known(&self, id: TaskId) -> Option<TaskSnapshot> {
+        let held = self.slots.get(&id).map(|s| &s.snap);
+        match (held, self.view.get(&id)) {
+            (Some(h), Some(v)) if v.seq > h.seq => Some(v),
+            (Some(h), _) => Some(h.clone()),
+            (None, v) => v,
+        }
+    }
+
     /// The task that first used an idempotency key: one this batch created (not in the
     /// view until the batch is durable), or the view's.
     fn by_key(&self, key: &str) -> Option<TaskSnapshot> {
@@ -587,7 +593,8 @@ impl<H: TaskHandler> Scheduler<H> {
     /// names its task's subject (it travels on that subject's partition: with another, a
     /// worker that does not own the task would run it).
     fn control_refusal(&self, env: &CommandEnvelope, id: TaskId) -> Option<String> {
-        let snap = self.slots.get(&id).map(|s| s.snap.clone()).or_else(|| self.view.get(&id))?;
+        // Kind, subject and requester never change in a task's life: any snapshot will do.
+        let snap = self.known(id)?;
         if let Some(tenant) = env.requested_by.strip_prefix("tenant:")
             && snap.requested_by != env.requested_by
         {

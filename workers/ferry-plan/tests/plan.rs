@@ -81,8 +81,11 @@ impl Bed {
     }
 
     async fn submit(&self, subject: &str, plan: Value, keep_partial: bool) -> TaskId {
+        self.submit_with(subject, plan, SubmitOptions { keep_partial, ..SubmitOptions::default() }).await
+    }
+
+    async fn submit_with(&self, subject: &str, plan: Value, opts: SubmitOptions) -> TaskId {
         let spec: PlanSpec = serde_json::from_value(plan).expect("a plan");
-        let opts = SubmitOptions { keep_partial, ..SubmitOptions::default() };
         self.client.submit(TaskKind::Plan, subject, &spec, opts).await.expect("submit")
     }
 
@@ -131,9 +134,7 @@ async fn a_plan_of_three_children_succeeds_and_its_revert_reverts_them_last_firs
         test_step("three", "after-${steps.one.task_id}", TestTaskSpec::steps(1)),
     ]});
     // Under a deadline, which the children inherit.
-    let spec: PlanSpec = serde_json::from_value(plan).expect("a plan");
-    let opts = SubmitOptions { deadline: Some(Duration::from_secs(600)), ..SubmitOptions::default() };
-    let id = bed.client.submit(TaskKind::Plan, "plan-a", &spec, opts).await.expect("submit");
+    let id = bed.submit_with("plan-a", plan, SubmitOptions { deadline: Some(Duration::from_secs(600)), ..SubmitOptions::default() }).await;
     let evs = until_final(&mut events, id).await;
     assert_eq!(evs.last().unwrap().event, EventType::Succeeded, "{evs:#?}");
     // The plan's progress shows its children as they move.

@@ -1,6 +1,10 @@
 //! The `ferry` CLI contract against the embedded broker: `submit --wait` exit codes, JSON
 //! output that parses, `tasks get|list|cancel|revert`.
 
+// Each kind registers itself in its worker crate (ferry_task::kind): link every one Ferry
+// ships, as the `ferry` binary does, so that topics and schemas cover them all.
+use {ferry_cluster as _, ferry_deploy as _, ferry_offload as _, ferry_peer as _, ferry_plan as _, ferry_score as _};
+
 use std::time::Duration;
 
 use ferry_runtime::testkind::TestHandler;
@@ -129,7 +133,7 @@ async fn cancel_and_revert_through_the_cli() {
     events.until(id, Duration::from_secs(60), |e| e.event == EventType::Cancelled).await.unwrap();
     // The undo plan: step 2 (started, blocked, cancelled) then step 1 (finished, with its
     // output); nothing goes to the command topic.
-    let commands = Topics::standard().command(TaskKind::Test).name.clone();
+    let commands = Topics::standard().command(TaskKind::TEST).name.clone();
     let before = env.client.read_to_end(&commands).await.unwrap().len();
     let out = env.ferry(&["tasks", "revert", &id.to_string(), "--dry-run", "-o", "json"]).await;
     assert_eq!(out.code, 0, "{}", out.stderr);
@@ -343,7 +347,7 @@ async fn a_worker_logs_json_lines_that_name_each_tasks_trace() {
     };
     read_until(&|v| v["message"].as_str().is_some_and(|m| m.starts_with("partitions assigned")), &mut seen).await;
 
-    let id = client.submit(ferry_runtime::TaskKind::Test, "json-logs", &TestTaskSpec::steps(2), ferry_runtime::SubmitOptions::default()).await.unwrap();
+    let id = client.submit(ferry_runtime::TaskKind::TEST, "json-logs", &TestTaskSpec::steps(2), ferry_runtime::SubmitOptions::default()).await.unwrap();
     let evs = events.until(id, Duration::from_secs(60), |e| e.event.is_final()).await.unwrap();
     assert_eq!(evs.last().unwrap().event, EventType::Succeeded);
     let trace = evs[0].trace_parent.as_deref().expect("the task's traceparent").split('-').nth(1).unwrap().to_owned();
@@ -372,7 +376,7 @@ async fn a_worker_logs_json_lines_that_name_each_tasks_trace() {
 async fn a_worker_exports_spans_under_its_kinds_service_name_with_messaging_attributes() {
     use ferry_runtime::testkind::TestTaskSpec;
     let topics = Topics::standard();
-    let command_topic = topics.command(ferry_runtime::TaskKind::Test).name.clone();
+    let command_topic = topics.command(ferry_runtime::TaskKind::TEST).name.clone();
     let broker = EmbeddedBroker::start(1, &topics).unwrap();
     let client = Client::new(KafkaConfig::for_embedded(broker.bootstrap()), topics).unwrap();
     let mut events = client.events(false).await.unwrap();
@@ -383,7 +387,7 @@ async fn a_worker_exports_spans_under_its_kinds_service_name_with_messaging_attr
         // Export every 100 ms: the spans arrive while the worker runs.
         &[("RUST_LOG", "error"), ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint), ("OTEL_BSP_SCHEDULE_DELAY", "100")],
     );
-    let id = client.submit(ferry_runtime::TaskKind::Test, "otlp-worker", &TestTaskSpec::steps(1), ferry_runtime::SubmitOptions::default()).await.unwrap();
+    let id = client.submit(ferry_runtime::TaskKind::TEST, "otlp-worker", &TestTaskSpec::steps(1), ferry_runtime::SubmitOptions::default()).await.unwrap();
     let evs = events.until(id, Duration::from_secs(60), |e| e.event.is_final()).await.unwrap();
     assert_eq!(evs.last().unwrap().event, EventType::Succeeded);
     let trace = evs[0].trace_parent.as_deref().unwrap().split('-').nth(1).unwrap().to_owned();

@@ -3,6 +3,10 @@
 //! one, exists afterwards (issue 4). Real worker processes against the embedded broker and
 //! the test bed's hub with emulated Cluster API and OCM in this test process.
 
+// Each kind registers itself in its worker crate (ferry_task::kind): link every one Ferry
+// ships, as the `ferry` binary does, so that topics and schemas cover them all.
+use {ferry_cluster as _, ferry_deploy as _, ferry_offload as _, ferry_peer as _, ferry_plan as _, ferry_score as _};
+
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -58,7 +62,7 @@ async fn a_create_cluster_worker_killed_mid_provisioning_is_resumed() {
         ..ClusterCommand::default()
     };
     let mut events = client.events(false).await.unwrap();
-    let id = client.submit(TaskKind::CreateCluster, &cmd.subject(), &cmd, SubmitOptions::default()).await.unwrap();
+    let id = client.submit(TaskKind::CREATE_CLUSTER, &cmd.subject(), &cmd, SubmitOptions::default()).await.unwrap();
     let wait = Duration::from_secs(300);
     let early = events.until(id, wait, |e| e.event == EventType::StepStarted && e.step_name.as_deref() == Some("infrastructure")).await.unwrap();
     let owner = early.last().unwrap().worker.clone();

@@ -2,6 +2,10 @@
 //! none is lost (issue: runtime must-show 3). Real processes (`ferry worker test`) against
 //! the embedded broker in this test process.
 
+// Each kind registers itself in its worker crate (ferry_task::kind): link every one Ferry
+// ships, as the `ferry` binary does, so that topics and schemas cover them all.
+use {ferry_cluster as _, ferry_deploy as _, ferry_offload as _, ferry_peer as _, ferry_plan as _, ferry_score as _};
+
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -59,7 +63,7 @@ async fn run(tasks: usize, kills_at: &[usize], spec: TestTaskSpec) {
     }
     let mut ids = Vec::new();
     for i in 0..tasks {
-        ids.push(client.submit(TaskKind::Test, &format!("cluster-{}", i % 100), &spec, SubmitOptions::default()).await.unwrap());
+        ids.push(client.submit(TaskKind::TEST, &format!("cluster-{}", i % 100), &spec, SubmitOptions::default()).await.unwrap());
     }
     let want: HashMap<String, usize> = ids.iter().enumerate().map(|(i, id)| (id.to_string(), i)).collect();
     let mut finals: HashMap<String, EventType> = HashMap::new();
@@ -116,7 +120,7 @@ async fn sigterm_stops_a_worker_cleanly_and_another_finishes_its_task() {
     let mut workers = Workers { bootstrap, procs: Vec::new() };
     workers.spawn();
     let spec = TestTaskSpec { step_ms: 1500, ..TestTaskSpec::steps(3) };
-    let id = client.submit(TaskKind::Test, "graceful", &spec, SubmitOptions::default()).await.unwrap();
+    let id = client.submit(TaskKind::TEST, "graceful", &spec, SubmitOptions::default()).await.unwrap();
     events.until(id, Duration::from_secs(60), |e| e.event == EventType::StepStarted).await.unwrap();
     let mut first = workers.procs.remove(0);
     let pid = first.id().to_string();

@@ -4,6 +4,10 @@
 //! `FERRY_SCREENSHOTS` when set (docs/screenshots holds the committed ones). Its API
 //! answers from live views: every task written before it started, none that was deleted.
 
+// Each kind registers itself in its worker crate (ferry_task::kind): link every one Ferry
+// ships, as the `ferry` binary does, so that topics and schemas cover them all.
+use {ferry_cluster as _, ferry_deploy as _, ferry_offload as _, ferry_peer as _, ferry_plan as _, ferry_score as _};
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -226,12 +230,12 @@ async fn the_api_answers_every_task_written_before_it_started_and_none_deleted()
     let client = Client::new(kafka.clone(), topics.clone()).unwrap();
     let mut ids = Vec::new();
     for i in 0..4 {
-        let (id, _) = client.submit_and_wait(ferry_runtime::TaskKind::Test, &format!("api/{i}"), &TestTaskSpec::steps(1), Default::default(), WAIT).await.unwrap();
+        let (id, _) = client.submit_and_wait(ferry_runtime::TaskKind::TEST, &format!("api/{i}"), &TestTaskSpec::steps(1), Default::default(), WAIT).await.unwrap();
         ids.push(id.to_string());
     }
     // The first task is deleted (a tombstone on its kind's task-state topic).
     let producer: FutureProducer = kafka.producer().create().unwrap();
-    let topic = topics.task_state(ferry_runtime::TaskKind::Test).name.clone();
+    let topic = topics.task_state(ferry_runtime::TaskKind::TEST).name.clone();
     producer.send(FutureRecord::<str, [u8]>::to(&topic).key(&ids[0]), Duration::from_secs(30)).await.map_err(|(e, _)| e).unwrap();
     let kept: std::collections::BTreeSet<String> = ids[1..].iter().cloned().collect();
 

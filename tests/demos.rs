@@ -1,6 +1,10 @@
 //! Each worker's `ferry dev --demo <name>`: the scripted scenario a newcomer runs on the
 //! embedded broker and the simulated fleet, which exits 0 only when every check passed.
 
+// Each kind registers itself in its worker crate (ferry_task::kind): link every one Ferry
+// ships, as the `ferry` binary does, so that topics and schemas cover them all.
+use {ferry_cluster as _, ferry_deploy as _, ferry_offload as _, ferry_peer as _, ferry_plan as _, ferry_score as _};
+
 use std::process::Command;
 
 fn demo(name: &str) {

@@ -14,6 +14,10 @@
 //! cluster must exist exactly once, the peering and the standing offloads must be in
 //! place, and no topic may hold secret material afterwards.
 
+// Each kind registers itself in its worker crate (ferry_task::kind): link every one Ferry
+// ships, as the `ferry` binary does, so that topics and schemas cover them all.
+use {ferry_cluster as _, ferry_deploy as _, ferry_offload as _, ferry_peer as _, ferry_plan as _, ferry_score as _};
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
@@ -53,14 +57,14 @@ impl Workers {
         args.extend(["worker", &kind.to_string(), "--brokers", &self.bootstrap].map(String::from));
         args.extend(["--kafka-property", "session.timeout.ms=6000", "--kafka-property", "heartbeat.interval.ms=500"].map(String::from));
         args.extend(["--kafka-property", "fetch.wait.max.ms=5"].map(String::from));
-        if kind != TaskKind::Test {
+        if kind != TaskKind::TEST {
             args.extend(["--kubeconfig".to_owned(), self.hub_kubeconfig.display().to_string()]);
         }
         match kind {
             // The test workers' steps record their runs outside Kafka (an effect log).
-            TaskKind::Test => args.extend(["--effects".to_owned(), self.logs.join("effects").display().to_string()]),
-            TaskKind::Score => args.push("--no-onboarding".into()),
-            TaskKind::CreateCluster => args.extend(["--addons", "emulated"].map(String::from)),
+            TaskKind::TEST => args.extend(["--effects".to_owned(), self.logs.join("effects").display().to_string()]),
+            TaskKind::SCORE => args.push("--no-onboarding".into()),
+            TaskKind::CREATE_CLUSTER => args.extend(["--addons", "emulated"].map(String::from)),
             _ => {}
         }
         let log = self.logs.join(format!("{name}-{kind}.log"));
@@ -281,7 +285,7 @@ fn app(i: usize) -> ferry_deploy::spec::DeployApp {
 /// event read of it: which worker wrote what, and from which seq it went on.
 async fn task_records(client: &ferry_runtime::Client, topics: &ferry_runtime::Topics, history: &[ferry_runtime::ProgressEvent], id: &str) -> String {
     let Ok(task) = id.parse::<TaskId>() else { return String::new() };
-    let kind = client.snapshot(task).await.ok().flatten().map(|s| s.kind).unwrap_or(TaskKind::Test);
+    let kind = client.snapshot(task).await.ok().flatten().map(|s| s.kind).unwrap_or(TaskKind::TEST);
     let records: Vec<String> = client
         .read_to_end(&topics.task_state(kind).name)
         .await
@@ -374,7 +378,7 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
     std::fs::create_dir_all(&logs).unwrap();
     let _ = std::fs::remove_file(logs.join("effects"));
     let mut workers = Workers { bootstrap, hub_kubeconfig, logs, started: 0, procs: Vec::new() };
-    for kind in [TaskKind::Test, TaskKind::Score, TaskKind::Deploy, TaskKind::CreateCluster, TaskKind::Peer, TaskKind::Offload] {
+    for kind in [TaskKind::TEST, TaskKind::SCORE, TaskKind::DEPLOY, TaskKind::CREATE_CLUSTER, TaskKind::PEER, TaskKind::OFFLOAD] {
         workers.spawn(kind);
         workers.spawn(kind);
     }
@@ -388,19 +392,19 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
             Plan::Score | Plan::ScoreThenRevert => {
                 let spec = ScoreClusters { clusters: vec!["member-1".into(), "member-2".into()], ..ScoreClusters::default() };
                 // One subject: scorings run one after another, across every fault phase.
-                client.submit(TaskKind::Score, "campaign/score", &spec, SubmitOptions::default()).await.unwrap()
+                client.submit(TaskKind::SCORE, "campaign/score", &spec, SubmitOptions::default()).await.unwrap()
             }
             Plan::Deploy | Plan::DeployThenRevert => {
                 let a = app(i);
-                client.submit(TaskKind::Deploy, &a.subject(), &a, SubmitOptions::default()).await.unwrap()
+                client.submit(TaskKind::DEPLOY, &a.subject(), &a, SubmitOptions::default()).await.unwrap()
             }
             Plan::Cluster | Plan::ClusterThenRevert => {
                 let c = cluster(i);
-                client.submit(TaskKind::CreateCluster, &c.subject(), &c, SubmitOptions::default()).await.unwrap()
+                client.submit(TaskKind::CREATE_CLUSTER, &c.subject(), &c, SubmitOptions::default()).await.unwrap()
             }
             Plan::Peer | Plan::TunnelThenRevert => {
                 let p = if p == Plan::Peer { peering() } else { tunnel() };
-                client.submit(TaskKind::Peer, &p.subject(), &p, SubmitOptions::default()).await.unwrap()
+                client.submit(TaskKind::PEER, &p.subject(), &p, SubmitOptions::default()).await.unwrap()
             }
             // Submitted once the peering stands, as a service would.
             Plan::Offload | Plan::OffloadThenRevert => continue,
@@ -409,7 +413,7 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
                 // those queued behind the blocked task wait for its cancel and run after
                 // it, in order, across every fault.
                 let spec = TestTaskSpec { block_at: Some(2), ..TestTaskSpec::steps(3) };
-                client.submit(TaskKind::Test, &format!("campaign/test/{}", (i + 2) % 50), &spec, SubmitOptions::default()).await.unwrap()
+                client.submit(TaskKind::TEST, &format!("campaign/test/{}", (i + 2) % 50), &spec, SubmitOptions::default()).await.unwrap()
             }
             _ => {
                 let spec = match p {
@@ -417,7 +421,7 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
                     Plan::Flaky => TestTaskSpec { fail_transient: 2, step_ms: 5, ..TestTaskSpec::steps(2) },
                     _ => TestTaskSpec { step_ms: 5, ..TestTaskSpec::steps(3) },
                 };
-                client.submit(TaskKind::Test, &format!("campaign/test/{}", i % 50), &spec, SubmitOptions::default()).await.unwrap()
+                client.submit(TaskKind::TEST, &format!("campaign/test/{}", i % 50), &spec, SubmitOptions::default()).await.unwrap()
             }
         };
         plans.insert(id.to_string(), (p, id));
@@ -563,7 +567,7 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
         if p == Plan::Peer && ev.event.is_final() {
             for i in (0..TASKS).filter(|i| matches!(plan(*i), Plan::Offload | Plan::OffloadThenRevert)) {
                 let o = offload(i);
-                let oid = client.submit(TaskKind::Offload, &o.subject(), &o, SubmitOptions::default()).await.unwrap();
+                let oid = client.submit(TaskKind::OFFLOAD, &o.subject(), &o, SubmitOptions::default()).await.unwrap();
                 plans.insert(oid.to_string(), (plan(i), oid));
                 let want = if ev.event == EventType::Succeeded { plan(i).expect() } else { EventType::Rejected };
                 expected.insert(oid.to_string(), want);
@@ -612,9 +616,9 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
         while step < chaos.len() && n >= chaos[step].0 {
             println!("campaign: {:>5.1} s, {} of {TASKS} settled ({n} scorings): {}", started.elapsed().as_secs_f64(), settled.len(), chaos[step].1);
             match step {
-                0 => workers.kill_and_replace(TaskKind::Test),
+                0 => workers.kill_and_replace(TaskKind::TEST),
                 1 => faults.fail_next(12, 500),
-                2 => workers.kill_and_replace(TaskKind::Score),
+                2 => workers.kill_and_replace(TaskKind::SCORE),
                 3 => {
                     broker.all_down().unwrap();
                     // The outage's length, not a synchronisation.
@@ -637,12 +641,12 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
                     member_faults.blackout(Duration::from_secs(3));
                 }
                 _ => {
-                    workers.kill_and_replace(TaskKind::Test);
-                    workers.kill_and_replace(TaskKind::Score);
-                    workers.kill_and_replace(TaskKind::Deploy);
-                    workers.kill_and_replace(TaskKind::CreateCluster);
-                    workers.kill_and_replace(TaskKind::Peer);
-                    workers.kill_and_replace(TaskKind::Offload);
+                    workers.kill_and_replace(TaskKind::TEST);
+                    workers.kill_and_replace(TaskKind::SCORE);
+                    workers.kill_and_replace(TaskKind::DEPLOY);
+                    workers.kill_and_replace(TaskKind::CREATE_CLUSTER);
+                    workers.kill_and_replace(TaskKind::PEER);
+                    workers.kill_and_replace(TaskKind::OFFLOAD);
                 }
             }
             step += 1;

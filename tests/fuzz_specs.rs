@@ -4,6 +4,10 @@
 //! Nothing panics, and whatever decodes re-encodes (tests/poison.rs sends such records to
 //! running workers).
 
+// Each kind registers itself in its worker crate (ferry_task::kind): link every one Ferry
+// ships, as the `ferry` binary does, so that topics and schemas cover them all.
+use {ferry_cluster as _, ferry_deploy as _, ferry_offload as _, ferry_peer as _, ferry_plan as _, ferry_score as _};
+
 use ferry_cluster::addons::Catalog;
 use ferry_cluster::spec::ClusterCommand;
 use ferry_deploy::spec::DeployApp;
@@ -12,7 +16,7 @@ use ferry_peer::spec::PeerClusters;
 use ferry_runtime::protocol::{CommandEnvelope, TaskSnapshot};
 use ferry_runtime::step::TaskHandler;
 use ferry_runtime::testkind::{TestHandler, TestTaskSpec};
-use ferry_runtime::wire::{EMBEDDED, Registry};
+use ferry_runtime::wire::{Registry, embedded_schemas};
 use ferry_score::spec::ScoreClusters;
 use proptest::prelude::*;
 
@@ -62,7 +66,7 @@ fn through_every_decoder(r: &Registry, catalog: &Catalog, bytes: &[u8]) -> Resul
 
 /// Every schema id the registry holds, and ids around them that it does not.
 fn ids() -> impl Strategy<Value = u32> {
-    let known: Vec<u32> = EMBEDDED.iter().map(|(id, _, _)| *id).collect();
+    let known: Vec<u32> = embedded_schemas().iter().map(|(id, _, _)| *id).collect();
     prop_oneof![proptest::sample::select(known), 0u32..64, any::<u32>()]
 }
 

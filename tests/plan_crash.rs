@@ -3,6 +3,10 @@
 //! twice. Real processes against the embedded broker in this test process; the `test`
 //! children run on an in-process `test` worker.
 
+// Each kind registers itself in its worker crate (ferry_task::kind): link every one Ferry
+// ships, as the `ferry` binary does, so that topics and schemas cover them all.
+use {ferry_cluster as _, ferry_deploy as _, ferry_offload as _, ferry_peer as _, ferry_plan as _, ferry_score as _};
+
 use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -48,7 +52,7 @@ impl Drop for PlanWorker {
 }
 
 fn child(plan: TaskId, step: &str) -> TaskId {
-    TaskId::for_idempotency_key(TaskKind::Test, &format!("plan/{plan}/{step}"))
+    TaskId::for_idempotency_key(TaskKind::TEST, &format!("plan/{plan}/{step}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -75,7 +79,7 @@ async fn a_killed_plan_worker_is_replaced_and_no_child_is_submitted_twice() {
         step("three", TestTaskSpec::steps(1)),
     ]}))
     .unwrap();
-    let id = client.submit(TaskKind::Plan, "crash", &plan, SubmitOptions::default()).await.unwrap();
+    let id = client.submit(TaskKind::PLAN, "crash", &plan, SubmitOptions::default()).await.unwrap();
     events.until(child(id, "two"), WAIT, |e| e.event == EventType::StepStarted).await.unwrap_or_else(|e| panic!("{e}"));
     first.kill();
     assert_eq!(client.snapshot(child(id, "two")).await.unwrap().map(|s| s.state), Some(TaskState::Running), "child two runs on");
@@ -93,7 +97,7 @@ async fn a_killed_plan_worker_is_replaced_and_no_child_is_submitted_twice() {
     // One Start command per (plan, step): the resumed plan re-attached to child two.
     let prefix = format!("plan/{id}/");
     let mut starts: BTreeMap<String, usize> = BTreeMap::new();
-    for (_, payload) in client.read_to_end(&topics.command(TaskKind::Test).name).await.unwrap() {
+    for (_, payload) in client.read_to_end(&topics.command(TaskKind::TEST).name).await.unwrap() {
         let env: CommandEnvelope = client.registry().decode(&payload).unwrap();
         if let Some(key) = env.idempotency_key.filter(|k| k.starts_with(&prefix)) {
             *starts.entry(key).or_default() += 1;

@@ -8,6 +8,10 @@
 //! are in the corpus: a record just under the producer's limit becomes a letter of its
 //! head, and an 80-byte spec claiming 500 million array items is Rejected.
 
+// Each kind registers itself in its worker crate (ferry_task::kind): link every one Ferry
+// ships, as the `ferry` binary does, so that topics and schemas cover them all.
+use {ferry_cluster as _, ferry_deploy as _, ferry_offload as _, ferry_peer as _, ferry_plan as _, ferry_score as _};
+
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -27,26 +31,27 @@ const WAIT: Duration = Duration::from_secs(120);
 fn invalid(client: &Client, kind: TaskKind) -> (String, Vec<u8>) {
     let r = client.registry();
     match kind {
-        TaskKind::Test => ("poison/test".into(), r.encode(&TestTaskSpec::steps(0)).unwrap()),
+        TaskKind::TEST => ("poison/test".into(), r.encode(&TestTaskSpec::steps(0)).unwrap()),
         // A plan of no steps.
-        TaskKind::Plan => ("poison/plan".into(), r.encode(&ferry_plan::spec::PlanSpec::default()).unwrap()),
-        TaskKind::Score => ("poison/score".into(), r.encode(&ferry_score::spec::ScoreClusters::default()).unwrap()),
-        TaskKind::Deploy => {
+        TaskKind::PLAN => ("poison/plan".into(), r.encode(&ferry_plan::spec::PlanSpec::default()).unwrap()),
+        TaskKind::SCORE => ("poison/score".into(), r.encode(&ferry_score::spec::ScoreClusters::default()).unwrap()),
+        TaskKind::DEPLOY => {
             let a = ferry_deploy::spec::DeployApp { name: "web".into(), owner: "poison".into(), ..Default::default() };
             (a.subject(), r.encode(&a).unwrap())
         }
-        TaskKind::CreateCluster => {
+        TaskKind::CREATE_CLUSTER => {
             let c = ferry_cluster::spec::ClusterCommand { name: "Not_A_Name".into(), infrastructure: "docker".into(), ..Default::default() };
             (c.subject(), r.encode(&c).unwrap())
         }
-        TaskKind::Peer => {
+        TaskKind::PEER => {
             let p = ferry_peer::spec::PeerClusters { a: "member-1".into(), b: "member-1".into(), ..Default::default() };
             (p.subject(), r.encode(&p).unwrap())
         }
-        TaskKind::Offload => {
+        TaskKind::OFFLOAD => {
             let o = ferry_offload::spec::OffloadCommand { cluster: "member-1".into(), namespace: "kube-system".into(), ..Default::default() };
             (o.subject(), r.encode(&o).unwrap())
         }
+        other => panic!("no invalid {other} command here: add one"),
     }
 }
 
@@ -75,7 +80,7 @@ async fn malformed_commands_are_rejected_or_dead_lettered_and_no_worker_crashes(
     let (fleet, broker, topics) = (&bed.fleet, bed.broker(), bed.topics.clone());
     let client = bed.client();
     let mut events = client.events(false).await.unwrap();
-    let kinds = [TaskKind::Test, TaskKind::Score, TaskKind::Deploy, TaskKind::CreateCluster, TaskKind::Peer, TaskKind::Offload];
+    let kinds = [TaskKind::TEST, TaskKind::SCORE, TaskKind::DEPLOY, TaskKind::CREATE_CLUSTER, TaskKind::PEER, TaskKind::OFFLOAD];
     // Each under the test bed's guard: they die with the test, even on SIGKILL.
     let mut workers: Vec<(TaskKind, u16, Managed)> = Vec::new();
     for kind in kinds {
@@ -83,10 +88,10 @@ async fn malformed_commands_are_rejected_or_dead_lettered_and_no_worker_crashes(
         let mut args: Vec<String> = vec!["RUST_LOG=error".into(), env!("CARGO_BIN_EXE_ferry").into()];
         args.extend(["worker", &kind.to_string(), "--brokers", &broker.bootstrap(), "--kafka-property", "fetch.wait.max.ms=5"].map(String::from));
         args.extend(["--http".to_owned(), format!("127.0.0.1:{port}")]);
-        if kind != TaskKind::Test {
+        if kind != TaskKind::TEST {
             args.extend(["--kubeconfig".to_owned(), fleet.hub().kubeconfig.display().to_string()]);
         }
-        if kind == TaskKind::Score {
+        if kind == TaskKind::SCORE {
             args.push("--no-onboarding".into());
         }
         let log = fleet.dir.join(format!("{kind}-worker.log"));
@@ -119,7 +124,7 @@ async fn malformed_commands_are_rejected_or_dead_lettered_and_no_worker_crashes(
             let head = bytes[..bytes.len().min(ferry_runtime::limits::DEAD_LETTER_HEAD_BYTES)].to_vec();
             dead.entry(head).or_default().push(format!("{kind}: {what}"));
         }
-        if kind == TaskKind::Offload {
+        if kind == TaskKind::OFFLOAD {
             // The 80-byte spec that aborted `ferry dev`: its `clusters` array claims 500
             // million items (apache-avro reserved 28 GB for them). Fields in schema order:
             // operation, cluster, namespace, two strategies, remote_namespace_name (null).
@@ -127,7 +132,7 @@ async fn malformed_commands_are_rejected_or_dead_lettered_and_no_worker_crashes(
             let id = client.submit_encoded(kind, &subject, bomb, SubmitOptions::default()).await.unwrap();
             rejected.insert(id.to_string(), format!("{kind}: a spec whose array claims 500 million items"));
         }
-        let other = if kind == TaskKind::Test { invalid(&client, TaskKind::Peer).1 } else { invalid(&client, TaskKind::Test).1 };
+        let other = if kind == TaskKind::TEST { invalid(&client, TaskKind::PEER).1 } else { invalid(&client, TaskKind::TEST).1 };
         // The kind's own schema id with a datum that ends too soon.
         let broken = [&spec[..5], &[0xff][..]].concat();
         for (bytes, what) in [(broken, "a spec that does not decode"), (other, "another kind's spec"), (spec, "an invalid spec")] {

@@ -7,6 +7,10 @@
 //! (`--schema-registry URL?mode=lookup`, credentials from the environment), and so does
 //! the example.
 
+// Each kind registers itself in its worker crate (ferry_task::kind): link every one Ferry
+// ships, as the `ferry` binary does, so that topics and schemas cover them all.
+use {ferry_cluster as _, ferry_deploy as _, ferry_offload as _, ferry_peer as _, ferry_plan as _, ferry_score as _};
+
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
@@ -70,8 +74,8 @@ async fn python_example_submits_follows_and_reverts_tansu() {
     assert!(emit.status.success(), "{}", String::from_utf8_lossy(&emit.stderr));
     let reader = connect(&Settings { auth: Some(BasicAuth { user: USER.into(), password: PASSWORD.into() }), ..Settings::parse(&format!("{}?mode=lookup", registry.url())).unwrap() }).await.unwrap();
     let env: CommandEnvelope = reader.decode(&std::fs::read(&emitted).unwrap()).unwrap();
-    assert_eq!((env.kind, env.action, env.subject.as_str()), (TaskKind::Test, CommandAction::Start, "emitted"));
-    assert_eq!(env.task_id, TaskId::for_idempotency_key(TaskKind::Test, "k1").to_string());
+    assert_eq!((env.kind, env.action, env.subject.as_str()), (TaskKind::TEST, CommandAction::Start, "emitted"));
+    assert_eq!(env.task_id, TaskId::for_idempotency_key(TaskKind::TEST, "k1").to_string());
     assert!(env.spec.0.len() > 5 && env.spec.0[0] == 0, "the spec is a Confluent frame of its own");
     let spec: TestTaskSpec = reader.decode(&env.spec.0).unwrap();
     assert_eq!(spec.steps, 2);
@@ -117,7 +121,7 @@ async fn python_example_submits_follows_and_reverts_tansu() {
     assert!(stdout.contains("Succeeded, then Reverted"), "{report}");
     // Lookup mode on both sides: the locked registry holds only what the test registered.
     // One subject per record name of the embedded schemas (a new kind adds one).
-    let names: std::collections::BTreeSet<String> = ferry_runtime::wire::EMBEDDED
+    let names: std::collections::BTreeSet<String> = ferry_runtime::wire::embedded_schemas()
         .iter()
         .map(|(_, _, text)| {
             let v: serde_json::Value = serde_json::from_str(text).unwrap();

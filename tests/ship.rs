@@ -10,10 +10,15 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+// Each kind registers itself in its worker crate (ferry_task::kind): link every one Ferry
+// ships, as the `ferry` binary does, so that the generated files cover them all.
+use {ferry_cluster as _, ferry_deploy as _, ferry_offload as _, ferry_peer as _, ferry_plan as _, ferry_score as _};
+
 use ferry_fleet::{Fleet, FleetOptions};
 use ferry_kube::{Clusters, HUB};
-use ferry_runtime::Topics;
 use ferry_runtime::strimzi;
+use ferry_runtime::tenants::Policy;
+use ferry_runtime::{TaskKind, Topics};
 use serde_json::Value;
 
 fn root() -> PathBuf {
@@ -46,6 +51,110 @@ fn strimzi_files_are_generated_from_topics() {
         let committed = std::fs::read_to_string(&path).unwrap_or_default();
         assert!(committed == text, "strimzi/{file} is out of date with topics/topics.yaml; run FERRY_BLESS=1 cargo test --test ship and commit");
     }
+}
+
+/// Kafka's `AclAuthorizer` on a user's allow-ACLs: a literal name or a prefix, the
+/// operation or `All`; Read, Write, Delete and Alter imply Describe.
+fn acl_allows(user: &Value, resource_type: &str, name: &str, op: &str) -> bool {
+    user["spec"]["authorization"]["acls"].as_array().unwrap().iter().any(|a| {
+        let r = &a["resource"];
+        let rname = r["name"].as_str().unwrap();
+        let matched = r["type"] == resource_type
+            && match r["patternType"].as_str().unwrap() {
+                "prefix" => name.starts_with(rname),
+                _ => rname == name || rname == "*",
+            };
+        let ops: Vec<&str> = a["operations"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+        matched && (ops.contains(&op) || ops.contains(&"All") || (op == "Describe" && ops.iter().any(|o| ["Read", "Write", "Delete", "Alter"].contains(o))))
+    })
+}
+
+/// Who may write what, for every principal and topic of an installation with tenants:
+/// a tenant writes its own command topics only; a worker reads its own kind's tenant
+/// topics; no tenant writes a kind's command topic, the task state or another tenant's.
+#[test]
+fn authorization_matrix_of_tenants_workers_and_tracker() {
+    let topics = Topics::standard();
+    let worker_kinds: Vec<TaskKind> = strimzi::worker_kinds().iter().map(|i| i.kind).collect();
+    assert_eq!(worker_kinds, [TaskKind::CREATE_CLUSTER, TaskKind::PEER, TaskKind::OFFLOAD, TaskKind::DEPLOY, TaskKind::SCORE, TaskKind::PLAN]);
+    // The plan kind's registration keeps it from tenants: its children run as the operator.
+    let e = Policy::parse("tenants: {web: {plan: {}}}").unwrap_err();
+    assert!(e.starts_with("tenants.web.plan: tenants may not submit plan commands (a plan's children run as the operator"), "{e}");
+    let policy = Policy::parse("tenants: {web: {deploy: {clusters: ['*']}, score: {}}, ops: {peer: {}}}").unwrap();
+    let mut users = strimzi::kafka_users(&topics, &policy, "ferry");
+    users.extend(strimzi::tenant_users(&topics, &policy, "ferry"));
+    let by_name = |n: &str| users.iter().find(|u| u["metadata"]["name"] == n).unwrap_or_else(|| panic!("no user {n}"));
+    let mut all_topics: Vec<String> = topics.all().iter().map(|t| t.name.clone()).collect();
+    all_topics.extend(topics.tenant_commands(&policy).into_iter().map(|t| t.name));
+    // A topic named like another tenant's that the policy does not have.
+    all_topics.push(topics.tenant_command("mallory", TaskKind::DEPLOY).name);
+    for topic in &all_topics {
+        let web = by_name("ferry-tenant-web");
+        assert_eq!(acl_allows(web, "topic", topic, "Write"), topic.starts_with("ferry.tenants.web."), "web writes {topic}");
+        let ops = by_name("ferry-tenant-ops");
+        assert_eq!(acl_allows(ops, "topic", topic, "Write"), topic.starts_with("ferry.tenants.ops."), "ops writes {topic}");
+        for kind in worker_kinds.iter().copied() {
+            let w = by_name(&format!("ferry-worker-{kind}"));
+            let tenant_topic = topic.starts_with("ferry.tenants.");
+            if tenant_topic {
+                let own = policy.tenants_of(kind).iter().any(|t| *topic == topics.tenant_command(t, kind).name);
+                assert_eq!(acl_allows(w, "topic", topic, "Read"), own, "{kind} worker reads {topic}");
+                assert!(!acl_allows(w, "topic", topic, "Write"), "{kind} worker writes {topic}");
+            }
+            if topic.starts_with("ferry.task-state.") {
+                let own = *topic == topics.task_state(kind).name;
+                assert_eq!(acl_allows(w, "topic", topic, "Write"), own, "{kind} worker writes {topic}");
+            }
+            if topic.starts_with("ferry.commands.") {
+                let own = *topic == topics.command(kind).name;
+                assert_eq!(acl_allows(w, "topic", topic, "Read"), own, "{kind} worker reads {topic}");
+                // The plan worker submits and reverts its children: it writes the
+                // other production kinds' command topics (never the test kind's).
+                let child = kind == TaskKind::PLAN && worker_kinds.iter().any(|k| *topic == topics.command(*k).name);
+                if !own {
+                    assert_eq!(acl_allows(w, "topic", topic, "Write"), child, "{kind} worker writes {topic}");
+                }
+            }
+        }
+        if topic.starts_with("ferry.task-state.") {
+            for tenant in [web, ops] {
+                assert!(!acl_allows(tenant, "topic", topic, "Write"), "a tenant writes {topic}");
+            }
+        }
+        let tracker = by_name("ferry-tracker");
+        assert!(!acl_allows(tracker, "topic", topic, "Write") || topic.starts_with("ferry.commands."), "the tracker writes {topic}");
+    }
+    // Each gateway's group belongs to its kind's worker only.
+    assert!(acl_allows(by_name("ferry-worker-deploy"), "group", &strimzi::gateway_group(TaskKind::DEPLOY), "Read"));
+    assert!(!acl_allows(by_name("ferry-worker-peer"), "group", &strimzi::gateway_group(TaskKind::DEPLOY), "Read"));
+    assert!(!acl_allows(by_name("ferry-tenant-web"), "group", &strimzi::gateway_group(TaskKind::DEPLOY), "Read"));
+}
+
+#[test]
+fn every_worker_reads_only_its_own_command_topic() {
+    let topics = Topics::standard();
+    let users = strimzi::kafka_users(&topics, &Policy::default(), "ferry");
+    let worker_kinds: Vec<TaskKind> = strimzi::worker_kinds().iter().map(|i| i.kind).collect();
+    assert_eq!(users.len(), worker_kinds.len() + 1);
+    for (kind, u) in worker_kinds.iter().zip(&users) {
+        let reads: Vec<&str> = u["spec"]["authorization"]["acls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|a| a["resource"]["type"] == "topic" && a["operations"].as_array().unwrap().iter().any(|o| o == "Read"))
+            .filter_map(|a| a["resource"]["name"].as_str())
+            .filter(|n| n.contains("commands"))
+            .collect();
+        assert_eq!(reads, [topics.command(*kind).name.as_str()], "{kind}");
+    }
+    let compacted: Vec<String> = strimzi::kafka_topics(&topics, "ferry")
+        .iter()
+        .filter(|t| t["spec"]["config"]["cleanup.policy"] == "compact")
+        .map(|t| t["spec"]["topicName"].as_str().unwrap().to_owned())
+        .collect();
+    let mut expected: Vec<String> = worker_kinds.iter().map(|k| format!("ferry.task-state.{k}")).collect();
+    expected.push("ferry.scores".into());
+    assert_eq!(compacted, expected);
 }
 
 fn helm() -> Option<PathBuf> {
@@ -933,7 +1042,7 @@ fn asyncapi_document_is_generated_and_names_every_topic() {
         if let Some(r) = m["payload"]["schema"]["$ref"].as_str() {
             let file = r.trim_start_matches("../schemas/");
             assert!(root().join("schemas").join(file).exists(), "{r}");
-            let id = ferry_runtime::wire::EMBEDDED.iter().find(|(_, f, _)| *f == file).map(|(id, _, _)| *id);
+            let id = ferry_runtime::wire::embedded_schemas().iter().find(|(_, f, _)| *f == file).map(|(id, _, _)| *id);
             assert_eq!(m["x-ferry-schema-id"].as_u64().map(|i| i as u32), id, "{file}");
         }
     }

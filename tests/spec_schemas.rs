@@ -9,6 +9,10 @@
 //! refused (serde would drop it without a word), so a misspelt optional field shows in the
 //! editor instead of silently taking its default.
 
+// Each kind registers itself in its worker crate (ferry_task::kind): link every one Ferry
+// ships, as the `ferry` binary does, so that topics and schemas cover them all.
+use {ferry_cluster as _, ferry_deploy as _, ferry_offload as _, ferry_peer as _, ferry_plan as _, ferry_score as _};
+
 use std::path::{Path, PathBuf};
 
 use ferry_runtime::TaskKind;
@@ -26,17 +30,20 @@ fn schema_path(kind: TaskKind) -> PathBuf {
 }
 
 /// The spec type's schema (a `$ref` into `gen`'s definitions), its record name, and how the
-/// subject is derived when a file leaves it out (`None`: the file must give it).
+/// subject is derived when a file leaves it out (the kind's registration; `None`: the file
+/// must give it).
 fn spec_of(kind: TaskKind, generator: &mut SchemaGenerator) -> (Value, &'static str, Option<&'static str>) {
-    let (schema, record, derived) = match kind {
-        TaskKind::CreateCluster => (generator.subschema_for::<ferry_cluster::spec::ClusterCommand>(), "ClusterCommand", Some("`<namespace>/<name>`")),
-        TaskKind::Peer => (generator.subschema_for::<ferry_peer::spec::PeerClusters>(), "PeerClusters", Some("the pair, `<first>+<second>` by name")),
-        TaskKind::Offload => (generator.subschema_for::<ferry_offload::spec::OffloadCommand>(), "OffloadCommand", Some("`<cluster>/<namespace>`")),
-        TaskKind::Deploy => (generator.subschema_for::<ferry_deploy::spec::DeployApp>(), "DeployApp", Some("`<namespace>/<name>`")),
-        TaskKind::Score => (generator.subschema_for::<ferry_score::spec::ScoreClusters>(), "ScoreClusters", None),
-        TaskKind::Test => (generator.subschema_for::<ferry_runtime::testkind::TestTaskSpec>(), "TestTaskSpec", None),
-        TaskKind::Plan => (generator.subschema_for::<ferry_plan::spec::PlanSpec>(), "PlanSpec", None),
+    let (schema, record) = match kind {
+        TaskKind::CREATE_CLUSTER => (generator.subschema_for::<ferry_cluster::spec::ClusterCommand>(), "ClusterCommand"),
+        TaskKind::PEER => (generator.subschema_for::<ferry_peer::spec::PeerClusters>(), "PeerClusters"),
+        TaskKind::OFFLOAD => (generator.subschema_for::<ferry_offload::spec::OffloadCommand>(), "OffloadCommand"),
+        TaskKind::DEPLOY => (generator.subschema_for::<ferry_deploy::spec::DeployApp>(), "DeployApp"),
+        TaskKind::SCORE => (generator.subschema_for::<ferry_score::spec::ScoreClusters>(), "ScoreClusters"),
+        TaskKind::TEST => (generator.subschema_for::<ferry_runtime::testkind::TestTaskSpec>(), "TestTaskSpec"),
+        TaskKind::PLAN => (generator.subschema_for::<ferry_plan::spec::PlanSpec>(), "PlanSpec"),
+        other => panic!("no JSON Schema for the {other} kind: add its spec type here"),
     };
+    let derived = ferry_runtime::kind::info(kind).and_then(|i| i.derived_subject);
     (schema.to_value(), record, derived)
 }
 
@@ -91,7 +98,7 @@ fn text(schema: &Value) -> String {
 
 #[test]
 fn spec_file_schemas_are_generated_from_the_spec_types() {
-    for kind in TaskKind::ALL {
+    for kind in ferry_runtime::kind::registered() {
         let generated = text(&file_schema(kind));
         let path = schema_path(kind);
         if std::env::var_os("FERRY_BLESS").is_some() {
@@ -139,20 +146,10 @@ fn errors(validator: &jsonschema::Validator, file: &Value) -> Vec<String> {
     validator.iter_errors(file).map(|e| format!("{}: {e}", e.instance_path())).collect()
 }
 
-/// What `ferry submit` does with the file's spec: decode it into the kind's type.
-fn decodes(kind: TaskKind, spec: &Value) -> Result<(), serde_json::Error> {
-    fn into<T: DeserializeOwned>(v: &Value) -> Result<(), serde_json::Error> {
-        serde_json::from_value::<T>(v.clone()).map(|_| ())
-    }
-    match kind {
-        TaskKind::CreateCluster => into::<ferry_cluster::spec::ClusterCommand>(spec),
-        TaskKind::Peer => into::<ferry_peer::spec::PeerClusters>(spec),
-        TaskKind::Offload => into::<ferry_offload::spec::OffloadCommand>(spec),
-        TaskKind::Deploy => into::<ferry_deploy::spec::DeployApp>(spec),
-        TaskKind::Score => into::<ferry_score::spec::ScoreClusters>(spec),
-        TaskKind::Test => into::<ferry_runtime::testkind::TestTaskSpec>(spec),
-        TaskKind::Plan => into::<ferry_plan::spec::PlanSpec>(spec),
-    }
+/// What `ferry submit` does with the file's spec: encode it as the kind's record.
+fn decodes(kind: TaskKind, spec: &Value) -> Result<(), String> {
+    let info = ferry_runtime::kind::info(kind).ok_or_else(|| format!("{kind} is not registered"))?;
+    (info.encode)(&ferry_runtime::wire::Registry::embedded(), spec.clone()).map(|_| ())
 }
 
 #[test]
@@ -169,7 +166,7 @@ fn every_example_spec_file_names_and_meets_its_schema() {
         assert!(errors.is_empty(), "{} does not meet the {kind} schema: {errors:#?}", path.display());
         decodes(kind, &file["spec"]).unwrap_or_else(|e| panic!("{}: ferry submit {kind} would refuse it: {e}", path.display()));
     }
-    assert_eq!(kinds.len(), TaskKind::ALL.len(), "an example of every kind: {kinds:?}");
+    assert_eq!(kinds.len(), ferry_runtime::kind::registered().len(), "an example of every kind: {kinds:?}");
 }
 
 #[test]
@@ -177,7 +174,7 @@ fn every_plan_example_passes_the_plan_rules_and_its_children_decode() {
     let mut plans = 0;
     for path in example_specs() {
         let text = std::fs::read_to_string(&path).unwrap();
-        if kind_of(&path, &text) != TaskKind::Plan {
+        if kind_of(&path, &text) != TaskKind::PLAN {
             continue;
         }
         plans += 1;
@@ -195,7 +192,7 @@ fn every_plan_example_passes_the_plan_rules_and_its_children_decode() {
 
 #[test]
 fn a_wrong_field_is_refused() {
-    let deploy = validator(TaskKind::Deploy);
+    let deploy = validator(TaskKind::DEPLOY);
     let good: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(root().join("examples/deploy.yaml")).unwrap()).unwrap();
     assert!(errors(&deploy, &good).is_empty());
     let wrong = |change: &dyn Fn(&mut Value)| {
@@ -220,7 +217,7 @@ fn a_wrong_field_is_refused() {
         assert!(wrong(&|f| f["spec"]["operation"] = json!(operation)).is_empty(), "{operation}");
     }
     // A score file must name its subject: nothing derives one.
-    let score = validator(TaskKind::Score);
+    let score = validator(TaskKind::SCORE);
     let mut file: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(root().join("examples/score.yaml")).unwrap()).unwrap();
     file.as_object_mut().unwrap().remove("subject");
     assert!(errors(&score, &file).iter().any(|e| e.contains("subject")));

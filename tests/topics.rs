@@ -2,6 +2,10 @@
 //! topics/topics.yaml with its partitions, and a second run changes nothing; with
 //! `--policy`, the tenants' command topics too.
 
+// Each kind registers itself in its worker crate (ferry_task::kind): link every one Ferry
+// ships, as the `ferry` binary does, so that topics and schemas cover them all.
+use {ferry_cluster as _, ferry_deploy as _, ferry_offload as _, ferry_peer as _, ferry_plan as _, ferry_score as _};
+
 use std::process::Command;
 use std::time::Duration;
 

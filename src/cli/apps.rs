@@ -46,7 +46,7 @@ pub struct AppView {
 /// The apps in `snapshots` (deploy tasks; others are ignored).
 pub fn apps(registry: &ferry_runtime::wire::Registry, snapshots: &[TaskSnapshot]) -> Vec<AppView> {
     let mut live: BTreeMap<String, AppView> = BTreeMap::new();
-    for (s, spec) in super::fleet_view::replay::<DeployApp>(registry, snapshots, TaskKind::Deploy) {
+    for (s, spec) in super::fleet_view::replay::<DeployApp>(registry, snapshots, TaskKind::DEPLOY) {
         if spec.operation == DeployOperation::Delete {
             live.remove(&s.subject);
             continue;
@@ -103,7 +103,7 @@ mod tests {
 
     fn snap(r: &Registry, n: i64, op: DeployOperation, name: &str, owner: &str, state: TaskState) -> TaskSnapshot {
         let spec = DeployApp { operation: op, name: name.into(), owner: owner.into(), ..DeployApp::default() };
-        crate::cli::fleet_view::tests::snap(r, n, TaskKind::Deploy, &spec.subject(), &spec, state, Vec::new())
+        crate::cli::fleet_view::tests::snap(r, n, TaskKind::DEPLOY, &spec.subject(), &spec, state, Vec::new())
     }
 
     #[test]

@@ -184,7 +184,7 @@ pub async fn run(cmd: BenchCommand, properties: &[(String, String)]) -> anyhow::
     let client = Client::new(kafka.clone(), topics.clone())?;
     let mut events = client.events(false).await?;
     // Warm-up: the group join and the first fetches are not part of the steady state.
-    let warm = client.submit(TaskKind::Test, "warm", &TestTaskSpec::steps(1), SubmitOptions::default()).await?;
+    let warm = client.submit(TaskKind::TEST, "warm", &TestTaskSpec::steps(1), SubmitOptions::default()).await?;
     events.until(warm, Duration::from_secs(60), |e| e.event == EventType::Succeeded).await?;
 
     let spec = TestTaskSpec::steps(3);
@@ -196,7 +196,7 @@ pub async fn run(cmd: BenchCommand, properties: &[(String, String)]) -> anyhow::
             let spec = &spec;
             async move {
                 let t0 = Instant::now();
-                let id = client.submit(TaskKind::Test, &format!("bench-{}", i % 256), spec, SubmitOptions::default()).await?;
+                let id = client.submit(TaskKind::TEST, &format!("bench-{}", i % 256), spec, SubmitOptions::default()).await?;
                 Ok::<_, anyhow::Error>((id.to_string(), t0))
             }
         })
@@ -222,7 +222,7 @@ pub async fn run(cmd: BenchCommand, properties: &[(String, String)]) -> anyhow::
     let took = start.elapsed().as_secs_f64();
     shutdown.cancel();
     worker.await??;
-    let topics_written = [topics.command(TaskKind::Test).name.clone(), topics.task_state(TaskKind::Test).name.clone(), topics.progress().name.clone()];
+    let topics_written = [topics.command(TaskKind::TEST).name.clone(), topics.task_state(TaskKind::TEST).name.clone(), topics.progress().name.clone()];
     let records = records_on(&kafka, &topics_written)? as f64 / (a.tasks + 1) as f64;
     let tasks_per_s = a.tasks as f64 / took;
     let report = Report {
@@ -383,7 +383,7 @@ pub async fn submit_tests(client: &Client, n: usize, spec: &TestTaskSpec, subjec
     futures::stream::iter(0..n)
         .map(|i| {
             let subject = subject(i);
-            async move { client.submit(TaskKind::Test, &subject, spec, SubmitOptions::default()).await.map(|id| id.to_string()) }
+            async move { client.submit(TaskKind::TEST, &subject, spec, SubmitOptions::default()).await.map(|id| id.to_string()) }
         })
         .buffer_unordered(512)
         .collect::<Vec<_>>()

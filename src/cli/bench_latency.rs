@@ -132,7 +132,7 @@ pub async fn run(a: LatencyArgs) -> anyhow::Result<ExitCode> {
     let client = Arc::new(Client::new(kafka.clone(), topics.clone())?);
     let mut events = client.events(false).await?;
     // Warm-up: the group join and the first fetches are not the steady state.
-    let warm = client.submit(TaskKind::Test, "warm", &TestTaskSpec::steps(1), SubmitOptions::default()).await?;
+    let warm = client.submit(TaskKind::TEST, "warm", &TestTaskSpec::steps(1), SubmitOptions::default()).await?;
     events.until(warm, Duration::from_secs(60), |e| e.event == EventType::Succeeded).await?;
 
     let sent: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
@@ -163,10 +163,10 @@ pub async fn run(a: LatencyArgs) -> anyhow::Result<ExitCode> {
         async move {
             // The id is chosen here so that the clock starts before the send.
             let key = format!("latency-{i}-{}", std::process::id());
-            let id = client.id_for_key(TaskKind::Test, &key);
+            let id = client.id_for_key(TaskKind::TEST, &key);
             sent.lock().expect("sent lock").insert(id.to_string(), t0);
             let opts = SubmitOptions { idempotency_key: Some(key), ..SubmitOptions::default() };
-            client.submit(TaskKind::Test, &format!("latency-{}", i % 512), &spec, opts).await?;
+            client.submit(TaskKind::TEST, &format!("latency-{}", i % 512), &spec, opts).await?;
             Ok(())
         }
     });

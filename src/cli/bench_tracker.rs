@@ -114,7 +114,7 @@ fn snapshot(r: &Registry, i: usize) -> TaskSnapshot {
     let failed = i.is_multiple_of(10);
     TaskSnapshot {
         task_id: TaskId::new().to_string(),
-        kind: TaskKind::Test,
+        kind: TaskKind::TEST,
         subject: format!("bench/{}", i % 1000),
         state: if failed { TaskState::Failed } else { TaskState::Succeeded },
         seq: 8,
@@ -152,7 +152,7 @@ pub async fn run(a: TrackerArgs) -> anyhow::Result<std::process::ExitCode> {
     let (broker, kafka) = super::bench::BenchBroker::start(a.broker, a.bootstrap.as_deref(), &topics, 1).await?;
     let registry = Registry::embedded();
     let producer: FutureProducer = kafka.producer().set("linger.ms", "20").create()?;
-    let topic = topics.task_state(TaskKind::Test).name.clone();
+    let topic = topics.task_state(TaskKind::TEST).name.clone();
     let fill = Instant::now();
     let mut bytes = 0;
     let mut pending = Vec::with_capacity(1000);

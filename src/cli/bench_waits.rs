@@ -90,7 +90,7 @@ impl TaskHandler for WaitHandler {
     type Spec = TestTaskSpec;
 
     fn kind(&self) -> TaskKind {
-        TaskKind::Test
+        TaskKind::TEST
     }
 
     fn validate(&self, _subject: &str, _spec: &TestTaskSpec) -> Result<(), Rejection> {

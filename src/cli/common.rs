@@ -77,11 +77,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("'{s}': {e} (e.g. 90s, 10m, 1h30m)"))
 }
 
-/// The value parser of a task-kind argument: `--help` lists the kinds (from
-/// `TaskKind::ALL`, so a new kind reaches the CLI by itself), and a typo is refused with
-/// the valid names and the nearest one.
+/// The value parser of a task-kind argument: `--help` lists the kinds (the registered
+/// ones, `ferry_task::kind::catalogue`, so a new kind reaches the CLI by itself), and a
+/// typo is refused with the valid names and the nearest one.
 pub fn kind_parser() -> impl TypedValueParser<Value = TaskKind> {
-    let values = TaskKind::ALL.map(|k| PossibleValue::new(k.as_str()).help(k.describe()));
+    let values = ferry_runtime::kind::catalogue().into_iter().map(|i: &'static ferry_runtime::kind::KindInfo| PossibleValue::new(i.kind.as_str()).help(i.describe));
     PossibleValuesParser::new(values).map(|s| s.parse::<TaskKind>().expect("clap admits only the kinds' names"))
 }
 

@@ -58,7 +58,7 @@ const TASK_ROWS: usize = 500;
 /// How long a request waits for a view that has not caught up yet (just started).
 const READY_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 /// The kinds whose tasks `/api/fleet` replays (`apps`, `fleet_view`).
-const FLEET_KINDS: [TaskKind; 4] = [TaskKind::Deploy, TaskKind::CreateCluster, TaskKind::Peer, TaskKind::Offload];
+const FLEET_KINDS: [TaskKind; 4] = [TaskKind::DEPLOY, TaskKind::CREATE_CLUSTER, TaskKind::PEER, TaskKind::OFFLOAD];
 
 struct App {
     client: Client,
@@ -292,7 +292,7 @@ mod tests {
     fn the_table_has_the_newest_tasks_newest_first() {
         let r = ferry_runtime::wire::Registry::embedded();
         let order = [5, 1, 9, 3, 7, 2];
-        let all: Vec<TaskSnapshot> = order.iter().map(|&n| super::super::fleet_view::tests::snap(&r, n, TaskKind::Test, "s", &TestTaskSpec::steps(1), TaskState::Succeeded, vec![])).collect();
+        let all: Vec<TaskSnapshot> = order.iter().map(|&n| super::super::fleet_view::tests::snap(&r, n, TaskKind::TEST, "s", &TestTaskSpec::steps(1), TaskState::Succeeded, vec![])).collect();
         let ids = |n| newest(&mut all.iter(), n).into_iter().map(|v| v.task_id).collect::<Vec<_>>();
         assert_eq!(ids(3), ["tsk_9", "tsk_7", "tsk_5"]);
         assert_eq!(ids(10), ["tsk_9", "tsk_7", "tsk_5", "tsk_3", "tsk_2", "tsk_1"]);

@@ -220,7 +220,7 @@ async fn smoke(kafka: &KafkaConfig, topics: &Topics) -> anyhow::Result<ExitCode>
     ];
     let mut all_ok = true;
     for case in cases {
-        let id = client.submit(TaskKind::Test, &format!("smoke-{}", case.name), &case.spec, SubmitOptions::default()).await?;
+        let id = client.submit(TaskKind::TEST, &format!("smoke-{}", case.name), &case.spec, SubmitOptions::default()).await?;
         if case.cancel {
             events.until(id, Duration::from_secs(60), |e| e.event == EventType::StepProgress).await?;
             client.cancel(id).await?;

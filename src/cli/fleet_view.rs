@@ -72,7 +72,7 @@ pub(crate) fn replay<'s, S: DeserializeOwned + apache_avro::AvroSchema + 'static
 /// Clusters created and not deleted.
 pub fn clusters(registry: &Registry, snapshots: &[TaskSnapshot]) -> Vec<ClusterView> {
     let mut live: BTreeMap<String, ClusterView> = BTreeMap::new();
-    for (s, c) in replay::<ClusterCommand>(registry, snapshots, TaskKind::CreateCluster) {
+    for (s, c) in replay::<ClusterCommand>(registry, snapshots, TaskKind::CREATE_CLUSTER) {
         match c.operation {
             ClusterOperation::Create => {
                 live.insert(
@@ -103,7 +103,7 @@ pub fn clusters(registry: &Registry, snapshots: &[TaskSnapshot]) -> Vec<ClusterV
 /// Peerings made and not unpeered.
 pub fn peerings(registry: &Registry, snapshots: &[TaskSnapshot]) -> Vec<PeeringView> {
     let mut live: BTreeMap<String, PeeringView> = BTreeMap::new();
-    for (s, p) in replay::<PeerClusters>(registry, snapshots, TaskKind::Peer) {
+    for (s, p) in replay::<PeerClusters>(registry, snapshots, TaskKind::PEER) {
         match p.operation {
             PeerOperation::Peer => {
                 let method = match p.method {
@@ -126,7 +126,7 @@ pub fn peerings(registry: &Registry, snapshots: &[TaskSnapshot]) -> Vec<PeeringV
 /// Namespaces offloaded (by an offload or a burst that needed it) and not unoffloaded.
 pub fn offloads(registry: &Registry, snapshots: &[TaskSnapshot]) -> Vec<OffloadView> {
     let mut live: BTreeMap<String, OffloadView> = BTreeMap::new();
-    for (s, c) in replay::<OffloadCommand>(registry, snapshots, TaskKind::Offload) {
+    for (s, c) in replay::<OffloadCommand>(registry, snapshots, TaskKind::OFFLOAD) {
         if c.operation == OffloadOperation::Unoffload {
             live.remove(&s.subject);
             continue;
@@ -191,10 +191,10 @@ pub(crate) mod tests {
         let q = PeerClusters { a: "member-1".into(), b: "member-3".into(), method: PeerMethod::Submariner, ..PeerClusters::default() };
         let un = |p: &PeerClusters| PeerClusters { operation: PeerOperation::Unpeer, ..p.clone() };
         let all = vec![
-            snap(&r, 1, TaskKind::Peer, &p.subject(), &p, TaskState::Succeeded, vec![]),
-            snap(&r, 2, TaskKind::Peer, &q.subject(), &q, TaskState::Succeeded, vec![]),
-            snap(&r, 3, TaskKind::Peer, &p.subject(), &un(&p), TaskState::Reverted, vec![]),
-            snap(&r, 4, TaskKind::Peer, &q.subject(), &un(&q), TaskState::Succeeded, vec![]),
+            snap(&r, 1, TaskKind::PEER, &p.subject(), &p, TaskState::Succeeded, vec![]),
+            snap(&r, 2, TaskKind::PEER, &q.subject(), &q, TaskState::Succeeded, vec![]),
+            snap(&r, 3, TaskKind::PEER, &p.subject(), &un(&p), TaskState::Reverted, vec![]),
+            snap(&r, 4, TaskKind::PEER, &q.subject(), &un(&q), TaskState::Succeeded, vec![]),
         ];
         let got: Vec<(String, String, String)> = peerings(&r, &all).into_iter().map(|v| (v.a, v.b, v.method)).collect();
         assert_eq!(got, [("member-1".to_owned(), "member-2".to_owned(), "liqo".to_owned())]);
@@ -217,12 +217,12 @@ pub(crate) mod tests {
         let shop =
             OffloadCommand { namespace: "shop".into(), operation: OffloadOperation::Burst, deployment: Some("api".into()), replicas: Some(6), ..web.clone() };
         let all = vec![
-            snap(&r, 1, TaskKind::Offload, &web.subject(), &web, TaskState::Succeeded, vec![entry("web-member-1", r#"[{"cluster": "member-2", "id": "member-2", "node": "liqo-member-2"}]"#)]),
-            snap(&r, 2, TaskKind::Offload, &shop.subject(), &shop, TaskState::Succeeded, vec![entry("shop-member-1", r#"[{"cluster": "member-3", "id": "member-3", "node": "liqo-member-3"}]"#)]),
+            snap(&r, 1, TaskKind::OFFLOAD, &web.subject(), &web, TaskState::Succeeded, vec![entry("web-member-1", r#"[{"cluster": "member-2", "id": "member-2", "node": "liqo-member-2"}]"#)]),
+            snap(&r, 2, TaskKind::OFFLOAD, &shop.subject(), &shop, TaskState::Succeeded, vec![entry("shop-member-1", r#"[{"cluster": "member-3", "id": "member-3", "node": "liqo-member-3"}]"#)]),
             snap(
                 &r,
                 3,
-                TaskKind::Offload,
+                TaskKind::OFFLOAD,
                 &web.subject(),
                 &OffloadCommand { operation: OffloadOperation::Unoffload, ..web.clone() },
                 TaskState::Succeeded,

@@ -82,59 +82,10 @@ fn parse_input(s: &str) -> Result<(String, String), String> {
     Ok((k.to_owned(), v.to_owned()))
 }
 
-/// Encodes a spec given as JSON for `kind` (Confluent-framed Avro).
+/// Encodes a spec given as JSON for `kind` (Confluent-framed Avro), as its registration says.
 pub fn encode_spec(client: &ferry_runtime::Client, kind: TaskKind, spec: serde_json::Value) -> anyhow::Result<Vec<u8>> {
-    encode_with(client.registry(), kind, spec)
-}
-
-/// The plan worker's [`ferry_runtime::child_tasks::SpecEncoder`]: a child's spec encoded as
-/// its kind's record, with the subject the kind derives from it (as `ferry submit` does).
-pub fn encode_child(registry: &ferry_runtime::wire::Registry, kind: TaskKind, spec: &serde_json::Value) -> Result<ferry_runtime::child_tasks::EncodedSpec, String> {
-    let subject = match kind {
-        TaskKind::Deploy => serde_json::from_value::<ferry_deploy::spec::DeployApp>(spec.clone()).ok().map(|a| a.subject()),
-        TaskKind::CreateCluster => serde_json::from_value::<ferry_cluster::spec::ClusterCommand>(spec.clone()).ok().map(|c| c.subject()),
-        TaskKind::Peer => serde_json::from_value::<ferry_peer::spec::PeerClusters>(spec.clone()).ok().map(|p| p.subject()),
-        TaskKind::Offload => serde_json::from_value::<ferry_offload::spec::OffloadCommand>(spec.clone()).ok().map(|c| c.subject()),
-        TaskKind::Score | TaskKind::Test | TaskKind::Plan => None,
-    };
-    let bytes = encode_with(registry, kind, spec.clone()).map_err(|e| format!("{e:#}"))?;
-    Ok(ferry_runtime::child_tasks::EncodedSpec { bytes, subject })
-}
-
-/// Encodes a spec given as JSON for `kind` with `registry`.
-fn encode_with(registry: &ferry_runtime::wire::Registry, kind: TaskKind, spec: serde_json::Value) -> anyhow::Result<Vec<u8>> {
-    match kind {
-        TaskKind::Test => {
-            let s: ferry_runtime::testkind::TestTaskSpec = serde_json::from_value(spec).context("spec does not match the test kind's fields")?;
-            Ok(registry.encode(&s)?)
-        }
-        TaskKind::Score => {
-            let s: ferry_score::spec::ScoreClusters = serde_json::from_value(spec).context("spec does not match the score kind's fields (ScoreClusters)")?;
-            Ok(registry.encode(&s)?)
-        }
-        TaskKind::Deploy => {
-            let s: ferry_deploy::spec::DeployApp = serde_json::from_value(spec).context("spec does not match the deploy kind's fields (DeployApp)")?;
-            Ok(registry.encode(&s)?)
-        }
-        TaskKind::CreateCluster => {
-            let s: ferry_cluster::spec::ClusterCommand =
-                serde_json::from_value(spec).context("spec does not match the create-cluster kind's fields (ClusterCommand)")?;
-            Ok(registry.encode(&s)?)
-        }
-        TaskKind::Peer => {
-            let s: ferry_peer::spec::PeerClusters = serde_json::from_value(spec).context("spec does not match the peer kind's fields (PeerClusters)")?;
-            Ok(registry.encode(&s)?)
-        }
-        TaskKind::Offload => {
-            let s: ferry_offload::spec::OffloadCommand =
-                serde_json::from_value(spec).context("spec does not match the offload kind's fields (OffloadCommand)")?;
-            Ok(registry.encode(&s)?)
-        }
-        TaskKind::Plan => {
-            let s: ferry_plan::spec::PlanSpec = serde_json::from_value(spec).context("spec does not match the plan kind's fields (PlanSpec)")?;
-            Ok(registry.encode(&s)?)
-        }
-    }
+    let info = ferry_runtime::kind::info(kind).with_context(|| format!("no worker crate in this program registers the {kind} kind"))?;
+    (info.encode)(client.registry(), spec).map_err(|e| anyhow::anyhow!("{kind}: {e}"))
 }
 
 pub async fn run(conn: &Conn, a: SubmitArgs) -> anyhow::Result<ExitCode> {
@@ -142,29 +93,11 @@ pub async fn run(conn: &Conn, a: SubmitArgs) -> anyhow::Result<ExitCode> {
     if a.dry_run {
         return dry_run(&a, file);
     }
-    let subject = match (file.subject, a.kind) {
-        (Some(s), _) => s,
-        (None, TaskKind::Deploy) => {
-            let app: ferry_deploy::spec::DeployApp =
-                serde_json::from_value(file.spec.clone()).context("spec does not match the deploy kind's fields (DeployApp)")?;
-            app.subject()
-        }
-        (None, TaskKind::CreateCluster) => {
-            let c: ferry_cluster::spec::ClusterCommand =
-                serde_json::from_value(file.spec.clone()).context("spec does not match the create-cluster kind's fields (ClusterCommand)")?;
-            c.subject()
-        }
-        (None, TaskKind::Peer) => {
-            let p: ferry_peer::spec::PeerClusters =
-                serde_json::from_value(file.spec.clone()).context("spec does not match the peer kind's fields (PeerClusters)")?;
-            p.subject()
-        }
-        (None, TaskKind::Offload) => {
-            let c: ferry_offload::spec::OffloadCommand =
-                serde_json::from_value(file.spec.clone()).context("spec does not match the offload kind's fields (OffloadCommand)")?;
-            c.subject()
-        }
-        (None, kind) => anyhow::bail!("the spec file has no subject: (required for {kind} tasks)"),
+    let info = ferry_runtime::kind::info(a.kind).with_context(|| format!("no worker crate in this program registers the {} kind", a.kind))?;
+    let Some(subject) = file.subject.or_else(|| (info.subject_of)(&file.spec)) else {
+        // A spec the kind cannot read says so before it says it lacks a subject.
+        (info.encode)(&ferry_runtime::wire::Registry::embedded(), file.spec).map_err(|e| anyhow::anyhow!("{}: {e}", a.kind))?;
+        anyhow::bail!("the spec file has no subject: (required for {} tasks)", a.kind);
     };
     let client = conn.client().await?;
     let spec = encode_spec(&client, a.kind, file.spec)?;
@@ -188,7 +121,7 @@ pub async fn run(conn: &Conn, a: SubmitArgs) -> anyhow::Result<ExitCode> {
 /// The spec file, or the DeployApp converted from a TOSCA blueprint.
 fn read_spec(a: &SubmitArgs) -> anyhow::Result<SpecFile> {
     if let Some(path) = &a.tosca {
-        anyhow::ensure!(a.kind == TaskKind::Deploy, "--tosca makes a deploy command; the kind is {}", a.kind);
+        anyhow::ensure!(a.kind == TaskKind::DEPLOY, "--tosca makes a deploy command; the kind is {}", a.kind);
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let overrides = ferry_deploy::tosca::Overrides {
             name: a.name.clone(),
@@ -235,7 +168,7 @@ fn compact(v: serde_json::Value) -> serde_json::Value {
 fn dry_run(a: &SubmitArgs, file: SpecFile) -> anyhow::Result<ExitCode> {
     let subject = match (&file.subject, a.kind) {
         (Some(s), _) => s.clone(),
-        (None, TaskKind::Deploy) => serde_json::from_value::<ferry_deploy::spec::DeployApp>(file.spec.clone()).map(|d| d.subject()).unwrap_or_default(),
+        (None, TaskKind::DEPLOY) => serde_json::from_value::<ferry_deploy::spec::DeployApp>(file.spec.clone()).map(|d| d.subject()).unwrap_or_default(),
         (None, _) => String::new(),
     };
     match a.output {
@@ -243,10 +176,10 @@ fn dry_run(a: &SubmitArgs, file: SpecFile) -> anyhow::Result<ExitCode> {
         _ => print!("{}{}", serde_yaml_ng::to_string(&serde_json::json!({ "subject": subject }))?, serde_yaml_ng::to_string(&serde_json::json!({ "spec": compact(file.spec.clone()) }))?),
     }
     let verdict = match a.kind {
-        TaskKind::Deploy => serde_json::from_value::<ferry_deploy::spec::DeployApp>(file.spec)
+        TaskKind::DEPLOY => serde_json::from_value::<ferry_deploy::spec::DeployApp>(file.spec)
             .map_err(|e| format!("spec does not match the deploy kind's fields (DeployApp): {e}"))
             .and_then(|app| ferry_deploy::validate::validate(&subject, &app).map_err(|r| r.reason)),
-        TaskKind::Plan => serde_json::from_value::<ferry_plan::spec::PlanSpec>(file.spec)
+        TaskKind::PLAN => serde_json::from_value::<ferry_plan::spec::PlanSpec>(file.spec)
             .map_err(|e| format!("spec does not match the plan kind's fields (PlanSpec): {e}"))
             .and_then(|plan| ferry_plan::validate::validate(&plan).map_err(|r| r.reason)),
         _ => Ok(()),

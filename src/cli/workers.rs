@@ -93,7 +93,7 @@ pub async fn serve<H: TaskHandler>(opts: WorkerOptions, handler: H, shutdown: Ca
 /// The plan handler: children submitted with `client` (the operator's), their specs
 /// encoded as `ferry submit` encodes them.
 pub async fn plan_handler(client: ferry_runtime::Client, child_timeout: std::time::Duration) -> anyhow::Result<ferry_plan::PlanHandler> {
-    let children = ferry_runtime::child_tasks::KafkaChildren::new(client, Arc::new(super::submit::encode_child)).await?;
+    let children = ferry_runtime::child_tasks::KafkaChildren::new(client, Arc::new(ferry_runtime::child_tasks::encode_registered)).await?;
     let mut cfg = ferry_plan::PlanConfig::new(Arc::new(children));
     cfg.child_timeout = child_timeout;
     Ok(ferry_plan::PlanHandler::new(cfg))
@@ -130,36 +130,37 @@ pub async fn run(conn: &common::Conn, a: WorkerArgs) -> anyhow::Result<ExitCode>
     let shutdown = CancellationToken::new();
     common::cancel_on_signal(shutdown.clone());
     match a.kind {
-        TaskKind::Test => {
+        TaskKind::TEST => {
             let effects = a.effects.map(|p| ferry_runtime::effects::EffectLog::new(p, opts.worker_id.clone()));
             serve(opts, ferry_runtime::testkind::TestHandler { effects, ..Default::default() }, shutdown).await?
         }
-        TaskKind::Score => {
+        TaskKind::SCORE => {
             let onboarding = if a.no_onboarding { None } else { Some(conn.client().await?) };
             score(opts, hub(a.kubeconfig.as_deref()).await?, onboarding, shutdown).await?;
         }
-        TaskKind::Deploy => {
+        TaskKind::DEPLOY => {
             let cfg = ferry_deploy::DeployConfig::new(hub(a.kubeconfig.as_deref()).await?);
             serve(opts, ferry_deploy::DeployHandler::new(cfg), shutdown).await?;
         }
-        TaskKind::CreateCluster => {
+        TaskKind::CREATE_CLUSTER => {
             let mut cfg = ferry_cluster::ClusterConfig::new(hub(a.kubeconfig.as_deref()).await?);
             cfg.catalog = Arc::new(catalog(a.addons.as_deref())?);
             cfg.hub_apiserver = a.hub_apiserver.clone();
             serve(opts, ferry_cluster::ClusterHandler::new(cfg), shutdown).await?;
         }
-        TaskKind::Peer => {
+        TaskKind::PEER => {
             let cfg = ferry_peer::PeerConfig::new(hub(a.kubeconfig.as_deref()).await?);
             serve(opts, ferry_peer::PeerHandler::new(cfg), shutdown).await?;
         }
-        TaskKind::Offload => {
+        TaskKind::OFFLOAD => {
             let mut cfg = ferry_offload::OffloadConfig::new(hub(a.kubeconfig.as_deref()).await?);
             if let Some(p) = &a.latency {
                 cfg.latency = ferry_offload::latency::LatencyMatrix::load(p)?;
             }
             serve(opts, ferry_offload::OffloadHandler::new(cfg), shutdown).await?;
         }
-        TaskKind::Plan => serve(opts, plan_handler(conn.client().await?, a.child_timeout).await?, shutdown).await?,
+        TaskKind::PLAN => serve(opts, plan_handler(conn.client().await?, a.child_timeout).await?, shutdown).await?,
+        other => anyhow::bail!("`ferry worker` has no handler for the {other} kind (a crate registers it, but this binary does not run its worker)"),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -12,7 +12,7 @@ use ferry_runtime::{TaskId, TaskKind};
 fn envelope(r: &Registry) -> CommandEnvelope {
     CommandEnvelope {
         task_id: TaskId::new().to_string(),
-        kind: TaskKind::Test,
+        kind: TaskKind::TEST,
         action: CommandAction::Start,
         subject: "bench/subject".into(),
         idempotency_key: Some("bench-key".into()),

@@ -1,36 +1,27 @@
 //! Ferry's protocol as an AsyncAPI 3.0 document, generated from the same definitions the
-//! workers use (`topics/topics.yaml`, the schema ids of `wire::EMBEDDED`, the header names),
+//! workers use (`topics/topics.yaml`, the registered kinds and their schema ids, the header names),
 //! so that a client in any language can read every topic. `docs/asyncapi.yaml` is this
 //! module's output; a test fails when it is out of date (`FERRY_BLESS=1` rewrites it).
 //! docs/PROTOCOL.md explains the rules the document cannot say (order, dedupe, tenants).
 
 use serde_json::{Map, Value, json};
 
-use crate::kind::TaskKind;
+use crate::kind::{TaskKind, catalogue, registered};
 use crate::publisher::{
     CE_ID, CE_SOURCE, CE_SPECVERSION, CE_SUBJECT, CE_TIME, CE_TYPE, CLOUDEVENTS_VERSION, CONTENT_TYPE, DLQ_HEADERS_DROPPED, DLQ_KEY_BYTES, DLQ_OFFSET, DLQ_PARTITION, DLQ_REASON, DLQ_TOPIC,
     DLQ_VALUE_BYTES, DLQ_VALUE_SHA256, EVENT_CONTENT_TYPE, EVENT_TYPES, TASK_HEADER, TRACEPARENT, cloudevent_source, cloudevent_type,
 };
 use crate::tenants::TENANT_HEADER;
 use crate::topics::Topics;
-use crate::wire::EMBEDDED;
-
-/// The Avro record (schema file) of each kind's spec, newest version.
-pub fn spec_schema(kind: TaskKind) -> &'static str {
-    match kind {
-        TaskKind::CreateCluster => "ClusterCommand.v2.avsc",
-        TaskKind::Peer => "PeerClusters.avsc",
-        TaskKind::Offload => "OffloadCommand.avsc",
-        TaskKind::Deploy => "DeployApp.v2.avsc",
-        TaskKind::Score => "ScoreClusters.avsc",
-        TaskKind::Test => "TestTaskSpec.avsc",
-        TaskKind::Plan => "PlanSpec.avsc",
-    }
-}
+use crate::wire::embedded_schemas;
 
 /// The schema id of a committed schema file.
 fn id_of(file: &str) -> u32 {
-    EMBEDDED.iter().find(|(_, f, _)| *f == file).map(|(id, _, _)| *id).unwrap_or_else(|| panic!("{file} is not in wire::EMBEDDED"))
+    embedded_schemas()
+        .iter()
+        .find(|(_, f, _)| *f == file)
+        .map(|(id, _, _)| *id)
+        .unwrap_or_else(|| panic!("{file} is not registered (wire::PROTOCOL or a kind's KindInfo)"))
 }
 
 /// A channel key: letters and digits of `name` in camel case.
@@ -55,7 +46,7 @@ fn header(description: &str) -> Value {
 /// A progress event's headers: the task, the trace, and the CloudEvents 1.0 attributes of
 /// the Kafka binding's binary content mode (the value is the event's data).
 fn event_headers(trace: &Value) -> Value {
-    let sources: Vec<String> = TaskKind::ALL.iter().map(|k| cloudevent_source(*k)).collect();
+    let sources: Vec<String> = registered().into_iter().map(cloudevent_source).collect();
     json!({
         TRACEPARENT: trace,
         TASK_HEADER: header("the task id"),
@@ -98,15 +89,16 @@ pub fn document(topics: &Topics) -> Value {
     messages.insert(
         "command".into(),
         avro_message(
-            "CommandEnvelope.avsc",
+            "CommandEnvelope.v2.avsc",
             "the task's subject: one subject's commands stay in order",
             "Start, Cancel or Revert of a task; `spec` holds the kind's own record, itself Confluent-framed",
             json!({TRACEPARENT: trace, TENANT_HEADER: header("set by Ferry's gateway only, on commands copied from a tenant's topic: the tenant; any other sender's is refused or dropped")}),
         ),
     );
-    for kind in TaskKind::ALL {
+    for info in catalogue() {
+        let kind: TaskKind = info.kind;
         let topic = &topics.command(kind).name;
-        let spec = spec_schema(kind);
+        let spec = info.spec;
         channels.insert(
             key(topic),
             json!({
@@ -135,7 +127,7 @@ pub fn document(topics: &Topics) -> Value {
         json!({
             "address": format!("{}{{kind}}", topics.tenant_prefix("{tenant}")),
             "description": "a tenant's own command topics: only its KafkaUser may write them; the gateway copies each record to the kind's command topic with the tenant header",
-            "parameters": {"tenant": {"description": "the tenant's name (its policy entry)"}, "kind": {"enum": TaskKind::ALL.iter().map(|k| k.as_str()).collect::<Vec<_>>()}},
+            "parameters": {"tenant": {"description": "the tenant's name (its policy entry)"}, "kind": {"enum": registered().iter().map(|k| k.as_str().to_owned()).collect::<Vec<_>>()}},
             "messages": {"command": {"$ref": "#/components/messages/command"}},
         }),
     );
@@ -148,11 +140,11 @@ pub fn document(topics: &Topics) -> Value {
     operations.insert("follow".into(), json!({"action": "receive", "channel": {"$ref": format!("#/channels/{}", key(progress))}, "summary": "follow tasks; dedupe by (task_id, seq)"}));
     messages.insert(
         "event".into(),
-        avro_message("ProgressEvent.avsc", "the task id", "one event of a task (seq strictly increasing per task), a CloudEvent in the Kafka binding's binary content mode", event_headers(&trace)),
+        avro_message("ProgressEvent.v2.avsc", "the task id", "one event of a task (seq strictly increasing per task), a CloudEvent in the Kafka binding's binary content mode", event_headers(&trace)),
     );
     messages.insert(
         "snapshot".into(),
-        avro_message("TaskSnapshot.avsc", "the task id", "a task's state, journal and spec after its latest event", json!({TRACEPARENT: trace, TASK_HEADER: header("the task id")})),
+        avro_message("TaskSnapshot.v2.avsc", "the task id", "a task's state, journal and spec after its latest event", json!({TRACEPARENT: trace, TASK_HEADER: header("the task id")})),
     );
     let scores = &topics.scores().name;
     channels.insert(

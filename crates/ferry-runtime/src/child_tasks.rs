@@ -3,9 +3,9 @@
 //! are read and waited for in the client's live view of every task-state topic (one
 //! consumer for the process, whatever the number of plans waiting).
 //!
-//! The runtime does not know every kind's spec type (they live in the worker crates), so
-//! whoever builds the plan worker passes a [`SpecEncoder`]: the `ferry` binary's knows
-//! every kind, [`encode_test_kind`] only the runtime's own `test` kind.
+//! The runtime does not know the kinds' spec types (they live in the worker crates): a
+//! child's JSON spec is encoded by its kind's registration ([`encode_registered`], every
+//! kind the program links), or by whatever [`SpecEncoder`] builds the plan worker.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,15 +37,11 @@ pub type SpecEncoder = Arc<dyn Fn(&Registry, TaskKind, &Value) -> Result<Encoded
 /// How long reading the task-state topics to their ends may take.
 const READ_LIMIT: Duration = Duration::from_secs(60);
 
-/// The encoder of the runtime's own kind: `test` children only.
-pub fn encode_test_kind(registry: &Registry, kind: TaskKind, spec: &Value) -> Result<EncodedSpec, String> {
-    match kind {
-        TaskKind::Test => {
-            let s: crate::testkind::TestTaskSpec = serde_json::from_value(spec.clone()).map_err(|e| format!("does not match TestTaskSpec: {e}"))?;
-            Ok(EncodedSpec { bytes: registry.encode(&s).map_err(|e| e.to_string())?, subject: None })
-        }
-        other => Err(format!("this worker cannot encode {other} specs (it was built with the test kind's encoder only)")),
-    }
+/// The encoder of every kind this program registers (`KindInfo::encode` and
+/// `KindInfo::subject_of`).
+pub fn encode_registered(registry: &Registry, kind: TaskKind, spec: &Value) -> Result<EncodedSpec, String> {
+    let info = crate::kind::info(kind).ok_or_else(|| format!("this worker cannot encode {kind} specs: no crate in it registers the kind"))?;
+    Ok(EncodedSpec { bytes: (info.encode)(registry, spec.clone())?, subject: (info.subject_of)(spec) })
 }
 
 /// [`Children`] through a [`Client`] and its live view.

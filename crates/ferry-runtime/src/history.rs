@@ -198,7 +198,7 @@ mod tests {
             task_id: task.into(),
             seq,
             event,
-            kind: TaskKind::Test,
+            kind: TaskKind::TEST,
             subject: subject.into(),
             worker: worker.into(),
             at_ms: at,

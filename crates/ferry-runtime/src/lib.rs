@@ -52,6 +52,7 @@ pub mod worker;
 
 pub use client::{Client, ClientError, EventStream, SubmitOptions};
 pub use embedded::EmbeddedBroker;
+pub use ferry_task::register_kind;
 pub use ferry_task::{CheckStep, CommandAction, EventType, Output, ProgressEvent, Rejection, Step, StepContext, StepError, StepPolicy, TaskHandler, TaskId, TaskKind};
 pub use ferry_task::{TaskSnapshot, TaskState};
 pub use intake::IntakeError;

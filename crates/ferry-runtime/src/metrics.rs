@@ -258,11 +258,11 @@ impl Metrics {
     /// checking dashboards against what workers export).
     pub fn with_one_sample_each() -> Self {
         let m = Self::new();
-        m.events.get_or_create(&EventLabels { kind: TaskKind::Test.to_string(), event: format!("{:?}", EventType::Succeeded) }).inc();
-        m.step_finished(TaskKind::Test, "step", Duration::from_millis(1));
-        m.task_finished(TaskKind::Test, EventType::Succeeded, Duration::from_millis(1));
-        m.gauge(TaskKind::Test, "running").set(0);
-        m.retry(TaskKind::Test, "step");
+        m.events.get_or_create(&EventLabels { kind: TaskKind::TEST.to_string(), event: format!("{:?}", EventType::Succeeded) }).inc();
+        m.step_finished(TaskKind::TEST, "step", Duration::from_millis(1));
+        m.task_finished(TaskKind::TEST, EventType::Succeeded, Duration::from_millis(1));
+        m.gauge(TaskKind::TEST, "running").set(0);
+        m.retry(TaskKind::TEST, "step");
         m.dead_letter("topic");
         m.set_lag("topic", 0);
         m.overtaken();
@@ -307,7 +307,7 @@ mod tests {
     fn snapshot(id: &str, state: TaskState, created_at_ms: i64) -> TaskSnapshot {
         TaskSnapshot {
             task_id: id.to_owned(),
-            kind: TaskKind::Test,
+            kind: TaskKind::TEST,
             subject: "s".into(),
             state,
             seq: 1,
@@ -379,7 +379,7 @@ mod tests {
     #[test]
     fn a_half_hour_step_lands_below_the_top_bucket() {
         let m = Metrics::new();
-        m.step_finished(TaskKind::Test, "wait", Duration::from_secs(30 * 60));
+        m.step_finished(TaskKind::TEST, "wait", Duration::from_secs(30 * 60));
         let text = m.encode();
         assert!(text.contains(r#"ferry_step_duration_seconds_bucket{le="1800.0",kind="test",step="wait"} 1"#), "{text}");
         assert!(text.contains(r#"ferry_step_duration_seconds_bucket{le="600.0",kind="test",step="wait"} 0"#), "{text}");

@@ -702,7 +702,7 @@ mod tests {
 
     fn event(seq: i64, event: EventType) -> ProgressEvent {
         // 2026-01-02T03:04:05.678Z
-        Detail::step(1, "install").into_event(("tsk_0190f1a2b3c4d5e6f708192a3b4c5d6e", TaskKind::Deploy, "shop/web"), seq, event, "ferry-deploy-0", 1_767_323_045_678, None)
+        Detail::step(1, "install").into_event(("tsk_0190f1a2b3c4d5e6f708192a3b4c5d6e", TaskKind::DEPLOY, "shop/web"), seq, event, "ferry-deploy-0", 1_767_323_045_678, None)
     }
 
     #[test]
@@ -719,7 +719,7 @@ mod tests {
         ];
         assert_eq!(h.iter().map(|(k, v)| (*k, v.as_str())).collect::<Vec<_>>(), expected);
         // Whole seconds keep their three digits: one shape for every event.
-        let whole = cloudevent_headers(&Detail::default().into_event(("t", TaskKind::Test, "s"), 1, EventType::Accepted, "w", 0, None));
+        let whole = cloudevent_headers(&Detail::default().into_event(("t", TaskKind::TEST, "s"), 1, EventType::Accepted, "w", 0, None));
         assert_eq!(whole.iter().find(|(k, _)| *k == CE_TIME).map(|(_, v)| v.as_str()), Some("1970-01-01T00:00:00.000Z"));
     }
 

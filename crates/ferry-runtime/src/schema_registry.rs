@@ -44,7 +44,7 @@ use rustls::pki_types::pem::PemObject;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::wire::{EMBEDDED, Registry, WireError};
+use crate::wire::{Registry, WireError, embedded_schemas};
 
 pub use stand_in::{StandIn, StandInHandle, StandInOptions};
 
@@ -341,9 +341,18 @@ pub async fn connect(settings: &Settings) -> Result<Registry, RegistryError> {
     let mut entries: Vec<(u32, String, String)> = Vec::new();
     let mut subjects = Vec::new();
     let mut own = Vec::new();
-    for (_, file, text) in EMBEDDED {
-        let schema = apache_avro::Schema::parse_str(text).map_err(|e| WireError::BadSchema { file: (*file).to_owned(), source: Box::new(e) })?;
-        let subject = schema.name().map(|n| n.fullname(None)).unwrap_or_else(|| (*file).to_owned());
+    // Only the version of each record this program writes: older ones are on the server
+    // already if anything was written with them (read back below), and a registry that
+    // checks compatibility would refuse registering an old version after a new one.
+    let mut newest: Vec<(String, &str, &str)> = Vec::new();
+    for (_, file, text) in embedded_schemas() {
+        let schema = apache_avro::Schema::parse_str(text).map_err(|e| WireError::BadSchema { file: file.to_owned(), source: Box::new(e) })?;
+        let subject = schema.name().map(|n| n.fullname(None)).unwrap_or_else(|| file.to_owned());
+        // Ids ascend, so a later version of a record replaces the earlier.
+        newest.retain(|(s, _, _)| *s != subject);
+        newest.push((subject, file, text));
+    }
+    for (subject, file, text) in newest {
         let body = Some(json!({ "schema": text }));
         let id = match settings.mode {
             Mode::Register => {
@@ -352,7 +361,7 @@ pub async fn connect(settings: &Settings) -> Result<Registry, RegistryError> {
             }
             Mode::Lookup => {
                 let found = http.json::<Registered>(hyper::Method::POST, &format!("/subjects/{subject}"), body).await?;
-                let not_registered = || RegistryError::NotRegistered { url: settings.base.clone(), subject: subject.clone(), file: (*file).to_owned() };
+                let not_registered = || RegistryError::NotRegistered { url: settings.base.clone(), subject: subject.clone(), file: file.to_owned() };
                 found.ok_or_else(not_registered)?.id
             }
         };

@@ -125,12 +125,10 @@ impl Policy {
             let mut rules = BTreeMap::new();
             for (kind, rule) in kinds {
                 let k: TaskKind = kind.parse().map_err(|e| format!("tenants.{tenant}: {e}"))?;
-                if k == TaskKind::Plan {
-                    // The plan worker submits a plan's children under its own identity, so a
-                    // tenant's plan would run every kind outside the tenant's rules.
-                    return Err(format!(
-                        "tenants.{tenant}.plan: tenants may not submit plans (a plan's children run as the operator, outside the tenant's rules); give the tenant rules for the kinds its plan would run instead"
-                    ));
+                if let Some(why) = crate::kind::info(k).and_then(|i| i.not_for_tenants) {
+                    // E.g. the plan worker submits a plan's children under its own identity,
+                    // so a tenant's plan would run every kind outside the tenant's rules.
+                    return Err(format!("tenants.{tenant}.{kind}: tenants may not submit {kind} commands ({why})"));
                 }
                 for (what, list) in [("clusters", &rule.clusters), ("cluster_sets", &rule.cluster_sets), ("namespaces", &rule.namespaces)] {
                     if let Some(p) = list.iter().find(|p| p.is_empty() || p[..p.len() - 1].contains('*')) {
@@ -196,11 +194,33 @@ impl Policy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kind::{Access, KindInfo};
+
+    // The kinds these tests name, registered as stand-ins (this crate links no worker
+    // crate); `tests/ship.rs` checks the policy against the kinds Ferry ships.
+    const fn stand_in(kind: TaskKind, not_for_tenants: Option<&'static str>) -> KindInfo {
+        KindInfo {
+            kind,
+            describe: "a stand-in",
+            order: 1000,
+            schemas: &[],
+            spec: "TestTaskSpec.avsc",
+            access: Access::NONE,
+            not_for_tenants,
+            encode: crate::kind::encode_json::<crate::testkind::TestTaskSpec>,
+            subject_of: crate::kind::no_subject,
+            derived_subject: None,
+        }
+    }
+    crate::register_kind!(stand_in(TaskKind::DEPLOY, None));
+    crate::register_kind!(stand_in(TaskKind::SCORE, None));
+    crate::register_kind!(stand_in(TaskKind::PEER, None));
+    crate::register_kind!(stand_in(TaskKind::PLAN, Some("its children would run as the operator")));
 
     #[test]
-    fn a_policy_granting_a_tenant_plans_is_refused_with_the_reason() {
+    fn a_policy_granting_a_kind_tenants_may_not_submit_is_refused_with_the_reason() {
         let e = Policy::parse("tenants:\n  web:\n    plan:\n      clusters: [\"*\"]\n").unwrap_err();
-        assert!(e.contains("tenants.web.plan: tenants may not submit plans"), "{e}");
+        assert_eq!(e, "tenants.web.plan: tenants may not submit plan commands (its children would run as the operator)");
     }
 
     const POLICY: &str = r#"
@@ -219,21 +239,21 @@ tenants:
     fn every_target_must_be_allowed_and_the_refusal_names_the_rule() {
         let p = Policy::parse(POLICY).unwrap();
         let ok = Targets::clusters(["member-1", "edge-7"]).with_sets(["demo"]).with_namespaces(["web-shop"]);
-        p.check("web", TaskKind::Deploy, &ok).unwrap();
-        let e = p.check("web", TaskKind::Deploy, &Targets::clusters(["member-2"])).unwrap_err();
+        p.check("web", TaskKind::DEPLOY, &ok).unwrap();
+        let e = p.check("web", TaskKind::DEPLOY, &Targets::clusters(["member-2"])).unwrap_err();
         assert_eq!(e, "policy: tenant \"web\" may not target cluster \"member-2\" with deploy (tenants.web.deploy.clusters: [member-1, edge-*])");
-        let e = p.check("web", TaskKind::Deploy, &Targets::default().with_namespaces(["kube-system"])).unwrap_err();
+        let e = p.check("web", TaskKind::DEPLOY, &Targets::default().with_namespaces(["kube-system"])).unwrap_err();
         assert!(e.contains("namespace \"kube-system\"") && e.contains("tenants.web.deploy.namespaces"), "{e}");
-        let e = p.check("web", TaskKind::Peer, &Targets::default()).unwrap_err();
+        let e = p.check("web", TaskKind::PEER, &Targets::default()).unwrap_err();
         assert!(e.contains("may not submit peer commands"), "{e}");
-        let e = p.check("ops", TaskKind::Deploy, &ok).unwrap_err();
+        let e = p.check("ops", TaskKind::DEPLOY, &ok).unwrap_err();
         assert!(e.contains("not in the tenant policy"), "{e}");
         // Clusters chosen when the task runs: only where any cluster is allowed.
         let chosen = Targets::default().chosen_at_run("a selector");
-        assert!(p.check("web", TaskKind::Deploy, &chosen).unwrap_err().contains("chooses its clusters when it runs: a selector"));
-        p.check("web", TaskKind::Score, &chosen).unwrap();
-        assert_eq!(p.tenants_of(TaskKind::Score), ["web"]);
-        assert!(p.tenants_of(TaskKind::Peer).is_empty());
+        assert!(p.check("web", TaskKind::DEPLOY, &chosen).unwrap_err().contains("chooses its clusters when it runs: a selector"));
+        p.check("web", TaskKind::SCORE, &chosen).unwrap();
+        assert_eq!(p.tenants_of(TaskKind::SCORE), ["web"]);
+        assert!(p.tenants_of(TaskKind::PEER).is_empty());
     }
 
     #[test]
@@ -251,7 +271,7 @@ tenants:
 
     #[test]
     fn tenants_keys_and_ids_never_meet() {
-        assert_ne!(tenant_task_id(TaskKind::Deploy, "a", "k"), tenant_task_id(TaskKind::Deploy, "b", "k"));
-        assert_eq!(tenant_task_id(TaskKind::Deploy, "a", "k"), TaskId::for_idempotency_key(TaskKind::Deploy, "a/k"));
+        assert_ne!(tenant_task_id(TaskKind::DEPLOY, "a", "k"), tenant_task_id(TaskKind::DEPLOY, "b", "k"));
+        assert_eq!(tenant_task_id(TaskKind::DEPLOY, "a", "k"), TaskId::for_idempotency_key(TaskKind::DEPLOY, "a/k"));
     }
 }

@@ -14,6 +14,19 @@ use serde_json::{Value, json};
 use crate::kind::TaskKind;
 use crate::step::{Rejection, Step, StepContext, StepError, StepPolicy, TaskHandler};
 
+crate::register_kind!(crate::kind::KindInfo {
+    kind: TaskKind::TEST,
+    describe: "The runtime's own no-op task, for demos, tests and benchmarks",
+    order: 60,
+    schemas: &[(4, "TestTaskSpec.avsc", include_str!("../../../schemas/TestTaskSpec.avsc"))],
+    spec: "TestTaskSpec.avsc",
+    access: crate::kind::Access::NONE,
+    not_for_tenants: None,
+    encode: crate::kind::encode_json::<TestTaskSpec>,
+    subject_of: crate::kind::no_subject,
+    derived_subject: None,
+});
+
 /// Spec of a `test` task.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
 #[avro(namespace = "io.ferry.v1")]
@@ -129,7 +142,7 @@ impl TaskHandler for TestHandler {
     type Spec = TestTaskSpec;
 
     fn kind(&self) -> TaskKind {
-        TaskKind::Test
+        TaskKind::TEST
     }
 
     fn validate(&self, _subject: &str, spec: &TestTaskSpec) -> Result<(), Rejection> {

@@ -1,4 +1,6 @@
-//! Topic names and configs, read from `topics/topics.yaml` (the single definition).
+//! Topic names and configs, read from `topics/topics.yaml` (the single definition); the
+//! per-kind topics (`{kind}` in their names) are made for every registered kind, and for
+//! any other kind asked for by name.
 
 use std::collections::BTreeMap;
 
@@ -60,7 +62,6 @@ struct Defaults {
 struct RawTopic {
     name: String,
     purpose: Purpose,
-    kind: Option<String>,
     partitions: Option<i32>,
     replication_factor: Option<i32>,
     #[serde(default)]
@@ -73,7 +74,18 @@ struct RawTopic {
 #[derive(Debug, Clone)]
 pub struct Topics {
     defs: Vec<TopicDef>,
+    /// The per-kind topics' definitions, `{kind}` still in their names.
+    per_kind: Vec<TopicDef>,
     prefix: String,
+}
+
+/// What stands for the kind in a per-kind topic's name.
+const KIND_PLACEHOLDER: &str = "{kind}";
+
+impl TopicDef {
+    fn for_kind(&self, kind: TaskKind) -> TopicDef {
+        TopicDef { name: self.name.replace(KIND_PLACEHOLDER, kind.as_str()), kind: Some(kind), ..self.clone() }
+    }
 }
 
 impl Topics {
@@ -86,23 +98,36 @@ impl Topics {
     pub fn with_prefix(prefix: &str) -> Self {
         // The file is compiled in and checked by a unit test, so a parse error is a build bug.
         let file: File = serde_yaml_ng::from_str(TOPICS_YAML).expect("topics/topics.yaml is valid");
-        let defs = file
-            .topics
-            .into_iter()
-            .map(|t| {
-                let mut config = file.defaults.config.clone();
-                config.extend(t.config);
-                TopicDef {
-                    name: format!("{prefix}{}", t.name),
-                    purpose: t.purpose,
-                    kind: t.kind.map(|k| k.parse().expect("topics.yaml names known kinds")),
-                    partitions: t.partitions.unwrap_or(file.defaults.partitions),
-                    replication_factor: t.replication_factor.unwrap_or(file.defaults.replication_factor),
-                    config,
-                }
-            })
-            .collect();
-        Self { defs, prefix: prefix.to_owned() }
+        let kinds = crate::kind::registered();
+        let mut defs = Vec::new();
+        let mut per_kind = Vec::new();
+        for t in file.topics {
+            let mut config = file.defaults.config.clone();
+            config.extend(t.config);
+            let def = TopicDef {
+                name: format!("{prefix}{}", t.name),
+                purpose: t.purpose,
+                kind: None,
+                partitions: t.partitions.unwrap_or(file.defaults.partitions),
+                replication_factor: t.replication_factor.unwrap_or(file.defaults.replication_factor),
+                config,
+            };
+            if def.name.contains(KIND_PLACEHOLDER) {
+                defs.extend(kinds.iter().map(|k| def.for_kind(*k)));
+                per_kind.push(def);
+            } else {
+                defs.push(def);
+            }
+        }
+        Self { defs, per_kind, prefix: prefix.to_owned() }
+    }
+
+    fn of_kind(&self, purpose: Purpose, kind: TaskKind) -> TopicDef {
+        self.per_kind
+            .iter()
+            .find(|d| d.purpose == purpose)
+            .map(|d| d.for_kind(kind))
+            .expect("topics.yaml defines the per-kind topics")
     }
 
     /// Every topic.
@@ -118,18 +143,15 @@ impl Topics {
     }
 
     /// The command topic of `kind`.
-    pub fn command(&self, kind: TaskKind) -> &TopicDef {
-        self.defs
-            .iter()
-            .find(|d| d.purpose == Purpose::Command && d.kind == Some(kind))
-            .expect("topics.yaml defines a command topic for every kind")
+    pub fn command(&self, kind: TaskKind) -> TopicDef {
+        self.of_kind(Purpose::Command, kind)
     }
 
     /// The command topic `tenant` writes `kind` commands to, `ferry.tenants.<tenant>.<kind>`
     /// (the kind's command topic's partitions and configs): one prefix per tenant, so that
     /// one prefixed write ACL gives a tenant its topics and nothing else.
     pub fn tenant_command(&self, tenant: &str, kind: TaskKind) -> TopicDef {
-        TopicDef { name: format!("{}{kind}", self.tenant_prefix(tenant)), ..self.command(kind).clone() }
+        TopicDef { name: format!("{}{kind}", self.tenant_prefix(tenant)), ..self.command(kind) }
     }
 
     /// The prefix of every topic of `tenant`.
@@ -148,14 +170,11 @@ impl Topics {
     }
 
     /// The compacted task-state topic of `kind`'s tasks (only its workers write it).
-    pub fn task_state(&self, kind: TaskKind) -> &TopicDef {
-        self.defs
-            .iter()
-            .find(|d| d.purpose == Purpose::TaskState && d.kind == Some(kind))
-            .expect("topics.yaml defines a task-state topic for every kind")
+    pub fn task_state(&self, kind: TaskKind) -> TopicDef {
+        self.of_kind(Purpose::TaskState, kind)
     }
 
-    /// Every kind's task-state topic.
+    /// Every registered kind's task-state topic.
     pub fn task_states(&self) -> impl Iterator<Item = &TopicDef> {
         self.defs.iter().filter(|d| d.purpose == Purpose::TaskState)
     }
@@ -178,12 +197,17 @@ mod tests {
     #[test]
     fn every_kind_has_a_command_topic_and_state_is_compacted() {
         let t = Topics::standard();
-        for kind in TaskKind::ALL {
+        // The runtime registers its test kind; a kind no crate here registers has its
+        // topics by name all the same.
+        for kind in [TaskKind::TEST, TaskKind::new("brand-new")] {
             assert_eq!(t.command(kind).name, format!("ferry.commands.{kind}"));
             assert_eq!(t.task_state(kind).name, format!("ferry.task-state.{kind}"));
             assert_eq!(t.task_state(kind).config.get("cleanup.policy").map(String::as_str), Some("compact"));
         }
-        assert_eq!(t.task_states().count(), TaskKind::ALL.len());
+        let kinds: Vec<TaskKind> = t.task_states().filter_map(|d| d.kind).collect();
+        assert_eq!(kinds, crate::kind::registered());
+        assert!(kinds.contains(&TaskKind::TEST));
+        assert!(t.all().iter().all(|d| !d.name.contains(KIND_PLACEHOLDER)));
         assert_eq!(t.scores().config.get("cleanup.policy").map(String::as_str), Some("compact"));
         assert_eq!(t.progress().config.get("min.insync.replicas").map(String::as_str), Some("2"));
         assert_eq!(t.dead_letter().partitions, 3);

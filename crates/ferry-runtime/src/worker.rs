@@ -169,9 +169,8 @@ impl<H: TaskHandler> Worker<H> {
             .iter()
             .flat_map(|p| p.tenants_of(kind).into_iter().map(|t| (opts.topics.tenant_command(t, kind).name, t.to_owned())))
             .collect();
-        let needed: Vec<String> = [opts.topics.command(kind), opts.topics.progress(), opts.topics.task_state(kind), opts.topics.dead_letter()]
-            .iter()
-            .map(|t| t.name.clone())
+        let needed: Vec<String> = [opts.topics.command(kind).name, opts.topics.progress().name.clone(), opts.topics.task_state(kind).name, opts.topics.dead_letter().name.clone()]
+            .into_iter()
             .chain(tenant_topics.iter().map(|(t, _)| t.clone()))
             .collect();
         crate::preflight::check(&opts.kafka, &needed, opts.preflight_limit).await?;

@@ -53,7 +53,7 @@ async fn every_record_carries_the_headers(broker: TestBroker) {
     // Two refused Cancels of a task no one knows: two Rejected events, both with seq 0.
     let unknown = TaskId::new();
     for _ in 0..2 {
-        client.control(TaskKind::Test, "nowhere", unknown, CommandAction::Cancel, None).await.unwrap();
+        client.control(TaskKind::TEST, "nowhere", unknown, CommandAction::Cancel, None).await.unwrap();
         until_event(&mut events, unknown, EventType::Rejected).await;
     }
     stop.cancel();

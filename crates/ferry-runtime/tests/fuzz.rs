@@ -15,7 +15,7 @@ fn valid_envelope(r: &Registry) -> Vec<u8> {
     let spec = r.encode(&TestTaskSpec::steps(3)).unwrap();
     let env = CommandEnvelope {
         task_id: TaskId::new().to_string(),
-        kind: TaskKind::Test,
+        kind: TaskKind::TEST,
         action: CommandAction::Start,
         subject: "fuzz".into(),
         idempotency_key: Some("k".into()),
@@ -40,7 +40,7 @@ proptest! {
     }
 
     #[test]
-    fn framed_random_datums_never_panic(id in prop_oneof![proptest::sample::select(ferry_runtime::wire::EMBEDDED.iter().map(|e| e.0).collect::<Vec<_>>()), 0u32..64], datum in proptest::collection::vec(any::<u8>(), 0..256)) {
+    fn framed_random_datums_never_panic(id in prop_oneof![proptest::sample::select(ferry_runtime::wire::embedded_schemas().iter().map(|e| e.0).collect::<Vec<_>>()), 0u32..64], datum in proptest::collection::vec(any::<u8>(), 0..256)) {
         let r: &Registry = &REGISTRY;
         let mut bytes = vec![0];
         bytes.extend_from_slice(&id.to_be_bytes());

@@ -60,20 +60,20 @@ async fn sees_new_tasks_their_updates_and_tombstones(broker: TestBroker) {
     // Revert addressed from the view's index), its update shows up too.
     let id = submit(&client, "live/a", &TestTaskSpec::steps(2)).await;
     let done = live.wait_for(id, WAIT, |s| s.state == TaskState::Succeeded).await.unwrap();
-    assert_eq!((done.kind, done.subject.as_str()), (TaskKind::Test, "live/a"));
-    assert_eq!(live.locate(id), Some((TaskKind::Test, "live/a".to_owned())));
+    assert_eq!((done.kind, done.subject.as_str()), (TaskKind::TEST, "live/a"));
+    assert_eq!(live.locate(id), Some((TaskKind::TEST, "live/a".to_owned())));
     client.revert(id).await.unwrap();
     let reverted = live.wait_for(id, WAIT, |s| s.state == TaskState::Reverted).await.unwrap();
     assert!(reverted.seq > done.seq, "the view took in the task's update: seq {} then {}", done.seq, reverted.seq);
 
     // A snapshot on another kind's topic is not the task's: left out.
     let stray = TaskId::new();
-    plant(&client, &broker.topics.task_state(TaskKind::Deploy).name, &snapshot(stray, TaskKind::Test, "live/stray")).await;
+    plant(&client, &broker.topics.task_state(OTHER_KIND).name, &snapshot(stray, TaskKind::TEST, "live/stray")).await;
     // A tombstone deletes the task; wait until the view has read it.
     let other = submit(&client, "live/b", &TestTaskSpec::steps(1)).await;
     live.wait_for(other, WAIT, |s| s.state == TaskState::Succeeded).await.unwrap();
     let producer: FutureProducer = broker.kafka.producer().create().unwrap();
-    let topic = broker.topics.task_state(TaskKind::Test).name.clone();
+    let topic = broker.topics.task_state(TaskKind::TEST).name.clone();
     let key = id.to_string();
     producer.send(FutureRecord::<str, [u8]>::to(&topic).key(&key), Duration::from_secs(30)).await.map_err(|(e, _)| e).unwrap();
     live.follower().wait_for(WAIT, |f| f.get(&key).is_none().then_some(())).await.unwrap();
@@ -102,7 +102,7 @@ async fn cancel_takes_the_subject_from_the_index_without_reading_the_topics() {
     let client = broker.client();
     let live = client.live_view().await.unwrap();
     let id = TaskId::new();
-    plant(&client, &broker.topics.task_state(TaskKind::Test).name, &snapshot(id, TaskKind::Test, "index/subject")).await;
+    plant(&client, &broker.topics.task_state(TaskKind::TEST).name, &snapshot(id, TaskKind::TEST, "index/subject")).await;
     live.wait_for(id, WAIT, |_| true).await.unwrap();
 
     // From here every ListOffsets request fails: reading a topic from its beginning to its
@@ -118,7 +118,7 @@ async fn cancel_takes_the_subject_from_the_index_without_reading_the_topics() {
 
     // The Cancel went to the kind's command topic, keyed and addressed by the subject.
     let sent: Vec<(Option<Vec<u8>>, CommandEnvelope)> = client
-        .read_to_end(&broker.topics.command(TaskKind::Test).name)
+        .read_to_end(&broker.topics.command(TaskKind::TEST).name)
         .await
         .unwrap()
         .into_iter()
@@ -126,7 +126,7 @@ async fn cancel_takes_the_subject_from_the_index_without_reading_the_topics() {
         .collect();
     assert_eq!(sent.len(), 1, "one command sent");
     let (key, env) = &sent[0];
-    assert_eq!((env.task_id.as_str(), env.action, env.kind, env.subject.as_str()), (id.to_string().as_str(), CommandAction::Cancel, TaskKind::Test, "index/subject"));
+    assert_eq!((env.task_id.as_str(), env.action, env.kind, env.subject.as_str()), (id.to_string().as_str(), CommandAction::Cancel, TaskKind::TEST, "index/subject"));
     assert_eq!(key.as_deref(), Some("index/subject".as_bytes()), "keyed by the subject, so it reaches the partition that owns the task");
 }
 
@@ -134,10 +134,10 @@ async fn cancel_takes_the_subject_from_the_index_without_reading_the_topics() {
 async fn a_view_is_ready_only_once_it_holds_everything_written_before_it_started() {
     let broker = TestBroker::embedded();
     let client = broker.client();
-    let topic = broker.topics.task_state(TaskKind::Test).name.clone();
+    let topic = broker.topics.task_state(TaskKind::TEST).name.clone();
     let ids: Vec<TaskId> = (0..50).map(|_| TaskId::new()).collect();
     for (i, id) in ids.iter().enumerate() {
-        plant(&client, &topic, &snapshot(*id, TaskKind::Test, &format!("ready/{i}"))).await;
+        plant(&client, &topic, &snapshot(*id, TaskKind::TEST, &format!("ready/{i}"))).await;
     }
     // Every request now takes a while: a view that called itself ready before its reads
     // came back would hold fewer tasks than the topic.
@@ -156,8 +156,8 @@ async fn a_view_is_ready_only_once_it_holds_everything_written_before_it_started
 async fn a_task_keeps_its_highest_seq_whatever_order_its_snapshots_are_read_in() {
     let broker = TestBroker::embedded();
     let client = broker.client();
-    let topic = broker.topics.task_state(TaskKind::Test).name.clone();
-    let at = |id: TaskId, seq: i64, state: TaskState| TaskSnapshot { seq, state, ..snapshot(id, TaskKind::Test, "order/a") };
+    let topic = broker.topics.task_state(TaskKind::TEST).name.clone();
+    let at = |id: TaskId, seq: i64, state: TaskState| TaskSnapshot { seq, state, ..snapshot(id, TaskKind::TEST, "order/a") };
     // Written before the view starts: it reads both in its first catch-up.
     let before = TaskId::new();
     plant(&client, &topic, &at(before, 3, TaskState::Succeeded)).await;

@@ -109,7 +109,7 @@ impl TaskHandler for Scripted {
     type Spec = TestTaskSpec;
 
     fn kind(&self) -> TaskKind {
-        TaskKind::Test
+        TaskKind::TEST
     }
 
     fn validate(&self, _: &str, _: &TestTaskSpec) -> Result<(), Rejection> {

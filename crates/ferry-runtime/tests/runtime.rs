@@ -81,7 +81,7 @@ async fn keep_partial_leaves_finished_steps_and_transient_errors_retry() {
     let (stop, worker) = broker.spawn_worker(broker.worker_options());
     let spec = TestTaskSpec { fail_at: Some(2), ..TestTaskSpec::steps(3) };
     let opts = SubmitOptions { keep_partial: true, ..SubmitOptions::default() };
-    let id = client.submit(TaskKind::Test, "keep", &spec, opts).await.unwrap();
+    let id = client.submit(TaskKind::TEST, "keep", &spec, opts).await.unwrap();
     let evs = until_final(&mut events, id).await;
     assert_eq!(evs.last().unwrap().event, EventType::Failed);
     assert!(!types(&evs).contains(&EventType::StepReverted));
@@ -110,7 +110,7 @@ async fn send_under_another_id(client: &ferry_runtime::Client, subject: &str, ke
     let other = TaskId::new();
     let env = CommandEnvelope {
         task_id: other.to_string(),
-        kind: TaskKind::Test,
+        kind: TaskKind::TEST,
         action: CommandAction::Start,
         subject: subject.into(),
         idempotency_key: Some(key.into()),
@@ -133,8 +133,8 @@ async fn a_duplicate_command_makes_one_task() {
     // All three commands are on the topic before the worker starts, so the duplicates can
     // meet the task while it is still queued (one batch), not only once it runs.
     let opts = SubmitOptions { idempotency_key: Some("create-a-once".into()), ..SubmitOptions::default() };
-    let a = client.submit(TaskKind::Test, "dup", &TestTaskSpec::steps(2), opts.clone()).await.unwrap();
-    let b = client.submit(TaskKind::Test, "dup", &TestTaskSpec::steps(2), opts).await.unwrap();
+    let a = client.submit(TaskKind::TEST, "dup", &TestTaskSpec::steps(2), opts.clone()).await.unwrap();
+    let b = client.submit(TaskKind::TEST, "dup", &TestTaskSpec::steps(2), opts).await.unwrap();
     assert_eq!(a, b, "same key, same task id");
     // A producer that does not derive ids from keys: another id with the same key.
     let other = send_under_another_id(&client, "dup", "create-a-once", &TestTaskSpec::steps(2)).await;
@@ -165,10 +165,10 @@ async fn a_duplicate_of_a_running_task_leaves_its_state_where_the_runner_put_it(
     // A long first step: nothing the runner writes overwrites a rolled-back state before
     // the test reads it.
     let spec = TestTaskSpec { step_ms: 8000, ..TestTaskSpec::steps(1) };
-    let id = client.submit(TaskKind::Test, "dup-running", &spec, opts.clone()).await.unwrap();
+    let id = client.submit(TaskKind::TEST, "dup-running", &spec, opts.clone()).await.unwrap();
     let started = until_event(&mut events, id, EventType::StepStarted).await;
     let seq = started.last().unwrap().seq;
-    assert_eq!(client.submit(TaskKind::Test, "dup-running", &spec, opts).await.unwrap(), id);
+    assert_eq!(client.submit(TaskKind::TEST, "dup-running", &spec, opts).await.unwrap(), id);
     // Another id with the same key: rejected. Its Rejected event comes after the duplicate
     // above was handled (one subject, one partition, in order).
     let other = send_under_another_id(&client, "dup-running", "running-once", &spec).await;
@@ -178,7 +178,7 @@ async fn a_duplicate_of_a_running_task_leaves_its_state_where_the_runner_put_it(
     // the highest seq do not show a step back).
     let key = id.to_string();
     let seqs: Vec<(i64, TaskState)> = client
-        .read_to_end(&broker.topics.task_state(TaskKind::Test).name)
+        .read_to_end(&broker.topics.task_state(TaskKind::TEST).name)
         .await
         .unwrap()
         .into_iter()
@@ -200,7 +200,7 @@ async fn bad_input_is_rejected_or_dead_lettered_and_the_worker_goes_on() {
     let client = broker.client();
     let mut events = client.events(true).await.unwrap();
     let (stop, worker) = broker.spawn_worker(broker.worker_options());
-    let topic = broker.topics.command(TaskKind::Test).name.clone();
+    let topic = broker.topics.command(TaskKind::TEST).name.clone();
     let hdrs = || OwnedHeaders::new();
     client.send_raw(&topic, Some(b"x"), b"\xde\xad\xbe\xef garbage", hdrs()).await.unwrap();
     client.send_raw(&topic, Some(b"x"), &[0, 0, 0, 0, 0x7f, 2, 3], hdrs()).await.unwrap();
@@ -208,7 +208,7 @@ async fn bad_input_is_rejected_or_dead_lettered_and_the_worker_goes_on() {
     let bad = TestTaskSpec::steps(0);
     let invalid = submit(&client, "x", &bad).await;
     // A valid envelope whose spec does not decode.
-    let undecodable = client.submit_encoded(TaskKind::Test, "x", vec![0, 0, 0, 0, 4, 0xff], SubmitOptions::default()).await.unwrap();
+    let undecodable = client.submit_encoded(TaskKind::TEST, "x", vec![0, 0, 0, 0, 4, 0xff], SubmitOptions::default()).await.unwrap();
     let ok = submit(&client, "x", &TestTaskSpec::steps(1)).await;
 
     let evs = until_final(&mut events, invalid).await;
@@ -420,7 +420,7 @@ async fn trace_context_rides_from_the_command_through_every_event_and_probes_rep
     let trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_owned();
     let opts = SubmitOptions { trace_parent: Some(trace.clone()), ..SubmitOptions::default() };
     let spec = TestTaskSpec { fail_transient: 1, ..TestTaskSpec::steps(2) };
-    let id = client.submit(TaskKind::Test, "traced", &spec, opts).await.unwrap();
+    let id = client.submit(TaskKind::TEST, "traced", &spec, opts).await.unwrap();
     let evs = until_final(&mut events, id).await;
     assert!(evs.iter().all(|e| e.trace_parent.as_deref() == Some(trace.as_str())));
     assert_eq!(client.snapshot(id).await.unwrap().unwrap().trace_parent.as_deref(), Some(trace.as_str()));
@@ -489,7 +489,7 @@ async fn records_of_any_size_and_length_bombs(broker: TestBroker) {
     let mut events = client.events(true).await.unwrap();
     let (stop_a, worker_a) = broker.spawn_worker(broker.worker_options());
     let (stop_b, worker_b) = broker.spawn_worker(broker.worker_options());
-    let topic = broker.topics.command(TaskKind::Test).name.clone();
+    let topic = broker.topics.command(TaskKind::TEST).name.clone();
     let subject = "poison";
 
     // Before: a 999,900-byte record made both workers exit (its dead letter, with the
@@ -500,11 +500,11 @@ async fn records_of_any_size_and_length_bombs(broker: TestBroker) {
     let bomb = [&[0, 0, 0, 0, 1][..], &varint(500_000_000)].concat();
     client.send_raw(&topic, Some(subject.as_bytes()), &bomb, OwnedHeaders::new()).await.unwrap();
     // A well-formed command whose spec makes the record bigger than a command may be.
-    let heavy = client.submit_encoded(TaskKind::Test, subject, vec![7; 300 * 1024], SubmitOptions::default()).await.unwrap();
+    let heavy = client.submit_encoded(TaskKind::TEST, subject, vec![7; 300 * 1024], SubmitOptions::default()).await.unwrap();
     // A subject longer than any subject may be (its key equals it).
     let long = "s".repeat(600);
     let spec = client.registry().encode(&TestTaskSpec::steps(1)).unwrap();
-    let named = client.submit_encoded(TaskKind::Test, &long, spec, SubmitOptions::default()).await.unwrap();
+    let named = client.submit_encoded(TaskKind::TEST, &long, spec, SubmitOptions::default()).await.unwrap();
     let ok = submit(&client, subject, &TestTaskSpec::steps(1)).await;
 
     let evs = until_final(&mut events, heavy).await;
@@ -844,7 +844,7 @@ async fn a_cancel_for_a_paused_task_is_written_after_the_paused_write() {
     tokio::time::sleep(Duration::from_secs(10)).await;
     let cancel = {
         let client = broker.client();
-        tokio::spawn(async move { client.control(TaskKind::Test, "paused-cancel", id, CommandAction::Cancel, Some("test".into())).await })
+        tokio::spawn(async move { client.control(TaskKind::TEST, "paused-cancel", id, CommandAction::Cancel, Some("test".into())).await })
     };
     tokio::time::sleep(Duration::from_secs(2)).await;
     mock.clear_request_errors(Api::Produce);
@@ -892,7 +892,7 @@ async fn a_task_another_worker_writes_ahead_is_stopped_and_goes_on_from_the_newe
     ahead.seq += 10;
     ahead.worker = "another-worker".into();
     let bytes = client.registry().encode(&ahead).unwrap();
-    let topic = broker.topics.task_state(TaskKind::Test).name.clone();
+    let topic = broker.topics.task_state(TaskKind::TEST).name.clone();
     client.send_raw(&topic, Some(ahead.task_id.as_bytes()), &bytes, OwnedHeaders::new()).await.unwrap();
 
     // Taken up again from it: step 2 starts again past the other worker's seq.
@@ -908,5 +908,68 @@ async fn a_task_another_worker_writes_ahead_is_stopped_and_goes_on_from_the_newe
     let snap = client.snapshot(id).await.unwrap().unwrap();
     assert_eq!((snap.state, snap.worker.as_str()), (TaskState::Cancelled, me.as_str()));
     stop.cancel();
+    worker.await.unwrap();
+}
+
+/// The `test` kind's steps under another kind's name: a kind the runtime and ferry-task
+/// know nothing of, registered by this test binary (`support::OTHER_KIND`).
+struct OtherKind(ferry_runtime::testkind::TestHandler);
+
+impl ferry_runtime::TaskHandler for OtherKind {
+    type Spec = TestTaskSpec;
+    fn kind(&self) -> TaskKind {
+        OTHER_KIND
+    }
+    fn validate(&self, subject: &str, spec: &TestTaskSpec) -> Result<(), ferry_runtime::Rejection> {
+        self.0.validate(subject, spec)
+    }
+    fn targets(&self, subject: &str, spec: &TestTaskSpec) -> ferry_task::Targets {
+        self.0.targets(subject, spec)
+    }
+    fn plan(&self, spec: &TestTaskSpec) -> Vec<std::sync::Arc<dyn ferry_runtime::Step<TestTaskSpec>>> {
+        self.0.plan(spec)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kind_registered_outside_the_runtime_gets_its_topics_and_runs_reverts_and_is_tracked() {
+    // The kind is no constant of ferry-task and no symbol of a closed enum: its crate (here
+    // the test) registers it, and the broker's topics, the worker, the client and the live
+    // view take it by name; its records carry the name as a string.
+    assert!(ferry_runtime::kind::registered().contains(&OTHER_KIND));
+    let broker = TestBroker::embedded();
+    assert!(broker.topics.all().iter().any(|t| t.name == "ferry.commands.other"), "the registered kind has its command topic");
+    let client = broker.client();
+    let mut events = client.events(true).await.unwrap();
+    let live = client.live_view().await.unwrap();
+    let token = tokio_util::sync::CancellationToken::new();
+    let handler = OtherKind(ferry_runtime::testkind::TestHandler::default());
+    let worker = {
+        let (opts, t) = (broker.worker_options(), token.clone());
+        tokio::spawn(async move { ferry_runtime::Worker::new(opts, handler).run(t).await.expect("worker failed") })
+    };
+    let id = client.submit(OTHER_KIND, "other/a", &TestTaskSpec::steps(2), SubmitOptions::default()).await.unwrap();
+    let evs = until_final(&mut events, id).await;
+    assert_eq!(evs.last().map(|e| (e.event, e.kind)), Some((EventType::Succeeded, OTHER_KIND)));
+    live.wait_for(id, WAIT, |s| s.state == TaskState::Succeeded).await.unwrap();
+    assert_eq!(live.locate(id), Some((OTHER_KIND, "other/a".to_owned())));
+    // Reverting it finds it by id, as any kind's task.
+    client.revert(id).await.unwrap();
+    until_final(&mut events, id).await;
+    let snap = live.wait_for(id, WAIT, |s| s.state == TaskState::Reverted).await.unwrap();
+    assert_eq!(snap.kind, OTHER_KIND);
+    // On the wire the envelope's kind is the name (schema v2, a string).
+    let reader: BaseConsumer = broker.kafka.reader().create().unwrap();
+    reader.subscribe(&[&broker.topics.command(OTHER_KIND).name]).unwrap();
+    let deadline = std::time::Instant::now() + WAIT;
+    let raw = loop {
+        assert!(std::time::Instant::now() < deadline, "no record on the kind's command topic");
+        if let Some(Ok(m)) = reader.poll(Duration::from_millis(200)) {
+            break m.payload().unwrap_or_default().to_vec();
+        }
+    };
+    let env: CommandEnvelope = client.registry().decode(&raw).unwrap();
+    assert_eq!((&raw[..5], env.kind.as_str()), (&[0u8, 0, 0, 0, 5][..], "other"));
+    token.cancel();
     worker.await.unwrap();
 }

@@ -28,7 +28,7 @@ async fn scram_credentials_work_and_wrong_ones_fail_clearly_tansu() {
     let good = scram(broker.bootstrap(), USER, PASSWORD);
 
     // Wrong password and unknown user: the preflight says so, naming the user only.
-    let needed = vec![topics.command(TaskKind::Test).name.clone()];
+    let needed = vec![topics.command(TaskKind::TEST).name.clone()];
     preflight::check(&good, &needed, Duration::from_secs(30)).await.expect("the right credentials pass");
     for (user, password) in [(USER, "wrong-password"), ("nobody", PASSWORD)] {
         let err = preflight::check(&scram(broker.bootstrap(), user, password), &needed, Duration::from_secs(30)).await.unwrap_err();
@@ -53,7 +53,7 @@ async fn scram_credentials_work_and_wrong_ones_fail_clearly_tansu() {
     let worker = tokio::spawn(async move { Worker::new(opts, TestHandler::default()).run(s).await });
     let client = Client::new(good, topics).unwrap();
     let mut events = client.events(false).await.unwrap();
-    let id = client.submit(TaskKind::Test, "sasl", &TestTaskSpec::steps(3), SubmitOptions::default()).await.unwrap();
+    let id = client.submit(TaskKind::TEST, "sasl", &TestTaskSpec::steps(3), SubmitOptions::default()).await.unwrap();
     let evs = events.until(id, Duration::from_secs(120), |e| e.event.is_final()).await.unwrap();
     assert_eq!(evs.last().unwrap().event, EventType::Succeeded);
     stop.cancel();

@@ -39,7 +39,7 @@ fn policy() -> Policy {
 fn planted(client: &Client, subject: &str, requested_by: &str, spec: &TestTaskSpec) -> TaskSnapshot {
     TaskSnapshot {
         task_id: TaskId::new().to_string(),
-        kind: TaskKind::Test,
+        kind: TaskKind::TEST,
         subject: subject.into(),
         state: TaskState::Accepted,
         seq: 1,
@@ -84,7 +84,7 @@ async fn tenants_are_who_the_broker_says_and_stay_in_their_policy_tansu() {
     let outside = planted(&operator, "globex-7", "tenant:acme", &TestTaskSpec::steps(1));
     for snap in [&invalid, &outside] {
         let bytes = operator.registry().encode(snap).unwrap();
-        operator.send_raw(&topics.task_state(TaskKind::Test).name, Some(snap.task_id.as_bytes()), &bytes, OwnedHeaders::new()).await.unwrap();
+        operator.send_raw(&topics.task_state(TaskKind::TEST).name, Some(snap.task_id.as_bytes()), &bytes, OwnedHeaders::new()).await.unwrap();
     }
 
     let mut events = operator.events(true).await.unwrap();
@@ -109,8 +109,8 @@ async fn tenants_are_who_the_broker_says_and_stay_in_their_policy_tansu() {
 
     // acme's command, on acme's topic: the task is acme's whatever the envelope claims.
     let keyed = SubmitOptions { idempotency_key: Some("nightly".into()), ..SubmitOptions::default() };
-    let mine = acme.submit(TaskKind::Test, "acme-1", &TestTaskSpec::steps(2), keyed.clone()).await.unwrap();
-    assert_eq!(mine, ferry_runtime::tenants::tenant_task_id(TaskKind::Test, "acme", "nightly"));
+    let mine = acme.submit(TaskKind::TEST, "acme-1", &TestTaskSpec::steps(2), keyed.clone()).await.unwrap();
+    assert_eq!(mine, ferry_runtime::tenants::tenant_task_id(TaskKind::TEST, "acme", "nightly"));
     let evs = events.until(mine, LIMIT, |e| e.event.is_final()).await.unwrap();
     assert_eq!(last(&evs).event, EventType::Succeeded, "{evs:?}");
     let snap = operator.snapshot(mine).await.unwrap().unwrap();
@@ -118,33 +118,33 @@ async fn tenants_are_who_the_broker_says_and_stay_in_their_policy_tansu() {
     assert_eq!(snap.idempotency_key.as_deref(), Some("acme/nightly"));
 
     // Outside its policy: Rejected, naming the rule.
-    let far = acme.submit(TaskKind::Test, "globex-1", &TestTaskSpec::steps(1), SubmitOptions::default()).await.unwrap();
+    let far = acme.submit(TaskKind::TEST, "globex-1", &TestTaskSpec::steps(1), SubmitOptions::default()).await.unwrap();
     let evs = events.until(far, LIMIT, |e| e.event.is_final()).await.unwrap();
     assert_eq!(last(&evs).event, EventType::Rejected);
     let why = last(&evs).message.clone().unwrap_or_default();
     assert!(why.contains("may not target cluster \"globex-1\" with test (tenants.acme.test.clusters: [acme-*])"), "{why}");
 
     // The same key from another tenant is another task, not a duplicate of acme's.
-    let theirs = globex.submit(TaskKind::Test, "globex-1", &TestTaskSpec::steps(1), keyed).await.unwrap();
+    let theirs = globex.submit(TaskKind::TEST, "globex-1", &TestTaskSpec::steps(1), keyed).await.unwrap();
     assert_ne!(theirs, mine);
     let evs = events.until(theirs, LIMIT, |e| e.event.is_final()).await.unwrap();
     assert_eq!(last(&evs).event, EventType::Succeeded, "{evs:?}");
 
     // globex may not revert acme's task, and hears what it would of a task that is not there.
-    globex.control(TaskKind::Test, "acme-1", mine, CommandAction::Revert, None).await.unwrap();
+    globex.control(TaskKind::TEST, "acme-1", mine, CommandAction::Revert, None).await.unwrap();
     let evs = events.until(mine, LIMIT, |e| e.event == EventType::Rejected).await.unwrap();
     assert_eq!(last(&evs).message.as_deref(), Some(format!("tenant \"globex\" has no test task {mine}").as_str()));
     let absent = TaskId::new();
-    globex.control(TaskKind::Test, "acme-1", absent, CommandAction::Revert, None).await.unwrap();
+    globex.control(TaskKind::TEST, "acme-1", absent, CommandAction::Revert, None).await.unwrap();
     let evs = events.until(absent, LIMIT, |e| e.event == EventType::Rejected).await.unwrap();
     assert_eq!(last(&evs).message.as_deref(), Some(format!("tenant \"globex\" has no test task {absent}").as_str()));
     // A control must name its task's subject, tenant or not.
-    acme.control(TaskKind::Test, "acme-2", mine, CommandAction::Revert, None).await.unwrap();
+    acme.control(TaskKind::TEST, "acme-2", mine, CommandAction::Revert, None).await.unwrap();
     let evs = events.until(mine, LIMIT, |e| e.event == EventType::Rejected).await.unwrap();
     assert!(last(&evs).message.as_deref().unwrap_or_default().contains("acts on \"acme-1\", not \"acme-2\""), "{evs:?}");
     assert_eq!(operator.snapshot(mine).await.unwrap().unwrap().state, TaskState::Succeeded);
     // Its own tenant reverts it.
-    acme.control(TaskKind::Test, "acme-1", mine, CommandAction::Revert, None).await.unwrap();
+    acme.control(TaskKind::TEST, "acme-1", mine, CommandAction::Revert, None).await.unwrap();
     let evs = events.until(mine, LIMIT, |e| e.event == EventType::Reverted).await.unwrap();
     assert_eq!(last(&evs).event, EventType::Reverted);
 
@@ -152,7 +152,7 @@ async fn tenants_are_who_the_broker_says_and_stay_in_their_policy_tansu() {
     // envelope's requested_by) is globex's: held to globex's policy.
     let claim = CommandEnvelope {
         task_id: TaskId::new().to_string(),
-        kind: TaskKind::Test,
+        kind: TaskKind::TEST,
         action: CommandAction::Start,
         subject: "acme-3".into(),
         idempotency_key: None,
@@ -164,7 +164,7 @@ async fn tenants_are_who_the_broker_says_and_stay_in_their_policy_tansu() {
         spec: Bytes(globex.registry().encode(&TestTaskSpec::steps(1)).unwrap()),
     };
     let headers = OwnedHeaders::new().insert(Header { key: TENANT_HEADER, value: Some("acme") });
-    let topic = topics.tenant_command("globex", TaskKind::Test).name;
+    let topic = topics.tenant_command("globex", TaskKind::TEST).name;
     globex.send_raw(&topic, Some(b"acme-3"), &globex.registry().encode(&claim).unwrap(), headers).await.unwrap();
     let id: TaskId = claim.task_id.parse().unwrap();
     let evs = events.until(id, LIMIT, |e| e.event.is_final()).await.unwrap();
@@ -172,7 +172,7 @@ async fn tenants_are_who_the_broker_says_and_stay_in_their_policy_tansu() {
     assert_eq!(operator.snapshot(id).await.unwrap().unwrap().requested_by, "tenant:globex");
 
     // A task id that acme's next key would give, taken first by globex without the key.
-    let squat = ferry_runtime::tenants::tenant_task_id(TaskKind::Test, "acme", "tomorrow");
+    let squat = ferry_runtime::tenants::tenant_task_id(TaskKind::TEST, "acme", "tomorrow");
     let env = CommandEnvelope { task_id: squat.to_string(), subject: "globex-2".into(), requested_by: "globex".into(), ..claim.clone() };
     globex.send(&env, None).await.unwrap();
     let evs = events.until(squat, LIMIT, |e| e.event.is_final()).await.unwrap();

@@ -29,8 +29,8 @@ async fn a_task_is_one_trace_from_producer_through_worker_and_steps() {
     // One task that succeeds, one whose step 2 fails and is undone.
     let ok = TestTaskSpec { steps: 3, ..TestTaskSpec::default() };
     let bad = TestTaskSpec { steps: 2, fail_at: Some(2), ..TestTaskSpec::default() };
-    let good_id = client.submit(TaskKind::Test, "traced", &ok, SubmitOptions::default()).await.unwrap();
-    let bad_id = client.submit(TaskKind::Test, "traced-bad", &bad, SubmitOptions::default()).await.unwrap();
+    let good_id = client.submit(TaskKind::TEST, "traced", &ok, SubmitOptions::default()).await.unwrap();
+    let bad_id = client.submit(TaskKind::TEST, "traced-bad", &bad, SubmitOptions::default()).await.unwrap();
     let good_events = events.until(good_id, Duration::from_secs(60), |e| e.event.is_final()).await.unwrap();
     assert_eq!(good_events.last().unwrap().event, EventType::Succeeded);
     let bad_events = events.until(bad_id, Duration::from_secs(60), |e| e.event.is_final()).await.unwrap();

@@ -93,9 +93,9 @@ mod tests {
 
     #[test]
     fn idempotency_keys_map_to_stable_ids_per_kind() {
-        let a = TaskId::for_idempotency_key(TaskKind::Test, "k1");
-        assert_eq!(a, TaskId::for_idempotency_key(TaskKind::Test, "k1"));
-        assert_ne!(a, TaskId::for_idempotency_key(TaskKind::Test, "k2"));
-        assert_ne!(a, TaskId::for_idempotency_key(TaskKind::Deploy, "k1"));
+        let a = TaskId::for_idempotency_key(TaskKind::TEST, "k1");
+        assert_eq!(a, TaskId::for_idempotency_key(TaskKind::TEST, "k1"));
+        assert_ne!(a, TaskId::for_idempotency_key(TaskKind::TEST, "k2"));
+        assert_ne!(a, TaskId::for_idempotency_key(TaskKind::DEPLOY, "k1"));
     }
 }

@@ -34,6 +34,10 @@ pub use protocol::{CommandAction, EventType, ProgressEvent, TaskSnapshot, TaskSt
 pub use step::{CheckStep, Rejection, Step, StepContext, StepError, StepPolicy, TaskHandler};
 pub use targets::Targets;
 
+// For `register_kind!` in worker crates.
+#[doc(hidden)]
+pub use inventory as __inventory;
+
 // For `committed_schemas!` in other crates' tests.
 #[doc(hidden)]
 pub use apache_avro as __avro;

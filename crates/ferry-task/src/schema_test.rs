@@ -1,7 +1,7 @@
 //! One macro for every crate's schema test: the committed `schemas/<Type>.avsc` of each
 //! record type equals the schema derived from the Rust type (`FERRY_BLESS=1` rewrites the
 //! file) and stays compatible with its last committed version, and the type is
-//! registered in [`crate::wire::EMBEDDED`].
+//! registered (in [`crate::wire::PROTOCOL`] or a kind's [`crate::kind::KindInfo`]).
 
 /// Expands to a `#[test]` checking the committed schemas of the record types named (bare
 /// type names in scope; the file is `schemas/<Type>.avsc` at the workspace root).

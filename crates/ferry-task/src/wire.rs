@@ -1,33 +1,44 @@
 //! Avro in the Confluent wire format (magic byte 0, 4-byte big-endian schema id, datum),
 //! with an embedded registry built from `schemas/*.avsc`.
 //!
-//! Schema ids are fixed in [`EMBEDDED`]; when a record evolves, its new version gets a new
-//! file and id and the old one stays, so old records still decode (the compatibility test
-//! in `tests/schemas.rs` checks that the newest version reads every older one). A client
-//! for a real Confluent-compatible registry can be added behind [`Registry::from_entries`].
+//! Schema ids are fixed: the protocol's records in [`PROTOCOL`], each kind's in its
+//! [`crate::kind::KindInfo`] (so a new kind brings its own, and ids stay unique across
+//! kinds: a test checks it). When a record evolves, its new version gets a new file and id
+//! and the old one stays, so old records still decode (the compatibility test in
+//! `tests/schemas.rs` checks that the newest version reads every older one).
+//! [`crate::wire::Registry::from_entries`] takes a real registry's ids instead
+//! (`ferry_runtime::schema_registry`).
 
 use std::collections::HashMap;
 
+use apache_avro::types::Value;
 use apache_avro::{AvroSchema, Schema};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-/// The embedded registry: id, file name and text of every committed schema version.
-pub const EMBEDDED: &[(u32, &str, &str)] = &[
+use crate::kind::SchemaFile;
+
+/// The protocol's own records, every committed version. Versions 1 of the three (ids 1-3)
+/// carried the kind as a closed Avro enum; they stay so that records written then decode.
+pub const PROTOCOL: &[SchemaFile] = &[
     (1, "CommandEnvelope.avsc", include_str!("../../../schemas/CommandEnvelope.avsc")),
     (2, "ProgressEvent.avsc", include_str!("../../../schemas/ProgressEvent.avsc")),
     (3, "TaskSnapshot.avsc", include_str!("../../../schemas/TaskSnapshot.avsc")),
-    (4, "TestTaskSpec.avsc", include_str!("../../../schemas/TestTaskSpec.avsc")),
-    (10, "ScoreClusters.avsc", include_str!("../../../schemas/ScoreClusters.avsc")),
-    (11, "ClusterScore.avsc", include_str!("../../../schemas/ClusterScore.avsc")),
-    (20, "PeerClusters.avsc", include_str!("../../../schemas/PeerClusters.avsc")),
-    (30, "ClusterCommand.avsc", include_str!("../../../schemas/ClusterCommand.avsc")),
-    (31, "ClusterCommand.v2.avsc", include_str!("../../../schemas/ClusterCommand.v2.avsc")),
-    (40, "OffloadCommand.avsc", include_str!("../../../schemas/OffloadCommand.avsc")),
-    (50, "DeployApp.avsc", include_str!("../../../schemas/DeployApp.avsc")),
-    (51, "DeployApp.v2.avsc", include_str!("../../../schemas/DeployApp.v2.avsc")),
-    (60, "PlanSpec.avsc", include_str!("../../../schemas/PlanSpec.avsc")),
+    (5, "CommandEnvelope.v2.avsc", include_str!("../../../schemas/CommandEnvelope.v2.avsc")),
+    (6, "ProgressEvent.v2.avsc", include_str!("../../../schemas/ProgressEvent.v2.avsc")),
+    (7, "TaskSnapshot.v2.avsc", include_str!("../../../schemas/TaskSnapshot.v2.avsc")),
 ];
+
+/// Every schema this program knows: the protocol's and each registered kind's, by id.
+pub fn embedded_schemas() -> Vec<SchemaFile> {
+    let mut all: Vec<SchemaFile> = PROTOCOL.to_vec();
+    for info in crate::kind::catalogue() {
+        all.extend_from_slice(info.schemas);
+    }
+    // Ids are unique across kinds (`ferry`'s schema test checks every linked kind).
+    all.sort_by_key(|(id, _, _)| *id);
+    all
+}
 
 /// Why bytes could not be encoded or decoded.
 #[derive(Debug, thiserror::Error)]
@@ -91,6 +102,16 @@ pub enum WireError {
 struct Entry {
     schema: Schema,
     name: String,
+    /// A version written when the kind was an Avro enum (the protocol's versions 1).
+    kind_enum: bool,
+}
+
+/// Whether `schema` is a record whose `kind` field is an enum.
+fn has_kind_enum(schema: &Schema) -> bool {
+    match schema {
+        Schema::Record(r) => r.fields.iter().any(|f| f.name == "kind" && matches!(f.schema, Schema::Enum(_))),
+        _ => false,
+    }
 }
 
 /// Schemas by id, and the newest id of each record name.
@@ -119,8 +140,7 @@ fn full_name(schema: &Schema) -> String {
 impl Registry {
     /// The registry of `schemas/` compiled into this binary.
     pub fn embedded() -> Self {
-        Self::from_entries(EMBEDDED.iter().map(|(id, f, t)| (*id, *f, *t)))
-            .expect("schemas/*.avsc parse (checked by tests)")
+        Self::from_entries(embedded_schemas()).expect("schemas/*.avsc parse (checked by tests)")
     }
 
     /// A registry from (id, file, schema text) triples; higher ids of a record are newer.
@@ -138,7 +158,7 @@ impl Registry {
             let name = full_name(&schema);
             let newest = latest.entry(name.clone()).or_insert(id);
             *newest = (*newest).max(id);
-            by_id.insert(id, Entry { schema, name });
+            by_id.insert(id, Entry { kind_enum: has_kind_enum(&schema), schema, name });
         }
         Ok(Self { by_id, latest, own: HashMap::new(), names: Default::default() })
     }
@@ -212,11 +232,34 @@ impl Registry {
         let reader = (reader_id != id).then(|| &self.by_id[&reader_id].schema);
         let mut datum = &bytes[5..];
         let datum_err = |e| WireError::Datum { record: expected.clone(), source: Box::new(e) };
-        let value = apache_avro::from_avro_datum(&writer.schema, &mut datum, reader).map_err(datum_err)?;
+        let value = match reader {
+            Some(reader) if writer.kind_enum => {
+                // Avro resolves no enum into a string: the kind's symbol is renamed first.
+                let value = apache_avro::from_avro_datum(&writer.schema, &mut datum, None).map_err(datum_err)?;
+                legacy_kind_as_string(value).resolve(reader).map_err(datum_err)?
+            }
+            _ => apache_avro::from_avro_datum(&writer.schema, &mut datum, reader).map_err(datum_err)?,
+        };
         if !datum.is_empty() {
             return Err(WireError::Trailing(datum.len()));
         }
         apache_avro::from_value(&value).map_err(datum_err)
+    }
+}
+
+/// A record written when the kind was an Avro enum, with its `kind` as the kind's name.
+fn legacy_kind_as_string(value: Value) -> Value {
+    match value {
+        Value::Record(fields) => Value::Record(
+            fields
+                .into_iter()
+                .map(|(name, v)| match v {
+                    Value::Enum(_, symbol) if name == "kind" => (name, Value::String(crate::kind::from_legacy_symbol(&symbol))),
+                    other => (name, other),
+                })
+                .collect(),
+        ),
+        other => other,
     }
 }
 
@@ -264,8 +307,8 @@ pub fn check_committed(schemas_dir: &std::path::Path, derived: &[(&str, Schema)]
             Ok(_) => problems.push(format!("{file} differs from the Rust type; run with FERRY_BLESS=1 and review")),
             Err(e) => problems.push(format!("{file}: does not parse: {e}")),
         }
-        if !EMBEDDED.iter().any(|(_, f, _)| f == file) {
-            problems.push(format!("{file} is not registered in ferry_runtime::wire::EMBEDDED"));
+        if !embedded_schemas().iter().any(|(_, f, _)| f == file) {
+            problems.push(format!("{file} is not registered: not in ferry_task::wire::PROTOCOL nor in a kind's KindInfo::schemas"));
         }
     }
     if problems.is_empty() { Ok(()) } else { Err(problems) }
@@ -280,7 +323,7 @@ mod tests {
     fn envelope() -> CommandEnvelope {
         CommandEnvelope {
             task_id: "tsk_0".into(),
-            kind: TaskKind::Test,
+            kind: TaskKind::TEST,
             action: CommandAction::Start,
             subject: "s".into(),
             idempotency_key: Some("k".into()),
@@ -297,8 +340,29 @@ mod tests {
     fn round_trips_an_envelope() {
         let r = Registry::embedded();
         let bytes = r.encode(&envelope()).unwrap();
-        assert_eq!(&bytes[..5], &[0, 0, 0, 0, 1]);
+        assert_eq!(&bytes[..5], &[0, 0, 0, 0, 5]);
         assert_eq!(r.decode::<CommandEnvelope>(&bytes).unwrap(), envelope());
+    }
+
+    #[test]
+    fn an_envelope_written_when_the_kind_was_an_enum_still_decodes() {
+        // Version 1 (id 1) carried `kind` as the enum io.ferry.v1.TaskKind; write one as a
+        // producer of then did, field by field from the version 2 record.
+        let r = Registry::embedded();
+        for (kind, symbol, index) in [(TaskKind::CREATE_CLUSTER, "CreateCluster", 0), (TaskKind::TEST, "Test", 5), (TaskKind::PLAN, "Plan", 6)] {
+            let mut e = envelope();
+            e.kind = kind;
+            let v2 = r.encode(&e).unwrap();
+            let mut datum = &v2[5..];
+            let Value::Record(fields) = apache_avro::from_avro_datum(r.schema(5).unwrap(), &mut datum, None).unwrap() else { panic!("a record") };
+            let fields = fields
+                .into_iter()
+                .map(|(k, v)| if k == "kind" { (k, Value::Enum(index, symbol.into())) } else { (k, v) })
+                .collect();
+            let mut v1 = vec![0, 0, 0, 0, 1];
+            v1.extend(apache_avro::to_avro_datum(r.schema(1).unwrap(), Value::Record(fields)).unwrap());
+            assert_eq!(r.decode::<CommandEnvelope>(&v1).unwrap(), e, "{symbol}");
+        }
     }
 
     #[test]
@@ -310,7 +374,7 @@ mod tests {
         let mut ok = r.encode(&envelope()).unwrap();
         assert!(matches!(
             r.decode::<crate::protocol::TaskSnapshot>(&ok),
-            Err(WireError::WrongRecord { id: 1, .. })
+            Err(WireError::WrongRecord { id: 5, .. })
         ));
         ok.push(7);
         assert!(matches!(r.decode::<CommandEnvelope>(&ok), Err(WireError::Trailing(1))));

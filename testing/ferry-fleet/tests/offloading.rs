@@ -90,7 +90,7 @@ async fn namespace(client: &kube::Client, name: &str) {
 /// objects, which the emulated Liqo reacts to).
 async fn peer(bed: &Bed, provider: &str) {
     let cmd = PeerClusters { a: CONSUMER.into(), b: provider.into(), timeout_seconds: Some(60), ..PeerClusters::default() };
-    let (id, evs) = bed.client().submit_and_wait(TaskKind::Peer, &cmd.subject(), &cmd, SubmitOptions::default(), WAIT).await.expect("the peering's events");
+    let (id, evs) = bed.client().submit_and_wait(TaskKind::PEER, &cmd.subject(), &cmd, SubmitOptions::default(), WAIT).await.expect("the peering's events");
     let summary = ferry_runtime::report::summary(&evs);
     assert_eq!(evs.last().map(|e| e.event), Some(EventType::Succeeded), "peering {CONSUMER} with {provider} ({id}): {summary}");
 }

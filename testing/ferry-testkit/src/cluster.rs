@@ -67,7 +67,7 @@ pub async fn cluster_set(hub: &kube::Client, set: &str) -> anyhow::Result<()> {
 
 /// Submits `cmd` and waits for its final event; returns the task and its events.
 pub async fn submit(client: &Client, cmd: &ClusterCommand, wait: Duration) -> anyhow::Result<(TaskId, Vec<ProgressEvent>)> {
-    Ok(client.submit_and_wait(TaskKind::CreateCluster, &cmd.subject(), cmd, SubmitOptions::default(), wait).await?)
+    Ok(client.submit_and_wait(TaskKind::CREATE_CLUSTER, &cmd.subject(), cmd, SubmitOptions::default(), wait).await?)
 }
 
 /// What of `cmd`'s cluster is on the hub: Cluster API objects labelled for it, its

@@ -99,7 +99,7 @@ pub fn shop() -> DeployApp {
 
 /// Submits `app` and waits for its final event; returns the task and its events.
 pub async fn submit(client: &Client, app: &DeployApp) -> anyhow::Result<(TaskId, Vec<ProgressEvent>)> {
-    Ok(client.submit_and_wait(TaskKind::Deploy, &app.subject(), app, SubmitOptions::default(), Duration::from_secs(300)).await?)
+    Ok(client.submit_and_wait(TaskKind::DEPLOY, &app.subject(), app, SubmitOptions::default(), Duration::from_secs(300)).await?)
 }
 
 /// The statuses the wait step recorded.

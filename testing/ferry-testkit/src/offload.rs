@@ -58,7 +58,7 @@ pub async fn namespace(cluster: &kube::Client, name: &str) -> anyhow::Result<()>
 pub async fn run(client: &Client, consumer: &kube::Client, provider: &kube::Client) -> anyhow::Result<bool> {
     let mut ok = true;
     let peer = PeerClusters { a: CONSUMER.into(), b: PROVIDER.into(), timeout_seconds: Some(120), ..PeerClusters::default() };
-    let (id, evs) = client.submit_and_wait(TaskKind::Peer, &peer.subject(), &peer, SubmitOptions::default(), WAIT).await?;
+    let (id, evs) = client.submit_and_wait(TaskKind::PEER, &peer.subject(), &peer, SubmitOptions::default(), WAIT).await?;
     if !print_outcome("peer", id, &evs) {
         return Ok(false);
     }
@@ -74,7 +74,7 @@ pub async fn run(client: &Client, consumer: &kube::Client, provider: &kube::Clie
         timeout_seconds: Some(120),
         ..OffloadCommand::default()
     };
-    let (id, evs) = client.submit_and_wait(TaskKind::Offload, &offload.subject(), &offload, SubmitOptions::default(), WAIT).await?;
+    let (id, evs) = client.submit_and_wait(TaskKind::OFFLOAD, &offload.subject(), &offload, SubmitOptions::default(), WAIT).await?;
     ok &= print_outcome("offload", id, &evs);
     let twin = format!("{NAMESPACE}-{CONSUMER}");
     ok &= check("offload", Api::<Namespace>::all(provider.clone()).get_opt(&twin).await?.is_some(), format!("twin namespace {twin} on {PROVIDER}"));
@@ -97,12 +97,12 @@ pub async fn run(client: &Client, consumer: &kube::Client, provider: &kube::Clie
     Api::<Pod>::namespaced(consumer.clone(), NAMESPACE).delete("hello", &Default::default()).await?;
 
     let unoffload = OffloadCommand { operation: OffloadOperation::Unoffload, clusters: vec![], ..offload.clone() };
-    let (id, evs) = client.submit_and_wait(TaskKind::Offload, &unoffload.subject(), &unoffload, SubmitOptions::default(), WAIT).await?;
+    let (id, evs) = client.submit_and_wait(TaskKind::OFFLOAD, &unoffload.subject(), &unoffload, SubmitOptions::default(), WAIT).await?;
     ok &= print_outcome("unoffload", id, &evs);
     ok &= check("unoffload", Api::<Namespace>::all(provider.clone()).get_opt(&twin).await?.is_none(), format!("twin namespace {twin} gone"));
 
     let unpeer = PeerClusters { operation: PeerOperation::Unpeer, ..peer };
-    let (id, evs) = client.submit_and_wait(TaskKind::Peer, &unpeer.subject(), &unpeer, SubmitOptions::default(), WAIT).await?;
+    let (id, evs) = client.submit_and_wait(TaskKind::PEER, &unpeer.subject(), &unpeer, SubmitOptions::default(), WAIT).await?;
     ok &= print_outcome("unpeer", id, &evs);
     let left = Api::<Node>::all(consumer.clone()).list(&ListParams::default().labels("liqo.io/type=virtual-node")).await?.items.len();
     ok &= check("unpeer", left == 0, format!("{left} virtual nodes left on {CONSUMER}"));

@@ -57,7 +57,7 @@ pub async fn run(client: &Client, fleet: &Fleet) -> anyhow::Result<bool> {
     prepare(fleet).await?;
     let mut events = client.events(false).await?;
     let spec = ScoreClusters { cluster_set: Some("demo".into()), policy: ScorePolicy::ResourceUsage, ..ScoreClusters::default() };
-    let id = client.submit(TaskKind::Score, "demo/score", &spec, SubmitOptions::default()).await?;
+    let id = client.submit(TaskKind::SCORE, "demo/score", &spec, SubmitOptions::default()).await?;
     let evs = events.until(id, Duration::from_secs(120), |e| e.event.is_final()).await?;
     let last = evs.last().map(|e| e.event);
     println!("score {id} ended {last:?}");

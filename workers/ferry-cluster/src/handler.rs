@@ -92,7 +92,7 @@ impl TaskHandler for ClusterHandler {
     type Spec = ClusterCommand;
 
     fn kind(&self) -> TaskKind {
-        TaskKind::CreateCluster
+        TaskKind::CREATE_CLUSTER
     }
 
     fn validate(&self, subject: &str, spec: &ClusterCommand) -> Result<(), Rejection> {

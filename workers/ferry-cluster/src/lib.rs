@@ -18,3 +18,20 @@ pub mod validate;
 
 pub use addons::Catalog;
 pub use handler::{ClusterConfig, ClusterHandler};
+
+// The kind this crate serves, for the runtime, the CLI and the generators (ferry_task::kind).
+ferry_task::register_kind!(ferry_task::kind::KindInfo {
+    kind: ferry_task::TaskKind::CREATE_CLUSTER,
+    describe: "Cluster API provisioning, scaling and deletion",
+    order: 10,
+    schemas: &[
+        (30, "ClusterCommand.avsc", include_str!("../../../schemas/ClusterCommand.avsc")),
+        (31, "ClusterCommand.v2.avsc", include_str!("../../../schemas/ClusterCommand.v2.avsc")),
+    ],
+    spec: "ClusterCommand.v2.avsc",
+    access: ferry_task::kind::Access::NONE,
+    not_for_tenants: None,
+    encode: ferry_task::kind::encode_json::<spec::ClusterCommand>,
+    subject_of: |spec| serde_json::from_value::<spec::ClusterCommand>(spec.clone()).ok().map(|c| c.subject()),
+    derived_subject: Some("`<namespace>/<name>`"),
+});

@@ -156,7 +156,7 @@ async fn create_with_addons_and_ocm_then_scale_revert_and_delete() {
     let mut events = client.events(false).await.unwrap();
     let snaps = client.snapshots().await.unwrap();
     let create =
-        snaps.iter().find(|s| s.subject == "fleet/scaled" && s.kind == TaskKind::CreateCluster && s.journal.iter().any(|j| j.name == "apply")).unwrap();
+        snaps.iter().find(|s| s.subject == "fleet/scaled" && s.kind == TaskKind::CREATE_CLUSTER && s.journal.iter().any(|j| j.name == "apply")).unwrap();
     let create_id = create.task_id.parse().unwrap();
     client.revert(create_id).await.unwrap();
     let evs = events.until(create_id, WAIT, |e| e.event.is_final()).await.unwrap();
@@ -244,7 +244,7 @@ async fn failures_revert_bad_input_is_rejected_and_a_topology_works() {
     let mut c = small("Bad_Name");
     c.name = "Bad_Name".into();
     let mut events = client.events(false).await.unwrap();
-    let id = client.submit(TaskKind::CreateCluster, &c.subject(), &c, SubmitOptions::default()).await.unwrap();
+    let id = client.submit(TaskKind::CREATE_CLUSTER, &c.subject(), &c, SubmitOptions::default()).await.unwrap();
     let evs = events.until(id, WAIT, |e| e.event.is_final()).await.unwrap();
     assert_eq!(last(&evs).event, EventType::Rejected);
     assert!(last(&evs).message.as_deref().unwrap_or("").contains("is not a DNS-1123 label"), "{:?}", last(&evs));
@@ -350,7 +350,7 @@ async fn a_worker_lost_during_provisioning_is_resumed_and_one_cluster_exists() {
     let hub = bed.hub().await;
     let cmd = small("resumed");
     let mut events = client.events(false).await.unwrap();
-    let id = client.submit(TaskKind::CreateCluster, &cmd.subject(), &cmd, SubmitOptions::default()).await.unwrap();
+    let id = client.submit(TaskKind::CREATE_CLUSTER, &cmd.subject(), &cmd, SubmitOptions::default()).await.unwrap();
     let early = events.until(id, WAIT, |e| e.event == EventType::StepStarted && e.step_name.as_deref() == Some("infrastructure")).await.unwrap();
     let api: Api<CapiCluster> = Api::namespaced(hub.clone(), "fleet");
     let uid = api.get("resumed").await.unwrap().metadata.uid;
@@ -386,7 +386,7 @@ async fn fifty_clusters_requested_at_once_all_finish() {
     for i in 0..50 {
         let mut cmd = small(&format!("many-{i:02}"));
         cmd.addons.clear();
-        ids.push(client.submit(TaskKind::CreateCluster, &cmd.subject(), &cmd, SubmitOptions::default()).await.unwrap());
+        ids.push(client.submit(TaskKind::CREATE_CLUSTER, &cmd.subject(), &cmd, SubmitOptions::default()).await.unwrap());
     }
     let mut finals = std::collections::HashMap::new();
     let mut failures = Vec::new();

@@ -72,7 +72,7 @@ impl TaskHandler for DeployHandler {
     type Spec = DeployApp;
 
     fn kind(&self) -> TaskKind {
-        TaskKind::Deploy
+        TaskKind::DEPLOY
     }
 
     fn validate(&self, subject: &str, spec: &DeployApp) -> Result<(), Rejection> {

@@ -30,3 +30,21 @@ pub mod outputs {
     pub use crate::steps::place::PLACE;
     pub use crate::steps::wait::WAIT;
 }
+
+// The kind this crate serves, for the runtime, the CLI and the generators (ferry_task::kind).
+// Reads the scores topic: placement by score.
+ferry_task::register_kind!(ferry_task::kind::KindInfo {
+    kind: ferry_task::TaskKind::DEPLOY,
+    describe: "Applications through OCM ManifestWork",
+    order: 40,
+    schemas: &[
+        (50, "DeployApp.avsc", include_str!("../../../schemas/DeployApp.avsc")),
+        (51, "DeployApp.v2.avsc", include_str!("../../../schemas/DeployApp.v2.avsc")),
+    ],
+    spec: "DeployApp.v2.avsc",
+    access: ferry_task::kind::Access { reads_scores: true, ..ferry_task::kind::Access::NONE },
+    not_for_tenants: None,
+    encode: ferry_task::kind::encode_json::<spec::DeployApp>,
+    subject_of: |spec| serde_json::from_value::<spec::DeployApp>(spec.clone()).ok().map(|c| c.subject()),
+    derived_subject: Some("`<namespace>/<name>`"),
+});

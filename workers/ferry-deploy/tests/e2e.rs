@@ -158,7 +158,7 @@ async fn placements_follow_scores_deadlines_revert_and_bad_input_is_rejected() {
     ferry_testkit::score::load(&m1, 3, 6).await.unwrap();
     let mut events = client.events(false).await.unwrap();
     let scoring = ScoreClusters { cluster_set: Some(demo::SET.into()), policy: ScorePolicy::ResourceUsage, ..ScoreClusters::default() };
-    let sid = client.submit(TaskKind::Score, "placed/score", &scoring, SubmitOptions::default()).await.unwrap();
+    let sid = client.submit(TaskKind::SCORE, "placed/score", &scoring, SubmitOptions::default()).await.unwrap();
     let evs = events.until(sid, WAIT, |e| e.event.is_final()).await.unwrap();
     assert_eq!(last(&evs).event, EventType::Succeeded, "{:?}", last(&evs));
     let ranking = ferry_testkit::score::ranking(&client, sid).await.unwrap();
@@ -399,7 +399,7 @@ async fn what_ferry_did_not_make_it_leaves_alone() {
     update.operation = DeployOperation::Update;
     update.components[0].replicas = Some(4);
     let opts = SubmitOptions { keep_partial: true, ..SubmitOptions::default() };
-    let (_, evs) = client.submit_and_wait(TaskKind::Deploy, &update.subject(), &update, opts, Duration::from_secs(300)).await.unwrap();
+    let (_, evs) = client.submit_and_wait(TaskKind::DEPLOY, &update.subject(), &update, opts, Duration::from_secs(300)).await.unwrap();
     assert_eq!(last(&evs).event, EventType::Failed, "{:?}", last(&evs));
     let failed = not_ferrys(&evs);
     assert_eq!(failed.code.as_deref(), Some("OBJECT_NOT_FERRYS"), "{failed:?}");

@@ -79,7 +79,7 @@ impl TaskHandler for OffloadHandler {
     type Spec = OffloadCommand;
 
     fn kind(&self) -> TaskKind {
-        TaskKind::Offload
+        TaskKind::OFFLOAD
     }
 
     fn validate(&self, subject: &str, spec: &OffloadCommand) -> Result<(), Rejection> {

@@ -32,3 +32,19 @@ pub mod outputs {
     pub use crate::steps::scale::SCALE;
     pub use crate::steps::twins::TWINS;
 }
+
+// The kind this crate serves, for the runtime, the CLI and the generators (ferry_task::kind).
+ferry_task::register_kind!(ferry_task::kind::KindInfo {
+    kind: ferry_task::TaskKind::OFFLOAD,
+    describe: "Liqo namespace offloading and bursting",
+    order: 30,
+    schemas: &[
+        (40, "OffloadCommand.avsc", include_str!("../../../schemas/OffloadCommand.avsc")),
+    ],
+    spec: "OffloadCommand.avsc",
+    access: ferry_task::kind::Access::NONE,
+    not_for_tenants: None,
+    encode: ferry_task::kind::encode_json::<spec::OffloadCommand>,
+    subject_of: |spec| serde_json::from_value::<spec::OffloadCommand>(spec.clone()).ok().map(|c| c.subject()),
+    derived_subject: Some("`<cluster>/<namespace>`"),
+});

@@ -50,7 +50,7 @@ async fn start(peers: &[&str]) -> Option<Bed> {
     let client = bed.client();
     for p in peers {
         let cmd = PeerClusters { a: "member-1".into(), b: (*p).into(), timeout_seconds: Some(60), ..PeerClusters::default() };
-        let (_, evs) = submit(&client, TaskKind::Peer, &cmd.subject(), &cmd).await;
+        let (_, evs) = submit(&client, TaskKind::PEER, &cmd.subject(), &cmd).await;
         assert_eq!(end(&evs), EventType::Succeeded, "peering member-1 with {p}: {}", last(&evs));
     }
     Some(bed)
@@ -90,7 +90,7 @@ async fn follow(mut events: ferry_runtime::EventStream, id: TaskId) -> Vec<Progr
 }
 
 async fn offload(client: &Client, c: &OffloadCommand) -> (TaskId, Vec<ProgressEvent>) {
-    submit(client, TaskKind::Offload, &c.subject(), c).await
+    submit(client, TaskKind::OFFLOAD, &c.subject(), c).await
 }
 
 async fn revert(client: &Client, id: TaskId) -> Vec<ProgressEvent> {

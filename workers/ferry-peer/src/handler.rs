@@ -237,7 +237,7 @@ impl TaskHandler for PeerHandler {
     type Spec = PeerClusters;
 
     fn kind(&self) -> TaskKind {
-        TaskKind::Peer
+        TaskKind::PEER
     }
 
     fn validate(&self, subject: &str, spec: &PeerClusters) -> Result<(), Rejection> {

@@ -20,3 +20,19 @@ pub mod steps;
 pub mod submariner;
 
 pub use handler::{PeerConfig, PeerHandler};
+
+// The kind this crate serves, for the runtime, the CLI and the generators (ferry_task::kind).
+ferry_task::register_kind!(ferry_task::kind::KindInfo {
+    kind: ferry_task::TaskKind::PEER,
+    describe: "Liqo or Submariner peering between two clusters",
+    order: 20,
+    schemas: &[
+        (20, "PeerClusters.avsc", include_str!("../../../schemas/PeerClusters.avsc")),
+    ],
+    spec: "PeerClusters.avsc",
+    access: ferry_task::kind::Access::NONE,
+    not_for_tenants: None,
+    encode: ferry_task::kind::encode_json::<spec::PeerClusters>,
+    subject_of: |spec| serde_json::from_value::<spec::PeerClusters>(spec.clone()).ok().map(|c| c.subject()),
+    derived_subject: Some("the pair, `<first>+<second>` by name"),
+});

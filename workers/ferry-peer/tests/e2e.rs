@@ -32,7 +32,7 @@ async fn start() -> Option<Bed> {
 
 async fn submit(client: &Client, p: &PeerClusters) -> (TaskId, Vec<ProgressEvent>) {
     let mut events = client.events(false).await.unwrap();
-    let id = client.submit(TaskKind::Peer, &p.subject(), p, SubmitOptions::default()).await.unwrap();
+    let id = client.submit(TaskKind::PEER, &p.subject(), p, SubmitOptions::default()).await.unwrap();
     let mut evs = Vec::new();
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
@@ -213,10 +213,10 @@ async fn unready_components_fail_at_the_deadline_and_commands_of_a_pair_never_in
     // Two commands for one pair (either order of a and b): the second starts only after
     // the first ended.
     let mut events = client.events(false).await.unwrap();
-    let first = client.submit(TaskKind::Peer, &peer("member-1", "member-2").subject(), &peer("member-1", "member-2"), SubmitOptions::default()).await.unwrap();
+    let first = client.submit(TaskKind::PEER, &peer("member-1", "member-2").subject(), &peer("member-1", "member-2"), SubmitOptions::default()).await.unwrap();
     let mut un = peer("member-2", "member-1");
     un.operation = PeerOperation::Unpeer;
-    let second = client.submit(TaskKind::Peer, &un.subject(), &un, SubmitOptions::default()).await.unwrap();
+    let second = client.submit(TaskKind::PEER, &un.subject(), &un, SubmitOptions::default()).await.unwrap();
     // Events of different tasks may sit in different partitions of the progress topic, so
     // the order is read from the events' clocks (one worker process), not arrival order.
     let mut seen: Vec<ProgressEvent> = Vec::new();

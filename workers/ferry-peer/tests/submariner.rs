@@ -39,7 +39,7 @@ async fn start(kubeconfigs: bool, knobs: HashMap<String, SubmarinerKnobs>) -> Op
 
 async fn submit(client: &Client, p: &PeerClusters) -> (TaskId, Vec<ProgressEvent>) {
     let mut events = client.events(false).await.unwrap();
-    let id = client.submit(TaskKind::Peer, &p.subject(), p, SubmitOptions::default()).await.unwrap();
+    let id = client.submit(TaskKind::PEER, &p.subject(), p, SubmitOptions::default()).await.unwrap();
     let evs = events.until(id, WAIT, |e| e.event.is_final()).await.unwrap();
     (id, evs)
 }

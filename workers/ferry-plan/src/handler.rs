@@ -78,7 +78,7 @@ impl TaskHandler for PlanHandler {
     type Spec = PlanSpec;
 
     fn kind(&self) -> TaskKind {
-        TaskKind::Plan
+        TaskKind::PLAN
     }
 
     fn validate(&self, _subject: &str, spec: &PlanSpec) -> Result<(), Rejection> {

@@ -15,9 +15,6 @@ pub const MAX_STEPS: usize = 50;
 /// Longest step name (a Kubernetes label value's limit: names may end up in ones).
 const NAME_LEN: usize = 63;
 
-/// The kinds that derive a subject from their spec when a step gives none.
-const DERIVE_SUBJECT: [TaskKind; 4] = [TaskKind::CreateCluster, TaskKind::Peer, TaskKind::Offload, TaskKind::Deploy];
-
 /// Checks `spec`: step names, kinds, specs, subjects and every reference.
 pub fn validate(spec: &PlanSpec) -> Result<(), Rejection> {
     if spec.steps.is_empty() {
@@ -47,7 +44,7 @@ pub fn validate(spec: &PlanSpec) -> Result<(), Rejection> {
     for (i, s) in spec.steps.iter().enumerate() {
         let at = format!("steps[{i}] ({})", s.name);
         let kind: TaskKind = s.kind.parse().map_err(|e| Rejection::new(format!("{at}.kind: {e}")))?;
-        if kind == TaskKind::Plan {
+        if kind == TaskKind::PLAN {
             return Err(Rejection::new(format!("{at}.kind: a plan does not run plans (put their steps in this one)")));
         }
         let value = s.spec_value().map_err(|e| Rejection::new(format!("{at}.spec: not JSON: {e}")))?;
@@ -56,7 +53,7 @@ pub fn validate(spec: &PlanSpec) -> Result<(), Rejection> {
         }
         match &s.subject {
             Some(subject) if subject.trim().is_empty() => return Err(Rejection::new(format!("{at}.subject: empty (leave it out to derive it)"))),
-            None if !DERIVE_SUBJECT.contains(&kind) => {
+            None if ferry_task::kind::info(kind).and_then(|i| i.derived_subject).is_none() => {
                 return Err(Rejection::new(format!("{at}.subject: required for a {kind} child (its spec names no subject)")));
             }
             _ => {}
@@ -85,9 +82,30 @@ pub fn validate(spec: &PlanSpec) -> Result<(), Rejection> {
 
 #[cfg(test)]
 mod tests {
+    use ferry_task::kind::{Access, KindInfo};
     use serde_json::json;
 
     use super::*;
+
+    // The kinds these tests name, registered as stand-ins (the plan crate links no other
+    // worker crate): whether a kind derives its subject is what the rules read.
+    const fn stand_in(kind: TaskKind, derived_subject: Option<&'static str>) -> KindInfo {
+        KindInfo {
+            kind,
+            describe: "a stand-in",
+            order: 1000,
+            schemas: &[],
+            spec: "TestTaskSpec.avsc",
+            access: Access::NONE,
+            not_for_tenants: None,
+            encode: |_, _| Ok(Vec::new()),
+            subject_of: ferry_task::kind::no_subject,
+            derived_subject,
+        }
+    }
+    ferry_task::register_kind!(stand_in(TaskKind::TEST, None));
+    ferry_task::register_kind!(stand_in(TaskKind::CREATE_CLUSTER, Some("<namespace>/<name>")));
+    ferry_task::register_kind!(stand_in(TaskKind::PEER, Some("the pair")));
 
     fn plan(steps: serde_json::Value) -> PlanSpec {
         serde_json::from_value(json!({ "steps": steps })).unwrap()

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use ferry_plan::spec::PlanSpec;
 use ferry_plan::{PlanConfig, PlanHandler};
-use ferry_runtime::child_tasks::{KafkaChildren, encode_test_kind};
+use ferry_runtime::child_tasks::{KafkaChildren, encode_registered};
 use ferry_runtime::protocol::{CommandEnvelope, TaskSnapshot};
 use ferry_runtime::testkind::{TestHandler, TestTaskSpec};
 use ferry_runtime::{Client, EmbeddedBroker, EventStream, EventType, KafkaConfig, ProgressEvent, SubmitOptions, TaskId, TaskKind, TaskState, Topics, Worker, WorkerOptions};
@@ -70,7 +70,7 @@ impl Bed {
 
     async fn plan_worker(&self, name: &str) -> Running {
         let client = Client::new(self.kafka.clone(), self.topics.clone()).expect("client");
-        let children = KafkaChildren::new(client, Arc::new(encode_test_kind)).await.expect("children over Kafka");
+        let children = KafkaChildren::new(client, Arc::new(encode_registered)).await.expect("children over Kafka");
         let mut cfg = PlanConfig::new(Arc::new(children));
         cfg.child_timeout = WAIT;
         cfg.appear_grace = Duration::from_secs(5);
@@ -86,7 +86,7 @@ impl Bed {
 
     async fn submit_with(&self, subject: &str, plan: Value, opts: SubmitOptions) -> TaskId {
         let spec: PlanSpec = serde_json::from_value(plan).expect("a plan");
-        self.client.submit(TaskKind::Plan, subject, &spec, opts).await.expect("submit")
+        self.client.submit(TaskKind::PLAN, subject, &spec, opts).await.expect("submit")
     }
 
     async fn snapshot(&self, id: TaskId) -> TaskSnapshot {
@@ -102,7 +102,7 @@ impl Bed {
 
 /// The child of `plan`'s step `step` (a `test` task): its id is fixed by its key.
 fn child(plan: TaskId, step: &str) -> TaskId {
-    TaskId::for_idempotency_key(TaskKind::Test, &format!("plan/{plan}/{step}"))
+    TaskId::for_idempotency_key(TaskKind::TEST, &format!("plan/{plan}/{step}"))
 }
 
 async fn until(events: &mut EventStream, id: TaskId, done: impl FnMut(&ProgressEvent) -> bool) -> Vec<ProgressEvent> {
@@ -148,7 +148,7 @@ async fn a_plan_of_three_children_succeeds_and_its_revert_reverts_them_last_firs
     for step in ["one", "two", "three"] {
         let c = bed.snapshot(child(id, step)).await;
         assert_eq!(c.state, TaskState::Succeeded, "child {step}");
-        assert_eq!(c.kind, TaskKind::Test);
+        assert_eq!(c.kind, TaskKind::TEST);
         assert_eq!(c.idempotency_key.as_deref(), Some(format!("plan/{id}/{step}").as_str()), "child {step} is linked by its key");
         assert_eq!(c.requested_by, format!("plan/{id}"), "child {step} names its plan");
         assert!(c.deadline_ms.is_some() && c.deadline_ms == snap.deadline_ms, "child {step} has its plan's deadline: {:?} {:?}", c.deadline_ms, snap.deadline_ms);
@@ -282,7 +282,7 @@ async fn a_plan_resumed_by_another_worker_re_attaches_and_submits_no_child_twice
     // Exactly one Start command, and one task, per (plan, step).
     let prefix = format!("plan/{id}/");
     let mut starts: BTreeMap<String, usize> = BTreeMap::new();
-    for env in bed.records::<CommandEnvelope>(&bed.topics.command(TaskKind::Test).name).await {
+    for env in bed.records::<CommandEnvelope>(&bed.topics.command(TaskKind::TEST).name).await {
         if let Some(key) = env.idempotency_key.filter(|k| k.starts_with(&prefix)) {
             *starts.entry(key).or_default() += 1;
         }
@@ -290,7 +290,7 @@ async fn a_plan_resumed_by_another_worker_re_attaches_and_submits_no_child_twice
     let expected: BTreeMap<String, usize> = ["one", "two", "three"].iter().map(|s| (format!("{prefix}{s}"), 1)).collect();
     assert_eq!(starts, expected, "one Start per child");
     let tasks: BTreeSet<(String, String)> = bed
-        .records::<TaskSnapshot>(&bed.topics.task_state(TaskKind::Test).name)
+        .records::<TaskSnapshot>(&bed.topics.task_state(TaskKind::TEST).name)
         .await
         .into_iter()
         .filter_map(|s| Some((s.idempotency_key.filter(|k| k.starts_with(&prefix))?, s.task_id)))
@@ -326,7 +326,7 @@ async fn a_reference_to_an_unknown_or_later_step_is_rejected_with_the_reason() {
         let last = evs.last().unwrap();
         assert_eq!(last.event, EventType::Rejected, "{evs:#?}");
         assert_eq!(last.message.as_deref(), Some(format!("invalid plan spec: {reason}").as_str()));
-        assert!(bed.records::<CommandEnvelope>(&bed.topics.command(TaskKind::Test).name).await.is_empty(), "no child was submitted");
+        assert!(bed.records::<CommandEnvelope>(&bed.topics.command(TaskKind::TEST).name).await.is_empty(), "no child was submitted");
     }
     plans.stop().await;
 }

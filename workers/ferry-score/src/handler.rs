@@ -87,7 +87,7 @@ impl TaskHandler for ScoreHandler {
     type Spec = ScoreClusters;
 
     fn kind(&self) -> TaskKind {
-        TaskKind::Score
+        TaskKind::SCORE
     }
 
     fn validate(&self, _subject: &str, spec: &ScoreClusters) -> Result<(), Rejection> {

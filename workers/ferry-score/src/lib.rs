@@ -32,3 +32,21 @@ pub mod outputs {
     pub use crate::steps::resolve::RESOLVE;
     pub use crate::steps::score::SCORE;
 }
+
+// The kind this crate serves, for the runtime, the CLI and the generators (ferry_task::kind).
+// Writes the scores topic, and its own command topic (the onboarding watcher's scorings).
+ferry_task::register_kind!(ferry_task::kind::KindInfo {
+    kind: ferry_task::TaskKind::SCORE,
+    describe: "Cluster scoring for placement",
+    order: 50,
+    schemas: &[
+        (10, "ScoreClusters.avsc", include_str!("../../../schemas/ScoreClusters.avsc")),
+        (11, "ClusterScore.avsc", include_str!("../../../schemas/ClusterScore.avsc")),
+    ],
+    spec: "ScoreClusters.avsc",
+    access: ferry_task::kind::Access { writes_scores: true, writes_own_commands: true, ..ferry_task::kind::Access::NONE },
+    not_for_tenants: None,
+    encode: ferry_task::kind::encode_json::<spec::ScoreClusters>,
+    subject_of: ferry_task::kind::no_subject,
+    derived_subject: None,
+});

@@ -81,7 +81,7 @@ pub async fn run(hub: kube::Client, client: Arc<Client>, template: ScoreClusters
         let spec = ScoreClusters { clusters: vec![name.clone()], cluster_set: None, ..template.clone() };
         let opts = SubmitOptions { idempotency_key: Some(key.clone()), ..SubmitOptions::default() };
         let id = client
-            .submit(TaskKind::Score, &format!("cluster/{name}"), &spec, opts)
+            .submit(TaskKind::SCORE, &format!("cluster/{name}"), &spec, opts)
             .await
             .map_err(|source| OnboardingError::Submit { cluster: name.clone(), source })?;
         tracing::info!(cluster = %name, task = %id, trigger = %key, "submitted a scoring for a joining cluster");

@@ -29,7 +29,7 @@ async fn finals(events: &mut ferry_runtime::EventStream, subjects: &[&str]) -> V
     let r = tokio::time::timeout(WAIT, async {
         while out.len() < subjects.len() {
             let e = events.next().await.expect("event stream ended");
-            if e.kind == TaskKind::Score && subjects.contains(&e.subject.as_str()) && e.event.is_final() && !out.iter().any(|o: &ferry_runtime::ProgressEvent| o.subject == e.subject) {
+            if e.kind == TaskKind::SCORE && subjects.contains(&e.subject.as_str()) && e.event.is_final() && !out.iter().any(|o: &ferry_runtime::ProgressEvent| o.subject == e.subject) {
                 out.push(e);
             }
         }
@@ -45,7 +45,7 @@ async fn next_final(events: &mut ferry_runtime::EventStream, subject: &str) -> f
 }
 
 async fn final_event(client: &Client, events: &mut ferry_runtime::EventStream, spec: &ScoreClusters, subject: &str) -> (ferry_runtime::TaskId, Vec<ferry_runtime::ProgressEvent>) {
-    let id = client.submit(TaskKind::Score, subject, spec, SubmitOptions::default()).await.unwrap();
+    let id = client.submit(TaskKind::SCORE, subject, spec, SubmitOptions::default()).await.unwrap();
     let evs = events.until(id, WAIT, |e| e.event.is_final()).await.unwrap_or_else(|e| panic!("{e}"));
     (id, evs)
 }

@@ -11,6 +11,22 @@ use tokio_util::sync::CancellationToken;
 
 pub const WAIT: Duration = Duration::from_secs(60);
 
+/// A second kind beside `test` (no worker crate is linked here): its topics exist, and
+/// records of it are another kind's for the runtime.
+pub const OTHER_KIND: TaskKind = TaskKind::new("other");
+ferry_runtime::register_kind!(ferry_runtime::kind::KindInfo {
+    kind: OTHER_KIND,
+    describe: "a second kind for the runtime's tests",
+    order: 1000,
+    schemas: &[],
+    spec: "TestTaskSpec.avsc",
+    access: ferry_runtime::kind::Access::NONE,
+    not_for_tenants: None,
+    encode: ferry_runtime::kind::encode_json::<TestTaskSpec>,
+    subject_of: ferry_runtime::kind::no_subject,
+    derived_subject: None,
+});
+
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
@@ -72,7 +88,7 @@ impl TestBroker {
 }
 
 pub async fn submit(client: &Client, subject: &str, spec: &TestTaskSpec) -> TaskId {
-    client.submit(TaskKind::Test, subject, spec, SubmitOptions::default()).await.unwrap()
+    client.submit(TaskKind::TEST, subject, spec, SubmitOptions::default()).await.unwrap()
 }
 
 /// The events of `id` until a final one, in arrival order.

@@ -222,7 +222,7 @@ async fn a_tenant_submits_on_its_own_topic_and_is_held_to_its_policy() {
     let topics = Topics::standard();
     let broker = EmbeddedBroker::start(1, &topics).unwrap();
     let policy = ferry_runtime::tenants::Policy::parse("tenants: {web: {test: {clusters: ['web-*']}}}").unwrap();
-    for t in topics.tenant_commands(&policy) {
+    for t in topics.tenant_topics(&policy) {
         broker.create_topic(&t.name, t.partitions, 1).unwrap();
     }
     let bootstrap = broker.bootstrap();

@@ -85,14 +85,20 @@ fn authorization_matrix_of_tenants_workers_and_tracker() {
     users.extend(strimzi::tenant_users(&topics, &policy, "ferry"));
     let by_name = |n: &str| users.iter().find(|u| u["metadata"]["name"] == n).unwrap_or_else(|| panic!("no user {n}"));
     let mut all_topics: Vec<String> = topics.all().iter().map(|t| t.name.clone()).collect();
-    all_topics.extend(topics.tenant_commands(&policy).into_iter().map(|t| t.name));
-    // A topic named like another tenant's that the policy does not have.
+    all_topics.extend(topics.tenant_topics(&policy).into_iter().map(|t| t.name));
+    // Topics named like another tenant's that the policy does not have.
     all_topics.push(topics.tenant_command("mallory", TaskKind::DEPLOY).name);
+    all_topics.push(topics.tenant_progress("mallory").name);
     for topic in &all_topics {
         let web = by_name("ferry-tenant-web");
         assert_eq!(acl_allows(web, "topic", topic, "Write"), topic.starts_with("ferry.tenants.web."), "web writes {topic}");
         let ops = by_name("ferry-tenant-ops");
         assert_eq!(acl_allows(ops, "topic", topic, "Write"), topic.starts_with("ferry.tenants.ops."), "ops writes {topic}");
+        // A tenant reads its own tasks' events only: not every task's progress, not the
+        // task state, not another tenant's copies.
+        for (tenant, user) in [("web", web), ("ops", ops)] {
+            assert_eq!(acl_allows(user, "topic", topic, "Read"), *topic == topics.tenant_progress(tenant).name, "{tenant} reads {topic}");
+        }
         for kind in worker_kinds.iter().copied() {
             let w = by_name(&format!("ferry-worker-{kind}"));
             let tenant_topic = topic.starts_with("ferry.tenants.");
@@ -100,6 +106,12 @@ fn authorization_matrix_of_tenants_workers_and_tracker() {
                 let own = policy.tenants_of(kind).iter().any(|t| *topic == topics.tenant_command(t, kind).name);
                 assert_eq!(acl_allows(w, "topic", topic, "Read"), own, "{kind} worker reads {topic}");
                 assert!(!acl_allows(w, "topic", topic, "Write"), "{kind} worker writes {topic}");
+            }
+            if topic.starts_with("ferry.tenant-progress.") {
+                // The copies of its own tenants' tasks' events; never read back.
+                let its_tenant = policy.tenants_of(kind).iter().any(|t| *topic == topics.tenant_progress(t).name);
+                assert_eq!(acl_allows(w, "topic", topic, "Write"), its_tenant, "{kind} worker writes {topic}");
+                assert!(!acl_allows(w, "topic", topic, "Read"), "{kind} worker reads {topic}");
             }
             if topic.starts_with("ferry.task-state.") {
                 let own = *topic == topics.task_state(kind).name;

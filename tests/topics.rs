@@ -46,7 +46,7 @@ fn apply_creates_every_topic_once_tansu() {
     let out = String::from_utf8_lossy(&with.stdout).into_owned();
     assert!(with.status.success(), "{out}\n{}", String::from_utf8_lossy(&with.stderr));
     let policy = ferry_runtime::tenants::Policy::load(&tenants).unwrap();
-    let tenant_topics = topics.tenant_commands(&policy);
+    let tenant_topics = topics.tenant_topics(&policy);
     assert!(!tenant_topics.is_empty());
     for t in &tenant_topics {
         assert!(out.contains(&format!("created  {}", t.name)), "{} not created:\n{out}", t.name);

@@ -171,7 +171,7 @@ async fn control(app: Shared, id: String, revert: bool) -> Response {
     };
     let r = if revert { app.client.revert(id).await } else { app.client.cancel(id).await };
     match r {
-        Ok(s) => (StatusCode::ACCEPTED, Json(TaskView::from(&s))).into_response(),
+        Ok(target) => (StatusCode::ACCEPTED, Json(target)).into_response(),
         Err(e) => error(StatusCode::CONFLICT, e),
     }
 }

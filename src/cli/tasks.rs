@@ -265,11 +265,16 @@ async fn controls(conn: &Conn, client: &ferry_runtime::Client, snap: &TaskSnapsh
     Ok(out)
 }
 
-/// Sends a Cancel or Revert for `id`, looking up its kind and subject in the task state.
-async fn control(client: &ferry_runtime::Client, id: TaskId, action: CommandAction, reason: Option<String>) -> anyhow::Result<TaskSnapshot> {
-    let snap = client.snapshot(id).await?.ok_or(ClientError::UnknownTask(id))?;
-    client.control(snap.kind, &snap.subject, id, action, reason).await?;
-    Ok(snap)
+/// Sends a Cancel or Revert for `id`, looking up its kind and subject (in the task state;
+/// a tenant in its own progress topic), and says how far the task was.
+async fn control(client: &ferry_runtime::Client, id: TaskId, action: CommandAction, reason: Option<String>) -> anyhow::Result<(ferry_runtime::Target, String)> {
+    let target = client.control_by_id(id, action, reason).await?;
+    let was = match (target.state, target.last_event) {
+        (Some(state), _) => format!("task was {}", name(&state)),
+        (None, Some(event)) => format!("its last event: {event:?}"),
+        (None, None) => "task not seen yet".to_owned(),
+    };
+    Ok((target, was))
 }
 
 pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
@@ -336,8 +341,8 @@ pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
         }
         TasksCommand::Watch { ids } => super::watch::run(conn, ids).await,
         TasksCommand::Cancel { id, reason } => {
-            let snap = control(&client, id, CommandAction::Cancel, reason).await?;
-            println!("cancel of {id} sent (task was {})", name(&snap.state));
+            let (_, was) = control(&client, id, CommandAction::Cancel, reason).await?;
+            println!("cancel of {id} sent ({was})");
             Ok(ExitCode::SUCCESS)
         }
         TasksCommand::Revert { id, dry_run: true, output, .. } => {
@@ -347,12 +352,12 @@ pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
         }
         TasksCommand::Revert { id, reason, wait, timeout, output, .. } => {
             let mut events = if wait { Some(client.events(false).await?) } else { None };
-            let snap = control(&client, id, CommandAction::Revert, reason).await?;
+            let (target, was) = control(&client, id, CommandAction::Revert, reason).await?;
             let Some(events) = events.as_mut() else {
-                println!("revert of {id} sent (task was {})", name(&snap.state));
+                println!("revert of {id} sent ({was})");
                 return Ok(ExitCode::SUCCESS);
             };
-            if snap.state == TaskState::Reverted {
+            if target.state == Some(TaskState::Reverted) || target.last_event == Some(EventType::Reverted) {
                 println!("task {id} is already Reverted");
                 return Ok(ExitCode::SUCCESS);
             }

@@ -23,7 +23,8 @@ pub enum TopicsCommand {
         /// Print what would be created, change nothing.
         #[arg(long)]
         dry_run: bool,
-        /// Also the command topics of this policy's tenants (`ferry.tenants.<tenant>.<kind>`).
+        /// Also the topics of this policy's tenants: their command topics
+        /// (`ferry.tenants.<tenant>.<kind>`) and progress topic (`ferry.tenant-progress.<tenant>`).
         #[arg(long, env = "FERRY_POLICY")]
         policy: Option<std::path::PathBuf>,
     },
@@ -42,7 +43,7 @@ pub async fn run(conn: &Conn, cmd: TopicsCommand) -> anyhow::Result<ExitCode> {
     let mut problems = 0;
     let mut new = Vec::new();
     let tenants = match &policy {
-        Some(p) => topics.tenant_commands(&ferry_runtime::tenants::Policy::load(p)?),
+        Some(p) => topics.tenant_topics(&ferry_runtime::tenants::Policy::load(p)?),
         None => Vec::new(),
     };
     for t in topics.all().iter().chain(&tenants) {

@@ -138,6 +138,16 @@ pub fn document(topics: &Topics) -> Value {
         json!({"address": progress, "description": "every event of every task, in seq order per task", "messages": {"event": {"$ref": "#/components/messages/event"}}}),
     );
     operations.insert("follow".into(), json!({"action": "receive", "channel": {"$ref": format!("#/channels/{}", key(progress))}, "summary": "follow tasks; dedupe by (task_id, seq)"}));
+    channels.insert(
+        "tenantProgress".into(),
+        json!({
+            "address": topics.tenant_progress("{tenant}").name,
+            "description": "a copy of every event of a tenant's tasks (and of refusals of the tenant's commands), written by the workers: the tenant reads this topic, not every task's progress",
+            "parameters": {"tenant": {"description": "the tenant's name (its policy entry)"}},
+            "messages": {"event": {"$ref": "#/components/messages/event"}},
+        }),
+    );
+    operations.insert("followAsTenant".into(), json!({"action": "receive", "channel": {"$ref": "#/channels/tenantProgress"}, "summary": "follow a tenant's tasks; dedupe by (task_id, seq)"}));
     messages.insert(
         "event".into(),
         avro_message("ProgressEvent.v2.avsc", "the task id", "one event of a task (seq strictly increasing per task), a CloudEvent in the Kafka binding's binary content mode", event_headers(&trace)),

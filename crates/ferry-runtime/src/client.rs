@@ -19,7 +19,7 @@ use crate::ids::TaskId;
 use crate::kafka::KafkaConfig;
 use crate::kind::TaskKind;
 use crate::live::{Decoder, Follower, LiveError, LiveState};
-use crate::protocol::{Bytes, CommandAction, CommandEnvelope, ProgressEvent, TaskSnapshot, now_ms};
+use crate::protocol::{Bytes, CommandAction, CommandEnvelope, EventType, ProgressEvent, TaskSnapshot, TaskState, now_ms};
 use crate::publisher::TRACEPARENT;
 use crate::state_view::ViewError;
 use crate::topics::Topics;
@@ -107,6 +107,21 @@ impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Client").field("kafka", &self.kafka).finish()
     }
+}
+
+/// A task a Cancel or Revert was sent to, as [`Client::locate`] found it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Target {
+    /// The task.
+    pub task_id: String,
+    /// Its kind.
+    pub kind: TaskKind,
+    /// Its subject.
+    pub subject: String,
+    /// Its state, where the client reads task state (not a tenant's).
+    pub state: Option<TaskState>,
+    /// Its latest event known.
+    pub last_event: Option<EventType>,
 }
 
 impl Client {
@@ -267,21 +282,46 @@ impl Client {
         self.send(&env, None).await
     }
 
-    /// Cancels a task, looking up its kind and subject in the live view when one runs
-    /// ([`Self::live_view`]), else on the task-state topics (a read of every topic: a
-    /// service that knows them, from its command or a progress event, sends
-    /// [`Self::control`] instead).
-    pub async fn cancel(&self, id: TaskId) -> Result<TaskSnapshot, ClientError> {
-        let snap = self.target(id).await?;
-        self.control(snap.kind, &snap.subject, id, CommandAction::Cancel, None).await?;
-        Ok(snap)
+    /// Cancels a task, looking up its kind and subject ([`Self::locate`]; a service that
+    /// knows them, from its command or a progress event, sends [`Self::control`] instead).
+    pub async fn cancel(&self, id: TaskId) -> Result<Target, ClientError> {
+        self.control_by_id(id, CommandAction::Cancel, None).await
     }
 
     /// Reverts a task, looking up its kind and subject as [`Self::cancel`] does.
-    pub async fn revert(&self, id: TaskId) -> Result<TaskSnapshot, ClientError> {
+    pub async fn revert(&self, id: TaskId) -> Result<Target, ClientError> {
+        self.control_by_id(id, CommandAction::Revert, None).await
+    }
+
+    /// Sends Cancel or Revert (with its reason) to a task found by [`Self::locate`].
+    pub async fn control_by_id(&self, id: TaskId, action: CommandAction, reason: Option<String>) -> Result<Target, ClientError> {
+        let target = self.locate(id).await?;
+        self.control(target.kind, &target.subject, id, action, reason).await?;
+        Ok(target)
+    }
+
+    /// Where a task is: its kind and subject, and how far it is. An operator's client
+    /// looks in the live view when one runs ([`Self::live_view`]), else on the task-state
+    /// topics (a read of every topic). A tenant's reads no task state (its KafkaUser may
+    /// not): it finds its task's events on its own progress topic.
+    pub async fn locate(&self, id: TaskId) -> Result<Target, ClientError> {
+        if self.tenant.is_some() {
+            // The task's own events (seq 0 ones are refusals of commands that named it).
+            let events: Vec<ProgressEvent> = self.history(id).await?.into_iter().filter(|e| e.seq > 0).collect();
+            let (Some(first), Some(last)) = (events.first(), events.last()) else { return Err(ClientError::UnknownTask(id)) };
+            return Ok(Target { task_id: id.to_string(), kind: first.kind, subject: first.subject.clone(), state: None, last_event: Some(last.event) });
+        }
         let snap = self.target(id).await?;
-        self.control(snap.kind, &snap.subject, id, CommandAction::Revert, None).await?;
-        Ok(snap)
+        Ok(Target { task_id: snap.task_id, kind: snap.kind, subject: snap.subject, state: Some(snap.state), last_event: Some(snap.last_event) })
+    }
+
+    /// The topic this client follows events on: `ferry.progress`, or a tenant's own
+    /// progress topic (the workers copy its tasks' events there).
+    pub fn progress_topic(&self) -> String {
+        match &self.tenant {
+            Some(t) => self.topics.tenant_progress(t).name,
+            None => self.topics.progress().name.clone(),
+        }
     }
 
     /// The live view of every task, started on the first call (a consumer thread that
@@ -362,7 +402,7 @@ impl Client {
     /// Every progress event of one task so far, in order.
     pub async fn history(&self, id: TaskId) -> Result<Vec<ProgressEvent>, ClientError> {
         let key = id.to_string();
-        let records = self.read_to_end(&self.topics.progress().name.clone()).await?;
+        let records = self.read_to_end(&self.progress_topic()).await?;
         let mut out: Vec<ProgressEvent> = records
             .into_iter()
             .filter(|(k, _)| k.as_deref() == Some(key.as_bytes()))
@@ -412,8 +452,9 @@ impl Client {
 
     /// Progress events from the beginning of the topic (`from_start`) or from its current
     /// end, so that nothing published after this call is missed.
+    /// A tenant's client reads its own progress topic ([`Self::progress_topic`]).
     pub async fn events(&self, from_start: bool) -> Result<EventStream, ClientError> {
-        let topic = self.topics.progress().name.clone();
+        let topic = self.progress_topic();
         let consumer: StreamConsumer = self.kafka.reader().create().map_err(kafka("creating the progress reader"))?;
         let kafka_err = kafka(format!("assigning {topic}"));
         let tpl = tokio::task::spawn_blocking({

@@ -9,7 +9,8 @@
 //!   submitter's clock) to the task's final event, by that event (`Succeeded`, `Failed`,
 //!   `Cancelled`, `Reverted`, `RevertFailed`, `Rejected`); 10 ms to 6 h.
 //! - `ferry_tasks_in_flight{kind,state}`: tasks a runner of this worker holds, `state`
-//!   `running` or `reverting`.
+//!   `running` or `reverting`; and, `state="queued"`, tasks it accepted that wait for
+//!   their subject's lane (another task of the subject runs) or a pause.
 //! - `ferry_step_retries_total{kind,step}`, `ferry_dead_letters_total{topic}`.
 //! - `ferry_consumer_lag_records{topic}`: command records not yet read.
 //! - `ferry_build_info{version}`: always 1.
@@ -138,7 +139,7 @@ impl Metrics {
             "Time from a command's creation to its task's final event, by kind and final event",
             task_seconds.clone(),
         );
-        registry.register("tasks_in_flight", "Tasks a runner of this worker holds, by kind and state (running, reverting)", in_flight.clone());
+        registry.register("tasks_in_flight", "Tasks of this worker by kind and state: held by a runner (running, reverting) or waiting for their subject's lane (queued)", in_flight.clone());
         registry.register("step_retries", "Transient step failures that were retried", retries.clone());
         registry.register("dead_letters", "Records sent to the dead-letter topic, by source topic", dead_letters.clone());
         registry.register("consumer_lag_records", "Command records not yet read, by topic", lag.clone());
@@ -187,6 +188,11 @@ impl Metrics {
                 h.state = state;
             }
         }
+    }
+
+    /// The gauge of the tasks this worker holds without a runner (`state="queued"`).
+    pub(crate) fn queued(&self, kind: TaskKind) -> Gauge {
+        self.gauge(kind, "queued")
     }
 
     fn gauge(&self, kind: TaskKind, state: &str) -> Gauge {

@@ -499,10 +499,15 @@ impl Publisher {
     }
 
     /// Hands one event to the producer without touching any snapshot (for commands that
-    /// name no known task, and final events published again).
-    pub fn enqueue_event(&self, ev: &ProgressEvent) -> Result<Pending, PublishError> {
+    /// name no known task, and final events published again): to `ferry.progress`, and to
+    /// the tenant's progress topic when `requested_by` is a tenant's principal.
+    pub fn enqueue_event(&self, ev: &ProgressEvent, requested_by: &str) -> Result<Pending, PublishError> {
         let topic = &self.topics.progress().name;
-        self.enqueue_record(topic, "ProgressEvent", ev, &ev.task_id, Self::event_headers(ev))
+        let mut p = self.enqueue_record(topic, "ProgressEvent", ev, &ev.task_id, Self::event_headers(ev))?;
+        if let Some(tenant) = crate::tenants::tenant_of(requested_by) {
+            p.extend(self.enqueue_record(&self.topics.tenant_progress(tenant).name, "ProgressEvent", ev, &ev.task_id, Self::event_headers(ev))?);
+        }
+        Ok(p)
     }
 
     /// Advances the snapshot by one event (seq + 1, state as already set by the caller)
@@ -527,7 +532,7 @@ impl Publisher {
     pub fn enqueue_write_all(&self, snap: &TaskSnapshot, evs: &[ProgressEvent]) -> Result<Pending, PublishError> {
         let mut deferred = Vec::with_capacity(evs.len());
         for ev in evs {
-            deferred.push(self.deferred_event(ev)?);
+            deferred.extend(self.deferred_event(ev, &snap.requested_by)?);
         }
         let mut p = self.enqueue_snapshot(snap)?;
         p.deferred = deferred;
@@ -538,13 +543,15 @@ impl Publisher {
         Ok(p)
     }
 
-    fn deferred_event(&self, ev: &ProgressEvent) -> Result<Deferred, PublishError> {
+    /// The records of one event: on `ferry.progress`, and on the tenant's progress topic
+    /// when the task is a tenant's (`requested_by`, the principal the intake set), so that
+    /// a tenant reads its own tasks' events and no one else's.
+    fn deferred_event(&self, ev: &ProgressEvent, requested_by: &str) -> Result<Vec<Deferred>, PublishError> {
         let bytes = self.registry.encode(ev).map_err(|source| PublishError::Encode { record: "ProgressEvent", task: ev.task_id.clone(), source })?;
-        Ok(Deferred {
-            topic: self.topics.progress().name.clone(),
-            key: ev.task_id.as_bytes().to_vec(),
-            payload: bytes,
-            headers: Self::event_headers(ev),
+        let record = |topic: String, payload: Vec<u8>| Deferred { topic, key: ev.task_id.as_bytes().to_vec(), payload, headers: Self::event_headers(ev) };
+        Ok(match crate::tenants::tenant_of(requested_by) {
+            Some(tenant) => vec![record(self.topics.progress().name.clone(), bytes.clone()), record(self.topics.tenant_progress(tenant).name, bytes)],
+            None => vec![record(self.topics.progress().name.clone(), bytes)],
         })
     }
 
@@ -589,7 +596,7 @@ impl Publisher {
             before.extend(held);
             PublishError::Transition { event: Box::new(ev), before, source: Box::new(source) }
         };
-        let encoded = held.iter().chain(Some(&last)).map(|e| self.deferred_event(e)).collect::<Result<Vec<_>, _>>();
+        let encoded = held.iter().chain(Some(&last)).map(|e| self.deferred_event(e, &snap.requested_by)).collect::<Result<Vec<_>, _>>();
         let snapshot = encoded.and_then(|enc| self.enqueue_snapshot(snap).map(|p| (enc, p)));
         let (encoded, snapshot) = match snapshot {
             Ok(x) => x,
@@ -606,19 +613,21 @@ impl Publisher {
             (_, Err((failed, e))) => return Err(fail(failed, held, last, e)),
         }
         let events: Vec<ProgressEvent> = held.into_iter().chain(Some(last)).collect();
-        for (i, (ev, d)) in events.iter().zip(encoded).enumerate() {
-            match send_record(&self.producer, &d.topic, &d.key, &d.payload, d.headers) {
-                Ok(f) => {
-                    self.metrics.written(snap, ev);
-                    in_flight.sent.push((ev.clone(), f));
-                }
-                Err(e) => {
-                    // Those handed over stay in flight; this one and the rest are made again.
-                    let mut rest = events[i..].to_vec();
-                    let last = rest.pop().expect("at least this event");
-                    return Err(fail(Vec::new(), rest, last, e));
+        for (i, (ev, records)) in events.iter().zip(encoded).enumerate() {
+            for d in records {
+                match send_record(&self.producer, &d.topic, &d.key, &d.payload, d.headers) {
+                    // One entry per record: the event is written when all of its are.
+                    Ok(f) => in_flight.sent.push((ev.clone(), f)),
+                    Err(e) => {
+                        // Those handed over stay in flight; this one and the rest are made
+                        // again (a tenant's copy, too: readers dedupe by task and seq).
+                        let mut rest = events[i..].to_vec();
+                        let last = rest.pop().expect("at least this event");
+                        return Err(fail(Vec::new(), rest, last, e));
+                    }
                 }
             }
+            self.metrics.written(snap, ev);
         }
         Ok(())
     }
@@ -626,10 +635,13 @@ impl Publisher {
     /// Awaits the events in flight; the failed ones (in order) with the first error.
     async fn settle_each(sent: Vec<(ProgressEvent, DeliveryFuture)>, topic: &str) -> Result<(), (Vec<ProgressEvent>, PublishError)> {
         let results = futures::future::join_all(sent.into_iter().map(|(ev, f)| async move { (ev, acknowledged(vec![(topic.to_owned(), f)]).await) })).await;
-        let mut failed = Vec::new();
+        let mut failed: Vec<ProgressEvent> = Vec::new();
         let mut first = None;
         for (ev, r) in results {
-            if let Err(e) = r {
+            // An event's records are adjacent: both failing make it one to write again.
+            if let Err(e) = r
+                && failed.last().is_none_or(|f| f.seq != ev.seq || f.task_id != ev.task_id)
+            {
                 failed.push(ev);
                 first.get_or_insert(e);
             }

@@ -137,10 +137,13 @@ pub(crate) struct Scheduler<H: TaskHandler> {
     /// Idempotency keys of the tasks the current batch created: the view takes a snapshot
     /// only once it is durable, which is after the batch.
     batch_keys: HashMap<String, TaskId>,
+    /// `ferry_tasks_in_flight{state="queued"}` of this worker's kind.
+    queued: prometheus_client::metrics::gauge::Gauge,
 }
 
 impl<H: TaskHandler> Scheduler<H> {
     pub(crate) fn new(env: Arc<Env<H>>, view: Arc<StateView>, revoke_grace: Duration, overtaken_pause: Duration, fences: Arc<Fences>) -> Self {
+        let queued = env.metrics.queued(env.handler.kind());
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let (wake_tx, wake_rx) = mpsc::unbounded_channel();
         let (overtaken_tx, overtaken_rx) = mpsc::unbounded_channel();
@@ -163,6 +166,7 @@ impl<H: TaskHandler> Scheduler<H> {
             overtaken_tx,
             overtaken_rx,
             batch_keys: HashMap::new(),
+            queued,
         }
     }
 
@@ -194,6 +198,8 @@ impl<H: TaskHandler> Scheduler<H> {
                     None => return,
                 }
             }
+            // Accepted and held here, waiting for their subject's lane (or a pause).
+            self.queued.set(self.slots.len().saturating_sub(self.running.len()) as i64);
         }
     }
 
@@ -531,7 +537,7 @@ impl<H: TaskHandler> Scheduler<H> {
     fn event_only(&self, env: &CommandEnvelope, event: EventType, trace: Option<String>, message: String) -> Result<Pending, PublishError> {
         let d = Detail { code: Some("REJECTED".into()), ..Detail::default() }.message(message);
         let ev = d.into_event((&env.task_id, env.kind, &env.subject), 0, event, self.env.publisher.worker(), now_ms(), trace);
-        self.env.publisher.enqueue_event(&ev)
+        self.env.publisher.enqueue_event(&ev, &env.requested_by)
     }
 
     fn start(&mut self, env: CommandEnvelope, id: TaskId, partition: i32, offset: i64, trace: Option<String>) -> Result<Pending, PublishError> {
@@ -731,7 +737,7 @@ impl<H: TaskHandler> Scheduler<H> {
         let mut pending = crate::publisher::Publisher::nothing();
         for snap in self.view.settled_since(&fresh, now_ms() - REPUBLISH_WINDOW_MS) {
             let ev = final_event(&snap, self.env.publisher.worker());
-            match self.env.publisher.enqueue_event(&ev) {
+            match self.env.publisher.enqueue_event(&ev, &snap.requested_by) {
                 Ok(p) => pending.extend(p),
                 Err(e) => tracing::warn!(task = %snap.task_id, error = %e, "final event not republished"),
             }

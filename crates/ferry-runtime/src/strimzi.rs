@@ -91,7 +91,7 @@ pub fn tenant_user(tenant: &str) -> String {
 /// One KafkaTopic per tenant command topic of `policy`.
 pub fn tenant_topics(topics: &Topics, policy: &Policy, cluster: &str) -> Vec<Value> {
     topics
-        .tenant_commands(policy)
+        .tenant_topics(policy)
         .iter()
         .map(|t| {
             let mut doc = header("KafkaTopic", &resource_name(&t.name), cluster);
@@ -103,20 +103,19 @@ pub fn tenant_topics(topics: &Topics, policy: &Policy, cluster: &str) -> Vec<Val
 
 /// One KafkaUser per tenant of `policy` (`ferry-tenant-<tenant>`): it writes its own
 /// command topics (one prefixed ACL, `ferry.tenants.<tenant>.`) and nothing else, and reads
-/// progress and task state to follow, cancel and revert its tasks. That the broker refuses
-/// any other write is what makes the topic name the sender.
+/// its own progress topic (`ferry.tenant-progress.<tenant>`, where the workers copy its
+/// tasks' events) to follow, cancel and revert its tasks: not `ferry.progress` nor the
+/// task state, which hold every tenant's tasks. That the broker refuses any other write is
+/// what makes the topic name the sender.
 pub fn tenant_users(topics: &Topics, policy: &Policy, cluster: &str) -> Vec<Value> {
     policy
         .tenants()
         .map(|tenant| {
-            let mut acls = vec![
+            let acls = vec![
                 acl("topic", &topics.tenant_prefix(tenant), "prefix", &["Write", "Describe"]),
-                acl("topic", &topics.progress().name, "literal", &["Read", "Describe"]),
+                acl("topic", &topics.tenant_progress(tenant).name, "literal", &["Read", "Describe"]),
                 acl("group", READER_GROUP, "literal", &["Read"]),
             ];
-            for t in topics.task_states().filter(|t| t.kind != Some(TaskKind::TEST)) {
-                acls.push(acl("topic", &t.name, "literal", &["Read", "Describe"]));
-            }
             user(&tenant_user(tenant), cluster, acls)
         })
         .collect()
@@ -150,6 +149,8 @@ pub fn kafka_users(topics: &Topics, policy: &Policy, cluster: &str) -> Vec<Value
             acls.push(acl("group", &gateway_group(kind), "literal", &["Read"]));
             for t in tenants {
                 acls.push(acl("topic", &topics.tenant_command(t, kind).name, "literal", &["Read", "Describe"]));
+                // The copies of the tenant's tasks' events.
+                acls.push(acl("topic", &topics.tenant_progress(t).name, "literal", &["Write", "Describe"]));
             }
         }
         if info.access.writes_own_commands || !policy.tenants_of(kind).is_empty() {

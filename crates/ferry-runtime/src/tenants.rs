@@ -29,6 +29,11 @@ pub fn principal(tenant: &str) -> String {
     format!("tenant:{tenant}")
 }
 
+/// The tenant a principal ([`principal`]) names; `None` for an operator's.
+pub fn tenant_of(principal: &str) -> Option<&str> {
+    principal.strip_prefix("tenant:").filter(|t| is_tenant_name(t))
+}
+
 /// A tenant's idempotency key, in the tenant's own space: two tenants' keys never meet.
 pub fn tenant_key(tenant: &str, key: &str) -> String {
     format!("{tenant}/{key}")

@@ -164,6 +164,23 @@ impl Topics {
         policy.tenants().flat_map(|t| policy.kinds_of(t).into_iter().map(move |k| self.tenant_command(t, k))).collect()
     }
 
+    /// The events of `tenant`'s tasks, `ferry.tenant-progress.<tenant>` (the progress
+    /// topic's partitions and configs): the workers write each event of a tenant's task
+    /// there too, and the tenant reads this topic instead of every task's
+    /// `ferry.progress`. Outside the tenant's prefix, so its write ACL does not reach it.
+    pub fn tenant_progress(&self, tenant: &str) -> TopicDef {
+        TopicDef { name: format!("{}ferry.tenant-progress.{tenant}", self.prefix), ..self.progress().clone() }
+    }
+
+    /// Every topic a policy's tenants need, tenant by tenant: their command topics and
+    /// their progress topic.
+    pub fn tenant_topics(&self, policy: &crate::tenants::Policy) -> Vec<TopicDef> {
+        policy
+            .tenants()
+            .flat_map(|t| policy.kinds_of(t).into_iter().map(move |k| self.tenant_command(t, k)).chain(std::iter::once(self.tenant_progress(t))))
+            .collect()
+    }
+
     /// The progress topic.
     pub fn progress(&self) -> &TopicDef {
         self.by_purpose(Purpose::Progress)

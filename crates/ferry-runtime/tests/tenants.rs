@@ -74,7 +74,7 @@ async fn tenants_are_who_the_broker_says_and_stay_in_their_policy_tansu() {
     }
     let topics = Topics::standard();
     let policy = policy();
-    let broker = Tansu::start_secured_with(&topics, &topics.tenant_commands(&policy), &[WORKER, ACME, GLOBEX]).await.unwrap();
+    let broker = Tansu::start_secured_with(&topics, &topics.tenant_topics(&policy), &[WORKER, ACME, GLOBEX]).await.unwrap();
     let operator = Client::new(scram(broker.bootstrap(), WORKER), topics.clone()).unwrap();
     let acme = Client::new(scram(broker.bootstrap(), ACME), topics.clone()).unwrap().as_tenant("acme");
     let globex = Client::new(scram(broker.bootstrap(), GLOBEX), topics.clone()).unwrap().as_tenant("globex");
@@ -88,6 +88,9 @@ async fn tenants_are_who_the_broker_says_and_stay_in_their_policy_tansu() {
     }
 
     let mut events = operator.events(true).await.unwrap();
+    // Each tenant follows its own progress topic, where the workers copy its tasks' events.
+    let mut acme_events = acme.events(true).await.unwrap();
+    let mut globex_events = globex.events(true).await.unwrap();
     let mut opts = WorkerOptions::new(scram(broker.bootstrap(), WORKER));
     opts.topics = topics.clone();
     opts.shutdown_grace = Duration::from_secs(2);
@@ -113,6 +116,8 @@ async fn tenants_are_who_the_broker_says_and_stay_in_their_policy_tansu() {
     assert_eq!(mine, ferry_runtime::tenants::tenant_task_id(TaskKind::TEST, "acme", "nightly"));
     let evs = events.until(mine, LIMIT, |e| e.event.is_final()).await.unwrap();
     assert_eq!(last(&evs).event, EventType::Succeeded, "{evs:?}");
+    let own = acme_events.until(mine, LIMIT, |e| e.event.is_final()).await.unwrap();
+    assert_eq!(own.iter().map(|e| (e.seq, e.event)).collect::<Vec<_>>(), evs.iter().map(|e| (e.seq, e.event)).collect::<Vec<_>>(), "acme reads its task's every event");
     let snap = operator.snapshot(mine).await.unwrap().unwrap();
     assert_eq!(snap.requested_by, "tenant:acme");
     assert_eq!(snap.idempotency_key.as_deref(), Some("acme/nightly"));
@@ -123,6 +128,7 @@ async fn tenants_are_who_the_broker_says_and_stay_in_their_policy_tansu() {
     assert_eq!(last(&evs).event, EventType::Rejected);
     let why = last(&evs).message.clone().unwrap_or_default();
     assert!(why.contains("may not target cluster \"globex-1\" with test (tenants.acme.test.clusters: [acme-*])"), "{why}");
+    assert_eq!(last(&acme_events.until(far, LIMIT, |e| e.event.is_final()).await.unwrap()).event, EventType::Rejected, "acme hears of its refusal");
 
     // The same key from another tenant is another task, not a duplicate of acme's.
     let theirs = globex.submit(TaskKind::TEST, "globex-1", &TestTaskSpec::steps(1), keyed).await.unwrap();
@@ -134,6 +140,9 @@ async fn tenants_are_who_the_broker_says_and_stay_in_their_policy_tansu() {
     globex.control(TaskKind::TEST, "acme-1", mine, CommandAction::Revert, None).await.unwrap();
     let evs = events.until(mine, LIMIT, |e| e.event == EventType::Rejected).await.unwrap();
     assert_eq!(last(&evs).message.as_deref(), Some(format!("tenant \"globex\" has no test task {mine}").as_str()));
+    // The refusal is told to globex, who asked, on its own topic.
+    let told = globex_events.until(mine, LIMIT, |e| e.event == EventType::Rejected).await.unwrap();
+    assert_eq!(told.iter().map(|e| e.seq).collect::<Vec<_>>(), [0], "globex hears only its refusal of acme's task: {told:?}");
     let absent = TaskId::new();
     globex.control(TaskKind::TEST, "acme-1", absent, CommandAction::Revert, None).await.unwrap();
     let evs = events.until(absent, LIMIT, |e| e.event == EventType::Rejected).await.unwrap();
@@ -143,10 +152,17 @@ async fn tenants_are_who_the_broker_says_and_stay_in_their_policy_tansu() {
     let evs = events.until(mine, LIMIT, |e| e.event == EventType::Rejected).await.unwrap();
     assert!(last(&evs).message.as_deref().unwrap_or_default().contains("acts on \"acme-1\", not \"acme-2\""), "{evs:?}");
     assert_eq!(operator.snapshot(mine).await.unwrap().unwrap().state, TaskState::Succeeded);
-    // Its own tenant reverts it.
-    acme.control(TaskKind::TEST, "acme-1", mine, CommandAction::Revert, None).await.unwrap();
+    // Its own tenant reverts it, by id: its client finds the task's kind and subject on
+    // acme's own progress topic (a tenant reads no task state).
+    let target = acme.revert(mine).await.unwrap();
+    assert_eq!((target.kind, target.subject.as_str(), target.state), (TaskKind::TEST, "acme-1", None));
     let evs = events.until(mine, LIMIT, |e| e.event == EventType::Reverted).await.unwrap();
     assert_eq!(last(&evs).event, EventType::Reverted);
+    acme_events.until(mine, LIMIT, |e| e.event == EventType::Reverted).await.unwrap();
+    // Neither tenant's topic carries the other's tasks.
+    assert!(acme.history(theirs).await.unwrap().is_empty(), "globex's task on acme's topic");
+    assert!(globex.history(mine).await.unwrap().iter().all(|e| e.seq == 0), "acme's task's events on globex's topic");
+    assert!(matches!(globex.revert(mine).await, Err(ferry_runtime::ClientError::UnknownTask(_))), "globex cannot even find acme's task");
 
     // A record on globex's topic that claims to be acme's (the tenant header, the
     // envelope's requested_by) is globex's: held to globex's policy.

@@ -249,6 +249,23 @@ async fn a_tenant_submits_on_its_own_topic_and_is_held_to_its_policy() {
     let out = env.ferry(&["submit", "test", "-f", &far, "--tenant", "web", "--wait"]).await;
     assert_eq!(out.code, 1, "{}{}", out.stdout, out.stderr);
     assert!(out.stdout.contains("may not target cluster \"db-1\" with test (tenants.web.test.clusters: [web-*])"), "{}", out.stdout);
+
+    // The tenant lists, gets and reverts its tasks from its own progress topic (it reads
+    // no task state): both tasks, as their events tell them.
+    let out = env.ferry(&["tasks", "list", "--tenant", "web", "--output", "json"]).await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    let listed: Vec<serde_json::Value> = serde_json::from_str(&out.stdout).unwrap();
+    let states: Vec<(&str, &str)> = listed.iter().map(|t| (t["subject"].as_str().unwrap(), t["state"].as_str().unwrap())).collect();
+    assert_eq!(states, [("db-1", "Rejected"), ("web-1", "Succeeded")], "{}", out.stdout);
+    let out = env.ferry(&["tasks", "get", &id, "--tenant", "web", "--output", "json"]).await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    let got: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!((got["task"]["kind"].as_str(), got["task"]["state"].as_str()), (Some("test"), Some("Succeeded")), "{}", out.stdout);
+    let out = env.ferry(&["tasks", "revert", &id, "--tenant", "web", "--wait"]).await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    let out = env.ferry(&["tasks", "list", "--tenant", "web", "--state", "reverted", "--output", "json"]).await;
+    let listed: Vec<serde_json::Value> = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(listed.iter().map(|t| t["task_id"].as_str().unwrap()).collect::<Vec<_>>(), [id.as_str()], "{}", out.stdout);
     env.shutdown().await;
 }
 

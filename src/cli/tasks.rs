@@ -158,6 +158,58 @@ impl From<&TaskSnapshot> for TaskView {
     }
 }
 
+impl TaskView {
+    /// A task as its events tell it (a tenant reads its events, not the task state): kind,
+    /// subject and state from them, times from the first and the last; no journal.
+    fn from_events(events: &[ProgressEvent]) -> Option<Self> {
+        let (first, last) = (events.first()?, events.last()?);
+        let state = events.iter().filter_map(|e| e.event.state_after()).last().unwrap_or(TaskState::Accepted);
+        Some(Self {
+            trace_parent: None,
+            task_id: first.task_id.clone(),
+            kind: first.kind.to_string(),
+            subject: first.subject.clone(),
+            state,
+            seq: last.seq,
+            requested_by: String::new(),
+            idempotency_key: None,
+            created_at_ms: first.at_ms,
+            created_at: rfc3339(first.at_ms),
+            updated_at_ms: last.at_ms,
+            updated_at: rfc3339(last.at_ms),
+            deadline_ms: None,
+            deadline_at: None,
+            worker: last.worker.clone(),
+            steps: Vec::new(),
+            error: None,
+            revert_would_undo: Vec::new(),
+        })
+    }
+}
+
+/// A tenant's tasks, from its own progress topic (each task's events, seq 0 refusals left
+/// out), newest first.
+async fn tenant_views(client: &ferry_runtime::Client) -> anyhow::Result<Vec<TaskView>> {
+    let mut by_task: std::collections::HashMap<String, Vec<ProgressEvent>> = std::collections::HashMap::new();
+    for (_, payload) in client.read_to_end(&client.progress_topic()).await? {
+        if let Ok(e) = client.registry().decode::<ProgressEvent>(&payload)
+            && e.seq > 0
+        {
+            by_task.entry(e.task_id.clone()).or_default().push(e);
+        }
+    }
+    let mut views: Vec<TaskView> = by_task
+        .into_values()
+        .filter_map(|mut evs| {
+            evs.sort_by_key(|e| e.seq);
+            evs.dedup_by_key(|e| e.seq);
+            TaskView::from_events(&evs)
+        })
+        .collect();
+    views.sort_by_key(|v| std::cmp::Reverse(v.created_at_ms));
+    Ok(views)
+}
+
 /// One event as a line: `seq Event[ step N name][ detail][: message]`.
 pub fn print_event(e: &ProgressEvent) {
     println!("{:>4} {}", e.seq, event_line(e));
@@ -281,15 +333,29 @@ pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
     let client = conn.client().await?;
     match cmd {
         TasksCommand::Get { id, output } => {
-            let Some(snap) = client.snapshot(id).await? else {
+            // A tenant knows its task from its events; an operator from the task state,
+            // and the controls sent to it from the command topic.
+            let (view, controls) = if client.tenant().is_some() {
+                let history = client.history(id).await?;
+                let own: Vec<ProgressEvent> = history.into_iter().filter(|e| e.seq > 0).collect();
+                (TaskView::from_events(&own), Vec::new())
+            } else {
+                match client.snapshot(id).await? {
+                    Some(snap) => {
+                        let controls = controls(conn, &client, &snap).await?;
+                        (Some(TaskView::from(&snap)), controls)
+                    }
+                    None => (None, Vec::new()),
+                }
+            };
+            let Some(view) = view else {
                 eprintln!("error: no task {id}");
                 return Ok(ExitCode::from(1));
             };
             let history = client.history(id).await?;
-            let controls = controls(conn, &client, &snap).await?;
             match output {
                 Output::Table => {
-                    print_view(&TaskView::from(&snap), &controls);
+                    print_view(&view, &controls);
                     let now = now_ms();
                     let mut t = table(["SEQ", "AGE", "EVENT"]);
                     for e in &history {
@@ -300,7 +366,7 @@ pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
                 }
                 Output::Json | Output::Yaml => {
                     let events = history.iter().map(event_json).collect::<anyhow::Result<Vec<_>>>()?;
-                    let v = serde_json::json!({ "task": TaskView::from(&snap), "controls": controls, "events": events });
+                    let v = serde_json::json!({ "task": view, "controls": controls, "events": events });
                     if output == Output::Json {
                         println!("{}", serde_json::to_string_pretty(&v)?);
                     } else {
@@ -312,17 +378,20 @@ pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
         }
         TasksCommand::List { state, kind, subject, since, output } => {
             let now = now_ms();
-            let mut all: Vec<TaskSnapshot> = client
-                .snapshots()
-                .await?
+            let all: Vec<TaskView> = if client.tenant().is_some() {
+                tenant_views(&client).await?
+            } else {
+                let mut snaps = client.snapshots().await?;
+                snaps.sort_by_key(|s| std::cmp::Reverse(s.created_at_ms));
+                snaps.iter().map(TaskView::from).collect()
+            };
+            let views: Vec<TaskView> = all
                 .into_iter()
-                .filter(|s| state.is_none_or(|st| s.state == st))
-                .filter(|s| kind.is_none_or(|k| s.kind == k))
-                .filter(|s| subject.as_ref().is_none_or(|x| &s.subject == x))
-                .filter(|s| since.is_none_or(|d| s.created_at_ms >= now - d.as_millis() as i64))
+                .filter(|v| state.is_none_or(|st| v.state == st))
+                .filter(|v| kind.is_none_or(|k| v.kind == k.as_str()))
+                .filter(|v| subject.as_ref().is_none_or(|x| &v.subject == x))
+                .filter(|v| since.is_none_or(|d| v.created_at_ms >= now - d.as_millis() as i64))
                 .collect();
-            all.sort_by_key(|s| std::cmp::Reverse(s.created_at_ms));
-            let views: Vec<TaskView> = all.iter().map(TaskView::from).collect();
             match output {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&views)?),
                 Output::Yaml => print!("{}", serde_yaml_ng::to_string(&views)?),

@@ -107,6 +107,24 @@ pub enum EventType {
 }
 
 impl EventType {
+    /// The state an event of this type leaves its task in, where the type alone says it
+    /// (`None`: the task stays as it was, e.g. a retry or progress in a run or an undo).
+    /// What a reader of events only (a tenant) knows of a task's state.
+    pub fn state_after(self) -> Option<TaskState> {
+        match self {
+            EventType::Accepted => Some(TaskState::Accepted),
+            EventType::Rejected => Some(TaskState::Rejected),
+            EventType::StepStarted | EventType::StepSucceeded => Some(TaskState::Running),
+            EventType::Succeeded => Some(TaskState::Succeeded),
+            EventType::Failed => Some(TaskState::Failed),
+            EventType::Cancelled => Some(TaskState::Cancelled),
+            EventType::Reverting | EventType::StepReverted => Some(TaskState::Reverting),
+            EventType::Reverted => Some(TaskState::Reverted),
+            EventType::RevertFailed => Some(TaskState::RevertFailed),
+            EventType::StepProgress | EventType::StepFailed | EventType::Retrying | EventType::CancelRequested => None,
+        }
+    }
+
     /// Events after which nothing more happens unless a new command arrives.
     pub fn is_final(self) -> bool {
         matches!(

@@ -163,7 +163,7 @@ impl TaskView {
     /// subject and state from them, times from the first and the last; no journal.
     fn from_events(events: &[ProgressEvent]) -> Option<Self> {
         let (first, last) = (events.first()?, events.last()?);
-        let state = events.iter().filter_map(|e| e.event.state_after()).last().unwrap_or(TaskState::Accepted);
+        let state = events.iter().rev().find_map(|e| e.event.state_after()).unwrap_or(TaskState::Accepted);
         Some(Self {
             trace_parent: None,
             task_id: first.task_id.clone(),

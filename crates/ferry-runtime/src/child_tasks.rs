@@ -72,8 +72,11 @@ fn unreachable_by(what: impl Into<String>) -> impl FnOnce(ClientError) -> ChildE
 }
 
 impl Children for KafkaChildren {
-    fn child_id(&self, kind: TaskKind, key: &str) -> TaskId {
-        self.client.id_for_key(kind, key)
+    fn child_id(&self, kind: TaskKind, key: &str, on_behalf_of: &str) -> TaskId {
+        match crate::tenants::tenant_of(on_behalf_of) {
+            Some(tenant) => crate::tenants::tenant_task_id(kind, tenant, key),
+            None => self.client.id_for_key(kind, key),
+        }
     }
 
     fn submit<'a>(&'a self, child: &'a ChildCommand) -> BoxFuture<'a, Result<TaskId, ChildError>> {
@@ -89,6 +92,9 @@ impl Children for KafkaChildren {
                 deadline_at_ms: child.deadline_ms,
                 keep_partial: child.keep_partial,
                 trace_parent: child.trace_parent.clone(),
+                // A tenant's plan's child is the tenant's: its worker holds it to the
+                // tenant's policy and records the tenant as who asked.
+                for_tenant: crate::tenants::tenant_of(&child.on_behalf_of).map(str::to_owned),
                 ..SubmitOptions::default()
             };
             self.client

@@ -81,6 +81,11 @@ pub struct SubmitOptions {
     /// Who the command is from, instead of the client's user (a plan names itself,
     /// `plan/<id>`, so that its children are linked to it).
     pub requested_by: Option<String>,
+    /// Sends on behalf of this tenant (a tenant's plan's child, sent by the plan worker):
+    /// to the kind's command topic with the tenant header, which only Ferry's own writers
+    /// of command topics (gateways, the plan worker; their ACLs) set; the id is in the
+    /// tenant's space and the worker holds the command to the tenant's policy.
+    pub for_tenant: Option<String>,
 }
 
 /// How long a read of the task-state topics may take to reach their ends.
@@ -207,9 +212,10 @@ impl Client {
 
     /// Submits a Start command whose spec is already Confluent-framed.
     pub async fn submit_encoded(&self, kind: TaskKind, subject: &str, spec: Vec<u8>, opts: SubmitOptions) -> Result<TaskId, ClientError> {
-        let id = match &opts.idempotency_key {
-            Some(k) => self.id_for_key(kind, k),
-            None => TaskId::new(),
+        let id = match (&opts.idempotency_key, &opts.for_tenant) {
+            (Some(k), Some(t)) => crate::tenants::tenant_task_id(kind, t, k),
+            (Some(k), None) => self.id_for_key(kind, k),
+            (None, _) => TaskId::new(),
         };
         let env = CommandEnvelope {
             task_id: id.to_string(),
@@ -234,7 +240,10 @@ impl Client {
         ];
         let cx = crate::telemetry::start(format!("ferry.submit {kind}"), opentelemetry::trace::SpanKind::Producer, &parent, attrs);
         let trace = crate::telemetry::traceparent(&cx).or_else(|| opts.trace_parent.clone()).unwrap_or_else(new_trace_parent);
-        let sent = self.send(&env, Some(&trace)).await;
+        let sent = match &opts.for_tenant {
+            Some(tenant) => self.send_for_tenant(&env, &trace, tenant).await,
+            None => self.send(&env, Some(&trace)).await,
+        };
         crate::telemetry::end(&cx, sent.as_ref().err().map(ToString::to_string));
         sent?;
         Ok(id)
@@ -249,6 +258,15 @@ impl Client {
             headers = headers.insert(Header { key: TRACEPARENT, value: Some(t) });
         }
         self.send_raw(&self.command_topic(env.kind), Some(env.subject.as_bytes()), &bytes, headers).await
+    }
+
+    /// Sends an envelope on behalf of `tenant` (see [`SubmitOptions::for_tenant`]).
+    async fn send_for_tenant(&self, env: &CommandEnvelope, trace_parent: &str, tenant: &str) -> Result<(), ClientError> {
+        let bytes = self.registry.encode(env)?;
+        let headers = OwnedHeaders::new()
+            .insert(Header { key: TRACEPARENT, value: Some(trace_parent) })
+            .insert(Header { key: crate::tenants::TENANT_HEADER, value: Some(tenant) });
+        self.send_raw(&self.topics.command(env.kind).name, Some(env.subject.as_bytes()), &bytes, headers).await
     }
 
     /// Sends arbitrary bytes to a topic (tests of bad input, replays).

@@ -384,10 +384,12 @@ impl<H: TaskHandler> Runner<H> {
             let (id_ref, subject_ref, outputs_ref) = (&id, subject.as_str(), &outputs);
             let (task_deadline, keep_partial, trace) = (self.snap.deadline_ms, self.snap.keep_partial, crate::telemetry::traceparent(&step_cx));
             let trace_ref = &trace;
+            let requested_by = self.snap.requested_by.clone();
+            let requester = requested_by.as_str();
             let result = self
                 .execute(i, &name, &policy, deadline, true, move |attempt, reports| {
                     Box::pin(async move {
-                        let cx = StepContext::new(id_ref, subject_ref, spec, outputs_ref, attempt, reports).with_task(task_deadline, keep_partial, trace_ref.clone());
+                        let cx = StepContext::new(id_ref, subject_ref, spec, outputs_ref, attempt, reports).with_task(task_deadline, keep_partial, trace_ref.clone()).with_requester(requester);
                         step.run(&cx).await
                     })
                 })
@@ -484,10 +486,12 @@ impl<H: TaskHandler> Runner<H> {
         let (id_ref, subject_ref, outputs_ref) = (&id, subject.as_str(), &outputs);
         let (keep_partial, trace) = (self.snap.keep_partial, self.snap.trace_parent.clone());
         let trace_ref = &trace;
+        let requested_by = self.snap.requested_by.clone();
+        let requester = requested_by.as_str();
         let result = self
             .execute(i, name, &policy, None, true, move |attempt, reports| {
                 Box::pin(async move {
-                    let cx = StepContext::new(id_ref, subject_ref, spec, outputs_ref, attempt, reports).with_task(None, keep_partial, trace_ref.clone());
+                    let cx = StepContext::new(id_ref, subject_ref, spec, outputs_ref, attempt, reports).with_task(None, keep_partial, trace_ref.clone()).with_requester(requester);
                     step.on_cancel(&cx).await.map(|()| Value::Null)
                 })
             })
@@ -541,11 +545,13 @@ impl<H: TaskHandler> Runner<H> {
             let undo_cx = crate::telemetry::start(format!("ferry.undo {name}"), opentelemetry::trace::SpanKind::Internal, &self.otel, vec![opentelemetry::KeyValue::new("ferry.step", i as i64 + 1)]);
             let (keep_partial, trace) = (self.snap.keep_partial, crate::telemetry::traceparent(&undo_cx));
             let trace_ref = &trace;
+            let requested_by = self.snap.requested_by.clone();
+            let requester = requested_by.as_str();
             let result = self
                 .execute(i, &name, &policy, None, false, move |attempt, reports| {
                     Box::pin(async move {
                         // An undo runs past the task's deadline (it bounds the forward run).
-                        let cx = StepContext::new(id_ref, subject_ref, spec, outputs_ref, attempt, reports).with_task(None, keep_partial, trace_ref.clone());
+                        let cx = StepContext::new(id_ref, subject_ref, spec, outputs_ref, attempt, reports).with_task(None, keep_partial, trace_ref.clone()).with_requester(requester);
                         step.undo(&cx, output_ref).await.map(|()| Value::Null)
                     })
                 })

@@ -149,9 +149,13 @@ pub fn kafka_users(topics: &Topics, policy: &Policy, cluster: &str) -> Vec<Value
             acls.push(acl("group", &gateway_group(kind), "literal", &["Read"]));
             for t in tenants {
                 acls.push(acl("topic", &topics.tenant_command(t, kind).name, "literal", &["Read", "Describe"]));
-                // The copies of the tenant's tasks' events.
-                acls.push(acl("topic", &topics.tenant_progress(t).name, "literal", &["Write", "Describe"]));
             }
+        }
+        // The copies of tenants' tasks' events, and of refusals of their commands (a
+        // tenant's plan may send a child of a kind the tenant has no rule for: refused, and
+        // told to the tenant).
+        for t in policy.tenants() {
+            acls.push(acl("topic", &topics.tenant_progress(t).name, "literal", &["Write", "Describe"]));
         }
         if info.access.writes_own_commands || !policy.tenants_of(kind).is_empty() {
             // E.g. the score worker's onboarding scorings; the gateway's forwarded commands.

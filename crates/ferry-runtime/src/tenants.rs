@@ -220,12 +220,12 @@ mod tests {
     crate::register_kind!(stand_in(TaskKind::DEPLOY, None));
     crate::register_kind!(stand_in(TaskKind::SCORE, None));
     crate::register_kind!(stand_in(TaskKind::PEER, None));
-    crate::register_kind!(stand_in(TaskKind::PLAN, Some("its children would run as the operator")));
+    crate::register_kind!(stand_in(TaskKind::new("shell"), Some("it runs commands as the worker")));
 
     #[test]
     fn a_policy_granting_a_kind_tenants_may_not_submit_is_refused_with_the_reason() {
-        let e = Policy::parse("tenants:\n  web:\n    plan:\n      clusters: [\"*\"]\n").unwrap_err();
-        assert_eq!(e, "tenants.web.plan: tenants may not submit plan commands (its children would run as the operator)");
+        let e = Policy::parse("tenants:\n  web:\n    shell:\n      clusters: [\"*\"]\n").unwrap_err();
+        assert_eq!(e, "tenants.web.shell: tenants may not submit shell commands (it runs commands as the worker)");
     }
 
     const POLICY: &str = r#"

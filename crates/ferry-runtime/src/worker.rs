@@ -172,8 +172,8 @@ impl<H: TaskHandler> Worker<H> {
         let needed: Vec<String> = [opts.topics.command(kind).name, opts.topics.progress().name.clone(), opts.topics.task_state(kind).name, opts.topics.dead_letter().name.clone()]
             .into_iter()
             .chain(tenant_topics.iter().map(|(t, _)| t.clone()))
-            // Each of those tenants' progress topic: its tasks' events go there too.
-            .chain(opts.policy.iter().flat_map(|p| p.tenants_of(kind).into_iter().map(|t| opts.topics.tenant_progress(t).name)))
+            // Every tenant's progress topic: its tasks' events and its refusals go there too.
+            .chain(opts.policy.iter().flat_map(|p| p.tenants().map(|t| opts.topics.tenant_progress(t).name).collect::<Vec<_>>()))
             .collect();
         crate::preflight::check(&opts.kafka, &needed, opts.preflight_limit).await?;
         let metrics = Arc::new(Metrics::new());

@@ -42,6 +42,9 @@ pub struct ChildCommand {
     pub keep_partial: bool,
     /// W3C trace context the child is traced under (the parent's step).
     pub trace_parent: Option<String>,
+    /// Who asked for the parent (its `requested_by`): a tenant's plan's children are the
+    /// tenant's, held to its policy, with ids in its space ([`Children::child_id`]).
+    pub on_behalf_of: String,
 }
 
 /// Why a child could not be submitted, followed or reverted.
@@ -83,8 +86,9 @@ impl ChildError {
 
 /// The child tasks of a task: submit, read, wait, cancel, revert.
 pub trait Children: Send + Sync + 'static {
-    /// The id a child of `kind` with idempotency key `key` gets (the same on every call).
-    fn child_id(&self, kind: TaskKind, key: &str) -> TaskId;
+    /// The id a child of `kind` with idempotency key `key`, asked for on behalf of
+    /// `on_behalf_of` (the parent's `requested_by`), gets (the same on every call).
+    fn child_id(&self, kind: TaskKind, key: &str, on_behalf_of: &str) -> TaskId;
 
     /// Sends the child's Start command; returns its id. Safe to repeat: a second Start with
     /// the same key starts nothing new.

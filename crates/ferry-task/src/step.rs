@@ -162,6 +162,9 @@ pub struct StepContext<'a, S> {
     pub keep_partial: bool,
     /// W3C trace context of this step's span: a task this step starts is traced under it.
     pub trace_parent: Option<String>,
+    /// Who asked for the task, as the runtime established it (`tenant:<name>` for a
+    /// tenant's task): a task this step starts is asked for on the same behalf.
+    pub requested_by: &'a str,
     reports: mpsc::UnboundedSender<StepReport>,
 }
 
@@ -175,7 +178,13 @@ impl<'a, S> StepContext<'a, S> {
         attempt: u32,
         reports: mpsc::UnboundedSender<StepReport>,
     ) -> Self {
-        Self { task_id, subject, spec, outputs, attempt, deadline_ms: None, keep_partial: false, trace_parent: None, reports }
+        Self { task_id, subject, spec, outputs, attempt, deadline_ms: None, keep_partial: false, trace_parent: None, requested_by: "", reports }
+    }
+
+    /// Who asked for the task (see the field).
+    pub fn with_requester(mut self, requested_by: &'a str) -> Self {
+        self.requested_by = requested_by;
+        self
     }
 
     /// The task's deadline, keep-partial and the step's trace context (see the fields).

@@ -10,7 +10,6 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde_json::Value;
 
-use crate::refs;
 use crate::spec::PlanSpec;
 use crate::steps::child::ChildStep;
 
@@ -88,9 +87,12 @@ impl TaskHandler for PlanHandler {
     /// The children's literal subjects, and clusters chosen at run time: the plan worker
     /// submits its children as the operator, on the operator's topics, so a tenant's
     /// plan must be allowed every cluster (`clusters: ["*"]`) in its policy's plan rule.
-    fn targets(&self, _subject: &str, spec: &PlanSpec) -> Targets {
-        let literal = spec.steps.iter().filter_map(|s| s.subject.clone()).filter(|s| refs::in_text(s).is_ok_and(|r| r.is_empty()));
-        Targets::clusters(literal).chosen_at_run("a plan's children, which the plan worker submits as the operator")
+    /// A plan acts on nothing itself: each child is sent on behalf of whoever asked for the
+    /// plan, and a tenant's child is held to the tenant's policy by its own kind's worker
+    /// (`ChildCommand::on_behalf_of`). A tenant needs a `plan` rule to submit plans, and
+    /// rules for the kinds its plans run.
+    fn targets(&self, _subject: &str, _spec: &PlanSpec) -> Targets {
+        Targets::default()
     }
 
     fn plan(&self, spec: &PlanSpec) -> Vec<Arc<dyn Step<PlanSpec>>> {

@@ -23,8 +23,8 @@ pub mod validate;
 pub use handler::{PlanConfig, PlanHandler};
 
 // The kind this crate serves, for the runtime, the CLI and the generators (ferry_task::kind).
-// Submits its children: the other kinds' command topics. Not for tenants: the plan worker
-// submits a plan's children under its own identity.
+// Submits its children: the other kinds' command topics (a tenant's plan's children on the
+// tenant's behalf: held to the tenant's policy by their own kinds' workers).
 ferry_task::register_kind!(ferry_task::kind::KindInfo {
     kind: ferry_task::TaskKind::PLAN,
     describe: "Commands of the other kinds run as child tasks, reverted as one",
@@ -34,7 +34,7 @@ ferry_task::register_kind!(ferry_task::kind::KindInfo {
     ],
     spec: "PlanSpec.avsc",
     access: ferry_task::kind::Access { submits_children: true, ..ferry_task::kind::Access::NONE },
-    not_for_tenants: Some("a plan's children run as the operator, outside the tenant's rules; give the tenant rules for the kinds its plan would run instead"),
+    not_for_tenants: None,
     encode: ferry_task::kind::encode_json::<spec::PlanSpec>,
     subject_of: ferry_task::kind::no_subject,
     derived_subject: None,

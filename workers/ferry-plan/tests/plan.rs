@@ -12,6 +12,7 @@ use ferry_plan::spec::PlanSpec;
 use ferry_plan::{PlanConfig, PlanHandler};
 use ferry_runtime::child_tasks::{KafkaChildren, encode_registered};
 use ferry_runtime::protocol::{CommandEnvelope, TaskSnapshot};
+use ferry_runtime::tenants::Policy;
 use ferry_runtime::testkind::{TestHandler, TestTaskSpec};
 use ferry_runtime::{Client, EmbeddedBroker, EventStream, EventType, KafkaConfig, ProgressEvent, SubmitOptions, TaskId, TaskKind, TaskState, Topics, Worker, WorkerOptions};
 use serde_json::{Value, json};
@@ -26,6 +27,8 @@ struct Bed {
     kafka: KafkaConfig,
     topics: Topics,
     client: Client,
+    /// The tenants' policy every worker gets, if any.
+    policy: Option<Arc<Policy>>,
 }
 
 /// A running worker: cancel `stop` and await `handle` to stop it.
@@ -48,7 +51,17 @@ impl Bed {
         let broker = EmbeddedBroker::start(3, &topics).expect("embedded broker");
         let kafka = KafkaConfig::for_embedded(broker.bootstrap());
         let client = Client::new(kafka.clone(), topics.clone()).expect("client");
-        Self { _broker: broker, kafka, topics, client }
+        Self { _broker: broker, kafka, topics, client, policy: None }
+    }
+
+    /// Tenants: `policy`'s topics are made, and every worker started from now gets it.
+    fn with_policy(mut self, policy: &str) -> Self {
+        let policy = Policy::parse(policy).expect("a policy");
+        for t in self.topics.tenant_topics(&policy) {
+            self._broker.create_topic(&t.name, t.partitions, 1).expect("tenant topic");
+        }
+        self.policy = Some(Arc::new(policy));
+        self
     }
 
     fn options(&self, name: &str) -> WorkerOptions {
@@ -57,6 +70,7 @@ impl Bed {
         o.worker_id = name.to_owned();
         o.revoke_grace = Duration::from_secs(2);
         o.shutdown_grace = Duration::from_secs(2);
+        o.policy = self.policy.clone();
         o
     }
 
@@ -329,4 +343,41 @@ async fn a_reference_to_an_unknown_or_later_step_is_rejected_with_the_reason() {
         assert!(bed.records::<CommandEnvelope>(&bed.topics.command(TaskKind::TEST).name).await.is_empty(), "no child was submitted");
     }
     plans.stop().await;
+}
+
+/// A tenant's plan: sent on the tenant's own topic, its children are sent on the tenant's
+/// behalf (ids in its space, `requested_by` `tenant:acme`) and held to its policy by their
+/// own worker: a child outside it is Rejected naming the rule, and the plan reverts the
+/// child before it. The tenant follows all of it on its own progress topic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_plan_runs_its_children_on_its_behalf_and_within_its_policy() {
+    let bed = Bed::start().with_policy("tenants: {acme: {plan: {}, test: {clusters: ['acme-*']}}}");
+    let acme = Client::new(bed.kafka.clone(), bed.topics.clone()).expect("client").as_tenant("acme");
+    let mut acme_events = acme.events(true).await.unwrap();
+    let (tests, plans) = (bed.test_worker(), bed.plan_worker("plan-worker").await);
+    let plan: PlanSpec = serde_json::from_value(json!({"steps": [
+        test_step("one", "acme-1", TestTaskSpec::steps(2)),
+        test_step("two", "globex-1", TestTaskSpec::steps(1)),
+    ]}))
+    .unwrap();
+    let id = acme.submit(TaskKind::PLAN, "acme-rollout", &plan, SubmitOptions::default()).await.expect("submit");
+    let evs = until_final(&mut acme_events, id).await;
+    assert_eq!(evs.last().unwrap().event, EventType::Reverted, "{evs:#?}");
+    let failed = evs.iter().find(|e| e.event == EventType::StepFailed).expect("StepFailed");
+    assert!(failed.message.as_deref().unwrap_or_default().contains("tenants.acme.test.clusters"), "the child's refusal names the rule: {failed:?}");
+
+    // The children are acme's: in its key space, asked for by it, told to it.
+    let tenant_child = |step: &str| ferry_runtime::tenants::tenant_task_id(TaskKind::TEST, "acme", &format!("plan/{id}/{step}"));
+    let one = bed.snapshot(tenant_child("one")).await;
+    assert_eq!((one.requested_by.as_str(), one.state), ("tenant:acme", TaskState::Reverted));
+    assert_eq!(one.idempotency_key, Some(format!("acme/plan/{id}/one")));
+    let two = bed.snapshot(tenant_child("two")).await;
+    assert_eq!((two.requested_by.as_str(), two.state), ("tenant:acme", TaskState::Rejected));
+    for step in ["one", "two"] {
+        let told = acme.history(tenant_child(step)).await.unwrap();
+        assert!(told.iter().any(|e| e.event.is_final()), "acme reads child {step}'s end on its own topic: {told:#?}");
+    }
+    assert!(bed.client.snapshot(child(id, "one")).await.unwrap().is_none(), "no child in the operator's key space");
+    plans.stop().await;
+    tests.stop().await;
 }

@@ -73,8 +73,8 @@ impl ChildStep {
         &self.cfg.children
     }
 
-    fn id(&self, plan: &TaskId) -> TaskId {
-        self.children().child_id(self.kind, &child_key(plan, &self.step.name))
+    fn id(&self, plan: &TaskId, on_behalf_of: &str) -> TaskId {
+        self.children().child_id(self.kind, &child_key(plan, &self.step.name), on_behalf_of)
     }
 
     /// The child's command with the earlier children's outputs put in, under the plan's
@@ -99,6 +99,7 @@ impl ChildStep {
             deadline_ms: cx.deadline_ms,
             keep_partial: cx.keep_partial,
             trace_parent: cx.trace_parent.clone(),
+            on_behalf_of: cx.requested_by.to_owned(),
         })
     }
 
@@ -167,7 +168,7 @@ impl Step<PlanSpec> for ChildStep {
 
     fn run<'a>(&'a self, cx: &'a StepContext<'a, PlanSpec>) -> BoxFuture<'a, Result<Value, StepError>> {
         async move {
-            let id = self.id(cx.task_id);
+            let id = self.id(cx.task_id, cx.requested_by);
             match self.children().snapshot(id).await.map_err(step_error)? {
                 Some(snap) => {
                     tracing::info!(plan = %cx.task_id, child = %id, state = ?snap.state, "re-attached to the child");
@@ -202,7 +203,7 @@ impl Step<PlanSpec> for ChildStep {
 
     fn on_cancel<'a>(&'a self, cx: &'a StepContext<'a, PlanSpec>) -> BoxFuture<'a, Result<(), StepError>> {
         async move {
-            let id = self.id(cx.task_id);
+            let id = self.id(cx.task_id, cx.requested_by);
             let Some(snap) = self.appeared(id).await? else { return Ok(()) };
             if snap.state.is_terminal() {
                 return Ok(());
@@ -219,7 +220,7 @@ impl Step<PlanSpec> for ChildStep {
 
     fn undo<'a>(&'a self, cx: &'a StepContext<'a, PlanSpec>, _output: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>> {
         async move {
-            let id = self.id(cx.task_id);
+            let id = self.id(cx.task_id, cx.requested_by);
             if self.step.keep {
                 cx.progress(100, format!("child {id} ({}) kept (keep: true)", self.kind));
                 return Ok(());

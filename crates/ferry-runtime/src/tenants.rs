@@ -199,23 +199,12 @@ impl Policy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kind::{Access, KindInfo};
+    use crate::kind::KindInfo;
 
     // The kinds these tests name, registered as stand-ins (this crate links no worker
     // crate); `tests/ship.rs` checks the policy against the kinds Ferry ships.
     const fn stand_in(kind: TaskKind, not_for_tenants: Option<&'static str>) -> KindInfo {
-        KindInfo {
-            kind,
-            describe: "a stand-in",
-            order: 1000,
-            schemas: &[],
-            spec: "TestTaskSpec.avsc",
-            access: Access::NONE,
-            not_for_tenants,
-            encode: crate::kind::encode_json::<crate::testkind::TestTaskSpec>,
-            subject_of: crate::kind::no_subject,
-            derived_subject: None,
-        }
+        KindInfo { not_for_tenants, ..KindInfo::bare(kind) }
     }
     crate::register_kind!(stand_in(TaskKind::DEPLOY, None));
     crate::register_kind!(stand_in(TaskKind::SCORE, None));

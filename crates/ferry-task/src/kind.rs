@@ -240,6 +240,27 @@ pub struct KindInfo {
     pub derived_subject: Option<&'static str>,
 }
 
+impl KindInfo {
+    /// A kind with nothing of its own but its name: no schemas (its commands carry another
+    /// kind's spec record, `TestTaskSpec` for the runtime's own tests), no extra topics,
+    /// open to tenants, no subject derived, and no JSON encoder. For stand-ins in tests,
+    /// with the fields a test is about set over it (`KindInfo { .., ..KindInfo::bare(k) }`).
+    pub const fn bare(kind: TaskKind) -> KindInfo {
+        KindInfo {
+            kind,
+            describe: "a stand-in",
+            order: 1000,
+            schemas: &[],
+            spec: "TestTaskSpec.avsc",
+            access: Access::NONE,
+            not_for_tenants: None,
+            encode: |_, _| Err("a stand-in kind encodes no spec".to_owned()),
+            subject_of: no_subject,
+            derived_subject: None,
+        }
+    }
+}
+
 /// [`KindInfo::encode`] of a spec type: the JSON read as `T`, written with its record's
 /// newest schema.
 pub fn encode_json<T>(registry: &crate::wire::Registry, spec: serde_json::Value) -> Result<Vec<u8>, String>

@@ -82,7 +82,7 @@ pub fn validate(spec: &PlanSpec) -> Result<(), Rejection> {
 
 #[cfg(test)]
 mod tests {
-    use ferry_task::kind::{Access, KindInfo};
+    use ferry_task::kind::KindInfo;
     use serde_json::json;
 
     use super::*;
@@ -90,18 +90,7 @@ mod tests {
     // The kinds these tests name, registered as stand-ins (the plan crate links no other
     // worker crate): whether a kind derives its subject is what the rules read.
     const fn stand_in(kind: TaskKind, derived_subject: Option<&'static str>) -> KindInfo {
-        KindInfo {
-            kind,
-            describe: "a stand-in",
-            order: 1000,
-            schemas: &[],
-            spec: "TestTaskSpec.avsc",
-            access: Access::NONE,
-            not_for_tenants: None,
-            encode: |_, _| Ok(Vec::new()),
-            subject_of: ferry_task::kind::no_subject,
-            derived_subject,
-        }
+        KindInfo { derived_subject, ..KindInfo::bare(kind) }
     }
     ferry_task::register_kind!(stand_in(TaskKind::TEST, None));
     ferry_task::register_kind!(stand_in(TaskKind::CREATE_CLUSTER, Some("<namespace>/<name>")));

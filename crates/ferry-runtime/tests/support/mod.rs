@@ -15,16 +15,9 @@ pub const WAIT: Duration = Duration::from_secs(60);
 /// records of it are another kind's for the runtime.
 pub const OTHER_KIND: TaskKind = TaskKind::new("other");
 ferry_runtime::register_kind!(ferry_runtime::kind::KindInfo {
-    kind: OTHER_KIND,
     describe: "a second kind for the runtime's tests",
-    order: 1000,
-    schemas: &[],
-    spec: "TestTaskSpec.avsc",
-    access: ferry_runtime::kind::Access::NONE,
-    not_for_tenants: None,
     encode: ferry_runtime::kind::encode_json::<TestTaskSpec>,
-    subject_of: ferry_runtime::kind::no_subject,
-    derived_subject: None,
+    ..ferry_runtime::kind::KindInfo::bare(OTHER_KIND)
 });
 
 pub fn init_tracing() {

@@ -502,12 +502,12 @@ impl Publisher {
     /// name no known task, and final events published again): to `ferry.progress`, and to
     /// the tenant's progress topic when `requested_by` is a tenant's principal.
     pub fn enqueue_event(&self, ev: &ProgressEvent, requested_by: &str) -> Result<Pending, PublishError> {
-        let topic = &self.topics.progress().name;
-        let mut p = self.enqueue_record(topic, "ProgressEvent", ev, &ev.task_id, Self::event_headers(ev))?;
-        if let Some(tenant) = crate::tenants::tenant_of(requested_by) {
-            p.extend(self.enqueue_record(&self.topics.tenant_progress(tenant).name, "ProgressEvent", ev, &ev.task_id, Self::event_headers(ev))?);
+        let mut futures = Vec::with_capacity(2);
+        for d in self.deferred_event(ev, requested_by)? {
+            let f = self.send(&d.topic, &d.key, &d.payload, d.headers)?;
+            futures.push((d.topic, f));
         }
-        Ok(p)
+        Ok(Pending { futures, ..Pending::none() })
     }
 
     /// Advances the snapshot by one event (seq + 1, state as already set by the caller)
@@ -545,12 +545,13 @@ impl Publisher {
 
     /// The records of one event: on `ferry.progress`, and on the tenant's progress topic
     /// when the task is a tenant's (`requested_by`, the principal the intake set), so that
-    /// a tenant reads its own tasks' events and no one else's.
+    /// a tenant reads its own tasks' events and no one else's. Every event goes through
+    /// here, deferred or not.
     fn deferred_event(&self, ev: &ProgressEvent, requested_by: &str) -> Result<Vec<Deferred>, PublishError> {
         let bytes = self.registry.encode(ev).map_err(|source| PublishError::Encode { record: "ProgressEvent", task: ev.task_id.clone(), source })?;
         let record = |topic: String, payload: Vec<u8>| Deferred { topic, key: ev.task_id.as_bytes().to_vec(), payload, headers: Self::event_headers(ev) };
         Ok(match crate::tenants::tenant_of(requested_by) {
-            Some(tenant) => vec![record(self.topics.progress().name.clone(), bytes.clone()), record(self.topics.tenant_progress(tenant).name, bytes)],
+            Some(tenant) => vec![record(self.topics.progress().name.clone(), bytes.clone()), record(self.topics.tenant_progress_name(tenant), bytes)],
             None => vec![record(self.topics.progress().name.clone(), bytes)],
         })
     }

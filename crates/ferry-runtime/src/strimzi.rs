@@ -134,7 +134,7 @@ pub fn kafka_users(topics: &Topics, policy: &Policy, cluster: &str) -> Vec<Value
     let kinds = worker_kinds();
     for info in &kinds {
         let kind = info.kind;
-        let commands = topics.command(kind).name;
+        let commands = topics.command(kind).name.clone();
         let mut acls = vec![
             acl("topic", &commands, "literal", &["Read", "Describe"]),
             acl("group", &worker_group(kind), "literal", &["Read"]),

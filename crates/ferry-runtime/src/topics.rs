@@ -2,6 +2,7 @@
 //! per-kind topics (`{kind}` in their names) are made for every registered kind, and for
 //! any other kind asked for by name.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
@@ -122,12 +123,14 @@ impl Topics {
         Self { defs, per_kind, prefix: prefix.to_owned() }
     }
 
-    fn of_kind(&self, purpose: Purpose, kind: TaskKind) -> TopicDef {
-        self.per_kind
-            .iter()
-            .find(|d| d.purpose == purpose)
-            .map(|d| d.for_kind(kind))
-            .expect("topics.yaml defines the per-kind topics")
+    /// A registered kind's topic as made at construction (no copy: workers look their
+    /// task-state topic up on every snapshot they write); another kind's made from the
+    /// template.
+    fn of_kind(&self, purpose: Purpose, kind: TaskKind) -> Cow<'_, TopicDef> {
+        if let Some(d) = self.defs.iter().find(|d| d.purpose == purpose && d.kind == Some(kind)) {
+            return Cow::Borrowed(d);
+        }
+        Cow::Owned(self.per_kind.iter().find(|d| d.purpose == purpose).map(|d| d.for_kind(kind)).expect("topics.yaml defines the per-kind topics"))
     }
 
     /// Every topic.
@@ -143,7 +146,7 @@ impl Topics {
     }
 
     /// The command topic of `kind`.
-    pub fn command(&self, kind: TaskKind) -> TopicDef {
+    pub fn command(&self, kind: TaskKind) -> Cow<'_, TopicDef> {
         self.of_kind(Purpose::Command, kind)
     }
 
@@ -151,7 +154,7 @@ impl Topics {
     /// (the kind's command topic's partitions and configs): one prefix per tenant, so that
     /// one prefixed write ACL gives a tenant its topics and nothing else.
     pub fn tenant_command(&self, tenant: &str, kind: TaskKind) -> TopicDef {
-        TopicDef { name: format!("{}{kind}", self.tenant_prefix(tenant)), ..self.command(kind) }
+        TopicDef { name: format!("{}{kind}", self.tenant_prefix(tenant)), ..self.command(kind).into_owned() }
     }
 
     /// The prefix of every topic of `tenant`.
@@ -169,7 +172,13 @@ impl Topics {
     /// there too, and the tenant reads this topic instead of every task's
     /// `ferry.progress`. Outside the tenant's prefix, so its write ACL does not reach it.
     pub fn tenant_progress(&self, tenant: &str) -> TopicDef {
-        TopicDef { name: format!("{}ferry.tenant-progress.{tenant}", self.prefix), ..self.progress().clone() }
+        TopicDef { name: self.tenant_progress_name(tenant), ..self.progress().clone() }
+    }
+
+    /// The name of [`Self::tenant_progress`] alone (the publisher's, for every event of a
+    /// tenant's task).
+    pub fn tenant_progress_name(&self, tenant: &str) -> String {
+        format!("{}ferry.tenant-progress.{tenant}", self.prefix)
     }
 
     /// Every topic a policy's tenants need, tenant by tenant: their command topics and
@@ -187,7 +196,7 @@ impl Topics {
     }
 
     /// The compacted task-state topic of `kind`'s tasks (only its workers write it).
-    pub fn task_state(&self, kind: TaskKind) -> TopicDef {
+    pub fn task_state(&self, kind: TaskKind) -> Cow<'_, TopicDef> {
         self.of_kind(Purpose::TaskState, kind)
     }
 

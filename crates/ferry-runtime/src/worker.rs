@@ -169,7 +169,7 @@ impl<H: TaskHandler> Worker<H> {
             .iter()
             .flat_map(|p| p.tenants_of(kind).into_iter().map(|t| (opts.topics.tenant_command(t, kind).name, t.to_owned())))
             .collect();
-        let needed: Vec<String> = [opts.topics.command(kind).name, opts.topics.progress().name.clone(), opts.topics.task_state(kind).name, opts.topics.dead_letter().name.clone()]
+        let needed: Vec<String> = [opts.topics.command(kind).name.clone(), opts.topics.progress().name.clone(), opts.topics.task_state(kind).name.clone(), opts.topics.dead_letter().name.clone()]
             .into_iter()
             .chain(tenant_topics.iter().map(|(t, _)| t.clone()))
             // Every tenant's progress topic: its tasks' events and its refusals go there too.

@@ -73,10 +73,7 @@ fn unreachable_by(what: impl Into<String>) -> impl FnOnce(ClientError) -> ChildE
 
 impl Children for KafkaChildren {
     fn child_id(&self, kind: TaskKind, key: &str, on_behalf_of: &str) -> TaskId {
-        match crate::tenants::tenant_of(on_behalf_of) {
-            Some(tenant) => crate::tenants::tenant_task_id(kind, tenant, key),
-            None => self.client.id_for_key(kind, key),
-        }
+        self.client.id_for_key_of(kind, key, crate::tenants::tenant_of(on_behalf_of))
     }
 
     fn submit<'a>(&'a self, child: &'a ChildCommand) -> BoxFuture<'a, Result<TaskId, ChildError>> {

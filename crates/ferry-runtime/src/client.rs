@@ -165,7 +165,14 @@ impl Client {
 
     /// The id a submission of `kind` with idempotency key `key` gets from this client.
     pub fn id_for_key(&self, kind: TaskKind, key: &str) -> TaskId {
-        match &self.tenant {
+        self.id_for_key_of(kind, key, None)
+    }
+
+    /// The id a submission of `kind` with idempotency key `key` gets on behalf of
+    /// `for_tenant` ([`SubmitOptions::for_tenant`]), else of this client's tenant, if any:
+    /// in that tenant's key space.
+    pub fn id_for_key_of(&self, kind: TaskKind, key: &str, for_tenant: Option<&str>) -> TaskId {
+        match for_tenant.or(self.tenant.as_deref()) {
             Some(t) => crate::tenants::tenant_task_id(kind, t, key),
             None => TaskId::for_idempotency_key(kind, key),
         }
@@ -212,10 +219,9 @@ impl Client {
 
     /// Submits a Start command whose spec is already Confluent-framed.
     pub async fn submit_encoded(&self, kind: TaskKind, subject: &str, spec: Vec<u8>, opts: SubmitOptions) -> Result<TaskId, ClientError> {
-        let id = match (&opts.idempotency_key, &opts.for_tenant) {
-            (Some(k), Some(t)) => crate::tenants::tenant_task_id(kind, t, k),
-            (Some(k), None) => self.id_for_key(kind, k),
-            (None, _) => TaskId::new(),
+        let id = match &opts.idempotency_key {
+            Some(k) => self.id_for_key_of(kind, k, opts.for_tenant.as_deref()),
+            None => TaskId::new(),
         };
         let env = CommandEnvelope {
             task_id: id.to_string(),
@@ -241,7 +247,8 @@ impl Client {
         let cx = crate::telemetry::start(format!("ferry.submit {kind}"), opentelemetry::trace::SpanKind::Producer, &parent, attrs);
         let trace = crate::telemetry::traceparent(&cx).or_else(|| opts.trace_parent.clone()).unwrap_or_else(new_trace_parent);
         let sent = match &opts.for_tenant {
-            Some(tenant) => self.send_for_tenant(&env, &trace, tenant).await,
+            // On the tenant's behalf: the kind's own topic, with the tenant header.
+            Some(tenant) => self.send_to(&self.topics.command(kind).name, &env, Some(&trace), Some(tenant)).await,
             None => self.send(&env, Some(&trace)).await,
         };
         crate::telemetry::end(&cx, sent.as_ref().err().map(ToString::to_string));
@@ -252,21 +259,21 @@ impl Client {
     /// Sends an envelope to its kind's command topic (the tenant's, for a tenant's client),
     /// keyed by its subject.
     pub async fn send(&self, env: &CommandEnvelope, trace_parent: Option<&str>) -> Result<(), ClientError> {
+        self.send_to(&self.command_topic(env.kind), env, trace_parent, None).await
+    }
+
+    /// Sends an envelope to `topic`, keyed by its subject, with the trace and tenant
+    /// headers given (the tenant header: see [`SubmitOptions::for_tenant`]).
+    async fn send_to(&self, topic: &str, env: &CommandEnvelope, trace_parent: Option<&str>, tenant: Option<&str>) -> Result<(), ClientError> {
         let bytes = self.registry.encode(env)?;
         let mut headers = OwnedHeaders::new();
         if let Some(t) = trace_parent {
             headers = headers.insert(Header { key: TRACEPARENT, value: Some(t) });
         }
-        self.send_raw(&self.command_topic(env.kind), Some(env.subject.as_bytes()), &bytes, headers).await
-    }
-
-    /// Sends an envelope on behalf of `tenant` (see [`SubmitOptions::for_tenant`]).
-    async fn send_for_tenant(&self, env: &CommandEnvelope, trace_parent: &str, tenant: &str) -> Result<(), ClientError> {
-        let bytes = self.registry.encode(env)?;
-        let headers = OwnedHeaders::new()
-            .insert(Header { key: TRACEPARENT, value: Some(trace_parent) })
-            .insert(Header { key: crate::tenants::TENANT_HEADER, value: Some(tenant) });
-        self.send_raw(&self.topics.command(env.kind).name, Some(env.subject.as_bytes()), &bytes, headers).await
+        if let Some(t) = tenant {
+            headers = headers.insert(Header { key: crate::tenants::TENANT_HEADER, value: Some(t) });
+        }
+        self.send_raw(topic, Some(env.subject.as_bytes()), &bytes, headers).await
     }
 
     /// Sends arbitrary bytes to a topic (tests of bad input, replays).

@@ -335,24 +335,28 @@ pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
         TasksCommand::Get { id, output } => {
             // A tenant knows its task from its events; an operator from the task state,
             // and the controls sent to it from the command topic.
-            let (view, controls) = if client.tenant().is_some() {
+            let (view, controls, read) = if client.tenant().is_some() {
                 let history = client.history(id).await?;
-                let own: Vec<ProgressEvent> = history.into_iter().filter(|e| e.seq > 0).collect();
-                (TaskView::from_events(&own), Vec::new())
+                let own: Vec<ProgressEvent> = history.iter().filter(|e| e.seq > 0).cloned().collect();
+                (TaskView::from_events(&own), Vec::new(), Some(history))
             } else {
                 match client.snapshot(id).await? {
                     Some(snap) => {
                         let controls = controls(conn, &client, &snap).await?;
-                        (Some(TaskView::from(&snap)), controls)
+                        (Some(TaskView::from(&snap)), controls, None)
                     }
-                    None => (None, Vec::new()),
+                    None => (None, Vec::new(), None),
                 }
             };
             let Some(view) = view else {
                 eprintln!("error: no task {id}");
                 return Ok(ExitCode::from(1));
             };
-            let history = client.history(id).await?;
+            // A tenant's were read above: one read of the topic.
+            let history = match read {
+                Some(h) => h,
+                None => client.history(id).await?,
+            };
             match output {
                 Output::Table => {
                     print_view(&view, &controls);

@@ -104,6 +104,8 @@ pub struct Metrics {
     held: Mutex<HashMap<String, Held>>,
     /// The number of tasks held, for whoever waits until the runners are done.
     held_total: watch::Sender<i64>,
+    /// The number of tasks queued (`state="queued"`), for whoever waits on it.
+    queued_total: watch::Sender<i64>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -161,6 +163,7 @@ impl Metrics {
             overtaken,
             held: Mutex::default(),
             held_total: watch::Sender::new(0),
+            queued_total: watch::Sender::new(0),
         }
     }
 
@@ -193,6 +196,12 @@ impl Metrics {
     /// The gauge of the tasks this worker holds without a runner (`state="queued"`).
     pub(crate) fn queued(&self, kind: TaskKind) -> Gauge {
         self.gauge(kind, "queued")
+    }
+
+    /// Sets that gauge ([`Self::queued`]) and tells whoever waits on [`Self::tasks_queued`].
+    pub(crate) fn set_queued(&self, gauge: &Gauge, queued: i64) {
+        gauge.set(queued);
+        self.queued_total.send_if_modified(|n| std::mem::replace(n, queued) != queued);
     }
 
     fn gauge(&self, kind: TaskKind, state: &str) -> Gauge {
@@ -236,6 +245,12 @@ impl Metrics {
     /// end): what `ferry_tasks_in_flight` adds up to.
     pub fn tasks_in_flight(&self) -> watch::Receiver<i64> {
         self.held_total.subscribe()
+    }
+
+    /// The number of tasks this worker holds without a runner, as it changes: what
+    /// `ferry_tasks_in_flight{state="queued"}` says.
+    pub fn tasks_queued(&self) -> watch::Receiver<i64> {
+        self.queued_total.subscribe()
     }
 
     pub(crate) fn step_finished(&self, kind: TaskKind, step: &str, took: Duration) {

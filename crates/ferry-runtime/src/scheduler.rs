@@ -199,7 +199,7 @@ impl<H: TaskHandler> Scheduler<H> {
                 }
             }
             // Accepted and held here, waiting for their subject's lane (or a pause).
-            self.queued.set(self.slots.len().saturating_sub(self.running.len()) as i64);
+            self.env.metrics.set_queued(&self.queued, self.slots.len().saturating_sub(self.running.len()) as i64);
         }
     }
 

@@ -41,7 +41,10 @@ async fn tasks_in_flight_come_back_to_zero_when_their_runners_end() {
     // A second task of that subject waits for its lane: queued, not running.
     let behind = submit(&client, "held", &TestTaskSpec::steps(1)).await;
     until_event(&mut events, behind, EventType::Accepted).await;
-    metric_reaches(&metrics, r#"ferry_tasks_in_flight{kind="test",state="queued"} 1"#).await;
+    let mut queued = metrics.tasks_queued();
+    tokio::time::timeout(WAIT, queued.wait_for(|n| *n == 1)).await.expect("the task behind is counted as queued").unwrap();
+    let text = metrics.encode();
+    assert!(text.contains(r#"ferry_tasks_in_flight{kind="test",state="queued"} 1"#), "{text}");
 
     // Another subject's task fails at its second step and is undone: it passes through
     // `reverting`.
@@ -53,7 +56,9 @@ async fn tasks_in_flight_come_back_to_zero_when_their_runners_end() {
     let evs = until_final(&mut events, blocked).await;
     assert_eq!(evs.last().unwrap().event, EventType::Cancelled);
     assert_eq!(until_final(&mut events, behind).await.last().unwrap().event, EventType::Succeeded, "the queued task ran once its lane was free");
-    metric_reaches(&metrics, r#"ferry_tasks_in_flight{kind="test",state="queued"} 0"#).await;
+    tokio::time::timeout(WAIT, queued.wait_for(|n| *n == 0)).await.expect("the queued task left the gauge").unwrap();
+    let text = metrics.encode();
+    assert!(text.contains(r#"ferry_tasks_in_flight{kind="test",state="queued"} 0"#), "{text}");
 
     tokio::time::timeout(WAIT, in_flight.wait_for(|n| *n == 0)).await.expect("every runner ended and left the gauge").unwrap();
     let text = metrics.encode();
@@ -64,18 +69,4 @@ async fn tasks_in_flight_come_back_to_zero_when_their_runners_end() {
     assert!(text.contains(&format!("ferry_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"))), "{text}");
     token.cancel();
     worker.await.unwrap();
-}
-
-/// Waits until the worker's metrics text has `line` (the gauge is set as the scheduler
-/// goes on, after the event the test saw), within the test's deadline.
-async fn metric_reaches(metrics: &ferry_runtime::metrics::Metrics, line: &str) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let text = metrics.encode();
-        if text.contains(line) {
-            return;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "no {line} in:\n{text}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }

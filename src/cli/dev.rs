@@ -73,7 +73,8 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
     let mut opts = WorkerOptions::new(kafka.clone());
     opts.topics = topics.clone();
     opts.shutdown_grace = Duration::from_secs(5);
-    let plans = super::workers::plan_handler(Client::new(kafka.clone(), topics.clone())?, Duration::from_secs(3600)).await?;
+    let hub = bed.as_ref().map(|b| b.clusters.hub().clone());
+    let plans = super::workers::plan_handler(Client::new(kafka.clone(), topics.clone())?, Duration::from_secs(3600), hub).await?;
     let mut workers = vec![
         tokio::spawn(super::workers::serve(opts.clone(), TestHandler::default(), shutdown.clone())),
         tokio::spawn(super::workers::serve(opts.clone(), plans, shutdown.clone())),

@@ -470,7 +470,9 @@ fn print_undo_plan(snap: &TaskSnapshot, output: Output) -> anyhow::Result<()> {
                 step: e.step,
                 name: e.name.clone(),
                 status: e.status,
-                output: e.output.as_deref().filter(|_| e.status == StepStatus::Succeeded).and_then(|o| serde_json::from_str(o).ok()),
+                // As `Runner::revert` gives it: a finished step's output, or what a failed
+                // step recorded of what it started (`StepError::with_output`).
+                output: e.output.as_deref().and_then(|o| serde_json::from_str(o).ok()),
             })
             .collect()
     } else {
@@ -499,7 +501,7 @@ fn print_undo_plan(snap: &TaskSnapshot, output: Output) -> anyhow::Result<()> {
             if !plan.is_empty() {
                 let mut t = table(["STEP", "NAME", "STATUS", "UNDO GETS"]);
                 for u in &plan {
-                    let given = u.output.as_ref().map_or_else(|| "no output (the step did not finish)".to_owned(), |o| o.to_string());
+                    let given = u.output.as_ref().map_or_else(|| "no output (the step did not finish or record one)".to_owned(), |o| o.to_string());
                     t.add_row([u.step.to_string(), u.name.clone(), name(&u.status), given]);
                 }
                 super::table::print(t);

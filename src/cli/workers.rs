@@ -91,11 +91,12 @@ pub async fn serve<H: TaskHandler>(opts: WorkerOptions, handler: H, shutdown: Ca
 }
 
 /// The plan handler: children submitted with `client` (the operator's), their specs
-/// encoded as `ferry submit` encodes them.
-pub async fn plan_handler(client: ferry_runtime::Client, child_timeout: std::time::Duration) -> anyhow::Result<ferry_plan::PlanHandler> {
+/// encoded as `ferry submit` encodes them; fanned-out steps choose their clusters on `hub`.
+pub async fn plan_handler(client: ferry_runtime::Client, child_timeout: std::time::Duration, hub: Option<kube::Client>) -> anyhow::Result<ferry_plan::PlanHandler> {
     let children = ferry_runtime::child_tasks::KafkaChildren::new(client, Arc::new(ferry_runtime::child_tasks::encode_registered)).await?;
     let mut cfg = ferry_plan::PlanConfig::new(Arc::new(children));
     cfg.child_timeout = child_timeout;
+    cfg.hub = hub;
     Ok(ferry_plan::PlanHandler::new(cfg))
 }
 
@@ -159,7 +160,19 @@ pub async fn run(conn: &common::Conn, a: WorkerArgs) -> anyhow::Result<ExitCode>
             }
             serve(opts, ferry_offload::OffloadHandler::new(cfg), shutdown).await?;
         }
-        TaskKind::PLAN => serve(opts, plan_handler(conn.client().await?, a.child_timeout).await?, shutdown).await?,
+        TaskKind::PLAN => {
+            // The hub is optional (a kubeconfig given must work): without one, a
+            // fanned-out step must list its clusters.
+            let hub = match hub(a.kubeconfig.as_deref()).await {
+                Ok(c) => Some(c.hub().clone()),
+                Err(e) if a.kubeconfig.is_some() => return Err(e),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no hub: plan steps that choose their clusters by labels or a ManagedClusterSet will fail (NO_HUB)");
+                    None
+                }
+            };
+            serve(opts, plan_handler(conn.client().await?, a.child_timeout, hub).await?, shutdown).await?
+        }
         other => anyhow::bail!("`ferry worker` has no handler for the {other} kind (a crate registers it, but this binary does not run its worker)"),
     }
     Ok(ExitCode::SUCCESS)

@@ -79,6 +79,12 @@ resource!(
     ManagedCluster, "ManagedCluster", "cluster.open-cluster-management.io", "v1", "managedclusters", Cluster
 );
 resource!(
+    /// OCM ManagedClusterSet (hub, cluster-scoped): which ManagedClusters it holds, by its
+    /// label or a label selector (`open-cluster-management-io/api`
+    /// `cluster/v1beta2/types_managedclusterset.go`).
+    ManagedClusterSet, "ManagedClusterSet", "cluster.open-cluster-management.io", "v1beta2", "managedclustersets", Cluster
+);
+resource!(
     /// OCM ManifestWork (hub, in the cluster's namespace).
     ManifestWork, "ManifestWork", "work.open-cluster-management.io", "v1", "manifestworks", Namespaced
 );

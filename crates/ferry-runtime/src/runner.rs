@@ -416,6 +416,10 @@ impl<H: TaskHandler> Runner<H> {
                 }
                 Exec::Err(err, attempts) => {
                     self.snap.journal[i].attempts = attempts as i32;
+                    // What the step did before it failed, for its undo, if it fits beside
+                    // the other outputs (else the undo works it out again).
+                    let others: usize = self.snap.journal.iter().enumerate().filter(|(j, _)| *j != i).filter_map(|(_, e)| e.output.as_ref().map(String::len)).sum();
+                    self.snap.journal[i].output = err.output.clone().filter(|o| o.len() + others <= crate::limits::STEP_OUTPUTS_BYTES);
                     self.snap.error = Some(TaskError {
                         code: err.code.clone(),
                         message: err.message.clone(),
@@ -445,7 +449,7 @@ impl<H: TaskHandler> Runner<H> {
                         self.snap.state = TaskState::Rejected;
                         let d = Detail { code: Some(err.code.clone()), ..Detail::default() }.message(err.message);
                         self.transition(EventType::Rejected, d).await?;
-                    } else if self.snap.keep_partial {
+                    } else if self.snap.keep_partial || (err.keeps_done && !err.transient) {
                         self.snap.state = TaskState::Failed;
                         let d = Detail { code: Some(err.code.clone()), ..Detail::default() }.message(err.message);
                         self.transition(EventType::Failed, d).await?;
@@ -536,7 +540,6 @@ impl<H: TaskHandler> Runner<H> {
             let output: Option<Value> = self.snap.journal[i]
                 .output
                 .as_deref()
-                .filter(|_| self.snap.journal[i].status == StepStatus::Succeeded)
                 .and_then(|o| serde_json::from_str(o).ok());
             let outputs = self.outputs();
             let policy = step.policy();

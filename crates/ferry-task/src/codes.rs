@@ -193,5 +193,11 @@ pub const CHILD_REVERT_FAILED: &str = "CHILD_REVERT_FAILED";
 pub const REF_UNRESOLVED: &str = "REF_UNRESOLVED";
 /// A child's spec does not encode as its kind's record.
 pub const CHILD_SPEC: &str = "CHILD_SPEC";
+/// A plan step chooses its clusters by labels or a ManagedClusterSet, and the plan worker
+/// was given no hub to read them from.
+pub const NO_HUB: &str = "NO_HUB";
+/// A plan step's clusters could not be chosen: its ManagedClusterSet does not exist, or it
+/// selects none, or too many.
+pub const CLUSTERS_UNCHOSEN: &str = "CLUSTERS_UNCHOSEN";
 /// Submitting a child, or following or reverting it, failed on Kafka's side (retried).
 pub const CHILDREN_UNREACHABLE: &str = "CHILDREN_UNREACHABLE";

@@ -61,23 +61,42 @@ pub struct StepError {
     /// cluster that does not exist, a placement nothing satisfies): the task ends
     /// Rejected. Only a step that comes before any step with effects may reject.
     pub rejects: bool,
+    /// The step put back what of its own work had to go (a plan's failed wave) and asks the
+    /// task to keep its finished steps: it ends Failed, as with keep-partial, and a later
+    /// Revert undoes the rest. Only for permanent failures.
+    pub keeps_done: bool,
+    /// What the step did before it failed (JSON text), kept in its journal entry and given
+    /// to its undo as `output`: a step that starts many things records which it started.
+    pub output: Option<String>,
 }
 
 impl StepError {
     /// A failure worth retrying.
     pub fn transient(code: impl Into<String>, message: impl Into<String>) -> Self {
-        Self { code: code.into(), message: message.into(), transient: true, rejects: false }
+        Self { code: code.into(), message: message.into(), transient: true, rejects: false, keeps_done: false, output: None }
     }
 
     /// A failure that retrying cannot fix.
     pub fn permanent(code: impl Into<String>, message: impl Into<String>) -> Self {
-        Self { code: code.into(), message: message.into(), transient: false, rejects: false }
+        Self { code: code.into(), message: message.into(), transient: false, rejects: false, keeps_done: false, output: None }
     }
 
     /// The command is invalid against the live state: the task ends Rejected, as if its
     /// spec had failed validation. Use it only in steps that precede every effect.
     pub fn rejected(code: impl Into<String>, message: impl Into<String>) -> Self {
-        Self { code: code.into(), message: message.into(), transient: false, rejects: true }
+        Self { code: code.into(), message: message.into(), transient: false, rejects: true, keeps_done: false, output: None }
+    }
+
+    /// This failure, asking the task to keep its finished steps (see [`Self::keeps_done`]).
+    pub fn keeping_done(mut self) -> Self {
+        self.keeps_done = true;
+        self
+    }
+
+    /// This failure, with what the step did before it (see [`Self::output`]).
+    pub fn with_output(mut self, output: &Value) -> Self {
+        self.output = Some(output.to_string());
+        self
     }
 }
 
@@ -224,7 +243,8 @@ pub trait Step<S>: Send + Sync {
     /// Does the work; returns what `undo` (and later steps) need.
     fn run<'a>(&'a self, cx: &'a StepContext<'a, S>) -> BoxFuture<'a, Result<Value, StepError>>;
 
-    /// Undoes the work; `output` is `None` when `run` did not finish.
+    /// Undoes the work; `output` is what `run` returned, or what its failure recorded
+    /// ([`StepError::with_output`]), or `None` when it did not finish and recorded nothing.
     fn undo<'a>(&'a self, cx: &'a StepContext<'a, S>, output: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>>;
 
     /// Called once a Cancel interrupted `run` (its future dropped after CancelRequested

@@ -1,5 +1,6 @@
 //! The plan worker's configuration and handler: validate, targets, and the plan (one
-//! [`ChildStep`] per child command).
+//! [`ChildStep`] per child command; a [`SelectStep`] and a [`WaveStep`] per step fanned
+//! out over clusters).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +13,8 @@ use serde_json::Value;
 
 use crate::spec::PlanSpec;
 use crate::steps::child::ChildStep;
+use crate::steps::select::SelectStep;
+use crate::steps::waves::WaveStep;
 
 /// What the plan worker needs.
 #[derive(Clone)]
@@ -24,18 +27,31 @@ pub struct PlanConfig {
     /// How long an undo waits for a child it finds no snapshot of to be taken up by its
     /// worker: past it, the child's Start was never sent.
     pub appear_grace: Duration,
+    /// The hub a fanned-out step chooses its clusters on (by labels or a
+    /// ManagedClusterSet); without one, only steps that list their clusters run.
+    pub hub: Option<kube::Client>,
 }
 
 impl std::fmt::Debug for PlanConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PlanConfig").field("child_timeout", &self.child_timeout).field("appear_grace", &self.appear_grace).finish()
+        f.debug_struct("PlanConfig")
+            .field("child_timeout", &self.child_timeout)
+            .field("appear_grace", &self.appear_grace)
+            .field("hub", &self.hub.is_some())
+            .finish()
     }
 }
 
 impl PlanConfig {
     /// Defaults: a child may take an hour; a Start on its way is waited for 30 s.
     pub fn new(children: Arc<dyn Children>) -> Self {
-        Self { children, child_timeout: Duration::from_secs(3600), appear_grace: Duration::from_secs(30) }
+        Self { children, child_timeout: Duration::from_secs(3600), appear_grace: Duration::from_secs(30), hub: None }
+    }
+
+    /// This configuration, choosing clusters on `hub`.
+    pub fn with_hub(mut self, hub: kube::Client) -> Self {
+        self.hub = Some(hub);
+        self
     }
 }
 
@@ -95,13 +111,26 @@ impl TaskHandler for PlanHandler {
         Targets::default()
     }
 
+    /// One step per child command; a step with `for_each` is two: its choice of clusters
+    /// (`<name>.clusters`), then its children in waves (`<name>`).
     fn plan(&self, spec: &PlanSpec) -> Vec<Arc<dyn Step<PlanSpec>>> {
-        spec.steps
-            .iter()
-            .map(|s| match ChildStep::new(s.clone(), self.cfg.clone()) {
-                Ok(step) => Arc::new(step) as Arc<dyn Step<PlanSpec>>,
-                Err(e) => Arc::new(Unplannable { name: s.name.clone(), reason: e.to_string() }),
-            })
-            .collect()
+        let unplannable = |name: &str, e: ferry_task::kind::UnknownKind| Arc::new(Unplannable { name: name.to_owned(), reason: e.to_string() }) as Arc<dyn Step<PlanSpec>>;
+        let mut steps: Vec<Arc<dyn Step<PlanSpec>>> = Vec::new();
+        for s in &spec.steps {
+            match &s.for_each {
+                None => steps.push(match ChildStep::new(s.clone(), self.cfg.clone()) {
+                    Ok(step) => Arc::new(step),
+                    Err(e) => unplannable(&s.name, e),
+                }),
+                Some(each) => {
+                    steps.push(Arc::new(SelectStep::new(&s.name, each.clone(), self.cfg.clone())));
+                    steps.push(match WaveStep::new(s.clone(), each.clone(), self.cfg.clone()) {
+                        Ok(step) => Arc::new(step),
+                        Err(e) => unplannable(&s.name, e),
+                    });
+                }
+            }
+        }
+        steps
     }
 }

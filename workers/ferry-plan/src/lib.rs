@@ -9,10 +9,13 @@
 //! - [`validate`]: its rules (names, kinds, subjects, references).
 //! - [`refs`]: the `${steps...}` references, found and resolved.
 //! - [`handler`]: the configuration and the plan: one step per child.
-//! - [`steps`]: the child step (submit or re-attach, wait, revert).
+//! - [`steps`]: the child step (submit or re-attach, wait, revert); a step fanned out
+//!   over clusters (`for_each`): the choice of clusters, then its children in waves with a
+//!   gate and a policy for a failed wave.
 //!
 //! The worker reaches Kafka only through [`ferry_task::children::Children`], which
-//! `ferry_runtime::child_tasks` implements.
+//! `ferry_runtime::child_tasks` implements, and the hub (to choose a fanned-out step's
+//! clusters) through `kube`.
 
 pub mod handler;
 pub mod refs;
@@ -31,8 +34,9 @@ ferry_task::register_kind!(ferry_task::kind::KindInfo {
     order: 70,
     schemas: &[
         (60, "PlanSpec.avsc", include_str!("../../../schemas/PlanSpec.avsc")),
+        (61, "PlanSpec.v2.avsc", include_str!("../../../schemas/PlanSpec.v2.avsc")),
     ],
-    spec: "PlanSpec.avsc",
+    spec: "PlanSpec.v2.avsc",
     access: ferry_task::kind::Access { submits_children: true, ..ferry_task::kind::Access::NONE },
     not_for_tenants: None,
     encode: ferry_task::kind::encode_json::<spec::PlanSpec>,

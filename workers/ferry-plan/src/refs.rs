@@ -6,7 +6,8 @@
 //! `${steps.create.outputs.register.cluster}`. A string that is one reference and nothing
 //! else becomes the referenced value (a number stays a number); a reference inside a longer
 //! string is replaced by the value's text. `${` not followed by `steps.` is left as it is
-//! (a deploy's environment may hold shell-style variables).
+//! (a deploy's environment may hold shell-style variables), but for `${cluster}` in a
+//! fanned-out step, which [`put_cluster`] replaces with each cluster's name first.
 
 use std::collections::BTreeMap;
 
@@ -15,8 +16,32 @@ use serde_json::Value;
 /// What opens a reference.
 const OPEN: &str = "${steps.";
 
-/// The fields of a plan step's output a reference may start with.
-pub const FIELDS: [&str; 4] = ["task_id", "kind", "subject", "outputs"];
+/// The fields of a plan step's output a reference may start with (a fanned-out step's
+/// output has `kind`, `clusters` and `waves`: [`crate::steps::waves`]).
+pub const FIELDS: [&str; 6] = ["task_id", "kind", "subject", "outputs", "clusters", "waves"];
+
+/// What a fanned-out step's spec and subject hold where each cluster's name goes.
+pub const CLUSTER: &str = "${cluster}";
+
+/// Whether `v`'s strings hold [`CLUSTER`] anywhere.
+pub fn uses_cluster(v: &Value) -> bool {
+    match v {
+        Value::String(s) => s.contains(CLUSTER),
+        Value::Array(a) => a.iter().any(uses_cluster),
+        Value::Object(m) => m.values().any(uses_cluster),
+        _ => false,
+    }
+}
+
+/// `v` with every [`CLUSTER`] in its strings replaced by `cluster`.
+pub fn put_cluster(v: &Value, cluster: &str) -> Value {
+    match v {
+        Value::String(s) => Value::String(s.replace(CLUSTER, cluster)),
+        Value::Array(a) => Value::Array(a.iter().map(|x| put_cluster(x, cluster)).collect()),
+        Value::Object(m) => Value::Object(m.iter().map(|(k, x)| (k.clone(), put_cluster(x, cluster))).collect()),
+        other => other.clone(),
+    }
+}
 
 /// One reference: the step it names and the path inside that step's output.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,7 +68,7 @@ pub enum RefError {
         text: String,
     },
     /// The inside of `${steps....}` is not `<step>.<field>[.<field>...]`.
-    #[error("{reference}: a reference is ${{steps.<step>.<field>...}}, with <field> one of task_id, kind, subject, outputs")]
+    #[error("{reference}: a reference is ${{steps.<step>.<field>...}}, with <field> one of task_id, kind, subject, outputs (clusters, waves for a step with for_each)")]
     Malformed {
         /// The reference as written.
         reference: String,

@@ -40,6 +40,100 @@ pub struct PlanStep {
     /// skips it.
     #[serde(default)]
     pub keep: bool,
+    /// Run the command once per cluster, in waves, instead of once: `${cluster}` in its spec
+    /// and subject becomes each cluster's name ([`crate::steps::waves`]).
+    /// Version 2 of the schema (id 61); version 1 records have none.
+    #[serde(default)]
+    #[avro(default = "null")]
+    pub for_each: Option<ForEach>,
+}
+
+/// A step fanned out over clusters: which clusters, in which waves, what gates a wave and
+/// what a failed wave does.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
+#[avro(namespace = "io.ferry.v1")]
+pub struct ForEach {
+    /// These clusters, in this order. Exactly one of `clusters`, `labels` and
+    /// `cluster_set` chooses them.
+    #[serde(default)]
+    pub clusters: Vec<String>,
+    /// The hub's ManagedClusters carrying every one of these labels, by name.
+    #[serde(default)]
+    pub labels: std::collections::HashMap<String, String>,
+    /// The hub's ManagedClusters in this ManagedClusterSet (as the set selects them:
+    /// its label, or its label selector), by name.
+    #[serde(default)]
+    pub cluster_set: Option<String>,
+    /// How many at a time.
+    #[serde(default)]
+    pub waves: Waves,
+    /// What a wave in which a child did not succeed does: `revert-all` (the default: the
+    /// step fails and the plan reverts as usual), `revert-wave` (that wave's children are
+    /// reverted, earlier waves stay, the plan ends Failed) or `halt` (everything stays as it
+    /// is, the plan ends Failed; a Revert of the plan undoes it all later).
+    #[serde(default)]
+    pub on_failure: Option<String>,
+    /// Changes to the spec for some clusters (a JSON merge patch each, RFC 7386), applied
+    /// in order before `${cluster}` is put in.
+    #[serde(default)]
+    pub overrides: Vec<Override>,
+}
+
+/// The waves of a fanned-out step.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
+#[avro(namespace = "io.ferry.v1")]
+pub struct Waves {
+    /// Clusters per wave (0: all in one wave).
+    #[serde(default)]
+    pub size: i32,
+    /// Children of a wave running at once (0: the whole wave).
+    #[serde(default)]
+    pub max_in_flight: i32,
+    /// Seconds to wait before each wave after the first.
+    #[serde(default)]
+    pub pause_seconds: i64,
+    /// Seconds a wave's children must stay Succeeded after the last one ended before the
+    /// wave passes its gate (nobody reverted or replaced them meanwhile).
+    #[serde(default)]
+    pub soak_seconds: i64,
+}
+
+/// A change to a fanned-out step's spec for some of its clusters.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
+#[avro(namespace = "io.ferry.v1")]
+pub struct Override {
+    /// The clusters it applies to.
+    pub clusters: Vec<String>,
+    /// A JSON merge patch of the spec (fields to set; `null` removes one).
+    #[serde(with = "json_text")]
+    #[schemars(with = "serde_json::Map<String, serde_json::Value>")]
+    pub spec: String,
+}
+
+/// What a failed wave does ([`ForEach::on_failure`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnFailure {
+    /// The step fails; the plan reverts everything (or keeps it, with keep-partial).
+    RevertAll,
+    /// The failed wave's children are reverted; earlier waves stay; the plan ends Failed.
+    RevertWave,
+    /// Nothing is reverted; the plan ends Failed.
+    Halt,
+}
+
+impl OnFailure {
+    /// The names, as written in a spec.
+    pub const NAMES: [&str; 3] = ["revert-all", "revert-wave", "halt"];
+
+    /// Parses a spec's value (`None`: the default, revert-all).
+    pub fn parse(v: Option<&str>) -> Option<Self> {
+        match v {
+            None | Some("revert-all") => Some(Self::RevertAll),
+            Some("revert-wave") => Some(Self::RevertWave),
+            Some("halt") => Some(Self::Halt),
+            Some(_) => None,
+        }
+    }
 }
 
 impl PlanStep {

@@ -1,12 +1,14 @@
 //! The plan command's rules, checked before anything runs; each rejection names the step
 //! (`steps[i] (<name>)`), the field and the rule.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
+use ferry_kube::names::{is_dns1123_subdomain, is_label_key, is_label_value};
 use ferry_task::{Rejection, TaskKind};
 
 use crate::refs;
-use crate::spec::PlanSpec;
+use crate::spec::{ForEach, OnFailure, PlanSpec, PlanStep};
+use crate::steps::select::MAX_CLUSTERS;
 
 /// Children of one plan, at most: each is a step of the plan's journal, which rides in its
 /// snapshot with the children's outputs.
@@ -58,6 +60,9 @@ pub fn validate(spec: &PlanSpec) -> Result<(), Rejection> {
             }
             _ => {}
         }
+        if let Some(each) = &s.for_each {
+            for_each(&at, s, each, &value)?;
+        }
         let mut found = refs::in_value(&value, "spec").map_err(|e| Rejection::new(format!("{at}.spec: {e}")))?;
         if let Some(subject) = &s.subject {
             let in_subject = refs::in_text(subject).map_err(|e| Rejection::new(format!("{at}.subject: {e}")))?;
@@ -76,6 +81,81 @@ pub fn validate(spec: &PlanSpec) -> Result<(), Rejection> {
                 Some(_) => {}
             }
         }
+    }
+    Ok(())
+}
+
+/// Longest wait a wave's pause or soak may ask for (a day): past it, a person should
+/// approve the next wave rather than a timer.
+const MAX_WAIT_SECONDS: i64 = 86_400;
+
+/// The rules of a fanned-out step: one way of choosing clusters, valid waves and policy,
+/// overrides that apply, and `${cluster}` used somewhere (else every child would be the
+/// same command).
+fn for_each(at: &str, s: &PlanStep, each: &ForEach, spec: &serde_json::Value) -> Result<(), Rejection> {
+    let at = format!("{at}.for_each");
+    let ways = usize::from(!each.clusters.is_empty()) + usize::from(!each.labels.is_empty()) + usize::from(each.cluster_set.is_some());
+    if ways != 1 {
+        return Err(Rejection::new(format!("{at}: choose the clusters one way: clusters (names), labels, or cluster_set (got {ways})")));
+    }
+    if each.clusters.len() > MAX_CLUSTERS {
+        return Err(Rejection::new(format!("{at}.clusters: at most {MAX_CLUSTERS}, got {}", each.clusters.len())));
+    }
+    let mut seen = HashSet::new();
+    for (i, c) in each.clusters.iter().enumerate() {
+        if !is_dns1123_subdomain(c) {
+            return Err(Rejection::new(format!("{at}.clusters[{i}] {c:?}: not a cluster name (a DNS-1123 subdomain)")));
+        }
+        if let Some(why) = ferry_kube::names::hub_named(c) {
+            return Err(Rejection::new(format!("{at}.clusters[{i}]: {why}")));
+        }
+        if !seen.insert(c.as_str()) {
+            return Err(Rejection::new(format!("{at}.clusters[{i}] {c:?}: listed twice")));
+        }
+    }
+    for (k, v) in &each.labels {
+        if !is_label_key(k) || !is_label_value(v) {
+            return Err(Rejection::new(format!("{at}.labels {k:?}: {v:?}: not a Kubernetes label (a qualified name, and a value of at most 63 letters, digits, '-', '_' or '.')")));
+        }
+    }
+    if let Some(set) = &each.cluster_set
+        && !is_dns1123_subdomain(set)
+    {
+        return Err(Rejection::new(format!("{at}.cluster_set {set:?}: not a ManagedClusterSet name (a DNS-1123 subdomain)")));
+    }
+    let w = &each.waves;
+    if w.size < 0 || w.max_in_flight < 0 {
+        return Err(Rejection::new(format!("{at}.waves: size and max_in_flight are 0 (the whole list, the whole wave) or more")));
+    }
+    for (name, v) in [("pause_seconds", w.pause_seconds), ("soak_seconds", w.soak_seconds)] {
+        if !(0..=MAX_WAIT_SECONDS).contains(&v) {
+            return Err(Rejection::new(format!("{at}.waves.{name}: 0 to {MAX_WAIT_SECONDS}, got {v}")));
+        }
+    }
+    if OnFailure::parse(each.on_failure.as_deref()).is_none() {
+        return Err(Rejection::new(format!("{at}.on_failure {:?}: one of {}", each.on_failure.as_deref().unwrap_or_default(), OnFailure::NAMES.join(", "))));
+    }
+    for (i, o) in each.overrides.iter().enumerate() {
+        let patch: serde_json::Value = serde_json::from_str(&o.spec).map_err(|e| Rejection::new(format!("{at}.overrides[{i}].spec: not JSON: {e}")))?;
+        if !patch.is_object() {
+            return Err(Rejection::new(format!("{at}.overrides[{i}].spec: a merge patch of the spec, an object; got {patch}")));
+        }
+        if o.clusters.is_empty() {
+            return Err(Rejection::new(format!("{at}.overrides[{i}].clusters: name the clusters it applies to")));
+        }
+        if !each.clusters.is_empty()
+            && let Some(c) = o.clusters.iter().find(|c| !each.clusters.contains(c))
+        {
+            return Err(Rejection::new(format!("{at}.overrides[{i}].clusters: {c:?} is not one of the step's clusters")));
+        }
+    }
+    let in_subject = s.subject.as_deref().is_some_and(|x| x.contains(refs::CLUSTER));
+    if !in_subject && !refs::uses_cluster(spec) {
+        return Err(Rejection::new(format!(
+            "{}: neither the spec nor the subject uses {}: every cluster would get the same command",
+            at.trim_end_matches(".for_each"),
+            refs::CLUSTER
+        )));
     }
     Ok(())
 }

@@ -381,3 +381,212 @@ async fn a_tenants_plan_runs_its_children_on_its_behalf_and_within_its_policy() 
     plans.stop().await;
     tests.stop().await;
 }
+
+/// The child of `plan`'s fanned-out step `step` on `cluster` (a `test` task).
+fn wave_child(plan: TaskId, step: &str, cluster: &str) -> TaskId {
+    TaskId::for_idempotency_key(TaskKind::TEST, &format!("plan/{plan}/{step}/{cluster}"))
+}
+
+/// A plan of one `test` step fanned out over c1..c6 in waves of two, where c3's child
+/// fails (an override), under the failure policy `on_failure`.
+fn rollout(on_failure: &str) -> Value {
+    json!({"steps": [{
+        "name": "roll", "kind": "test", "subject": "${cluster}/app",
+        "spec": serde_json::to_value(TestTaskSpec::steps(2)).unwrap(),
+        "for_each": {
+            "clusters": ["c1", "c2", "c3", "c4", "c5", "c6"],
+            "waves": {"size": 2},
+            "on_failure": on_failure,
+            "overrides": [{"clusters": ["c3"], "spec": {"fail_at": 2}}],
+        },
+    }]})
+}
+
+/// The state of each of `clusters`' children (`None`: never submitted).
+async fn states(bed: &Bed, plan: TaskId, clusters: &[&str]) -> Vec<Option<TaskState>> {
+    let mut out = Vec::new();
+    for c in clusters {
+        out.push(bed.client.snapshot(wave_child(plan, "roll", c)).await.expect("read snapshots").map(|s| s.state));
+    }
+    out
+}
+
+/// Waves run one after another: every child of a wave is accepted only after each child
+/// of the wave before it ended; a failed wave under `revert-wave` has its own children
+/// reverted (the failed one reverted itself) while the earlier wave stays, the later
+/// waves never start, and the plan ends Failed; its Revert then undoes the first wave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_fanned_out_runs_in_waves_and_revert_wave_puts_back_only_the_failed_wave() {
+    let bed = Bed::start();
+    let mut events = bed.client.events(true).await.unwrap();
+    let (tests, plans) = (bed.test_worker(), bed.plan_worker("plan-worker").await);
+    let id = bed.submit("rollout-a", rollout("revert-wave"), false).await;
+    let evs = until_final(&mut events, id).await;
+    assert_eq!(evs.last().unwrap().event, EventType::Failed, "{evs:#?}");
+    let failed = evs.iter().find(|e| e.event == EventType::StepFailed).expect("StepFailed");
+    let message = failed.message.as_deref().unwrap_or_default();
+    assert_eq!((failed.step, failed.code.as_deref()), (Some(2), Some("CHILD_FAILED")), "{message}");
+    assert!(message.starts_with("step roll: wave 2/3 failed: c3: child ") && message.contains("INJECTED_FAILURE"), "{message}");
+    assert!(message.contains("on_failure: revert-wave: 1 of its children reverted; the waves before it (1) stay"), "{message}");
+    assert!(!evs.iter().any(|e| e.event == EventType::StepReverted), "the plan itself undid nothing");
+    // The failed step's record of what it started, kept in its journal for its undo.
+    let record: Value = serde_json::from_str(bed.snapshot(id).await.journal[1].output.as_deref().expect("the failed step's record")).unwrap();
+    assert_eq!(record["waves_started"], json!(2), "{record}");
+    assert_eq!(record["clusters"].as_object().map(|m| m.keys().cloned().collect::<Vec<_>>()), Some(vec!["c1".into(), "c2".into(), "c3".into(), "c4".into()]), "{record}");
+    let all = ["c1", "c2", "c3", "c4", "c5", "c6"];
+    use TaskState::{Reverted, Succeeded};
+    assert_eq!(states(&bed, id, &all).await, [Some(Succeeded), Some(Succeeded), Some(Reverted), Some(Reverted), None, None]);
+    // Each child's subject is its cluster's; wave 2 began after wave 1 ended.
+    let mut history = BTreeMap::new();
+    for c in ["c1", "c2", "c3", "c4"] {
+        assert_eq!(bed.snapshot(wave_child(id, "roll", c)).await.subject, format!("{c}/app"));
+        history.insert(c, bed.client.history(wave_child(id, "roll", c)).await.unwrap());
+    }
+    let wave_one_ended = at(&history["c1"], EventType::Succeeded).max(at(&history["c2"], EventType::Succeeded));
+    for c in ["c3", "c4"] {
+        assert!(at(&history[c], EventType::Accepted) >= wave_one_ended, "{c} was accepted before wave 1 ended");
+    }
+    let progress: Vec<&str> = evs.iter().filter(|e| e.event == EventType::StepProgress).filter_map(|e| e.message.as_deref()).collect();
+    for m in ["6 clusters: c1, c2, c3, c4, c5, c6", "wave 1/3: 2 children: c1, c2", "wave 1/3 passed", "wave 2/3: 2 children: c3, c4"] {
+        assert!(progress.contains(&m), "progress {m:?} in {progress:#?}");
+    }
+
+    bed.client.revert(id).await.unwrap();
+    let evs = until(&mut events, id, |e| matches!(e.event, EventType::Reverted | EventType::RevertFailed)).await;
+    assert_eq!(evs.last().unwrap().event, EventType::Reverted, "{evs:#?}");
+    assert_eq!(states(&bed, id, &all).await, [Some(Reverted), Some(Reverted), Some(Reverted), Some(Reverted), None, None]);
+    plans.stop().await;
+    tests.stop().await;
+}
+
+/// The other two policies for a failed wave: `revert-all` (the default) reverts every
+/// started child and the plan; `halt` leaves every child as it is, the plan Failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_wave_under_revert_all_reverts_the_plan_and_under_halt_keeps_everything() {
+    let bed = Bed::start();
+    let mut events = bed.client.events(true).await.unwrap();
+    let (tests, plans) = (bed.test_worker(), bed.plan_worker("plan-worker").await);
+    let all = ["c1", "c2", "c3", "c4", "c5", "c6"];
+    use TaskState::{Reverted, Succeeded};
+
+    let id = bed.submit("rollout-b", rollout("revert-all"), false).await;
+    let evs = until_final(&mut events, id).await;
+    assert_eq!(evs.last().unwrap().event, EventType::Reverted, "{evs:#?}");
+    assert_eq!(states(&bed, id, &all).await, [Some(Reverted), Some(Reverted), Some(Reverted), Some(Reverted), None, None]);
+
+    let id = bed.submit("rollout-c", rollout("halt"), false).await;
+    let evs = until_final(&mut events, id).await;
+    assert_eq!(evs.last().unwrap().event, EventType::Failed, "{evs:#?}");
+    let message = evs.iter().find(|e| e.event == EventType::Failed).and_then(|e| e.message.clone()).unwrap_or_default();
+    assert!(message.contains("on_failure: halt"), "{message}");
+    assert_eq!(states(&bed, id, &all).await, [Some(Succeeded), Some(Succeeded), Some(Reverted), Some(Succeeded), None, None]);
+    plans.stop().await;
+    tests.stop().await;
+}
+
+/// A fanned-out step that says nothing per cluster, or picks its clusters two ways, is
+/// refused before anything runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fanned_out_step_without_cluster_or_with_two_choices_is_rejected() {
+    let bed = Bed::start();
+    let mut events = bed.client.events(true).await.unwrap();
+    let plans = bed.plan_worker("plan-worker").await;
+    for (for_each, reason) in [
+        (json!({"clusters": ["c1"]}), "steps[0] (roll): neither the spec nor the subject uses ${cluster}: every cluster would get the same command"),
+        (json!({"clusters": ["c1"], "labels": {"env": "prod"}}), "steps[0] (roll).for_each: choose the clusters one way: clusters (names), labels, or cluster_set (got 2)"),
+        (json!({"clusters": ["c1"], "on_failure": "pause"}), "steps[0] (roll).for_each.on_failure \"pause\": one of revert-all, revert-wave, halt"),
+    ] {
+        let subject = if reason.contains("${cluster}") { "same" } else { "${cluster}/app" };
+        let plan = json!({"steps": [{"name": "roll", "kind": "test", "subject": subject, "spec": {"steps": 1}, "for_each": for_each}]});
+        let id = bed.submit("rollout-d", plan, false).await;
+        let evs = until_final(&mut events, id).await;
+        let last = evs.last().unwrap();
+        assert_eq!((last.event, last.message.as_deref()), (EventType::Rejected, Some(format!("invalid plan spec: {reason}").as_str())));
+    }
+    plans.stop().await;
+}
+
+/// A plan worker lost in the middle of a fanned-out step's second wave: another one
+/// resumes it, re-attaches to the running wave's children, runs the last wave, and no
+/// child is submitted twice (the first wave's children are not run again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_resumed_inside_a_wave_re_attaches_and_submits_no_child_twice() {
+    let bed = Bed::start();
+    let mut events = bed.client.events(true).await.unwrap();
+    let tests = bed.test_worker();
+    let first = bed.plan_worker("plan-worker-1").await;
+    let clusters = ["c1", "c2", "c3", "c4", "c5", "c6"];
+    let plan = json!({"steps": [{
+        "name": "roll", "kind": "test", "subject": "${cluster}/app",
+        "spec": serde_json::to_value(TestTaskSpec::steps(1)).unwrap(),
+        "for_each": {
+            "clusters": clusters,
+            "waves": {"size": 2},
+            // Wave 2's children outlive the first plan worker's stop (2 s of grace).
+            "overrides": [{"clusters": ["c3", "c4"], "spec": {"step_ms": 3000}}],
+        },
+    }]});
+    let id = bed.submit("rollout-e", plan, false).await;
+    until(&mut events, wave_child(id, "roll", "c3"), |e| e.event == EventType::StepStarted).await;
+    first.stop().await;
+    assert_eq!(bed.snapshot(wave_child(id, "roll", "c3")).await.state, TaskState::Running, "c3's child still runs");
+    assert!(!bed.snapshot(id).await.state.is_terminal(), "the plan is unfinished");
+
+    let second = bed.plan_worker("plan-worker-2").await;
+    let evs = until_final(&mut events, id).await;
+    assert_eq!(evs.last().unwrap().event, EventType::Succeeded, "{evs:#?}");
+    assert!(evs.iter().any(|e| e.worker == "plan-worker-2"), "the second worker finished the plan");
+    let prefix = format!("plan/{id}/roll/");
+    let mut starts: BTreeMap<String, usize> = BTreeMap::new();
+    for env in bed.records::<CommandEnvelope>(&bed.topics.command(TaskKind::TEST).name).await {
+        if let Some(key) = env.idempotency_key.filter(|k| k.starts_with(&prefix)) {
+            *starts.entry(key).or_default() += 1;
+        }
+    }
+    let expected: BTreeMap<String, usize> = clusters.iter().map(|c| (format!("{prefix}{c}"), 1)).collect();
+    assert_eq!(starts, expected, "one Start per child");
+    for c in clusters {
+        let history = bed.client.history(wave_child(id, "roll", c)).await.unwrap();
+        assert_eq!(history.iter().filter(|e| e.event == EventType::Accepted).count(), 1, "{c}'s child accepted once");
+        assert_eq!(history.iter().filter(|e| e.event == EventType::StepStarted).count(), 1, "{c}'s child ran once");
+        assert_eq!(bed.snapshot(wave_child(id, "roll", c)).await.state, TaskState::Succeeded, "{c}'s child");
+    }
+    second.stop().await;
+    tests.stop().await;
+}
+
+/// Cancelling a plan inside a wave cancels the wave's running children; its Revert then
+/// reverts every child that ran, though the step recorded nothing (it was cancelled).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_plan_inside_a_wave_cancels_its_children_and_a_revert_undoes_them() {
+    let bed = Bed::start();
+    let mut events = bed.client.events(true).await.unwrap();
+    let (tests, plans) = (bed.test_worker(), bed.plan_worker("plan-worker").await);
+    let plan = json!({"steps": [{
+        "name": "roll", "kind": "test", "subject": "${cluster}/app",
+        "spec": serde_json::to_value(TestTaskSpec::steps(2)).unwrap(),
+        "for_each": {
+            "clusters": ["c1", "c2", "c3", "c4", "c5"],
+            "waves": {"size": 2},
+            // Wave 2 blocks in its children's first step until they are cancelled.
+            "overrides": [{"clusters": ["c3", "c4"], "spec": {"block_at": 1}}],
+        },
+    }]});
+    let id = bed.submit("rollout-f", plan, false).await;
+    for c in ["c3", "c4"] {
+        until(&mut events, wave_child(id, "roll", c), |e| e.event == EventType::StepProgress).await;
+    }
+    bed.client.cancel(id).await.unwrap();
+    let evs = until_final(&mut events, id).await;
+    assert_eq!(evs.last().unwrap().event, EventType::Cancelled, "{evs:#?}");
+    use TaskState::{Cancelled, Reverted, Succeeded};
+    let all = ["c1", "c2", "c3", "c4", "c5"];
+    assert_eq!(states(&bed, id, &all).await, [Some(Succeeded), Some(Succeeded), Some(Cancelled), Some(Cancelled), None]);
+
+    bed.client.revert(id).await.unwrap();
+    let evs = until(&mut events, id, |e| matches!(e.event, EventType::Reverted | EventType::RevertFailed)).await;
+    assert_eq!(evs.last().unwrap().event, EventType::Reverted, "{evs:#?}");
+    assert_eq!(states(&bed, id, &all).await, [Some(Reverted), Some(Reverted), Some(Reverted), Some(Reverted), None]);
+    plans.stop().await;
+    tests.stop().await;
+}

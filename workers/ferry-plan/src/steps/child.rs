@@ -53,6 +53,114 @@ pub fn parent_link(plan: &TaskId) -> String {
     format!("plan/{plan}")
 }
 
+/// One child task of a plan, found by its idempotency key: what a plan step (one child)
+/// and a fanned-out step (one child per cluster) both do with their children.
+pub(crate) struct Child<'c> {
+    pub kind: TaskKind,
+    /// Its idempotency key ([`child_key`], or `<that>/<cluster>` for a fanned-out step).
+    pub key: String,
+    /// How messages name it: the step's name, or `<step>/<cluster>`.
+    pub label: String,
+    pub cfg: &'c PlanConfig,
+}
+
+impl Child<'_> {
+    fn children(&self) -> &Arc<dyn Children> {
+        &self.cfg.children
+    }
+
+    /// Its id: fixed by its kind, key and on whose behalf the plan runs.
+    pub fn id(&self, on_behalf_of: &str) -> TaskId {
+        self.children().child_id(self.kind, &self.key, on_behalf_of)
+    }
+
+    /// Submits the child (`command` builds it), or re-attaches to the one submitted
+    /// before (a resumed plan): its id, and its snapshot if it has one.
+    pub async fn start(&self, cx: &StepContext<'_, PlanSpec>, command: impl FnOnce() -> Result<ChildCommand, StepError>) -> Result<(TaskId, Option<TaskSnapshot>), StepError> {
+        let id = self.id(cx.requested_by);
+        if let Some(snap) = self.children().snapshot(id).await.map_err(step_error)? {
+            tracing::info!(plan = %cx.task_id, child = %id, state = ?snap.state, "re-attached to the child");
+            return Ok((id, Some(snap)));
+        }
+        self.children().submit(&command()?).await.map_err(step_error)?;
+        Ok((id, None))
+    }
+
+    /// Waits for the child's end (within the child timeout); `seen` sees each newer
+    /// snapshot on the way. The end state is the caller's to judge.
+    pub async fn end(&self, id: TaskId, seen: &mut (dyn FnMut(&TaskSnapshot) + Send)) -> Result<TaskSnapshot, StepError> {
+        let mut last = 0;
+        let mut until = |s: &TaskSnapshot| {
+            if s.seq > last {
+                last = s.seq;
+                seen(s);
+            }
+            s.state.is_terminal()
+        };
+        self.children().wait(id, self.cfg.child_timeout, &mut until).await.map_err(step_error)
+    }
+
+    /// The failure of a child that ended otherwise than Succeeded.
+    pub fn failed(&self, end: &TaskSnapshot) -> StepError {
+        let why = end.error.as_ref().map(|e| format!(": {}: {}", e.code, e.message)).unwrap_or_default();
+        StepError::permanent(codes::CHILD_FAILED, format!("child {} ({} on {}) of step {} ended {}{why}", end.task_id, self.kind, end.subject, self.label, end.state.name()))
+    }
+
+    /// The child's snapshot, once it has one. The Start may be on its way to the child's
+    /// worker (the run sent it just before it stopped): wait the appear grace for it to be
+    /// taken up. `None` if it never is: no Start was sent (or it was rejected without a
+    /// snapshot), so there is nothing to cancel or undo.
+    pub async fn appeared(&self, id: TaskId) -> Result<Option<TaskSnapshot>, StepError> {
+        if let Some(s) = self.children().snapshot(id).await.map_err(step_error)? {
+            return Ok(Some(s));
+        }
+        match self.children().wait(id, self.cfg.appear_grace, &mut |_| true).await {
+            Ok(s) => Ok(Some(s)),
+            Err(ChildError::Timeout { .. }) => Ok(None),
+            Err(e) => Err(step_error(e)),
+        }
+    }
+
+    /// Cancels the child if it runs (found as [`Self::appeared`]), and waits for its end.
+    /// Its end state, if it has a snapshot.
+    pub async fn cancel(&self, id: TaskId, reason: String) -> Result<Option<TaskState>, StepError> {
+        let Some(snap) = self.appeared(id).await? else { return Ok(None) };
+        if snap.state.is_terminal() {
+            return Ok(Some(snap.state));
+        }
+        self.children().cancel(self.kind, &snap.subject, id, reason).await.map_err(step_error)?;
+        let end = self.children().wait(id, self.cfg.child_timeout, &mut |s| s.state.is_terminal()).await.map_err(step_error)?;
+        Ok(Some(end.state))
+    }
+
+    /// Reverts the child (found with `snap`, or as [`Self::appeared`]) and waits for its
+    /// Reverted; nothing for a child Reverted, Rejected or never taken up. False when
+    /// there was nothing to do.
+    pub async fn revert(&self, id: TaskId, snap: Option<TaskSnapshot>, reason: String) -> Result<bool, StepError> {
+        let snap = match snap {
+            Some(s) => s,
+            None => match self.appeared(id).await? {
+                Some(s) => s,
+                None => return Ok(false),
+            },
+        };
+        if matches!(snap.state, TaskState::Reverted | TaskState::Rejected) {
+            return Ok(false);
+        }
+        if snap.state != TaskState::Reverting {
+            self.children().revert(self.kind, &snap.subject, id, reason).await.map_err(step_error)?;
+        }
+        let from = snap.seq;
+        let mut until = |s: &TaskSnapshot| s.seq > from && matches!(s.state, TaskState::Reverted | TaskState::RevertFailed);
+        let end = self.children().wait(id, self.cfg.child_timeout, &mut until).await.map_err(step_error)?;
+        if end.state == TaskState::RevertFailed {
+            let why = end.error.as_ref().map(|e| format!(": {}: {}", e.code, e.message)).unwrap_or_default();
+            return Err(StepError::permanent(codes::CHILD_REVERT_FAILED, format!("child {id} ({} on {}) of step {} could not be reverted{why}", self.kind, end.subject, self.label)));
+        }
+        Ok(true)
+    }
+}
+
 /// One child of the plan.
 pub struct ChildStep {
     step: PlanStep,
@@ -69,53 +177,8 @@ impl ChildStep {
         Ok(Self { step, kind, cfg })
     }
 
-    fn children(&self) -> &Arc<dyn Children> {
-        &self.cfg.children
-    }
-
-    fn id(&self, plan: &TaskId, on_behalf_of: &str) -> TaskId {
-        self.children().child_id(self.kind, &child_key(plan, &self.step.name), on_behalf_of)
-    }
-
-    /// The child's command with the earlier children's outputs put in, under the plan's
-    /// deadline, keep-partial and this step's trace.
-    fn command(&self, cx: &StepContext<'_, PlanSpec>) -> Result<ChildCommand, StepError> {
-        let (plan, outputs) = (cx.task_id, cx.outputs);
-        let unresolved = |e: refs::RefError| StepError::permanent(codes::REF_UNRESOLVED, format!("step {}: {e}", self.step.name));
-        let spec = self.step.spec_value().map_err(|e| StepError::permanent(codes::INTERNAL, format!("step {}: the validated spec no longer parses: {e}", self.step.name)))?;
-        let subject = match &self.step.subject {
-            Some(s) => match refs::resolve_text(s, outputs).map_err(unresolved)? {
-                Value::String(s) => Some(s),
-                other => Some(other.to_string()),
-            },
-            None => None,
-        };
-        Ok(ChildCommand {
-            kind: self.kind,
-            subject,
-            spec: refs::resolve(&spec, outputs).map_err(unresolved)?,
-            idempotency_key: child_key(plan, &self.step.name),
-            parent: *plan,
-            deadline_ms: cx.deadline_ms,
-            keep_partial: cx.keep_partial,
-            trace_parent: cx.trace_parent.clone(),
-            on_behalf_of: cx.requested_by.to_owned(),
-        })
-    }
-
-    /// The child's snapshot, once it has one. The Start may be on its way to the child's
-    /// worker (the run sent it just before it stopped): wait the appear grace for it to be
-    /// taken up. `None` if it never is: no Start was sent (or it was rejected without a
-    /// snapshot), so there is nothing to cancel or undo.
-    async fn appeared(&self, id: TaskId) -> Result<Option<TaskSnapshot>, StepError> {
-        if let Some(s) = self.children().snapshot(id).await.map_err(step_error)? {
-            return Ok(Some(s));
-        }
-        match self.children().wait(id, self.cfg.appear_grace, &mut |_| true).await {
-            Ok(s) => Ok(Some(s)),
-            Err(ChildError::Timeout { .. }) => Ok(None),
-            Err(e) => Err(step_error(e)),
-        }
+    fn child(&self, plan: &TaskId) -> Child<'_> {
+        Child { kind: self.kind, key: child_key(plan, &self.step.name), label: self.step.name.clone(), cfg: &self.cfg }
     }
 
     /// Reports where the child is, once per new snapshot.
@@ -132,8 +195,33 @@ impl ChildStep {
     }
 }
 
+/// The command of a child: `spec` (the step's, or a cluster's) with the earlier children's
+/// outputs put in, under the plan's deadline, keep-partial and this step's trace.
+pub(crate) fn command(cx: &StepContext<'_, PlanSpec>, kind: TaskKind, label: &str, key: String, subject: Option<&str>, spec: &Value) -> Result<ChildCommand, StepError> {
+    let (plan, outputs) = (cx.task_id, cx.outputs);
+    let unresolved = |e: refs::RefError| StepError::permanent(codes::REF_UNRESOLVED, format!("step {label}: {e}"));
+    let subject = match subject {
+        Some(s) => match refs::resolve_text(s, outputs).map_err(unresolved)? {
+            Value::String(s) => Some(s),
+            other => Some(other.to_string()),
+        },
+        None => None,
+    };
+    Ok(ChildCommand {
+        kind,
+        subject,
+        spec: refs::resolve(spec, outputs).map_err(unresolved)?,
+        idempotency_key: key,
+        parent: *plan,
+        deadline_ms: cx.deadline_ms,
+        keep_partial: cx.keep_partial,
+        trace_parent: cx.trace_parent.clone(),
+        on_behalf_of: cx.requested_by.to_owned(),
+    })
+}
+
 /// A [`ChildError`] as the step's error: Kafka trouble is retried, a bad spec is not.
-fn step_error(e: ChildError) -> StepError {
+pub(crate) fn step_error(e: ChildError) -> StepError {
     match &e {
         ChildError::Spec { .. } => StepError::permanent(codes::CHILD_SPEC, e.to_string()),
         ChildError::Unreachable { .. } => StepError::transient(codes::CHILDREN_UNREACHABLE, e.to_string()),
@@ -168,33 +256,17 @@ impl Step<PlanSpec> for ChildStep {
 
     fn run<'a>(&'a self, cx: &'a StepContext<'a, PlanSpec>) -> BoxFuture<'a, Result<Value, StepError>> {
         async move {
-            let id = self.id(cx.task_id, cx.requested_by);
-            match self.children().snapshot(id).await.map_err(step_error)? {
-                Some(snap) => {
-                    tracing::info!(plan = %cx.task_id, child = %id, state = ?snap.state, "re-attached to the child");
-                    self.report(cx, id, &snap);
-                }
-                None => {
-                    let command = self.command(cx)?;
-                    self.children().submit(&command).await.map_err(step_error)?;
-                    cx.progress(0, format!("child {id} ({}) submitted", self.kind));
-                }
+            let child = self.child(cx.task_id);
+            let spec = self.step.spec_value().map_err(|e| StepError::permanent(codes::INTERNAL, format!("step {}: the validated spec no longer parses: {e}", self.step.name)))?;
+            let key = child.key.clone();
+            let (id, found) = child.start(cx, || command(cx, self.kind, &self.step.name, key, self.step.subject.as_deref(), &spec)).await?;
+            match &found {
+                Some(snap) => self.report(cx, id, snap),
+                None => cx.progress(0, format!("child {id} ({}) submitted", self.kind)),
             }
-            let mut seen = 0;
-            let mut until = |s: &TaskSnapshot| {
-                if s.seq > seen {
-                    seen = s.seq;
-                    self.report(cx, id, s);
-                }
-                s.state.is_terminal()
-            };
-            let end = self.children().wait(id, self.cfg.child_timeout, &mut until).await.map_err(step_error)?;
+            let end = child.end(id, &mut |s| self.report(cx, id, s)).await?;
             if end.state != TaskState::Succeeded {
-                let why = end.error.as_ref().map(|e| format!(": {}: {}", e.code, e.message)).unwrap_or_default();
-                return Err(StepError::permanent(
-                    codes::CHILD_FAILED,
-                    format!("child {id} ({} on {}) of step {} ended {}{why}", self.kind, end.subject, self.step.name, end.state.name()),
-                ));
+                return Err(child.failed(&end));
             }
             Ok(output(self.kind, &end))
         }
@@ -203,16 +275,12 @@ impl Step<PlanSpec> for ChildStep {
 
     fn on_cancel<'a>(&'a self, cx: &'a StepContext<'a, PlanSpec>) -> BoxFuture<'a, Result<(), StepError>> {
         async move {
-            let id = self.id(cx.task_id, cx.requested_by);
-            let Some(snap) = self.appeared(id).await? else { return Ok(()) };
-            if snap.state.is_terminal() {
-                return Ok(());
-            }
+            let child = self.child(cx.task_id);
+            let id = child.id(cx.requested_by);
             let reason = format!("plan {} was cancelled in its step {}", cx.task_id, self.step.name);
-            self.children().cancel(self.kind, &snap.subject, id, reason).await.map_err(step_error)?;
-            cx.progress(50, format!("child {id} ({}) cancelling", self.kind));
-            let end = self.children().wait(id, self.cfg.child_timeout, &mut |s| s.state.is_terminal()).await.map_err(step_error)?;
-            cx.progress(100, format!("child {id} ({}) ended {}", self.kind, end.state.name()));
+            if let Some(state) = child.cancel(id, reason).await? {
+                cx.progress(100, format!("child {id} ({}) ended {}", self.kind, state.name()));
+            }
             Ok(())
         }
         .boxed()
@@ -220,26 +288,15 @@ impl Step<PlanSpec> for ChildStep {
 
     fn undo<'a>(&'a self, cx: &'a StepContext<'a, PlanSpec>, _output: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>> {
         async move {
-            let id = self.id(cx.task_id, cx.requested_by);
+            let child = self.child(cx.task_id);
+            let id = child.id(cx.requested_by);
             if self.step.keep {
                 cx.progress(100, format!("child {id} ({}) kept (keep: true)", self.kind));
                 return Ok(());
             }
-            let Some(snap) = self.appeared(id).await? else { return Ok(()) };
-            if matches!(snap.state, TaskState::Reverted | TaskState::Rejected) {
-                return Ok(());
-            }
-            if snap.state != TaskState::Reverting {
-                let reason = format!("plan {} reverts its step {}", cx.task_id, self.step.name);
-                self.children().revert(self.kind, &snap.subject, id, reason).await.map_err(step_error)?;
-            }
-            cx.progress(50, format!("child {id} ({}) reverting", self.kind));
-            let from = snap.seq;
-            let mut until = |s: &TaskSnapshot| s.seq > from && matches!(s.state, TaskState::Reverted | TaskState::RevertFailed);
-            let end = self.children().wait(id, self.cfg.child_timeout, &mut until).await.map_err(step_error)?;
-            if end.state == TaskState::RevertFailed {
-                let why = end.error.as_ref().map(|e| format!(": {}: {}", e.code, e.message)).unwrap_or_default();
-                return Err(StepError::permanent(codes::CHILD_REVERT_FAILED, format!("child {id} ({} on {}) of step {} could not be reverted{why}", self.kind, end.subject, self.step.name)));
+            let reason = format!("plan {} reverts its step {}", cx.task_id, self.step.name);
+            if child.revert(id, None, reason).await? {
+                cx.progress(100, format!("child {id} ({}) reverted", self.kind));
             }
             Ok(())
         }

@@ -1,0 +1,365 @@
+//! The second half of a fanned-out step (`for_each`): one child per chosen cluster
+//! ([`crate::steps::select`]), in waves.
+//!
+//! # Waves
+//! The clusters, in the chosen order, cut into waves of `waves.size`. A wave's children
+//! run at most `waves.max_in_flight` at once; the next wave starts `waves.pause_seconds`
+//! after this one passed its gate. The gate: every child of the wave Succeeded, and, after
+//! `waves.soak_seconds`, is still Succeeded (nobody reverted or replaced it meanwhile).
+//!
+//! # A wave that fails (`on_failure`)
+//! - `revert-all` (the default): the step fails; the plan reverts as usual (every started
+//!   child of every wave, then the earlier steps) or keeps it all with keep-partial.
+//! - `revert-wave`: the failed wave's children are reverted here; the earlier waves stay;
+//!   the plan ends Failed ([`StepError::keeps_done`]); its Revert undoes the rest later.
+//! - `halt`: nothing is reverted; the plan ends Failed.
+//!
+//! # Children
+//! Each child's idempotency key is `plan/<plan>/<step>/<cluster>`: a resumed run re-attaches
+//! to the children it submitted (waves that passed are not run again, their children
+//! already Succeeded). Its spec is the step's, with the overrides for its cluster merged in
+//! (RFC 7386) and `${cluster}` replaced by the cluster's name.
+//!
+//! # Output
+//! `{"kind", "clusters": {<cluster>: <child task id>}, "waves": [[<cluster>...]...],
+//! "waves_started"}`; a failed run records the same for the waves it started
+//! ([`StepError::with_output`]), so its undo reverts exactly those children.
+//!
+//! # Undo
+//! The started waves' children, last wave first, each wave's at most `max_in_flight` at
+//! once. Without a recorded output (the plan stopped inside the step, or was cancelled),
+//! the waves are scanned for children that have a snapshot, and the wave after the last
+//! such one is given the appear grace (its Starts may have been on their way).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use ferry_task::{Step, StepContext, StepError, StepPolicy, TaskId, TaskKind, TaskState, codes};
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt, stream};
+use serde_json::{Value, json};
+
+use crate::handler::PlanConfig;
+use crate::refs;
+use crate::spec::{ForEach, OnFailure, PlanSpec, PlanStep};
+use crate::steps::child::{Child, child_key, command};
+use crate::steps::select::{self, MAX_CLUSTERS};
+
+/// How many failed children a wave's failure names before "and N more".
+const NAMED_FAILURES: usize = 3;
+
+/// A fanned-out step's children, in waves.
+pub struct WaveStep {
+    step: PlanStep,
+    each: ForEach,
+    kind: TaskKind,
+    on_failure: OnFailure,
+    cfg: PlanConfig,
+}
+
+/// What became of one child of a wave.
+enum Outcome {
+    /// It ended Succeeded.
+    Succeeded(TaskId),
+    /// It ended otherwise, or could not be started or followed: why.
+    Failed(Option<TaskId>, String),
+}
+
+impl WaveStep {
+    /// The waves of `step` (which has `for_each`); fails when its kind does not parse
+    /// (`validate` refuses such a plan, so only a bug gets here).
+    pub fn new(step: PlanStep, each: ForEach, cfg: PlanConfig) -> Result<Self, ferry_task::kind::UnknownKind> {
+        let kind = step.kind.parse()?;
+        let on_failure = OnFailure::parse(each.on_failure.as_deref()).unwrap_or(OnFailure::RevertAll);
+        Ok(Self { step, each, kind, on_failure, cfg })
+    }
+
+    fn child(&self, plan: &TaskId, cluster: &str) -> Child<'_> {
+        Child {
+            kind: self.kind,
+            key: format!("{}/{cluster}", child_key(plan, &self.step.name)),
+            label: format!("{}/{cluster}", self.step.name),
+            cfg: &self.cfg,
+        }
+    }
+
+    /// The clusters the select step chose.
+    fn clusters(&self, cx: &StepContext<'_, PlanSpec>) -> Option<Vec<String>> {
+        cx.outputs.get(&select::step_name(&self.step.name)).and_then(select::chosen)
+    }
+
+    /// `clusters` cut into waves.
+    fn waves<'c>(&self, clusters: &'c [String]) -> Vec<&'c [String]> {
+        let size = usize::try_from(self.each.waves.size).ok().filter(|s| *s > 0).unwrap_or(clusters.len().max(1));
+        clusters.chunks(size).collect()
+    }
+
+    fn in_flight(&self, wave: usize) -> usize {
+        usize::try_from(self.each.waves.max_in_flight).ok().filter(|m| *m > 0).unwrap_or(wave.max(1))
+    }
+
+    fn pause(&self) -> Duration {
+        Duration::from_secs(u64::try_from(self.each.waves.pause_seconds).unwrap_or(0))
+    }
+
+    fn soak(&self) -> Duration {
+        Duration::from_secs(u64::try_from(self.each.waves.soak_seconds).unwrap_or(0))
+    }
+
+    /// The step's spec for `cluster`: its overrides merged in, `${cluster}` put in.
+    fn spec_for(&self, cluster: &str) -> Result<Value, StepError> {
+        let bad = |e: serde_json::Error| StepError::permanent(codes::INTERNAL, format!("step {}: the validated spec no longer parses: {e}", self.step.name));
+        let mut spec = self.step.spec_value().map_err(bad)?;
+        for o in self.each.overrides.iter().filter(|o| o.clusters.iter().any(|c| c == cluster)) {
+            json_patch::merge(&mut spec, &serde_json::from_str(&o.spec).map_err(bad)?);
+        }
+        Ok(refs::put_cluster(&spec, cluster))
+    }
+
+    /// Starts (or re-attaches to) `cluster`'s child and waits for its end.
+    async fn run_child(&self, cx: &StepContext<'_, PlanSpec>, cluster: String) -> (String, Result<Outcome, StepError>) {
+        let outcome = self.child_outcome(cx, &cluster).await;
+        (cluster, outcome)
+    }
+
+    async fn child_outcome(&self, cx: &StepContext<'_, PlanSpec>, cluster: &str) -> Result<Outcome, StepError> {
+        let child = self.child(cx.task_id, cluster);
+        let subject = self.step.subject.as_ref().map(|s| s.replace(refs::CLUSTER, cluster));
+        let started = match self.spec_for(cluster) {
+            Ok(spec) => {
+                let key = child.key.clone();
+                child.start(cx, || command(cx, self.kind, &child.label, key, subject.as_deref(), &spec)).await
+            }
+            Err(e) => Err(e),
+        };
+        let id = match started {
+            Ok((id, _)) => id,
+            Err(e) if e.transient => return Err(e),
+            Err(e) => return Ok(Outcome::Failed(None, format!("{cluster}: {}: {}", e.code, e.message))),
+        };
+        match child.end(id, &mut |_| {}).await {
+            Ok(end) if end.state == TaskState::Succeeded => Ok(Outcome::Succeeded(id)),
+            Ok(end) => Ok(Outcome::Failed(Some(id), format!("{cluster}: {}", child.failed(&end).message))),
+            Err(e) if e.transient => Err(e),
+            Err(e) => Ok(Outcome::Failed(Some(id), format!("{cluster}: {}: {}", e.code, e.message))),
+        }
+    }
+
+    /// Cancels `cluster`'s child if it runs (a wave not started has none to stop).
+    async fn cancel_child(&self, cx: &StepContext<'_, PlanSpec>, cluster: String, reason: String) -> Result<(), StepError> {
+        let child = self.child(cx.task_id, &cluster);
+        let id = child.id(cx.requested_by);
+        match self.cfg.children.snapshot(id).await.map_err(crate::steps::child::step_error)? {
+            Some(s) if !s.state.is_terminal() => child.cancel(id, reason).await.map(|_| ()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Reverts `cluster`'s child (see [`Child::revert`]).
+    async fn revert_child(&self, cx: &StepContext<'_, PlanSpec>, cluster: String, why: &str) -> Result<bool, StepError> {
+        let child = self.child(cx.task_id, &cluster);
+        let id = child.id(cx.requested_by);
+        child.revert(id, None, format!("plan {} {why} (step {}, cluster {cluster})", cx.task_id, self.step.name)).await
+    }
+
+    /// The gate after the soak: each of the wave's children still Succeeded.
+    async fn soaked(&self, cx: &StepContext<'_, PlanSpec>, wave: &[String]) -> Result<Vec<String>, StepError> {
+        let mut failed = Vec::new();
+        for cluster in wave {
+            let child = self.child(cx.task_id, cluster);
+            let id = child.id(cx.requested_by);
+            match self.cfg.children.snapshot(id).await.map_err(crate::steps::child::step_error)? {
+                Some(s) if s.state == TaskState::Succeeded => {}
+                Some(s) => failed.push(format!("{cluster}: child {id} was {} after the soak", s.state.name())),
+                None => failed.push(format!("{cluster}: child {id} has no snapshot after the soak")),
+            }
+        }
+        Ok(failed)
+    }
+
+    /// The output (or, for a failed run, the record of what it started).
+    fn record(&self, ids: &BTreeMap<String, TaskId>, waves: &[&[String]], started: usize) -> Value {
+        json!({
+            "kind": self.kind.as_str(),
+            "clusters": ids.iter().map(|(c, id)| (c.clone(), json!(id.to_string()))).collect::<serde_json::Map<_, _>>(),
+            "waves": waves,
+            "waves_started": started,
+        })
+    }
+
+    /// Reverts the children of `clusters` (found by their keys), at most `max_in_flight` at
+    /// once; how many were reverted.
+    async fn revert_all(&self, cx: &StepContext<'_, PlanSpec>, clusters: &[String], why: &str) -> Result<usize, StepError> {
+        let results: Vec<Result<bool, StepError>> =
+            stream::iter(clusters.iter().cloned()).map(|cluster| self.revert_child(cx, cluster, why)).buffer_unordered(self.in_flight(clusters.len())).collect().await;
+        let mut reverted = 0;
+        for r in results {
+            reverted += usize::from(r?);
+        }
+        Ok(reverted)
+    }
+
+    /// What a failed wave does ([`OnFailure`]); always an error, with the record of the
+    /// started waves for the undo.
+    async fn wave_failed(&self, cx: &StepContext<'_, PlanSpec>, w: usize, waves: &[&[String]], failed: Vec<String>, record: Value) -> StepError {
+        let more = failed.len().saturating_sub(NAMED_FAILURES);
+        let mut why = failed.into_iter().take(NAMED_FAILURES).collect::<Vec<_>>().join("; ");
+        if more > 0 {
+            why.push_str(&format!("; and {more} more"));
+        }
+        let n = waves.len();
+        let head = format!("step {}: wave {}/{n} failed: {why}", self.step.name, w + 1);
+        match self.on_failure {
+            OnFailure::RevertAll => StepError::permanent(codes::CHILD_FAILED, head).with_output(&record),
+            OnFailure::Halt => StepError::permanent(codes::CHILD_FAILED, format!("{head} (on_failure: halt: everything stays as it is until the plan is reverted)"))
+                .keeping_done()
+                .with_output(&record),
+            OnFailure::RevertWave => {
+                cx.progress(percent(w, n), format!("wave {}/{n} failed: reverting its children (on_failure: revert-wave)", w + 1));
+                match self.revert_all(cx, waves[w], "reverts a failed wave").await {
+                    Ok(count) => StepError::permanent(
+                        codes::CHILD_FAILED,
+                        format!("{head} (on_failure: revert-wave: {count} of its children reverted; the waves before it ({w}) stay until the plan is reverted)"),
+                    )
+                    .keeping_done()
+                    .with_output(&record),
+                    // The plan's undo takes over: it reverts every started child.
+                    Err(e) => StepError::permanent(e.code, format!("{head}; reverting the wave failed: {}", e.message)).with_output(&record),
+                }
+            }
+        }
+    }
+
+    /// The children the undo reverts, by wave: those the run recorded, or (none recorded)
+    /// the waves up to the one after the last with a child that has a snapshot.
+    async fn started_waves(&self, cx: &StepContext<'_, PlanSpec>, waves: &[&[String]], output: Option<&Value>) -> Result<usize, StepError> {
+        if let Some(n) = output.and_then(|o| o.get("waves_started")).and_then(Value::as_u64) {
+            return Ok((n as usize).min(waves.len()));
+        }
+        let mut last = None;
+        for (w, wave) in waves.iter().enumerate() {
+            let mut any = false;
+            for cluster in *wave {
+                let id = self.child(cx.task_id, cluster).id(cx.requested_by);
+                if self.cfg.children.snapshot(id).await.map_err(crate::steps::child::step_error)?.is_some() {
+                    any = true;
+                    break;
+                }
+            }
+            if !any {
+                break;
+            }
+            last = Some(w);
+        }
+        Ok(match last {
+            Some(w) => (w + 2).min(waves.len()),
+            None => 1.min(waves.len()),
+        })
+    }
+}
+
+/// The share of `w` waves out of `n`.
+fn percent(w: usize, n: usize) -> u8 {
+    (w * 100 / n.max(1)).min(99) as u8
+}
+
+impl Step<PlanSpec> for WaveStep {
+    fn name(&self) -> &str {
+        &self.step.name
+    }
+
+    fn policy(&self) -> StepPolicy {
+        // A wave may take a child's whole time, its pause and its soak; the most waves a
+        // step can have bounds the whole (the task's deadline bounds it as well).
+        let per_wave = self.cfg.child_timeout + self.pause() + self.soak() + Duration::from_secs(60);
+        let size = usize::try_from(self.each.waves.size).ok().filter(|s| *s > 0).unwrap_or(MAX_CLUSTERS);
+        StepPolicy {
+            timeout: per_wave * MAX_CLUSTERS.div_ceil(size) as u32,
+            max_retries: 5,
+            min_delay: Duration::from_millis(500),
+            max_delay: Duration::from_secs(10),
+        }
+    }
+
+    fn run<'a>(&'a self, cx: &'a StepContext<'a, PlanSpec>) -> BoxFuture<'a, Result<Value, StepError>> {
+        async move {
+            let Some(clusters) = self.clusters(cx) else {
+                return Err(StepError::permanent(codes::INTERNAL, format!("step {}: the chosen clusters are missing from step {}", self.step.name, select::step_name(&self.step.name))));
+            };
+            let waves = self.waves(&clusters);
+            let n = waves.len();
+            let mut ids: BTreeMap<String, TaskId> = BTreeMap::new();
+            for (w, wave) in waves.iter().enumerate() {
+                if w > 0 && !self.pause().is_zero() {
+                    cx.progress(percent(w, n), format!("wave {}/{n}: pausing {}s before it", w + 1, self.pause().as_secs()));
+                    tokio::time::sleep(self.pause()).await;
+                }
+                cx.progress(percent(w, n), format!("wave {}/{n}: {} children: {}", w + 1, wave.len(), wave.join(", ")));
+                let outcomes: Vec<(String, Result<Outcome, StepError>)> =
+                    stream::iter(wave.iter().cloned()).map(|c| self.run_child(cx, c)).buffer_unordered(self.in_flight(wave.len())).collect().await;
+                let mut failed = Vec::new();
+                let mut transient = None;
+                for (cluster, outcome) in outcomes {
+                    match outcome {
+                        Ok(Outcome::Succeeded(id)) => {
+                            ids.insert(cluster, id);
+                        }
+                        Ok(Outcome::Failed(id, why)) => {
+                            if let Some(id) = id {
+                                ids.insert(cluster.clone(), id);
+                            }
+                            failed.push(why);
+                        }
+                        Err(e) => transient = Some(e),
+                    }
+                }
+                // Kafka trouble: the step is tried again, and re-attaches to every child.
+                if let Some(e) = transient {
+                    return Err(e);
+                }
+                if failed.is_empty() && !self.soak().is_zero() {
+                    cx.progress(percent(w, n), format!("wave {}/{n}: its children succeeded; soaking {}s", w + 1, self.soak().as_secs()));
+                    tokio::time::sleep(self.soak()).await;
+                    failed = self.soaked(cx, wave).await?;
+                }
+                if !failed.is_empty() {
+                    failed.sort();
+                    let record = self.record(&ids, &waves, w + 1);
+                    return Err(self.wave_failed(cx, w, &waves, failed, record).await);
+                }
+                cx.progress(percent(w + 1, n), format!("wave {}/{n} passed", w + 1));
+            }
+            Ok(self.record(&ids, &waves, n))
+        }
+        .boxed()
+    }
+
+    fn on_cancel<'a>(&'a self, cx: &'a StepContext<'a, PlanSpec>) -> BoxFuture<'a, Result<(), StepError>> {
+        async move {
+            let Some(clusters) = self.clusters(cx) else { return Ok(()) };
+            let reason = format!("plan {} was cancelled in its step {}", cx.task_id, self.step.name);
+            let ended: Vec<Result<(), StepError>> =
+                stream::iter(clusters.iter().cloned()).map(|cluster| self.cancel_child(cx, cluster, reason.clone())).buffer_unordered(self.in_flight(clusters.len())).collect().await;
+            ended.into_iter().collect()
+        }
+        .boxed()
+    }
+
+    fn undo<'a>(&'a self, cx: &'a StepContext<'a, PlanSpec>, output: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>> {
+        async move {
+            if self.step.keep {
+                cx.progress(100, format!("step {}'s children kept (keep: true)", self.step.name));
+                return Ok(());
+            }
+            let Some(clusters) = self.clusters(cx) else { return Ok(()) };
+            let waves = self.waves(&clusters);
+            let started = self.started_waves(cx, &waves, output).await?;
+            for w in (0..started).rev() {
+                let count = self.revert_all(cx, waves[w], "reverts its step").await?;
+                cx.progress(percent(started - w, started), format!("wave {}/{}: {count} children reverted", w + 1, waves.len()));
+            }
+            Ok(())
+        }
+        .boxed()
+    }
+}

@@ -69,6 +69,7 @@ fn envelope(client: &Client, kind: TaskKind, subject: &str, spec: Vec<u8>) -> Ve
         keep_partial: false,
         reason: None,
         spec: Bytes(spec),
+        signal: None,
     };
     client.registry().encode(&env).unwrap()
 }

@@ -76,7 +76,7 @@ class Serdes:
         registry = SchemaRegistryClient(registry_conf)
         # Look up, never register: the ids are the ones Ferry's workers use.
         serde_conf = {"auto.register.schemas": False, "subject.name.strategy": record_subject_name_strategy}
-        self.envelope = AvroSerializer(registry, schema("CommandEnvelope.v2.avsc"), conf=serde_conf)
+        self.envelope = AvroSerializer(registry, schema("CommandEnvelope.v3.avsc"), conf=serde_conf)
         self.spec = AvroSerializer(registry, schema("TestTaskSpec.avsc"), conf=serde_conf)
         self.events = AvroDeserializer(registry, conf={"subject.name.strategy": record_subject_name_strategy})
         self.command_topic = f"{args.topic_prefix}ferry.commands.test"
@@ -176,6 +176,7 @@ def envelope(tid: str, action: str, subject: str, key: str | None, spec: bytes) 
         "keep_partial": False,
         "reason": None if action == "Start" else "reverted by the Python example",
         "spec": spec,
+        "signal": None,
     }
 
 

@@ -144,6 +144,7 @@ fn snapshot(r: &Registry, i: usize) -> TaskSnapshot {
         error: None,
         cancel_requested: false,
         revert_requested: false,
+        signals: Vec::new(),
     }
 }
 

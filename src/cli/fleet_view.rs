@@ -181,6 +181,7 @@ pub(crate) mod tests {
             error: None,
             cancel_requested: false,
             revert_requested: false,
+            signals: Vec::new(),
         }
     }
 

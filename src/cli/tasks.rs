@@ -66,6 +66,17 @@ pub enum TasksCommand {
         #[arg(short, long, value_enum, default_value_t)]
         output: Output,
     },
+    /// Tell a queued or running task a decision: `approve` (the next wave of a plan that
+    /// waits for approval), `pause` (a plan stops before its next wave), `resume` (goes on,
+    /// also past a wave that failed under `on_failure: pause`). Recorded in the task.
+    Signal {
+        id: TaskId,
+        /// The signal's name (lowercase letters, digits and '-').
+        name: String,
+        /// Why, for the record (carried in the command; `tasks get` shows it).
+        #[arg(long)]
+        reason: Option<String>,
+    },
 }
 
 /// A snapshot as people and scripts read it (spec bytes left out, outputs as JSON). Times
@@ -113,6 +124,9 @@ pub struct ControlView {
     pub requested_at_ms: i64,
     pub requested_at: Option<String>,
     pub reason: Option<String>,
+    /// A Signal's name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signal: Option<String>,
 }
 
 impl From<&TaskSnapshot> for TaskView {
@@ -277,7 +291,12 @@ fn print_view(v: &TaskView, controls: &[ControlView]) {
     }
     for c in controls {
         let reason = c.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
-        fields.push((if c.action == CommandAction::Cancel { "Cancelled by:" } else { "Reverted by:" }, format!("{} {} ago{reason}", c.requested_by, age(now, c.requested_at_ms))));
+        let (label, what) = match c.action {
+            CommandAction::Cancel => ("Cancelled by:", String::new()),
+            CommandAction::Signal => ("Signalled by:", format!(" ({})", c.signal.as_deref().unwrap_or_default())),
+            _ => ("Reverted by:", String::new()),
+        };
+        fields.push((label, format!("{}{what} {} ago{reason}", c.requested_by, age(now, c.requested_at_ms))));
     }
     if !v.revert_would_undo.is_empty() {
         fields.push(("Revert would undo:", v.revert_would_undo.join(", ")));
@@ -311,6 +330,7 @@ async fn controls(conn: &Conn, client: &ferry_runtime::Client, snap: &TaskSnapsh
             requested_at_ms: c.created_at_ms,
             requested_at: rfc3339(c.created_at_ms),
             reason: c.reason,
+            signal: c.signal,
         })
         .collect();
     out.sort_by_key(|c| c.requested_at_ms);
@@ -413,6 +433,15 @@ pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         TasksCommand::Watch { ids } => super::watch::run(conn, ids).await,
+        TasksCommand::Signal { id, name: signal, reason } => {
+            let target = client.signal(id, &signal, reason).await?;
+            let was = match (target.state, target.last_event) {
+                (Some(state), _) => format!("task was {}", name(&state)),
+                _ => "task not seen yet".to_owned(),
+            };
+            println!("signal {signal} to {id} sent ({was})");
+            Ok(ExitCode::SUCCESS)
+        }
         TasksCommand::Cancel { id, reason } => {
             let (_, was) = control(&client, id, CommandAction::Cancel, reason).await?;
             println!("cancel of {id} sent ({was})");

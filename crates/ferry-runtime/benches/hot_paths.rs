@@ -22,6 +22,7 @@ fn envelope(r: &Registry) -> CommandEnvelope {
         keep_partial: false,
         reason: None,
         spec: Bytes(r.encode(&TestTaskSpec::steps(3)).unwrap()),
+        signal: None,
     }
 }
 
@@ -59,6 +60,7 @@ fn snapshot(r: &Registry, steps: usize) -> TaskSnapshot {
         error: None,
         cancel_requested: false,
         revert_requested: false,
+        signals: Vec::new(),
     }
 }
 

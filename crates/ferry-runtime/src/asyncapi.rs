@@ -89,7 +89,7 @@ pub fn document(topics: &Topics) -> Value {
     messages.insert(
         "command".into(),
         avro_message(
-            "CommandEnvelope.v2.avsc",
+            "CommandEnvelope.v3.avsc",
             "the task's subject: one subject's commands stay in order",
             "Start, Cancel or Revert of a task; `spec` holds the kind's own record, itself Confluent-framed",
             json!({TRACEPARENT: trace, TENANT_HEADER: header("set by Ferry's gateway only, on commands copied from a tenant's topic: the tenant; any other sender's is refused or dropped")}),
@@ -150,11 +150,11 @@ pub fn document(topics: &Topics) -> Value {
     operations.insert("followAsTenant".into(), json!({"action": "receive", "channel": {"$ref": "#/channels/tenantProgress"}, "summary": "follow a tenant's tasks; dedupe by (task_id, seq)"}));
     messages.insert(
         "event".into(),
-        avro_message("ProgressEvent.v2.avsc", "the task id", "one event of a task (seq strictly increasing per task), a CloudEvent in the Kafka binding's binary content mode", event_headers(&trace)),
+        avro_message("ProgressEvent.v3.avsc", "the task id", "one event of a task (seq strictly increasing per task), a CloudEvent in the Kafka binding's binary content mode", event_headers(&trace)),
     );
     messages.insert(
         "snapshot".into(),
-        avro_message("TaskSnapshot.v2.avsc", "the task id", "a task's state, journal and spec after its latest event", json!({TRACEPARENT: trace, TASK_HEADER: header("the task id")})),
+        avro_message("TaskSnapshot.v3.avsc", "the task id", "a task's state, journal and spec after its latest event", json!({TRACEPARENT: trace, TASK_HEADER: header("the task id")})),
     );
     let scores = &topics.scores().name;
     channels.insert(

@@ -49,6 +49,9 @@ pub enum ClientError {
     /// No snapshot of the task exists.
     #[error("no task {0} on the task-state topic")]
     UnknownTask(TaskId),
+    /// The request itself is malformed (e.g. a signal's name); nothing was sent.
+    #[error("{0}")]
+    Invalid(String),
     /// The wait ran out.
     #[error("task {task} did not reach the awaited event within {} s", .waited.as_secs_f64().round())]
     Timeout {
@@ -235,6 +238,7 @@ impl Client {
             keep_partial: opts.keep_partial,
             reason: None,
             spec: Bytes(spec),
+            signal: None,
         };
         // Every task gets a trace: a producer span under the caller's trace (or a new
         // root); without a tracer provider, the caller's traceparent or a random one.
@@ -303,8 +307,35 @@ impl Client {
             keep_partial: false,
             reason,
             spec: Bytes::default(),
+            signal: None,
         };
         self.send(&env, None).await
+    }
+
+    /// Sends Signal `name` to a task found by [`Self::locate`] (e.g. `approve`, `pause`,
+    /// `resume` for a plan's waves). Its idempotency key is new for each call, so a
+    /// redelivered command is recorded once and two calls are two signals.
+    pub async fn signal(&self, id: TaskId, name: &str, reason: Option<String>) -> Result<Target, ClientError> {
+        if let Some(why) = crate::protocol::Signal::invalid_name(name) {
+            return Err(ClientError::Invalid(why));
+        }
+        let target = self.locate(id).await?;
+        let env = CommandEnvelope {
+            task_id: id.to_string(),
+            kind: target.kind,
+            action: CommandAction::Signal,
+            subject: target.subject.clone(),
+            idempotency_key: Some(format!("sig/{}", uuid::Uuid::now_v7())),
+            requested_by: self.requested_by.clone(),
+            created_at_ms: now_ms(),
+            deadline_ms: None,
+            keep_partial: false,
+            reason,
+            spec: Bytes::default(),
+            signal: Some(name.to_owned()),
+        };
+        self.send(&env, None).await?;
+        Ok(target)
     }
 
     /// Cancels a task, looking up its kind and subject ([`Self::locate`]; a service that

@@ -96,6 +96,7 @@ fn bounded(env: &CommandEnvelope) -> CommandEnvelope {
         keep_partial: env.keep_partial,
         reason: env.reason.as_deref().map(|r| cut(r, limits::REASON_BYTES)),
         spec: crate::protocol::Bytes::default(),
+        signal: env.signal.as_deref().map(|s| cut(s, limits::NAME_BYTES)),
     }
 }
 
@@ -499,6 +500,10 @@ impl<H: TaskHandler> Intake<H> {
         }
         match env.action {
             CommandAction::Cancel | CommandAction::Revert => What::Control { env, id },
+            CommandAction::Signal => match env.signal.as_deref().map_or_else(|| Some("a Signal names its signal (`signal`)".to_owned()), crate::protocol::Signal::invalid_name) {
+                Some(reason) => What::Reject { env: bounded(&env), reason, dead: None },
+                None => What::Control { env, id },
+            },
             CommandAction::Start => {
                 let spec: H::Spec = match self.registry.decode(&env.spec.0) {
                     Ok(s) => s,

@@ -348,6 +348,7 @@ mod tests {
             error: None,
             cancel_requested: false,
             revert_requested: false,
+            signals: Vec::new(),
         }
     }
 

@@ -168,7 +168,7 @@ impl Detail {
 }
 
 /// Every event type, in the enum's order (a test checks them against the Avro symbols).
-pub const EVENT_TYPES: [EventType; 15] = [
+pub const EVENT_TYPES: [EventType; 16] = [
     EventType::Accepted,
     EventType::Rejected,
     EventType::StepStarted,
@@ -184,6 +184,7 @@ pub const EVENT_TYPES: [EventType; 15] = [
     EventType::StepReverted,
     EventType::Reverted,
     EventType::RevertFailed,
+    EventType::Signalled,
 ];
 
 /// The CloudEvents `type` of an event: `io.ferry.task.` and its [`EventType`] in snake case
@@ -205,6 +206,7 @@ pub fn cloudevent_type(event: EventType) -> &'static str {
         EventType::StepReverted => "io.ferry.task.step_reverted",
         EventType::Reverted => "io.ferry.task.reverted",
         EventType::RevertFailed => "io.ferry.task.revert_failed",
+        EventType::Signalled => "io.ferry.task.signalled",
     }
 }
 

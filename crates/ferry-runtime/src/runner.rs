@@ -29,6 +29,8 @@ pub(crate) enum Control {
     /// Ownership is moving (revoke, shutdown): reach a safe point within `grace` and exit
     /// without a final state, so the next owner resumes.
     Stop { grace: Duration, reply: oneshot::Sender<ControlReply> },
+    /// Record a Signal and tell the running step.
+    Signal { signal: crate::protocol::Signal, reply: oneshot::Sender<ControlReply> },
 }
 
 /// The runner's answer to a control.
@@ -124,6 +126,8 @@ pub(crate) struct Runner<H: TaskHandler> {
     /// Events sent and not yet acknowledged, and events held for the next snapshot
     /// ([`Publisher::transition`], [`Publisher::hold`]).
     in_flight: crate::publisher::InFlight,
+    /// The names of the task's Signals, as steps see them ([`StepContext::signals`]).
+    signals: tokio::sync::watch::Sender<Vec<String>>,
 }
 
 impl<H: TaskHandler> Runner<H> {
@@ -136,7 +140,8 @@ impl<H: TaskHandler> Runner<H> {
         (fence, overtaken): (CancellationToken, Arc<std::sync::atomic::AtomicBool>),
         run: u64,
     ) -> Self {
-        Self { env, id, snap, ctl, done, stop: None, fence, overtaken, otel: opentelemetry::Context::new(), run, in_flight: Default::default() }
+        let signals = tokio::sync::watch::Sender::new(snap.signal_names());
+        Self { env, id, snap, ctl, done, stop: None, fence, overtaken, otel: opentelemetry::Context::new(), run, in_flight: Default::default(), signals }
     }
 
     /// Fails once the task is fenced: its partition belongs to another worker now, or
@@ -235,7 +240,7 @@ impl<H: TaskHandler> Runner<H> {
         }
         while let Some(c) = self.ctl.recv().await {
             let reply = match c {
-                Control::Cancel { reply } | Control::Revert { reply } | Control::Stop { reply, .. } => reply,
+                Control::Cancel { reply } | Control::Revert { reply } | Control::Stop { reply, .. } | Control::Signal { reply, .. } => reply,
             };
             let _ = reply.send(ControlReply::Finished);
         }
@@ -386,10 +391,12 @@ impl<H: TaskHandler> Runner<H> {
             let trace_ref = &trace;
             let requested_by = self.snap.requested_by.clone();
             let requester = requested_by.as_str();
+            let signals_rx = self.signals.subscribe();
+            let signals = &signals_rx;
             let result = self
                 .execute(i, &name, &policy, deadline, true, move |attempt, reports| {
                     Box::pin(async move {
-                        let cx = StepContext::new(id_ref, subject_ref, spec, outputs_ref, attempt, reports).with_task(task_deadline, keep_partial, trace_ref.clone()).with_requester(requester);
+                        let cx = StepContext::new(id_ref, subject_ref, spec, outputs_ref, attempt, reports).with_task(task_deadline, keep_partial, trace_ref.clone()).with_requester(requester).with_signals(signals.clone());
                         step.run(&cx).await
                     })
                 })
@@ -492,10 +499,12 @@ impl<H: TaskHandler> Runner<H> {
         let trace_ref = &trace;
         let requested_by = self.snap.requested_by.clone();
         let requester = requested_by.as_str();
+        let signals_rx = self.signals.subscribe();
+        let signals = &signals_rx;
         let result = self
             .execute(i, name, &policy, None, true, move |attempt, reports| {
                 Box::pin(async move {
-                    let cx = StepContext::new(id_ref, subject_ref, spec, outputs_ref, attempt, reports).with_task(None, keep_partial, trace_ref.clone()).with_requester(requester);
+                    let cx = StepContext::new(id_ref, subject_ref, spec, outputs_ref, attempt, reports).with_task(None, keep_partial, trace_ref.clone()).with_requester(requester).with_signals(signals.clone());
                     step.on_cancel(&cx).await.map(|()| Value::Null)
                 })
             })
@@ -550,11 +559,13 @@ impl<H: TaskHandler> Runner<H> {
             let trace_ref = &trace;
             let requested_by = self.snap.requested_by.clone();
             let requester = requested_by.as_str();
+            let signals_rx = self.signals.subscribe();
+            let signals = &signals_rx;
             let result = self
                 .execute(i, &name, &policy, None, false, move |attempt, reports| {
                     Box::pin(async move {
                         // An undo runs past the task's deadline (it bounds the forward run).
-                        let cx = StepContext::new(id_ref, subject_ref, spec, outputs_ref, attempt, reports).with_task(None, keep_partial, trace_ref.clone()).with_requester(requester);
+                        let cx = StepContext::new(id_ref, subject_ref, spec, outputs_ref, attempt, reports).with_task(None, keep_partial, trace_ref.clone()).with_requester(requester).with_signals(signals.clone());
                         step.undo(&cx, output_ref).await.map(|()| Value::Null)
                     })
                 })
@@ -716,6 +727,19 @@ impl<H: TaskHandler> Runner<H> {
         match c {
             Control::Stop { grace, reply } => {
                 self.stop = Some((Instant::now() + grace, reply));
+                Ok(None)
+            }
+            Control::Signal { signal, reply } => {
+                let message = crate::scheduler::signal_message(&signal);
+                match self.snap.record_signal(signal) {
+                    Ok(true) => {
+                        self.transition(EventType::Signalled, Detail::step(i, name).message(message)).await?;
+                        self.signals.send_replace(self.snap.signal_names());
+                    }
+                    Ok(false) => tracing::info!(task = %self.id, "signal already recorded (a redelivered command)"),
+                    Err(why) => tracing::warn!(task = %self.id, %why, "signal not recorded"),
+                }
+                let _ = reply.send(ControlReply::Handled);
                 Ok(None)
             }
             Control::Cancel { reply } | Control::Revert { reply } if !cancellable => {

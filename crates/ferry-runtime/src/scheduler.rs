@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::fences::Fences;
 use crate::ids::TaskId;
-use crate::protocol::{Bytes, CommandAction, CommandEnvelope, EventType, ProgressEvent, TaskSnapshot, TaskState, now_ms};
+use crate::protocol::{Bytes, CommandAction, CommandEnvelope, EventType, ProgressEvent, Signal, TaskSnapshot, TaskState, now_ms};
 use crate::publisher::{DeadLetter, Detail, Pending, PublishError};
 use crate::runner::{Control, ControlReply, Done, Env, Runner, Unwritten};
 use crate::state_view::StateView;
@@ -495,6 +495,7 @@ impl<H: TaskHandler> Scheduler<H> {
             error: None,
             cancel_requested: false,
             revert_requested: false,
+            signals: Vec::new(),
         }
     }
 
@@ -652,7 +653,11 @@ impl<H: TaskHandler> Scheduler<H> {
             tracing::info!(task = %id, action = ?env.action, state = ?slot.snap.state, running = slot.ctl.is_some(), "control for a task this worker holds");
             if let Some(ctl) = &slot.ctl {
                 let (reply, rx) = oneshot::channel();
-                let c = if revert { Control::Revert { reply } } else { Control::Cancel { reply } };
+                let c = match signal_of(env) {
+                    Some(signal) => Control::Signal { signal, reply },
+                    None if revert => Control::Revert { reply },
+                    None => Control::Cancel { reply },
+                };
                 if ctl.try_send(c).is_ok() {
                     return Ok(Some(rx));
                 }
@@ -680,6 +685,26 @@ impl<H: TaskHandler> Scheduler<H> {
                     self.running.remove(&slot.snap.subject);
                 }
             }
+            // A Signal to a queued task: recorded for the step that will wait for it.
+            if let Some(signal) = signal_of(env) {
+                let message = signal_message(&signal);
+                let outcome = if slot.snap.state.is_terminal() { Err(ended(&slot.snap)) } else { slot.snap.record_signal(signal) };
+                let refused = match outcome {
+                    Ok(true) => {
+                        pending.extend(self.env.publisher.enqueue_transition(&mut slot.snap, EventType::Signalled, Detail::default().message(message))?);
+                        None
+                    }
+                    Ok(false) => {
+                        tracing::info!(task = %id, "signal already recorded (a redelivered command)");
+                        None
+                    }
+                    Err(why) => Some(why),
+                };
+                if let Some(why) = refused {
+                    pending.extend(self.event_only(env, EventType::Rejected, trace, why)?);
+                }
+                return Ok(None);
+            }
             // Queued, not started yet (new, or resumed behind another task of its subject).
             let snap = &mut slot.snap;
             if matches!(snap.state, TaskState::Accepted | TaskState::Running) {
@@ -696,6 +721,9 @@ impl<H: TaskHandler> Scheduler<H> {
         match self.view.get(&id) {
             Some(snap) if snap.kind != self.env.handler.kind() => {
                 pending.extend(self.event_only(env, EventType::Rejected, trace, format!("task {id} is a {} task, not {}", snap.kind, env.kind))?);
+            }
+            Some(snap) if env.action == CommandAction::Signal => {
+                pending.extend(self.event_only(env, EventType::Rejected, trace, ended(&snap))?);
             }
             Some(mut snap) => {
                 if revert && snap.state.is_revertible() {
@@ -836,4 +864,26 @@ impl<H: TaskHandler> Scheduler<H> {
             keep
         });
     }
+}
+
+/// The [`Signal`] a Signal command carries (`None` for other actions).
+fn signal_of(env: &CommandEnvelope) -> Option<Signal> {
+    (env.action == CommandAction::Signal).then(|| Signal {
+        name: env.signal.clone().unwrap_or_default(),
+        by: env.requested_by.clone(),
+        at_ms: now_ms(),
+        key: env.idempotency_key.clone(),
+        reason: env.reason.clone(),
+    })
+}
+
+/// The message of a Signalled event.
+pub(crate) fn signal_message(s: &Signal) -> String {
+    let reason = s.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
+    format!("signal {} from {}{reason}", s.name, s.by)
+}
+
+/// Why a Signal cannot reach `snap`'s task: it has ended.
+fn ended(snap: &TaskSnapshot) -> String {
+    format!("task {} has ended ({}): a signal reaches only a queued or running task", snap.task_id, snap.state.name())
 }

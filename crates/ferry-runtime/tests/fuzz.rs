@@ -25,6 +25,7 @@ fn valid_envelope(r: &Registry) -> Vec<u8> {
         keep_partial: false,
         reason: None,
         spec: Bytes(spec),
+        signal: None,
     };
     r.encode(&env).unwrap()
 }

@@ -41,6 +41,7 @@ fn snapshot(id: TaskId, kind: TaskKind, subject: &str) -> TaskSnapshot {
         error: None,
         cancel_requested: false,
         revert_requested: false,
+        signals: Vec::new(),
     }
 }
 

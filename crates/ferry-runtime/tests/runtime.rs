@@ -120,6 +120,7 @@ async fn send_under_another_id(client: &ferry_runtime::Client, subject: &str, ke
         keep_partial: false,
         reason: None,
         spec: Bytes(client.registry().encode(spec).unwrap()),
+        signal: None,
     };
     client.send(&env, None).await.unwrap();
     other
@@ -969,7 +970,7 @@ async fn a_kind_registered_outside_the_runtime_gets_its_topics_and_runs_reverts_
         }
     };
     let env: CommandEnvelope = client.registry().decode(&raw).unwrap();
-    assert_eq!((&raw[..5], env.kind.as_str()), (&[0u8, 0, 0, 0, 5][..], "other"));
+    assert_eq!((&raw[..5], env.kind.as_str()), (&[0u8, 0, 0, 0, 100][..], "other"));
     token.cancel();
     worker.await.unwrap();
 }

@@ -31,7 +31,7 @@ async fn schemas_register_and_tasks_run_with_the_registrys_ids() {
     assert!(stand_in.handle().subjects().contains(&"io.ferry.v1.CommandEnvelope".to_owned()), "RecordNameStrategy: {:?}", stand_in.handle().subjects());
 
     // Another producer registers a newer, compatible version (a field with a default).
-    let text = embedded_schemas().into_iter().find(|(_, f, _)| *f == "CommandEnvelope.v2.avsc").unwrap().2;
+    let text = embedded_schemas().into_iter().find(|(_, f, _)| *f == "CommandEnvelope.v3.avsc").unwrap().2;
     let mut newer: Value = serde_json::from_str(text).unwrap();
     newer["fields"].as_array_mut().unwrap().push(json!({"name": "priority", "type": "int", "default": 0}));
     let newer_id = stand_in.handle().register("io.ferry.v1.CommandEnvelope", &newer.to_string());
@@ -51,6 +51,7 @@ async fn schemas_register_and_tasks_run_with_the_registrys_ids() {
         keep_partial: false,
         reason: None,
         spec: Bytes(vec![]),
+        signal: None,
     };
     let mut value = apache_avro::to_value(&env).unwrap();
     if let apache_avro::types::Value::Record(fields) = &mut value {
@@ -92,7 +93,7 @@ async fn lookup_mode_finds_the_ids_of_a_locked_registry() {
     assert!(matches!(refused, RegistryError::Status { status: 422, .. }), "{refused}");
 
     let registry = confluent(&format!("{}?mode=lookup", stand_in.url())).await.unwrap();
-    let env = expected.iter().find(|(f, _)| *f == "CommandEnvelope.v2.avsc").unwrap().1;
+    let env = expected.iter().find(|(f, _)| *f == "CommandEnvelope.v3.avsc").unwrap().1;
     let spec = expected.iter().find(|(f, _)| *f == "TestTaskSpec.avsc").unwrap().1;
     assert_eq!(registry.id_of::<CommandEnvelope>().unwrap(), env);
     assert_eq!(registry.id_of::<TestTaskSpec>().unwrap(), spec);

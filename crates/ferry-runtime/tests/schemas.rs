@@ -20,9 +20,9 @@ fn schemas_dir() -> PathBuf {
 
 fn derived() -> Vec<(&'static str, Schema)> {
     vec![
-        ("CommandEnvelope.v2.avsc", CommandEnvelope::get_schema()),
-        ("ProgressEvent.v2.avsc", ProgressEvent::get_schema()),
-        ("TaskSnapshot.v2.avsc", TaskSnapshot::get_schema()),
+        ("CommandEnvelope.v3.avsc", CommandEnvelope::get_schema()),
+        ("ProgressEvent.v3.avsc", ProgressEvent::get_schema()),
+        ("TaskSnapshot.v3.avsc", TaskSnapshot::get_schema()),
         ("TestTaskSpec.avsc", TestTaskSpec::get_schema()),
     ]
 }

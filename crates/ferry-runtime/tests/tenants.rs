@@ -59,6 +59,7 @@ fn planted(client: &Client, subject: &str, requested_by: &str, spec: &TestTaskSp
         error: None,
         cancel_requested: false,
         revert_requested: false,
+        signals: Vec::new(),
     }
 }
 
@@ -178,6 +179,7 @@ async fn tenants_are_who_the_broker_says_and_stay_in_their_policy_tansu() {
         keep_partial: false,
         reason: None,
         spec: Bytes(globex.registry().encode(&TestTaskSpec::steps(1)).unwrap()),
+        signal: None,
     };
     let headers = OwnedHeaders::new().insert(Header { key: TENANT_HEADER, value: Some("acme") });
     let topic = topics.tenant_command("globex", TaskKind::TEST).name;

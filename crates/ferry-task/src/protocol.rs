@@ -40,6 +40,10 @@ pub enum CommandAction {
     Cancel,
     /// Undo a finished task, or cancel then undo a running one.
     Revert,
+    /// Tell a queued or running task something a person decided: the envelope's `signal`
+    /// names it (`approve`, `pause`, `resume` for a plan's waves). Recorded in the task's
+    /// snapshot (once per idempotency key) for the step that waits for it. Version 3.
+    Signal,
 }
 
 /// Every record on a command topic. Key = the task's subject.
@@ -68,6 +72,11 @@ pub struct CommandEnvelope {
     pub reason: Option<String>,
     /// The kind's own spec record, Confluent-framed Avro (empty for Cancel and Revert).
     pub spec: Bytes,
+    /// For Signal: its name (1 to 63 lowercase letters, digits and `-`). Version 3 of the
+    /// schema (id 100); earlier versions have none.
+    #[serde(default)]
+    #[avro(default = "null")]
+    pub signal: Option<String>,
 }
 
 /// The kinds of progress event, in the order a task usually meets them.
@@ -104,6 +113,9 @@ pub enum EventType {
     Reverted,
     /// An undo failed for good; a new Revert retries it.
     RevertFailed,
+    /// A Signal reached the task and is in its snapshot (`message`: its name and who sent
+    /// it). Version 3.
+    Signalled,
 }
 
 impl EventType {
@@ -121,7 +133,7 @@ impl EventType {
             EventType::Reverting | EventType::StepReverted => Some(TaskState::Reverting),
             EventType::Reverted => Some(TaskState::Reverted),
             EventType::RevertFailed => Some(TaskState::RevertFailed),
-            EventType::StepProgress | EventType::StepFailed | EventType::Retrying | EventType::CancelRequested => None,
+            EventType::StepProgress | EventType::StepFailed | EventType::Retrying | EventType::CancelRequested | EventType::Signalled => None,
         }
     }
 
@@ -352,9 +364,66 @@ pub struct TaskSnapshot {
     pub cancel_requested: bool,
     /// A Revert arrived and has not been carried out yet.
     pub revert_requested: bool,
+    /// The Signals that reached the task, in order. Version 3 of the schema (id 102);
+    /// earlier versions have none.
+    #[serde(default)]
+    #[avro(default = "[]")]
+    pub signals: Vec<Signal>,
+}
+
+/// A Signal a task received ([`CommandAction::Signal`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, AvroSchema)]
+#[avro(namespace = "io.ferry.v1")]
+pub struct Signal {
+    /// Its name.
+    pub name: String,
+    /// Who sent it, as the runtime established it (`tenant:<t>` for a tenant).
+    pub by: String,
+    /// When the worker recorded it (ms since the epoch).
+    pub at_ms: i64,
+    /// The command's idempotency key: a Signal redelivered with it is recorded once.
+    pub key: Option<String>,
+    /// The command's reason, if any.
+    pub reason: Option<String>,
+}
+
+impl Signal {
+    /// Longest signal name.
+    pub const NAME_LEN: usize = 63;
+
+    /// Why `name` may not name a signal, if it may not.
+    pub fn invalid_name(name: &str) -> Option<String> {
+        let ok = !name.is_empty()
+            && name.len() <= Self::NAME_LEN
+            && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            && !name.starts_with('-')
+            && !name.ends_with('-');
+        (!ok).then(|| format!("signal {name:?}: 1 to {} lowercase letters, digits and '-', starting and ending with a letter or digit", Self::NAME_LEN))
+    }
 }
 
 impl TaskSnapshot {
+    /// Most Signals a task keeps (they ride in its snapshot).
+    pub const MAX_SIGNALS: usize = 100;
+
+    /// Records `signal`; false when one with its idempotency key is recorded already (a
+    /// redelivered command). Past [`Self::MAX_SIGNALS`], an error saying so.
+    pub fn record_signal(&mut self, signal: Signal) -> Result<bool, String> {
+        if signal.key.is_some() && self.signals.iter().any(|s| s.key == signal.key) {
+            return Ok(false);
+        }
+        if self.signals.len() >= Self::MAX_SIGNALS {
+            return Err(format!("task {} has received {} signals, the most a task keeps", self.task_id, Self::MAX_SIGNALS));
+        }
+        self.signals.push(signal);
+        Ok(true)
+    }
+
+    /// The names of the Signals received, in order.
+    pub fn signal_names(&self) -> Vec<String> {
+        self.signals.iter().map(|s| s.name.clone()).collect()
+    }
+
     /// The journaled output of step `step`, decoded (None: no such step, no output, or
     /// not a `T`).
     pub fn output_of<T: serde::de::DeserializeOwned>(&self, step: &str) -> Option<T> {

@@ -185,6 +185,9 @@ pub struct StepContext<'a, S> {
     /// tenant's task): a task this step starts is asked for on the same behalf.
     pub requested_by: &'a str,
     reports: mpsc::UnboundedSender<StepReport>,
+    /// The names of the task's Signals so far (`None`: a context without a runtime, which
+    /// has none).
+    signals: Option<tokio::sync::watch::Receiver<Vec<String>>>,
 }
 
 impl<'a, S> StepContext<'a, S> {
@@ -197,7 +200,37 @@ impl<'a, S> StepContext<'a, S> {
         attempt: u32,
         reports: mpsc::UnboundedSender<StepReport>,
     ) -> Self {
-        Self { task_id, subject, spec, outputs, attempt, deadline_ms: None, keep_partial: false, trace_parent: None, requested_by: "", reports }
+        Self { task_id, subject, spec, outputs, attempt, deadline_ms: None, keep_partial: false, trace_parent: None, requested_by: "", reports, signals: None }
+    }
+
+    /// The task's Signals as the runtime records them (see [`Self::signals`]).
+    pub fn with_signals(mut self, signals: tokio::sync::watch::Receiver<Vec<String>>) -> Self {
+        self.signals = Some(signals);
+        self
+    }
+
+    /// The names of the Signals the task has received so far, in order (durable: a resumed
+    /// task sees the ones it received before). A person's decisions reach a step this way
+    /// (`ferry tasks signal ID approve`).
+    pub fn signals(&self) -> Vec<String> {
+        self.signals.as_ref().map(|s| s.borrow().clone()).unwrap_or_default()
+    }
+
+    /// Waits until `until` accepts the task's Signals (checked at once, then at each new
+    /// one). Without a runtime (no signals can come) it waits for ever: bound it with the
+    /// step's timeout or a `select!`.
+    pub async fn wait_for_signals(&self, mut until: impl FnMut(&[String]) -> bool) {
+        let Some(rx) = &self.signals else { return std::future::pending().await };
+        let mut rx = rx.clone();
+        loop {
+            if until(&rx.borrow_and_update()) {
+                return;
+            }
+            if rx.changed().await.is_err() {
+                // The runner is gone: the step is being dropped with it.
+                return std::future::pending().await;
+            }
+        }
     }
 
     /// Who asked for the task (see the field).

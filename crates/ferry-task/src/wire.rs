@@ -20,6 +20,8 @@ use crate::kind::SchemaFile;
 
 /// The protocol's own records, every committed version. Versions 1 of the three (ids 1-3)
 /// carried the kind as a closed Avro enum; they stay so that records written then decode.
+/// Versions 3 (ids 100-102: the protocol's ids are 1-9 and 100-109, the kinds' 10-99)
+/// added Signals (an action, an event type, the snapshot's list).
 pub const PROTOCOL: &[SchemaFile] = &[
     (1, "CommandEnvelope.avsc", include_str!("../../../schemas/CommandEnvelope.avsc")),
     (2, "ProgressEvent.avsc", include_str!("../../../schemas/ProgressEvent.avsc")),
@@ -27,6 +29,9 @@ pub const PROTOCOL: &[SchemaFile] = &[
     (5, "CommandEnvelope.v2.avsc", include_str!("../../../schemas/CommandEnvelope.v2.avsc")),
     (6, "ProgressEvent.v2.avsc", include_str!("../../../schemas/ProgressEvent.v2.avsc")),
     (7, "TaskSnapshot.v2.avsc", include_str!("../../../schemas/TaskSnapshot.v2.avsc")),
+    (100, "CommandEnvelope.v3.avsc", include_str!("../../../schemas/CommandEnvelope.v3.avsc")),
+    (101, "ProgressEvent.v3.avsc", include_str!("../../../schemas/ProgressEvent.v3.avsc")),
+    (102, "TaskSnapshot.v3.avsc", include_str!("../../../schemas/TaskSnapshot.v3.avsc")),
 ];
 
 /// Every schema this program knows: the protocol's and each registered kind's, by id.
@@ -52,6 +57,17 @@ pub enum WireError {
     /// The first byte is not 0.
     #[error("unknown magic byte {0:#04x}: not Confluent-framed Avro")]
     BadMagic(u8),
+    /// Two schemas were given one id (a kind took an id another kind or the protocol
+    /// holds): a build mistake, refused at start.
+    #[error("schema id {id} is given to {first} and to {second}: ids are unique (protocol 1-9 and 100-109, each kind its own ten)")]
+    DuplicateId {
+        /// The id.
+        id: u32,
+        /// The record that had it first.
+        first: String,
+        /// The record given it again.
+        second: String,
+    },
     /// The id is not in the registry.
     #[error("unknown schema id {0}")]
     UnknownSchemaId(u32),
@@ -156,6 +172,10 @@ impl Registry {
                 source: Box::new(e),
             })?;
             let name = full_name(&schema);
+            if let Some(other) = by_id.get(&id) {
+                let other: &Entry = other;
+                return Err(WireError::DuplicateId { id, first: other.name.clone(), second: name });
+            }
             let newest = latest.entry(name.clone()).or_insert(id);
             *newest = (*newest).max(id);
             by_id.insert(id, Entry { kind_enum: has_kind_enum(&schema), schema, name });
@@ -333,6 +353,7 @@ mod tests {
             keep_partial: false,
             reason: None,
             spec: Bytes(vec![1, 2, 3]),
+            signal: None,
         }
     }
 
@@ -340,7 +361,7 @@ mod tests {
     fn round_trips_an_envelope() {
         let r = Registry::embedded();
         let bytes = r.encode(&envelope()).unwrap();
-        assert_eq!(&bytes[..5], &[0, 0, 0, 0, 5]);
+        assert_eq!(&bytes[..5], &[0, 0, 0, 0, 100]);
         assert_eq!(r.decode::<CommandEnvelope>(&bytes).unwrap(), envelope());
     }
 
@@ -374,7 +395,7 @@ mod tests {
         let mut ok = r.encode(&envelope()).unwrap();
         assert!(matches!(
             r.decode::<crate::protocol::TaskSnapshot>(&ok),
-            Err(WireError::WrongRecord { id: 5, .. })
+            Err(WireError::WrongRecord { id: 100, .. })
         ));
         ok.push(7);
         assert!(matches!(r.decode::<CommandEnvelope>(&ok), Err(WireError::Trailing(1))));

@@ -69,8 +69,10 @@ pub struct ForEach {
     pub waves: Waves,
     /// What a wave in which a child did not succeed does: `revert-all` (the default: the
     /// step fails and the plan reverts as usual), `revert-wave` (that wave's children are
-    /// reverted, earlier waves stay, the plan ends Failed) or `halt` (everything stays as it
-    /// is, the plan ends Failed; a Revert of the plan undoes it all later).
+    /// reverted, earlier waves stay, the plan ends Failed), `halt` (everything stays as it
+    /// is, the plan ends Failed; a Revert of the plan undoes it all later) or `pause` (the
+    /// plan waits for a person: signal `resume` goes on with the next wave, a Revert undoes
+    /// it all, a Cancel stops it).
     #[serde(default)]
     pub on_failure: Option<String>,
     /// Changes to the spec for some clusters (a JSON merge patch each, RFC 7386), applied
@@ -96,6 +98,10 @@ pub struct Waves {
     /// wave passes its gate (nobody reverted or replaced them meanwhile).
     #[serde(default)]
     pub soak_seconds: i64,
+    /// Each wave after the first waits for a person's `approve` signal
+    /// (`ferry tasks signal <plan> approve`): the n-th approval lets wave n+1 start.
+    #[serde(default)]
+    pub approve: bool,
 }
 
 /// A change to a fanned-out step's spec for some of its clusters.
@@ -119,11 +125,13 @@ pub enum OnFailure {
     RevertWave,
     /// Nothing is reverted; the plan ends Failed.
     Halt,
+    /// Nothing is reverted; the plan waits for a person's `resume` (or Revert, or Cancel).
+    Pause,
 }
 
 impl OnFailure {
     /// The names, as written in a spec.
-    pub const NAMES: [&str; 3] = ["revert-all", "revert-wave", "halt"];
+    pub const NAMES: [&str; 4] = ["revert-all", "revert-wave", "halt", "pause"];
 
     /// Parses a spec's value (`None`: the default, revert-all).
     pub fn parse(v: Option<&str>) -> Option<Self> {
@@ -131,6 +139,7 @@ impl OnFailure {
             None | Some("revert-all") => Some(Self::RevertAll),
             Some("revert-wave") => Some(Self::RevertWave),
             Some("halt") => Some(Self::Halt),
+            Some("pause") => Some(Self::Pause),
             Some(_) => None,
         }
     }

@@ -494,7 +494,7 @@ async fn a_fanned_out_step_without_cluster_or_with_two_choices_is_rejected() {
     for (for_each, reason) in [
         (json!({"clusters": ["c1"]}), "steps[0] (roll): neither the spec nor the subject uses ${cluster}: every cluster would get the same command"),
         (json!({"clusters": ["c1"], "labels": {"env": "prod"}}), "steps[0] (roll).for_each: choose the clusters one way: clusters (names), labels, or cluster_set (got 2)"),
-        (json!({"clusters": ["c1"], "on_failure": "pause"}), "steps[0] (roll).for_each.on_failure \"pause\": one of revert-all, revert-wave, halt"),
+        (json!({"clusters": ["c1"], "on_failure": "stop"}), "steps[0] (roll).for_each.on_failure \"stop\": one of revert-all, revert-wave, halt, pause"),
     ] {
         let subject = if reason.contains("${cluster}") { "same" } else { "${cluster}/app" };
         let plan = json!({"steps": [{"name": "roll", "kind": "test", "subject": subject, "spec": {"steps": 1}, "for_each": for_each}]});
@@ -522,8 +522,9 @@ async fn a_plan_resumed_inside_a_wave_re_attaches_and_submits_no_child_twice() {
         "for_each": {
             "clusters": clusters,
             "waves": {"size": 2},
-            // Wave 2's children outlive the first plan worker's stop (2 s of grace).
-            "overrides": [{"clusters": ["c3", "c4"], "spec": {"step_ms": 3000}}],
+            // Wave 2's children (9 s each) outlive the first plan worker's stop (2 s of
+            // grace) with room to spare on a loaded machine.
+            "overrides": [{"clusters": ["c3", "c4"], "spec": {"steps": 3, "step_ms": 3000}}],
         },
     }]});
     let id = bed.submit("rollout-e", plan, false).await;
@@ -548,7 +549,7 @@ async fn a_plan_resumed_inside_a_wave_re_attaches_and_submits_no_child_twice() {
     for c in clusters {
         let history = bed.client.history(wave_child(id, "roll", c)).await.unwrap();
         assert_eq!(history.iter().filter(|e| e.event == EventType::Accepted).count(), 1, "{c}'s child accepted once");
-        assert_eq!(history.iter().filter(|e| e.event == EventType::StepStarted).count(), 1, "{c}'s child ran once");
+        assert_eq!(history.iter().filter(|e| e.event == EventType::StepStarted && e.step == Some(1)).count(), 1, "{c}'s child ran once");
         assert_eq!(bed.snapshot(wave_child(id, "roll", c)).await.state, TaskState::Succeeded, "{c}'s child");
     }
     second.stop().await;
@@ -587,6 +588,111 @@ async fn cancelling_a_plan_inside_a_wave_cancels_its_children_and_a_revert_undoe
     let evs = until(&mut events, id, |e| matches!(e.event, EventType::Reverted | EventType::RevertFailed)).await;
     assert_eq!(evs.last().unwrap().event, EventType::Reverted, "{evs:#?}");
     assert_eq!(states(&bed, id, &all).await, [Some(Reverted), Some(Reverted), Some(Reverted), Some(Reverted), None]);
+    plans.stop().await;
+    tests.stop().await;
+}
+
+/// The first event of `id` whose message starts with `text` (waits for it).
+async fn progress_starting(events: &mut EventStream, id: TaskId, text: &str) -> ProgressEvent {
+    let evs = until(events, id, |e| e.event == EventType::StepProgress && e.message.as_deref().is_some_and(|m| m.starts_with(text))).await;
+    evs.last().cloned().unwrap()
+}
+
+/// A Signal as a client sends it, with `key` as its idempotency key (a redelivered
+/// command has the same one).
+fn signal_command(plan: TaskId, subject: &str, name: &str, key: &str) -> CommandEnvelope {
+    CommandEnvelope {
+        task_id: plan.to_string(),
+        kind: TaskKind::PLAN,
+        action: ferry_runtime::protocol::CommandAction::Signal,
+        subject: subject.into(),
+        idempotency_key: Some(key.into()),
+        requested_by: "operator".into(),
+        created_at_ms: ferry_runtime::protocol::now_ms(),
+        deadline_ms: None,
+        keep_partial: false,
+        reason: None,
+        spec: ferry_runtime::protocol::Bytes::default(),
+        signal: Some(name.into()),
+    }
+}
+
+/// People steer the waves with Signals: each wave after the first waits for `approve`; a
+/// `pause` holds the next wave until `resume`. A Signal is recorded in the plan's snapshot
+/// once per idempotency key (a redelivered command adds nothing) and told as a Signalled
+/// event; one sent to a task that has ended is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waves_wait_for_approval_and_a_pause_holds_the_next_wave_until_resumed() {
+    let bed = Bed::start();
+    let mut events = bed.client.events(true).await.unwrap();
+    let (tests, plans) = (bed.test_worker(), bed.plan_worker("plan-worker").await);
+    let plan = json!({"steps": [{
+        "name": "roll", "kind": "test", "subject": "${cluster}/app",
+        "spec": serde_json::to_value(TestTaskSpec::steps(1)).unwrap(),
+        "for_each": {"clusters": ["c1", "c2", "c3"], "waves": {"size": 1, "approve": true}},
+    }]});
+    let id = bed.submit("rollout-g", plan, false).await;
+    progress_starting(&mut events, id, "wave 2/3 waits for approval").await;
+    assert_eq!(states(&bed, id, &["c1", "c2"]).await, [Some(TaskState::Succeeded), None], "wave 2 waits");
+
+    // Pause, then approve: the approval is not enough while paused. The pause is sent
+    // twice with one key (a redelivery): one is recorded.
+    for _ in 0..2 {
+        bed.client.send(&signal_command(id, "rollout-g", "pause", "sig/pause-1"), None).await.unwrap();
+    }
+    bed.client.signal(id, "approve", Some("looks good".into())).await.unwrap();
+    let approved = until(&mut events, id, |e| e.event == EventType::Signalled && e.message.as_deref().is_some_and(|m| m.starts_with("signal approve"))).await;
+    assert_eq!(approved.iter().filter(|e| e.event == EventType::Signalled).count(), 2, "pause once, then approve: {approved:#?}");
+    progress_starting(&mut events, id, "paused before wave 2/3").await;
+    assert_eq!(states(&bed, id, &["c2"]).await, [None], "paused: wave 2 does not start");
+    let names: Vec<String> = bed.snapshot(id).await.signals.iter().map(|s| s.name.clone()).collect();
+    assert_eq!(names, ["pause", "approve"]);
+
+    bed.client.signal(id, "resume", None).await.unwrap();
+    progress_starting(&mut events, id, "wave 3/3 waits for approval").await;
+    assert_eq!(states(&bed, id, &["c2", "c3"]).await, [Some(TaskState::Succeeded), None]);
+    bed.client.signal(id, "approve", None).await.unwrap();
+    let evs = until_final(&mut events, id).await;
+    assert_eq!(evs.last().unwrap().event, EventType::Succeeded, "{evs:#?}");
+    assert_eq!(states(&bed, id, &["c1", "c2", "c3"]).await, [Some(TaskState::Succeeded); 3]);
+
+    // The plan has ended: a Signal is refused, naming why.
+    bed.client.signal(id, "approve", None).await.unwrap();
+    let refused = until(&mut events, id, |e| e.event == EventType::Rejected && e.seq == 0).await;
+    let m = refused.last().unwrap().message.clone().unwrap_or_default();
+    assert!(m.contains("has ended (succeeded): a signal reaches only a queued or running task"), "{m}");
+    plans.stop().await;
+    tests.stop().await;
+}
+
+/// `on_failure: pause`: a failed wave holds the plan (nothing reverted, the next wave not
+/// started) until a person signals `resume`; the plan then goes on and records the wave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_wave_under_pause_waits_for_resume_then_goes_on() {
+    let bed = Bed::start();
+    let mut events = bed.client.events(true).await.unwrap();
+    let (tests, plans) = (bed.test_worker(), bed.plan_worker("plan-worker").await);
+    let plan = json!({"steps": [{
+        "name": "roll", "kind": "test", "subject": "${cluster}/app",
+        "spec": serde_json::to_value(TestTaskSpec::steps(1)).unwrap(),
+        "for_each": {
+            "clusters": ["c1", "c2", "c3"], "waves": {"size": 1}, "on_failure": "pause",
+            "overrides": [{"clusters": ["c2"], "spec": {"fail_at": 1}}],
+        },
+    }]});
+    let id = bed.submit("rollout-h", plan, false).await;
+    let paused = progress_starting(&mut events, id, "wave 2/3 failed: c2: child ").await;
+    assert!(paused.message.as_deref().unwrap_or_default().contains(&format!("`ferry tasks signal {id} resume` goes on")), "{paused:?}");
+    use TaskState::{Reverted, Succeeded};
+    assert_eq!(states(&bed, id, &["c1", "c2", "c3"]).await, [Some(Succeeded), Some(Reverted), None], "held after the failed wave");
+    assert_eq!(bed.snapshot(id).await.state, TaskState::Running);
+
+    bed.client.signal(id, "resume", None).await.unwrap();
+    let evs = until_final(&mut events, id).await;
+    assert_eq!(evs.last().unwrap().event, EventType::Succeeded, "{evs:#?}");
+    assert_eq!(states(&bed, id, &["c1", "c2", "c3"]).await, [Some(Succeeded), Some(Reverted), Some(Succeeded)]);
+    let out: Value = bed.snapshot(id).await.output_of("roll").unwrap();
+    assert_eq!(out["failed_waves"], json!([2]), "{out}");
     plans.stop().await;
     tests.stop().await;
 }

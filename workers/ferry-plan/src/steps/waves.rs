@@ -13,6 +13,16 @@
 //! - `revert-wave`: the failed wave's children are reverted here; the earlier waves stay;
 //!   the plan ends Failed ([`StepError::keeps_done`]); its Revert undoes the rest later.
 //! - `halt`: nothing is reverted; the plan ends Failed.
+//! - `pause`: nothing is reverted; the plan waits for a person: Signal `resume` goes on
+//!   with the next wave (the output lists the failed waves), a Revert undoes it all, a
+//!   Cancel stops it.
+//!
+//! # People (Signals: `ferry tasks signal <plan> <name>`)
+//! With `waves.approve`, each wave after the first waits for an `approve` (the n-th lets
+//! wave n+1 start). A `pause` holds the next wave until a `resume` (each pause, and each
+//! wave failed under `on_failure: pause`, takes one resume). Signals are durable (the
+//! plan's snapshot), so a resumed run counts them again; a wave it finds started was let
+//! through before and is not held again.
 //!
 //! # Children
 //! Each child's idempotency key is `plan/<plan>/<step>/<cluster>`: a resumed run re-attaches
@@ -162,6 +172,36 @@ impl WaveStep {
         child.revert(id, None, format!("plan {} {why} (step {}, cluster {cluster})", cx.task_id, self.step.name)).await
     }
 
+    /// Whether any child of `wave` has a snapshot (the wave started, in this run or one
+    /// before it).
+    async fn started(&self, cx: &StepContext<'_, PlanSpec>, wave: &[String]) -> Result<bool, StepError> {
+        for cluster in wave {
+            let id = self.child(cx.task_id, cluster).id(cx.requested_by);
+            if self.cfg.children.snapshot(id).await.map_err(crate::steps::child::step_error)?.is_some() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Before wave `w` (from 0, not the first): its approval when the waves ask for one,
+    /// then no pause outstanding. Each waits for the person's Signal (bounded by the step's
+    /// timeout and the plan's deadline; a Cancel or Revert of the plan ends it).
+    async fn await_people(&self, cx: &StepContext<'_, PlanSpec>, w: usize, n: usize, failed_and_resumed: usize) {
+        let plan = cx.task_id;
+        if self.each.waves.approve && count(&cx.signals(), APPROVE) < w {
+            cx.progress(percent(w, n), format!("wave {}/{n} waits for approval: `ferry tasks signal {plan} approve`", w + 1));
+            cx.wait_for_signals(|s| count(s, APPROVE) >= w).await;
+            cx.progress(percent(w, n), format!("wave {}/{n} approved", w + 1));
+        }
+        let paused = |s: &[String]| count(s, RESUME) < count(s, PAUSE) + failed_and_resumed;
+        if paused(&cx.signals()) {
+            cx.progress(percent(w, n), format!("paused before wave {}/{n} (signal pause): `ferry tasks signal {plan} resume` goes on", w + 1));
+            cx.wait_for_signals(|s| !paused(s)).await;
+            cx.progress(percent(w, n), format!("resumed before wave {}/{n}", w + 1));
+        }
+    }
+
     /// The gate after the soak: each of the wave's children still Succeeded.
     async fn soaked(&self, cx: &StepContext<'_, PlanSpec>, wave: &[String]) -> Result<Vec<String>, StepError> {
         let mut failed = Vec::new();
@@ -199,18 +239,14 @@ impl WaveStep {
         Ok(reverted)
     }
 
-    /// What a failed wave does ([`OnFailure`]); always an error, with the record of the
-    /// started waves for the undo.
+    /// What a failed wave does ([`OnFailure`], but for `pause`); always an error, with the
+    /// record of the started waves for the undo.
     async fn wave_failed(&self, cx: &StepContext<'_, PlanSpec>, w: usize, waves: &[&[String]], failed: Vec<String>, record: Value) -> StepError {
-        let more = failed.len().saturating_sub(NAMED_FAILURES);
-        let mut why = failed.into_iter().take(NAMED_FAILURES).collect::<Vec<_>>().join("; ");
-        if more > 0 {
-            why.push_str(&format!("; and {more} more"));
-        }
+        let why = summary(failed);
         let n = waves.len();
         let head = format!("step {}: wave {}/{n} failed: {why}", self.step.name, w + 1);
         match self.on_failure {
-            OnFailure::RevertAll => StepError::permanent(codes::CHILD_FAILED, head).with_output(&record),
+            OnFailure::RevertAll | OnFailure::Pause => StepError::permanent(codes::CHILD_FAILED, head).with_output(&record),
             OnFailure::Halt => StepError::permanent(codes::CHILD_FAILED, format!("{head} (on_failure: halt: everything stays as it is until the plan is reverted)"))
                 .keeping_done()
                 .with_output(&record),
@@ -258,6 +294,26 @@ impl WaveStep {
     }
 }
 
+/// The Signals a plan's waves answer to.
+const APPROVE: &str = "approve";
+const PAUSE: &str = "pause";
+const RESUME: &str = "resume";
+
+/// How many of `signals` are `name`.
+fn count(signals: &[String], name: &str) -> usize {
+    signals.iter().filter(|s| *s == name).count()
+}
+
+/// A wave's failures, the first few named.
+fn summary(failed: Vec<String>) -> String {
+    let more = failed.len().saturating_sub(NAMED_FAILURES);
+    let mut why = failed.into_iter().take(NAMED_FAILURES).collect::<Vec<_>>().join("; ");
+    if more > 0 {
+        why.push_str(&format!("; and {more} more"));
+    }
+    why
+}
+
 /// The share of `w` waves out of `n`.
 fn percent(w: usize, n: usize) -> u8 {
     (w * 100 / n.max(1)).min(99) as u8
@@ -289,10 +345,16 @@ impl Step<PlanSpec> for WaveStep {
             let waves = self.waves(&clusters);
             let n = waves.len();
             let mut ids: BTreeMap<String, TaskId> = BTreeMap::new();
+            // Waves that failed under `on_failure: pause` and were resumed by a person.
+            let mut failed_waves: Vec<usize> = Vec::new();
             for (w, wave) in waves.iter().enumerate() {
-                if w > 0 && !self.pause().is_zero() {
-                    cx.progress(percent(w, n), format!("wave {}/{n}: pausing {}s before it", w + 1, self.pause().as_secs()));
-                    tokio::time::sleep(self.pause()).await;
+                // A wave a resumed run finds started was approved and waited for before.
+                if w > 0 && !self.started(cx, wave).await? {
+                    self.await_people(cx, w, n, failed_waves.len()).await;
+                    if !self.pause().is_zero() {
+                        cx.progress(percent(w, n), format!("wave {}/{n}: pausing {}s before it", w + 1, self.pause().as_secs()));
+                        tokio::time::sleep(self.pause()).await;
+                    }
                 }
                 cx.progress(percent(w, n), format!("wave {}/{n}: {} children: {}", w + 1, wave.len(), wave.join(", ")));
                 let outcomes: Vec<(String, Result<Outcome, StepError>)> =
@@ -324,12 +386,37 @@ impl Step<PlanSpec> for WaveStep {
                 }
                 if !failed.is_empty() {
                     failed.sort();
+                    if self.on_failure == OnFailure::Pause {
+                        failed_waves.push(w + 1);
+                        cx.progress(
+                            percent(w, n),
+                            format!(
+                                "wave {}/{n} failed: {}; paused (on_failure: pause): `ferry tasks signal {} resume` goes on, `ferry tasks revert {}` undoes it all",
+                                w + 1,
+                                summary(failed),
+                                cx.task_id,
+                                cx.task_id
+                            ),
+                        );
+                        let next_started = match waves.get(w + 1) {
+                            Some(next) => self.started(cx, next).await?,
+                            None => false,
+                        };
+                        if !next_started {
+                            let paused = failed_waves.len();
+                            cx.wait_for_signals(|s| count(s, RESUME) >= count(s, PAUSE) + paused).await;
+                            cx.progress(percent(w + 1, n), format!("wave {}/{n} failed and was let stand: resumed", w + 1));
+                        }
+                        continue;
+                    }
                     let record = self.record(&ids, &waves, w + 1);
                     return Err(self.wave_failed(cx, w, &waves, failed, record).await);
                 }
                 cx.progress(percent(w + 1, n), format!("wave {}/{n} passed", w + 1));
             }
-            Ok(self.record(&ids, &waves, n))
+            let mut out = self.record(&ids, &waves, n);
+            out["failed_waves"] = json!(failed_waves);
+            Ok(out)
         }
         .boxed()
     }

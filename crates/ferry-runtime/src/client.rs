@@ -295,7 +295,12 @@ impl Client {
 
     /// Sends Cancel or Revert for a task whose kind and subject are known.
     pub async fn control(&self, kind: TaskKind, subject: &str, id: TaskId, action: CommandAction, reason: Option<String>) -> Result<(), ClientError> {
-        let env = CommandEnvelope {
+        self.send(&self.control_envelope(kind, subject, id, action, reason), None).await
+    }
+
+    /// The envelope of a Cancel, Revert or Signal of task `id` (no spec, no key).
+    fn control_envelope(&self, kind: TaskKind, subject: &str, id: TaskId, action: CommandAction, reason: Option<String>) -> CommandEnvelope {
+        CommandEnvelope {
             task_id: id.to_string(),
             kind,
             action,
@@ -308,8 +313,7 @@ impl Client {
             reason,
             spec: Bytes::default(),
             signal: None,
-        };
-        self.send(&env, None).await
+        }
     }
 
     /// Sends Signal `name` to a task found by [`Self::locate`] (e.g. `approve`, `pause`,
@@ -321,18 +325,9 @@ impl Client {
         }
         let target = self.locate(id).await?;
         let env = CommandEnvelope {
-            task_id: id.to_string(),
-            kind: target.kind,
-            action: CommandAction::Signal,
-            subject: target.subject.clone(),
             idempotency_key: Some(format!("sig/{}", uuid::Uuid::now_v7())),
-            requested_by: self.requested_by.clone(),
-            created_at_ms: now_ms(),
-            deadline_ms: None,
-            keep_partial: false,
-            reason,
-            spec: Bytes::default(),
             signal: Some(name.to_owned()),
+            ..self.control_envelope(target.kind, &target.subject, id, CommandAction::Signal, reason)
         };
         self.send(&env, None).await?;
         Ok(target)

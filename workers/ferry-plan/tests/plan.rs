@@ -387,19 +387,25 @@ fn wave_child(plan: TaskId, step: &str, cluster: &str) -> TaskId {
     TaskId::for_idempotency_key(TaskKind::TEST, &format!("plan/{plan}/{step}/{cluster}"))
 }
 
+/// A plan of one step `roll`: a `test` child of `steps` steps, subject `<cluster>/app`, per
+/// cluster of `for_each`.
+fn roll(steps: i32, for_each: Value) -> Value {
+    json!({"steps": [{
+        "name": "roll", "kind": "test", "subject": "${cluster}/app",
+        "spec": serde_json::to_value(TestTaskSpec::steps(steps)).unwrap(),
+        "for_each": for_each,
+    }]})
+}
+
 /// A plan of one `test` step fanned out over c1..c6 in waves of two, where c3's child
 /// fails (an override), under the failure policy `on_failure`.
 fn rollout(on_failure: &str) -> Value {
-    json!({"steps": [{
-        "name": "roll", "kind": "test", "subject": "${cluster}/app",
-        "spec": serde_json::to_value(TestTaskSpec::steps(2)).unwrap(),
-        "for_each": {
-            "clusters": ["c1", "c2", "c3", "c4", "c5", "c6"],
-            "waves": {"size": 2},
-            "on_failure": on_failure,
-            "overrides": [{"clusters": ["c3"], "spec": {"fail_at": 2}}],
-        },
-    }]})
+    roll(2, json!({
+        "clusters": ["c1", "c2", "c3", "c4", "c5", "c6"],
+        "waves": {"size": 2},
+        "on_failure": on_failure,
+        "overrides": [{"clusters": ["c3"], "spec": {"fail_at": 2}}],
+    }))
 }
 
 /// The state of each of `clusters`' children (`None`: never submitted).
@@ -516,17 +522,13 @@ async fn a_plan_resumed_inside_a_wave_re_attaches_and_submits_no_child_twice() {
     let tests = bed.test_worker();
     let first = bed.plan_worker("plan-worker-1").await;
     let clusters = ["c1", "c2", "c3", "c4", "c5", "c6"];
-    let plan = json!({"steps": [{
-        "name": "roll", "kind": "test", "subject": "${cluster}/app",
-        "spec": serde_json::to_value(TestTaskSpec::steps(1)).unwrap(),
-        "for_each": {
-            "clusters": clusters,
-            "waves": {"size": 2},
-            // Wave 2's children (9 s each) outlive the first plan worker's stop (2 s of
-            // grace) with room to spare on a loaded machine.
-            "overrides": [{"clusters": ["c3", "c4"], "spec": {"steps": 3, "step_ms": 3000}}],
-        },
-    }]});
+    let plan = roll(1, json!({
+        "clusters": clusters,
+        "waves": {"size": 2},
+        // Wave 2's children (9 s each) outlive the first plan worker's stop (2 s of
+        // grace) with room to spare on a loaded machine.
+        "overrides": [{"clusters": ["c3", "c4"], "spec": {"steps": 3, "step_ms": 3000}}],
+    }));
     let id = bed.submit("rollout-e", plan, false).await;
     until(&mut events, wave_child(id, "roll", "c3"), |e| e.event == EventType::StepStarted).await;
     first.stop().await;
@@ -563,16 +565,12 @@ async fn cancelling_a_plan_inside_a_wave_cancels_its_children_and_a_revert_undoe
     let bed = Bed::start();
     let mut events = bed.client.events(true).await.unwrap();
     let (tests, plans) = (bed.test_worker(), bed.plan_worker("plan-worker").await);
-    let plan = json!({"steps": [{
-        "name": "roll", "kind": "test", "subject": "${cluster}/app",
-        "spec": serde_json::to_value(TestTaskSpec::steps(2)).unwrap(),
-        "for_each": {
-            "clusters": ["c1", "c2", "c3", "c4", "c5"],
-            "waves": {"size": 2},
-            // Wave 2 blocks in its children's first step until they are cancelled.
-            "overrides": [{"clusters": ["c3", "c4"], "spec": {"block_at": 1}}],
-        },
-    }]});
+    let plan = roll(2, json!({
+        "clusters": ["c1", "c2", "c3", "c4", "c5"],
+        "waves": {"size": 2},
+        // Wave 2 blocks in its children's first step until they are cancelled.
+        "overrides": [{"clusters": ["c3", "c4"], "spec": {"block_at": 1}}],
+    }));
     let id = bed.submit("rollout-f", plan, false).await;
     for c in ["c3", "c4"] {
         until(&mut events, wave_child(id, "roll", c), |e| e.event == EventType::StepProgress).await;
@@ -626,11 +624,7 @@ async fn waves_wait_for_approval_and_a_pause_holds_the_next_wave_until_resumed()
     let bed = Bed::start();
     let mut events = bed.client.events(true).await.unwrap();
     let (tests, plans) = (bed.test_worker(), bed.plan_worker("plan-worker").await);
-    let plan = json!({"steps": [{
-        "name": "roll", "kind": "test", "subject": "${cluster}/app",
-        "spec": serde_json::to_value(TestTaskSpec::steps(1)).unwrap(),
-        "for_each": {"clusters": ["c1", "c2", "c3"], "waves": {"size": 1, "approve": true}},
-    }]});
+    let plan = roll(1, json!({"clusters": ["c1", "c2", "c3"], "waves": {"size": 1, "approve": true}}));
     let id = bed.submit("rollout-g", plan, false).await;
     progress_starting(&mut events, id, "wave 2/3 waits for approval").await;
     assert_eq!(states(&bed, id, &["c1", "c2"]).await, [Some(TaskState::Succeeded), None], "wave 2 waits");
@@ -672,14 +666,10 @@ async fn a_failed_wave_under_pause_waits_for_resume_then_goes_on() {
     let bed = Bed::start();
     let mut events = bed.client.events(true).await.unwrap();
     let (tests, plans) = (bed.test_worker(), bed.plan_worker("plan-worker").await);
-    let plan = json!({"steps": [{
-        "name": "roll", "kind": "test", "subject": "${cluster}/app",
-        "spec": serde_json::to_value(TestTaskSpec::steps(1)).unwrap(),
-        "for_each": {
-            "clusters": ["c1", "c2", "c3"], "waves": {"size": 1}, "on_failure": "pause",
-            "overrides": [{"clusters": ["c2"], "spec": {"fail_at": 1}}],
-        },
-    }]});
+    let plan = roll(1, json!({
+        "clusters": ["c1", "c2", "c3"], "waves": {"size": 1}, "on_failure": "pause",
+        "overrides": [{"clusters": ["c2"], "spec": {"fail_at": 1}}],
+    }));
     let id = bed.submit("rollout-h", plan, false).await;
     let paused = progress_starting(&mut events, id, "wave 2/3 failed: c2: child ").await;
     assert!(paused.message.as_deref().unwrap_or_default().contains(&format!("`ferry tasks signal {id} resume` goes on")), "{paused:?}");

@@ -256,3 +256,65 @@ async fn the_api_answers_every_task_written_before_it_started_and_none_deleted()
     stop.cancel();
     worker.await.unwrap().unwrap();
 }
+
+/// POSTs to `url` with `headers`; returns the status and the body.
+async fn post(url: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http::<axum::body::Body>();
+    let mut req = axum::http::Request::post(url);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = http.request(req.body(axum::body::Body::empty()).unwrap()).await.unwrap();
+    let status = resp.status().as_u16();
+    let body = axum::body::to_bytes(axum::body::Body::new(resp.into_body()), usize::MAX).await.unwrap();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// The API's Signal (a running plan's Approve, Pause and Resume buttons): guarded as
+/// Revert and Cancel are, it reaches the running task, which records it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_through_the_api_is_guarded_and_reaches_the_running_task() {
+    use ferry_runtime::testkind::TestTaskSpec;
+    use ferry_runtime::{EventType, SubmitOptions, TaskKind};
+
+    let topics = Topics::standard();
+    let broker = EmbeddedBroker::start(1, &topics).unwrap();
+    let bootstrap = broker.bootstrap();
+    let kafka = KafkaConfig::for_embedded(bootstrap.clone());
+    let mut opts = WorkerOptions::new(kafka.clone());
+    opts.shutdown_grace = Duration::from_secs(1);
+    let stop = CancellationToken::new();
+    let worker = tokio::spawn(Worker::new(opts, TestHandler::default()).run(stop.clone()));
+    let client = Client::new(kafka.clone(), topics.clone()).unwrap();
+    let mut events = client.events(true).await.unwrap();
+    // Blocks in its first step until cancelled.
+    let id = client.submit(TaskKind::TEST, "api/signal", &TestTaskSpec { block_at: Some(1), ..TestTaskSpec::steps(1) }, SubmitOptions::default()).await.unwrap();
+    events.until(id, WAIT, |e| e.event == EventType::StepProgress).await.unwrap();
+
+    let token_file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(token_file.path(), "an-operator-token-of-32-characters").unwrap();
+    let (_dash, url) = dashboard(&bootstrap, token_file.path());
+    let (_, page) = get(&url).await;
+    let csrf = page.split("name=\"ferry-csrf\" content=\"").nth(1).and_then(|s| s.split('"').next()).expect("the page's CSRF token").to_owned();
+    let origin = url.trim_end_matches('/').to_owned();
+    let action = format!("{url}api/tasks/{id}/signal/approve");
+    let good = [("authorization", "Bearer an-operator-token-of-32-characters"), ("x-csrf-token", csrf.as_str()), ("origin", origin.as_str())];
+
+    assert_eq!(post(&action, &good[1..]).await.0, 401, "no operator token");
+    assert_eq!(post(&action, &[good[0], ("origin", "http://evil.example")]).await.0, 403, "cross-site");
+    let (status, body) = post(&format!("{url}api/tasks/{id}/signal/Not%20A%20Name"), &good).await;
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = post(&action, &good).await;
+    assert_eq!(status, 202, "{body}");
+    let evs = events.until(id, WAIT, |e| e.event == EventType::Signalled).await.unwrap();
+    let told = evs.last().unwrap().message.clone().unwrap_or_default();
+    assert!(told.starts_with("signal approve from ") && told.ends_with(": sent from the dashboard"), "{told}");
+    let snap = client.snapshot(id).await.unwrap().unwrap();
+    assert_eq!(snap.signals.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), ["approve"]);
+    assert_eq!(snap.state, TaskState::Running, "a Signal leaves the task running");
+
+    client.cancel(id).await.unwrap();
+    events.until(id, WAIT, |e| e.event.is_final()).await.unwrap();
+    stop.cancel();
+    worker.await.unwrap().unwrap();
+}

@@ -2,7 +2,8 @@
 //! axum with no external CDN or fonts. The page reads `/api/tasks` once, then follows
 //! `/api/events` (server-sent events: every progress event, from one shared consumer of
 //! the progress topic) and updates rows in place; its Revert and Cancel buttons POST to
-//! `/api/tasks/{id}/revert|cancel`, which send the commands through Kafka. `/api/fleet`
+//! `/api/tasks/{id}/revert|cancel`, and a running plan's Approve, Pause and Resume to
+//! `/api/tasks/{id}/signal/{name}`, which send the commands through Kafka. `/api/fleet`
 //! has the latest score of each cluster, the apps the deploy worker runs, and the
 //! clusters, peerings and offloaded namespaces the other workers made (`fleet_view`).
 //! Tasks and scores are answered from live views (`ferry_runtime::live`): one reader of
@@ -184,6 +185,20 @@ async fn cancel(State(app): State<Shared>, Path(id): Path<String>) -> Response {
     control(app, id, false).await
 }
 
+/// A Signal (`approve`, `pause`, `resume` for a plan's waves) to a task, as
+/// `ferry tasks signal` sends it; guarded as Revert and Cancel are.
+async fn signal(State(app): State<Shared>, Path((id, name)): Path<(String, String)>) -> Response {
+    let id: TaskId = match id.parse() {
+        Ok(id) => id,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    match app.client.signal(id, &name, Some("sent from the dashboard".into())).await {
+        Ok(target) => (StatusCode::ACCEPTED, Json(target)).into_response(),
+        Err(e @ ferry_runtime::ClientError::Invalid(_)) => error(StatusCode::BAD_REQUEST, e),
+        Err(e) => error(StatusCode::CONFLICT, e),
+    }
+}
+
 async fn events(State(app): State<Shared>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let mut rx = app.events.subscribe();
     let stream = async_stream(move |tx| async move {
@@ -254,6 +269,7 @@ pub async fn router(client: Client, access: Arc<Access>) -> anyhow::Result<Route
         .route("/api/events", get(events))
         .route("/api/tasks/{id}/revert", post(revert))
         .route("/api/tasks/{id}/cancel", post(cancel))
+        .route("/api/tasks/{id}/signal/{name}", post(signal))
         .with_state(app)
         .layer(axum::middleware::from_fn_with_state(access, super::dashboard_access::guard)))
 }

@@ -207,11 +207,45 @@ async fn a_task_from_the_cli_appears_progresses_and_reverts_in_the_browser() {
 
 /// GETs `url`; returns the status and the body.
 async fn get(url: &str) -> (u16, String) {
+    request(axum::http::Method::GET, url, &[]).await
+}
+
+/// POSTs to `url` with `headers`; returns the status and the body.
+async fn post(url: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    request(axum::http::Method::POST, url, headers).await
+}
+
+async fn request(method: axum::http::Method, url: &str, headers: &[(&str, &str)]) -> (u16, String) {
     let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http::<axum::body::Body>();
-    let resp = http.request(axum::http::Request::get(url).body(axum::body::Body::empty()).unwrap()).await.unwrap();
+    let mut req = axum::http::Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = http.request(req.body(axum::body::Body::empty()).unwrap()).await.unwrap();
     let status = resp.status().as_u16();
     let body = axum::body::to_bytes(axum::body::Body::new(resp.into_body()), usize::MAX).await.unwrap();
     (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// The embedded broker with a `test` worker on it: cancel `stop` and await `worker` to
+/// stop it (before the broker is dropped).
+struct Bed {
+    broker: EmbeddedBroker,
+    kafka: KafkaConfig,
+    topics: Topics,
+    stop: CancellationToken,
+    worker: tokio::task::JoinHandle<Result<(), ferry_runtime::WorkerError>>,
+}
+
+fn bed() -> Bed {
+    let topics = Topics::standard();
+    let broker = EmbeddedBroker::start(1, &topics).unwrap();
+    let kafka = KafkaConfig::for_embedded(broker.bootstrap());
+    let mut opts = WorkerOptions::new(kafka.clone());
+    opts.shutdown_grace = Duration::from_secs(1);
+    let stop = CancellationToken::new();
+    let worker = tokio::spawn(Worker::new(opts, TestHandler::default()).run(stop.clone()));
+    Bed { broker, kafka, topics, stop, worker }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -219,14 +253,8 @@ async fn the_api_answers_every_task_written_before_it_started_and_none_deleted()
     use ferry_runtime::testkind::TestTaskSpec;
     use rdkafka::producer::{FutureProducer, FutureRecord};
 
-    let topics = Topics::standard();
-    let broker = EmbeddedBroker::start(1, &topics).unwrap();
+    let Bed { broker, kafka, topics, stop, worker } = bed();
     let bootstrap = broker.bootstrap();
-    let kafka = KafkaConfig::for_embedded(bootstrap.clone());
-    let mut opts = WorkerOptions::new(kafka.clone());
-    opts.shutdown_grace = Duration::from_secs(1);
-    let stop = CancellationToken::new();
-    let worker = tokio::spawn(Worker::new(opts, TestHandler::default()).run(stop.clone()));
     let client = Client::new(kafka.clone(), topics.clone()).unwrap();
     let mut ids = Vec::new();
     for i in 0..4 {
@@ -257,19 +285,6 @@ async fn the_api_answers_every_task_written_before_it_started_and_none_deleted()
     worker.await.unwrap().unwrap();
 }
 
-/// POSTs to `url` with `headers`; returns the status and the body.
-async fn post(url: &str, headers: &[(&str, &str)]) -> (u16, String) {
-    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http::<axum::body::Body>();
-    let mut req = axum::http::Request::post(url);
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let resp = http.request(req.body(axum::body::Body::empty()).unwrap()).await.unwrap();
-    let status = resp.status().as_u16();
-    let body = axum::body::to_bytes(axum::body::Body::new(resp.into_body()), usize::MAX).await.unwrap();
-    (status, String::from_utf8_lossy(&body).into_owned())
-}
-
 /// The API's Signal (a running plan's Approve, Pause and Resume buttons): guarded as
 /// Revert and Cancel are, it reaches the running task, which records it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -277,14 +292,8 @@ async fn a_signal_through_the_api_is_guarded_and_reaches_the_running_task() {
     use ferry_runtime::testkind::TestTaskSpec;
     use ferry_runtime::{EventType, SubmitOptions, TaskKind};
 
-    let topics = Topics::standard();
-    let broker = EmbeddedBroker::start(1, &topics).unwrap();
+    let Bed { broker, kafka, topics, stop, worker } = bed();
     let bootstrap = broker.bootstrap();
-    let kafka = KafkaConfig::for_embedded(bootstrap.clone());
-    let mut opts = WorkerOptions::new(kafka.clone());
-    opts.shutdown_grace = Duration::from_secs(1);
-    let stop = CancellationToken::new();
-    let worker = tokio::spawn(Worker::new(opts, TestHandler::default()).run(stop.clone()));
     let client = Client::new(kafka.clone(), topics.clone()).unwrap();
     let mut events = client.events(true).await.unwrap();
     // Blocks in its first step until cancelled.

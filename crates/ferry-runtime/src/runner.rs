@@ -425,7 +425,7 @@ impl<H: TaskHandler> Runner<H> {
                     self.snap.journal[i].attempts = attempts as i32;
                     // What the step did before it failed, for its undo, if it fits beside
                     // the other outputs (else the undo works it out again).
-                    let others: usize = self.snap.journal.iter().enumerate().filter(|(j, _)| *j != i).filter_map(|(_, e)| e.output.as_ref().map(String::len)).sum();
+                    let others = self.other_outputs_len(i);
                     self.snap.journal[i].output = err.output.clone().filter(|o| o.len() + others <= crate::limits::STEP_OUTPUTS_BYTES);
                     self.snap.error = Some(TaskError {
                         code: err.code.clone(),
@@ -519,12 +519,18 @@ impl<H: TaskHandler> Runner<H> {
         }
     }
 
+    /// The bytes of every journaled output but step `i`'s: what a new output of step `i`
+    /// shares the snapshot's output budget with.
+    fn other_outputs_len(&self, i: usize) -> usize {
+        self.snap.journal.iter().enumerate().filter(|(j, _)| *j != i).filter_map(|(_, e)| e.output.as_ref().map(String::len)).sum()
+    }
+
     /// A step's output, or the permanent failure `OUTPUT_TOO_LARGE` when it would take the
     /// task's outputs past their limit: its snapshot would not fit in a record, and its
     /// every write would fail (the task stuck retrying it).
     fn bounded_output(&self, i: usize, output: Value, attempts: u32) -> Exec<Value> {
         let size = output.to_string().len();
-        let others: usize = self.snap.journal.iter().enumerate().filter(|(j, _)| *j != i).filter_map(|(_, e)| e.output.as_ref().map(String::len)).sum();
+        let others = self.other_outputs_len(i);
         if size + others <= crate::limits::STEP_OUTPUTS_BYTES {
             return Exec::Ok(output, attempts);
         }
@@ -730,7 +736,7 @@ impl<H: TaskHandler> Runner<H> {
                 Ok(None)
             }
             Control::Signal { signal, reply } => {
-                let message = crate::scheduler::signal_message(&signal);
+                let message = signal.message();
                 match self.snap.record_signal(signal) {
                     Ok(true) => {
                         self.transition(EventType::Signalled, Detail::step(i, name).message(message)).await?;

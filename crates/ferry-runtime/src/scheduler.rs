@@ -687,7 +687,7 @@ impl<H: TaskHandler> Scheduler<H> {
             }
             // A Signal to a queued task: recorded for the step that will wait for it.
             if let Some(signal) = signal_of(env) {
-                let message = signal_message(&signal);
+                let message = signal.message();
                 let outcome = if slot.snap.state.is_terminal() { Err(ended(&slot.snap)) } else { slot.snap.record_signal(signal) };
                 let refused = match outcome {
                     Ok(true) => {
@@ -875,12 +875,6 @@ fn signal_of(env: &CommandEnvelope) -> Option<Signal> {
         key: env.idempotency_key.clone(),
         reason: env.reason.clone(),
     })
-}
-
-/// The message of a Signalled event.
-pub(crate) fn signal_message(s: &Signal) -> String {
-    let reason = s.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
-    format!("signal {} from {}{reason}", s.name, s.by)
 }
 
 /// Why a Signal cannot reach `snap`'s task: it has ended.

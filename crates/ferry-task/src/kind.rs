@@ -46,7 +46,13 @@ pub enum UnknownKind {
 }
 
 const fn valid(b: &[u8]) -> bool {
-    if b.is_empty() || b.len() > KIND_NAME_MAX || b[0] == b'-' || b[b.len() - 1] == b'-' {
+    is_label(b, KIND_NAME_MAX)
+}
+
+/// A DNS-1123 label of at most `max` bytes: lowercase letters, digits and inner '-' (a
+/// kind's name, a signal's).
+pub(crate) const fn is_label(b: &[u8], max: usize) -> bool {
+    if b.is_empty() || b.len() > max || b[0] == b'-' || b[b.len() - 1] == b'-' {
         return false;
     }
     let mut i = 0;

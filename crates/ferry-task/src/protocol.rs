@@ -388,17 +388,18 @@ pub struct Signal {
 }
 
 impl Signal {
+    /// The message of the Signalled event that tells it.
+    pub fn message(&self) -> String {
+        let reason = self.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
+        format!("signal {} from {}{reason}", self.name, self.by)
+    }
+
     /// Longest signal name.
     pub const NAME_LEN: usize = 63;
 
     /// Why `name` may not name a signal, if it may not.
     pub fn invalid_name(name: &str) -> Option<String> {
-        let ok = !name.is_empty()
-            && name.len() <= Self::NAME_LEN
-            && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-            && !name.starts_with('-')
-            && !name.ends_with('-');
-        (!ok).then(|| format!("signal {name:?}: 1 to {} lowercase letters, digits and '-', starting and ending with a letter or digit", Self::NAME_LEN))
+        (!crate::kind::is_label(name.as_bytes(), Self::NAME_LEN)).then(|| format!("signal {name:?}: 1 to {} lowercase letters, digits and '-', starting and ending with a letter or digit", Self::NAME_LEN))
     }
 }
 

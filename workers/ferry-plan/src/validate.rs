@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use ferry_kube::names::{is_dns1123_subdomain, is_label_key, is_label_value};
+use ferry_kube::names::{is_dns1123_label, is_dns1123_subdomain, is_label_key, is_label_value};
 use ferry_task::{Rejection, TaskKind};
 
 use crate::refs;
@@ -28,12 +28,7 @@ pub fn validate(spec: &PlanSpec) -> Result<(), Rejection> {
     let mut index: HashMap<&str, usize> = HashMap::new();
     for (i, s) in spec.steps.iter().enumerate() {
         let at = format!("steps[{i}]");
-        let name_ok = !s.name.is_empty()
-            && s.name.len() <= NAME_LEN
-            && s.name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-            && !s.name.starts_with('-')
-            && !s.name.ends_with('-');
-        if !name_ok {
+        if !is_dns1123_label(&s.name) {
             return Err(Rejection::new(format!(
                 "{at}.name {:?}: 1 to {NAME_LEN} lowercase letters, digits and '-', starting and ending with a letter or digit",
                 s.name

@@ -274,15 +274,7 @@ impl WaveStep {
         }
         let mut last = None;
         for (w, wave) in waves.iter().enumerate() {
-            let mut any = false;
-            for cluster in *wave {
-                let id = self.child(cx.task_id, cluster).id(cx.requested_by);
-                if self.cfg.children.snapshot(id).await.map_err(crate::steps::child::step_error)?.is_some() {
-                    any = true;
-                    break;
-                }
-            }
-            if !any {
+            if !self.started(cx, wave).await? {
                 break;
             }
             last = Some(w);

@@ -31,6 +31,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable};
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Secret};
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
@@ -111,6 +112,15 @@ impl EmulatedLiqo {
             // The CRDs come with the cluster (Liqo's CRD chart), before anything else.
             crate::crds::install(&client, template_crds()).await.map_err(|e| FleetError::Client { cluster: c.name.clone(), source: Box::new(e) })?;
             members.push(Member { name: c.name.clone(), client, server: c.server.clone(), ca_pem: c.ca_pem()?, installed: false });
+        }
+        // Liqo's components are there when the bed is handed over, as on a cluster Liqo was
+        // installed on: a check run at once must not see a half-installed member (a loaded
+        // API server may refuse the first writes; retried within a bound).
+        for m in members.iter_mut().filter(|m| !knobs.get(&m.name).is_some_and(|k| k.not_installed)) {
+            let retry = ExponentialBuilder::default().with_min_delay(Duration::from_millis(100)).with_max_delay(Duration::from_secs(2)).with_max_times(60);
+            let member: &Member = m;
+            (|| install(member)).retry(retry).await.map_err(|e| FleetError::Client { cluster: member.name.clone(), source: Box::new(e) })?;
+            m.installed = true;
         }
         let knobs = Arc::new(Mutex::new(knobs));
         let k = knobs.clone();

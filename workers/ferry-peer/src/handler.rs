@@ -21,6 +21,7 @@ use crate::spec::{PeerClusters, PeerMethod, PeerOperation};
 use crate::steps::authentication::Authentication;
 use crate::steps::cluster_set::ClusterSet;
 use crate::steps::established::EstablishedCheck;
+use crate::steps::LiqoForeignCluster;
 use crate::steps::liqo_check::LiqoCheck;
 use crate::steps::network::Network;
 use crate::steps::objects::{Applies, Inverse};
@@ -105,6 +106,34 @@ impl Inner {
             self.cfg.clusters.delete(cluster, obj).await.map_err(|e| kube_err(codes::CLUSTER_API, e))?;
         }
         Ok(())
+    }
+
+    /// Whether `cluster` has a ForeignCluster of remote cluster id `remote` (Liqo names it
+    /// by the id).
+    pub(crate) async fn foreign_cluster(&self, cluster: &str, remote: &str) -> Result<bool, StepError> {
+        let api: kube::Api<LiqoForeignCluster> = kube::Api::all(self.client(cluster).await?);
+        match api.get_opt(remote).await {
+            Ok(fc) => Ok(fc.is_some()),
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+            Err(e) => Err(api_err(cluster)(e)),
+        }
+    }
+
+    /// Deletes `cluster`'s ForeignCluster of `remote` and waits until it is gone (Liqo's
+    /// controller drops its finalizer).
+    pub(crate) async fn forget_foreign_cluster(&self, cluster: &str, remote: &str) -> Result<(), StepError> {
+        let Ok(client) = self.cfg.clusters.client(cluster).await else { return Ok(()) };
+        let api: kube::Api<LiqoForeignCluster> = kube::Api::all(client.clone());
+        match api.delete(remote, &kube::api::DeleteParams::background()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
+            Err(e) => return Err(api_err(cluster)(e)),
+        }
+        self.cfg
+            .watches
+            .wait_deleted::<LiqoForeignCluster>(cluster, &client, None, remote, self.cfg.removal_timeout)
+            .await
+            .map_err(|e| wait_err(codes::REMOVAL, e))
     }
 
     /// The latest Warning event Liqo recorded on `kind` `name` (uid `uid` when given) in

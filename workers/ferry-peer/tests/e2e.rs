@@ -90,6 +90,12 @@ async fn peering_objects(c: &kube::Client) -> Vec<String> {
     out
 }
 
+/// Every ForeignCluster on `cluster` (Liqo's controller makes them; no peering label).
+async fn foreign_clusters(c: &kube::Client) -> Vec<String> {
+    let fc = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("core.liqo.io", "v1beta1", "ForeignCluster"), "foreignclusters");
+    Api::<DynamicObject>::all_with(c.clone(), &fc).list(&ListParams::default()).await.unwrap().items.into_iter().filter_map(|f| f.metadata.name).collect()
+}
+
 async fn virtual_node_ready(c: &kube::Client, name: &str) -> bool {
     Api::<Node>::all(c.clone()).get_opt(name).await.unwrap().is_some_and(|n| ferry_kube::kinds::node_ready(&n))
 }
@@ -149,6 +155,8 @@ async fn liqo_peer_unpeer_and_revert_remove_exactly_what_was_created() {
     assert_eq!(removed[1..4], ["remove-resources-reverse", "remove-authentication-reverse", "remove-resources"], "reverse order: {removed:?}");
     assert_eq!(peering_objects(&m1).await, Vec::<String>::new());
     assert_eq!(peering_objects(&m2).await, Vec::<String>::new());
+    // An unpeer keeps the ForeignClusters, as `liqoctl unpeer` does.
+    assert_eq!(foreign_clusters(&m1).await, ["member-2"], "member-1 still knows member-2");
 
     // Bidirectional, then revert it.
     let mut both = peer("member-1", "member-2");
@@ -194,6 +202,9 @@ async fn unready_components_fail_at_the_deadline_and_commands_of_a_pair_never_in
     assert!(failed.message.as_deref().unwrap_or("").contains("Connecting"), "the last state seen is in the error: {failed:?}");
     assert_eq!(peering_objects(&m1).await, Vec::<String>::new());
     assert_eq!(peering_objects(&m2).await, Vec::<String>::new());
+    // Liqo's controller made a ForeignCluster on each side for the objects naming the other
+    // (and never deletes one); the revert deleted them, as neither side knew the other.
+    assert_eq!((foreign_clusters(&m1).await, foreign_clusters(&m2).await), (vec![], vec![]), "the revert left ForeignClusters");
     bed.liqo.as_ref().unwrap().set("member-2", |k| k.gateway_never_connects = false);
 
     // A gateway that connects late: the network step waits for it (the delay bounds its

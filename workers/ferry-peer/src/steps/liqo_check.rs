@@ -4,7 +4,8 @@
 //! (`wireguard-client` on `a`, `wireguard-server` on `b`: liqoctl's `CheckTemplateGwClient`
 //! / `CheckTemplateGwServer`, `pkg/liqoctl/network/handler.go`), within the command's
 //! timeout. The ids are its output; every later Liqo step names objects by
-//! them. It changes nothing.
+//! them, and whether each side already had a ForeignCluster of the other (what a revert
+//! leaves in place). It changes nothing.
 
 use std::sync::Arc;
 
@@ -22,13 +23,31 @@ use crate::spec::PeerClusters;
 /// The Liqo `check` step's output.
 pub const IDS: Output<Ids> = Output::new("check");
 
-/// The clusters' Liqo ids.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+/// The clusters' Liqo ids, and whether each already knew the other (its ForeignCluster
+/// existed before this task: Liqo's controller makes one for every object naming a remote
+/// cluster and never deletes it, so a revert deletes only the ones this peering caused).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Ids {
     /// The consumer's id.
     pub a: String,
     /// The provider's id.
     pub b: String,
+    /// `a` had a ForeignCluster of `b` before (records without it: assumed, so kept).
+    #[serde(default = "known")]
+    pub a_knew_b: bool,
+    /// `b` had a ForeignCluster of `a` before.
+    #[serde(default = "known")]
+    pub b_knew_a: bool,
+}
+
+fn known() -> bool {
+    true
+}
+
+impl Default for Ids {
+    fn default() -> Self {
+        Self { a: String::new(), b: String::new(), a_knew_b: true, b_knew_a: true }
+    }
 }
 
 /// The `check` step of a Liqo peering.
@@ -58,8 +77,10 @@ impl CheckStep<PeerClusters> for LiqoCheck {
             }
             self.0.template::<LiqoClientTemplate>(&p.a, liqo::CLIENT_TEMPLATE, p.timeout()).await?;
             self.0.template::<LiqoServerTemplate>(&p.b, liqo::SERVER_TEMPLATE, p.timeout()).await?;
+            let a_knew_b = self.0.foreign_cluster(&p.a, &b).await?;
+            let b_knew_a = self.0.foreign_cluster(&p.b, &a).await?;
             cx.progress(100, "networks and gateway templates in place");
-            IDS.value(&Ids { a, b })
+            IDS.value(&Ids { a, b, a_knew_b, b_knew_a })
         }
         .boxed()
     }

@@ -141,8 +141,12 @@ mod tests {
 
     #[test]
     fn outputs_keep_the_shape_journals_and_views_read() {
-        let ids = Ids { a: "id-a".into(), b: "id-b".into() };
-        assert_eq!(liqo_check::IDS.value(&ids).unwrap(), json!({"a": "id-a", "b": "id-b"}));
+        let ids = Ids { a: "id-a".into(), b: "id-b".into(), a_knew_b: false, b_knew_a: true };
+        assert_eq!(liqo_check::IDS.value(&ids).unwrap(), json!({"a": "id-a", "b": "id-b", "a_knew_b": false, "b_knew_a": true}));
+        // A check journaled before the two fields: both sides assumed to know the other, so a
+        // revert keeps their ForeignClusters.
+        let old: Ids = serde_json::from_value(json!({"a": "id-a", "b": "id-b"})).unwrap();
+        assert!(old.a_knew_b && old.b_knew_a);
         let gw = network::Gateway { gateway: "10.0.0.1".into() };
         assert_eq!(network::NETWORK.value(&gw).unwrap(), json!({"gateway": "10.0.0.1"}));
         let auth = authentication::Authenticated { consumer: "member-1".into() };
@@ -166,7 +170,7 @@ mod tests {
     #[test]
     fn a_direction_names_its_consumer_and_provider() {
         let p = PeerClusters { a: "member-1".into(), b: "member-2".into(), ..Default::default() };
-        let ids = Ids { a: "id-1".into(), b: "id-2".into() };
+        let ids = Ids { a: "id-1".into(), b: "id-2".into(), ..Ids::default() };
         let there = roles(&p, &ids, false);
         assert_eq!((there.consumer.as_str(), there.provider.as_str(), there.consumer_id.as_str(), there.provider_id.as_str()), ("member-1", "member-2", "id-1", "id-2"));
         let back = roles(&p, &ids, true);

@@ -2,7 +2,8 @@
 //! namespace manager labels it (`EnsureTenantNamespace` in `pkg/liqoctl/authenticate` and
 //! `network`). The ForeignClusters are Liqo's: its controller makes one for every object
 //! naming a remote cluster. Undo waits until both tenant namespaces are gone (Liqo's
-//! objects inside them go with them).
+//! objects inside them go with them), then deletes the ForeignClusters the peering caused
+//! (not those a cluster had before it).
 
 use ferry_kube::step_errors::wait_err;
 use ferry_task::{StepError, codes};
@@ -43,6 +44,16 @@ impl ObjectSet for Prepare {
                     .wait_deleted::<Namespace>(cluster, &client, None, &liqo::tenant_namespace(remote), inner.cfg.removal_timeout)
                     .await
                     .map_err(|e| wait_err(codes::REMOVAL, e))?;
+            }
+            // The ForeignClusters Liqo's controller made because of this peering (it never
+            // deletes one: `core/foreigncluster-controller/foreigncluster_controller.go`,
+            // `foreignclusterEnqueuer`), once nothing names the remote any more: a revert
+            // leaves each cluster as it was. An unpeer's own check found them, so it keeps
+            // them, as `liqoctl unpeer` does (`pkg/liqoctl/unpeer/handler.go`).
+            for (cluster, remote, knew) in [(&p.a, &ids.b, ids.a_knew_b), (&p.b, &ids.a, ids.b_knew_a)] {
+                if !knew {
+                    inner.forget_foreign_cluster(cluster, remote).await?;
+                }
             }
             Ok(())
         }

@@ -33,10 +33,20 @@ pub const CHECK: Output<CreateChecked> = Output::new("check");
 pub struct CreateChecked {
     /// The namespace existed before (a revert keeps it).
     pub namespace_existed: bool,
+    /// The hub had a namespace named as the cluster before: OCM's cluster namespace, which
+    /// its registration controller makes on accept and keeps after the ManagedCluster is
+    /// deleted (`pkg/registration/hub/managedcluster/controller.go`); a revert removes it
+    /// only if the create caused it. Records without it: assumed, so kept.
+    #[serde(default = "existed")]
+    pub cluster_namespace_existed: bool,
     /// What the ClusterClass gives the topology: its worker class and the command's
     /// variables typed as it defines them (topology only).
     #[serde(flatten)]
     pub topology: render::Topology,
+}
+
+fn existed() -> bool {
+    true
 }
 
 /// The command's `variables` typed as the class's `spec.variables` define them (each
@@ -179,8 +189,10 @@ impl CreateCheck {
                 ));
             }
         }
-        let namespace_existed = Api::<Namespace>::all(hub).get_opt(ns).await.map_err(hub_err)?.is_some();
-        Ok(CreateChecked { namespace_existed, topology })
+        let namespaces = Api::<Namespace>::all(hub);
+        let namespace_existed = namespaces.get_opt(ns).await.map_err(hub_err)?.is_some();
+        let cluster_namespace_existed = namespaces.get_opt(&cmd.name).await.map_err(hub_err)?.is_some();
+        Ok(CreateChecked { namespace_existed, cluster_namespace_existed, topology })
     }
 }
 

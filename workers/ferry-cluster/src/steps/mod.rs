@@ -107,9 +107,9 @@ mod tests {
     #[test]
     fn outputs_keep_the_shape_journals_and_views_read() {
         // create
-        let checked = check::CreateChecked { namespace_existed: true, topology: crate::render::Topology::worker("default-worker") };
-        assert_eq!(check::CHECK.value(&checked).unwrap(), json!({"namespace_existed": true, "worker_class": "default-worker"}));
-        assert_eq!(check::CHECK.value(&check::CreateChecked::default()).unwrap(), json!({"namespace_existed": false, "worker_class": null}));
+        let checked = check::CreateChecked { namespace_existed: true, cluster_namespace_existed: false, topology: crate::render::Topology::worker("default-worker") };
+        assert_eq!(check::CHECK.value(&checked).unwrap(), json!({"namespace_existed": true, "cluster_namespace_existed": false, "worker_class": "default-worker"}));
+        assert_eq!(check::CHECK.value(&check::CreateChecked::default()).unwrap(), json!({"namespace_existed": false, "cluster_namespace_existed": false, "worker_class": null}));
         let applied = apply::Applied { objects: vec!["Cluster fleet/c1".into()] };
         assert_eq!(apply::APPLY.value(&applied).unwrap(), json!({"objects": ["Cluster fleet/c1"]}));
         let phase = initialization::Initialized { phase: "Provisioned".into() };
@@ -146,6 +146,7 @@ mod tests {
         ]);
         let checked = check::CHECK.from_outputs(&outputs).unwrap();
         assert!(!checked.namespace_existed && checked.topology.worker_class.is_none());
+        assert!(checked.cluster_namespace_existed, "a check recorded before the field: the cluster namespace is kept");
         let to = scale::SCALE.from_outputs(&outputs).unwrap();
         assert_eq!((to.control_plane, to.workers), (3, 2));
         let registered = BTreeMap::from([("check".to_owned(), json!({"registered": true}))]);

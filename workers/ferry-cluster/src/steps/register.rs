@@ -4,8 +4,9 @@
 //! `klusterlet` add-on, installed just before), then, once the agent has made its
 //! ManagedCluster and CSR, the CSR approved and the cluster accepted with Ferry's labels;
 //! done when the agent reports it Available (only a klusterlet does:
-//! `pkg/registration/hub/lease/controller.go` never sets True). Its undo deregisters and
-//! removes the Klusterlet and bootstrap Secret. `deregister` (a delete's, before
+//! `pkg/registration/hub/lease/controller.go` never sets True). Its undo deregisters,
+//! removes the Klusterlet and bootstrap Secret, and the cluster namespace OCM made on the
+//! hub for it if the create caused it (OCM keeps it after the ManagedCluster is gone). `deregister` (a delete's, before
 //! `delete`): Ferry's ManagedCluster of this namespace deleted and gone; its undo accepts
 //! the cluster again while its Cluster and klusterlet still stand.
 
@@ -19,11 +20,12 @@ use ferry_kube::{Check, HUB};
 use ferry_task::{Output, Step, StepContext, StepError, StepPolicy, codes};
 use futures::FutureExt;
 use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::Namespace;
 use kube::api::Api;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{delete, own_cluster, own_managed_cluster, wait_err, wait_policy};
+use super::{check, delete, own_cluster, own_managed_cluster, wait_err, wait_policy};
 use crate::handler::Inner;
 use crate::render::{self, MANAGER};
 use crate::spec::ClusterCommand;
@@ -87,6 +89,25 @@ async fn deregister(inner: &Inner, cmd: &ClusterCommand) -> Result<bool, StepErr
     }
     inner.cfg.watches.wait_deleted::<ManagedCluster>(HUB, &hub, None, &cmd.name, inner.cfg.removal_timeout).await.map_err(wait_err)?;
     Ok(true)
+}
+
+/// Deletes OCM's cluster namespace `cluster` on the hub (only if OCM made it for this
+/// cluster: its `open-cluster-management.io/cluster-name` label) and waits until it is gone.
+async fn forget_cluster_namespace(inner: &Inner, cluster: &str) -> Result<(), StepError> {
+    let hub = inner.hub();
+    let api: Api<Namespace> = Api::all(hub.clone());
+    let ocm_made = api.get_opt(cluster).await.map_err(hub_err)?.is_some_and(|n| {
+        n.metadata.labels.as_ref().and_then(|l| l.get(ocm_join::CLUSTER_NAME_LABEL)).is_some_and(|v| v == cluster)
+    });
+    if !ocm_made {
+        return Ok(());
+    }
+    match api.delete(cluster, &Default::default()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+        Err(e) => return Err(hub_err(e)),
+    }
+    inner.cfg.watches.wait_deleted::<Namespace>(HUB, &hub, None, cluster, inner.cfg.removal_timeout).await.map_err(wait_err)
 }
 
 /// Removes the Klusterlet and the bootstrap Secret from the workload cluster (its
@@ -185,6 +206,9 @@ impl Step<ClusterCommand> for RegisterStep {
     fn undo<'a>(&'a self, cx: &'a StepContext<'a, ClusterCommand>, _: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>> {
         async move {
             deregister(&self.0, cx.spec).await?;
+            if check::CHECK.get(cx).is_some_and(|c| !c.cluster_namespace_existed) {
+                forget_cluster_namespace(&self.0, &cx.spec.name).await?;
+            }
             Ok(())
         }
         .boxed()

@@ -40,6 +40,11 @@ fn peer_offload_demo_peers_offloads_runs_a_pod_remotely_and_undoes_it() {
     demo("peer-offload");
 }
 
+#[test]
+fn plan_demo_runs_four_workers_as_one_plan_puts_back_a_failed_wave_and_reverts_without_a_trace() {
+    demo("plan");
+}
+
 /// A running `ferry dev` and a shell to run README lines against it: `ferry` on the PATH is
 /// the binary under test, the config file and the dev state are the test's own.
 struct Dev {

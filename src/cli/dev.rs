@@ -44,6 +44,9 @@ pub enum Demo {
     CreateCluster,
     /// Liqo peering, a namespace offloaded and a pod run remotely, then undone.
     PeerOffload,
+    /// One plan across four workers, a fanned-out step whose second wave fails and is put
+    /// back, then the whole plan reverted and every cluster checked unchanged.
+    Plan,
 }
 
 pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
@@ -130,6 +133,11 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
             let member = |n: &str| bed.fleet.cluster(n).with_context(|| format!("the fleet has no {n}: run with --clusters 2 or more"));
             let (consumer, provider) = (member(ferry_testkit::offload::CONSUMER)?.client().await?, member(ferry_testkit::offload::PROVIDER)?.client().await?);
             if ferry_testkit::offload::run(&client, &consumer, &provider).await? { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+        }
+        Some(Demo::Plan) => {
+            let client = Client::new(kafka.clone(), topics.clone())?;
+            let bed = bed.as_ref().context("the plan demo needs the fleet")?;
+            if ferry_testkit::plan::run(&client, &bed.fleet).await? { ExitCode::SUCCESS } else { ExitCode::FAILURE }
         }
         None => {
             // The members join OCM through their klusterlets (clusteradm join + accept) into

@@ -11,6 +11,7 @@
 //! - [`cluster`]: `--demo create-cluster`.
 //! - [`deploy`]: `--demo deploy`.
 //! - [`offload`]: `--demo peer-offload`.
+//! - [`plan`]: `--demo plan` (the four workers as one plan, waves, the plan reverted).
 //! - [`score`]: `--demo score`; [`benchmark_image`] plays the benchmark Job's image on the
 //!   test bed.
 
@@ -20,6 +21,7 @@ pub mod cluster;
 pub mod deploy;
 pub mod ocm;
 pub mod offload;
+pub mod plan;
 pub mod score;
 
 pub use bed::{Bed, BedBuilder, BedError};

@@ -98,6 +98,18 @@ pub trait Children: Send + Sync + 'static {
     /// when no worker has taken its command up yet (or it was never sent).
     fn snapshot(&self, id: TaskId) -> BoxFuture<'_, Result<Option<TaskSnapshot>, ChildError>>;
 
+    /// [`Self::snapshot`] of each of `ids`, in order, as of one moment: what a wave of
+    /// children reads at once (an implementation reads the topics' ends once, not per id).
+    fn snapshots<'a>(&'a self, ids: &'a [TaskId]) -> BoxFuture<'a, Result<Vec<Option<TaskSnapshot>>, ChildError>> {
+        Box::pin(async move {
+            let mut out = Vec::with_capacity(ids.len());
+            for id in ids {
+                out.push(self.snapshot(*id).await?);
+            }
+            Ok(out)
+        })
+    }
+
     /// Waits until `until` accepts the child's snapshot, and returns that snapshot. `until`
     /// also sees the child's snapshots on the way, as they are read (progress to report;
     /// two written close together may show as the later one only); fails with

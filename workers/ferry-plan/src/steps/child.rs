@@ -77,8 +77,20 @@ impl Child<'_> {
     /// Submits the child (`command` builds it), or re-attaches to the one submitted
     /// before (a resumed plan): its id, and its snapshot if it has one.
     pub async fn start(&self, cx: &StepContext<'_, PlanSpec>, command: impl FnOnce() -> Result<ChildCommand, StepError>) -> Result<(TaskId, Option<TaskSnapshot>), StepError> {
+        let known = self.children().snapshot(self.id(cx.requested_by)).await.map_err(step_error)?;
+        self.start_known(cx, known, command).await
+    }
+
+    /// [`Self::start`] with the child's snapshot already read (`known`, a wave reads its
+    /// children's at once).
+    pub async fn start_known(
+        &self,
+        cx: &StepContext<'_, PlanSpec>,
+        known: Option<TaskSnapshot>,
+        command: impl FnOnce() -> Result<ChildCommand, StepError>,
+    ) -> Result<(TaskId, Option<TaskSnapshot>), StepError> {
         let id = self.id(cx.requested_by);
-        if let Some(snap) = self.children().snapshot(id).await.map_err(step_error)? {
+        if let Some(snap) = known {
             tracing::info!(plan = %cx.task_id, child = %id, state = ?snap.state, "re-attached to the child");
             return Ok((id, Some(snap)));
         }

@@ -44,6 +44,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use ferry_task::protocol::TaskSnapshot;
 use ferry_task::{Step, StepContext, StepError, StepPolicy, TaskId, TaskKind, TaskState, codes};
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt, stream};
@@ -126,19 +127,19 @@ impl WaveStep {
         Ok(refs::put_cluster(&spec, cluster))
     }
 
-    /// Starts (or re-attaches to) `cluster`'s child and waits for its end.
-    async fn run_child(&self, cx: &StepContext<'_, PlanSpec>, cluster: String) -> (String, Result<Outcome, StepError>) {
-        let outcome = self.child_outcome(cx, &cluster).await;
+    /// Starts (or re-attaches to, `known` its snapshot) `cluster`'s child and waits for its end.
+    async fn run_child(&self, cx: &StepContext<'_, PlanSpec>, cluster: String, known: Option<TaskSnapshot>) -> (String, Result<Outcome, StepError>) {
+        let outcome = self.child_outcome(cx, &cluster, known).await;
         (cluster, outcome)
     }
 
-    async fn child_outcome(&self, cx: &StepContext<'_, PlanSpec>, cluster: &str) -> Result<Outcome, StepError> {
+    async fn child_outcome(&self, cx: &StepContext<'_, PlanSpec>, cluster: &str, known: Option<TaskSnapshot>) -> Result<Outcome, StepError> {
         let child = self.child(cx.task_id, cluster);
         let subject = self.step.subject.as_ref().map(|s| s.replace(refs::CLUSTER, cluster));
         let started = match self.spec_for(cluster) {
             Ok(spec) => {
                 let key = child.key.clone();
-                child.start(cx, || command(cx, self.kind, &child.label, key, subject.as_deref(), &spec)).await
+                child.start_known(cx, known, || command(cx, self.kind, &child.label, key, subject.as_deref(), &spec)).await
             }
             Err(e) => Err(e),
         };
@@ -175,13 +176,14 @@ impl WaveStep {
     /// Whether any child of `wave` has a snapshot (the wave started, in this run or one
     /// before it).
     async fn started(&self, cx: &StepContext<'_, PlanSpec>, wave: &[String]) -> Result<bool, StepError> {
-        for cluster in wave {
-            let id = self.child(cx.task_id, cluster).id(cx.requested_by);
-            if self.cfg.children.snapshot(id).await.map_err(crate::steps::child::step_error)?.is_some() {
-                return Ok(true);
-            }
-        }
-        Ok(false)
+        Ok(self.known(cx, wave).await?.values().any(Option::is_some))
+    }
+
+    /// The snapshots of `wave`'s children, read at once, by cluster.
+    async fn known(&self, cx: &StepContext<'_, PlanSpec>, wave: &[String]) -> Result<BTreeMap<String, Option<TaskSnapshot>>, StepError> {
+        let ids: Vec<TaskId> = wave.iter().map(|c| self.child(cx.task_id, c).id(cx.requested_by)).collect();
+        let snaps = self.cfg.children.snapshots(&ids).await.map_err(crate::steps::child::step_error)?;
+        Ok(wave.iter().cloned().zip(snaps).collect())
     }
 
     /// Before wave `w` (from 0, not the first): its approval when the waves ask for one,
@@ -349,8 +351,15 @@ impl Step<PlanSpec> for WaveStep {
                     }
                 }
                 cx.progress(percent(w, n), format!("wave {}/{n}: {} children: {}", w + 1, wave.len(), wave.join(", ")));
-                let outcomes: Vec<(String, Result<Outcome, StepError>)> =
-                    stream::iter(wave.iter().cloned()).map(|c| self.run_child(cx, c)).buffer_unordered(self.in_flight(wave.len())).collect().await;
+                let mut known = self.known(cx, wave).await?;
+                let outcomes: Vec<(String, Result<Outcome, StepError>)> = stream::iter(wave.iter().cloned())
+                    .map(|c| {
+                        let snap = known.remove(&c).flatten();
+                        self.run_child(cx, c, snap)
+                    })
+                    .buffer_unordered(self.in_flight(wave.len()))
+                    .collect()
+                    .await;
                 let mut failed = Vec::new();
                 let mut transient = None;
                 for (cluster, outcome) in outcomes {

@@ -28,6 +28,8 @@ pub enum BenchCommand {
     Tracker(super::bench_tracker::TrackerArgs),
     /// kill -9 of a worker holding many tasks mid-step: time to resume, nothing lost.
     Recovery(super::bench_recovery::RecoveryArgs),
+    /// A plan step fanned out in waves over many simulated clusters, then reverted.
+    Wave(super::bench_wave::WaveArgs),
     /// The test bed: start-up time and memory per cluster.
     Testbed {
         /// Clusters to start (hub included).
@@ -167,6 +169,7 @@ pub async fn run(cmd: BenchCommand, properties: &[(String, String)]) -> anyhow::
         BenchCommand::Tracker(a) => return super::bench_tracker::run(a).await,
         BenchCommand::Recovery(a) => return super::bench_recovery::run(a).await,
         BenchCommand::Latency(a) => return super::bench_latency::run(a).await,
+        BenchCommand::Wave(a) => return super::bench_wave::run(a).await,
     };
     let topics = Topics::standard();
     let bench_topic = "ferry.bench.raw";
@@ -259,10 +262,8 @@ pub async fn run(cmd: BenchCommand, properties: &[(String, String)]) -> anyhow::
     Ok(ExitCode::SUCCESS)
 }
 
-/// A reader of every partition of `topic` from its current end: it sees only what is
-/// written from now on.
 /// Records on `topics` (the sum of their partitions' end offsets).
-fn records_on(kafka: &KafkaConfig, topics: &[String]) -> anyhow::Result<i64> {
+pub(crate) fn records_on(kafka: &KafkaConfig, topics: &[String]) -> anyhow::Result<i64> {
     let c: rdkafka::consumer::BaseConsumer = kafka.reader().create()?;
     let mut n = 0;
     for t in topics {
@@ -275,6 +276,8 @@ fn records_on(kafka: &KafkaConfig, topics: &[String]) -> anyhow::Result<i64> {
     Ok(n)
 }
 
+/// A reader of every partition of `topic` from its current end: it sees only what is
+/// written from now on.
 pub(crate) fn tail_reader(kafka: &KafkaConfig, topic: &str) -> anyhow::Result<StreamConsumer> {
     let consumer: StreamConsumer = kafka.reader().create()?;
     let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(30))?;

@@ -120,7 +120,7 @@ struct Report {
     ready_to_all_succeeded_s: f64,
 }
 
-fn proc_status_mib(field: &str) -> f64 {
+pub(crate) fn proc_status_mib(field: &str) -> f64 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     s.lines()
         .find(|l| l.starts_with(field))

@@ -6,6 +6,7 @@ pub mod bench_latency;
 pub mod bench_recovery;
 pub mod bench_tracker;
 pub mod bench_waits;
+pub mod bench_wave;
 pub mod common;
 pub mod completions;
 pub mod config;

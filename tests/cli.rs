@@ -637,3 +637,28 @@ fn a_closed_stdout_ends_a_command_quietly() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{:?}: {stderr}", out.status);
 }
+
+/// `ferry bench wave` on a small fleet: the plan fans out over every simulated cluster in
+/// waves and its revert puts back every child (the bench fails otherwise), and the report
+/// holds what docs/BENCHMARKS.md quotes.
+#[test]
+fn bench_wave_rolls_out_and_reverts_every_child_and_reports() {
+    if !ferry_fleet::binaries::Binaries::installed() {
+        ferry_runtime::report::missing_prerequisite("the test bed is not installed (scripts/install-testbed.sh), needed by ferry bench wave");
+        return;
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(["bench", "wave", "--clusters", "12", "--size", "5", "--json"])
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_str(&stdout).expect("a JSON report");
+    assert_eq!((report["clusters"].as_u64(), report["waves"].as_u64()), (Some(12), Some(3)), "{report}");
+    // One LIST (a retried one at most), not one per wave.
+    assert!(report["hub_requests"].as_u64().is_some_and(|n| (1..=2).contains(&n)), "the clusters are chosen once: {report}");
+    for field in ["rollout_s", "revert_s", "per_wave_over_direct_batch", "peak_rss_mib", "records_per_cluster"] {
+        assert!(report[field].as_f64().is_some_and(|v| v > 0.0), "{field}: {report}");
+    }
+}

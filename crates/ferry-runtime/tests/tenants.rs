@@ -165,6 +165,36 @@ async fn tenants_are_who_the_broker_says_and_stay_in_their_policy_tansu() {
     assert!(globex.history(mine).await.unwrap().iter().all(|e| e.seq == 0), "acme's task's events on globex's topic");
     assert!(matches!(globex.revert(mine).await, Err(ferry_runtime::ClientError::UnknownTask(_))), "globex cannot even find acme's task");
 
+    // Signals are held to the same rule: globex's Signal to acme's running task is refused
+    // as if the task were not there (whatever its envelope claims); acme's own is recorded,
+    // as acme's.
+    let blocked = acme.submit(TaskKind::TEST, "acme-5", &TestTaskSpec { block_at: Some(1), ..TestTaskSpec::steps(2) }, SubmitOptions::default()).await.unwrap();
+    events.until(blocked, LIMIT, |e| e.event == EventType::StepProgress).await.unwrap();
+    let forged = CommandEnvelope {
+        task_id: blocked.to_string(),
+        kind: TaskKind::TEST,
+        action: CommandAction::Signal,
+        subject: "acme-5".into(),
+        idempotency_key: Some("sig/forged".into()),
+        requested_by: "tenant:acme".into(),
+        created_at_ms: now_ms(),
+        deadline_ms: None,
+        keep_partial: false,
+        reason: None,
+        spec: Bytes(Vec::new()),
+        signal: Some("approve".into()),
+    };
+    globex.send(&forged, None).await.unwrap();
+    let evs = events.until(blocked, LIMIT, |e| e.event == EventType::Rejected).await.unwrap();
+    assert_eq!(last(&evs).message.as_deref(), Some(format!("tenant \"globex\" has no test task {blocked}").as_str()));
+    acme.signal(blocked, "approve", Some("looks good".into())).await.unwrap();
+    events.until(blocked, LIMIT, |e| e.event == EventType::Signalled).await.unwrap();
+    let signals = operator.snapshot(blocked).await.unwrap().unwrap().signals;
+    assert_eq!(signals.iter().map(|s| (s.name.as_str(), s.by.as_str())).collect::<Vec<_>>(), [("approve", "tenant:acme")], "globex's Signal was not recorded");
+    acme.control_by_id(blocked, CommandAction::Cancel, None).await.unwrap();
+    let evs = events.until(blocked, LIMIT, |e| e.event.is_final()).await.unwrap();
+    assert_eq!(last(&evs).event, EventType::Cancelled, "{evs:?}");
+
     // A record on globex's topic that claims to be acme's (the tenant header, the
     // envelope's requested_by) is globex's: held to globex's policy.
     let claim = CommandEnvelope {

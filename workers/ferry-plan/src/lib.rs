@@ -35,8 +35,9 @@ ferry_task::register_kind!(ferry_task::kind::KindInfo {
     schemas: &[
         (60, "PlanSpec.avsc", include_str!("../../../schemas/PlanSpec.avsc")),
         (61, "PlanSpec.v2.avsc", include_str!("../../../schemas/PlanSpec.v2.avsc")),
+        (62, "PlanSpec.v3.avsc", include_str!("../../../schemas/PlanSpec.v3.avsc")),
     ],
-    spec: "PlanSpec.v2.avsc",
+    spec: "PlanSpec.v3.avsc",
     access: ferry_task::kind::Access { submits_children: true, ..ferry_task::kind::Access::NONE },
     not_for_tenants: None,
     encode: ferry_task::kind::encode_json::<spec::PlanSpec>,

@@ -102,6 +102,38 @@ pub struct Waves {
     /// (`ferry tasks signal <plan> approve`): the n-th approval lets wave n+1 start.
     #[serde(default)]
     pub approve: bool,
+    /// What the hub must say of each cluster of a wave after its soak, beside its child
+    /// having succeeded, for the wave to pass. Version 3 of the schema (id 62).
+    #[serde(default)]
+    #[avro(default = "null")]
+    pub gate: Option<Gate>,
+}
+
+/// A wave's health gate on the hub, read after the soak.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
+#[avro(namespace = "io.ferry.v1")]
+pub struct Gate {
+    /// Each cluster's ManagedCluster is Available (`ManagedClusterConditionAvailable`
+    /// True: its agent reports to the hub).
+    #[serde(default)]
+    pub available: bool,
+    /// Each cluster's AddOnPlacementScore reaches a minimum.
+    #[serde(default)]
+    pub score: Option<ScoreGate>,
+}
+
+/// A minimum score, read from the AddOnPlacementScore OCM placements read (in the
+/// cluster's namespace on the hub; the score worker writes `ferry-resource-usage`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
+#[avro(namespace = "io.ferry.v1")]
+pub struct ScoreGate {
+    /// The AddOnPlacementScore's name.
+    pub name: String,
+    /// The item of its `status.scores` (the score worker's overall one is `score`).
+    pub item: String,
+    /// The lowest value that passes, -100 to 100 (OCM's score range). A score past its
+    /// `validUntil`, or missing, does not pass.
+    pub min: i32,
 }
 
 /// A change to a fanned-out step's spec for some of its clusters.

@@ -127,6 +127,17 @@ fn for_each(at: &str, s: &PlanStep, each: &ForEach, spec: &serde_json::Value) ->
             return Err(Rejection::new(format!("{at}.waves.{name}: 0 to {MAX_WAIT_SECONDS}, got {v}")));
         }
     }
+    if let Some(score) = w.gate.as_ref().and_then(|g| g.score.as_ref()) {
+        if !is_dns1123_subdomain(&score.name) {
+            return Err(Rejection::new(format!("{at}.waves.gate.score.name {:?}: not an AddOnPlacementScore name (a DNS-1123 subdomain)", score.name)));
+        }
+        if score.item.is_empty() || score.item.len() > 253 {
+            return Err(Rejection::new(format!("{at}.waves.gate.score.item: name an item of the score's status.scores (1 to 253 characters)")));
+        }
+        if !(-100..=100).contains(&score.min) {
+            return Err(Rejection::new(format!("{at}.waves.gate.score.min: -100 to 100 (OCM's score range), got {}", score.min)));
+        }
+    }
     if OnFailure::parse(each.on_failure.as_deref()).is_none() {
         return Err(Rejection::new(format!("{at}.on_failure {:?}: one of {}", each.on_failure.as_deref().unwrap_or_default(), OnFailure::NAMES.join(", "))));
     }

@@ -137,3 +137,54 @@ async fn a_step_fans_out_over_the_clusters_its_labels_or_cluster_set_choose() {
     assert_eq!(last.message.as_deref(), Some("step roll: ManagedClusterSet \"green\" does not exist on the hub"));
     bed.stop().await;
 }
+
+/// Marks `cluster` Available (as its registration agent would) and gives it an
+/// AddOnPlacementScore `ferry-resource-usage` whose `score` item is `score`, valid an hour.
+async fn healthy(hub: &kube::Client, cluster: &str, score: i32) {
+    let status = json!({"status": {"conditions": [{"type": "ManagedClusterConditionAvailable", "status": "True", "reason": "ManagedClusterAvailable",
+        "message": "the agent reports", "lastTransitionTime": "2026-11-26T00:00:00Z"}]}});
+    Api::<ManagedCluster>::all(hub.clone()).patch_status(cluster, &PatchParams::default(), &Patch::Merge(&status)).await.expect("ManagedCluster status");
+    let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": cluster}});
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(hub.clone()).patch(cluster, &apply(), &Patch::Apply(ns)).await.expect("cluster namespace");
+    let scores: Api<ferry_kube::kinds::AddOnPlacementScore> = Api::namespaced(hub.clone(), cluster);
+    let aps = json!({"apiVersion": "cluster.open-cluster-management.io/v1alpha1", "kind": "AddOnPlacementScore", "metadata": {"name": "ferry-resource-usage", "namespace": cluster}});
+    scores.patch("ferry-resource-usage", &apply(), &Patch::Apply(aps)).await.expect("an AddOnPlacementScore");
+    let until = jiff::Timestamp::now() + jiff::SignedDuration::from_hours(1);
+    let status = json!({"status": {"scores": [{"name": "score", "value": score}], "validUntil": until.to_string()}});
+    scores.patch_status("ferry-resource-usage", &PatchParams::default(), &Patch::Merge(&status)).await.expect("its scores");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wave_passes_its_gate_only_if_the_hub_says_its_clusters_are_available_and_scored_enough() {
+    let Some(bed) = bed().await else { return };
+    let client = bed.client();
+    let hub = bed.hub().await;
+    for i in 1..=6 {
+        healthy(&hub, &format!("edge-{i:02}"), if i == 4 { 10 } else { 80 }).await;
+    }
+    let mut events = client.events(true).await.unwrap();
+    let gate = json!({"available": true, "score": {"name": "ferry-resource-usage", "item": "score", "min": 50}});
+
+    // Set blue (edge-01..06) in waves of 3: the first passes; in the second, edge-04's
+    // score is below the minimum, so that wave is put back though its children succeeded.
+    let id = run(&client, json!({"cluster_set": "blue", "waves": {"size": 3, "gate": gate}, "on_failure": "revert-wave"}), "rollout/gated").await;
+    let evs = events.until(id, WAIT, |e| e.event.is_final()).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(evs.last().unwrap().event, EventType::Failed, "{evs:#?}");
+    let failed = evs.iter().find(|e| e.event == EventType::StepFailed).expect("the step failed");
+    let why = failed.message.clone().unwrap_or_default();
+    assert!(why.contains("wave 2/2") && why.contains("edge-04: score 10 of AddOnPlacementScore edge-04/ferry-resource-usage is below the gate's 50"), "{why}");
+    assert!(evs.iter().any(|e| e.message.as_deref() == Some("wave 1/2: the hub's gate passed")), "{evs:#?}");
+    let states: Vec<(String, TaskState)> = children(&bed, id).await;
+    let want: Vec<(String, TaskState)> = names(1..=6).into_iter().map(|c| {
+        let s = if c.as_str() <= "edge-03" { TaskState::Succeeded } else { TaskState::Reverted };
+        (c, s)
+    }).collect();
+    assert_eq!(states, want, "the first wave stays, the second is put back");
+
+    // edge-07 never reported to the hub: not Available, so the gate fails.
+    let id = run(&client, json!({"clusters": ["edge-07"], "waves": {"gate": {"available": true}}, "on_failure": "halt"}), "rollout/unavailable").await;
+    let evs = events.until(id, WAIT, |e| e.event.is_final()).await.unwrap_or_else(|e| panic!("{e}"));
+    let why = evs.iter().find(|e| e.event == EventType::StepFailed).and_then(|e| e.message.clone()).unwrap_or_default();
+    assert!(why.contains("edge-07: the gate wants it Available on the hub; ManagedClusterConditionAvailable is not reported"), "{why}");
+    bed.stop().await;
+}

@@ -501,6 +501,10 @@ async fn a_fanned_out_step_without_cluster_or_with_two_choices_is_rejected() {
         (json!({"clusters": ["c1"]}), "steps[0] (roll): neither the spec nor the subject uses ${cluster}: every cluster would get the same command"),
         (json!({"clusters": ["c1"], "labels": {"env": "prod"}}), "steps[0] (roll).for_each: choose the clusters one way: clusters (names), labels, or cluster_set (got 2)"),
         (json!({"clusters": ["c1"], "on_failure": "stop"}), "steps[0] (roll).for_each.on_failure \"stop\": one of revert-all, revert-wave, halt, pause"),
+        (
+            json!({"clusters": ["c1"], "waves": {"gate": {"score": {"name": "ferry-resource-usage", "item": "score", "min": 101}}}}),
+            "steps[0] (roll).for_each.waves.gate.score.min: -100 to 100 (OCM's score range), got 101",
+        ),
     ] {
         let subject = if reason.contains("${cluster}") { "same" } else { "${cluster}/app" };
         let plan = json!({"steps": [{"name": "roll", "kind": "test", "subject": subject, "spec": {"steps": 1}, "for_each": for_each}]});

@@ -5,7 +5,11 @@
 //! The clusters, in the chosen order, cut into waves of `waves.size`. A wave's children
 //! run at most `waves.max_in_flight` at once; the next wave starts `waves.pause_seconds`
 //! after this one passed its gate. The gate: every child of the wave Succeeded, and, after
-//! `waves.soak_seconds`, is still Succeeded (nobody reverted or replaced it meanwhile).
+//! `waves.soak_seconds`, is still Succeeded (nobody reverted or replaced it meanwhile);
+//! with `waves.gate`, the hub then also says, of each cluster of the wave, that its
+//! ManagedCluster is Available and/or that its AddOnPlacementScore item reaches the
+//! minimum (and is not past `validUntil`). A wave that fails its gate fails as one whose
+//! child failed.
 //!
 //! # A wave that fails (`on_failure`)
 //! - `revert-all` (the default): the step fails; the plan reverts as usual (every started
@@ -44,15 +48,18 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use ferry_kube::kinds::{AddOnPlacementScore, ManagedCluster};
+use ferry_kube::step_errors::hub_err;
 use ferry_task::protocol::TaskSnapshot;
 use ferry_task::{Step, StepContext, StepError, StepPolicy, TaskId, TaskKind, TaskState, codes};
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt, stream};
+use kube::api::Api;
 use serde_json::{Value, json};
 
 use crate::handler::PlanConfig;
 use crate::refs;
-use crate::spec::{ForEach, OnFailure, PlanSpec, PlanStep};
+use crate::spec::{ForEach, Gate, OnFailure, PlanSpec, PlanStep};
 use crate::steps::child::{Child, child_key, command};
 use crate::steps::select::{self, MAX_CLUSTERS};
 
@@ -214,6 +221,48 @@ impl WaveStep {
                 Some(s) if s.state == TaskState::Succeeded => {}
                 Some(s) => failed.push(format!("{cluster}: child {id} was {} after the soak", s.state.name())),
                 None => failed.push(format!("{cluster}: child {id} has no snapshot after the soak")),
+            }
+        }
+        Ok(failed)
+    }
+
+    /// What the gate finds wrong with `wave`'s clusters on the hub (nothing: it passes):
+    /// a ManagedCluster not Available, a score missing, expired or below the minimum.
+    async fn gated(&self, gate: &Gate, wave: &[String]) -> Result<Vec<String>, StepError> {
+        let Some(hub) = self.cfg.hub.clone() else {
+            return Err(StepError::permanent(codes::NO_HUB, format!("step {}: its waves' gate reads the hub, and this plan worker has none", self.step.name)));
+        };
+        let mut failed = Vec::new();
+        let now = jiff::Timestamp::now();
+        for cluster in wave {
+            if gate.available {
+                // open-cluster-management-io/api cluster/v1/types.go: ManagedClusterConditionAvailable.
+                let mc = Api::<ManagedCluster>::all(hub.clone()).get_opt(cluster).await.map_err(hub_err)?;
+                match mc.as_ref().and_then(|m| m.condition("ManagedClusterConditionAvailable")) {
+                    Some("True") => {}
+                    other => failed.push(format!("{cluster}: the gate wants it Available on the hub; ManagedClusterConditionAvailable is {}", other.unwrap_or("not reported"))),
+                }
+            }
+            if let Some(want) = &gate.score {
+                // open-cluster-management-io/api cluster/v1alpha1/types_addonplacementscore.go:
+                // status.scores [{name, value}], status.validUntil.
+                let aps = Api::<AddOnPlacementScore>::namespaced(hub.clone(), cluster).get_opt(&want.name).await.map_err(hub_err)?;
+                let Some(aps) = aps else {
+                    failed.push(format!("{cluster}: no AddOnPlacementScore {cluster}/{} for the gate", want.name));
+                    continue;
+                };
+                let expired = aps.status.get("validUntil").and_then(Value::as_str).and_then(|t| t.parse::<jiff::Timestamp>().ok()).is_some_and(|t| t < now);
+                let value = aps.status.get("scores").and_then(Value::as_array).and_then(|s| {
+                    s.iter().find(|i| i.get("name").and_then(Value::as_str) == Some(want.item.as_str())).and_then(|i| i.get("value")?.as_i64())
+                });
+                match value {
+                    _ if expired => failed.push(format!("{cluster}: AddOnPlacementScore {cluster}/{} is past its validUntil", want.name)),
+                    None => failed.push(format!("{cluster}: AddOnPlacementScore {cluster}/{} has no item {:?}", want.name, want.item)),
+                    Some(v) if v < i64::from(want.min) => {
+                        failed.push(format!("{cluster}: {} {} of AddOnPlacementScore {cluster}/{} is below the gate's {}", want.item, v, want.name, want.min));
+                    }
+                    Some(_) => {}
+                }
             }
         }
         Ok(failed)
@@ -384,6 +433,14 @@ impl Step<PlanSpec> for WaveStep {
                     cx.progress(percent(w, n), format!("wave {}/{n}: its children succeeded; soaking {}s", w + 1, self.soak().as_secs()));
                     tokio::time::sleep(self.soak()).await;
                     failed = self.soaked(cx, wave).await?;
+                }
+                if failed.is_empty()
+                    && let Some(gate) = &self.each.waves.gate
+                {
+                    failed = self.gated(gate, wave).await?;
+                    if failed.is_empty() {
+                        cx.progress(percent(w, n), format!("wave {}/{n}: the hub's gate passed", w + 1));
+                    }
                 }
                 if !failed.is_empty() {
                     failed.sort();

@@ -50,6 +50,12 @@ pub struct SubmitArgs {
     /// valid, 2 if not.
     #[arg(long)]
     pub dry_run: bool,
+    /// With --dry-run of a deploy: the hub's kubeconfig. The ManifestWorks the deploy would
+    /// write are sent to the hub as a server-side dry run (its schemas and webhooks judge
+    /// them; nothing is stored) and compared with those there now; exit 2 if the hub
+    /// refuses one.
+    #[arg(long, requires = "dry_run", value_name = "HUB_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
     /// Same key, same task: resubmitting is safe.
     #[arg(long)]
     pub idempotency_key: Option<String>,
@@ -91,7 +97,7 @@ pub fn encode_spec(client: &ferry_runtime::Client, kind: TaskKind, spec: serde_j
 pub async fn run(conn: &Conn, a: SubmitArgs) -> anyhow::Result<ExitCode> {
     let file = read_spec(&a)?;
     if a.dry_run {
-        return dry_run(&a, file);
+        return dry_run(&a, file).await;
     }
     let info = ferry_runtime::kind::info(a.kind).with_context(|| format!("no worker crate in this program registers the {} kind", a.kind))?;
     let Some(subject) = file.subject.or_else(|| (info.subject_of)(&file.spec)) else {
@@ -165,7 +171,7 @@ fn compact(v: serde_json::Value) -> serde_json::Value {
 
 /// `--dry-run`: prints the command as a spec file and checks it (deploy: every rule of
 /// `ferry_deploy::validate`; other kinds: that the spec decodes as the kind's record).
-fn dry_run(a: &SubmitArgs, file: SpecFile) -> anyhow::Result<ExitCode> {
+async fn dry_run(a: &SubmitArgs, file: SpecFile) -> anyhow::Result<ExitCode> {
     let subject = match (&file.subject, a.kind) {
         (Some(s), _) => s.clone(),
         (None, TaskKind::DEPLOY) => serde_json::from_value::<ferry_deploy::spec::DeployApp>(file.spec.clone()).map(|d| d.subject()).unwrap_or_default(),
@@ -175,6 +181,9 @@ fn dry_run(a: &SubmitArgs, file: SpecFile) -> anyhow::Result<ExitCode> {
         Output::Json => println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "subject": subject, "spec": compact(file.spec.clone()) }))?),
         _ => print!("{}{}", serde_yaml_ng::to_string(&serde_json::json!({ "subject": subject }))?, serde_yaml_ng::to_string(&serde_json::json!({ "spec": compact(file.spec.clone()) }))?),
     }
+    let server_side = a.kubeconfig.is_some() && a.kind == TaskKind::DEPLOY;
+    anyhow::ensure!(a.kubeconfig.is_none() || server_side, "--kubeconfig: a dry run on the server covers deploys; {} is checked locally", a.kind);
+    let app = if server_side { serde_json::from_value::<ferry_deploy::spec::DeployApp>(file.spec.clone()).ok() } else { None };
     let verdict = match a.kind {
         TaskKind::DEPLOY => serde_json::from_value::<ferry_deploy::spec::DeployApp>(file.spec)
             .map_err(|e| format!("spec does not match the deploy kind's fields (DeployApp): {e}"))
@@ -186,6 +195,9 @@ fn dry_run(a: &SubmitArgs, file: SpecFile) -> anyhow::Result<ExitCode> {
     };
     match verdict {
         Ok(()) => {
+            if let (Some(app), Some(path)) = (app, a.kubeconfig.as_deref()) {
+                return server_dry_run(&app, path, a.output).await;
+            }
             eprintln!("dry run: nothing sent");
             Ok(ExitCode::SUCCESS)
         }
@@ -194,6 +206,34 @@ fn dry_run(a: &SubmitArgs, file: SpecFile) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::from(2))
         }
     }
+}
+
+/// A deploy's dry run on the hub ([`ferry_deploy::preview`]): each ManifestWork it would
+/// write, the hub's verdict and the difference from the one there; exit 2 if the hub
+/// refuses one.
+async fn server_dry_run(app: &ferry_deploy::spec::DeployApp, hub: &std::path::Path, output: Output) -> anyhow::Result<ExitCode> {
+    let cfg = ferry_deploy::DeployConfig::new(super::workers::hub(Some(hub)).await?);
+    let p = ferry_deploy::preview::preview(&cfg, app).await?;
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&p)?),
+        Output::Yaml => print!("{}", serde_yaml_ng::to_string(&p)?),
+        Output::Table => {
+            for c in &p.clusters {
+                let verdict = c.refused.as_deref().map_or_else(|| "the hub accepts it".to_owned(), |why| format!("REFUSED: {why}"));
+                println!("ManifestWork {}: {:?} ({verdict}); {}", c.work, c.change, c.manifests.join(", "));
+                for o in &c.operations {
+                    let value = o.get("value").map(|v| format!(" {v}")).unwrap_or_default();
+                    println!("  {} /spec{}{value}", o["op"].as_str().unwrap_or("?"), o["path"].as_str().unwrap_or(""));
+                }
+            }
+            for c in &p.placed_at_run_time {
+                println!("component {c}: placed by OCM at run time (not rendered)");
+            }
+        }
+    }
+    let refused = p.clusters.iter().any(|c| c.refused.is_some());
+    eprintln!("dry run on the hub: nothing written, nothing sent");
+    Ok(if refused { ExitCode::from(2) } else { ExitCode::SUCCESS })
 }
 
 /// Prints events of `id` until a final one, then (json/yaml) the snapshot; exit 0 only

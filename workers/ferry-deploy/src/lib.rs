@@ -9,11 +9,14 @@
 //! - [`render`]: app → objects, ManifestWorks, Placements; feedback → readiness (pure).
 //! - [`handler`]: the configuration and the plan: check, place, apply, wait.
 //! - [`steps`]: one module per step; [`outputs`]: the keys of their outputs.
+//! - [`preview`]: a dry run on the server: the ManifestWorks a deploy would write, judged
+//!   by the hub (`dryRun=All`) and compared with those there now; nothing written.
 //! - [`tosca`]: a TOSCA blueprint → `DeployApp`.
 
 pub mod exportable;
 pub mod handler;
 pub mod ownership;
+pub mod preview;
 pub mod render;
 pub mod spec;
 pub mod steps;

@@ -69,6 +69,31 @@ async fn apps_deploy_update_revert_and_delete_across_clusters() {
     let image = api.spec.template.spec.map(|p| p.containers[0].image.clone().unwrap_or_default());
     assert_eq!(image.as_deref(), Some("ghcr.io/acme/shop-api:2.1"));
 
+    // A dry run on the server of that update again: the hub judges each ManifestWork it
+    // would hold (dryRun=All) and the difference from the one there is exactly the change;
+    // the same spec changes nothing; a new app's would be created. Nothing is written, and
+    // no Secret value shows.
+    let works: Api<ManifestWork> = Api::all(bed.hub().await);
+    let versions = || async { works.list(&ListParams::default()).await.unwrap().items.into_iter().map(|w| (w.metadata.name, w.metadata.resource_version)).collect::<Vec<_>>() };
+    let before = versions().await;
+    let cfg = DeployConfig::new(bed.clusters.clone());
+    let p = ferry_deploy::preview::preview(&cfg, &changed).await.unwrap();
+    let shown = serde_json::to_string(&p).unwrap();
+    assert!(!shown.contains("demo-only-password") && !shown.contains(&base64(b"demo-only-password")), "a Secret's value in the preview: {shown}");
+    let changes: Vec<(&str, ferry_deploy::preview::Change)> = p.clusters.iter().map(|c| (c.cluster.as_str(), c.change)).collect();
+    assert_eq!(changes, [("member-1", ferry_deploy::preview::Change::Update), ("member-2", ferry_deploy::preview::Change::Update)], "{shown}");
+    let values = |c: usize| p.clusters[c].operations.iter().map(|o| (o["op"].as_str().unwrap_or("").to_owned(), o["value"].clone())).collect::<Vec<_>>();
+    assert_eq!(values(0), [("replace".to_owned(), serde_json::json!(3))], "only the web replicas change on member-1: {shown}");
+    assert_eq!(values(1), [("replace".to_owned(), serde_json::json!("ghcr.io/acme/shop-api:2.2"))], "only the api image changes on member-2: {shown}");
+    let same = ferry_deploy::preview::preview(&cfg, &app).await.unwrap();
+    assert!(same.clusters.iter().all(|c| c.change == ferry_deploy::preview::Change::Unchanged && c.operations.is_empty()), "{same:?}");
+    let mut blog = app.clone();
+    blog.name = "blog".into();
+    blog.components.truncate(1);
+    let new = ferry_deploy::preview::preview(&cfg, &blog).await.unwrap();
+    assert_eq!(new.clusters.iter().map(|c| (c.work.as_str(), c.change)).collect::<Vec<_>>(), [("member-1/blog-blog", ferry_deploy::preview::Change::Create)]);
+    assert_eq!(versions().await, before, "the dry runs wrote nothing");
+
     // A second deploy of a deployed app is rejected; so is an update of an unknown one.
     let (_, evs) = demo::submit(&client, &app).await.unwrap();
     assert_eq!(last(&evs).event, EventType::Rejected);
@@ -449,4 +474,8 @@ async fn what_ferry_did_not_make_it_leaves_alone() {
     assert_eq!(ns.metadata.labels, ns_before.metadata.labels);
     assert_eq!(ns.metadata.managed_fields, ns_before.metadata.managed_fields, "nobody wrote the namespace");
     bed.stop().await;
+}
+
+fn base64(b: &[u8]) -> String {
+    base64::Engine::encode(&base64::engine::general_purpose::STANDARD, b)
 }

@@ -37,7 +37,7 @@ impl Inner {
     /// deletion delete, a namespace it found: `pkg/work/helper/helpers.go`
     /// `ApplyOwnerReferences`, `DeleteAppliedResources`). Read through the cluster's
     /// kubeconfig; when it cannot be read, every namespace is orphaned (kept), the safe way.
-    async fn found_namespaces(&self, cluster: &str, objects: &[Value], app: &str) -> BTreeSet<String> {
+    pub(crate) async fn found_namespaces(&self, cluster: &str, objects: &[Value], app: &str) -> BTreeSet<String> {
         let names: BTreeSet<String> = objects.iter().filter(|o| o["kind"] == "Namespace").filter_map(|o| o["metadata"]["name"].as_str().map(str::to_owned)).collect();
         let Ok(client) = self.cfg.clusters.client(cluster).await else { return names };
         let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client);

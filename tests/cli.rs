@@ -662,3 +662,49 @@ fn bench_wave_rolls_out_and_reverts_every_child_and_reports() {
         assert!(report[field].as_f64().is_some_and(|v| v > 0.0), "{field}: {report}");
     }
 }
+
+/// `submit plan --dry-run --kubeconfig HUB`: a fanned-out deploy step's children are
+/// previewed on the hub, one per cluster its set chooses there, overrides merged in (each
+/// ManifestWork judged by a server-side dry run); a step of another kind is named, not
+/// previewed; nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_dry_run_on_the_hub_previews_each_child_of_a_fanned_out_deploy_and_writes_nothing() {
+    let Some(bed) = ferry_testkit::Bed::builder().members(2, 1).ocm().kubeconfigs().start().await else { return };
+    ferry_testkit::deploy::prepare(&bed.fleet, &["member-1", "member-2"], "shop").await.unwrap();
+    let plan = serde_json::json!({"subject": "demo/agents", "spec": {"steps": [
+        {"name": "agents", "kind": "deploy", "spec": {"name": "agent-${cluster}", "namespace": "shop", "owner": "team-demo",
+            "components": [{"name": "agent", "image": "ghcr.io/ferry/agent:1", "cluster": "${cluster}"}]},
+         "for_each": {"cluster_set": "demo", "overrides": [{"clusters": ["member-2"], "spec": {"components": [{"name": "agent", "image": "ghcr.io/ferry/agent:2", "cluster": "${cluster}"}]}}]}},
+        {"name": "check", "kind": "test", "subject": "s", "spec": {"steps": 1}},
+    ]}});
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), serde_json::to_string(&plan).unwrap()).unwrap();
+    let hub = bed.fleet.hub().kubeconfig.clone();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(["submit", "plan", "-f", file.path().to_str().unwrap(), "--dry-run", "--kubeconfig", hub.to_str().unwrap(), "-o", "json"])
+        .env("RUST_LOG", "error")
+        .env("FERRY_BROKERS", "127.0.0.1:9")
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_str(&stdout).expect("one JSON document: the preview");
+    let steps = report["steps"].as_array().expect("steps");
+    let seen: Vec<(String, String, String)> = steps
+        .iter()
+        .filter_map(|s| {
+            let c = s["preview"]["clusters"].get(0)?;
+            Some((s["cluster"].as_str()?.to_owned(), c["work"].as_str()?.to_owned(), c["change"].as_str()?.to_owned()))
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [("member-1".to_owned(), "member-1/shop-agent-member-1".to_owned(), "create".to_owned()), ("member-2".to_owned(), "member-2/shop-agent-member-2".to_owned(), "create".to_owned())],
+        "{report}"
+    );
+    assert!(steps.iter().any(|s| s["step"] == "check" && s["note"].as_str().is_some_and(|n| n.contains("a test step"))), "{report}");
+    let works: kube::Api<ferry_kube::kinds::ManifestWork> = kube::Api::all(bed.hub().await);
+    assert!(works.list(&Default::default()).await.unwrap().items.is_empty(), "the dry run wrote a ManifestWork");
+    bed.stop().await;
+}

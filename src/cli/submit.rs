@@ -170,20 +170,24 @@ fn compact(v: serde_json::Value) -> serde_json::Value {
 }
 
 /// `--dry-run`: prints the command as a spec file and checks it (deploy: every rule of
-/// `ferry_deploy::validate`; other kinds: that the spec decodes as the kind's record).
+/// `ferry_deploy::validate`; other kinds: that the spec decodes as the kind's record);
+/// with `--kubeconfig`, a deploy or a plan is also tried on the hub.
 async fn dry_run(a: &SubmitArgs, file: SpecFile) -> anyhow::Result<ExitCode> {
     let subject = match (&file.subject, a.kind) {
         (Some(s), _) => s.clone(),
         (None, TaskKind::DEPLOY) => serde_json::from_value::<ferry_deploy::spec::DeployApp>(file.spec.clone()).map(|d| d.subject()).unwrap_or_default(),
         (None, _) => String::new(),
     };
+    let server_side = a.kubeconfig.is_some() && (a.kind == TaskKind::DEPLOY || a.kind == TaskKind::PLAN);
+    anyhow::ensure!(a.kubeconfig.is_none() || server_side, "--kubeconfig: a dry run on the server covers deploys and plans; {} is checked locally", a.kind);
+    // On the server, JSON and YAML print one document: the preview.
     match a.output {
+        _ if server_side && a.output != Output::Table => {}
         Output::Json => println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "subject": subject, "spec": compact(file.spec.clone()) }))?),
         _ => print!("{}{}", serde_yaml_ng::to_string(&serde_json::json!({ "subject": subject }))?, serde_yaml_ng::to_string(&serde_json::json!({ "spec": compact(file.spec.clone()) }))?),
     }
-    let server_side = a.kubeconfig.is_some() && a.kind == TaskKind::DEPLOY;
-    anyhow::ensure!(a.kubeconfig.is_none() || server_side, "--kubeconfig: a dry run on the server covers deploys; {} is checked locally", a.kind);
-    let app = if server_side { serde_json::from_value::<ferry_deploy::spec::DeployApp>(file.spec.clone()).ok() } else { None };
+    let app = if server_side && a.kind == TaskKind::DEPLOY { serde_json::from_value::<ferry_deploy::spec::DeployApp>(file.spec.clone()).ok() } else { None };
+    let plan = if server_side && a.kind == TaskKind::PLAN { serde_json::from_value::<ferry_plan::spec::PlanSpec>(file.spec.clone()).ok() } else { None };
     let verdict = match a.kind {
         TaskKind::DEPLOY => serde_json::from_value::<ferry_deploy::spec::DeployApp>(file.spec)
             .map_err(|e| format!("spec does not match the deploy kind's fields (DeployApp): {e}"))
@@ -197,6 +201,9 @@ async fn dry_run(a: &SubmitArgs, file: SpecFile) -> anyhow::Result<ExitCode> {
         Ok(()) => {
             if let (Some(app), Some(path)) = (app, a.kubeconfig.as_deref()) {
                 return server_dry_run(&app, path, a.output).await;
+            }
+            if let (Some(plan), Some(path)) = (plan, a.kubeconfig.as_deref()) {
+                return plan_server_dry_run(&plan, path, a.output).await;
             }
             eprintln!("dry run: nothing sent");
             Ok(ExitCode::SUCCESS)
@@ -217,21 +224,93 @@ async fn server_dry_run(app: &ferry_deploy::spec::DeployApp, hub: &std::path::Pa
     match output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&p)?),
         Output::Yaml => print!("{}", serde_yaml_ng::to_string(&p)?),
-        Output::Table => {
-            for c in &p.clusters {
-                let verdict = c.refused.as_deref().map_or_else(|| "the hub accepts it".to_owned(), |why| format!("REFUSED: {why}"));
-                println!("ManifestWork {}: {:?} ({verdict}); {}", c.work, c.change, c.manifests.join(", "));
-                for o in &c.operations {
-                    let value = o.get("value").map(|v| format!(" {v}")).unwrap_or_default();
-                    println!("  {} /spec{}{value}", o["op"].as_str().unwrap_or("?"), o["path"].as_str().unwrap_or(""));
-                }
+        Output::Table => print_preview("", &p),
+    }
+    let refused = p.clusters.iter().any(|c| c.refused.is_some());
+    eprintln!("dry run on the hub: nothing written, nothing sent");
+    Ok(if refused { ExitCode::from(2) } else { ExitCode::SUCCESS })
+}
+
+/// A preview as lines, each starting with `prefix`.
+fn print_preview(prefix: &str, p: &ferry_deploy::preview::Preview) {
+    for c in &p.clusters {
+        let verdict = c.refused.as_deref().map_or_else(|| "the hub accepts it".to_owned(), |why| format!("REFUSED: {why}"));
+        println!("{prefix}ManifestWork {}: {:?} ({verdict}); {}", c.work, c.change, c.manifests.join(", "));
+        for o in &c.operations {
+            let value = o.get("value").map(|v| format!(" {v}")).unwrap_or_default();
+            println!("{prefix}  {} /spec{}{value}", o["op"].as_str().unwrap_or("?"), o["path"].as_str().unwrap_or(""));
+        }
+    }
+    for c in &p.placed_at_run_time {
+        println!("{prefix}component {c}: placed by OCM at run time (not rendered)");
+    }
+}
+
+/// One deploy step's (or fanned-out child's) part of a plan's dry run.
+#[derive(serde::Serialize)]
+struct StepPreview {
+    step: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cluster: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    preview: Option<ferry_deploy::preview::Preview>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    note: Option<String>,
+}
+
+/// A plan's dry run on the hub: each deploy step (each child of a fanned-out one, its
+/// clusters chosen on the hub as the run chooses them, overrides merged in) previewed as
+/// [`server_dry_run`] does; steps of other kinds, and specs that use an earlier step's
+/// outputs (known only at run time), are named and not previewed. Exit 2 if the hub
+/// refuses one.
+async fn plan_server_dry_run(plan: &ferry_plan::spec::PlanSpec, hub: &std::path::Path, output: Output) -> anyhow::Result<ExitCode> {
+    let clusters = super::workers::hub(Some(hub)).await?;
+    let cfg = ferry_deploy::DeployConfig::new(clusters.clone());
+    let mut entries = Vec::new();
+    let mut refused = false;
+    for step in &plan.steps {
+        if step.kind != TaskKind::DEPLOY.as_str() {
+            entries.push(StepPreview { step: step.name.clone(), cluster: None, preview: None, note: Some(format!("a {} step: checked locally; a dry run on the server covers deploy steps", step.kind)) });
+            continue;
+        }
+        let specs: Vec<(Option<String>, serde_json::Value)> = match &step.for_each {
+            Some(each) => {
+                let chosen = ferry_plan::steps::select::choose(&step.name, each, Some(clusters.hub())).await.map_err(|e| anyhow::anyhow!("step {}: {e}", step.name))?;
+                chosen
+                    .into_iter()
+                    .map(|c| ferry_plan::steps::waves::spec_for(step, each, &c).map(|s| (Some(c), s)))
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| anyhow::anyhow!("step {}: {e}", step.name))?
             }
-            for c in &p.placed_at_run_time {
-                println!("component {c}: placed by OCM at run time (not rendered)");
+            None => vec![(None, step.spec_value()?)],
+        };
+        for (cluster, spec) in specs {
+            if !ferry_plan::refs::in_value(&spec, "spec").map(|r| r.is_empty()).unwrap_or(false) {
+                entries.push(StepPreview { step: step.name.clone(), cluster, preview: None, note: Some("uses an earlier step's outputs, known only at run time: not previewed".into()) });
+                continue;
+            }
+            let app: ferry_deploy::spec::DeployApp = serde_json::from_value(spec).with_context(|| format!("step {}: not a deploy spec", step.name))?;
+            let p = ferry_deploy::preview::preview(&cfg, &app).await.with_context(|| format!("step {}", step.name))?;
+            refused |= p.clusters.iter().any(|c| c.refused.is_some());
+            entries.push(StepPreview { step: step.name.clone(), cluster, preview: Some(p), note: None });
+        }
+    }
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&serde_json::json!({"steps": entries}))?),
+        Output::Yaml => print!("{}", serde_yaml_ng::to_string(&serde_json::json!({"steps": entries}))?),
+        Output::Table => {
+            for e in &entries {
+                let at = match &e.cluster {
+                    Some(c) => format!("step {} ({c}): ", e.step),
+                    None => format!("step {}: ", e.step),
+                };
+                match &e.preview {
+                    Some(p) => print_preview(&at, p),
+                    None => println!("{at}{}", e.note.as_deref().unwrap_or("")),
+                }
             }
         }
     }
-    let refused = p.clusters.iter().any(|c| c.refused.is_some());
     eprintln!("dry run on the hub: nothing written, nothing sent");
     Ok(if refused { ExitCode::from(2) } else { ExitCode::SUCCESS })
 }

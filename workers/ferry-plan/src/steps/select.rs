@@ -60,6 +60,24 @@ impl SelectStep {
         Self { name: step_name(step), step: step.to_owned(), each, cfg }
     }
 
+    async fn choose(&self) -> Result<Vec<String>, StepError> {
+        choose(&self.step, &self.each, self.cfg.hub.as_ref()).await
+    }
+}
+
+/// The clusters `each` chooses for step `step` (names as listed; else the hub's
+/// ManagedClusters by labels or set, sorted): what the run records, and what a dry run shows.
+pub async fn choose(step: &str, each: &ForEach, hub: Option<&kube::Client>) -> Result<Vec<String>, StepError> {
+    let chooser = Chooser { step, each };
+    chooser.choose(hub).await
+}
+
+struct Chooser<'a> {
+    step: &'a str,
+    each: &'a ForEach,
+}
+
+impl Chooser<'_> {
     /// What to list ManagedClusters by, and how to name it in messages.
     async fn selector(&self, hub: &kube::Client) -> Result<(Selector, String), StepError> {
         if let Some(set) = &self.each.cluster_set {
@@ -85,11 +103,11 @@ impl SelectStep {
         Ok((Selector::from_iter(labels), format!("labels {shown}")))
     }
 
-    async fn choose(&self) -> Result<Vec<String>, StepError> {
+    async fn choose(&self, hub: Option<&kube::Client>) -> Result<Vec<String>, StepError> {
         if !self.each.clusters.is_empty() {
             return Ok(self.each.clusters.clone());
         }
-        let Some(hub) = &self.cfg.hub else {
+        let Some(hub) = hub else {
             return Err(StepError::permanent(
                 codes::NO_HUB,
                 format!("step {} chooses its clusters on the hub (labels or cluster_set) and this plan worker has no hub: run it with a kubeconfig, or list the clusters", self.step),

@@ -75,6 +75,17 @@ pub struct WaveStep {
     cfg: PlanConfig,
 }
 
+/// `step`'s spec for `cluster`'s child: the overrides of `each` for it merged in,
+/// `${cluster}` put in (what the run sends, and what a dry run shows).
+pub fn spec_for(step: &PlanStep, each: &ForEach, cluster: &str) -> Result<Value, StepError> {
+    let bad = |e: serde_json::Error| StepError::permanent(codes::INTERNAL, format!("step {}: the validated spec no longer parses: {e}", step.name));
+    let mut spec = step.spec_value().map_err(bad)?;
+    for o in each.overrides.iter().filter(|o| o.clusters.iter().any(|c| c == cluster)) {
+        json_patch::merge(&mut spec, &serde_json::from_str(&o.spec).map_err(bad)?);
+    }
+    Ok(refs::put_cluster(&spec, cluster))
+}
+
 /// What became of one child of a wave.
 enum Outcome {
     /// It ended Succeeded.
@@ -124,14 +135,8 @@ impl WaveStep {
         Duration::from_secs(u64::try_from(self.each.waves.soak_seconds).unwrap_or(0))
     }
 
-    /// The step's spec for `cluster`: its overrides merged in, `${cluster}` put in.
     fn spec_for(&self, cluster: &str) -> Result<Value, StepError> {
-        let bad = |e: serde_json::Error| StepError::permanent(codes::INTERNAL, format!("step {}: the validated spec no longer parses: {e}", self.step.name));
-        let mut spec = self.step.spec_value().map_err(bad)?;
-        for o in self.each.overrides.iter().filter(|o| o.clusters.iter().any(|c| c == cluster)) {
-            json_patch::merge(&mut spec, &serde_json::from_str(&o.spec).map_err(bad)?);
-        }
-        Ok(refs::put_cluster(&spec, cluster))
+        spec_for(&self.step, &self.each, cluster)
     }
 
     /// Starts (or re-attaches to, `known` its snapshot) `cluster`'s child and waits for its end.

@@ -74,7 +74,11 @@ async fn apps_deploy_update_revert_and_delete_across_clusters() {
     // the same spec changes nothing; a new app's would be created. Nothing is written, and
     // no Secret value shows.
     let works: Api<ManifestWork> = Api::all(bed.hub().await);
-    let versions = || async { works.list(&ListParams::default()).await.unwrap().items.into_iter().map(|w| (w.metadata.name, w.metadata.resource_version)).collect::<Vec<_>>() };
+    // What a stored apply would move: the spec's generation and the task annotation (the
+    // work agent keeps writing status, so resourceVersion moves on its own).
+    let versions = || async {
+        works.list(&ListParams::default()).await.unwrap().items.into_iter().map(|w| (w.metadata.namespace, w.metadata.name, w.metadata.generation, w.metadata.annotations)).collect::<Vec<_>>()
+    };
     let before = versions().await;
     let cfg = DeployConfig::new(bed.clusters.clone());
     let p = ferry_deploy::preview::preview(&cfg, &changed).await.unwrap();

@@ -5,7 +5,7 @@
 //! back (`on_failure: revert-wave`); then the whole plan reverted, and every cluster of the
 //! fleet checked to hold what it held before the plan.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -110,10 +110,17 @@ const KINDS: [(&str, &str, &str, &str); 9] = [
     ("networking.liqo.io", "v1beta1", "Configuration", "configurations"),
 ];
 
-/// What every cluster of `fleet` holds of [`KINDS`], one `cluster kind ns/name` line each
-/// (objects being deleted count as gone).
-pub async fn inventory(fleet: &Fleet) -> anyhow::Result<BTreeSet<String>> {
-    let mut out = BTreeSet::new();
+/// One object of an inventory: where to watch it, and which one it is.
+pub struct Held {
+    api: Api<DynamicObject>,
+    name: String,
+    uid: Option<String>,
+}
+
+/// What every cluster of `fleet` holds of [`KINDS`], by `cluster kind ns/name` (objects
+/// being deleted count as gone).
+pub async fn inventory(fleet: &Fleet) -> anyhow::Result<BTreeMap<String, Held>> {
+    let mut out = BTreeMap::new();
     for c in &fleet.clusters {
         let client = c.client().await?;
         for (group, version, kind, plural) in KINDS {
@@ -124,17 +131,35 @@ pub async fn inventory(fleet: &Fleet) -> anyhow::Result<BTreeSet<String>> {
                 Err(e) => return Err(e).with_context(|| format!("listing {kind} on {}", c.name)),
             };
             for o in list.items.into_iter().filter(|o| o.metadata.deletion_timestamp.is_none()) {
-                let ns = o.metadata.namespace.map(|n| format!("{n}/")).unwrap_or_default();
-                out.insert(format!("{} {kind} {ns}{}", c.name, o.metadata.name.unwrap_or_default()));
+                let name = o.metadata.name.unwrap_or_default();
+                let ns = o.metadata.namespace;
+                let key = format!("{} {kind} {}{name}", c.name, ns.as_ref().map(|n| format!("{n}/")).unwrap_or_default());
+                let api = match &ns {
+                    Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+                    None => Api::all_with(client.clone(), &ar),
+                };
+                out.insert(key, Held { api, name, uid: o.metadata.uid });
             }
         }
     }
     Ok(out)
 }
 
+/// Waits (until `deadline`, watching) for each object of `extra` to be deleted or marked
+/// for deletion: what the clusters' own controllers finish after a revert.
+async fn until_gone(extra: Vec<&Held>, deadline: tokio::time::Instant) {
+    for h in extra {
+        let uid = h.uid.clone();
+        let gone = move |o: Option<&DynamicObject>| o.is_none_or(|o| o.metadata.uid != uid || o.metadata.deletion_timestamp.is_some());
+        // A timeout or a watch error leaves the object to the inventory that follows.
+        let _ = tokio::time::timeout_at(deadline, kube::runtime::wait::await_condition(h.api.clone(), &h.name, gone)).await;
+    }
+}
+
 /// What `after` has that `before` had not (`+`) and the reverse (`-`).
-fn diff(before: &BTreeSet<String>, after: &BTreeSet<String>) -> Vec<String> {
-    after.difference(before).map(|s| format!("+ {s}")).chain(before.difference(after).map(|s| format!("- {s}"))).collect()
+fn diff(before: &BTreeMap<String, Held>, after: &BTreeMap<String, Held>) -> Vec<String> {
+    let added = after.keys().filter(|k| !before.contains_key(*k)).map(|k| format!("+ {k}"));
+    added.chain(before.keys().filter(|k| !after.contains_key(*k)).map(|k| format!("- {k}"))).collect()
 }
 
 /// Follows `id` to its final event, printing the plan's steps as they end.
@@ -189,16 +214,12 @@ pub async fn run(client: &Client, fleet: &Fleet) -> anyhow::Result<bool> {
     let last = evs.last().map(|e| e.event);
     ok &= last == Some(EventType::Reverted);
     println!("revert ended {last:?}: {}", if last == Some(EventType::Reverted) { "ok" } else { "MISMATCH" });
-    // Deletions the revert started finish in the clusters' own controllers (namespaces
-    // terminating, garbage collection): the demo's own bounded wait.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    let changed = loop {
-        let changed = diff(&before, &inventory(fleet).await?);
-        if changed.is_empty() || tokio::time::Instant::now() >= deadline {
-            break changed;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    // Deletions the revert started finish in the clusters' own controllers (work agents,
+    // garbage collection): each object still there is watched until it goes, within a
+    // bound; then the inventory is taken again.
+    let after = inventory(fleet).await?;
+    until_gone(after.iter().filter(|(k, _)| !before.contains_key(*k)).map(|(_, h)| h).collect(), tokio::time::Instant::now() + Duration::from_secs(120)).await;
+    let changed = diff(&before, &inventory(fleet).await?);
     for c in &changed {
         println!("revert: left changed: {c}");
     }

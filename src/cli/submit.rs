@@ -173,9 +173,15 @@ fn compact(v: serde_json::Value) -> serde_json::Value {
 /// `ferry_deploy::validate`; other kinds: that the spec decodes as the kind's record);
 /// with `--kubeconfig`, a deploy or a plan is also tried on the hub.
 async fn dry_run(a: &SubmitArgs, file: SpecFile) -> anyhow::Result<ExitCode> {
-    let subject = match (&file.subject, a.kind) {
+    // The spec read once as its kind's record (deploy and plan: the kinds with rules here).
+    let parsed = match a.kind {
+        TaskKind::DEPLOY => serde_json::from_value(file.spec.clone()).map(Checked::Deploy).map_err(|e| format!("spec does not match the deploy kind's fields (DeployApp): {e}")),
+        TaskKind::PLAN => serde_json::from_value(file.spec.clone()).map(Checked::Plan).map_err(|e| format!("spec does not match the plan kind's fields (PlanSpec): {e}")),
+        _ => Ok(Checked::Other),
+    };
+    let subject = match (&file.subject, &parsed) {
         (Some(s), _) => s.clone(),
-        (None, TaskKind::DEPLOY) => serde_json::from_value::<ferry_deploy::spec::DeployApp>(file.spec.clone()).map(|d| d.subject()).unwrap_or_default(),
+        (None, Ok(Checked::Deploy(d))) => d.subject(),
         (None, _) => String::new(),
     };
     let server_side = a.kubeconfig.is_some() && (a.kind == TaskKind::DEPLOY || a.kind == TaskKind::PLAN);
@@ -186,33 +192,33 @@ async fn dry_run(a: &SubmitArgs, file: SpecFile) -> anyhow::Result<ExitCode> {
         Output::Json => println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "subject": subject, "spec": compact(file.spec.clone()) }))?),
         _ => print!("{}{}", serde_yaml_ng::to_string(&serde_json::json!({ "subject": subject }))?, serde_yaml_ng::to_string(&serde_json::json!({ "spec": compact(file.spec.clone()) }))?),
     }
-    let app = if server_side && a.kind == TaskKind::DEPLOY { serde_json::from_value::<ferry_deploy::spec::DeployApp>(file.spec.clone()).ok() } else { None };
-    let plan = if server_side && a.kind == TaskKind::PLAN { serde_json::from_value::<ferry_plan::spec::PlanSpec>(file.spec.clone()).ok() } else { None };
-    let verdict = match a.kind {
-        TaskKind::DEPLOY => serde_json::from_value::<ferry_deploy::spec::DeployApp>(file.spec)
-            .map_err(|e| format!("spec does not match the deploy kind's fields (DeployApp): {e}"))
-            .and_then(|app| ferry_deploy::validate::validate(&subject, &app).map_err(|r| r.reason)),
-        TaskKind::PLAN => serde_json::from_value::<ferry_plan::spec::PlanSpec>(file.spec)
-            .map_err(|e| format!("spec does not match the plan kind's fields (PlanSpec): {e}"))
-            .and_then(|plan| ferry_plan::validate::validate(&plan).map_err(|r| r.reason)),
-        _ => Ok(()),
-    };
-    match verdict {
-        Ok(()) => {
-            if let (Some(app), Some(path)) = (app, a.kubeconfig.as_deref()) {
-                return server_dry_run(&app, path, a.output).await;
-            }
-            if let (Some(plan), Some(path)) = (plan, a.kubeconfig.as_deref()) {
-                return plan_server_dry_run(&plan, path, a.output).await;
-            }
+    let verdict = parsed.and_then(|c| {
+        match &c {
+            Checked::Deploy(app) => ferry_deploy::validate::validate(&subject, app).map_err(|r| r.reason),
+            Checked::Plan(plan) => ferry_plan::validate::validate(plan).map_err(|r| r.reason),
+            Checked::Other => Ok(()),
+        }
+        .map(|()| c)
+    });
+    match (verdict, a.kubeconfig.as_deref()) {
+        (Ok(Checked::Deploy(app)), Some(path)) => server_dry_run(&app, path, a.output).await,
+        (Ok(Checked::Plan(plan)), Some(path)) => plan_server_dry_run(&plan, path, a.output).await,
+        (Ok(_), _) => {
             eprintln!("dry run: nothing sent");
             Ok(ExitCode::SUCCESS)
         }
-        Err(reason) => {
+        (Err(reason), _) => {
             eprintln!("dry run: the {} task would be rejected: {reason}", a.kind);
             Ok(ExitCode::from(2))
         }
     }
+}
+
+/// A spec a dry run read as its kind's record.
+enum Checked {
+    Deploy(ferry_deploy::spec::DeployApp),
+    Plan(ferry_plan::spec::PlanSpec),
+    Other,
 }
 
 /// A deploy's dry run on the hub ([`ferry_deploy::preview`]): each ManifestWork it would

@@ -27,6 +27,31 @@ pub fn refusal(s: &Secret) -> Option<String> {
     None
 }
 
+/// Why a Secret a deploy references cannot be copied now.
+#[derive(Debug)]
+pub enum Unshippable {
+    /// There is no Secret of this name in the app's namespace on the hub.
+    Missing(String),
+    /// It is there but may not leave the hub ([`refusal`]).
+    Refused(String),
+}
+
+/// The Secrets `names` in `namespace` on the hub, each there and exportable (as a run
+/// checks them just before copying, and a dry run before showing them); the first that is
+/// not says why.
+pub async fn read(hub: &kube::Client, namespace: &str, names: impl IntoIterator<Item = String>) -> Result<Result<Vec<(String, Secret)>, Unshippable>, kube::Error> {
+    let api: kube::Api<Secret> = kube::Api::namespaced(hub.clone(), namespace);
+    let mut out = Vec::new();
+    for name in names {
+        let Some(s) = api.get_opt(&name).await? else { return Ok(Err(Unshippable::Missing(name))) };
+        if let Some(why) = refusal(&s) {
+            return Ok(Err(Unshippable::Refused(why)));
+        }
+        out.push((name, s));
+    }
+    Ok(Ok(out))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,12 +11,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use crate::exportable::Unshippable;
 use crate::handler::DeployConfig;
 use crate::render::{self, AppState, MANAGER, SecretData};
 use crate::spec::{Delivery, DeployApp, DeployOperation};
@@ -137,19 +137,18 @@ pub async fn preview(cfg: &DeployConfig, app: &DeployApp) -> Result<Preview, Pre
 /// The Secrets `comps` reference, checked as the run checks them (there, exportable),
 /// their values redacted; `Err` with the reason a run would be refused.
 async fn redacted_secrets(hub: &kube::Client, app: &DeployApp, comps: &[&crate::spec::Component]) -> Result<Result<BTreeMap<String, SecretData>, String>, PreviewError> {
-    let api: Api<Secret> = Api::namespaced(hub.clone(), app.namespace());
-    let mut out = BTreeMap::new();
-    for name in comps.iter().flat_map(|c| c.secrets()).collect::<BTreeSet<_>>() {
-        let Some(s) = api.get_opt(&name).await.map_err(PreviewError::Hub)? else {
-            return Ok(Err(format!("Secret {}/{name} does not exist on the hub", app.namespace())));
-        };
-        if let Some(why) = crate::exportable::refusal(&s) {
-            return Ok(Err(why));
-        }
-        let data = s.data.unwrap_or_default().into_keys().map(|k| (k, REDACTED.to_owned())).collect();
-        out.insert(name, SecretData { type_: s.type_.unwrap_or_else(|| "Opaque".into()), data });
-    }
-    Ok(Ok(out))
+    let names = comps.iter().flat_map(|c| c.secrets()).collect::<BTreeSet<_>>();
+    Ok(match crate::exportable::read(hub, app.namespace(), names).await.map_err(PreviewError::Hub)? {
+        Ok(secrets) => Ok(secrets
+            .into_iter()
+            .map(|(name, s)| {
+                let data = s.data.unwrap_or_default().into_keys().map(|k| (k, REDACTED.to_owned())).collect();
+                (name, SecretData { type_: s.type_.unwrap_or_else(|| "Opaque".into()), data })
+            })
+            .collect()),
+        Err(Unshippable::Missing(name)) => Err(format!("Secret {}/{name} does not exist on the hub", app.namespace())),
+        Err(Unshippable::Refused(why)) => Err(why),
+    })
 }
 
 /// `spec` with every Secret manifest's values redacted.

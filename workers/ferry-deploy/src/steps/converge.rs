@@ -10,13 +10,13 @@ use ferry_kube::step_errors::{hub_err, kube_err};
 use ferry_kube::{Check, HUB};
 use ferry_task::{StepError, codes};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use super::guard::{NamespaceUse, Namespaces};
 use super::unapplied;
+use crate::exportable::Unshippable;
 use crate::handler::Inner;
 use crate::ownership::is_ferrys;
 use crate::render::{self, AppState, MANAGER, SecretData};
@@ -60,20 +60,21 @@ impl Inner {
 
     /// The Secrets components reference, read from the app's namespace on the hub.
     async fn secrets(&self, app: &DeployApp, comps: &[&Component]) -> Result<BTreeMap<String, SecretData>, StepError> {
-        let api: Api<Secret> = Api::namespaced(self.hub(), app.namespace());
-        let mut out = BTreeMap::new();
-        for name in comps.iter().flat_map(|c| c.secrets()).collect::<BTreeSet<_>>() {
-            let s = api.get_opt(&name).await.map_err(hub_err)?.ok_or_else(|| {
+        let names = comps.iter().flat_map(|c| c.secrets()).collect::<BTreeSet<_>>();
+        // Checked again here: the Secret may have changed since the check.
+        let secrets = crate::exportable::read(&self.hub(), app.namespace(), names).await.map_err(hub_err)?.map_err(|e| match e {
+            Unshippable::Missing(name) => {
                 StepError::permanent(codes::SECRET_MISSING, format!("Secret {}/{name} on the hub is gone (it existed when the task was checked)", app.namespace()))
-            })?;
-            // Checked again here: the Secret may have changed since the check.
-            if let Some(why) = crate::exportable::refusal(&s) {
-                return Err(StepError::permanent(codes::SECRET_NOT_EXPORTABLE, why));
             }
-            let data = s.data.unwrap_or_default().into_iter().map(|(k, v)| (k, base64_encode(&v.0))).collect();
-            out.insert(name, SecretData { type_: s.type_.unwrap_or_else(|| "Opaque".into()), data });
-        }
-        Ok(out)
+            Unshippable::Refused(why) => StepError::permanent(codes::SECRET_NOT_EXPORTABLE, why),
+        })?;
+        Ok(secrets
+            .into_iter()
+            .map(|(name, s)| {
+                let data = s.data.unwrap_or_default().into_iter().map(|(k, v)| (k, base64_encode(&v.0))).collect();
+                (name, SecretData { type_: s.type_.unwrap_or_else(|| "Opaque".into()), data })
+            })
+            .collect())
     }
 
     /// Makes the fleet hold `to` instead of `from`: applies `to`'s objects and removes

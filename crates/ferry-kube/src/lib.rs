@@ -10,6 +10,8 @@
 //! - [`names`]: DNS-1123 names and label keys and values.
 //! - [`quantity`]: resource quantities parsed as Kubernetes parses them.
 //! - [`step_errors`]: Kubernetes errors as task-step errors, alike in every worker.
+//! - [`dry_run`]: what a command would write, judged by a server-side dry run and compared
+//!   with what is there (secrets redacted).
 //! - [`conditions`]: named wait conditions (a rollout as kubectl judges it; the object a
 //!   watch shows is the one just written).
 //! - [`vocab`]: the OCM and Liqo names more than one worker uses.
@@ -19,6 +21,7 @@
 pub mod capacity;
 pub mod clusters;
 pub mod conditions;
+pub mod dry_run;
 pub mod kinds;
 pub mod names;
 pub mod ocm_join;

@@ -16,6 +16,7 @@
 
 pub mod children;
 pub mod codes;
+pub mod dry_run;
 pub mod ids;
 pub mod kind;
 pub mod limits;

@@ -1,0 +1,170 @@
+//! What a command would write, judged by the cluster that would hold it: each object a
+//! worker renders is sent as a server-side dry run (`dryRun=All`: the upstream CRD's
+//! schema, defaulting and the cluster's admission webhooks judge it, nothing is stored),
+//! and what the cluster would then hold is compared with what it holds now, as RFC 6902
+//! operations (labels, and every top-level field but `metadata` and `status`: both sides
+//! as the same server defaults them). A Secret's values never show: its keys do, redacted.
+//! [`Preview`] is a kind's whole dry run: its plan, the checks' verdict, these objects.
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::clusters::{ClusterError, Clusters};
+
+/// What a Secret's value shows as in a preview.
+pub const REDACTED: &str = "(redacted)";
+
+/// What would become of one object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Change {
+    /// There is none: it would be created.
+    Create,
+    /// It differs: it would be updated.
+    Update,
+    /// It would stay as it is.
+    Unchanged,
+    /// It would be deleted.
+    Delete,
+    /// The cluster refused the dry run (see `refused`).
+    Refused,
+    /// Not sent: the cluster cannot judge it before an earlier write (see `note`).
+    NotSent,
+}
+
+/// One object's part of a preview.
+#[derive(Debug, Clone, Serialize)]
+pub struct ObjectPreview {
+    /// The cluster that would hold it (`hub` for the hub).
+    pub cluster: String,
+    /// `Kind namespace/name` (`Kind name` when cluster-scoped).
+    pub object: String,
+    /// What would become of it.
+    pub change: Change,
+    /// The cluster's refusal, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
+    /// Why it was not sent, or what the run would do first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// RFC 6902 operations from what is there now to what the cluster would hold.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub operations: Vec<Value>,
+}
+
+impl ObjectPreview {
+    /// `obj` on `cluster`, not sent, for `note`.
+    pub fn not_sent(cluster: &str, obj: &Value, note: impl Into<String>) -> Self {
+        Self { cluster: cluster.to_owned(), object: describe(obj), change: Change::NotSent, refused: None, note: Some(note.into()), operations: Vec::new() }
+    }
+
+    /// `obj` on `cluster`, which the run would delete.
+    pub fn deleted(cluster: &str, obj: &Value, note: impl Into<String>) -> Self {
+        Self { cluster: cluster.to_owned(), object: describe(obj), change: Change::Delete, refused: None, note: Some(note.into()), operations: Vec::new() }
+    }
+}
+
+/// A kind's dry run on the clusters: its plan and the checks' verdict
+/// ([`ferry_task::dry_run::checks`]), the objects it would write, and what it cannot show
+/// before it runs.
+#[derive(Debug, Clone, Serialize)]
+pub struct Preview {
+    /// The plan and the verdict.
+    #[serde(flatten)]
+    pub checked: ferry_task::dry_run::Checked,
+    /// The objects the steps that act would write, judged by their clusters.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub objects: Vec<ObjectPreview>,
+    /// What the run decides or writes only as it goes (named, not previewed).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+impl Preview {
+    /// A preview with the checks' findings and nothing rendered yet.
+    pub fn new(checked: ferry_task::dry_run::Checked) -> Self {
+        Self { checked, objects: Vec::new(), notes: Vec::new() }
+    }
+
+    /// Whether a task would not get through: the checks reject it or fail for good, or a
+    /// cluster refuses an object.
+    pub fn refused(&self) -> bool {
+        matches!(self.checked.verdict, ferry_task::dry_run::Verdict::Rejected { .. } | ferry_task::dry_run::Verdict::Fails { .. }) || self.objects.iter().any(|o| o.change == Change::Refused)
+    }
+}
+
+/// `Kind namespace/name` of an object (`Kind name` when it has no namespace).
+pub fn describe(obj: &Value) -> String {
+    let kind = obj["kind"].as_str().unwrap_or("?");
+    let name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("?");
+    match obj.pointer("/metadata/namespace").and_then(Value::as_str) {
+        Some(ns) => format!("{kind} {ns}/{name}"),
+        None => format!("{kind} {name}"),
+    }
+}
+
+/// Sends `obj` to `cluster` as a server-side apply dry run by `manager` and compares what
+/// the cluster would hold with what it holds; `Err` only when the cluster could not be
+/// asked (a refusal is a [`Change::Refused`]).
+pub async fn apply(clusters: &Clusters, cluster: &str, obj: &Value, manager: &str) -> Result<ObjectPreview, ClusterError> {
+    let object = describe(obj);
+    let refused = |why: String| ObjectPreview { cluster: cluster.to_owned(), object: object.clone(), change: Change::Refused, refused: Some(why), note: None, operations: Vec::new() };
+    let current = match clusters.get(cluster, obj).await {
+        Ok(c) => c,
+        Err(e @ ClusterError::NotServed { .. }) => return Ok(refused(e.to_string())),
+        Err(e) => return Err(e),
+    };
+    let would = match clusters.dry_run_apply(cluster, obj, manager).await {
+        Ok(w) => w,
+        Err(ClusterError::Kube { source: kube::Error::Api(s), .. }) => return Ok(refused(format!("{} ({})", s.message, s.reason))),
+        Err(e) => return Err(e),
+    };
+    let (change, operations) = match current {
+        None => (Change::Create, Vec::new()),
+        Some(now) => {
+            let (before, after) = (comparable(&to_value(now)), comparable(&to_value(would)));
+            let ops: Vec<Value> = serde_json::to_value(json_patch::diff(&before, &after)).ok().and_then(|v| v.as_array().cloned()).unwrap_or_default();
+            (if ops.is_empty() { Change::Unchanged } else { Change::Update }, ops)
+        }
+    };
+    Ok(ObjectPreview { cluster: cluster.to_owned(), object, change, refused: None, note: None, operations })
+}
+
+fn to_value(o: kube::api::DynamicObject) -> Value {
+    serde_json::to_value(o).unwrap_or(Value::Null)
+}
+
+/// What a preview compares of an object: its labels and every top-level field but
+/// `apiVersion`, `kind`, `metadata` and `status`; a Secret's values redacted.
+pub fn comparable(obj: &Value) -> Value {
+    let mut out = json!({"labels": obj.pointer("/metadata/labels").cloned().unwrap_or_else(|| json!({}))});
+    if let Some(m) = obj.as_object() {
+        for (k, v) in m.iter().filter(|(k, _)| !matches!(k.as_str(), "apiVersion" | "kind" | "metadata" | "status")) {
+            out[k] = v.clone();
+        }
+    }
+    if obj["kind"] == "Secret" {
+        for field in ["data", "stringData"] {
+            if let Some(d) = out.get_mut(field).and_then(Value::as_object_mut) {
+                d.values_mut().for_each(|v| *v = json!(REDACTED));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_secret_compares_by_its_keys_and_metadata_noise_is_left_out() {
+        let s = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "db", "namespace": "a", "resourceVersion": "7", "labels": {"x": "1"}},
+                       "data": {"password": "aHVudGVyMg=="}, "type": "Opaque"});
+        let c = comparable(&s);
+        assert_eq!(c, json!({"labels": {"x": "1"}, "data": {"password": REDACTED}, "type": "Opaque"}));
+        assert!(!c.to_string().contains("aHVudGVyMg"));
+        assert_eq!(describe(&s), "Secret a/db");
+        assert_eq!(describe(&json!({"kind": "Namespace", "metadata": {"name": "a"}})), "Namespace a");
+    }
+}

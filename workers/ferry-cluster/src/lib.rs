@@ -8,9 +8,11 @@
 //! - [`addons`]: the add-on catalog (manifests, parameters, readiness).
 //! - [`handler`]: the configuration and the plans of create, scale and delete.
 //! - [`steps`]: one module per step, each with the typed key of its output.
+//! - [`preview`]: a command's dry run on the hub (its checks, the objects judged there).
 
 pub mod addons;
 pub mod handler;
+pub mod preview;
 pub mod render;
 pub mod spec;
 pub mod steps;

@@ -11,6 +11,8 @@ use ferry_cluster::{Catalog, ClusterConfig, ClusterHandler};
 use ferry_testkit::cluster as demo;
 use ferry_fleet::emulated_capi::{CapiOptions, EmulatedCapi};
 use ferry_kube::Clusters;
+use ferry_kube::dry_run::Change;
+use ferry_runtime::dry_run::Verdict;
 use ferry_kube::kinds::CapiCluster;
 use ferry_runtime::{Client, EventType, ProgressEvent, SubmitOptions, TaskKind};
 use k8s_openapi::api::core::v1::Node;
@@ -405,4 +407,85 @@ async fn fifty_clusters_requested_at_once_all_finish() {
     assert!(failed.is_empty(), "{} of 50 did not succeed; first failures: {failures:#?}", failed.len());
     assert_eq!(bed.capi().workload_count().await, 50);
     bed.stop(h).await;
+}
+
+/// A dry run (what `ferry submit create-cluster --dry-run --kubeconfig HUB` prints): the
+/// create's `check` runs on the hub; the Cluster API objects it renders are judged by the
+/// hub (the upstream CRDs and Cluster API's webhook) and one already there shows what the
+/// run would change in it; a namespace still to be made is judged and what goes in it
+/// named; the checks' refusals are told with their codes. Nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_run_judges_the_create_on_the_hub_and_writes_nothing() {
+    let Some(bed) = Bed::start(CapiOptions::default()).await else {
+        return;
+    };
+    let hub = bed.hub().await;
+    let clusters = Arc::new(Clusters::new(hub.clone()));
+    let cfg = ClusterConfig { catalog: Arc::new(Catalog::emulated()), ..ClusterConfig::new(clusters.clone()) };
+    let preview = |cmd: ClusterCommand| {
+        let cfg = cfg.clone();
+        async move { ferry_cluster::preview::preview(&cfg, &cmd.subject(), &cmd).await.expect("the hub answers") }
+    };
+
+    // Namespace fleet does not exist yet: it is judged; what goes in it is named, not sent.
+    let cmd = small("dry");
+    let p = preview(cmd.clone()).await;
+    assert_eq!(p.checked.verdict, Verdict::Passes, "{p:?}");
+    let steps: Vec<(&str, bool)> = p.checked.steps.iter().map(|s| (s.name.as_str(), s.ran)).collect();
+    assert_eq!(
+        steps,
+        [("check", true), ("apply", false), ("infrastructure", false), ("control-plane", false), ("kubeconfig", false), ("addon-cni", false), ("nodes", false)]
+    );
+    assert_eq!((p.objects[0].object.as_str(), p.objects[0].change), ("Namespace fleet", Change::Create), "{p:?}");
+    assert_eq!(p.objects.len(), 8, "the namespace and the 7 objects of a Docker/kubeadm cluster: {p:?}");
+    assert!(p.objects[1..].iter().all(|o| o.change == Change::NotSent), "{p:?}");
+    assert!(Api::<k8s_openapi::api::core::v1::Namespace>::all(hub.clone()).get_opt("fleet").await.unwrap().is_none(), "the dry run made the namespace");
+
+    // The namespace there, and someone's KubeadmConfigTemplate of the same name with
+    // another kubelet flag: every object is judged by the hub and accepted, that one as
+    // an update whose operations say what the run would change.
+    let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "fleet"}});
+    clusters.apply(ferry_kube::HUB, &ns, "test").await.unwrap();
+    let objects = ferry_cluster::render::objects(&cmd, "earlier", &ferry_cluster::render::Topology::default());
+    let mut theirs = objects.iter().find(|o| o["kind"] == "KubeadmConfigTemplate").unwrap().clone();
+    theirs["spec"]["template"]["spec"]["joinConfiguration"]["nodeRegistration"]["kubeletExtraArgs"] = json!([{"name": "eviction-hard", "value": "memory.available<100Mi"}]);
+    clusters.apply(ferry_kube::HUB, &theirs, "someone").await.unwrap();
+    let p = preview(cmd.clone()).await;
+    let judged: Vec<(&str, Change)> = p.objects.iter().map(|o| (o.object.as_str(), o.change)).collect();
+    assert_eq!(
+        judged,
+        [
+            ("DockerMachineTemplate fleet/dry-control-plane", Change::Create),
+            ("DockerMachineTemplate fleet/dry-md-0", Change::Create),
+            ("KubeadmConfigTemplate fleet/dry-md-0", Change::Update),
+            ("DockerCluster fleet/dry", Change::Create),
+            ("KubeadmControlPlane fleet/dry-control-plane", Change::Create),
+            ("MachineDeployment fleet/dry-md-0", Change::Create),
+            ("Cluster fleet/dry", Change::Create),
+        ],
+        "{p:?}"
+    );
+    let ops = &p.objects[2].operations;
+    assert!(
+        ops.iter().any(|o| o["path"].as_str().is_some_and(|p| p.contains("kubeletExtraArgs")) && o["value"].as_str().is_some_and(|v| v.starts_with("nodefs.available"))),
+        "the kubelet flag the run would set: {ops:?}"
+    );
+    assert!(!p.refused());
+
+    // The checks' refusals, with their codes: a ClusterClass that does not exist; a delete
+    // of a cluster that is not there.
+    let mut classy = small("classy");
+    classy.cluster_class = Some("missing".into());
+    let p = preview(classy).await;
+    assert!(matches!(&p.checked.verdict, Verdict::Rejected { step, code, .. } if step == "check" && code == "CLUSTER_CLASS_MISSING"), "{p:?}");
+    assert!(p.objects.is_empty() && p.refused());
+    let p = preview(demo::delete(&small("ghost"))).await;
+    assert!(matches!(&p.checked.verdict, Verdict::Rejected { code, .. } if code == "CLUSTER_NOT_FOUND"), "{p:?}");
+
+    // Nothing was written: no Cluster, and no object of the create but the test's own.
+    assert!(Api::<CapiCluster>::all(hub.clone()).list(&ListParams::default()).await.unwrap().items.is_empty());
+    for o in objects.iter().filter(|o| o["kind"] != "KubeadmConfigTemplate") {
+        assert!(clusters.get(ferry_kube::HUB, o).await.unwrap().is_none(), "the dry run wrote {}", o["kind"]);
+    }
+    bed.bed.stop().await;
 }

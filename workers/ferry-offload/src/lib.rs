@@ -10,11 +10,13 @@
 //! - [`latency`]: the latency matrix.
 //! - [`handler`]: the configuration and the plans of offload, unoffload and burst.
 //! - [`steps`]: one module per step, each with the typed key of its output.
+//! - [`preview`]: a command's dry run (its checks, the offloading judged by the consumer).
 
 pub mod handler;
 pub mod latency;
 pub mod liqo;
 pub mod placement;
+pub mod preview;
 pub mod spec;
 pub mod steps;
 

@@ -8,6 +8,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use ferry_fleet::NodeFlavor;
+use ferry_kube::dry_run::{Change, Preview};
+use ferry_runtime::dry_run::Verdict;
 use ferry_fleet::emulated_offloading::OffloadingKnobs;
 use ferry_offload::latency::LatencyMatrix;
 use ferry_offload::liqo::{REMOTE_ID_LABEL, SCHEDULING_LABEL, TASK_LABEL, VIRTUAL_NODE_SELECTOR, VIRTUAL_NODE_TOLERATION_KEY};
@@ -127,6 +129,11 @@ fn offloadings(c: &kube::Client, ns: &str) -> Api<DynamicObject> {
     Api::namespaced_with(c.clone(), ns, &ar)
 }
 
+/// The dry run of `c` (`ferry submit offload --dry-run --kubeconfig HUB`).
+async fn preview(bed: &Bed, c: &OffloadCommand) -> Preview {
+    ferry_offload::preview::preview(&OffloadConfig::new(bed.clusters.clone()), &c.subject(), c).await.expect("the clusters answer")
+}
+
 fn cmd(ns: &str, targets: &[&str]) -> OffloadCommand {
     OffloadCommand {
         cluster: "member-1".into(),
@@ -146,6 +153,16 @@ async fn offload_unoffload_revert_and_refusals() {
         namespace(&m1, ns).await;
     }
 
+    // A dry run first: the check runs, the NamespaceOffloading is judged by member-1 (Liqo's
+    // CRD and webhook) and would be created; nothing is written.
+    let p = preview(&bed, &cmd("web", &["member-2"])).await;
+    assert_eq!(p.checked.verdict, Verdict::Passes, "{p:?}");
+    let planned: Vec<(&str, bool)> = p.checked.steps.iter().map(|s| (s.name.as_str(), s.ran)).collect();
+    assert_eq!(planned, [("check", true), ("offload", false), ("twins", false)]);
+    let judged: Vec<(&str, &str, Change)> = p.objects.iter().map(|o| (o.cluster.as_str(), o.object.as_str(), o.change)).collect();
+    assert_eq!(judged, [("member-1", "NamespaceOffloading web/offloading", Change::Create)], "{p:?}");
+    assert!(offloadings(&m1, "web").get_opt("offloading").await.unwrap().is_none(), "the dry run wrote the offloading");
+
     // Offload web to member-2: Ready, the twin namespace exists there and nowhere else.
     let (offload_id, evs) = offload(&client, &cmd("web", &["member-2"])).await;
     assert_eq!(end(&evs), EventType::Succeeded, "{}", last(&evs));
@@ -154,6 +171,23 @@ async fn offload_unoffload_revert_and_refusals() {
     let o = offloadings(&m1, "web").get("offloading").await.unwrap();
     assert_eq!(o.data["status"]["offloadingPhase"], "Ready");
     assert_eq!(o.data["spec"]["clusterSelector"]["nodeSelectorTerms"][0]["matchExpressions"][1]["values"], json!(["member-2"]));
+
+    // The same command again, dry: only the task label would change. Under another mapping
+    // strategy: the offloading there would be deleted and the new one created after (Liqo's
+    // webhook makes the strategy immutable), so the new one is not sent.
+    let p = preview(&bed, &cmd("web", &["member-2"])).await;
+    assert_eq!(p.objects.len(), 1, "{p:?}");
+    assert_eq!(p.objects[0].change, Change::Update, "{p:?}");
+    assert!(p.objects[0].operations.iter().all(|o| o["path"].as_str().is_some_and(|p| p.starts_with("/labels/"))), "only the task label differs: {p:?}");
+    let same = OffloadCommand { namespace_mapping_strategy: NamespaceMappingStrategy::EnforceSameName, ..cmd("web", &["member-2"]) };
+    let p = preview(&bed, &same).await;
+    let judged: Vec<Change> = p.objects.iter().map(|o| o.change).collect();
+    assert_eq!(judged, [Change::Delete, Change::NotSent], "{p:?}");
+    assert!(p.objects[0].note.as_deref().unwrap_or("").contains("namespaceMappingStrategy DefaultName → EnforceSameName cannot be changed"), "{p:?}");
+    // A target that is not peered: the dry run says the task would be rejected, and why.
+    let p = preview(&bed, &cmd("batch", &["member-3"])).await;
+    assert!(matches!(&p.checked.verdict, Verdict::Rejected { step, reason, .. } if step == "check" && reason.contains("member-3 is not peered with member-1")), "{p:?}");
+    assert!(p.objects.is_empty() && p.refused(), "{p:?}");
 
     // member-3 is not peered with member-1: refused with the reason, nothing created.
     let (_, evs) = offload(&client, &cmd("batch", &["member-3"])).await;
@@ -182,7 +216,6 @@ async fn offload_unoffload_revert_and_refusals() {
     // Offloading web again under another mapping strategy: Liqo's webhook forbids changing
     // it on the offloading there, so the offload re-creates it; its revert re-creates the
     // previous one, as it was (the old worker re-applied the spec and was refused).
-    let same = OffloadCommand { namespace_mapping_strategy: NamespaceMappingStrategy::EnforceSameName, ..cmd("web", &["member-2"]) };
     let (same_id, evs) = offload(&client, &same).await;
     assert_eq!(end(&evs), EventType::Succeeded, "{}", last(&evs));
     assert!(evs.iter().any(|e| e.message.as_deref().unwrap_or("").contains("namespaceMappingStrategy DefaultName → EnforceSameName cannot be changed")), "{}", last(&evs));

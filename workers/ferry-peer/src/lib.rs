@@ -11,10 +11,12 @@
 //! - [`submariner`]: the OCM objects of a Submariner peering (pure).
 //! - [`handler`]: the handler, what steps share, and the plan.
 //! - [`steps`]: the steps, one module each, with their typed outputs.
+//! - [`preview`]: a command's dry run (its checks; a Submariner peering's hub objects judged).
 
 pub mod handler;
 pub mod handshake;
 pub mod liqo;
+pub mod preview;
 pub mod spec;
 pub mod steps;
 pub mod submariner;

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_fleet::emulated_submariner::SubmarinerKnobs;
+use ferry_kube::dry_run::Change;
 use ferry_kube::kinds::ManagedCluster;
 use ferry_peer::spec::{PeerClusters, PeerMethod};
 use ferry_peer::submariner::{BROKER, addon_ready, broker_namespace};
@@ -147,6 +148,27 @@ async fn submariner_through_ocm_its_broker_and_its_revert() {
     // A tunnel in a new set: the worker makes the set, waits for the add-on's broker
     // namespace and makes the Broker; both add-ons say the tunnel is up.
     let p = tunnel("member-1", "member-2", 60);
+    // Its dry run first: the check runs; the new set, the SubmarinerConfigs and the add-ons
+    // are judged by the hub (OCM's and the add-on's CRDs); the Broker's namespace is the
+    // add-on's to make once the set exists, so the Broker is named, not sent. Nothing is
+    // written.
+    let dry = ferry_peer::preview::preview(&PeerConfig::new(Arc::new(ferry_kube::Clusters::new(hub.clone()))), &p.subject(), &p).await.unwrap();
+    assert_eq!(dry.checked.verdict, ferry_runtime::dry_run::Verdict::Passes, "{dry:?}");
+    let judged: Vec<(&str, Change)> = dry.objects.iter().map(|o| (o.object.as_str(), o.change)).collect();
+    assert_eq!(
+        judged,
+        [
+            ("ManagedClusterSet submariner", Change::Create),
+            ("Broker submariner-broker/submariner-broker", Change::NotSent),
+            ("SubmarinerConfig member-1/submariner", Change::Create),
+            ("SubmarinerConfig member-2/submariner", Change::Create),
+            ("ManagedClusterAddOn member-1/submariner", Change::Create),
+            ("ManagedClusterAddOn member-2/submariner", Change::Create),
+        ],
+        "{dry:?}"
+    );
+    assert!(sets(&hub).get_opt("submariner").await.unwrap().is_none(), "the dry run made the set");
+    assert!(addons(&hub, "member-1").get_opt("submariner").await.unwrap().is_none(), "the dry run made an add-on");
     let (id, evs) = submit(&client, &p).await;
     assert_eq!(end(&evs), EventType::Succeeded, "{}", last(&evs));
     let steps: Vec<&str> = evs.iter().filter(|e| e.event == EventType::StepSucceeded).filter_map(|e| e.step_name.as_deref()).collect();

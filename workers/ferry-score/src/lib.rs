@@ -12,11 +12,13 @@
 //! - [`benchmark`]: the benchmark Job through a ManifestWork with feedback rules.
 //! - [`scores`]: the latest score of every cluster from the scores topic.
 //! - [`onboarding`]: submits a scoring when a ManagedCluster joins or becomes available.
+//! - [`preview`]: a command's dry run (resolve-clusters; the placement scores judged).
 
 pub mod benchmark;
 pub mod handler;
 pub mod onboarding;
 pub mod policy;
+pub mod preview;
 pub mod scores;
 pub mod spec;
 pub mod steps;

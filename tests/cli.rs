@@ -665,8 +665,9 @@ fn bench_wave_rolls_out_and_reverts_every_child_and_reports() {
 
 /// `submit plan --dry-run --kubeconfig HUB`: a fanned-out deploy step's children are
 /// previewed on the hub, one per cluster its set chooses there, overrides merged in (each
-/// ManifestWork judged by a server-side dry run); a step of another kind is named, not
-/// previewed; nothing is written.
+/// ManifestWork judged by a server-side dry run); a score step runs its checks and its
+/// AddOnPlacementScores are judged by the hub; a test step is named, not previewed;
+/// nothing is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plan_dry_run_on_the_hub_previews_each_child_of_a_fanned_out_deploy_and_writes_nothing() {
     let Some(bed) = ferry_testkit::Bed::builder().members(2, 1).ocm().kubeconfigs().start().await else { return };
@@ -675,6 +676,7 @@ async fn a_plan_dry_run_on_the_hub_previews_each_child_of_a_fanned_out_deploy_an
         {"name": "agents", "kind": "deploy", "spec": {"name": "agent-${cluster}", "namespace": "shop", "owner": "team-demo",
             "components": [{"name": "agent", "image": "ghcr.io/ferry/agent:1", "cluster": "${cluster}"}]},
          "for_each": {"cluster_set": "demo", "overrides": [{"clusters": ["member-2"], "spec": {"components": [{"name": "agent", "image": "ghcr.io/ferry/agent:2", "cluster": "${cluster}"}]}}]}},
+        {"name": "rank", "kind": "score", "subject": "demo", "spec": {"cluster_set": "demo"}},
         {"name": "check", "kind": "test", "subject": "s", "spec": {"steps": 1}},
     ]}});
     let file = tempfile::NamedTempFile::new().unwrap();
@@ -704,7 +706,36 @@ async fn a_plan_dry_run_on_the_hub_previews_each_child_of_a_fanned_out_deploy_an
         "{report}"
     );
     assert!(steps.iter().any(|s| s["step"] == "check" && s["note"].as_str().is_some_and(|n| n.contains("a test step"))), "{report}");
+    let rank = steps.iter().find(|s| s["step"] == "rank").expect("the score step");
+    assert_eq!(rank["checks"]["verdict"], "passes", "{report}");
+    let judged: Vec<(&str, &str)> = rank["checks"]["objects"].as_array().expect("objects").iter().filter_map(|o| Some((o["object"].as_str()?, o["change"].as_str()?))).collect();
+    assert_eq!(
+        judged,
+        [("AddOnPlacementScore member-1/ferry-resource-usage", "create"), ("AddOnPlacementScore member-2/ferry-resource-usage", "create")],
+        "{report}"
+    );
     let works: kube::Api<ferry_kube::kinds::ManifestWork> = kube::Api::all(bed.hub().await);
     assert!(works.list(&Default::default()).await.unwrap().items.is_empty(), "the dry run wrote a ManifestWork");
+
+    // One kind's dry run as a person reads it: the plan with what was checked, each object
+    // with the hub's verdict; a set with no members fails the check (exit 2).
+    let dry = |spec: &str| {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), spec).unwrap();
+        let args = ["submit", "score", "-f", file.path().to_str().unwrap(), "--dry-run", "--kubeconfig", hub.to_str().unwrap()].map(str::to_owned);
+        async move {
+            let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_ferry")).args(args).env("RUST_LOG", "error").env("FERRY_BROKERS", "127.0.0.1:9").output().await.unwrap();
+            drop(file);
+            (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    };
+    let (code, stdout, stderr) = dry("subject: demo\nspec: {cluster_set: demo}\n").await;
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains("steps: resolve-clusters (checked) → measure → score → publish"), "{stdout}");
+    assert!(stdout.contains("AddOnPlacementScore member-1/ferry-resource-usage: create (the hub accepts it)"), "{stdout}");
+    assert!(stderr.contains("nothing written, nothing sent"), "{stderr}");
+    let (code, stdout, stderr) = dry("subject: demo\nspec: {cluster_set: nobody}\n").await;
+    assert_eq!(code, Some(2), "{stdout}{stderr}");
+    assert!(stdout.contains("FAILS at resolve-clusters (NO_CLUSTERS): ManagedClusterSet \"nobody\" has no member clusters"), "{stdout}");
     bed.stop().await;
 }

@@ -13,6 +13,7 @@ pub mod config;
 pub mod dashboard;
 pub mod dashboard_access;
 pub mod dev;
+pub mod dry_run;
 pub mod fleet_view;
 pub mod logs;
 pub mod otlp;

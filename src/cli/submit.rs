@@ -50,10 +50,11 @@ pub struct SubmitArgs {
     /// valid, 2 if not.
     #[arg(long)]
     pub dry_run: bool,
-    /// With --dry-run of a deploy: the hub's kubeconfig. The ManifestWorks the deploy would
-    /// write are sent to the hub as a server-side dry run (its schemas and webhooks judge
-    /// them; nothing is stored) and compared with those there now; exit 2 if the hub
-    /// refuses one.
+    /// With --dry-run: the hub's kubeconfig. The command is tried on the clusters as its
+    /// worker would run it: its checks run, and the objects it would write are sent to the
+    /// clusters that would hold them as a server-side dry run (their schemas and webhooks
+    /// judge them; nothing is stored) and compared with those there now; exit 2 if it
+    /// would be rejected or a cluster refuses one, 1 if a check could not tell.
     #[arg(long, requires = "dry_run", value_name = "HUB_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
     /// Same key, same task: resubmitting is safe.
@@ -97,7 +98,7 @@ pub fn encode_spec(client: &ferry_runtime::Client, kind: TaskKind, spec: serde_j
 pub async fn run(conn: &Conn, a: SubmitArgs) -> anyhow::Result<ExitCode> {
     let file = read_spec(&a)?;
     if a.dry_run {
-        return dry_run(&a, file).await;
+        return super::dry_run::run(conn, &a, file.subject, file.spec).await;
     }
     let info = ferry_runtime::kind::info(a.kind).with_context(|| format!("no worker crate in this program registers the {} kind", a.kind))?;
     let Some(subject) = file.subject.or_else(|| (info.subject_of)(&file.spec)) else {
@@ -155,170 +156,6 @@ fn read_spec(a: &SubmitArgs) -> anyhow::Result<SpecFile> {
         (std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?, path.display().to_string())
     };
     serde_yaml_ng::from_str(&text).with_context(|| format!("parsing {name}"))
-}
-
-/// `v` without its null fields and empty lists (every such field of a spec has a default),
-/// for people to read.
-fn compact(v: serde_json::Value) -> serde_json::Value {
-    match v {
-        serde_json::Value::Object(m) => serde_json::Value::Object(
-            m.into_iter().filter(|(_, x)| !x.is_null() && x.as_array().is_none_or(|a| !a.is_empty())).map(|(k, x)| (k, compact(x))).collect(),
-        ),
-        serde_json::Value::Array(a) => serde_json::Value::Array(a.into_iter().map(compact).collect()),
-        other => other,
-    }
-}
-
-/// `--dry-run`: prints the command as a spec file and checks it (deploy: every rule of
-/// `ferry_deploy::validate`; other kinds: that the spec decodes as the kind's record);
-/// with `--kubeconfig`, a deploy or a plan is also tried on the hub.
-async fn dry_run(a: &SubmitArgs, file: SpecFile) -> anyhow::Result<ExitCode> {
-    // The spec read once as its kind's record (deploy and plan: the kinds with rules here).
-    let parsed = match a.kind {
-        TaskKind::DEPLOY => serde_json::from_value(file.spec.clone()).map(Checked::Deploy).map_err(|e| format!("spec does not match the deploy kind's fields (DeployApp): {e}")),
-        TaskKind::PLAN => serde_json::from_value(file.spec.clone()).map(Checked::Plan).map_err(|e| format!("spec does not match the plan kind's fields (PlanSpec): {e}")),
-        _ => Ok(Checked::Other),
-    };
-    let subject = match (&file.subject, &parsed) {
-        (Some(s), _) => s.clone(),
-        (None, Ok(Checked::Deploy(d))) => d.subject(),
-        (None, _) => String::new(),
-    };
-    let server_side = a.kubeconfig.is_some() && (a.kind == TaskKind::DEPLOY || a.kind == TaskKind::PLAN);
-    anyhow::ensure!(a.kubeconfig.is_none() || server_side, "--kubeconfig: a dry run on the server covers deploys and plans; {} is checked locally", a.kind);
-    // On the server, JSON and YAML print one document: the preview.
-    match a.output {
-        _ if server_side && a.output != Output::Table => {}
-        Output::Json => println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "subject": subject, "spec": compact(file.spec.clone()) }))?),
-        _ => print!("{}{}", serde_yaml_ng::to_string(&serde_json::json!({ "subject": subject }))?, serde_yaml_ng::to_string(&serde_json::json!({ "spec": compact(file.spec.clone()) }))?),
-    }
-    let verdict = parsed.and_then(|c| {
-        match &c {
-            Checked::Deploy(app) => ferry_deploy::validate::validate(&subject, app).map_err(|r| r.reason),
-            Checked::Plan(plan) => ferry_plan::validate::validate(plan).map_err(|r| r.reason),
-            Checked::Other => Ok(()),
-        }
-        .map(|()| c)
-    });
-    match (verdict, a.kubeconfig.as_deref()) {
-        (Ok(Checked::Deploy(app)), Some(path)) => server_dry_run(&app, path, a.output).await,
-        (Ok(Checked::Plan(plan)), Some(path)) => plan_server_dry_run(&plan, path, a.output).await,
-        (Ok(_), _) => {
-            eprintln!("dry run: nothing sent");
-            Ok(ExitCode::SUCCESS)
-        }
-        (Err(reason), _) => {
-            eprintln!("dry run: the {} task would be rejected: {reason}", a.kind);
-            Ok(ExitCode::from(2))
-        }
-    }
-}
-
-/// A spec a dry run read as its kind's record.
-enum Checked {
-    Deploy(ferry_deploy::spec::DeployApp),
-    Plan(ferry_plan::spec::PlanSpec),
-    Other,
-}
-
-/// A deploy's dry run on the hub ([`ferry_deploy::preview`]): each ManifestWork it would
-/// write, the hub's verdict and the difference from the one there; exit 2 if the hub
-/// refuses one.
-async fn server_dry_run(app: &ferry_deploy::spec::DeployApp, hub: &std::path::Path, output: Output) -> anyhow::Result<ExitCode> {
-    let cfg = ferry_deploy::DeployConfig::new(super::workers::hub(Some(hub)).await?);
-    let p = ferry_deploy::preview::preview(&cfg, app).await?;
-    match output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&p)?),
-        Output::Yaml => print!("{}", serde_yaml_ng::to_string(&p)?),
-        Output::Table => print_preview("", &p),
-    }
-    let refused = p.clusters.iter().any(|c| c.refused.is_some());
-    eprintln!("dry run on the hub: nothing written, nothing sent");
-    Ok(if refused { ExitCode::from(2) } else { ExitCode::SUCCESS })
-}
-
-/// A preview as lines, each starting with `prefix`.
-fn print_preview(prefix: &str, p: &ferry_deploy::preview::Preview) {
-    for c in &p.clusters {
-        let verdict = c.refused.as_deref().map_or_else(|| "the hub accepts it".to_owned(), |why| format!("REFUSED: {why}"));
-        println!("{prefix}ManifestWork {}: {:?} ({verdict}); {}", c.work, c.change, c.manifests.join(", "));
-        for o in &c.operations {
-            let value = o.get("value").map(|v| format!(" {v}")).unwrap_or_default();
-            println!("{prefix}  {} /spec{}{value}", o["op"].as_str().unwrap_or("?"), o["path"].as_str().unwrap_or(""));
-        }
-    }
-    for c in &p.placed_at_run_time {
-        println!("{prefix}component {c}: placed by OCM at run time (not rendered)");
-    }
-}
-
-/// One deploy step's (or fanned-out child's) part of a plan's dry run.
-#[derive(serde::Serialize)]
-struct StepPreview {
-    step: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    cluster: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    preview: Option<ferry_deploy::preview::Preview>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    note: Option<String>,
-}
-
-/// A plan's dry run on the hub: each deploy step (each child of a fanned-out one, its
-/// clusters chosen on the hub as the run chooses them, overrides merged in) previewed as
-/// [`server_dry_run`] does; steps of other kinds, and specs that use an earlier step's
-/// outputs (known only at run time), are named and not previewed. Exit 2 if the hub
-/// refuses one.
-async fn plan_server_dry_run(plan: &ferry_plan::spec::PlanSpec, hub: &std::path::Path, output: Output) -> anyhow::Result<ExitCode> {
-    let clusters = super::workers::hub(Some(hub)).await?;
-    let cfg = ferry_deploy::DeployConfig::new(clusters.clone());
-    let mut entries = Vec::new();
-    let mut refused = false;
-    for step in &plan.steps {
-        if step.kind != TaskKind::DEPLOY.as_str() {
-            entries.push(StepPreview { step: step.name.clone(), cluster: None, preview: None, note: Some(format!("a {} step: checked locally; a dry run on the server covers deploy steps", step.kind)) });
-            continue;
-        }
-        let specs: Vec<(Option<String>, serde_json::Value)> = match &step.for_each {
-            Some(each) => {
-                let chosen = ferry_plan::steps::select::choose(&step.name, each, Some(clusters.hub())).await.map_err(|e| anyhow::anyhow!("step {}: {e}", step.name))?;
-                chosen
-                    .into_iter()
-                    .map(|c| ferry_plan::steps::waves::spec_for(step, each, &c).map(|s| (Some(c), s)))
-                    .collect::<Result<_, _>>()
-                    .map_err(|e| anyhow::anyhow!("step {}: {e}", step.name))?
-            }
-            None => vec![(None, step.spec_value()?)],
-        };
-        for (cluster, spec) in specs {
-            if !ferry_plan::refs::in_value(&spec, "spec").map(|r| r.is_empty()).unwrap_or(false) {
-                entries.push(StepPreview { step: step.name.clone(), cluster, preview: None, note: Some("uses an earlier step's outputs, known only at run time: not previewed".into()) });
-                continue;
-            }
-            let app: ferry_deploy::spec::DeployApp = serde_json::from_value(spec).with_context(|| format!("step {}: not a deploy spec", step.name))?;
-            let p = ferry_deploy::preview::preview(&cfg, &app).await.with_context(|| format!("step {}", step.name))?;
-            refused |= p.clusters.iter().any(|c| c.refused.is_some());
-            entries.push(StepPreview { step: step.name.clone(), cluster, preview: Some(p), note: None });
-        }
-    }
-    match output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&serde_json::json!({"steps": entries}))?),
-        Output::Yaml => print!("{}", serde_yaml_ng::to_string(&serde_json::json!({"steps": entries}))?),
-        Output::Table => {
-            for e in &entries {
-                let at = match &e.cluster {
-                    Some(c) => format!("step {} ({c}): ", e.step),
-                    None => format!("step {}: ", e.step),
-                };
-                match &e.preview {
-                    Some(p) => print_preview(&at, p),
-                    None => println!("{at}{}", e.note.as_deref().unwrap_or("")),
-                }
-            }
-        }
-    }
-    eprintln!("dry run on the hub: nothing written, nothing sent");
-    Ok(if refused { ExitCode::from(2) } else { ExitCode::SUCCESS })
 }
 
 /// Prints events of `id` until a final one, then (json/yaml) the snapshot; exit 0 only

@@ -695,20 +695,24 @@ async fn a_plan_dry_run_on_the_hub_previews_each_child_of_a_fanned_out_deploy_an
     let steps = report["steps"].as_array().expect("steps");
     let seen: Vec<(String, String, String)> = steps
         .iter()
+        .filter(|s| s["step"] == "agents")
         .filter_map(|s| {
-            let c = s["preview"]["clusters"].get(0)?;
-            Some((s["cluster"].as_str()?.to_owned(), c["work"].as_str()?.to_owned(), c["change"].as_str()?.to_owned()))
+            let o = s["preview"]["objects"].get(0)?;
+            Some((s["cluster"].as_str()?.to_owned(), o["object"].as_str()?.to_owned(), o["change"].as_str()?.to_owned()))
         })
         .collect();
     assert_eq!(
         seen,
-        [("member-1".to_owned(), "member-1/shop-agent-member-1".to_owned(), "create".to_owned()), ("member-2".to_owned(), "member-2/shop-agent-member-2".to_owned(), "create".to_owned())],
+        [
+            ("member-1".to_owned(), "ManifestWork member-1/shop-agent-member-1".to_owned(), "create".to_owned()),
+            ("member-2".to_owned(), "ManifestWork member-2/shop-agent-member-2".to_owned(), "create".to_owned())
+        ],
         "{report}"
     );
     assert!(steps.iter().any(|s| s["step"] == "check" && s["note"].as_str().is_some_and(|n| n.contains("a test step"))), "{report}");
     let rank = steps.iter().find(|s| s["step"] == "rank").expect("the score step");
-    assert_eq!(rank["checks"]["verdict"], "passes", "{report}");
-    let judged: Vec<(&str, &str)> = rank["checks"]["objects"].as_array().expect("objects").iter().filter_map(|o| Some((o["object"].as_str()?, o["change"].as_str()?))).collect();
+    assert_eq!(rank["preview"]["verdict"], "passes", "{report}");
+    let judged: Vec<(&str, &str)> = rank["preview"]["objects"].as_array().expect("objects").iter().filter_map(|o| Some((o["object"].as_str()?, o["change"].as_str()?))).collect();
     assert_eq!(
         judged,
         [("AddOnPlacementScore member-1/ferry-resource-usage", "create"), ("AddOnPlacementScore member-2/ferry-resource-usage", "create")],

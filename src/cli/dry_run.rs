@@ -1,10 +1,10 @@
 //! `ferry submit <kind> --dry-run [--kubeconfig HUB]`: the command printed as a spec file
 //! and checked as the worker checks it, sending nothing. With the hub's kubeconfig, every
 //! kind is tried on the clusters through its worker crate's own `preview` (the same
-//! checks and renderers a task runs): a deploy's ManifestWorks ([`ferry_deploy::preview`]),
-//! a create-cluster's Cluster API objects, an offload's NamespaceOffloading, a Submariner
-//! peering's hub objects, a score's AddOnPlacementScores ([`ferry_kube::dry_run::Preview`]),
-//! and a plan's steps, each previewed as its kind is. Nothing is written, no task is made.
+//! checks and renderers a task runs, [`ferry_kube::dry_run::Preview`]): a deploy's
+//! ManifestWorks or objects, a create-cluster's Cluster API objects, an offload's
+//! NamespaceOffloading, a Submariner peering's hub objects, a score's
+//! AddOnPlacementScores, and a plan's steps, each previewed as its kind is. Nothing is written, no task is made.
 //!
 //! Exit codes: 0 it would run; 2 it would be rejected, a check fails for good or a cluster
 //! refuses an object; 1 a check could not tell (a cluster did not answer).
@@ -85,9 +85,8 @@ pub async fn run(conn: &Conn, a: &SubmitArgs, subject: Option<String>, spec: Val
     };
     let clusters = super::workers::hub(Some(path)).await?;
     match checked {
-        Checked::Deploy(app) => deploy(&app, &clusters, a.output).await,
         Checked::Plan(plan) => plan_dry_run(conn, &plan, &clusters, a.output).await,
-        Checked::Other => {
+        Checked::Deploy(_) | Checked::Other => {
             let Some(p) = kind_preview(conn, a.kind, &subject, spec, &clusters).await? else {
                 anyhow::bail!("--kubeconfig: a dry run on the clusters covers {}; {} is checked locally", PREVIEWED.join(", "), a.kind)
             };
@@ -116,12 +115,15 @@ fn exit_of(p: &Preview) -> ExitCode {
 /// The kinds a dry run tries on the clusters.
 const PREVIEWED: &[&str] = &["deploy", "plan", "create-cluster", "offload", "peer", "score"];
 
-/// A create-cluster, offload, peer or score command's dry run on the clusters: its worker
-/// crate's `preview`, with the configuration a worker started on this hub has; None for
+/// A deploy, create-cluster, offload, peer or score command's dry run on the clusters: its
+/// worker crate's `preview`, with the configuration a worker started on this hub has; None for
 /// the other kinds.
 async fn kind_preview(conn: &Conn, kind: TaskKind, subject: &str, spec: Value, clusters: &Arc<Clusters>) -> anyhow::Result<Option<Preview>> {
     let decode = |what: &str| format!("spec does not match the {kind} kind's fields ({what})");
-    if kind == TaskKind::CREATE_CLUSTER {
+    if kind == TaskKind::DEPLOY {
+        let app = serde_json::from_value(spec).with_context(|| decode("DeployApp"))?;
+        Ok(Some(ferry_deploy::preview::preview(&ferry_deploy::DeployConfig::new(clusters.clone()), &app).await?))
+    } else if kind == TaskKind::CREATE_CLUSTER {
         let cmd = serde_json::from_value(spec).with_context(|| decode("ClusterCommand"))?;
         Ok(Some(ferry_cluster::preview::preview(&ferry_cluster::ClusterConfig::new(clusters.clone()), subject, &cmd).await?))
     } else if kind == TaskKind::OFFLOAD {
@@ -160,45 +162,20 @@ fn print_kind_preview(prefix: &str, p: &Preview) {
             (change, _, _) => format!("{} ({on} accepts it)", serde_json::to_value(change).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()),
         };
         println!("{prefix}{}: {verdict}", o.object);
-        print_operations(prefix, "", &o.operations);
+        if let (Some(note), Change::Create | Change::Update | Change::Unchanged) = (&o.note, o.change) {
+            println!("{prefix}  ({note})");
+        }
+        print_operations(prefix, &o.operations);
     }
     for n in &p.notes {
         println!("{prefix}then: {n}");
     }
 }
 
-fn print_operations(prefix: &str, base: &str, ops: &[Value]) {
+fn print_operations(prefix: &str, ops: &[Value]) {
     for o in ops {
         let value = o.get("value").map(|v| format!(" {v}")).unwrap_or_default();
-        println!("{prefix}  {} {base}{}{value}", o["op"].as_str().unwrap_or("?"), o["path"].as_str().unwrap_or(""));
-    }
-}
-
-/// A deploy's dry run on the hub ([`ferry_deploy::preview`]): each ManifestWork it would
-/// write, the hub's verdict and the difference from the one there; exit 2 if the hub
-/// refuses one.
-async fn deploy(app: &ferry_deploy::spec::DeployApp, clusters: &Arc<Clusters>, output: Output) -> anyhow::Result<ExitCode> {
-    let cfg = ferry_deploy::DeployConfig::new(clusters.clone());
-    let p = ferry_deploy::preview::preview(&cfg, app).await?;
-    match output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&p)?),
-        Output::Yaml => print!("{}", serde_yaml_ng::to_string(&p)?),
-        Output::Table => print_deploy_preview("", &p),
-    }
-    let refused = p.clusters.iter().any(|c| c.refused.is_some());
-    eprintln!("dry run on the hub: nothing written, nothing sent");
-    Ok(if refused { ExitCode::from(2) } else { ExitCode::SUCCESS })
-}
-
-/// A deploy's preview as lines, each starting with `prefix`.
-fn print_deploy_preview(prefix: &str, p: &ferry_deploy::preview::Preview) {
-    for c in &p.clusters {
-        let verdict = c.refused.as_deref().map_or_else(|| "the hub accepts it".to_owned(), |why| format!("REFUSED: {why}"));
-        println!("{prefix}ManifestWork {}: {:?} ({verdict}); {}", c.work, c.change, c.manifests.join(", "));
-        print_operations(prefix, "/spec", &c.operations);
-    }
-    for c in &p.placed_at_run_time {
-        println!("{prefix}component {c}: placed by OCM at run time (not rendered)");
+        println!("{prefix}  {} {}{value}", o["op"].as_str().unwrap_or("?"), o["path"].as_str().unwrap_or(""));
     }
 }
 
@@ -208,12 +185,8 @@ struct StepPreview {
     step: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     cluster: Option<String>,
-    /// A deploy step's preview.
     #[serde(skip_serializing_if = "Option::is_none")]
-    preview: Option<ferry_deploy::preview::Preview>,
-    /// Another kind's preview.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    checks: Option<Preview>,
+    preview: Option<Preview>,
     #[serde(skip_serializing_if = "Option::is_none")]
     note: Option<String>,
 }
@@ -224,7 +197,6 @@ struct StepPreview {
 /// previewed. Each step is judged on the clusters as they are now, not as the steps before
 /// it would leave them. Exit 2 if one would be refused.
 async fn plan_dry_run(conn: &Conn, plan: &ferry_plan::spec::PlanSpec, clusters: &Arc<Clusters>, output: Output) -> anyhow::Result<ExitCode> {
-    let cfg = ferry_deploy::DeployConfig::new(clusters.clone());
     let mut entries = Vec::new();
     let mut exit = ExitCode::SUCCESS;
     for step in &plan.steps {
@@ -240,16 +212,9 @@ async fn plan_dry_run(conn: &Conn, plan: &ferry_plan::spec::PlanSpec, clusters: 
             None => vec![(None, step.spec_value()?)],
         };
         for (cluster, spec) in specs {
-            let mut entry = StepPreview { step: step.name.clone(), cluster, preview: None, checks: None, note: None };
+            let mut entry = StepPreview { step: step.name.clone(), cluster, preview: None, note: None };
             if !ferry_plan::refs::in_value(&spec, "spec").map(|r| r.is_empty()).unwrap_or(false) {
                 entry.note = Some("uses an earlier step's outputs, known only at run time: not previewed".into());
-            } else if step.kind == TaskKind::DEPLOY.as_str() {
-                let app: ferry_deploy::spec::DeployApp = serde_json::from_value(spec).with_context(|| format!("step {}: not a deploy spec", step.name))?;
-                let p = ferry_deploy::preview::preview(&cfg, &app).await.with_context(|| format!("step {}", step.name))?;
-                if p.clusters.iter().any(|c| c.refused.is_some()) {
-                    exit = ExitCode::from(2);
-                }
-                entry.preview = Some(p);
             } else {
                 let kind: TaskKind = step.kind.parse().map_err(|e| anyhow::anyhow!("step {}: {e}", step.name))?;
                 let subject = step.subject.clone().or_else(|| ferry_runtime::kind::info(kind).and_then(|i| (i.subject_of)(&spec))).unwrap_or_default();
@@ -258,7 +223,7 @@ async fn plan_dry_run(conn: &Conn, plan: &ferry_plan::spec::PlanSpec, clusters: 
                         if exit_of(&p) != ExitCode::SUCCESS && exit == ExitCode::SUCCESS {
                             exit = exit_of(&p);
                         }
-                        entry.checks = Some(p);
+                        entry.preview = Some(p);
                     }
                     None => entry.note = Some(format!("a {kind} step: checked locally; a dry run on the clusters covers {}", PREVIEWED.join(", "))),
                 }
@@ -275,10 +240,9 @@ async fn plan_dry_run(conn: &Conn, plan: &ferry_plan::spec::PlanSpec, clusters: 
                     Some(c) => format!("step {} ({c}): ", e.step),
                     None => format!("step {}: ", e.step),
                 };
-                match (&e.preview, &e.checks) {
-                    (Some(p), _) => print_deploy_preview(&at, p),
-                    (_, Some(p)) => print_kind_preview(&at, p),
-                    _ => println!("{at}{}", e.note.as_deref().unwrap_or("")),
+                match &e.preview {
+                    Some(p) => print_kind_preview(&at, p),
+                    None => println!("{at}{}", e.note.as_deref().unwrap_or("")),
                 }
             }
         }

@@ -319,9 +319,13 @@ impl Clusters {
 
     /// As [`Clusters::apply`], but validated and not persisted (server-side dry run).
     pub async fn dry_run_apply(&self, cluster: &str, obj: &Value, manager: &str) -> Result<DynamicObject, ClusterError> {
+        self.dry_run_apply_with(cluster, obj, PatchParams::apply(manager).force()).await
+    }
+
+    /// A server-side apply dry run of `obj` with `pp` (forced or not, as the run applies).
+    pub async fn dry_run_apply_with(&self, cluster: &str, obj: &Value, pp: PatchParams) -> Result<DynamicObject, ClusterError> {
         let (api, name) = self.api_of(cluster, obj).await?;
-        let pp = PatchParams::apply(manager).force().dry_run();
-        api.patch(&name, &pp, &Patch::Apply(obj)).await.map_err(|source| ClusterError::Kube { cluster: cluster.to_owned(), source })
+        api.patch(&name, &pp.dry_run(), &Patch::Apply(obj)).await.map_err(|source| ClusterError::Kube { cluster: cluster.to_owned(), source })
     }
 
     /// Deletes the object `obj` names; true when it existed (gone already is success).

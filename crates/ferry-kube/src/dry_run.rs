@@ -6,6 +6,7 @@
 //! as the same server defaults them). A Secret's values never show: its keys do, redacted.
 //! [`Preview`] is a kind's whole dry run: its plan, the checks' verdict, these objects.
 
+use kube::api::PatchParams;
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -107,6 +108,20 @@ pub fn describe(obj: &Value) -> String {
 /// the cluster would hold with what it holds; `Err` only when the cluster could not be
 /// asked (a refusal is a [`Change::Refused`]).
 pub async fn apply(clusters: &Clusters, cluster: &str, obj: &Value, manager: &str) -> Result<ObjectPreview, ClusterError> {
+    apply_guarded(clusters, cluster, obj, PatchParams::apply(manager).force(), |_| None).await
+}
+
+/// As [`apply`], applied with `pp` as the run applies (a run that does not force its
+/// applies meets other field managers' conflicts: so does its dry run), and first asking
+/// `guard` of the object there now (if any) whether the run would refuse to touch it
+/// (another owner's object): its reason is a [`Change::Refused`], and nothing is sent.
+pub async fn apply_guarded(
+    clusters: &Clusters,
+    cluster: &str,
+    obj: &Value,
+    pp: PatchParams,
+    guard: impl FnOnce(&kube::api::DynamicObject) -> Option<String>,
+) -> Result<ObjectPreview, ClusterError> {
     let object = describe(obj);
     let refused = |why: String| ObjectPreview { cluster: cluster.to_owned(), object: object.clone(), change: Change::Refused, refused: Some(why), note: None, operations: Vec::new() };
     let current = match clusters.get(cluster, obj).await {
@@ -114,7 +129,10 @@ pub async fn apply(clusters: &Clusters, cluster: &str, obj: &Value, manager: &st
         Err(e @ ClusterError::NotServed { .. }) => return Ok(refused(e.to_string())),
         Err(e) => return Err(e),
     };
-    let would = match clusters.dry_run_apply(cluster, obj, manager).await {
+    if let Some(why) = current.as_ref().and_then(guard) {
+        return Ok(refused(why));
+    }
+    let would = match clusters.dry_run_apply_with(cluster, obj, pp).await {
         Ok(w) => w,
         Err(ClusterError::Kube { source: kube::Error::Api(s), .. }) => return Ok(refused(format!("{} ({})", s.message, s.reason))),
         Err(e) => return Err(e),
@@ -135,7 +153,8 @@ fn to_value(o: kube::api::DynamicObject) -> Value {
 }
 
 /// What a preview compares of an object: its labels and every top-level field but
-/// `apiVersion`, `kind`, `metadata` and `status`; a Secret's values redacted.
+/// `apiVersion`, `kind`, `metadata` and `status`; the values of every Secret in it
+/// redacted (the object itself, or one it carries: a ManifestWork's manifests).
 pub fn comparable(obj: &Value) -> Value {
     let mut out = json!({"labels": obj.pointer("/metadata/labels").cloned().unwrap_or_else(|| json!({}))});
     if let Some(m) = obj.as_object() {
@@ -144,13 +163,33 @@ pub fn comparable(obj: &Value) -> Value {
         }
     }
     if obj["kind"] == "Secret" {
-        for field in ["data", "stringData"] {
-            if let Some(d) = out.get_mut(field).and_then(Value::as_object_mut) {
-                d.values_mut().for_each(|v| *v = json!(REDACTED));
+        redact_secret(&mut out);
+    }
+    redact(&mut out);
+    out
+}
+
+/// Redacts every Secret object nested in `v`.
+pub fn redact(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            if m.get("kind").and_then(Value::as_str) == Some("Secret") && m.get("apiVersion").and_then(Value::as_str) == Some("v1") {
+                redact_secret(v);
+                return;
             }
+            m.values_mut().for_each(redact);
+        }
+        Value::Array(a) => a.iter_mut().for_each(redact),
+        _ => {}
+    }
+}
+
+fn redact_secret(secret: &mut Value) {
+    for field in ["data", "stringData"] {
+        if let Some(d) = secret.get_mut(field).and_then(Value::as_object_mut) {
+            d.values_mut().for_each(|v| *v = json!(REDACTED));
         }
     }
-    out
 }
 
 #[cfg(test)]
@@ -166,5 +205,11 @@ mod tests {
         assert!(!c.to_string().contains("aHVudGVyMg"));
         assert_eq!(describe(&s), "Secret a/db");
         assert_eq!(describe(&json!({"kind": "Namespace", "metadata": {"name": "a"}})), "Namespace a");
+        // A Secret a ManifestWork carries is redacted too.
+        let work = json!({"apiVersion": "work.open-cluster-management.io/v1", "kind": "ManifestWork", "metadata": {"name": "w"},
+                          "spec": {"workload": {"manifests": [s.clone(), {"apiVersion": "v1", "kind": "ConfigMap", "data": {"k": "plain"}}]}}});
+        let c = comparable(&work);
+        assert_eq!(c["spec"]["workload"]["manifests"][0]["data"], json!({"password": REDACTED}));
+        assert_eq!(c["spec"]["workload"]["manifests"][1]["data"], json!({"k": "plain"}));
     }
 }

@@ -9,8 +9,9 @@
 //! - [`render`]: app → objects, ManifestWorks, Placements; feedback → readiness (pure).
 //! - [`handler`]: the configuration and the plan: check, place, apply, wait.
 //! - [`steps`]: one module per step; [`outputs`]: the keys of their outputs.
-//! - [`preview`]: a dry run on the server: the ManifestWorks a deploy would write, judged
-//!   by the hub (`dryRun=All`) and compared with those there now; nothing written.
+//! - [`preview`]: a dry run: the checks, then the ManifestWorks (or objects) a deploy
+//!   would write, judged by their clusters (`dryRun=All`) and compared with those there
+//!   now, and what it would remove; nothing written.
 //! - [`tosca`]: a TOSCA blueprint → `DeployApp`.
 
 pub mod exportable;

@@ -1,144 +1,175 @@
-//! A deploy's dry run on the server (`ferry submit deploy --dry-run --kubeconfig HUB`): the
-//! ManifestWork each target cluster would get, rendered by the worker's own code
-//! ([`render::manifest_work`]), sent to the hub as a server-side dry run (`dryRun=All`:
-//! the upstream CRD's schema and the hub's admission webhooks judge it, nothing is
-//! stored), and the difference between what the hub would then hold and the ManifestWork
-//! there now, as RFC 6902 operations on its `spec` (both as the same server defaults them).
-//! Nothing is written: no task, no object. Secret values never appear: a Secret manifest
-//! shows its keys with a redacted value, on both sides (a changed value is not shown).
-//! Components placed by OCM (a placement, not a cluster) are chosen at run time: listed,
-//! not rendered.
+//! A deploy's dry run (`ferry submit deploy --dry-run --kubeconfig HUB`): its plan and its
+//! `check` run as a task runs it (the app's state before, Secrets there and exportable,
+//! clusters registered, the namespace bound, room for the replicas), then what `apply`
+//! would write and remove, with the worker's own renderers, judged by the cluster that
+//! would hold each object as a server-side dry run (`dryRun=All`: the upstream CRD's schema
+//! and the cluster's webhooks judge it, nothing is stored), applied as the run applies
+//! (not forced: another field manager's fields are a conflict here too):
+//! - ManifestWork delivery: each named cluster's ManifestWork ([`render::manifest_work`],
+//!   namespaces to orphan read as the run reads them) on the hub;
+//! - direct delivery: each object ([`render::objects`]) on its cluster; an object of that
+//!   name Ferry did not make for the app is refused as the run refuses it
+//!   ([`crate::ownership`]); objects in a namespace still to be made are named, not sent;
+//! - removals: the ManifestWorks (or objects) of the clusters the app leaves, everything
+//!   of the app for a delete.
+//!
+//! Secret values never appear: a Secret is rendered with its keys and a redacted value, and
+//! both sides of a comparison are redacted (a changed value is not shown). Components OCM
+//! places (a placement, not a cluster) are chosen at run time: named, not rendered.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use kube::core::{ApiResource, GroupVersionKind};
-use serde::Serialize;
+use ferry_kube::dry_run::{self, ObjectPreview, Preview};
+use ferry_kube::{ClusterError, HUB};
+use ferry_task::dry_run::Verdict;
+use kube::api::PatchParams;
 use serde_json::{Value, json};
 
 use crate::exportable::Unshippable;
-use crate::handler::DeployConfig;
+use crate::handler::{DeployConfig, DeployHandler};
+use crate::ownership::{self, NotFerrys};
 use crate::render::{self, AppState, MANAGER, SecretData};
-use crate::spec::{Delivery, DeployApp, DeployOperation};
+use crate::spec::{Component, Delivery, DeployApp, DeployOperation};
+use crate::steps::check::CHECK;
 
-/// What a Secret's value shows as in a preview (base64 of `(redacted)`).
+/// What a Secret's value shows as in a preview (base64 of `(redacted)`, so that the
+/// rendered Secret stays valid for the server's dry run).
 const REDACTED: &str = "KHJlZGFjdGVkKQ==";
 
-/// Why there is no preview.
-#[derive(Debug, thiserror::Error)]
-pub enum PreviewError {
-    /// The hub could not be read.
-    #[error("reading the hub: {0}")]
-    Hub(#[source] kube::Error),
-    /// What the dry run does not cover yet.
-    #[error("a dry run on the server covers deploys and updates delivered by ManifestWork; {0}")]
-    Unsupported(String),
-}
+/// How long each check has to answer.
+const BOUND: Duration = Duration::from_secs(60);
 
-/// What a cluster's ManifestWork would become.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Change {
-    /// There is none: it would be created.
-    Create,
-    /// It differs: it would be updated.
-    Update,
-    /// It would stay as it is.
-    Unchanged,
-    /// The hub refused the dry run (see `refused`).
-    Refused,
-}
+/// The task id the dry run renders into the ManifestWorks' annotation.
+const DRY_RUN_TASK: &str = "dry-run";
 
-/// One target cluster's part of a preview.
-#[derive(Debug, Clone, Serialize)]
-pub struct ClusterPreview {
-    /// The cluster.
-    pub cluster: String,
-    /// The ManifestWork, `<cluster>/<name>` on the hub.
-    pub work: String,
-    /// The kinds and names of its manifests.
-    pub manifests: Vec<String>,
-    /// What would become of it.
-    pub change: Change,
-    /// The hub's (or the check's) refusal, if any.
-    pub refused: Option<String>,
-    /// RFC 6902 operations from the `spec` there now to the one the hub would hold
-    /// (values of Secrets redacted).
-    pub operations: Vec<Value>,
-}
-
-/// A deploy's dry run.
-#[derive(Debug, Clone, Serialize)]
-pub struct Preview {
-    /// Each cluster named by a component, in name order.
-    pub clusters: Vec<ClusterPreview>,
-    /// Components OCM places at run time (not rendered).
-    pub placed_at_run_time: Vec<String>,
-}
-
-/// The dry run of `app` (already validated) against the hub of `cfg`.
-pub async fn preview(cfg: &DeployConfig, app: &DeployApp) -> Result<Preview, PreviewError> {
-    if app.operation == DeployOperation::Delete {
-        return Err(PreviewError::Unsupported("a delete's would remove the app's ManifestWorks (`ferry tasks revert --dry-run` shows an undo)".into()));
+/// The dry run of `app` against the clusters of `cfg`; `Err` only when a cluster could not
+/// be asked about an object.
+pub async fn preview(cfg: &DeployConfig, app: &DeployApp) -> Result<Preview, ClusterError> {
+    let handler = DeployHandler::new(cfg.clone());
+    let mut p = Preview::new(ferry_task::dry_run::checks(&handler, &app.subject(), app, BOUND).await);
+    if p.checked.verdict != Verdict::Passes {
+        return Ok(p);
     }
-    if app.delivery != Delivery::ManifestWork {
-        return Err(PreviewError::Unsupported("direct delivery writes to the clusters themselves".into()));
-    }
-    let mut targets = render::Targets::new();
-    let mut placed = Vec::new();
-    for c in &app.components {
-        match &c.cluster {
-            Some(cluster) => targets.entry(c.name.clone()).or_default().push(cluster.clone()),
-            None => placed.push(c.name.clone()),
-        }
-    }
-    let state = AppState { spec: app.clone(), targets };
-    let hub = cfg.clusters.hub().clone();
-    let works = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("work.open-cluster-management.io", "v1", "ManifestWork"), "manifestworks");
-    let mut clusters = Vec::new();
-    for (cluster, comps) in state.by_cluster() {
-        let name = render::work_name(app);
-        let secrets = match redacted_secrets(&hub, app, &comps).await? {
-            Ok(s) => s,
-            Err(why) => {
-                clusters.push(ClusterPreview { cluster: cluster.clone(), work: format!("{cluster}/{name}"), manifests: vec![], change: Change::Refused, refused: Some(why), operations: vec![] });
-                continue;
-            }
-        };
-        // The namespaces to orphan, as the run decides them (the cluster's own
-        // namespaces, read through its kubeconfig; all of them when it cannot be read).
-        let objects = render::objects(app, &comps, &secrets);
-        let found = found_namespaces(cfg, &cluster, &objects, &app.name).await;
-        let work = render::manifest_work(app, &cluster, &comps, &secrets, "dry-run", &found);
-        let manifests = objects.iter().map(|o| format!("{} {}", o["kind"].as_str().unwrap_or("?"), o["metadata"]["name"].as_str().unwrap_or("?"))).collect();
-        let api: Api<DynamicObject> = Api::namespaced_with(hub.clone(), &cluster, &works);
-        let current = api.get_opt(&name).await.map_err(PreviewError::Hub)?;
-        let pp = PatchParams::apply(MANAGER).force().dry_run();
-        let (change, refused, operations) = match api.patch(&name, &pp, &Patch::Apply(&work)).await {
-            Err(kube::Error::Api(e)) => (Change::Refused, Some(format!("{} ({})", e.message, e.reason)), vec![]),
-            Err(e) => return Err(PreviewError::Hub(e)),
-            Ok(would) => {
-                let after = redacted(would.data.get("spec").cloned().unwrap_or(Value::Null));
-                match current {
-                    None => (Change::Create, None, vec![]),
-                    Some(now) => {
-                        let before = redacted(now.data.get("spec").cloned().unwrap_or(Value::Null));
-                        let ops: Vec<Value> = serde_json::to_value(json_patch::diff(&before, &after)).ok().and_then(|v| v.as_array().cloned()).unwrap_or_default();
-                        (if ops.is_empty() { Change::Unchanged } else { Change::Update }, None, ops)
-                    }
+    let previous = CHECK.from_outputs(&p.checked.outputs).and_then(|c| c.previous);
+    let mut placed = BTreeSet::new();
+    let to = (app.operation != DeployOperation::Delete).then(|| {
+        let mut targets = render::Targets::new();
+        for c in &app.components {
+            match &c.cluster {
+                Some(cluster) => targets.entry(c.name.clone()).or_default().push(cluster.clone()),
+                None => {
+                    placed.insert(c.name.clone());
                 }
             }
-        };
-        clusters.push(ClusterPreview { cluster: cluster.clone(), work: format!("{cluster}/{name}"), manifests, change, refused, operations });
+        }
+        AppState { spec: app.clone(), targets }
+    });
+    if let Some(to) = &to {
+        for (cluster, comps) in to.by_cluster() {
+            let secrets = match redacted_secrets(cfg, app, &comps).await? {
+                Ok(s) => s,
+                Err(why) => {
+                    let work = json!({"apiVersion": "work.open-cluster-management.io/v1", "kind": "ManifestWork", "metadata": {"name": render::work_name(app), "namespace": cluster}});
+                    p.objects.push(ObjectPreview { refused: Some(why), change: dry_run::Change::Refused, ..ObjectPreview::not_sent(&cluster, &work, "") });
+                    continue;
+                }
+            };
+            let objects = render::objects(app, &comps, &secrets);
+            match app.delivery {
+                Delivery::ManifestWork => p.objects.push(manifest_work(cfg, app, &cluster, &comps, &secrets, &objects).await?),
+                Delivery::Direct => direct(cfg, app, &cluster, &objects, &mut p.objects).await?,
+            }
+        }
     }
-    Ok(Preview { clusters, placed_at_run_time: placed })
+    if let Some(from) = &previous {
+        removals(from, to.as_ref(), &placed, &mut p.objects);
+    }
+    for c in &placed {
+        p.notes.push(format!("component {c}: its clusters are chosen by OCM at run time (its Placement's decisions), then rendered as above"));
+    }
+    Ok(p)
 }
 
-/// The Secrets `comps` reference, checked as the run checks them (there, exportable),
-/// their values redacted; `Err` with the reason a run would be refused.
-async fn redacted_secrets(hub: &kube::Client, app: &DeployApp, comps: &[&crate::spec::Component]) -> Result<Result<BTreeMap<String, SecretData>, String>, PreviewError> {
+/// The hub's judgement of `cluster`'s ManifestWork.
+async fn manifest_work(cfg: &DeployConfig, app: &DeployApp, cluster: &str, comps: &[&Component], secrets: &BTreeMap<String, SecretData>, objects: &[Value]) -> Result<ObjectPreview, ClusterError> {
+    let inner = crate::handler::Inner { cfg: cfg.clone() };
+    let found = inner.found_namespaces(cluster, objects, &app.name).await;
+    let work = render::manifest_work(app, cluster, comps, secrets, DRY_RUN_TASK, &found);
+    let mut judged = dry_run::apply_guarded(&cfg.clusters, HUB, &work, PatchParams::apply(MANAGER), |live| foreign(HUB, app, live)).await?;
+    let manifests: Vec<String> = objects.iter().map(|o| format!("{} {}", o["kind"].as_str().unwrap_or("?"), o["metadata"]["name"].as_str().unwrap_or("?"))).collect();
+    judged.note = Some(format!("for {cluster}: {}", manifests.join(", ")));
+    Ok(judged)
+}
+
+/// Each object of a direct delivery, judged by `cluster`.
+async fn direct(cfg: &DeployConfig, app: &DeployApp, cluster: &str, objects: &[Value], out: &mut Vec<ObjectPreview>) -> Result<(), ClusterError> {
+    let mut missing = BTreeSet::new();
+    for o in objects {
+        let ns = o.pointer("/metadata/namespace").and_then(Value::as_str);
+        if let Some(ns) = ns.filter(|ns| missing.contains(*ns)) {
+            out.push(ObjectPreview::not_sent(cluster, o, format!("namespace {ns} does not exist yet: the run creates it first")));
+            continue;
+        }
+        if o["kind"] == "Namespace" {
+            // The run creates a missing namespace and leaves one that is there as it is.
+            let name = o["metadata"]["name"].as_str().unwrap_or_default();
+            let there = cfg.clusters.get(cluster, o).await?.is_some();
+            if !there {
+                missing.insert(name.to_owned());
+                out.push(dry_run::apply(&cfg.clusters, cluster, o, MANAGER).await?);
+            }
+            continue;
+        }
+        out.push(dry_run::apply_guarded(&cfg.clusters, cluster, o, PatchParams::apply(MANAGER), |live| foreign(cluster, app, live)).await?);
+    }
+    Ok(())
+}
+
+/// Why the run would leave `live` alone: it is not Ferry's for the app.
+fn foreign(cluster: &str, app: &DeployApp, live: &kube::api::DynamicObject) -> Option<String> {
+    (!ownership::is_ferrys(&live.metadata, &app.name)).then(|| {
+        let what = format!("{} {}", live.types.as_ref().map_or("?", |t| t.kind.as_str()), live.metadata.name.as_deref().unwrap_or("?"));
+        NotFerrys::Foreign { cluster: cluster.to_owned(), what, app: app.name.clone(), by: ownership::managed_by(&live.metadata) }.to_string()
+    })
+}
+
+/// What the run removes: what `from` has on the clusters `to` leaves (every cluster for a
+/// delete); placed components' clusters are decided at run time, so they are not counted
+/// as left.
+fn removals(from: &AppState, to: Option<&AppState>, placed: &BTreeSet<String>, out: &mut Vec<ObjectPreview>) {
+    let mut keep = to.map(AppState::clusters).unwrap_or_default();
+    keep.extend(from.targets.iter().filter(|(c, _)| placed.contains(*c)).flat_map(|(_, cl)| cl.iter().cloned()));
+    match from.spec.delivery {
+        Delivery::ManifestWork => {
+            for cluster in from.clusters().difference(&keep) {
+                let work = json!({"apiVersion": "work.open-cluster-management.io/v1", "kind": "ManifestWork", "metadata": {"name": render::work_name(&from.spec), "namespace": cluster}});
+                out.push(ObjectPreview::deleted(HUB, &work, format!("the app leaves {cluster}: its work agent removes the manifests there")));
+            }
+        }
+        Delivery::Direct => {
+            let wanted: BTreeSet<(String, String)> = to
+                .map(|t| t.by_cluster().into_iter().flat_map(|(cl, comps)| render::objects(&t.spec, &comps, &BTreeMap::new()).into_iter().map(move |o| (cl.clone(), dry_run::describe(&o)))).collect())
+                .unwrap_or_default();
+            for (cluster, comps) in from.by_cluster() {
+                for o in render::objects(&from.spec, &comps, &BTreeMap::new()).iter().rev() {
+                    if wanted.contains(&(cluster.clone(), dry_run::describe(o))) {
+                        continue;
+                    }
+                    let note = if o["kind"] == "Namespace" { "only if a deploy of this app created it" } else { "if Ferry made it for this app" };
+                    out.push(ObjectPreview::deleted(&cluster, o, note));
+                }
+            }
+        }
+    }
+}
+
+/// The Secrets `comps` reference, read as the run reads them (there, exportable), their
+/// values redacted; `Err` with the reason a run would be refused.
+async fn redacted_secrets(cfg: &DeployConfig, app: &DeployApp, comps: &[&Component]) -> Result<Result<BTreeMap<String, SecretData>, String>, ClusterError> {
     let names = comps.iter().flat_map(|c| c.secrets()).collect::<BTreeSet<_>>();
-    Ok(match crate::exportable::read(hub, app.namespace(), names).await.map_err(PreviewError::Hub)? {
+    let read = crate::exportable::read(cfg.clusters.hub(), app.namespace(), names).await.map_err(|source| ClusterError::Kube { cluster: HUB.to_owned(), source })?;
+    Ok(match read {
         Ok(secrets) => Ok(secrets
             .into_iter()
             .map(|(name, s)| {
@@ -149,26 +180,4 @@ async fn redacted_secrets(hub: &kube::Client, app: &DeployApp, comps: &[&crate::
         Err(Unshippable::Missing(name)) => Err(format!("Secret {}/{name} does not exist on the hub", app.namespace())),
         Err(Unshippable::Refused(why)) => Err(why),
     })
-}
-
-/// `spec` with every Secret manifest's values redacted.
-fn redacted(mut spec: Value) -> Value {
-    if let Some(ms) = spec.pointer_mut("/workload/manifests").and_then(Value::as_array_mut) {
-        for m in ms.iter_mut().filter(|m| m["kind"] == "Secret") {
-            for field in ["data", "stringData"] {
-                if let Some(d) = m.get_mut(field).and_then(Value::as_object_mut) {
-                    for v in d.values_mut() {
-                        *v = json!(REDACTED);
-                    }
-                }
-            }
-        }
-    }
-    spec
-}
-
-/// The run's choice of namespaces to orphan ([`render::manifest_work`]).
-async fn found_namespaces(cfg: &DeployConfig, cluster: &str, objects: &[Value], app: &str) -> BTreeSet<String> {
-    let inner = crate::handler::Inner { cfg: cfg.clone() };
-    inner.found_namespaces(cluster, objects, app).await
 }

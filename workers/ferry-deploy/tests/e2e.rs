@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use ferry_kube::dry_run::Change;
+use ferry_runtime::dry_run::Verdict;
 use ferry_deploy::spec::{Component, Delivery, DeployApp, DeployOperation, EnvVar, PlacementSpec, Port, SecretKeyRef};
 use ferry_deploy::{DeployConfig, DeployHandler};
 use ferry_testkit::Bed;
@@ -84,18 +86,27 @@ async fn apps_deploy_update_revert_and_delete_across_clusters() {
     let p = ferry_deploy::preview::preview(&cfg, &changed).await.unwrap();
     let shown = serde_json::to_string(&p).unwrap();
     assert!(!shown.contains("demo-only-password") && !shown.contains(&base64(b"demo-only-password")), "a Secret's value in the preview: {shown}");
-    let changes: Vec<(&str, ferry_deploy::preview::Change)> = p.clusters.iter().map(|c| (c.cluster.as_str(), c.change)).collect();
-    assert_eq!(changes, [("member-1", ferry_deploy::preview::Change::Update), ("member-2", ferry_deploy::preview::Change::Update)], "{shown}");
-    let values = |c: usize| p.clusters[c].operations.iter().map(|o| (o["op"].as_str().unwrap_or("").to_owned(), o["value"].clone())).collect::<Vec<_>>();
+    assert_eq!(p.checked.verdict, Verdict::Passes, "{shown}");
+    let work = |cluster: &str, app: &DeployApp| format!("ManifestWork {cluster}/{}", ferry_deploy::render::work_name(app));
+    let changes: Vec<(String, Change)> = p.objects.iter().map(|o| (o.object.clone(), o.change)).collect();
+    assert_eq!(changes, [(work("member-1", &app), Change::Update), (work("member-2", &app), Change::Update)], "{shown}");
+    let values = |c: usize| p.objects[c].operations.iter().map(|o| (o["op"].as_str().unwrap_or("").to_owned(), o["value"].clone())).collect::<Vec<_>>();
     assert_eq!(values(0), [("replace".to_owned(), serde_json::json!(3))], "only the web replicas change on member-1: {shown}");
     assert_eq!(values(1), [("replace".to_owned(), serde_json::json!("ghcr.io/acme/shop-api:2.2"))], "only the api image changes on member-2: {shown}");
-    let same = ferry_deploy::preview::preview(&cfg, &app).await.unwrap();
-    assert!(same.clusters.iter().all(|c| c.change == ferry_deploy::preview::Change::Unchanged && c.operations.is_empty()), "{same:?}");
+    let same = ferry_deploy::preview::preview(&cfg, &DeployApp { operation: DeployOperation::Update, ..app.clone() }).await.unwrap();
+    assert!(same.objects.len() == 2 && same.objects.iter().all(|o| o.change == Change::Unchanged && o.operations.is_empty()), "{same:?}");
+    // The checks run as a task's: a second deploy of the app would be rejected.
+    let again = ferry_deploy::preview::preview(&cfg, &app).await.unwrap();
+    assert!(matches!(&again.checked.verdict, Verdict::Rejected { reason, .. } if reason.contains("already deployed")), "{again:?}");
     let mut blog = app.clone();
     blog.name = "blog".into();
     blog.components.truncate(1);
     let new = ferry_deploy::preview::preview(&cfg, &blog).await.unwrap();
-    assert_eq!(new.clusters.iter().map(|c| (c.work.as_str(), c.change)).collect::<Vec<_>>(), [("member-1/blog-blog", ferry_deploy::preview::Change::Create)]);
+    assert_eq!(new.objects.iter().map(|o| (o.object.clone(), o.change)).collect::<Vec<_>>(), [(work("member-1", &blog), Change::Create)]);
+    // A delete's: every ManifestWork of the app would go.
+    let delete = DeployApp { operation: DeployOperation::Delete, name: "shop".into(), ..DeployApp::default() };
+    let gone = ferry_deploy::preview::preview(&cfg, &delete).await.unwrap();
+    assert_eq!(gone.objects.iter().map(|o| (o.object.clone(), o.change)).collect::<Vec<_>>(), [(work("member-1", &app), Change::Delete), (work("member-2", &app), Change::Delete)], "{gone:?}");
     assert_eq!(versions().await, before, "the dry runs wrote nothing");
 
     // A second deploy of a deployed app is rejected; so is an update of an unknown one.
@@ -104,7 +115,6 @@ async fn apps_deploy_update_revert_and_delete_across_clusters() {
     assert!(last(&evs).message.as_deref().unwrap_or("").contains("already deployed"), "{:?}", last(&evs));
 
     // Delete removes everything from every cluster.
-    let delete = DeployApp { operation: DeployOperation::Delete, name: "shop".into(), ..DeployApp::default() };
     let (_, evs) = demo::submit(&client, &delete).await.unwrap();
     assert_eq!(last(&evs).event, EventType::Succeeded, "{:?}", last(&evs));
     assert_eq!(demo::leftovers(&bed.fleet, &app, &["member-1", "member-2"]).await.unwrap(), Vec::<String>::new());
@@ -159,6 +169,12 @@ topology_template:
         ready_timeout_seconds: Some(120),
         ..DeployApp::default()
     };
+    // Its dry run: the namespace is judged by member-2 and what goes in it named; no
+    // ManifestWork. Nothing is written.
+    let dry = ferry_deploy::preview::preview(&cfg, &direct).await.unwrap();
+    let judged: Vec<(&str, &str, Change)> = dry.objects.iter().map(|o| (o.cluster.as_str(), o.object.as_str(), o.change)).collect();
+    assert_eq!(judged, [("member-2", "Namespace offloaded-ns", Change::Create), ("member-2", "Deployment offloaded-ns/worker", Change::NotSent)], "{dry:?}");
+    assert!(Api::<k8s_openapi::api::core::v1::Namespace>::all(bed.fleet.cluster("member-2").unwrap().client().await.unwrap()).get_opt("offloaded-ns").await.unwrap().is_none());
     let (id, evs) = demo::submit(&client, &direct).await.unwrap();
     assert_eq!(last(&evs).event, EventType::Succeeded, "{:?}", last(&evs));
     let d = deployment(&bed, "member-2", "offloaded-ns", "worker").await.expect("the Deployment in the offloaded namespace");
@@ -170,6 +186,19 @@ topology_template:
     let evs = events.until(id, WAIT, |e| e.event.is_final()).await.unwrap();
     assert_eq!(last(&evs).event, EventType::Reverted, "{:?}", last(&evs));
     assert!(deployment(&bed, "member-2", "offloaded-ns", "worker").await.is_none(), "the revert removed the Deployment");
+    // Someone else's Deployment of that name where the app would go: the dry run says the
+    // run would leave it alone (and fail), as the run's ownership guard does.
+    let m2 = bed.fleet.cluster("member-2").unwrap().client().await.unwrap();
+    let mut direct = direct.clone();
+    direct.components[0].offloaded_namespace = Some("default".into());
+    let theirs: Deployment = serde_json::from_value(serde_json::json!({"metadata": {"name": "worker", "namespace": "default"}, "spec": {
+        "selector": {"matchLabels": {"app": "theirs"}}, "template": {"metadata": {"labels": {"app": "theirs"}}, "spec": {"containers": [{"name": "c", "image": "busybox:1.36"}]}}}})).unwrap();
+    Api::<Deployment>::namespaced(m2, "default").create(&Default::default(), &theirs).await.unwrap();
+    let dry = ferry_deploy::preview::preview(&cfg, &direct).await.unwrap();
+    let worker = dry.objects.iter().find(|o| o.object == "Deployment default/worker").expect("the Deployment judged");
+    assert_eq!(worker.change, Change::Refused, "{dry:?}");
+    assert!(worker.refused.as_deref().unwrap_or("").contains("Ferry did not make it for app \"direct\""), "{dry:?}");
+    assert!(dry.refused());
 
     bed.stop().await;
 }

@@ -7,22 +7,41 @@
 //! `submarinerconfigs`, OCM's `managedclusteraddons`); the Broker's namespace is made by
 //! the add-on's broker controller once the set exists (stolostron/submariner-addon
 //! `pkg/hub/submarinerbrokerinfo/brokerinfo.go`), so a new set's Broker is named, not
-//! sent. A Liqo peering's objects carry what the clusters exchange as it runs (keys,
-//! nonces, CIDRs): named, not previewed. Unpeer: what would go.
+//! sent. A Liqo peering's tenant namespaces and ResourceSlices (the `prepare` and
+//! `resources` steps' own object sets, [`crate::steps::objects::ObjectSet`]) are judged by
+//! the clusters that would hold them (a ResourceSlice's tenant namespace is made by
+//! `prepare` first: named); its network and authentication objects carry what the clusters
+//! exchange as it runs (keys, nonces, endpoints): named, not previewed. Unpeer: what would
+//! go.
 
 use std::time::Duration;
 
-use ferry_kube::dry_run::{self, ObjectPreview, Preview};
+use ferry_kube::dry_run::{self, Change, ObjectPreview, Preview};
 use ferry_kube::{ClusterError, HUB};
 use ferry_task::dry_run::Verdict;
+use serde_json::Value;
 
 use crate::handler::{MANAGER, PeerConfig, PeerHandler};
 use crate::spec::{PeerClusters, PeerMethod, PeerOperation};
+use crate::steps::liqo_check::{IDS, Ids};
+use crate::steps::objects::ObjectSet;
+use crate::steps::prepare::Prepare;
+use crate::steps::resources::Resources;
+use crate::steps::submariner_addon::{Addon, Config};
 use crate::steps::submariner_check::SETS;
 use crate::{liqo, submariner};
 
 /// How long each check has to answer.
 const BOUND: Duration = Duration::from_secs(60);
+
+/// Each of `objects` that is there now, as the run would delete it.
+async fn deleted(cfg: &PeerConfig, objects: &[(String, Value)], note: &str, out: &mut Vec<ObjectPreview>) {
+    for (cluster, o) in objects.iter().rev() {
+        if cfg.clusters.get(cluster, o).await.ok().flatten().is_some() {
+            out.push(ObjectPreview::deleted(cluster, o, note));
+        }
+    }
+}
 
 /// The dry run of `p`; `Err` only when the hub could not be asked about an object.
 pub async fn preview(cfg: &PeerConfig, subject: &str, p: &PeerClusters) -> Result<Preview, ClusterError> {
@@ -35,14 +54,12 @@ pub async fn preview(cfg: &PeerConfig, subject: &str, p: &PeerClusters) -> Resul
     match (p.method, p.operation) {
         (PeerMethod::Submariner, op) => {
             let sets = SETS.from_outputs(&out.checked.outputs).unwrap_or_default();
-            let mut objects = vec![submariner::config(&p.a, &pair), submariner::config(&p.b, &pair), submariner::addon(&p.a, &pair), submariner::addon(&p.b, &pair)];
+            let ids = Ids::default();
+            let mut objects: Vec<(String, Value)> = Config.objects(p, &ids);
+            objects.extend(Addon.objects(p, &ids));
             if op == PeerOperation::Unpeer {
-                objects.push(submariner::broker(&sets.target, &pair));
-                for o in objects.iter().rev() {
-                    if cfg.clusters.get(HUB, o).await.ok().flatten().is_some() {
-                        out.objects.push(ObjectPreview::deleted(HUB, o, "only if this pair's peering made it"));
-                    }
-                }
+                objects.push((HUB.to_owned(), submariner::broker(&sets.target, &pair)));
+                deleted(cfg, &objects, "only if this pair's peering made it", &mut out.objects).await;
                 out.notes.push(format!("{} and {} leave ManagedClusterSet {} (their set labels put back as the peering found them)", p.a, p.b, sets.target));
                 return Ok(out);
             }
@@ -56,19 +73,46 @@ pub async fn preview(cfg: &PeerConfig, subject: &str, p: &PeerClusters) -> Resul
             } else {
                 out.objects.push(ObjectPreview::not_sent(HUB, &broker, format!("the submariner-addon makes namespace {} once the set exists", submariner::broker_namespace(&sets.target))));
             }
-            for o in &objects {
-                out.objects.push(dry_run::apply(&cfg.clusters, HUB, o, MANAGER).await?);
+            for (cluster, o) in &objects {
+                out.objects.push(dry_run::apply(&cfg.clusters, cluster, o, MANAGER).await?);
             }
         }
-        (PeerMethod::Liqo, PeerOperation::Peer) => {
+        (PeerMethod::Liqo, op) => {
+            let ids = IDS.from_outputs(&out.checked.outputs).unwrap_or_default();
+            let mut slices = Resources { reverse: false }.objects(p, &ids);
+            // Unpeer removes both directions, whatever the peer asked.
+            if p.bidirectional || op == PeerOperation::Unpeer {
+                slices.extend(Resources { reverse: true }.objects(p, &ids));
+            }
+            let tenants = Prepare.objects(p, &ids);
+            if op == PeerOperation::Unpeer {
+                let mut all = tenants.clone();
+                all.extend(slices);
+                deleted(cfg, &all, "with everything of the peering in it, in reverse order", &mut out.objects).await;
+                out.notes.push(format!("each side's ForeignCluster of the other is kept, as `liqoctl unpeer` keeps it ({} and {})", p.a, p.b));
+                return Ok(out);
+            }
+            let mut made = Vec::new();
+            for (cluster, ns) in &tenants {
+                let judged = dry_run::apply(&cfg.clusters, cluster, ns, MANAGER).await?;
+                if judged.change == Change::Create {
+                    made.push((cluster.clone(), ns["metadata"]["name"].as_str().unwrap_or_default().to_owned()));
+                }
+                out.objects.push(judged);
+            }
             let dirs = if p.bidirectional { "both ways" } else { "one way" };
             out.notes.push(format!(
-                "Liqo peering of {} and {} ({dirs}): network, authentication and resource objects on both clusters, written with what they exchange as it runs (not previewed)",
+                "network ({} ↔ {}): Configurations and the WireGuard gateway pair, with the CIDRs and endpoint the clusters give as it runs; authentication ({dirs}): nonce, Tenant and Identity signed with keys exchanged as it runs (not previewed)",
                 p.a, p.b
             ));
-        }
-        (PeerMethod::Liqo, PeerOperation::Unpeer) => {
-            out.notes.push(format!("every object of the Liqo peering of {} and {} goes, both ways, in reverse order", p.a, p.b));
+            for (cluster, slice) in &slices {
+                let ns = slice["metadata"]["namespace"].as_str().unwrap_or_default();
+                if made.iter().any(|(c, n)| c == cluster && n == ns) {
+                    out.objects.push(ObjectPreview::not_sent(cluster, slice, format!("tenant namespace {ns} does not exist yet: `prepare` makes it first")));
+                } else {
+                    out.objects.push(dry_run::apply(&cfg.clusters, cluster, slice, MANAGER).await?);
+                }
+            }
         }
     }
     Ok(out)

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use ferry_fleet::emulated_liqo::LiqoKnobs;
+use ferry_kube::dry_run::Change;
 use ferry_peer::liqo::PEERING_LABEL;
 use ferry_peer::spec::{PeerClusters, PeerOperation};
 use ferry_peer::{PeerConfig, PeerHandler};
@@ -113,8 +114,36 @@ async fn liqo_peer_unpeer_and_revert_remove_exactly_what_was_created() {
     .unwrap();
     Api::<Pod>::namespaced(m2.clone(), "default").create(&Default::default(), &pod).await.unwrap();
 
+    // Its dry run first: the check runs; the tenant namespaces are judged by both members,
+    // the ResourceSlice named (its namespace is made first), the exchanged objects named.
+    // Nothing is written.
+    let p = peer("member-1", "member-2");
+    let dry = ferry_peer::preview::preview(&PeerConfig::new(bed.clusters.clone()), &p.subject(), &p).await.unwrap();
+    assert_eq!(dry.checked.verdict, ferry_runtime::dry_run::Verdict::Passes, "{dry:?}");
+    let judged: Vec<(&str, &str, Change)> = dry.objects.iter().map(|o| (o.cluster.as_str(), o.object.as_str(), o.change)).collect();
+    assert_eq!(
+        judged,
+        [
+            ("member-1", "Namespace liqo-tenant-member-2", Change::Create),
+            ("member-2", "Namespace liqo-tenant-member-1", Change::Create),
+            ("member-1", "ResourceSlice liqo-tenant-member-2/member-2", Change::NotSent),
+        ],
+        "{dry:?}"
+    );
+    assert!(dry.notes.iter().any(|n| n.contains("not previewed")), "{dry:?}");
+    assert!(Api::<Namespace>::all(m1.clone()).get_opt("liqo-tenant-member-2").await.unwrap().is_none(), "the dry run made a tenant namespace");
+    // A member whose Liqo never comes up: the dry run's check fails at the command's
+    // deadline as the task's would, and says why.
+    let mut to_3 = peer("member-1", "member-3");
+    to_3.timeout_seconds = Some(3);
+    let dry = ferry_peer::preview::preview(&PeerConfig::new(bed.clusters.clone()), &to_3.subject(), &to_3).await.unwrap();
+    assert!(
+        matches!(&dry.checked.verdict, ferry_runtime::dry_run::Verdict::Fails { step, code, reason } if step == "check" && code == "DEADLINE_EXCEEDED" && reason.contains("member-3")),
+        "{dry:?}"
+    );
+
     // Peer member-1 (consumer) with member-2 (provider).
-    let (id, evs) = submit(&client, &peer("member-1", "member-2")).await;
+    let (id, evs) = submit(&client, &p).await;
     assert_eq!(end(&evs), EventType::Succeeded, "{}", last(&evs));
     let steps: Vec<String> = evs.iter().filter(|e| e.event == EventType::StepSucceeded).filter_map(|e| e.step_name.clone()).collect();
     assert_eq!(steps, ["check", "prepare", "network", "authentication", "resources", "established"]);

@@ -203,7 +203,11 @@ async fn plan_dry_run(conn: &Conn, plan: &ferry_plan::spec::PlanSpec, clusters: 
         let specs: Vec<(Option<String>, Value)> = match &step.for_each {
             Some(each) => {
                 let chosen = ferry_plan::steps::select::choose(&step.name, each, Some(clusters.hub())).await.map_err(|e| anyhow::anyhow!("step {}: {e}", step.name))?;
+                for (cluster, why) in &chosen.left_out {
+                    entries.push(StepPreview { step: step.name.clone(), cluster: Some(cluster.clone()), preview: None, note: Some(format!("left out, as a Placement would leave it: {why}")) });
+                }
                 chosen
+                    .clusters
                     .into_iter()
                     .map(|c| ferry_plan::steps::waves::spec_for(step, each, &c).map(|s| (Some(c), s)))
                     .collect::<Result<_, _>>()

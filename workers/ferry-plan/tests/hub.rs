@@ -129,6 +129,31 @@ async fn a_step_fans_out_over_the_clusters_its_labels_or_cluster_set_choose() {
         assert_eq!(got, want, "set {set}");
     }
 
+    // Clusters OCM's taints keep out of a Placement are left out here too, and the choice
+    // says why: edge-02 unavailable (NoSelect), edge-04 NoSelectIfNew; edge-03's
+    // PreferNoSelect only ranks it lower, so it stays.
+    let mcs: Api<ManagedCluster> = Api::all(bed.hub().await);
+    for (cluster, key, effect) in [
+        ("edge-02", "cluster.open-cluster-management.io/unavailable", "NoSelect"),
+        ("edge-03", "example.com/busy", "PreferNoSelect"),
+        ("edge-04", "example.com/draining", "NoSelectIfNew"),
+    ] {
+        let taint = json!({"apiVersion": "cluster.open-cluster-management.io/v1", "kind": "ManagedCluster", "metadata": {"name": cluster},
+            "spec": {"taints": [{"key": key, "effect": effect, "timeAdded": "2026-01-01T00:00:00Z"}]}});
+        mcs.patch(cluster, &PatchParams::apply("ocm-taints").force(), &Patch::Apply(taint)).await.expect("taint a ManagedCluster");
+    }
+    let id = run(&client, json!({"cluster_set": "blue"}), "rollout/tainted").await;
+    let evs = events.until(id, WAIT, |e| e.event.is_final()).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(evs.last().unwrap().event, EventType::Succeeded, "{evs:#?}");
+    let got: Vec<String> = children(&bed, id).await.into_iter().map(|(c, _)| c).collect();
+    assert_eq!(got, ["edge-01", "edge-03", "edge-05", "edge-06"]);
+    let choice: Value = client.snapshot(id).await.unwrap().unwrap().output_of("roll.clusters").expect("the choice's output");
+    assert_eq!(
+        choice["left_out"],
+        json!({"edge-02": "taint cluster.open-cluster-management.io/unavailable:NoSelect", "edge-04": "taint example.com/draining:NoSelectIfNew"}),
+        "{choice}"
+    );
+
     // A set that does not exist: rejected before any child is sent, naming it.
     let id = run(&client, json!({"cluster_set": "green"}), "rollout/none").await;
     let evs = events.until(id, WAIT, |e| e.event.is_final()).await.unwrap_or_else(|e| panic!("{e}"));

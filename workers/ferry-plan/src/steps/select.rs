@@ -12,7 +12,13 @@
 //!   the clusters labelled `cluster.open-cluster-management.io/clusterset=<set>`;
 //!   `LabelSelector` selects by `spec.clusterSelector.labelSelector`.
 //!
-//! ManagedClusters being deleted are left out. Choosing none, or more than
+//! ManagedClusters being deleted are left out, and so are those a Placement without
+//! tolerations would not select: a taint with effect `NoSelect` or `NoSelectIfNew` (a new
+//! choice; `PreferNoSelect` only ranks lower), such as the `unavailable` and `unreachable`
+//! taints OCM's registration puts on a cluster whose `ManagedClusterConditionAvailable` is
+//! False or Unknown (`pkg/registration/hub/taint/controller.go`; the filter:
+//! `pkg/placement/plugins/tainttoleration/taint_toleration.go`, `isTaintTolerated`). The
+//! step's output names each cluster left out and why. Choosing none, or more than
 //! [`MAX_CLUSTERS`], rejects the plan when nothing before it acted (else fails it).
 
 use std::collections::BTreeMap;
@@ -60,69 +66,91 @@ impl SelectStep {
         Self { name: step_name(step), step: step.to_owned(), each, cfg }
     }
 
-    async fn choose(&self) -> Result<Vec<String>, StepError> {
+    async fn choose(&self) -> Result<Chosen, StepError> {
         choose(&self.step, &self.each, self.cfg.hub.as_ref()).await
     }
 }
 
+/// A fanned-out step's clusters, and those its selection matched but left out.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Chosen {
+    /// The clusters, in order.
+    pub clusters: Vec<String>,
+    /// Cluster → why it was left out (a taint a Placement would not tolerate).
+    pub left_out: BTreeMap<String, String>,
+}
+
 /// The clusters `each` chooses for step `step` (names as listed; else the hub's
-/// ManagedClusters by labels or set, sorted): what the run records, and what a dry run shows.
-pub async fn choose(step: &str, each: &ForEach, hub: Option<&kube::Client>) -> Result<Vec<String>, StepError> {
-    let chooser = Chooser { step, each };
-    chooser.choose(hub).await
-}
-
-struct Chooser<'a> {
-    step: &'a str,
-    each: &'a ForEach,
-}
-
-impl Chooser<'_> {
-    /// What to list ManagedClusters by, and how to name it in messages.
-    async fn selector(&self, hub: &kube::Client) -> Result<(Selector, String), StepError> {
-        if let Some(set) = &self.each.cluster_set {
-            let api: Api<ManagedClusterSet> = Api::all(hub.clone());
-            let Some(found) = api.get_opt(set).await.map_err(hub_err)? else {
-                return Err(StepError::rejected(codes::CLUSTERS_UNCHOSEN, format!("step {}: ManagedClusterSet {set:?} does not exist on the hub", self.step)));
-            };
-            let cs = found.spec.get("clusterSelector");
-            let kind = cs.and_then(|c| c.get("selectorType")).and_then(Value::as_str).unwrap_or("ExclusiveClusterSetLabel");
-            return match kind {
-                "ExclusiveClusterSetLabel" => Ok((Selector::from_iter([(CLUSTERSET_LABEL.to_owned(), set.clone())]), format!("ManagedClusterSet {set:?} (label {CLUSTERSET_LABEL}={set})"))),
-                "LabelSelector" => {
-                    let ls: LabelSelector = serde_json::from_value(cs.and_then(|c| c.get("labelSelector")).cloned().unwrap_or(json!({})))
-                        .map_err(|e| StepError::permanent(codes::CLUSTERS_UNCHOSEN, format!("step {}: ManagedClusterSet {set:?} has a label selector that does not parse: {e}", self.step)))?;
-                    let sel = Selector::try_from(ls).map_err(|e| StepError::permanent(codes::CLUSTERS_UNCHOSEN, format!("step {}: ManagedClusterSet {set:?}'s label selector: {e}", self.step)))?;
-                    Ok((sel, format!("ManagedClusterSet {set:?} (its label selector)")))
-                }
-                other => Err(StepError::permanent(codes::CLUSTERS_UNCHOSEN, format!("step {}: ManagedClusterSet {set:?} has selectorType {other:?}, which OCM does not define", self.step))),
-            };
-        }
-        let labels: BTreeMap<String, String> = self.each.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        let shown = labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
-        Ok((Selector::from_iter(labels), format!("labels {shown}")))
+/// ManagedClusters by labels or set, sorted, without those OCM's taints keep out of a
+/// Placement): what the run records, and what a dry run shows.
+pub async fn choose(step: &str, each: &ForEach, hub: Option<&kube::Client>) -> Result<Chosen, StepError> {
+    if !each.clusters.is_empty() {
+        return Ok(Chosen { clusters: each.clusters.clone(), left_out: BTreeMap::new() });
     }
-
-    async fn choose(&self, hub: Option<&kube::Client>) -> Result<Vec<String>, StepError> {
-        if !self.each.clusters.is_empty() {
-            return Ok(self.each.clusters.clone());
+    let Some(hub) = hub else {
+        return Err(StepError::permanent(
+            codes::NO_HUB,
+            format!("step {step} chooses its clusters on the hub (labels or cluster_set) and this plan worker has no hub: run it with a kubeconfig, or list the clusters"),
+        ));
+    };
+    let (selector, what) = selector(step, each, hub).await?;
+    let api: Api<ManagedCluster> = Api::all(hub.clone());
+    let list = api.list(&ListParams::default().labels_from(&selector)).await.map_err(hub_err)?;
+    let mut chosen = Chosen::default();
+    for c in list.items.into_iter().filter(|c| c.metadata.deletion_timestamp.is_none()) {
+        let Some(name) = c.metadata.name.clone() else { continue };
+        match untolerated(&c.spec) {
+            Some(why) => {
+                chosen.left_out.insert(name, why);
+            }
+            None => chosen.clusters.push(name),
         }
-        let Some(hub) = hub else {
-            return Err(StepError::permanent(
-                codes::NO_HUB,
-                format!("step {} chooses its clusters on the hub (labels or cluster_set) and this plan worker has no hub: run it with a kubeconfig, or list the clusters", self.step),
-            ));
+    }
+    chosen.clusters.sort();
+    if chosen.clusters.is_empty() {
+        let left = if chosen.left_out.is_empty() { String::new() } else { format!(" a Placement would select (left out: {})", shown(&chosen.left_out)) };
+        return Err(StepError::rejected(codes::CLUSTERS_UNCHOSEN, format!("step {step}: {what} selects no ManagedCluster{left}")));
+    }
+    Ok(chosen)
+}
+
+/// `cluster: why` pairs, for a message.
+fn shown(left_out: &BTreeMap<String, String>) -> String {
+    left_out.iter().map(|(c, why)| format!("{c}: {why}")).collect::<Vec<_>>().join("; ")
+}
+
+/// The first taint of a ManagedCluster's `spec` that a Placement without tolerations
+/// would not tolerate for a new decision, as `key:Effect`.
+fn untolerated(spec: &Value) -> Option<String> {
+    spec.get("taints").and_then(Value::as_array).into_iter().flatten().find_map(|t| {
+        let effect = t.get("effect").and_then(Value::as_str).unwrap_or("");
+        matches!(effect, "NoSelect" | "NoSelectIfNew").then(|| format!("taint {}:{effect}", t.get("key").and_then(Value::as_str).unwrap_or("")))
+    })
+}
+
+/// What to list ManagedClusters by, and how to name it in messages.
+async fn selector(step: &str, each: &ForEach, hub: &kube::Client) -> Result<(Selector, String), StepError> {
+    if let Some(set) = &each.cluster_set {
+        let api: Api<ManagedClusterSet> = Api::all(hub.clone());
+        let Some(found) = api.get_opt(set).await.map_err(hub_err)? else {
+            return Err(StepError::rejected(codes::CLUSTERS_UNCHOSEN, format!("step {step}: ManagedClusterSet {set:?} does not exist on the hub")));
         };
-        let (selector, what) = self.selector(hub).await?;
-        let api: Api<ManagedCluster> = Api::all(hub.clone());
-        let list = api.list(&ListParams::default().labels_from(&selector)).await.map_err(hub_err)?;
-        let mut names: Vec<String> = list.items.into_iter().filter(|c| c.metadata.deletion_timestamp.is_none()).filter_map(|c| c.metadata.name).collect();
-        names.sort();
-        if names.is_empty() {
-            return Err(StepError::rejected(codes::CLUSTERS_UNCHOSEN, format!("step {}: {what} selects no ManagedCluster", self.step)));
-        }
-        Ok(names)
+        let cs = found.spec.get("clusterSelector");
+        let kind = cs.and_then(|c| c.get("selectorType")).and_then(Value::as_str).unwrap_or("ExclusiveClusterSetLabel");
+        return match kind {
+            "ExclusiveClusterSetLabel" => Ok((Selector::from_iter([(CLUSTERSET_LABEL.to_owned(), set.clone())]), format!("ManagedClusterSet {set:?} (label {CLUSTERSET_LABEL}={set})"))),
+            "LabelSelector" => {
+                let ls: LabelSelector = serde_json::from_value(cs.and_then(|c| c.get("labelSelector")).cloned().unwrap_or(json!({})))
+                    .map_err(|e| StepError::permanent(codes::CLUSTERS_UNCHOSEN, format!("step {step}: ManagedClusterSet {set:?} has a label selector that does not parse: {e}")))?;
+                let sel = Selector::try_from(ls).map_err(|e| StepError::permanent(codes::CLUSTERS_UNCHOSEN, format!("step {step}: ManagedClusterSet {set:?}'s label selector: {e}")))?;
+                Ok((sel, format!("ManagedClusterSet {set:?} (its label selector)")))
+            }
+            other => Err(StepError::permanent(codes::CLUSTERS_UNCHOSEN, format!("step {step}: ManagedClusterSet {set:?} has selectorType {other:?}, which OCM does not define"))),
+        };
     }
+    let labels: BTreeMap<String, String> = each.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let shown = labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
+    Ok((Selector::from_iter(labels), format!("labels {shown}")))
 }
 
 impl Step<PlanSpec> for SelectStep {
@@ -141,12 +169,19 @@ impl Step<PlanSpec> for SelectStep {
 
     fn run<'a>(&'a self, cx: &'a StepContext<'a, PlanSpec>) -> BoxFuture<'a, Result<Value, StepError>> {
         async move {
-            let names = self.choose().await?;
+            let Chosen { clusters: names, left_out } = self.choose().await?;
             if names.len() > MAX_CLUSTERS {
                 return Err(StepError::rejected(codes::CLUSTERS_UNCHOSEN, format!("step {}: {} clusters chosen; a step fans out over at most {MAX_CLUSTERS}", self.step, names.len())));
             }
+            if !left_out.is_empty() {
+                cx.progress(50, format!("left out as a Placement would leave them: {}", shown(&left_out)));
+            }
             cx.progress(100, format!("{} clusters: {}", names.len(), names.join(", ")));
-            Ok(json!({ "clusters": names }))
+            let mut out = json!({ "clusters": names });
+            if !left_out.is_empty() {
+                out["left_out"] = json!(left_out);
+            }
+            Ok(out)
         }
         .boxed()
     }

@@ -396,8 +396,12 @@ impl Step<PlanSpec> for WaveStep {
             // Waves that failed under `on_failure: pause` and were resumed by a person.
             let mut failed_waves: Vec<usize> = Vec::new();
             for (w, wave) in waves.iter().enumerate() {
-                // A wave a resumed run finds started was approved and waited for before.
-                if w > 0 && !self.started(cx, wave).await? {
+                // The wave's children's snapshots, read once (one catch-up of the live view).
+                // A wave a resumed run finds started was approved and waited for before; one
+                // not started has no child while this run waits (only the task's one owner
+                // submits them), so what was read holds after the wait.
+                let mut known = self.known(cx, wave).await?;
+                if w > 0 && known.values().all(Option::is_none) {
                     self.await_people(cx, w, n, failed_waves.len()).await;
                     if !self.pause().is_zero() {
                         cx.progress(percent(w, n), format!("wave {}/{n}: pausing {}s before it", w + 1, self.pause().as_secs()));
@@ -405,7 +409,6 @@ impl Step<PlanSpec> for WaveStep {
                     }
                 }
                 cx.progress(percent(w, n), format!("wave {}/{n}: {} children: {}", w + 1, wave.len(), wave.join(", ")));
-                let mut known = self.known(cx, wave).await?;
                 let outcomes: Vec<(String, Result<Outcome, StepError>)> = stream::iter(wave.iter().cloned())
                     .map(|c| {
                         let snap = known.remove(&c).flatten();

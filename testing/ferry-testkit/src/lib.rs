@@ -25,3 +25,8 @@ pub mod plan;
 pub mod score;
 
 pub use bed::{Bed, BedBuilder, BedError};
+
+/// How a demo's task ended, for a person: the final event's name, or that none came.
+pub fn ended(last: Option<ferry_runtime::EventType>) -> String {
+    last.map_or_else(|| "without a final event".to_owned(), |e| format!("{e:?}"))
+}

@@ -60,7 +60,7 @@ pub async fn run(client: &Client, fleet: &Fleet) -> anyhow::Result<bool> {
     let id = client.submit(TaskKind::SCORE, "demo/score", &spec, SubmitOptions::default()).await?;
     let evs = events.until(id, Duration::from_secs(120), |e| e.event.is_final()).await?;
     let last = evs.last().map(|e| e.event);
-    println!("score {id} ended {last:?}");
+    println!("score {id} ended {}", crate::ended(last));
     if last != Some(EventType::Succeeded) {
         if let Some(e) = evs.iter().rev().find(|e| e.message.is_some()) {
             println!("score: {}", e.message.clone().unwrap_or_default());
@@ -83,7 +83,7 @@ pub async fn run(client: &Client, fleet: &Fleet) -> anyhow::Result<bool> {
         let valid = aps.as_ref().and_then(|a| a.status_at("/validUntil")).is_some();
         let agree = value == Some(i64::from(r.score)) && valid;
         ok &= agree;
-        println!("score AddOnPlacementScore {}/{} score={value:?} validUntil set={valid}: {}", r.cluster, placement_score_name(ScorePolicy::ResourceUsage), if agree { "ok" } else { "MISMATCH" });
+        println!("score AddOnPlacementScore {}/{} score={} validUntil set={valid}: {}", r.cluster, placement_score_name(ScorePolicy::ResourceUsage), value.map_or_else(|| "none".to_owned(), |v| v.to_string()), if agree { "ok" } else { "MISMATCH" });
     }
     let topic = ferry_score::scores::latest(client).await?;
     for r in &ranking {

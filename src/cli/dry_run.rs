@@ -58,6 +58,7 @@ pub async fn run(conn: &Conn, a: &SubmitArgs, subject: Option<String>, spec: Val
         (None, _) => ferry_runtime::kind::info(a.kind).and_then(|i| (i.subject_of)(&spec)).unwrap_or_default(),
     };
     let server_side = a.kubeconfig.is_some();
+    anyhow::ensure!(!server_side || PREVIEWED.contains(&a.kind.as_str()), "--kubeconfig: a dry run on the clusters covers {}; {} is checked locally", PREVIEWED.join(", "), a.kind);
     // On the clusters, JSON and YAML print one document: the preview.
     match a.output {
         _ if server_side && a.output != Output::Table => {}
@@ -87,9 +88,7 @@ pub async fn run(conn: &Conn, a: &SubmitArgs, subject: Option<String>, spec: Val
     match checked {
         Checked::Plan(plan) => plan_dry_run(conn, &plan, &clusters, a.output).await,
         Checked::Deploy(_) | Checked::Other => {
-            let Some(p) = kind_preview(conn, a.kind, &subject, spec, &clusters).await? else {
-                anyhow::bail!("--kubeconfig: a dry run on the clusters covers {}; {} is checked locally", PREVIEWED.join(", "), a.kind)
-            };
+            let p = kind_preview(conn, a.kind, &subject, spec, &clusters).await?.context("a kind without a dry run on the clusters")?;
             match a.output {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&p)?),
                 Output::Yaml => print!("{}", serde_yaml_ng::to_string(&p)?),

@@ -45,6 +45,21 @@ pub fn embedded_schemas() -> Vec<SchemaFile> {
     all
 }
 
+/// What apache-avro says, without the value and schema it puts in a validation error
+/// (their Debug text can run to kilobytes), and at most 400 characters of anything else.
+fn concise(e: &apache_avro::Error) -> String {
+    match e.details() {
+        apache_avro::error::Details::ValidationWithReason { reason, .. } => reason.clone(),
+        _ => {
+            let text = e.to_string();
+            match text.char_indices().nth(400) {
+                Some((cut, _)) => format!("{}…", &text[..cut]),
+                None => text,
+            }
+        }
+    }
+}
+
 /// Why bytes could not be encoded or decoded.
 #[derive(Debug, thiserror::Error)]
 pub enum WireError {
@@ -84,8 +99,8 @@ pub enum WireError {
     /// No schema registered for the record being written or read.
     #[error("no schema registered for record {0}")]
     Unregistered(String),
-    /// The datum does not match the schema.
-    #[error("avro datum for {record} does not decode: {source}")]
+    /// The datum does not match the schema (encoding or decoding).
+    #[error("avro datum for {record} does not match its schema: {}", concise(.source))]
     Datum {
         /// The record.
         record: String,
@@ -400,7 +415,14 @@ mod tests {
         ok.push(7);
         assert!(matches!(r.decode::<CommandEnvelope>(&ok), Err(WireError::Trailing(1))));
         ok.truncate(8);
-        assert!(matches!(r.decode::<CommandEnvelope>(&ok), Err(WireError::Datum { .. })));
+        let e = r.decode::<CommandEnvelope>(&ok).unwrap_err();
+        assert!(matches!(e, WireError::Datum { .. }), "{e}");
+        assert!(e.to_string().starts_with("avro datum for") && e.to_string().len() < 600, "short: {e}");
+        // A validation error carries the value and the whole schema: only its reason shows.
+        let schema = CommandEnvelope::get_schema();
+        let details = apache_avro::error::Details::ValidationWithReason { value: apache_avro::types::Value::Null, schema, reason: "field `kind` is missing".into() };
+        let e = WireError::Datum { record: "CommandEnvelope".into(), source: Box::new(apache_avro::Error::new(details)) };
+        assert_eq!(e.to_string(), "avro datum for CommandEnvelope does not match its schema: field `kind` is missing");
         let huge = vec![0u8; crate::limits::RECORD_BYTES + 1];
         assert!(matches!(r.decode::<CommandEnvelope>(&huge), Err(WireError::TooLarge { .. })));
     }

@@ -34,12 +34,15 @@ pub(crate) enum Control {
 }
 
 /// The runner's answer to a control.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum ControlReply {
     /// Carried out (made durable) by the runner.
     Handled,
     /// The runner had already handed its task back; the scheduler must handle it.
     Finished,
+    /// Refused, for this reason (a Signal past the most a task keeps): the scheduler tells
+    /// the sender with a Rejected event, as it does for a queued task.
+    Refused(String),
 }
 
 /// A runner handing its task back.
@@ -743,7 +746,10 @@ impl<H: TaskHandler> Runner<H> {
                         self.signals.send_replace(self.snap.signal_names());
                     }
                     Ok(false) => tracing::info!(task = %self.id, "signal already recorded (a redelivered command)"),
-                    Err(why) => tracing::warn!(task = %self.id, %why, "signal not recorded"),
+                    Err(why) => {
+                        let _ = reply.send(ControlReply::Refused(why));
+                        return Ok(None);
+                    }
                 }
                 let _ = reply.send(ControlReply::Handled);
                 Ok(None)

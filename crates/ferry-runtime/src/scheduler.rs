@@ -452,8 +452,15 @@ impl<H: TaskHandler> Scheduler<H> {
             return Err(e);
         }
         for (env, id, trace, wait) in controls {
-            if let Ok(ControlReply::Handled) = wait.await {
-                continue;
+            match wait.await {
+                Ok(ControlReply::Handled) => continue,
+                Ok(ControlReply::Refused(why)) => {
+                    let mut refused = crate::publisher::Publisher::nothing();
+                    refused.extend(self.event_only(&env, EventType::Rejected, trace, why)?);
+                    refused.durable().await?;
+                    continue;
+                }
+                _ => {}
             }
             // The runner handed its task back before it saw the control: take the task
             // back (its Done is already queued), then handle the control here.

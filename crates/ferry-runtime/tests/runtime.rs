@@ -282,6 +282,37 @@ async fn cancel_stops_a_blocked_task_and_revert_undoes_it() {
     worker.await.unwrap();
 }
 
+/// A running task keeps at most `MAX_SIGNALS` Signals (they ride in its snapshot): the next
+/// is refused with a Rejected event naming the limit, as for a queued task, and the task
+/// goes on; it is not dropped with a log line only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_past_the_limit_to_a_running_task_is_refused_with_the_reason() {
+    let broker = TestBroker::embedded();
+    let client = broker.client();
+    let mut events = client.events(true).await.unwrap();
+    let (stop, worker) = broker.spawn_worker(broker.worker_options());
+    let spec = TestTaskSpec { block_at: Some(1), ..TestTaskSpec::steps(2) };
+    let id = submit(&client, "signalled", &spec).await;
+    until_event(&mut events, id, EventType::StepProgress).await;
+    let max = ferry_runtime::TaskSnapshot::MAX_SIGNALS;
+    for _ in 0..max {
+        client.signal(id, "note", None).await.unwrap();
+    }
+    let mut seen = 0;
+    events.until(id, WAIT, |e| { seen += usize::from(e.event == EventType::Signalled); seen == max }).await.unwrap();
+    client.signal(id, "note", Some("one too many".into())).await.unwrap();
+    let evs = events.until(id, WAIT, |e| e.event == EventType::Rejected).await.unwrap();
+    let refused = evs.last().unwrap();
+    assert_eq!(refused.seq, 0, "an event beside the task's own sequence: {refused:?}");
+    assert!(refused.message.as_deref().unwrap_or("").contains(&format!("has received {max} signals")), "{refused:?}");
+    let snap = client.snapshot(id).await.unwrap().unwrap();
+    assert_eq!((snap.state, snap.signals.len()), (TaskState::Running, max), "the task goes on with the signals it kept");
+    client.cancel(id).await.unwrap();
+    until_final(&mut events, id).await;
+    stop.cancel();
+    worker.await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_task_finishes_after_a_ten_second_broker_outage() {
     let broker = TestBroker::embedded();

@@ -236,7 +236,7 @@ async fn a_tenant_submits_on_its_own_topic_and_is_held_to_its_policy() {
     let client = Client::new(kafka, topics).unwrap();
     let env = Env { bootstrap, client, dir: tempfile::tempdir().unwrap(), stop, worker: Some(worker), _broker: broker };
 
-    let ok = env.spec("ok.yaml", "subject: web-1\nspec: {steps: 1, fail_transient: 0, step_ms: 0}\n");
+    let ok = env.spec("ok.yaml", "subject: web-1\nspec: {steps: 3, fail_transient: 1, step_ms: 0}\n");
     let out = env.ferry(&["submit", "test", "-f", &ok, "--tenant", "web", "--wait", "--output", "json"]).await;
     assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
     let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
@@ -261,6 +261,20 @@ async fn a_tenant_submits_on_its_own_topic_and_is_held_to_its_policy() {
     assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
     let got: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!((got["task"]["kind"].as_str(), got["task"]["state"].as_str()), (Some("test"), Some("Succeeded")), "{}", out.stdout);
+    // Its journal as the events tell it: the same steps, statuses and attempts as the task
+    // state holds (outputs stay in the task state); its undo plan likewise.
+    let journal = |v: &serde_json::Value| -> Vec<(String, String, i64)> {
+        v.as_array().unwrap().iter().map(|s| (s["name"].as_str().unwrap().to_owned(), s["status"].as_str().unwrap().to_owned(), s["attempts"].as_i64().unwrap())).collect()
+    };
+    let operator: serde_json::Value = serde_json::from_str(&env.ferry(&["tasks", "get", &id, "--output", "json"]).await.stdout).unwrap();
+    assert!(!journal(&operator["task"]["steps"]).is_empty(), "{operator}");
+    assert_eq!(journal(&got["task"]["steps"]), journal(&operator["task"]["steps"]), "{got}");
+    assert_eq!(got["task"]["revert_would_undo"], operator["task"]["revert_would_undo"], "{got}");
+    let out = env.ferry(&["tasks", "revert", &id, "--tenant", "web", "--dry-run", "--output", "json"]).await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    let plan: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let names: Vec<&str> = plan["would_undo"].as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap()).collect();
+    assert_eq!(serde_json::json!(names), operator["task"]["revert_would_undo"], "{plan}");
     let out = env.ferry(&["tasks", "revert", &id, "--tenant", "web", "--wait"]).await;
     assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
     let out = env.ferry(&["tasks", "list", "--tenant", "web", "--state", "reverted", "--output", "json"]).await;

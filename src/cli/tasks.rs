@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Subcommand;
-use ferry_runtime::protocol::{CommandEnvelope, StepStatus, TaskSnapshot, now_ms};
+use ferry_runtime::protocol::{CommandEnvelope, JournalEntry, StepStatus, TaskSnapshot, now_ms};
 use ferry_runtime::{ClientError, CommandAction, EventType, ProgressEvent, TaskId, TaskKind, TaskState};
 use serde::Serialize;
 
@@ -131,21 +131,9 @@ pub struct ControlView {
 
 impl From<&TaskSnapshot> for TaskView {
     fn from(s: &TaskSnapshot) -> Self {
-        let steps: Vec<StepView> = s
-            .journal
-            .iter()
-            .map(|e| StepView {
-                step: e.step,
-                name: e.name.clone(),
-                status: e.status,
-                attempts: e.attempts,
-                started_at: rfc3339(e.started_at_ms),
-                finished_at: e.finished_at_ms.and_then(rfc3339),
-                output: e.output.as_deref().and_then(|o| serde_json::from_str(o).ok()),
-            })
-            .collect();
+        let steps: Vec<StepView> = s.journal.iter().map(step_view).collect();
         let revert_would_undo = if s.state.is_revertible() {
-            undo_order(s).map(|e| e.name.clone()).collect()
+            undo_order(&s.journal).map(|e| e.name.clone()).collect()
         } else {
             Vec::new()
         };
@@ -174,10 +162,16 @@ impl From<&TaskSnapshot> for TaskView {
 
 impl TaskView {
     /// A task as its events tell it (a tenant reads its events, not the task state): kind,
-    /// subject and state from them, times from the first and the last; no journal.
+    /// subject and state from them, times from the first and the last, the journal as the
+    /// events tell it ([`JournalEntry::from_events`]: no outputs), the last error.
     fn from_events(events: &[ProgressEvent]) -> Option<Self> {
         let (first, last) = (events.first()?, events.last()?);
         let state = events.iter().rev().find_map(|e| e.event.state_after()).unwrap_or(TaskState::Accepted);
+        let journal = JournalEntry::from_events(events);
+        let error = events.iter().rev().find(|e| e.code.is_some() && matches!(e.event, EventType::StepFailed | EventType::Failed | EventType::Rejected | EventType::RevertFailed)).map(|e| {
+            ferry_runtime::protocol::TaskError { code: e.code.clone().unwrap_or_default(), message: e.message.clone().unwrap_or_default(), step: e.step, transient: e.transient.unwrap_or(false) }
+        });
+        let revert_would_undo = if state.is_revertible() { undo_order(&journal).map(|e| e.name.clone()).collect() } else { Vec::new() };
         Some(Self {
             trace_parent: None,
             task_id: first.task_id.clone(),
@@ -194,10 +188,23 @@ impl TaskView {
             deadline_ms: None,
             deadline_at: None,
             worker: last.worker.clone(),
-            steps: Vec::new(),
-            error: None,
-            revert_would_undo: Vec::new(),
+            steps: journal.iter().map(step_view).collect(),
+            error,
+            revert_would_undo,
         })
+    }
+}
+
+/// A journal entry as `tasks get` shows it.
+fn step_view(e: &JournalEntry) -> StepView {
+    StepView {
+        step: e.step,
+        name: e.name.clone(),
+        status: e.status,
+        attempts: e.attempts,
+        started_at: rfc3339(e.started_at_ms),
+        finished_at: e.finished_at_ms.and_then(rfc3339),
+        output: e.output.as_deref().and_then(|o| serde_json::from_str(o).ok()),
     }
 }
 
@@ -448,8 +455,17 @@ pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         TasksCommand::Revert { id, dry_run: true, output, .. } => {
-            let snap = client.snapshot(id).await?.ok_or(ClientError::UnknownTask(id))?;
-            print_undo_plan(&snap, output)?;
+            if client.tenant().is_some() {
+                // A tenant's: from its events (the journal without outputs).
+                let own: Vec<ProgressEvent> = client.history(id).await?.into_iter().filter(|e| e.seq > 0).collect();
+                let view = TaskView::from_events(&own).ok_or(ClientError::UnknownTask(id))?;
+                let journal = JournalEntry::from_events(&own);
+                print_undo_plan(Undoable { task_id: &view.task_id, kind: &view.kind, subject: &view.subject, state: view.state, journal: &journal, outputs_known: false }, output)?;
+            } else {
+                let snap = client.snapshot(id).await?.ok_or(ClientError::UnknownTask(id))?;
+                let kind = snap.kind.to_string();
+                print_undo_plan(Undoable { task_id: &snap.task_id, kind: &kind, subject: &snap.subject, state: snap.state, journal: &snap.journal, outputs_known: true }, output)?;
+            }
             Ok(ExitCode::SUCCESS)
         }
         TasksCommand::Revert { id, reason, wait, timeout, output, .. } => {
@@ -473,8 +489,19 @@ pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
 
 /// The journal's steps a revert undoes, in the order `Runner::revert` undoes them: every
 /// one not yet Reverted, last first (`tasks get`'s `revert_would_undo` and the dry run).
-fn undo_order(s: &TaskSnapshot) -> impl Iterator<Item = &ferry_runtime::protocol::JournalEntry> {
-    s.journal.iter().rev().filter(|e| e.status != StepStatus::Reverted)
+fn undo_order(journal: &[JournalEntry]) -> impl Iterator<Item = &JournalEntry> {
+    journal.iter().rev().filter(|e| e.status != StepStatus::Reverted)
+}
+
+/// What an undo plan is made from: a task's identity, state and journal (from its
+/// snapshot, or for a tenant from its events, where outputs are not known).
+struct Undoable<'a> {
+    task_id: &'a str,
+    kind: &'a str,
+    subject: &'a str,
+    state: TaskState,
+    journal: &'a [JournalEntry],
+    outputs_known: bool,
 }
 
 /// One step of an undo plan: what the runtime's revert does with it (`runner.rs`,
@@ -491,10 +518,10 @@ struct UndoStep {
 
 /// `tasks revert --dry-run`: the steps a Revert sent now would undo, in order; nothing is
 /// sent. A running task is cancelled first, so its plan can still grow by the step it runs.
-fn print_undo_plan(snap: &TaskSnapshot, output: Output) -> anyhow::Result<()> {
+fn print_undo_plan(snap: Undoable<'_>, output: Output) -> anyhow::Result<()> {
     let running = matches!(snap.state, TaskState::Accepted | TaskState::Running | TaskState::Reverting);
     let plan: Vec<UndoStep> = if snap.state.is_revertible() || running {
-        undo_order(snap)
+        undo_order(snap.journal)
             .map(|e| UndoStep {
                 step: e.step,
                 name: e.name.clone(),
@@ -516,7 +543,7 @@ fn print_undo_plan(snap: &TaskSnapshot, output: Output) -> anyhow::Result<()> {
     match output {
         Output::Json | Output::Yaml => {
             let v = serde_json::json!({
-                "task_id": snap.task_id, "kind": snap.kind.to_string(), "subject": snap.subject, "state": snap.state,
+                "task_id": snap.task_id, "kind": snap.kind, "subject": snap.subject, "state": snap.state,
                 "would_undo": plan, "note": note, "sent": false,
             });
             if output == Output::Json {
@@ -530,7 +557,11 @@ fn print_undo_plan(snap: &TaskSnapshot, output: Output) -> anyhow::Result<()> {
             if !plan.is_empty() {
                 let mut t = table(["STEP", "NAME", "STATUS", "UNDO GETS"]);
                 for u in &plan {
-                    let given = u.output.as_ref().map_or_else(|| "no output (the step did not finish or record one)".to_owned(), |o| o.to_string());
+                    let given = match &u.output {
+                        Some(o) => o.to_string(),
+                        None if snap.outputs_known => "no output (the step did not finish or record one)".to_owned(),
+                        None => "its output (in the task state, which a tenant does not read)".to_owned(),
+                    };
                     t.add_row([u.step.to_string(), u.name.clone(), name(&u.status), given]);
                 }
                 super::table::print(t);

@@ -303,6 +303,41 @@ pub struct JournalEntry {
     pub finished_at_ms: Option<i64>,
 }
 
+impl JournalEntry {
+    /// The journal as a reader of events only (a tenant) can know it: each step's status,
+    /// attempts and times from its StepStarted, Retrying, StepSucceeded and StepReverted
+    /// events (outputs are in the task state only), by step index.
+    pub fn from_events(events: &[ProgressEvent]) -> Vec<JournalEntry> {
+        let mut journal: std::collections::BTreeMap<i32, JournalEntry> = std::collections::BTreeMap::new();
+        for e in events.iter().filter(|e| e.seq > 0) {
+            let Some(step) = e.step else { continue };
+            let name = e.step_name.clone().unwrap_or_default();
+            match e.event {
+                EventType::StepStarted => {
+                    let entry = journal.entry(step).or_insert_with(|| JournalEntry { step, name: name.clone(), status: StepStatus::Started, output: None, attempts: 0, started_at_ms: e.at_ms, finished_at_ms: None });
+                    entry.status = StepStatus::Started;
+                    entry.attempts = e.attempt.unwrap_or(1);
+                    entry.started_at_ms = e.at_ms;
+                    entry.finished_at_ms = None;
+                }
+                EventType::Retrying => {
+                    if let (Some(entry), Some(a)) = (journal.get_mut(&step), e.attempt) {
+                        entry.attempts = a;
+                    }
+                }
+                EventType::StepSucceeded | EventType::StepReverted => {
+                    if let Some(entry) = journal.get_mut(&step) {
+                        entry.status = if e.event == EventType::StepSucceeded { StepStatus::Succeeded } else { StepStatus::Reverted };
+                        entry.finished_at_ms = Some(e.at_ms);
+                    }
+                }
+                _ => {}
+            }
+        }
+        journal.into_values().collect()
+    }
+}
+
 /// Why a task failed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, AvroSchema)]
 #[avro(namespace = "io.ferry.v1")]

@@ -13,6 +13,9 @@ use serde_json::Value;
 use crate::ids::TaskId;
 use crate::step::{StepContext, TaskHandler};
 
+/// How long each check of a dry run has to answer (its step's own timeout, if shorter).
+pub const BOUND: Duration = Duration::from_secs(60);
+
 /// One step of the plan a dry run names.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PlannedStep {

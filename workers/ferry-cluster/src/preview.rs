@@ -8,8 +8,6 @@
 //! and after; delete: what would go. The steps after `apply` act on a cluster that does
 //! not exist yet (add-ons, the OCM join): named, not previewed. Nothing is written.
 
-use std::time::Duration;
-
 use ferry_kube::dry_run::{self, ObjectPreview, Preview};
 use ferry_kube::{ClusterError, HUB};
 use ferry_task::dry_run::Verdict;
@@ -20,9 +18,6 @@ use crate::render::{self, MANAGED_BY, MANAGER};
 use crate::spec::{ClusterCommand, ClusterOperation};
 use crate::steps::{check, delete, scale};
 
-/// How long each check has to answer.
-const BOUND: Duration = Duration::from_secs(60);
-
 /// The task id the dry run renders into the objects' annotation.
 const DRY_RUN_TASK: &str = "dry-run";
 
@@ -30,7 +25,7 @@ const DRY_RUN_TASK: &str = "dry-run";
 /// asked about an object.
 pub async fn preview(cfg: &ClusterConfig, subject: &str, cmd: &ClusterCommand) -> Result<Preview, ClusterError> {
     let handler = ClusterHandler::new(cfg.clone());
-    let mut p = Preview::new(ferry_task::dry_run::checks(&handler, subject, cmd, BOUND).await);
+    let mut p = Preview::new(ferry_task::dry_run::checks(&handler, subject, cmd, ferry_task::dry_run::BOUND).await);
     if p.checked.verdict != Verdict::Passes {
         return Ok(p);
     }

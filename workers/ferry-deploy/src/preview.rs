@@ -18,8 +18,6 @@
 //! places (a placement, not a cluster) are chosen at run time: named, not rendered.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
-
 use ferry_kube::dry_run::{self, ObjectPreview, Preview};
 use ferry_kube::{ClusterError, HUB};
 use ferry_task::dry_run::Verdict;
@@ -37,9 +35,6 @@ use crate::steps::check::CHECK;
 /// rendered Secret stays valid for the server's dry run).
 const REDACTED: &str = "KHJlZGFjdGVkKQ==";
 
-/// How long each check has to answer.
-const BOUND: Duration = Duration::from_secs(60);
-
 /// The task id the dry run renders into the ManifestWorks' annotation.
 const DRY_RUN_TASK: &str = "dry-run";
 
@@ -47,7 +42,7 @@ const DRY_RUN_TASK: &str = "dry-run";
 /// be asked about an object.
 pub async fn preview(cfg: &DeployConfig, app: &DeployApp) -> Result<Preview, ClusterError> {
     let handler = DeployHandler::new(cfg.clone());
-    let mut p = Preview::new(ferry_task::dry_run::checks(&handler, &app.subject(), app, BOUND).await);
+    let mut p = Preview::new(ferry_task::dry_run::checks(&handler, &app.subject(), app, ferry_task::dry_run::BOUND).await);
     if p.checked.verdict != Verdict::Passes {
         return Ok(p);
     }

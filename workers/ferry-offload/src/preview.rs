@@ -7,8 +7,6 @@
 //! a field that webhook makes immutable, the run deletes it and creates the new one: shown
 //! so. Unoffload: what would go. A burst's overflow is placed at run time: named.
 
-use std::time::Duration;
-
 use ferry_kube::ClusterError;
 use ferry_kube::dry_run::{self, ObjectPreview, Preview};
 use ferry_task::dry_run::Verdict;
@@ -20,14 +18,11 @@ use crate::spec::{OffloadCommand, OffloadOperation};
 use crate::steps::MANAGER;
 use crate::steps::check::CHECK;
 
-/// How long each check has to answer.
-const BOUND: Duration = Duration::from_secs(60);
-
 /// The dry run of `c` against its consumer cluster; `Err` only when that cluster could not
 /// be asked about the offloading.
 pub async fn preview(cfg: &OffloadConfig, subject: &str, c: &OffloadCommand) -> Result<Preview, ClusterError> {
     let handler = OffloadHandler::new(cfg.clone());
-    let mut p = Preview::new(ferry_task::dry_run::checks(&handler, subject, c, BOUND).await);
+    let mut p = Preview::new(ferry_task::dry_run::checks(&handler, subject, c, ferry_task::dry_run::BOUND).await);
     if p.checked.verdict != Verdict::Passes {
         return Ok(p);
     }

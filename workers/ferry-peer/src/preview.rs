@@ -14,8 +14,6 @@
 //! exchange as it runs (keys, nonces, endpoints): named, not previewed. Unpeer: what would
 //! go.
 
-use std::time::Duration;
-
 use ferry_kube::dry_run::{self, Change, ObjectPreview, Preview};
 use ferry_kube::{ClusterError, HUB};
 use ferry_task::dry_run::Verdict;
@@ -31,9 +29,6 @@ use crate::steps::submariner_addon::{Addon, Config};
 use crate::steps::submariner_check::SETS;
 use crate::{liqo, submariner};
 
-/// How long each check has to answer.
-const BOUND: Duration = Duration::from_secs(60);
-
 /// Each of `objects` that is there now, as the run would delete it.
 async fn deleted(cfg: &PeerConfig, objects: &[(String, Value)], note: &str, out: &mut Vec<ObjectPreview>) {
     for (cluster, o) in objects.iter().rev() {
@@ -46,7 +41,7 @@ async fn deleted(cfg: &PeerConfig, objects: &[(String, Value)], note: &str, out:
 /// The dry run of `p`; `Err` only when the hub could not be asked about an object.
 pub async fn preview(cfg: &PeerConfig, subject: &str, p: &PeerClusters) -> Result<Preview, ClusterError> {
     let handler = PeerHandler::new(cfg.clone());
-    let mut out = Preview::new(ferry_task::dry_run::checks(&handler, subject, p, BOUND).await);
+    let mut out = Preview::new(ferry_task::dry_run::checks(&handler, subject, p, ferry_task::dry_run::BOUND).await);
     if out.checked.verdict != Verdict::Passes {
         return Ok(out);
     }

@@ -6,8 +6,6 @@
 //! `cluster/v1alpha1/types_addonplacementscore.go`). The scores in its status are measured
 //! at run time: named, not previewed.
 
-use std::time::Duration;
-
 use ferry_kube::dry_run::{self, Preview};
 use ferry_kube::{ClusterError, HUB};
 use ferry_task::dry_run::Verdict;
@@ -17,9 +15,6 @@ use crate::handler::{MANAGER, ScoreConfig, ScoreHandler};
 use crate::spec::{ScoreClusters, ScorePolicy};
 use crate::steps::publish::placement_score_name;
 use crate::steps::resolve::RESOLVE;
-
-/// How long each check has to answer.
-const BOUND: Duration = Duration::from_secs(60);
 
 /// Why there is no preview.
 #[derive(Debug, thiserror::Error)]
@@ -36,7 +31,7 @@ pub enum PreviewError {
 /// configured).
 pub async fn preview(cfg: &ScoreConfig, subject: &str, s: &ScoreClusters) -> Result<Preview, PreviewError> {
     let handler = ScoreHandler::new(cfg.clone())?;
-    let mut p = Preview::new(ferry_task::dry_run::checks(&handler, subject, s, BOUND).await);
+    let mut p = Preview::new(ferry_task::dry_run::checks(&handler, subject, s, ferry_task::dry_run::BOUND).await);
     if p.checked.verdict != Verdict::Passes {
         return Ok(p);
     }

@@ -166,7 +166,7 @@ impl TaskView {
     /// events tell it ([`JournalEntry::from_events`]: no outputs), the last error.
     fn from_events(events: &[ProgressEvent]) -> Option<Self> {
         let (first, last) = (events.first()?, events.last()?);
-        let state = events.iter().rev().find_map(|e| e.event.state_after()).unwrap_or(TaskState::Accepted);
+        let state = state_from_events(events);
         let journal = JournalEntry::from_events(events);
         let error = events.iter().rev().find(|e| e.code.is_some() && matches!(e.event, EventType::StepFailed | EventType::Failed | EventType::Rejected | EventType::RevertFailed)).map(|e| {
             ferry_runtime::protocol::TaskError { code: e.code.clone().unwrap_or_default(), message: e.message.clone().unwrap_or_default(), step: e.step, transient: e.transient.unwrap_or(false) }
@@ -193,6 +193,11 @@ impl TaskView {
             revert_would_undo,
         })
     }
+}
+
+/// A task's state as its events tell it (a tenant's view).
+fn state_from_events(events: &[ProgressEvent]) -> TaskState {
+    events.iter().rev().find_map(|e| e.event.state_after()).unwrap_or(TaskState::Accepted)
 }
 
 /// A journal entry as `tasks get` shows it.
@@ -458,9 +463,10 @@ pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
             if client.tenant().is_some() {
                 // A tenant's: from its events (the journal without outputs).
                 let own: Vec<ProgressEvent> = client.history(id).await?.into_iter().filter(|e| e.seq > 0).collect();
-                let view = TaskView::from_events(&own).ok_or(ClientError::UnknownTask(id))?;
-                let journal = JournalEntry::from_events(&own);
-                print_undo_plan(Undoable { task_id: &view.task_id, kind: &view.kind, subject: &view.subject, state: view.state, journal: &journal, outputs_known: false }, output)?;
+                let first = own.first().ok_or(ClientError::UnknownTask(id))?;
+                let (kind, journal) = (first.kind.to_string(), JournalEntry::from_events(&own));
+                let undoable = Undoable { task_id: &first.task_id, kind: &kind, subject: &first.subject, state: state_from_events(&own), journal: &journal, outputs_known: false };
+                print_undo_plan(undoable, output)?;
             } else {
                 let snap = client.snapshot(id).await?.ok_or(ClientError::UnknownTask(id))?;
                 let kind = snap.kind.to_string();

@@ -59,6 +59,11 @@ impl ObjectPreview {
         Self { cluster: cluster.to_owned(), object: describe(obj), change: Change::NotSent, refused: None, note: Some(note.into()), operations: Vec::new() }
     }
 
+    /// `obj` on `cluster`, refused (by the cluster, or by what the run would check first).
+    pub fn refused(cluster: &str, obj: &Value, why: impl Into<String>) -> Self {
+        Self { cluster: cluster.to_owned(), object: describe(obj), change: Change::Refused, refused: Some(why.into()), note: None, operations: Vec::new() }
+    }
+
     /// `obj` on `cluster`, which the run would delete.
     pub fn deleted(cluster: &str, obj: &Value, note: impl Into<String>) -> Self {
         Self { cluster: cluster.to_owned(), object: describe(obj), change: Change::Delete, refused: None, note: Some(note.into()), operations: Vec::new() }
@@ -122,8 +127,7 @@ pub async fn apply_guarded(
     pp: PatchParams,
     guard: impl FnOnce(&kube::api::DynamicObject) -> Option<String>,
 ) -> Result<ObjectPreview, ClusterError> {
-    let object = describe(obj);
-    let refused = |why: String| ObjectPreview { cluster: cluster.to_owned(), object: object.clone(), change: Change::Refused, refused: Some(why), note: None, operations: Vec::new() };
+    let refused = |why: String| ObjectPreview::refused(cluster, obj, why);
     let current = match clusters.get(cluster, obj).await {
         Ok(c) => c,
         Err(e @ ClusterError::NotServed { .. }) => return Ok(refused(e.to_string())),
@@ -145,7 +149,7 @@ pub async fn apply_guarded(
             (if ops.is_empty() { Change::Unchanged } else { Change::Update }, ops)
         }
     };
-    Ok(ObjectPreview { cluster: cluster.to_owned(), object, change, refused: None, note: None, operations })
+    Ok(ObjectPreview { cluster: cluster.to_owned(), object: describe(obj), change, refused: None, note: None, operations })
 }
 
 fn to_value(o: kube::api::DynamicObject) -> Value {

@@ -89,9 +89,10 @@ pub async fn checks<H: TaskHandler>(handler: &H, subject: &str, spec: &H::Spec, 
     let (reports, _) = tokio::sync::mpsc::unbounded_channel();
     for (i, step) in plan.iter().take(leading).enumerate() {
         steps[i].ran = true;
+        let limit = bound.min(step.policy().timeout);
         let result = {
             let cx = StepContext::new(&id, subject, spec, &outputs, 1, reports.clone());
-            tokio::time::timeout(bound.min(step.policy().timeout), step.run(&cx)).await
+            tokio::time::timeout(limit, step.run(&cx)).await
         };
         let name = step.name().to_owned();
         match result {
@@ -101,7 +102,7 @@ pub async fn checks<H: TaskHandler>(handler: &H, subject: &str, spec: &H::Spec, 
             Ok(Err(e)) if e.rejects => return Checked { steps, verdict: Verdict::Rejected { step: name, code: e.code, reason: e.message }, outputs },
             Ok(Err(e)) if !e.transient => return Checked { steps, verdict: Verdict::Fails { step: name, code: e.code, reason: e.message }, outputs },
             Ok(Err(e)) => return Checked { steps, verdict: Verdict::Unknown { step: name, reason: e.to_string() }, outputs },
-            Err(_) => return Checked { steps, verdict: Verdict::Unknown { step: name, reason: format!("no answer within {} s", bound.min(step.policy().timeout).as_secs()) }, outputs },
+            Err(_) => return Checked { steps, verdict: Verdict::Unknown { step: name, reason: format!("no answer within {} s", limit.as_secs()) }, outputs },
         }
     }
     Checked { steps, verdict: Verdict::Passes, outputs }

@@ -22,7 +22,7 @@ use ferry_kube::dry_run::{self, ObjectPreview, Preview};
 use ferry_kube::{ClusterError, HUB};
 use ferry_task::dry_run::Verdict;
 use kube::api::PatchParams;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::exportable::Unshippable;
 use crate::handler::{DeployConfig, DeployHandler};
@@ -65,8 +65,7 @@ pub async fn preview(cfg: &DeployConfig, app: &DeployApp) -> Result<Preview, Clu
             let secrets = match redacted_secrets(cfg, app, &comps).await? {
                 Ok(s) => s,
                 Err(why) => {
-                    let work = json!({"apiVersion": "work.open-cluster-management.io/v1", "kind": "ManifestWork", "metadata": {"name": render::work_name(app), "namespace": cluster}});
-                    p.objects.push(ObjectPreview { refused: Some(why), change: dry_run::Change::Refused, ..ObjectPreview::not_sent(&cluster, &work, "") });
+                    p.objects.push(ObjectPreview::refused(&cluster, &render::work_ref(app, &cluster), why));
                     continue;
                 }
             };
@@ -138,8 +137,7 @@ fn removals(from: &AppState, to: Option<&AppState>, placed: &BTreeSet<String>, o
     match from.spec.delivery {
         Delivery::ManifestWork => {
             for cluster in from.clusters().difference(&keep) {
-                let work = json!({"apiVersion": "work.open-cluster-management.io/v1", "kind": "ManifestWork", "metadata": {"name": render::work_name(&from.spec), "namespace": cluster}});
-                out.push(ObjectPreview::deleted(HUB, &work, format!("the app leaves {cluster}: its work agent removes the manifests there")));
+                out.push(ObjectPreview::deleted(HUB, &render::work_ref(&from.spec, cluster), format!("the app leaves {cluster}: its work agent removes the manifests there")));
             }
         }
         Delivery::Direct => {

@@ -69,6 +69,11 @@ pub fn work_name(app: &DeployApp) -> String {
     format!("{}-{}", app.namespace(), app.name)
 }
 
+/// The app's ManifestWork for `cluster`, named only (what a delete or a lookup needs).
+pub fn work_ref(app: &DeployApp, cluster: &str) -> Value {
+    json!({"apiVersion": "work.open-cluster-management.io/v1", "kind": "ManifestWork", "metadata": {"name": work_name(app), "namespace": cluster}})
+}
+
 /// Name of a component's Placement on the hub.
 pub fn placement_name(app: &DeployApp, component: &str) -> String {
     format!("{}-{component}", app.name)

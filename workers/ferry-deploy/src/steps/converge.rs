@@ -111,8 +111,7 @@ impl Inner {
             match delivery {
                 Delivery::ManifestWork => {
                     for cluster in from.clusters().difference(&keep) {
-                        let work = json!({"apiVersion": "work.open-cluster-management.io/v1", "kind": "ManifestWork",
-                            "metadata": {"name": render::work_name(&from.spec), "namespace": cluster}});
+                        let work = render::work_ref(&from.spec, cluster);
                         self.delete_owned(HUB, &work, &app.name).await?;
                     }
                 }

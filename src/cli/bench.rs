@@ -160,7 +160,8 @@ pub(crate) fn pct(v: &mut [f64], p: f64) -> f64 {
 }
 
 /// Runs a benchmark; `properties` (the global `--kafka-property`) apply to Ferry's clients
-/// in `bench runtime`'s task phase, not to its raw baseline (for tuning experiments).
+/// in `bench runtime`'s and `bench latency`'s task phases, not to their raw baselines (for
+/// tuning experiments).
 pub async fn run(cmd: BenchCommand, properties: &[(String, String)]) -> anyhow::Result<ExitCode> {
     let a = match cmd {
         BenchCommand::Runtime(a) => a,
@@ -168,7 +169,7 @@ pub async fn run(cmd: BenchCommand, properties: &[(String, String)]) -> anyhow::
         BenchCommand::Waits(a) => return super::bench_waits::run(a).await,
         BenchCommand::Tracker(a) => return super::bench_tracker::run(a).await,
         BenchCommand::Recovery(a) => return super::bench_recovery::run(a).await,
-        BenchCommand::Latency(a) => return super::bench_latency::run(a).await,
+        BenchCommand::Latency(a) => return super::bench_latency::run(a, properties).await,
         BenchCommand::Wave(a) => return super::bench_wave::run(a).await,
     };
     let topics = Topics::standard();

@@ -116,7 +116,7 @@ async fn raw_round_trips(kafka: &KafkaConfig, topic: &str, rate: f64, n: usize) 
     rtt
 }
 
-pub async fn run(a: LatencyArgs) -> anyhow::Result<ExitCode> {
+pub async fn run(a: LatencyArgs, properties: &[(String, String)]) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(a.rate > 0.0 && a.rate <= 20_000.0, "--rate must be above 0 and at most 20000 per second");
     let n = ((a.rate * a.duration.as_secs_f64()).round() as usize).max(1);
     let topics = Topics::standard();
@@ -124,6 +124,8 @@ pub async fn run(a: LatencyArgs) -> anyhow::Result<ExitCode> {
     let (broker, kafka) = BenchBroker::start(a.broker, a.bootstrap.as_deref(), &topics, 3).await?;
     broker.create_topic(raw_topic, 6).await?;
     let mut rtt = raw_round_trips(&kafka, raw_topic, a.rate, n).await?;
+    let mut kafka = kafka;
+    kafka.extra.extend(properties.iter().cloned());
 
     let shutdown = CancellationToken::new();
     let mut opts = WorkerOptions::new(kafka.clone());

@@ -40,7 +40,7 @@ fn strimzi_files_are_generated_from_topics() {
     let tenants = ferry_runtime::tenants::Policy::load(&root().join("examples/tenants.yaml")).unwrap();
     let generated = [
         ("kafka-topics.yaml", strimzi::to_yaml(&strimzi::kafka_topics(&topics, "ferry"), "Ferry's KafkaTopics")),
-        ("kafka-users.yaml", strimzi::to_yaml(&strimzi::kafka_users(&topics, &tenants, "ferry"), "Ferry's KafkaUsers: one per worker and the tracker, least-privilege ACLs")),
+        ("kafka-users.yaml", strimzi::to_yaml(&strimzi::kafka_users(&topics, &tenants, "ferry"), "Ferry's KafkaUsers: one per worker, the tracker (operators) and the dashboard, least-privilege ACLs")),
         ("kafka-tenants.yaml", strimzi::to_yaml(&[strimzi::tenant_topics(&topics, &tenants, "ferry"), strimzi::tenant_users(&topics, &tenants, "ferry")].concat(), "The tenants of examples/tenants.yaml: their command topics and KafkaUsers")),
     ];
     for (file, text) in generated {
@@ -135,6 +135,14 @@ fn authorization_matrix_of_tenants_workers_and_tracker() {
         }
         let tracker = by_name("ferry-tracker");
         assert!(!acl_allows(tracker, "topic", topic, "Write") || topic.starts_with("ferry.commands."), "the tracker writes {topic}");
+        // The dashboard has its own principal: it writes commands (its actions), reads what
+        // its pages show, and no dead letter (a producer's raw bytes) or tenant topic.
+        let dashboard = by_name(strimzi::DASHBOARD_USER);
+        assert_eq!(acl_allows(dashboard, "topic", topic, "Write"), topic.starts_with("ferry.commands.") && !topic.ends_with(".test"), "the dashboard writes {topic}");
+        let shown = *topic == topics.progress().name
+            || *topic == topics.scores().name
+            || (topic.starts_with("ferry.task-state.") && *topic != topics.task_state(TaskKind::TEST).name);
+        assert_eq!(acl_allows(dashboard, "topic", topic, "Read"), shown, "the dashboard reads {topic}");
     }
     // Each gateway's group belongs to its kind's worker only.
     assert!(acl_allows(by_name("ferry-worker-deploy"), "group", &strimzi::gateway_group(TaskKind::DEPLOY), "Read"));
@@ -147,7 +155,7 @@ fn every_worker_reads_only_its_own_command_topic() {
     let topics = Topics::standard();
     let users = strimzi::kafka_users(&topics, &Policy::default(), "ferry");
     let worker_kinds: Vec<TaskKind> = strimzi::worker_kinds().iter().map(|i| i.kind).collect();
-    assert_eq!(users.len(), worker_kinds.len() + 1);
+    assert_eq!(users.len(), worker_kinds.len() + 2);
     for (kind, u) in worker_kinds.iter().zip(&users) {
         let reads: Vec<&str> = u["spec"]["authorization"]["acls"]
             .as_array()
@@ -397,7 +405,7 @@ async fn strimzi_resources_and_chart_pass_the_api_server() {
     // Kafka's namespace: the chart copies what the pods read into its own (helm's lookup
     // against this API server), skips the ServiceMonitor and PrometheusRule whose CRDs
     // are not served here, and its notes say where the Secrets came from.
-    let users = ["ferry-tracker", "ferry-worker-create-cluster", "ferry-worker-peer", "ferry-worker-offload", "ferry-worker-deploy", "ferry-worker-score", "ferry-worker-plan"];
+    let users = ["ferry-dashboard", "ferry-worker-create-cluster", "ferry-worker-peer", "ferry-worker-offload", "ferry-worker-deploy", "ferry-worker-score", "ferry-worker-plan"];
     let secret = |ns: &str, name: &str| serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": ns}});
     for u in users {
         let mut s = secret("kafka", u);
@@ -848,7 +856,7 @@ fn chart_names_follow_the_overrides_and_carry_the_standard_labels() {
             assert_eq!(l["app.kubernetes.io/version"], "0.1.0", "{what}");
             assert_eq!(l["helm.sh/chart"], "ferry-0.1.0", "{what}");
             let n = d["metadata"]["name"].as_str().unwrap();
-            assert!(n.starts_with(&format!("{prefix}-")) || n.starts_with("ferry-worker-") || n == "ferry-tracker", "{what}: named {n}, not {prefix}-*");
+            assert!(n.starts_with(&format!("{prefix}-")) || n.starts_with("ferry-worker-") || n == strimzi::DASHBOARD_USER, "{what}: named {n}, not {prefix}-*");
             assert!(n.len() <= 63, "{what}");
         }
         for kind in ["create-cluster", "peer", "offload", "deploy", "score"] {

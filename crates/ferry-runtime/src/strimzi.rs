@@ -121,12 +121,16 @@ pub fn tenant_users(topics: &Topics, policy: &Policy, cluster: &str) -> Vec<Valu
         .collect()
 }
 
-/// One KafkaUser per worker kind (`ferry-worker-<kind>`) and `ferry-tracker` (CLI and
-/// dashboard): a worker reads its command topic and the task state, and writes
-/// progress, state and dead letters; its gateway reads its kind's tenant topics of
+/// One KafkaUser per worker kind (`ferry-worker-<kind>`), `ferry-tracker` (operators'
+/// CLI) and `ferry-dashboard`: a worker reads its command topic and the task state, and
+/// writes progress, state and dead letters; its gateway reads its kind's tenant topics of
 /// `policy` and writes its command topic; the score worker also writes scores, the
 /// deploy worker reads scores; the tracker reads progress, state, scores and dead letters
-/// and writes commands (an operator's: no tenant policy applies to them).
+/// and writes commands (an operator's: no tenant policy applies to them); the dashboard
+/// reads what its pages show (progress, state, scores: not dead letters, which carry
+/// whatever bytes a producer sent) and writes commands for its actions (cancel, revert,
+/// signal). Its own principal: a leaked dashboard password is not an operator's, the
+/// broker's audit log tells the two apart, and either can be revoked alone.
 pub fn kafka_users(topics: &Topics, policy: &Policy, cluster: &str) -> Vec<Value> {
     let name_of = |p: Purpose| topics.all().iter().find(|t| t.purpose == p).map(|t| t.name.clone()).unwrap_or_default();
     let (progress, dead, scores) = (name_of(Purpose::Progress), name_of(Purpose::DeadLetter), name_of(Purpose::Scores));
@@ -178,19 +182,28 @@ pub fn kafka_users(topics: &Topics, policy: &Policy, cluster: &str) -> Vec<Value
         }
         users.push(user(&format!("ferry-worker-{kind}"), cluster, acls));
     }
-    let mut acls = vec![acl("group", READER_GROUP, "literal", &["Read"])];
-    for t in [&progress, &scores, &dead] {
-        acls.push(acl("topic", t, "literal", &["Read", "Describe"]));
-    }
-    for t in topics.task_states().filter(|t| t.kind != Some(TaskKind::TEST)) {
-        acls.push(acl("topic", &t.name, "literal", &["Read", "Describe"]));
-    }
-    for info in &kinds {
-        acls.push(acl("topic", &topics.command(info.kind).name, "literal", &["Write", "Describe"]));
-    }
-    users.push(user("ferry-tracker", cluster, acls));
+    // An operator's reader: progress, every kind's task state but the test kind's, scores
+    // and (`dead`) dead letters; and the command topics to write.
+    let reader = |dead: Option<&String>| {
+        let mut acls = vec![acl("group", READER_GROUP, "literal", &["Read"])];
+        for t in [Some(&progress), Some(&scores), dead].into_iter().flatten() {
+            acls.push(acl("topic", t, "literal", &["Read", "Describe"]));
+        }
+        for t in topics.task_states().filter(|t| t.kind != Some(TaskKind::TEST)) {
+            acls.push(acl("topic", &t.name, "literal", &["Read", "Describe"]));
+        }
+        for info in &kinds {
+            acls.push(acl("topic", &topics.command(info.kind).name, "literal", &["Write", "Describe"]));
+        }
+        acls
+    };
+    users.push(user("ferry-tracker", cluster, reader(Some(&dead))));
+    users.push(user(DASHBOARD_USER, cluster, reader(None)));
     users
 }
+
+/// The dashboard's KafkaUser (see [`kafka_users`]).
+pub const DASHBOARD_USER: &str = "ferry-dashboard";
 
 /// Documents as one multi-document YAML text, with a header comment.
 pub fn to_yaml(docs: &[Value], what: &str) -> String {

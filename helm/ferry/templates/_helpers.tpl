@@ -98,10 +98,10 @@ entityOperator.userOperator.secretPrefix (kafka.userSecretPrefix here).
 {{ .root.Values.kafka.userSecretPrefix }}{{ .user }}
 {{- end }}
 
-{{/* The KafkaUsers of what is enabled, one a line: the tracker (dashboard), each worker's. */}}
+{{/* The KafkaUsers of what is enabled, one a line: the dashboard's, each worker's. */}}
 {{- define "ferry.kafkaUsers" -}}
 {{- if .Values.dashboard.enabled }}
-ferry-tracker
+ferry-dashboard
 {{- end }}
 {{- range $kind, $w := .Values.workers }}
 {{- if $w.enabled }}

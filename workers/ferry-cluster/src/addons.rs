@@ -74,7 +74,29 @@ pub struct Addon {
     /// tells (`sed -i 's/namespace: .*/namespace: kafka/'`).
     #[serde(default)]
     pub placeholder_namespace: Option<String>,
+    /// Values each cluster must have its own of, set in the manifests once parsed: a chart
+    /// rendered once for every cluster carries one value where each needs its own (Liqo's
+    /// cluster ID).
+    #[serde(default)]
+    pub per_cluster: Vec<PerCluster>,
 }
+
+/// A field of one rendered object set per cluster (`${cluster}`: the cluster's name;
+/// `${param}`s too).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct PerCluster {
+    /// The object's kind.
+    pub kind: String,
+    /// Its name.
+    pub name: String,
+    /// The field, as a JSON pointer (`/data/CLUSTER_ID`).
+    pub pointer: String,
+    /// Its value.
+    pub value: String,
+}
+
+/// The parameter every add-on has: the name of the cluster it is installed on.
+const CLUSTER_PARAM: &str = "cluster";
 
 /// Kinds that live outside namespaces (the rest get [`Addon::namespace`] when they name
 /// none).
@@ -128,6 +150,21 @@ pub enum AddonError {
         /// What is wrong.
         reason: String,
     },
+    /// A per-cluster value's object is not in the manifests (rendered from another
+    /// version, or without the option that makes it).
+    #[error("add-on {addon}: the manifests have no {kind} {name} to set {pointer} in for cluster {cluster} (render them as the catalog's description says)")]
+    PerCluster {
+        /// The add-on.
+        addon: String,
+        /// The object's kind.
+        kind: String,
+        /// Its name.
+        name: String,
+        /// The field.
+        pointer: String,
+        /// The cluster.
+        cluster: String,
+    },
 }
 
 impl AddonError {
@@ -160,6 +197,15 @@ impl Catalog {
         for (name, a) in &file.addons {
             if a.source.is_some() == a.manifests.is_some() {
                 return Err(AddonError::Catalog { path: origin.into(), reason: format!("add-on {name}: give exactly one of source and manifests") });
+            }
+            if a.params.iter().any(|p| p.name == CLUSTER_PARAM) {
+                return Err(AddonError::Catalog {
+                    path: origin.into(),
+                    reason: format!("add-on {name}: parameter {CLUSTER_PARAM:?} is reserved (every add-on has it: the cluster's name)"),
+                });
+            }
+            if let Some(p) = a.per_cluster.iter().find(|p| !p.pointer.starts_with('/') || p.pointer.len() < 2) {
+                return Err(AddonError::Catalog { path: origin.into(), reason: format!("add-on {name}: per_cluster pointer {:?} is not a JSON pointer to a field", p.pointer) });
             }
             if let Some(k) = a.ready.iter().find(|r| !matches!(r.kind.as_str(), "Deployment" | "DaemonSet" | "StatefulSet")) {
                 return Err(AddonError::Catalog {
@@ -221,18 +267,28 @@ impl Catalog {
         Ok(())
     }
 
-    /// The manifests of `req` (fetched, substituted, parsed).
-    pub async fn manifests(&self, req: &AddonRequest) -> Result<Manifests, AddonError> {
+    /// The manifests of `req` for `cluster` (fetched, substituted, parsed, its own values
+    /// set).
+    pub async fn manifests(&self, req: &AddonRequest, cluster: &str) -> Result<Manifests, AddonError> {
         let a = self.addons.get(&req.name).ok_or_else(|| AddonError::Catalog { path: "catalog".into(), reason: format!("no add-on {}", req.name) })?;
         let text = match (&a.manifests, &a.source) {
             (Some(t), _) => t.clone(),
             (None, Some(src)) => self.fetch(&req.name, src).await?,
             (None, None) => String::new(),
         };
-        let parse = |t: &str| parse_docs(&req.name, &substitute(t, a, req));
+        let parse = |t: &str| parse_docs(&req.name, &substitute(t, a, req, cluster));
         let mut install = parse(&text)?;
-        if let Some(ns) = a.namespace.as_deref().map(|n| substitute(n, a, req)) {
+        if let Some(ns) = a.namespace.as_deref().map(|n| substitute(n, a, req, cluster)) {
             place_in(&mut install, &ns, a.placeholder_namespace.as_deref());
+        }
+        for p in &a.per_cluster {
+            let value = substitute(&p.value, a, req, cluster);
+            let target = install.iter_mut().find(|o| o["kind"] == p.kind.as_str() && o["metadata"]["name"] == p.name.as_str());
+            let slot = target.and_then(|o| field_mut(o, &p.pointer));
+            let Some(slot) = slot else {
+                return Err(AddonError::PerCluster { addon: req.name.clone(), kind: p.kind.clone(), name: p.name.clone(), pointer: p.pointer.clone(), cluster: cluster.to_owned() });
+            };
+            *slot = Value::String(value);
         }
         // Namespaces and CRDs first: the rest needs them.
         install.sort_by_key(|o| match o["kind"].as_str() {
@@ -258,20 +314,31 @@ impl Catalog {
     }
 
     /// The workloads `req`'s add-on waits for, its parameters substituted.
-    pub fn ready_checks(&self, req: &AddonRequest) -> Vec<ReadyCheck> {
+    pub fn ready_checks(&self, req: &AddonRequest, cluster: &str) -> Vec<ReadyCheck> {
         let Some(a) = self.addons.get(&req.name) else { return Vec::new() };
-        a.ready.iter().map(|r| ReadyCheck { namespace: substitute(&r.namespace, a, req), ..r.clone() }).collect()
+        a.ready.iter().map(|r| ReadyCheck { namespace: substitute(&r.namespace, a, req, cluster), ..r.clone() }).collect()
     }
 }
 
-fn substitute(text: &str, a: &Addon, req: &AddonRequest) -> String {
-    let mut out = text.to_owned();
+fn substitute(text: &str, a: &Addon, req: &AddonRequest, cluster: &str) -> String {
+    let mut out = text.replace(&format!("${{{CLUSTER_PARAM}}}"), cluster);
     for p in &a.params {
         if let Some(v) = req.params.get(&p.name).or(p.default.as_ref()) {
             out = out.replace(&format!("${{{}}}", p.name), v);
         }
     }
     out
+}
+
+/// The field at `pointer` (`/a/b`) of `o`, made (with the maps above it) when missing;
+/// `None` when something on the way is not a map.
+fn field_mut<'v>(o: &'v mut Value, pointer: &str) -> Option<&'v mut Value> {
+    let mut at = o;
+    for key in pointer.split('/').skip(1) {
+        let key = key.replace("~1", "/").replace("~0", "~");
+        at = at.as_object_mut()?.entry(key).or_insert_with(|| Value::Object(serde_json::Map::new()));
+    }
+    Some(at)
 }
 
 /// Puts `objects` in namespace `ns` as `kubectl apply -n ns` would: the Namespace first,
@@ -335,6 +402,7 @@ mod tests {
             let p = |a: &Addon| a.params.iter().map(|p| (p.name.clone(), p.required, p.default.clone())).collect::<Vec<_>>();
             assert_eq!(p(a), p(em), "{name}: parameters differ");
             assert_eq!((a.cni, &a.namespace, &a.placeholder_namespace), (em.cni, &em.namespace, &em.placeholder_namespace), "{name}: placement differs");
+            assert_eq!(a.per_cluster, em.per_cluster, "{name}: per-cluster values differ");
         }
     }
 
@@ -346,7 +414,7 @@ mod tests {
         assert!(e.reason.contains("characters other than"), "{e}");
         let e = c.check(&req("metallb", &[("address_pool", "10.0.0.0/24"), ("pool", "x")])).unwrap_err();
         assert!(e.reason.contains("has no parameter \"pool\" (it takes: address_pool)"), "{e}");
-        let m = futures::executor::block_on(c.manifests(&req("metallb", &[("address_pool", "10.0.0.0/24")]))).unwrap();
+        let m = futures::executor::block_on(c.manifests(&req("metallb", &[("address_pool", "10.0.0.0/24")]), "c1")).unwrap();
         assert_eq!(m.install[0]["kind"], "Namespace");
         assert_eq!(m.after[0]["data"]["addresses"], "10.0.0.0/24");
     }
@@ -355,7 +423,7 @@ mod tests {
     fn an_addon_made_for_apply_dash_n_lands_in_its_namespace_which_it_creates() {
         // Strimzi's release file names no namespace but `myproject` in its subjects.
         let c = Catalog::emulated();
-        let m = futures::executor::block_on(c.manifests(&req("strimzi", &[]))).unwrap();
+        let m = futures::executor::block_on(c.manifests(&req("strimzi", &[]), "c1")).unwrap();
         assert_eq!((m.install[0]["kind"].as_str(), m.install[0]["metadata"]["name"].as_str()), (Some("Namespace"), Some("kafka")));
         for o in m.install.iter().skip(1) {
             assert_eq!(o["metadata"]["namespace"], "kafka", "{o}");
@@ -363,13 +431,13 @@ mod tests {
         let binding = m.install.iter().find(|o| o["kind"] == "RoleBinding").unwrap();
         assert_eq!(binding["subjects"][0]["namespace"], "kafka");
         let r = req("strimzi", &[("namespace", "streams")]);
-        let m = futures::executor::block_on(c.manifests(&r)).unwrap();
+        let m = futures::executor::block_on(c.manifests(&r, "c1")).unwrap();
         assert_eq!(m.install[0]["metadata"]["name"], "streams");
-        assert_eq!(c.ready_checks(&r)[0].namespace, "streams");
+        assert_eq!(c.ready_checks(&r, "c1")[0].namespace, "streams");
         // Liqo as helm template renders it: CRDs, no Namespace; the namespace is made first.
-        let m = futures::executor::block_on(c.manifests(&req("liqo", &[]))).unwrap();
+        let m = futures::executor::block_on(c.manifests(&req("liqo", &[]), "c1")).unwrap();
         let kinds: Vec<&str> = m.install.iter().filter_map(|o| o["kind"].as_str()).collect();
-        assert_eq!(kinds, ["Namespace", "CustomResourceDefinition", "Deployment"]);
+        assert_eq!(kinds, ["Namespace", "CustomResourceDefinition", "ConfigMap", "Deployment"]);
         assert!(m.install[1]["metadata"].get("namespace").is_none(), "a CRD stays cluster-scoped");
     }
 
@@ -381,8 +449,8 @@ mod tests {
         let c = Catalog::emulated();
         for (name, a) in &c.addons {
             let r = AddonRequest { name: name.clone(), params: a.params.iter().map(|p| (p.name.clone(), p.default.clone().unwrap_or_else(|| "10.0.0.0/24".into()))).collect() };
-            let m = futures::executor::block_on(c.manifests(&r)).unwrap();
-            for check in c.ready_checks(&r) {
+            let m = futures::executor::block_on(c.manifests(&r, "c1")).unwrap();
+            for check in c.ready_checks(&r, "c1") {
                 let made = m.install.iter().any(|o| o["kind"] == "Namespace" && o["metadata"]["name"] == check.namespace.as_str());
                 assert!(made || ["default", "kube-system"].contains(&check.namespace.as_str()), "{name} waits in namespace {} it does not make", check.namespace);
             }
@@ -390,9 +458,36 @@ mod tests {
     }
 
     #[test]
+    fn every_cluster_gets_its_own_liqo_cluster_id_from_one_rendered_file() {
+        // One rendered file, two clusters: each its own ID (the file's rendered-once value
+        // on both would make them one cluster to Liqo).
+        let c = Catalog::emulated();
+        let id = |cluster: &str| {
+            let m = futures::executor::block_on(c.manifests(&req("liqo", &[]), cluster)).unwrap();
+            let cm = m.install.iter().find(|o| o["kind"] == "ConfigMap").unwrap().clone();
+            assert_eq!(cm["metadata"]["namespace"], "liqo");
+            cm["data"]["CLUSTER_ID"].as_str().unwrap().to_owned()
+        };
+        assert_eq!((id("edge-1"), id("edge-2")), ("edge-1".to_owned(), "edge-2".to_owned()));
+        // A file rendered without the ConfigMap: refused, naming what is missing.
+        let text = include_str!("emulated-addons.yaml").replace("metadata: {name: liqo-clusterid-configmap}", "metadata: {name: liqo-config}");
+        let c = Catalog::from_yaml(&text, Path::new("/"), "test").unwrap();
+        let e = futures::executor::block_on(c.manifests(&req("liqo", &[]), "edge-1")).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "add-on liqo: the manifests have no ConfigMap liqo-clusterid-configmap to set /data/CLUSTER_ID in for cluster edge-1 (render them as the catalog's description says)"
+        );
+        assert!(!e.is_transient());
+        // `cluster` is every add-on's parameter: a catalog may not declare it.
+        let text = "addons: {x: {manifests: '', params: [{name: cluster}]}}";
+        let e = Catalog::from_yaml(text, Path::new("/"), "test").unwrap_err();
+        assert!(e.to_string().contains("parameter \"cluster\" is reserved"), "{e}");
+    }
+
+    #[test]
     fn a_missing_file_source_is_a_clear_permanent_error() {
         let c = Catalog::builtin();
-        let e = futures::executor::block_on(c.manifests(&req("liqo", &[]))).unwrap_err();
+        let e = futures::executor::block_on(c.manifests(&req("liqo", &[]), "c1")).unwrap_err();
         assert!(e.to_string().contains("/etc/ferry/addons/liqo.yaml"), "{e}");
         assert!(!e.is_transient());
     }

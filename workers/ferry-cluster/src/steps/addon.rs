@@ -159,14 +159,14 @@ impl Step<ClusterCommand> for AddonStep {
         async move {
             let cmd = cx.spec;
             let cluster = cmd.name.as_str();
-            let m = self.inner.cfg.catalog.manifests(&self.addon).await.map_err(|e| {
+            let m = self.inner.cfg.catalog.manifests(&self.addon, cluster).await.map_err(|e| {
                 if e.is_transient() { StepError::transient(codes::ADDON_SOURCE, e.to_string()) } else { StepError::permanent(codes::ADDON_SOURCE, e.to_string()) }
             })?;
             self.apply_all(cluster, &m.install).await?;
             cx.progress(30, format!("applied {} objects of {}", m.install.len(), self.addon.name));
             let client = self.inner.cfg.clusters.client(cluster).await.map_err(|e| kube_err(codes::KUBECONFIG, e))?;
             let timeout = secs(cmd.addon_timeout_seconds, 600);
-            for r in &self.inner.cfg.catalog.ready_checks(&self.addon) {
+            for r in &self.inner.cfg.catalog.ready_checks(&self.addon, cluster) {
                 self.wait_ready(cluster, &client, r, timeout).await?;
                 cx.progress(80, format!("{} {}/{} ready", r.kind, r.namespace, r.name));
             }
@@ -187,7 +187,7 @@ impl Step<ClusterCommand> for AddonStep {
                 Err(e) => return Err(kube_err(codes::KUBECONFIG, e)),
                 Ok(_) => {}
             }
-            let m = self.inner.cfg.catalog.manifests(&self.addon).await.map_err(|e| StepError::transient(codes::ADDON_SOURCE, e.to_string()))?;
+            let m = self.inner.cfg.catalog.manifests(&self.addon, cluster).await.map_err(|e| StepError::transient(codes::ADDON_SOURCE, e.to_string()))?;
             for o in m.after.iter().chain(&m.install).rev() {
                 match self.inner.cfg.clusters.delete(cluster, o).await {
                     Ok(_) | Err(ClusterError::NotServed { .. }) => {}

@@ -27,7 +27,7 @@ use serde_json::Value;
 use crate::exportable::Unshippable;
 use crate::handler::{DeployConfig, DeployHandler};
 use crate::ownership::{self, NotFerrys};
-use crate::render::{self, AppState, MANAGER, SecretData};
+use crate::render::{self, AppState, MANAGER, Removal, SecretData};
 use crate::spec::{Component, Delivery, DeployApp, DeployOperation};
 use crate::steps::check::CHECK;
 
@@ -132,28 +132,14 @@ fn foreign(cluster: &str, app: &DeployApp, live: &kube::api::DynamicObject) -> O
 /// delete); placed components' clusters are decided at run time, so they are not counted
 /// as left.
 fn removals(from: &AppState, to: Option<&AppState>, placed: &BTreeSet<String>, out: &mut Vec<ObjectPreview>) {
-    let mut keep = to.map(AppState::clusters).unwrap_or_default();
-    keep.extend(from.targets.iter().filter(|(c, _)| placed.contains(*c)).flat_map(|(_, cl)| cl.iter().cloned()));
-    match from.spec.delivery {
-        Delivery::ManifestWork => {
-            for cluster in from.clusters().difference(&keep) {
-                out.push(ObjectPreview::deleted(HUB, &render::work_ref(&from.spec, cluster), format!("the app leaves {cluster}: its work agent removes the manifests there")));
-            }
-        }
-        Delivery::Direct => {
-            let wanted: BTreeSet<(String, String)> = to
-                .map(|t| t.by_cluster().into_iter().flat_map(|(cl, comps)| render::objects(&t.spec, &comps, &BTreeMap::new()).into_iter().map(move |o| (cl.clone(), dry_run::describe(&o)))).collect())
-                .unwrap_or_default();
-            for (cluster, comps) in from.by_cluster() {
-                for o in render::objects(&from.spec, &comps, &BTreeMap::new()).iter().rev() {
-                    if wanted.contains(&(cluster.clone(), dry_run::describe(o))) {
-                        continue;
-                    }
-                    let note = if o["kind"] == "Namespace" { "only if a deploy of this app created it" } else { "if Ferry made it for this app" };
-                    out.push(ObjectPreview::deleted(&cluster, o, note));
-                }
-            }
-        }
+    let keep = from.targets.iter().filter(|(c, _)| placed.contains(*c)).flat_map(|(_, cl)| cl.iter().cloned()).collect();
+    for r in render::removed(from, to, &keep) {
+        let (at, note) = match r.at {
+            Removal::Hub => (HUB, format!("the app leaves {}: its work agent removes the manifests there", r.cluster)),
+            Removal::Cluster if r.object["kind"] == "Namespace" => (r.cluster.as_str(), "only if a deploy of this app created it".to_owned()),
+            Removal::Cluster => (r.cluster.as_str(), "if Ferry made it for this app".to_owned()),
+        };
+        out.push(ObjectPreview::deleted(at, &r.object, note));
     }
 }
 

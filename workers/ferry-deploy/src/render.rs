@@ -55,6 +55,64 @@ impl AppState {
     }
 }
 
+/// One object a change of the app from one state to another removes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Removed {
+    /// Where it is deleted: the hub (a ManifestWork; the cluster's work agent removes its
+    /// manifests) or the cluster itself (direct delivery).
+    pub at: Removal,
+    /// The cluster the app leaves (or stops running these objects on).
+    pub cluster: String,
+    /// The object, named (what a delete needs).
+    pub object: Value,
+}
+
+/// Where a [`Removed`] object is deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removal {
+    /// The app's ManifestWork on the hub, in the cluster's namespace.
+    Hub,
+    /// An object on the cluster (direct delivery).
+    Cluster,
+}
+
+/// What going from `from` to `to` (`None`: the app deleted) removes, in the order to delete
+/// it: `from`'s ManifestWorks of the clusters neither `to` nor `keep` runs on; or, for
+/// direct delivery, `from`'s objects `to` does not render on the same cluster, each
+/// cluster's in reverse order (dependents before what they need, the Namespace last).
+/// `keep`: clusters to leave alone besides `to`'s (a dry run's: those of components placed
+/// at run time). The converge step and the dry run share it.
+pub fn removed(from: &AppState, to: Option<&AppState>, keep: &BTreeSet<String>) -> Vec<Removed> {
+    let identity = |o: &Value| {
+        let s = |p: &str| o.pointer(p).and_then(Value::as_str).unwrap_or("").to_owned();
+        format!("{} {} {}/{}", s("/apiVersion"), s("/kind"), s("/metadata/namespace"), s("/metadata/name"))
+    };
+    match from.spec.delivery {
+        crate::spec::Delivery::ManifestWork => {
+            let mut kept = to.map(AppState::clusters).unwrap_or_default();
+            kept.extend(keep.iter().cloned());
+            from.clusters()
+                .difference(&kept)
+                .map(|c| Removed { at: Removal::Hub, cluster: c.clone(), object: work_ref(&from.spec, c) })
+                .collect()
+        }
+        crate::spec::Delivery::Direct => {
+            let wanted: BTreeSet<(String, String)> = to
+                .map(|t| t.by_cluster().into_iter().flat_map(|(cl, comps)| objects(&t.spec, &comps, &BTreeMap::new()).iter().map(|o| (cl.clone(), identity(o))).collect::<Vec<_>>()).collect())
+                .unwrap_or_default();
+            let mut out = Vec::new();
+            for (cluster, comps) in from.by_cluster() {
+                for object in objects(&from.spec, &comps, &BTreeMap::new()).into_iter().rev() {
+                    if !wanted.contains(&(cluster.clone(), identity(&object))) {
+                        out.push(Removed { at: Removal::Cluster, cluster: cluster.clone(), object });
+                    }
+                }
+            }
+            out
+        }
+    }
+}
+
 /// A Secret's type and data as read on the hub.
 #[derive(Debug, Clone, Default)]
 pub struct SecretData {
@@ -345,6 +403,32 @@ pub fn readiness(values: &BTreeMap<String, String>, wanted: i32) -> Rollout {
 mod tests {
     use super::*;
     use crate::spec::{EnvVar, IngressSpec, PlacementSpec, SecretKeyRef};
+
+    #[test]
+    fn removed_is_what_the_new_state_no_longer_has_where_it_had_it() {
+        let targets = |pairs: &[(&str, &[&str])]| pairs.iter().map(|(c, cl)| ((*c).to_owned(), cl.iter().map(|s| (*s).to_owned()).collect())).collect::<Targets>();
+        let mut direct = app();
+        direct.delivery = crate::spec::Delivery::Direct;
+        let from = AppState { spec: direct.clone(), targets: targets(&[("web", &["member-1"]), ("db", &["member-1", "member-2"])]) };
+        // db leaves member-2; web and db stay on member-1.
+        let to = AppState { spec: direct.clone(), targets: targets(&[("web", &["member-1"]), ("db", &["member-1"])]) };
+        let r = removed(&from, Some(&to), &BTreeSet::new());
+        assert!(r.iter().all(|r| r.cluster == "member-2" && r.at == Removal::Cluster), "{r:?}");
+        let kinds: Vec<&str> = r.iter().map(|r| r.object["kind"].as_str().unwrap()).collect();
+        // Reverse render order: the Namespace last.
+        assert_eq!(kinds.last(), Some(&"Namespace"), "{kinds:?}");
+        assert!(kinds.contains(&"Deployment"), "{kinds:?}");
+        // The app deleted: everything, each cluster's Namespace last.
+        let all = removed(&from, None, &BTreeSet::new());
+        assert_eq!(all.iter().filter(|r| r.object["kind"] == "Namespace").count(), 2);
+        assert_eq!(removed(&from, Some(&from), &BTreeSet::new()), []);
+        // Through OCM: the ManifestWorks of the clusters left, on the hub; `keep` spares one.
+        let from = AppState { spec: app(), targets: from.targets.clone() };
+        let to = AppState { spec: app(), targets: targets(&[("web", &["member-1"])]) };
+        let r = removed(&from, Some(&to), &BTreeSet::new());
+        assert_eq!(r, [Removed { at: Removal::Hub, cluster: "member-2".into(), object: work_ref(&app(), "member-2") }]);
+        assert_eq!(removed(&from, Some(&to), &BTreeSet::from(["member-2".to_owned()])), []);
+    }
 
     fn app() -> DeployApp {
         DeployApp {

@@ -19,7 +19,7 @@ use super::unapplied;
 use crate::exportable::Unshippable;
 use crate::handler::Inner;
 use crate::ownership::is_ferrys;
-use crate::render::{self, AppState, MANAGER, SecretData};
+use crate::render::{self, AppState, MANAGER, Removal, SecretData};
 use crate::spec::{Component, Delivery, DeployApp};
 
 impl Inner {
@@ -107,33 +107,14 @@ impl Inner {
             }
         }
         if let Some(from) = from {
-            let keep = to.map(AppState::clusters).unwrap_or_default();
-            match delivery {
-                Delivery::ManifestWork => {
-                    for cluster in from.clusters().difference(&keep) {
-                        let work = render::work_ref(&from.spec, cluster);
-                        self.delete_owned(HUB, &work, &app.name).await?;
+            for r in render::removed(from, to, &BTreeSet::new()) {
+                match r.at {
+                    Removal::Hub => self.delete_owned(HUB, &r.object, &app.name).await?,
+                    Removal::Cluster if r.object["kind"] == "Namespace" => {
+                        let name = r.object["metadata"]["name"].as_str().unwrap_or_default();
+                        self.remove_namespace(&r.cluster, name, &app.name, namespaces).await?;
                     }
-                }
-                Delivery::Direct => {
-                    let wanted: BTreeSet<(String, String)> = to
-                        .map(|t| t.by_cluster().into_iter().flat_map(|(cl, comps)| identities(&cl, &t.spec, &comps)).collect())
-                        .unwrap_or_default();
-                    for (cluster, comps) in from.by_cluster() {
-                        let mut objs = render::objects(&from.spec, &comps, &BTreeMap::new());
-                        objs.reverse();
-                        for obj in objs {
-                            if wanted.contains(&(cluster.clone(), identity(&obj))) {
-                                continue;
-                            }
-                            if obj["kind"] == "Namespace" {
-                                let name = obj["metadata"]["name"].as_str().unwrap_or_default();
-                                self.remove_namespace(&cluster, name, &app.name, namespaces).await?;
-                            } else {
-                                self.delete_owned(&cluster, &obj, &app.name).await?;
-                            }
-                        }
-                    }
+                    Removal::Cluster => self.delete_owned(&r.cluster, &r.object, &app.name).await?,
                 }
             }
         }
@@ -164,37 +145,21 @@ impl Inner {
     pub(super) async fn wait_removed(&self, from: Option<&AppState>, to: Option<&AppState>) -> Result<(), StepError> {
         let Some(from) = from else { return Ok(()) };
         let app = from.spec.name.as_str();
-        let keep = to.map(AppState::clusters).unwrap_or_default();
         let timeout = self.cfg.removal_timeout;
-        match from.spec.delivery {
-            Delivery::ManifestWork => {
-                let name = render::work_name(&from.spec);
-                for cluster in from.clusters().difference(&keep) {
-                    self.cfg
-                        .watches
-                        .wait_object::<ManifestWork, ()>(HUB, &self.hub(), Some(cluster), &name, timeout, |w| gone(w.map(|w| &w.metadata), app))
-                        .await
-                        .map_err(|e| StepError::transient(codes::NOT_REMOVED, e.to_string()))?;
+        for r in render::removed(from, to, &BTreeSet::new()) {
+            let ns = r.object["metadata"]["namespace"].as_str();
+            let name = r.object["metadata"]["name"].as_str().unwrap_or_default();
+            let waited = match r.at {
+                Removal::Hub => self.cfg.watches.wait_object::<ManifestWork, ()>(HUB, &self.hub(), ns, name, timeout, |w| gone(w.map(|w| &w.metadata), app)).await,
+                // The Deployments stand for the rest: a direct delivery's Services and
+                // Ingresses go at once; the pods are what takes time.
+                Removal::Cluster if r.object["kind"] == "Deployment" => {
+                    let client = self.cfg.clusters.client(&r.cluster).await.map_err(|e| kube_err(codes::CLUSTER_API, e))?;
+                    self.cfg.watches.wait_object::<Deployment, ()>(&r.cluster, &client, ns, name, timeout, |d| gone(d.map(|d| &d.metadata), app)).await
                 }
-            }
-            Delivery::Direct => {
-                let wanted: BTreeSet<(String, String)> =
-                    to.map(|t| t.by_cluster().into_iter().flat_map(|(cl, comps)| identities(&cl, &t.spec, &comps)).collect()).unwrap_or_default();
-                for (cluster, comps) in from.by_cluster() {
-                    let client = self.cfg.clusters.client(&cluster).await.map_err(|e| kube_err(codes::CLUSTER_API, e))?;
-                    for c in comps {
-                        let id = identity(&json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": c.name, "namespace": c.namespace(&from.spec)}}));
-                        if wanted.contains(&(cluster.clone(), id)) {
-                            continue;
-                        }
-                        self.cfg
-                            .watches
-                            .wait_object::<Deployment, ()>(&cluster, &client, Some(c.namespace(&from.spec)), &c.name, timeout, |d| gone(d.map(|d| &d.metadata), app))
-                            .await
-                            .map_err(|e| StepError::transient(codes::NOT_REMOVED, e.to_string()))?;
-                    }
-                }
-            }
+                Removal::Cluster => continue,
+            };
+            waited.map_err(|e| StepError::transient(codes::NOT_REMOVED, e.to_string()))?;
         }
         Ok(())
     }
@@ -211,15 +176,6 @@ fn gone(meta: Option<&ObjectMeta>, app: &str) -> Check<()> {
             None => "still exists".to_owned(),
         }),
     }
-}
-
-fn identity(obj: &Value) -> String {
-    let s = |p: &str| obj.pointer(p).and_then(Value::as_str).unwrap_or("").to_owned();
-    format!("{} {} {}/{}", s("/apiVersion"), s("/kind"), s("/metadata/namespace"), s("/metadata/name"))
-}
-
-fn identities(cluster: &str, app: &DeployApp, comps: &[&Component]) -> Vec<(String, String)> {
-    render::objects(app, comps, &BTreeMap::new()).iter().map(|o| (cluster.to_owned(), identity(o))).collect()
 }
 
 fn base64_encode(b: &[u8]) -> String {

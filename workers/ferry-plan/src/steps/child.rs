@@ -133,10 +133,16 @@ impl Child<'_> {
         }
     }
 
-    /// Cancels the child if it runs (found as [`Self::appeared`]), and waits for its end.
-    /// Its end state, if it has a snapshot.
-    pub async fn cancel(&self, id: TaskId, reason: String) -> Result<Option<TaskState>, StepError> {
-        let Some(snap) = self.appeared(id).await? else { return Ok(None) };
+    /// Cancels the child if it runs (found with `snap`, or as [`Self::appeared`]), and
+    /// waits for its end. Its end state, if it has a snapshot.
+    pub async fn cancel(&self, id: TaskId, snap: Option<TaskSnapshot>, reason: String) -> Result<Option<TaskState>, StepError> {
+        let snap = match snap {
+            Some(s) => s,
+            None => match self.appeared(id).await? {
+                Some(s) => s,
+                None => return Ok(None),
+            },
+        };
         if snap.state.is_terminal() {
             return Ok(Some(snap.state));
         }
@@ -290,7 +296,7 @@ impl Step<PlanSpec> for ChildStep {
             let child = self.child(cx.task_id);
             let id = child.id(cx.requested_by);
             let reason = format!("plan {} was cancelled in its step {}", cx.task_id, self.step.name);
-            if let Some(state) = child.cancel(id, reason).await? {
+            if let Some(state) = child.cancel(id, None, reason).await? {
                 cx.progress(100, format!("child {id} ({}) ended {}", self.kind, state.name()));
             }
             Ok(())

@@ -173,7 +173,7 @@ impl WaveStep {
         let child = self.child(cx.task_id, &cluster);
         let id = child.id(cx.requested_by);
         match self.cfg.children.snapshot(id).await.map_err(crate::steps::child::step_error)? {
-            Some(s) if !s.state.is_terminal() => child.cancel(id, reason).await.map(|_| ()),
+            Some(s) if !s.state.is_terminal() => child.cancel(id, Some(s), reason).await.map(|_| ()),
             _ => Ok(()),
         }
     }

@@ -5,7 +5,9 @@
 //! reports conditions, resource status and feedback, owns what it applied through the
 //! work's AppliedManifestWork and, when the work goes, deletes only that, as the delete
 //! option says), and the placement controller (Placement → PlacementDecision by cluster
-//! sets, label predicates and AddOnPlacementScore prioritizers).
+//! sets, label predicates, the clusters' taints against the Placement's tolerations
+//! ([`crate::ocm_taints`]: availability counts only through the taints the hub keeps) and
+//! AddOnPlacementScore prioritizers).
 //!
 //! Each part is a loop that re-reads its objects every [`TICK`] and writes only what
 //! changed: simple, restart-proof, and quick enough for tests. Knobs make a cluster never
@@ -974,15 +976,20 @@ async fn placement(hub: kube::Client) -> Result<(), kube::Error> {
         let wanted_sets: Vec<String> = spec.get("clusterSets").and_then(Value::as_array).into_iter().flatten().filter_map(|s| s.as_str().map(str::to_owned)).collect();
         let sets: BTreeSet<String> = if wanted_sets.is_empty() { bound.clone() } else { wanted_sets.into_iter().filter(|s| bound.contains(s)).collect() };
         let predicates: Vec<Value> = spec.get("predicates").and_then(Value::as_array).cloned().unwrap_or_default();
+        let tolerations: Vec<Value> = spec.get("tolerations").and_then(Value::as_array).cloned().unwrap_or_default();
         let mut feasible: Vec<String> = Vec::new();
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let decided_here: BTreeSet<&str> = decided.iter().filter(|d| d.namespace == ns && d.placement == name).flat_map(|d| d.clusters.iter().map(String::as_str)).collect();
         for mc in &clusters {
             let Some(cname) = mc.metadata.name.clone() else { continue };
             let labels = mc.metadata.labels.clone().unwrap_or_default();
             let in_set = labels.get(CLUSTERSET_LABEL).is_some_and(|s| sets.contains(s));
-            let available = mc.data.pointer("/status/conditions").and_then(Value::as_array).into_iter().flatten().any(|c| c["type"] == "ManagedClusterConditionAvailable" && c["status"] == "True");
+            // Availability counts through the taints the hub's taint controller keeps
+            // (crate::ocm_taints): a Placement may tolerate an unreachable cluster.
+            let tolerated = crate::ocm_taints::tolerated(&mc.data, &tolerations, decided_here.contains(cname.as_str()), now);
             let selected = predicates.is_empty()
                 || predicates.iter().any(|pr| pr.pointer("/requiredClusterSelector/labelSelector").is_none_or(|sel| matches_selector(&labels, sel)));
-            if in_set && available && selected {
+            if in_set && tolerated && selected {
                 feasible.push(cname);
             }
         }
@@ -994,7 +1001,11 @@ async fn placement(hub: kube::Client) -> Result<(), kube::Error> {
             q("capacity")?;
             q("allocatable")
         };
-        let candidates = match ocm_prioritizers::rank(&spec, &ns, &name, &feasible, &decided, |c, res, item| addon_score(&scs, c, res, item), allocatable) {
+        let ranked = match crate::ocm_taints::misconfigured(&tolerations) {
+            Some(why) => Err(why),
+            None => ocm_prioritizers::rank(&spec, &ns, &name, &feasible, &decided, |c, res, item| addon_score(&scs, c, res, item), allocatable).map_err(|e| e.to_string()),
+        };
+        let candidates = match ranked {
             Ok(c) => c,
             Err(e) => {
                 let mut conds = json!([condition("PlacementMisconfigured", true, "Misconfigured", &format!(":{e}"), p.metadata.generation.unwrap_or(0))]);

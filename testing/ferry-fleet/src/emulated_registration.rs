@@ -10,7 +10,9 @@
 //!   deleted one its RBAC, then the finalizer. And its lease controller
 //!   (`hub/lease/controller.go`): creates `managed-cluster-lease` for an accepted cluster
 //!   and, when the agent stops renewing it for 5 lease durations, sets Available `Unknown`.
-//!   The hub never sets Joined or Available `True`.
+//!   The hub never sets Joined or Available `True`. And its taint controller
+//!   (`hub/taint/controller.go`, [`crate::ocm_taints`]): `unreachable` while Available is
+//!   missing or Unknown, `unavailable` while it is False, both `NoSelect`.
 //! - [`Klusterlet`]: the registration agent on a managed cluster. Given a `Klusterlet` and
 //!   the `bootstrap-hub-kubeconfig` Secret (what `clusteradm join` leaves), it creates the
 //!   ManagedCluster with the bootstrap identity (`spoke/registration/creating_controller.go`),
@@ -228,12 +230,28 @@ pub async fn hub_tick(hub: &kube::Client) -> Result<(), kube::Error> {
     let api: Api<DynamicObject> = Api::all_with(hub.clone(), &managed_clusters());
     let mut first = Ok(());
     for mc in api.list(&Default::default()).await?.items {
-        let r = reconcile(hub, &api, mc).await;
+        let r = match taint(&api, &mc).await {
+            Ok(()) => reconcile(hub, &api, mc).await,
+            Err(e) => Err(e),
+        };
         if first.is_ok() {
             first = r;
         }
     }
     first
+}
+
+/// The hub's taint controller (`hub/taint/controller.go`): the availability taints of
+/// one ManagedCluster, any cluster but one being deleted ([`crate::ocm_taints::wanted`]),
+/// written as upstream's patcher does (a merge patch of the spec, at the version read).
+async fn taint(api: &Api<DynamicObject>, mc: &DynamicObject) -> Result<(), kube::Error> {
+    let Some(name) = mc.metadata.name.as_deref() else { return Ok(()) };
+    if mc.metadata.deletion_timestamp.is_some() {
+        return Ok(());
+    }
+    let Some(taints) = crate::ocm_taints::wanted(&mc.data, &crate::emulate::now()) else { return Ok(()) };
+    let patch = json!({"metadata": {"resourceVersion": mc.metadata.resource_version}, "spec": {"taints": taints}});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(patch)).await.map(|_| ())
 }
 
 /// The controllers' pass over one ManagedCluster.

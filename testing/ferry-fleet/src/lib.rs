@@ -38,6 +38,7 @@ pub mod kinds;
 pub mod kubelet;
 pub mod measure;
 pub mod ocm_prioritizers;
+pub mod ocm_taints;
 pub mod process;
 pub mod webhooks_capi;
 pub mod webhooks_cel;

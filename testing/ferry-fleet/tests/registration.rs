@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use ferry_fleet::emulated_ocm::EmulatedOcm;
 use ferry_fleet::emulated_registration::{self, LEASE};
-use ferry_fleet::{Fleet, FleetOptions};
+use ferry_fleet::{Fleet, FleetOptions, ocm_taints};
 use ferry_kube::kinds::ManagedCluster;
 use ferry_kube::ocm_join::{self, AGENT_NAMESPACE, BOOTSTRAP_USER, CLUSTER_NAME_LABEL, HUB_SECRET, KLUSTERLET};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
@@ -30,6 +30,72 @@ fn cond(m: Option<&ManagedCluster>, type_: &str) -> Option<String> {
 
 async fn until<F: Fn(Option<&ManagedCluster>) -> bool>(api: &Api<ManagedCluster>, name: &str, what: &str, f: F) -> Option<ManagedCluster> {
     tokio::time::timeout(WAIT, await_condition(api.clone(), name, f)).await.unwrap_or_else(|_| panic!("{name}: {what} within {WAIT:?}")).unwrap()
+}
+
+/// Both clusters in set `s` bound to namespace `p`: a Placement without tolerations gets
+/// the Available one only; one tolerating `unreachable` gets the other too; a toleration
+/// without a key and without `Exists` is Misconfigured.
+async fn placements_follow_the_taints(hub: &kube::Client, mcs: &Api<ManagedCluster>) {
+    use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+    let ar = |g: &str, v: &str, k: &str| ApiResource::from_gvk(&GroupVersionKind::gvk(g, v, k));
+    let apply = |ar: ApiResource, ns: Option<&str>, obj: serde_json::Value| {
+        let api: Api<DynamicObject> = match ns {
+            Some(ns) => Api::namespaced_with(hub.clone(), ns, &ar),
+            None => Api::all_with(hub.clone(), &ar),
+        };
+        async move {
+            let name = obj["metadata"]["name"].as_str().unwrap().to_owned();
+            api.patch(&name, &PatchParams::apply("test"), &Patch::Apply(&obj)).await.unwrap();
+        }
+    };
+    for c in ["member-1", "no-agent"] {
+        mcs.patch(c, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {ferry_fleet::emulated_ocm::CLUSTERSET_LABEL: "s"}}}))).await.unwrap();
+    }
+    apply(ar("", "v1", "Namespace"), None, json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "p"}})).await;
+    let set = ar("cluster.open-cluster-management.io", "v1beta2", "ManagedClusterSetBinding");
+    apply(set, Some("p"), json!({"apiVersion": "cluster.open-cluster-management.io/v1beta2", "kind": "ManagedClusterSetBinding", "metadata": {"name": "s", "namespace": "p"}, "spec": {"clusterSet": "s"}})).await;
+    let pl = ar("cluster.open-cluster-management.io", "v1beta1", "Placement");
+    let placement = |name: &str, tolerations: serde_json::Value| {
+        json!({"apiVersion": "cluster.open-cluster-management.io/v1beta1", "kind": "Placement", "metadata": {"name": name, "namespace": "p"}, "spec": {"tolerations": tolerations}})
+    };
+    apply(pl.clone(), Some("p"), placement("strict", json!([]))).await;
+    apply(pl.clone(), Some("p"), placement("tolerant", json!([{"key": ocm_taints::UNREACHABLE, "operator": "Exists"}]))).await;
+    // (An empty key string is refused by the schema; a missing one gets to the filter.)
+    apply(pl.clone(), Some("p"), placement("wrong", json!([{"operator": "Equal", "value": "x"}]))).await;
+    let decisions: Api<DynamicObject> = Api::namespaced_with(hub.clone(), "p", &ar("cluster.open-cluster-management.io", "v1beta1", "PlacementDecision"));
+    // Each Placement's decision, watched until it names `want` (in the emulator's order).
+    let chosen = |name: &'static str, want: &'static [&'static str]| {
+        let decisions = decisions.clone();
+        async move {
+            let config = watcher::Config::default().labels(&format!("{}={name}", ferry_fleet::emulated_ocm::PLACEMENT_LABEL));
+            let mut seen = watcher(decisions, config).applied_objects().boxed();
+            let names = |d: &DynamicObject| -> Vec<String> {
+                d.data["status"]["decisions"].as_array().into_iter().flatten().filter_map(|d| d["clusterName"].as_str().map(str::to_owned)).collect()
+            };
+            let found = tokio::time::timeout(WAIT, async {
+                while let Some(d) = seen.next().await {
+                    if names(&d.unwrap()) == want {
+                        return true;
+                    }
+                }
+                false
+            });
+            assert!(found.await.unwrap_or(false), "placement {name} decides {want:?} within {WAIT:?}");
+        }
+    };
+    chosen("strict", &["member-1"]).await;
+    chosen("tolerant", &["member-1", "no-agent"]).await;
+    let placements: Api<DynamicObject> = Api::namespaced_with(hub.clone(), "p", &pl);
+    let misconfigured = |p: Option<&DynamicObject>| {
+        p.and_then(|p| p.data["status"]["conditions"].as_array().cloned()).unwrap_or_default().iter().any(|c| c["type"] == "PlacementMisconfigured" && c["status"] == "True")
+    };
+    tokio::time::timeout(WAIT, await_condition(placements, "wrong", misconfigured)).await.expect("the wrong toleration is Misconfigured").unwrap();
+}
+
+/// The keys of the cluster's NoSelect taints.
+fn no_select(m: Option<&ManagedCluster>) -> Vec<String> {
+    let taints = m.and_then(|m| m.spec["taints"].as_array().cloned()).unwrap_or_default();
+    taints.iter().filter(|t| t["effect"] == "NoSelect").filter_map(|t| t["key"].as_str().map(str::to_owned)).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -54,6 +120,8 @@ async fn registration_goes_only_through_a_klusterlet() {
     let m = mcs.get("no-agent").await.unwrap();
     assert_eq!(m.condition("ManagedClusterJoined"), None, "only an agent says a cluster joined");
     assert_eq!(m.condition("ManagedClusterConditionAvailable"), None, "only an agent says a cluster is available");
+    // The hub's taint controller keeps Placements off it (ocm_taints).
+    until(&mcs, "no-agent", "tainted unreachable", |m| no_select(m) == [ocm_taints::UNREACHABLE]).await;
 
     // clusteradm join: the agent makes its ManagedCluster (not accepted) and a CSR as the
     // bootstrap identity.
@@ -83,6 +151,8 @@ async fn registration_goes_only_through_a_klusterlet() {
     assert!(ocm_join::approve_csrs(&hub, "member-1").await.unwrap(), "the agent's CSR is approved");
     ocm_join::accept(&hub, "member-1", &json!({})).await.unwrap();
     until(&mcs, "member-1", "Available", |m| cond(m, "ManagedClusterConditionAvailable").as_deref() == Some("True")).await;
+    until(&mcs, "member-1", "untainted once Available", |m| no_select(m).is_empty()).await;
+    placements_follow_the_taints(&hub, &mcs).await;
     assert_eq!(mcs.get("member-1").await.unwrap().condition("ManagedClusterJoined"), Some("True"));
     // The agent reports what its nodes offer (two of 4 CPUs and 8 GiB), for placement's
     // ResourceAllocatable prioritizers.
@@ -111,6 +181,7 @@ async fn registration_goes_only_through_a_klusterlet() {
     let m = until(&mcs, "member-1", "Unknown once the lease is stale", |m| cond(m, "ManagedClusterConditionAvailable").as_deref() == Some("Unknown")).await.unwrap();
     let c = m.status["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "ManagedClusterConditionAvailable").unwrap().clone();
     assert_eq!(c["reason"], "ManagedClusterLeaseUpdateStopped");
+    until(&mcs, "member-1", "tainted unreachable again", |m| no_select(m) == [ocm_taints::UNREACHABLE]).await;
     assert_eq!(KLUSTERLET, klusterlet["metadata"]["name"]);
 
     // Denied: the hub withdraws its acceptance.

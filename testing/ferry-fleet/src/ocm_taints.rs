@@ -1,0 +1,140 @@
+//! OCM's cluster taints, both ends, as upstream has them (open-cluster-management-io/ocm):
+//! the registration hub's taint controller (`pkg/registration/hub/taint/controller.go`)
+//! keeps `cluster.open-cluster-management.io/unreachable` (Available missing or Unknown) or
+//! `.../unavailable` (Available False) on a ManagedCluster, both `NoSelect`, and removes
+//! them once it is Available; the placement scheduler's TaintToleration filter
+//! (`pkg/placement/plugins/tainttoleration/taint_toleration.go`) keeps a cluster only when
+//! the Placement tolerates each of its taints: `PreferNoSelect` never filters,
+//! `NoSelectIfNew` spares a cluster the Placement already decided, a toleration matches by
+//! effect (empty: any), key (empty: any, with `Exists`) and value (`Equal`, the default),
+//! for `tolerationSeconds` after the taint's `timeAdded`. Pure: the emulator applies it.
+
+use serde_json::{Value, json};
+
+/// The taint of a cluster whose Available condition is missing or Unknown.
+pub const UNREACHABLE: &str = "cluster.open-cluster-management.io/unreachable";
+/// The taint of a cluster whose Available condition is False.
+pub const UNAVAILABLE: &str = "cluster.open-cluster-management.io/unavailable";
+
+/// The taints the hub's taint controller leaves on a ManagedCluster (`mc`, as JSON), or
+/// `None` when they are right already. A taint it adds carries `now` as `timeAdded` (what
+/// the hub's mutating webhook sets on a new taint); the others are kept as they are.
+pub fn wanted(mc: &Value, now: &str) -> Option<Vec<Value>> {
+    let available = mc
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "ManagedClusterConditionAvailable")
+        .and_then(|c| c["status"].as_str());
+    let (add, remove): (Option<&str>, &[&str]) = match available {
+        None | Some("Unknown") => (Some(UNREACHABLE), &[UNAVAILABLE]),
+        Some("False") => (Some(UNAVAILABLE), &[UNREACHABLE]),
+        _ => (None, &[UNAVAILABLE, UNREACHABLE]),
+    };
+    let current: Vec<Value> = mc.pointer("/spec/taints").and_then(Value::as_array).cloned().unwrap_or_default();
+    // helpers.FindTaint: the same key and effect.
+    let is = |t: &Value, key: &str| t["key"] == key && t["effect"] == "NoSelect";
+    let mut next: Vec<Value> = current.iter().filter(|t| !remove.iter().any(|k| is(t, k))).cloned().collect();
+    if let Some(key) = add
+        && !next.iter().any(|t| is(t, key))
+    {
+        next.push(json!({"key": key, "effect": "NoSelect", "timeAdded": now}));
+    }
+    (next != current).then_some(next)
+}
+
+/// Why a Placement's tolerations are misconfigured (the filter's `Misconfigured`): an
+/// empty key needs `Exists`, and `Exists` takes no value.
+pub fn misconfigured(tolerations: &[Value]) -> Option<String> {
+    tolerations.iter().find_map(|t| {
+        let key = t["key"].as_str().unwrap_or("");
+        let exists = t["operator"] == "Exists";
+        if key.is_empty() && !exists {
+            Some(format!("toleration {t}: an empty key needs the operator Exists"))
+        } else if exists && t["value"].as_str().is_some_and(|v| !v.is_empty()) {
+            Some(format!("toleration {t}: the operator Exists takes no value"))
+        } else {
+            None
+        }
+    })
+}
+
+/// Whether a Placement with `tolerations` may select the cluster `mc` (`decided`: the
+/// Placement chose it already) at `now`.
+pub fn tolerated(mc: &Value, tolerations: &[Value], decided: bool, now: k8s_openapi::jiff::Timestamp) -> bool {
+    let taints = mc.pointer("/spec/taints").and_then(Value::as_array).cloned().unwrap_or_default();
+    taints.iter().all(|taint| match taint["effect"].as_str() {
+        Some("PreferNoSelect") => true,
+        Some("NoSelectIfNew") if decided => true,
+        _ => tolerations.iter().any(|t| tolerates(t, taint, now)),
+    })
+}
+
+fn tolerates(t: &Value, taint: &Value, now: k8s_openapi::jiff::Timestamp) -> bool {
+    let s = |v: &Value, k: &str| v[k].as_str().unwrap_or("").to_owned();
+    if !s(t, "effect").is_empty() && s(t, "effect") != s(taint, "effect") {
+        return false;
+    }
+    if !s(t, "key").is_empty() && s(t, "key") != s(taint, "key") {
+        return false;
+    }
+    let matched = match t["operator"].as_str() {
+        None | Some("" | "Equal") => s(t, "value") == s(taint, "value"),
+        Some("Exists") => true,
+        Some(_) => false,
+    };
+    // isTolerationTimeExpired: tolerated while timeAdded + tolerationSeconds is ahead.
+    matched
+        && t["tolerationSeconds"].as_i64().is_none_or(|secs| {
+            let added = taint["timeAdded"].as_str().and_then(|a| a.parse::<k8s_openapi::jiff::Timestamp>().ok());
+            // No timeAdded is the zero time: long expired.
+            added.is_some_and(|a| a.as_second() + secs > now.as_second())
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mc(available: Option<&str>, taints: Value) -> Value {
+        let conds = available.map(|s| json!([{"type": "ManagedClusterConditionAvailable", "status": s}])).unwrap_or(json!([]));
+        json!({"spec": {"taints": taints}, "status": {"conditions": conds}})
+    }
+
+    #[test]
+    fn the_controller_taints_by_availability_and_keeps_other_taints() {
+        let other = json!({"key": "example.com/draining", "effect": "NoSelectIfNew"});
+        let t = wanted(&mc(None, json!([other])), "T").unwrap();
+        assert_eq!(t, [other.clone(), json!({"key": UNREACHABLE, "effect": "NoSelect", "timeAdded": "T"})]);
+        // Unknown → False swaps the taint; True removes it; right already: nothing to write.
+        let t = wanted(&mc(Some("False"), Value::Array(t)), "T2").unwrap();
+        assert_eq!(t, [other.clone(), json!({"key": UNAVAILABLE, "effect": "NoSelect", "timeAdded": "T2"})]);
+        assert_eq!(wanted(&mc(Some("False"), Value::Array(t.clone())), "T3"), None);
+        assert_eq!(wanted(&mc(Some("True"), Value::Array(t)), "T4").unwrap(), [other]);
+        assert_eq!(wanted(&mc(Some("True"), json!([])), "T5"), None);
+    }
+
+    #[test]
+    fn placements_select_only_clusters_whose_taints_they_tolerate() {
+        let now: k8s_openapi::jiff::Timestamp = "2026-01-01T00:10:00Z".parse().unwrap();
+        let unreachable = mc(None, json!([{"key": UNREACHABLE, "effect": "NoSelect", "timeAdded": "2026-01-01T00:00:00Z"}]));
+        assert!(!tolerated(&unreachable, &[], false, now));
+        assert!(!tolerated(&unreachable, &[], true, now), "NoSelect filters decided clusters too");
+        assert!(tolerated(&unreachable, &[json!({"key": UNREACHABLE, "operator": "Exists"})], false, now));
+        assert!(tolerated(&unreachable, &[json!({"operator": "Exists"})], false, now), "an empty key with Exists tolerates every taint");
+        assert!(!tolerated(&unreachable, &[json!({"key": UNREACHABLE, "operator": "Exists", "effect": "PreferNoSelect"})], false, now));
+        // Tolerated for tolerationSeconds after timeAdded: 900 s covers 10 minutes, 300 does not.
+        assert!(tolerated(&unreachable, &[json!({"key": UNREACHABLE, "operator": "Exists", "tolerationSeconds": 900})], false, now));
+        assert!(!tolerated(&unreachable, &[json!({"key": UNREACHABLE, "operator": "Exists", "tolerationSeconds": 300})], false, now));
+        let gold = mc(Some("True"), json!([{"key": "tier", "value": "gold", "effect": "NoSelect"}]));
+        assert!(tolerated(&gold, &[json!({"key": "tier", "value": "gold"})], false, now), "Equal is the default operator");
+        assert!(!tolerated(&gold, &[json!({"key": "tier", "value": "silver"})], false, now));
+        let new_only = mc(Some("True"), json!([{"key": "draining", "effect": "NoSelectIfNew"}, {"key": "slow", "effect": "PreferNoSelect"}]));
+        assert!(!tolerated(&new_only, &[], false, now));
+        assert!(tolerated(&new_only, &[], true, now));
+        assert_eq!(misconfigured(&[json!({"key": "", "operator": "Equal"})]).map(|m| m.contains("needs the operator Exists")), Some(true));
+        assert_eq!(misconfigured(&[json!({"key": "k", "operator": "Exists", "value": "v"})]).map(|m| m.contains("takes no value")), Some(true));
+        assert_eq!(misconfigured(&[json!({"key": "k", "operator": "Exists"})]), None);
+    }
+}

@@ -7,6 +7,12 @@ pub mod ocm {
     /// The label that makes a ManagedCluster a member of a ManagedClusterSet
     /// (`cluster/v1beta2/types_managedclusterset.go`, `ClusterSetLabel`).
     pub const CLUSTERSET_LABEL: &str = "cluster.open-cluster-management.io/clusterset";
+    /// The taints the registration hub keeps on a cluster whose Available condition is
+    /// missing or Unknown, and False (`cluster/v1/types.go`,
+    /// `ManagedClusterTaintUnreachable`, `ManagedClusterTaintUnavailable`;
+    /// `pkg/registration/hub/taint/controller.go`): no Placement without a toleration
+    /// selects it while one is there.
+    pub const AVAILABILITY_TAINTS: [&str; 2] = ["cluster.open-cluster-management.io/unreachable", "cluster.open-cluster-management.io/unavailable"];
 }
 
 /// Liqo v1 (liqotech/liqo).

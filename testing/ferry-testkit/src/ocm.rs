@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use ferry_fleet::Fleet;
+use ferry_fleet::{Fleet, ocm_taints};
 use ferry_kube::ocm_join;
 use kube::api::Api;
 use kube::runtime::wait::await_condition;
@@ -48,10 +48,17 @@ pub async fn join(fleet: &Fleet, clusters: &[&str], set: &str) -> anyhow::Result
         .with_context(|| format!("the klusterlet of {c} made no ManagedCluster and CSR within {JOIN_LIMIT:?}"))??;
     }
     for c in clusters {
-        let available = |m: Option<&ferry_kube::kinds::ManagedCluster>| m.is_some_and(|m| m.condition("ManagedClusterConditionAvailable") == Some("True"));
-        tokio::time::timeout(JOIN_LIMIT, await_condition(mcs.clone(), c, available))
+        // Available, and the hub's taint controller has taken its availability taint off:
+        // until then no Placement (and no plan wave) selects it.
+        let placeable = |m: Option<&ferry_kube::kinds::ManagedCluster>| {
+            m.is_some_and(|m| {
+                let tainted = m.spec["taints"].as_array().into_iter().flatten().any(|t| t["key"] == ocm_taints::UNREACHABLE || t["key"] == ocm_taints::UNAVAILABLE);
+                m.condition("ManagedClusterConditionAvailable") == Some("True") && !tainted
+            })
+        };
+        tokio::time::timeout(JOIN_LIMIT, await_condition(mcs.clone(), c, placeable))
             .await
-            .with_context(|| format!("{c} was not Available within {JOIN_LIMIT:?} of its acceptance"))??;
+            .with_context(|| format!("{c} was not Available and untainted within {JOIN_LIMIT:?} of its acceptance"))??;
     }
     Ok(())
 }

@@ -178,7 +178,7 @@ impl Step<ClusterCommand> for RegisterStep {
             join(&self.0, cmd).await?;
             cx.progress(20, format!("klusterlet of {} given a bootstrap kubeconfig; waiting for its CSR", cmd.name));
             accept(&self.0, cmd, deadline).await?;
-            cx.progress(50, format!("CSR approved and ManagedCluster {} accepted; waiting for its agent to report it Available", cmd.name));
+            cx.progress(50, format!("CSR approved and ManagedCluster {} accepted; waiting for its agent to report it Available (and the hub to untaint it)", cmd.name));
             let mut seen = false;
             self.0
                 .cfg
@@ -188,7 +188,15 @@ impl Step<ClusterCommand> for RegisterStep {
                     match m {
                         None if seen => Check::Failed("the ManagedCluster was deleted".into()),
                         None => Check::Pending("the watch has not seen the ManagedCluster yet".into()),
-                        Some(m) if m.condition("ManagedClusterConditionAvailable") == Some("True") => Check::Done(()),
+                        // Available, and the hub has taken its availability taint off:
+                        // until then no Placement selects the new cluster.
+                        Some(m) if m.condition("ManagedClusterConditionAvailable") == Some("True") => {
+                            let taints = m.spec["taints"].as_array().cloned().unwrap_or_default();
+                            match taints.iter().find_map(|t| t["key"].as_str().filter(|k| ferry_kube::vocab::ocm::AVAILABILITY_TAINTS.contains(k))) {
+                                Some(k) => Check::Pending(format!("Available; the hub has not taken its taint {k} off yet")),
+                                None => Check::Done(()),
+                            }
+                        }
                         Some(m) => Check::Pending(
                             ferry_kube::kinds::condition_message(&m.status, "ManagedClusterConditionAvailable").unwrap_or_else(|| "not joined yet".into()),
                         ),

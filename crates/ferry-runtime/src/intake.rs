@@ -104,8 +104,7 @@ pub(crate) struct IntakeContext {
     sched: mpsc::Sender<SchedMsg>,
     ready: Arc<AtomicBool>,
     fences: Arc<Fences>,
-    /// The worker's publishers (runners', scheduler's): purged together.
-    publishers: Vec<Arc<crate::publisher::Publisher>>,
+    publisher: Arc<crate::publisher::Publisher>,
     /// How long a revoke waits for the scheduler to hand its tasks over.
     revoke_limit: Duration,
     /// Set while a batch's writes are slow and the assignment is paused: partitions
@@ -159,7 +158,7 @@ impl ConsumerContext for IntakeContext {
                 self.fences.close(&parts);
                 // A lost assignment is the whole assignment: every record still in the
                 // producer belongs to a task another worker may be running already.
-                self.publishers.iter().for_each(|p| p.purge_unacknowledged());
+                self.publisher.purge_unacknowledged();
             }
             let (reply, rx) = std::sync::mpsc::channel();
             if self.sched.blocking_send(SchedMsg::Revoked { partitions: parts.clone(), lost, reply }).is_ok()
@@ -172,7 +171,7 @@ impl ConsumerContext for IntakeContext {
                 // producer cannot drop only those (the others are written again, identical).
                 tracing::error!(partitions = ?parts, limit_ms = self.revoke_limit.as_millis() as u64, "tasks not handed over in time; fencing them and dropping unacknowledged writes");
                 self.fences.close(&parts);
-                self.publishers.iter().for_each(|p| p.purge_unacknowledged());
+                self.publisher.purge_unacknowledged();
             }
             // Offsets stored so far stand for durable work: commit them before letting go.
             match consumer.commit_consumer_state(CommitMode::Sync) {
@@ -229,13 +228,13 @@ impl<H: TaskHandler> Intake<H> {
         stop: Arc<AtomicBool>,
         ready: Arc<AtomicBool>,
         fences: Arc<Fences>,
-        publishers: Vec<Arc<crate::publisher::Publisher>>,
+        publisher: Arc<crate::publisher::Publisher>,
         revoke_grace: Duration,
     ) -> Result<Self, IntakeError> {
         let err = |source| IntakeError::Consumer { topic: topic.to_owned(), source: Box::new(source) };
         // The scheduler's own bound on a revoke (grace, then 5 s), and a second to reply.
         let revoke_limit = revoke_grace + Duration::from_secs(6);
-        let ctx = IntakeContext { sched: sched.clone(), ready, fences, publishers, revoke_limit, holding: AtomicBool::new(false), paused: Default::default() };
+        let ctx = IntakeContext { sched: sched.clone(), ready, fences, publisher, revoke_limit, holding: AtomicBool::new(false), paused: Default::default() };
         let consumer: BaseConsumer<IntakeContext> = kafka.group_consumer(group).create_with_context(ctx).map_err(err)?;
         consumer.subscribe(&[topic]).map_err(err)?;
         let kind = handler.kind();

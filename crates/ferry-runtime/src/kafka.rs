@@ -110,25 +110,13 @@ impl KafkaConfig {
 
     /// A producer for durable records: idempotent, acks=all, ordered per partition.
     pub fn producer(&self) -> ClientConfig {
-        // 2 ms: 0 costs about 40 % of `ferry bench runtime`'s tasks/s (smaller requests,
-        // more of them; docs/BENCHMARKS.md, sessions 16 and 23).
-        self.durable_producer(2)
-    }
-
-    /// [`Self::producer`] that sends at once (`linger.ms=0`): for the scheduler's writes,
-    /// which a user waits on (Accepted, refusals, controls of idle tasks). They come in
-    /// batches of commands handed over together, and librdkafka still batches what queues
-    /// while a request is in flight. Measured: Accepted p99 ÷ raw p99 at 100 tasks/s
-    /// 2.29 → 1.6 with every producer at 0 (docs/BENCHMARKS.md, session 23).
-    pub fn prompt_producer(&self) -> ClientConfig {
-        self.durable_producer(0)
-    }
-
-    fn durable_producer(&self, linger_ms: u32) -> ClientConfig {
         let mut c = self.client();
         c.set("enable.idempotence", "true")
             .set("acks", "all")
-            .set("linger.ms", linger_ms.to_string())
+            // 2 ms: 0 costs about 40 % of `ferry bench runtime`'s tasks/s (smaller
+            // requests, more of them), though at 100 tasks/s it cuts Accepted p99 from 2.3
+            // to 1.6 raw round trips (docs/BENCHMARKS.md, sessions 16 and 23).
+            .set("linger.ms", "2")
             .set("message.timeout.ms", "300000")
             // Explicit: the limits in ferry_task::limits are derived from it.
             .set("message.max.bytes", crate::limits::RECORD_BYTES.to_string());

@@ -443,22 +443,6 @@ impl Publisher {
         Self { producer, topics, registry, worker, view, metrics }
     }
 
-    /// A publisher like this one (topics, registry, worker, view, metrics) writing
-    /// through another producer: the scheduler's ([`crate::kafka::KafkaConfig::prompt_producer`]).
-    /// Two producers keep no order between them: a task's writes move from one to the
-    /// other only once acknowledged (a runner starts after its Accepted is durable, and
-    /// hands its task back after [`Self::finish`]).
-    pub(crate) fn with_producer(&self, producer: FutureProducer) -> Self {
-        Self {
-            producer,
-            topics: self.topics.clone(),
-            registry: self.registry.clone(),
-            worker: self.worker.clone(),
-            view: self.view.clone(),
-            metrics: self.metrics.clone(),
-        }
-    }
-
     /// This worker's instance name.
     pub fn worker(&self) -> &str {
         &self.worker

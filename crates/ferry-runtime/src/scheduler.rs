@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::fences::Fences;
 use crate::ids::TaskId;
 use crate::protocol::{Bytes, CommandAction, CommandEnvelope, EventType, ProgressEvent, Signal, TaskSnapshot, TaskState, now_ms};
-use crate::publisher::{DeadLetter, Detail, Pending, PublishError, Publisher};
+use crate::publisher::{DeadLetter, Detail, Pending, PublishError};
 use crate::runner::{Control, ControlReply, Done, Env, Runner, Unwritten};
 use crate::state_view::StateView;
 use crate::step::TaskHandler;
@@ -112,10 +112,6 @@ struct Slot {
 
 pub(crate) struct Scheduler<H: TaskHandler> {
     env: Arc<Env<H>>,
-    /// The scheduler's own writes, through the prompt producer (`linger.ms=0`): users wait
-    /// on them. Runners write through `env.publisher`; see [`Publisher::with_producer`]
-    /// for why a task's writes never race between the two.
-    publisher: Arc<Publisher>,
     view: Arc<StateView>,
     revoke_grace: Duration,
     owned: HashSet<i32>,
@@ -146,21 +142,13 @@ pub(crate) struct Scheduler<H: TaskHandler> {
 }
 
 impl<H: TaskHandler> Scheduler<H> {
-    pub(crate) fn new(
-        env: Arc<Env<H>>,
-        publisher: Arc<Publisher>,
-        view: Arc<StateView>,
-        revoke_grace: Duration,
-        overtaken_pause: Duration,
-        fences: Arc<Fences>,
-    ) -> Self {
+    pub(crate) fn new(env: Arc<Env<H>>, view: Arc<StateView>, revoke_grace: Duration, overtaken_pause: Duration, fences: Arc<Fences>) -> Self {
         let queued = env.metrics.queued(env.handler.kind());
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let (wake_tx, wake_rx) = mpsc::unbounded_channel();
         let (overtaken_tx, overtaken_rx) = mpsc::unbounded_channel();
         Self {
             env,
-            publisher,
             view,
             revoke_grace,
             owned: HashSet::new(),
@@ -262,7 +250,7 @@ impl<H: TaskHandler> Scheduler<H> {
         let failures = paused.failures;
         let delay = RETRY_UNWRITTEN_FIRST.saturating_mul(1 << (failures - 1).min(5)).min(RETRY_UNWRITTEN_MAX);
         tracing::warn!(task = %id, failures, delay_ms = delay.as_millis() as u64, "writing the task's state again after a backoff");
-        let (publisher, snap, wake) = (self.publisher.clone(), slot.snap.clone(), self.wake_tx.clone());
+        let (publisher, snap, wake) = (self.env.publisher.clone(), slot.snap.clone(), self.wake_tx.clone());
         let fence = self.fences.child(slot.snap.origin_partition);
         let superseded = paused.superseded.clone();
         let gate = superseded.clone();
@@ -276,8 +264,7 @@ impl<H: TaskHandler> Scheduler<H> {
             let made = async {
                 // Handed to the producer under the gate's lock: a control that made this
                 // write itself, then its own, closed the gate first, or waits until this
-                // write is queued ahead of its own (the scheduler's producer, one partition:
-                // in order).
+                // write is queued ahead of its own (one producer, one partition: in order).
                 let pending = {
                     let gate = gate.lock().expect("gate lock");
                     if *gate {
@@ -402,7 +389,7 @@ impl<H: TaskHandler> Scheduler<H> {
             self.runs += 1;
             slot.run = self.runs;
             let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            self.view.guard(id, self.runs, self.publisher.worker(), slot.snap.seq, fence.clone(), flag.clone());
+            self.view.guard(id, self.runs, self.env.publisher.worker(), slot.snap.seq, fence.clone(), flag.clone());
             let runner = Runner::new(self.env.clone(), id, slot.snap.clone(), rx, self.done_tx.clone(), (fence, flag), self.runs);
             tokio::spawn(self.env.metrics.in_flight(&slot.snap).during(runner.run()));
             self.running.insert(subject.to_owned(), id);
@@ -436,10 +423,10 @@ impl<H: TaskHandler> Scheduler<H> {
                 continue;
             }
             match item.what {
-                What::DeadLetter(dl) => pending.extend(self.publisher.enqueue_dead_letter(&dl)?),
+                What::DeadLetter(dl) => pending.extend(self.env.publisher.enqueue_dead_letter(&dl)?),
                 What::Reject { env, reason, dead } => {
                     if let Some(dl) = dead {
-                        pending.extend(self.publisher.enqueue_dead_letter(&dl)?);
+                        pending.extend(self.env.publisher.enqueue_dead_letter(&dl)?);
                     }
                     pending.extend(self.reject(&env, item.partition, item.offset, item.trace_parent, reason)?);
                 }
@@ -508,7 +495,7 @@ impl<H: TaskHandler> Scheduler<H> {
             updated_at_ms: now_ms(),
             deadline_ms: env.deadline_ms,
             keep_partial: env.keep_partial,
-            worker: self.publisher.worker().to_owned(),
+            worker: self.env.publisher.worker().to_owned(),
             trace_parent: trace,
             spec: env.spec.clone(),
             journal: Vec::new(),
@@ -552,13 +539,13 @@ impl<H: TaskHandler> Scheduler<H> {
         if running {
             return Ok(crate::publisher::Publisher::nothing());
         }
-        self.publisher.enqueue_snapshot(snap)
+        self.env.publisher.enqueue_snapshot(snap)
     }
 
     fn event_only(&self, env: &CommandEnvelope, event: EventType, trace: Option<String>, message: String) -> Result<Pending, PublishError> {
         let d = Detail { code: Some("REJECTED".into()), ..Detail::default() }.message(message);
-        let ev = d.into_event((&env.task_id, env.kind, &env.subject), 0, event, self.publisher.worker(), now_ms(), trace);
-        self.publisher.enqueue_event(&ev, &env.requested_by)
+        let ev = d.into_event((&env.task_id, env.kind, &env.subject), 0, event, self.env.publisher.worker(), now_ms(), trace);
+        self.env.publisher.enqueue_event(&ev, &env.requested_by)
     }
 
     fn start(&mut self, env: CommandEnvelope, id: TaskId, partition: i32, offset: i64, trace: Option<String>) -> Result<Pending, PublishError> {
@@ -571,8 +558,8 @@ impl<H: TaskHandler> Scheduler<H> {
                     // make the Accepted write again, whole and identical (the event as well).
                     // A second command with the same id (another record) is a duplicate and
                     // only republishes the state: it must not add a second Accepted.
-                    let ev = Detail::default().into_event((&snap.task_id, snap.kind, &snap.subject), 1, EventType::Accepted, self.publisher.worker(), snap.updated_at_ms, snap.trace_parent.clone());
-                    return self.publisher.enqueue_write(&snap, &ev);
+                    let ev = Detail::default().into_event((&snap.task_id, snap.kind, &snap.subject), 1, EventType::Accepted, self.env.publisher.worker(), snap.updated_at_ms, snap.trace_parent.clone());
+                    return self.env.publisher.enqueue_write(&snap, &ev);
                 }
                 // A redelivered or resubmitted command: publish the task's state again.
                 tracing::info!(task = %id, state = ?snap.state, "duplicate command; state republished");
@@ -589,7 +576,7 @@ impl<H: TaskHandler> Scheduler<H> {
             return Ok(p);
         }
         let mut snap = self.new_snapshot(&env, id, partition, offset, trace);
-        let p = self.publisher.enqueue_transition(&mut snap, EventType::Accepted, Detail::default())?;
+        let p = self.env.publisher.enqueue_transition(&mut snap, EventType::Accepted, Detail::default())?;
         if let Some(k) = &env.idempotency_key {
             self.batch_keys.entry(k.clone()).or_insert(id);
         }
@@ -697,9 +684,9 @@ impl<H: TaskHandler> Scheduler<H> {
                     r.abort();
                 }
                 pending.extend(if paused.write.events.is_empty() {
-                    self.publisher.enqueue_snapshot(&slot.snap)?
+                    self.env.publisher.enqueue_snapshot(&slot.snap)?
                 } else {
-                    self.publisher.enqueue_write_all(&slot.snap, &paused.write.events)?
+                    self.env.publisher.enqueue_write_all(&slot.snap, &paused.write.events)?
                 });
                 if self.running.get(&slot.snap.subject) == Some(&id) {
                     self.running.remove(&slot.snap.subject);
@@ -711,7 +698,7 @@ impl<H: TaskHandler> Scheduler<H> {
                 let outcome = if slot.snap.state.is_terminal() { Err(ended(&slot.snap)) } else { slot.snap.record_signal(signal) };
                 let refused = match outcome {
                     Ok(true) => {
-                        pending.extend(self.publisher.enqueue_transition(&mut slot.snap, EventType::Signalled, Detail::default().message(message))?);
+                        pending.extend(self.env.publisher.enqueue_transition(&mut slot.snap, EventType::Signalled, Detail::default().message(message))?);
                         None
                     }
                     Ok(false) => {
@@ -731,10 +718,10 @@ impl<H: TaskHandler> Scheduler<H> {
                 snap.cancel_requested = true;
                 snap.revert_requested |= revert;
                 let d = if revert { Detail::default().message("revert requested") } else { Detail::default() };
-                pending.extend(self.publisher.enqueue_transition(snap, EventType::CancelRequested, d)?);
+                pending.extend(self.env.publisher.enqueue_transition(snap, EventType::CancelRequested, d)?);
             } else if revert {
                 snap.revert_requested = true;
-                pending.extend(self.publisher.enqueue_snapshot(snap)?);
+                pending.extend(self.env.publisher.enqueue_snapshot(snap)?);
             }
             return Ok(None);
         }
@@ -749,12 +736,12 @@ impl<H: TaskHandler> Scheduler<H> {
                 if revert && snap.state.is_revertible() {
                     tracing::info!(task = %id, state = ?snap.state, "revert of a finished task: queued");
                     snap.revert_requested = true;
-                    pending.extend(self.publisher.enqueue_snapshot(&snap)?);
+                    pending.extend(self.env.publisher.enqueue_snapshot(&snap)?);
                     self.enqueue_task(id, snap);
                 } else {
                     // Nothing to cancel or revert: say so by publishing the state again.
                     tracing::info!(task = %id, state = ?snap.state, action = ?env.action, "control has nothing to do");
-                    pending.extend(self.publisher.enqueue_snapshot(&snap)?);
+                    pending.extend(self.env.publisher.enqueue_snapshot(&snap)?);
                 }
             }
             None => {
@@ -784,8 +771,8 @@ impl<H: TaskHandler> Scheduler<H> {
         // publish recent final events again (same seq; readers dedupe by task and seq).
         let mut pending = crate::publisher::Publisher::nothing();
         for snap in self.view.settled_since(&fresh, now_ms() - REPUBLISH_WINDOW_MS) {
-            let ev = final_event(&snap, self.publisher.worker());
-            match self.publisher.enqueue_event(&ev, &snap.requested_by) {
+            let ev = final_event(&snap, self.env.publisher.worker());
+            match self.env.publisher.enqueue_event(&ev, &snap.requested_by) {
                 Ok(p) => pending.extend(p),
                 Err(e) => tracing::warn!(task = %snap.task_id, error = %e, "final event not republished"),
             }

@@ -189,13 +189,10 @@ impl<H: TaskHandler> Worker<H> {
             view.clone(),
             metrics.clone(),
         ));
-        // The scheduler's own producer: see KafkaConfig::prompt_producer.
-        let prompt: FutureProducer = opts.kafka.prompt_producer().create().map_err(WorkerError::Producer)?;
-        let sched_publisher = Arc::new(publisher.with_producer(prompt));
         let env = Arc::new(Env { handler: handler.clone(), publisher: publisher.clone(), metrics: metrics.clone(), registry: registry.clone(), policy: opts.policy.clone() });
         let (sched_tx, sched_rx) = mpsc::channel(64);
         let fences = Arc::new(crate::fences::Fences::default());
-        let scheduler = tokio::spawn(Scheduler::new(env, sched_publisher.clone(), view.clone(), opts.revoke_grace, opts.overtaken_pause, fences.clone()).run(sched_rx));
+        let scheduler = tokio::spawn(Scheduler::new(env, view.clone(), opts.revoke_grace, opts.overtaken_pause, fences.clone()).run(sched_rx));
 
         let http = match opts.http {
             Some(addr) => Some(
@@ -210,7 +207,7 @@ impl<H: TaskHandler> Worker<H> {
         let stop = Arc::new(AtomicBool::new(false));
         // If this future is dropped (a test's panic, an aborted task), the threads stop too.
         let _stop_guard = StopOnDrop { flag: stop.clone(), view: view.clone() };
-        let intake = Intake::new(&opts.kafka, &group, &topic, handler, registry, sched_tx.clone(), stop.clone(), ready.clone(), fences, vec![publisher.clone(), sched_publisher.clone()], opts.revoke_grace)?
+        let intake = Intake::new(&opts.kafka, &group, &topic, handler, registry, sched_tx.clone(), stop.clone(), ready.clone(), fences, publisher.clone(), opts.revoke_grace)?
             .with_policy(opts.policy.clone());
         if !tenant_topics.is_empty() {
             let gateway = crate::gateway::Gateway::new(&opts.kafka, &format!("ferry-gateway-{kind}"), tenant_topics, &topic, stop.clone())?;
@@ -259,7 +256,6 @@ impl<H: TaskHandler> Worker<H> {
         }
         drop(sched_tx);
         let _ = scheduler.await;
-        sched_publisher.flush(Duration::from_secs(5));
         publisher.flush(Duration::from_secs(10));
         // The reader thread ends at its next poll; it holds nothing to flush.
         view.stop();

@@ -62,6 +62,22 @@ pub fn node_ready(n: &k8s_openapi::api::core::v1::Node) -> bool {
     n.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+impl ManagedCluster {
+    /// Why no Placement selects the cluster yet although it may be joined: not Available,
+    /// or Available with an availability taint the hub has not taken off yet
+    /// ([`crate::vocab::ocm::AVAILABILITY_TAINTS`]). `None` once it is placeable.
+    pub fn not_placeable(&self) -> Option<String> {
+        if self.condition("ManagedClusterConditionAvailable") != Some("True") {
+            return Some(condition_message(&self.status, "ManagedClusterConditionAvailable").unwrap_or_else(|| "not joined yet".into()));
+        }
+        let taints = self.spec["taints"].as_array().into_iter().flatten();
+        taints
+            .filter_map(|t| t["key"].as_str())
+            .find(|k| crate::vocab::ocm::AVAILABILITY_TAINTS.contains(k))
+            .map(|k| format!("Available; the hub has not taken its taint {k} off yet"))
+    }
+}
+
 /// The `status` of condition `type_` in `status.conditions`.
 pub fn condition<'a>(status: &'a Value, type_: &str) -> Option<&'a str> {
     status.get("conditions")?.as_array()?.iter().find(|c| c.get("type").and_then(Value::as_str) == Some(type_))?.get("status")?.as_str()

@@ -7,12 +7,14 @@ pub mod ocm {
     /// The label that makes a ManagedCluster a member of a ManagedClusterSet
     /// (`cluster/v1beta2/types_managedclusterset.go`, `ClusterSetLabel`).
     pub const CLUSTERSET_LABEL: &str = "cluster.open-cluster-management.io/clusterset";
-    /// The taints the registration hub keeps on a cluster whose Available condition is
-    /// missing or Unknown, and False (`cluster/v1/types.go`,
-    /// `ManagedClusterTaintUnreachable`, `ManagedClusterTaintUnavailable`;
-    /// `pkg/registration/hub/taint/controller.go`): no Placement without a toleration
-    /// selects it while one is there.
-    pub const AVAILABILITY_TAINTS: [&str; 2] = ["cluster.open-cluster-management.io/unreachable", "cluster.open-cluster-management.io/unavailable"];
+    /// The taint the registration hub keeps on a cluster whose Available condition is
+    /// missing or Unknown (`cluster/v1/types.go`, `ManagedClusterTaintUnreachable`;
+    /// `pkg/registration/hub/taint/controller.go`).
+    pub const TAINT_UNREACHABLE: &str = "cluster.open-cluster-management.io/unreachable";
+    /// The taint it keeps while Available is False (`ManagedClusterTaintUnavailable`).
+    pub const TAINT_UNAVAILABLE: &str = "cluster.open-cluster-management.io/unavailable";
+    /// Both: no Placement without a toleration selects a cluster while one is there.
+    pub const AVAILABILITY_TAINTS: [&str; 2] = [TAINT_UNREACHABLE, TAINT_UNAVAILABLE];
 }
 
 /// Liqo v1 (liqotech/liqo).

@@ -11,10 +11,8 @@
 
 use serde_json::{Value, json};
 
-/// The taint of a cluster whose Available condition is missing or Unknown.
-pub const UNREACHABLE: &str = "cluster.open-cluster-management.io/unreachable";
-/// The taint of a cluster whose Available condition is False.
-pub const UNAVAILABLE: &str = "cluster.open-cluster-management.io/unavailable";
+/// The taints' keys (upstream's names, shared with the workers).
+pub use ferry_kube::vocab::ocm::{TAINT_UNAVAILABLE as UNAVAILABLE, TAINT_UNREACHABLE as UNREACHABLE};
 
 /// The taints the hub's taint controller leaves on a ManagedCluster (`mc`, as JSON), or
 /// `None` when they are right already. A taint it adds carries `now` as `timeAdded` (what

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use ferry_fleet::{Fleet, ocm_taints};
+use ferry_fleet::Fleet;
 use ferry_kube::ocm_join;
 use kube::api::Api;
 use kube::runtime::wait::await_condition;
@@ -50,12 +50,7 @@ pub async fn join(fleet: &Fleet, clusters: &[&str], set: &str) -> anyhow::Result
     for c in clusters {
         // Available, and the hub's taint controller has taken its availability taint off:
         // until then no Placement (and no plan wave) selects it.
-        let placeable = |m: Option<&ferry_kube::kinds::ManagedCluster>| {
-            m.is_some_and(|m| {
-                let tainted = m.spec["taints"].as_array().into_iter().flatten().any(|t| t["key"] == ocm_taints::UNREACHABLE || t["key"] == ocm_taints::UNAVAILABLE);
-                m.condition("ManagedClusterConditionAvailable") == Some("True") && !tainted
-            })
-        };
+        let placeable = |m: Option<&ferry_kube::kinds::ManagedCluster>| m.is_some_and(|m| m.not_placeable().is_none());
         tokio::time::timeout(JOIN_LIMIT, await_condition(mcs.clone(), c, placeable))
             .await
             .with_context(|| format!("{c} was not Available and untainted within {JOIN_LIMIT:?} of its acceptance"))??;

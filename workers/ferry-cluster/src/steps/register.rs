@@ -190,16 +190,7 @@ impl Step<ClusterCommand> for RegisterStep {
                         None => Check::Pending("the watch has not seen the ManagedCluster yet".into()),
                         // Available, and the hub has taken its availability taint off:
                         // until then no Placement selects the new cluster.
-                        Some(m) if m.condition("ManagedClusterConditionAvailable") == Some("True") => {
-                            let taints = m.spec["taints"].as_array().cloned().unwrap_or_default();
-                            match taints.iter().find_map(|t| t["key"].as_str().filter(|k| ferry_kube::vocab::ocm::AVAILABILITY_TAINTS.contains(k))) {
-                                Some(k) => Check::Pending(format!("Available; the hub has not taken its taint {k} off yet")),
-                                None => Check::Done(()),
-                            }
-                        }
-                        Some(m) => Check::Pending(
-                            ferry_kube::kinds::condition_message(&m.status, "ManagedClusterConditionAvailable").unwrap_or_else(|| "not joined yet".into()),
-                        ),
+                        Some(m) => m.not_placeable().map_or(Check::Done(()), Check::Pending),
                     }
                 })
                 .await

@@ -146,6 +146,8 @@ impl Inner {
         let Some(from) = from else { return Ok(()) };
         let app = from.spec.name.as_str();
         let timeout = self.cfg.removal_timeout;
+        // One client per cluster: each lookup reads the cluster's kubeconfig Secret.
+        let mut clients: BTreeMap<String, kube::Client> = BTreeMap::new();
         for r in render::removed(from, to, &BTreeSet::new()) {
             let ns = r.object["metadata"]["namespace"].as_str();
             let name = r.object["metadata"]["name"].as_str().unwrap_or_default();
@@ -154,7 +156,14 @@ impl Inner {
                 // The Deployments stand for the rest: a direct delivery's Services and
                 // Ingresses go at once; the pods are what takes time.
                 Removal::Cluster if r.object["kind"] == "Deployment" => {
-                    let client = self.cfg.clusters.client(&r.cluster).await.map_err(|e| kube_err(codes::CLUSTER_API, e))?;
+                    let client = match clients.get(&r.cluster) {
+                        Some(c) => c.clone(),
+                        None => {
+                            let c = self.cfg.clusters.client(&r.cluster).await.map_err(|e| kube_err(codes::CLUSTER_API, e))?;
+                            clients.insert(r.cluster.clone(), c.clone());
+                            c
+                        }
+                    };
                     self.cfg.watches.wait_object::<Deployment, ()>(&r.cluster, &client, ns, name, timeout, |d| gone(d.map(|d| &d.metadata), app)).await
                 }
                 Removal::Cluster => continue,

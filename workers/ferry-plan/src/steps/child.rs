@@ -133,16 +133,18 @@ impl Child<'_> {
         }
     }
 
+    /// `snap` when the caller read it already, else [`Self::appeared`].
+    async fn known_or_appeared(&self, id: TaskId, snap: Option<TaskSnapshot>) -> Result<Option<TaskSnapshot>, StepError> {
+        match snap {
+            Some(s) => Ok(Some(s)),
+            None => self.appeared(id).await,
+        }
+    }
+
     /// Cancels the child if it runs (found with `snap`, or as [`Self::appeared`]), and
     /// waits for its end. Its end state, if it has a snapshot.
     pub async fn cancel(&self, id: TaskId, snap: Option<TaskSnapshot>, reason: String) -> Result<Option<TaskState>, StepError> {
-        let snap = match snap {
-            Some(s) => s,
-            None => match self.appeared(id).await? {
-                Some(s) => s,
-                None => return Ok(None),
-            },
-        };
+        let Some(snap) = self.known_or_appeared(id, snap).await? else { return Ok(None) };
         if snap.state.is_terminal() {
             return Ok(Some(snap.state));
         }
@@ -155,13 +157,7 @@ impl Child<'_> {
     /// Reverted; nothing for a child Reverted, Rejected or never taken up. False when
     /// there was nothing to do.
     pub async fn revert(&self, id: TaskId, snap: Option<TaskSnapshot>, reason: String) -> Result<bool, StepError> {
-        let snap = match snap {
-            Some(s) => s,
-            None => match self.appeared(id).await? {
-                Some(s) => s,
-                None => return Ok(false),
-            },
-        };
+        let Some(snap) = self.known_or_appeared(id, snap).await? else { return Ok(false) };
         if matches!(snap.state, TaskState::Reverted | TaskState::Rejected) {
             return Ok(false);
         }

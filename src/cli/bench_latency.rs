@@ -121,11 +121,12 @@ pub async fn run(a: LatencyArgs, properties: &[(String, String)]) -> anyhow::Res
     let n = ((a.rate * a.duration.as_secs_f64()).round() as usize).max(1);
     let topics = Topics::standard();
     let raw_topic = "ferry.bench.latency";
-    let (broker, kafka) = BenchBroker::start(a.broker, a.bootstrap.as_deref(), &topics, 3).await?;
+    let (broker, mut kafka) = BenchBroker::start(a.broker, a.bootstrap.as_deref(), &topics, 3).await?;
+    // The baseline runs with the same client settings as the tasks: a `linger.ms` given
+    // here moves both, and the ratio compares like with like.
+    kafka.extra.extend(properties.iter().cloned());
     broker.create_topic(raw_topic, 6).await?;
     let mut rtt = raw_round_trips(&kafka, raw_topic, a.rate, n).await?;
-    let mut kafka = kafka;
-    kafka.extra.extend(properties.iter().cloned());
 
     let shutdown = CancellationToken::new();
     let mut opts = WorkerOptions::new(kafka.clone());

@@ -1,8 +1,13 @@
 //! The embedded broker: librdkafka's in-process mock cluster on loopback ports, with
 //! Ferry's topics created and fault injection (broker down/up, request errors, latency).
 //!
-//! Limits (../shared/TESTBED.md): no CreateTopics admin request, no compaction or
-//! retention, transaction markers ignored.
+//! Limits (../shared/TESTBED.md): no CreateTopics admin request, no compaction,
+//! transaction markers ignored, and a fixed retention: each partition keeps at most 5 MB
+//! or 100,000 batches and drops its oldest beyond (librdkafka `src/rdkafka_mock.c`,
+//! `rd_kafka_mock_partition_init` and `rd_kafka_mock_msgset_new`), so a reader
+//! further behind skips records. An empty fetch is answered only when its wait is over (no
+//! wake on produce, `rdkafka_mock_handlers.c`), hence the short `fetch.wait.max.ms` of
+//! [`crate::KafkaConfig::for_embedded`].
 #![allow(unsafe_code)]
 
 use std::time::Duration;

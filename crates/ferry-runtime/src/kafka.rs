@@ -113,10 +113,11 @@ impl KafkaConfig {
         let mut c = self.client();
         c.set("enable.idempotence", "true")
             .set("acks", "all")
-            // 2 ms: 0 costs about 40 % of `ferry bench runtime`'s tasks/s (smaller
-            // requests, more of them), though at 100 tasks/s it cuts Accepted p99 from 2.3
-            // to 1.6 raw round trips (docs/BENCHMARKS.md, sessions 16 and 23).
-            .set("linger.ms", "2")
+            // 1 ms: 0 costs about 40 % of `ferry bench runtime`'s tasks/s (smaller
+            // requests, more of them); 2 ms kept that but left Accepted p99 at 2.3 raw
+            // round trips at 100 tasks/s, 1 ms brings it under 2 at the same throughput
+            // (docs/BENCHMARKS.md, sessions 16, 23 and 24).
+            .set("linger.ms", "1")
             .set("message.timeout.ms", "300000")
             // Explicit: the limits in ferry_task::limits are derived from it.
             .set("message.max.bytes", crate::limits::RECORD_BYTES.to_string());

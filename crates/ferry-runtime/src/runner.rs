@@ -90,6 +90,29 @@ enum Flow {
     Stopped,
 }
 
+/// The task as a step sees it, owned for the length of one run, cancel hook or undo
+/// ([`Runner::scope`]): one place builds every [`StepContext`].
+struct StepScope {
+    id: TaskId,
+    subject: String,
+    outputs: BTreeMap<String, Value>,
+    /// The task's deadline for a forward run; none for a cancel hook or an undo.
+    deadline_ms: Option<i64>,
+    keep_partial: bool,
+    trace_parent: Option<String>,
+    requested_by: String,
+    signals: tokio::sync::watch::Receiver<Vec<String>>,
+}
+
+impl StepScope {
+    fn cx<'a, S>(&'a self, spec: &'a S, attempt: u32, reports: mpsc::UnboundedSender<StepReport>) -> StepContext<'a, S> {
+        StepContext::new(&self.id, &self.subject, spec, &self.outputs, attempt, reports)
+            .with_task(self.deadline_ms, self.keep_partial, self.trace_parent.clone())
+            .with_requester(&self.requested_by)
+            .with_signals(self.signals.clone())
+    }
+}
+
 enum Exec<T> {
     Ok(T, u32),
     Err(StepError, u32),
@@ -347,6 +370,21 @@ impl<H: TaskHandler> Runner<H> {
         verdict.err().map(|why| format!("the stored spec is outside its tenant's policy now: {why}"))
     }
 
+    /// What every context of one step run, cancel hook or undo is built from (each
+    /// attempt gets its own [`StepContext`] from it).
+    fn scope(&self, outputs: BTreeMap<String, Value>, deadline_ms: Option<i64>, trace_parent: Option<String>) -> StepScope {
+        StepScope {
+            id: self.id,
+            subject: self.snap.subject.clone(),
+            outputs,
+            deadline_ms,
+            keep_partial: self.snap.keep_partial,
+            trace_parent,
+            requested_by: self.snap.requested_by.clone(),
+            signals: self.signals.subscribe(),
+        }
+    }
+
     fn outputs(&self) -> BTreeMap<String, Value> {
         self.snap
             .journal
@@ -388,20 +426,11 @@ impl<H: TaskHandler> Runner<H> {
             let started = Instant::now();
             let step_cx = crate::telemetry::start(format!("ferry.step {name}"), opentelemetry::trace::SpanKind::Internal, &self.otel, vec![opentelemetry::KeyValue::new("ferry.step", i as i64 + 1)]);
             let policy = step.policy();
-            let (id, subject) = (self.id, self.snap.subject.clone());
-            let (id_ref, subject_ref, outputs_ref) = (&id, subject.as_str(), &outputs);
-            let (task_deadline, keep_partial, trace) = (self.snap.deadline_ms, self.snap.keep_partial, crate::telemetry::traceparent(&step_cx));
-            let trace_ref = &trace;
-            let requested_by = self.snap.requested_by.clone();
-            let requester = requested_by.as_str();
-            let signals_rx = self.signals.subscribe();
-            let signals = &signals_rx;
+            let scope = self.scope(outputs, deadline, crate::telemetry::traceparent(&step_cx));
+            let scope = &scope;
             let result = self
                 .execute(i, &name, &policy, deadline, true, move |attempt, reports| {
-                    Box::pin(async move {
-                        let cx = StepContext::new(id_ref, subject_ref, spec, outputs_ref, attempt, reports).with_task(task_deadline, keep_partial, trace_ref.clone()).with_requester(requester).with_signals(signals.clone());
-                        step.run(&cx).await
-                    })
+                    Box::pin(async move { step.run(&scope.cx(spec, attempt, reports)).await })
                 })
                 .await?;
             self.env.metrics.step_finished(self.snap.kind, &name, started.elapsed());
@@ -494,22 +523,12 @@ impl<H: TaskHandler> Runner<H> {
     /// logged: the cancel goes on. A Revert that comes meanwhile is recorded (the task is
     /// reverted once Cancelled).
     async fn on_cancel(&mut self, i: usize, name: &str, spec: &H::Spec, step: &dyn Step<H::Spec>) -> Result<bool, PublishError> {
-        let outputs = self.outputs();
         let policy = step.policy();
-        let (id, subject) = (self.id, self.snap.subject.clone());
-        let (id_ref, subject_ref, outputs_ref) = (&id, subject.as_str(), &outputs);
-        let (keep_partial, trace) = (self.snap.keep_partial, self.snap.trace_parent.clone());
-        let trace_ref = &trace;
-        let requested_by = self.snap.requested_by.clone();
-        let requester = requested_by.as_str();
-        let signals_rx = self.signals.subscribe();
-        let signals = &signals_rx;
+        let scope = self.scope(self.outputs(), None, self.snap.trace_parent.clone());
+        let scope = &scope;
         let result = self
             .execute(i, name, &policy, None, true, move |attempt, reports| {
-                Box::pin(async move {
-                    let cx = StepContext::new(id_ref, subject_ref, spec, outputs_ref, attempt, reports).with_task(None, keep_partial, trace_ref.clone()).with_requester(requester).with_signals(signals.clone());
-                    step.on_cancel(&cx).await.map(|()| Value::Null)
-                })
+                Box::pin(async move { step.on_cancel(&scope.cx(spec, attempt, reports)).await.map(|()| Value::Null) })
             })
             .await?;
         match result {
@@ -559,24 +578,15 @@ impl<H: TaskHandler> Runner<H> {
                 .output
                 .as_deref()
                 .and_then(|o| serde_json::from_str(o).ok());
-            let outputs = self.outputs();
             let policy = step.policy();
-            let (id, subject) = (self.id, self.snap.subject.clone());
-            let (id_ref, subject_ref, outputs_ref, output_ref) = (&id, subject.as_str(), &outputs, output.as_ref());
+            let output_ref = output.as_ref();
             let undo_cx = crate::telemetry::start(format!("ferry.undo {name}"), opentelemetry::trace::SpanKind::Internal, &self.otel, vec![opentelemetry::KeyValue::new("ferry.step", i as i64 + 1)]);
-            let (keep_partial, trace) = (self.snap.keep_partial, crate::telemetry::traceparent(&undo_cx));
-            let trace_ref = &trace;
-            let requested_by = self.snap.requested_by.clone();
-            let requester = requested_by.as_str();
-            let signals_rx = self.signals.subscribe();
-            let signals = &signals_rx;
+            // An undo runs past the task's deadline (it bounds the forward run).
+            let scope = self.scope(self.outputs(), None, crate::telemetry::traceparent(&undo_cx));
+            let scope = &scope;
             let result = self
                 .execute(i, &name, &policy, None, false, move |attempt, reports| {
-                    Box::pin(async move {
-                        // An undo runs past the task's deadline (it bounds the forward run).
-                        let cx = StepContext::new(id_ref, subject_ref, spec, outputs_ref, attempt, reports).with_task(None, keep_partial, trace_ref.clone()).with_requester(requester).with_signals(signals.clone());
-                        step.undo(&cx, output_ref).await.map(|()| Value::Null)
-                    })
+                    Box::pin(async move { step.undo(&scope.cx(spec, attempt, reports), output_ref).await.map(|()| Value::Null) })
                 })
                 .await?;
             crate::telemetry::end(&undo_cx, match &result {

@@ -52,6 +52,9 @@ pub struct RuntimeArgs {
     /// Tasks to run.
     #[arg(long, default_value_t = 2000)]
     pub tasks: usize,
+    /// Subjects the tasks are spread over; a subject runs one task at a time.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    pub subjects: u32,
     /// Raw messages per round of the broker baseline (each round on a topic of its own; at
     /// most 150,000 on the embedded broker, which keeps 5 MB per partition).
     #[arg(long, default_value_t = 100_000)]
@@ -210,6 +213,7 @@ pub async fn run(cmd: BenchCommand, properties: &[(String, String)]) -> anyhow::
     events.until(warm, Duration::from_secs(60), |e| e.event == EventType::Succeeded).await?;
 
     let spec = TestTaskSpec::steps(3);
+    let subjects = a.subjects as usize;
     let start = Instant::now();
     // Submit concurrently, as many producers would; each task's clock starts at its send.
     let sent: HashMap<String, Instant> = futures::stream::iter(0..a.tasks)
@@ -218,7 +222,7 @@ pub async fn run(cmd: BenchCommand, properties: &[(String, String)]) -> anyhow::
             let spec = &spec;
             async move {
                 let t0 = Instant::now();
-                let id = client.submit(TaskKind::TEST, &format!("bench-{}", i % 256), spec, SubmitOptions::default()).await?;
+                let id = client.submit(TaskKind::TEST, &format!("bench-{}", i % subjects), spec, SubmitOptions::default()).await?;
                 Ok::<_, anyhow::Error>((id.to_string(), t0))
             }
         })

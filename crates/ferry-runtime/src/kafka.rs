@@ -114,9 +114,8 @@ impl KafkaConfig {
         c.set("enable.idempotence", "true")
             .set("acks", "all")
             // 1 ms: 0 costs about 40 % of `ferry bench runtime`'s tasks/s (smaller
-            // requests, more of them); 2 ms kept that but left Accepted p99 at 2.3 raw
-            // round trips at 100 tasks/s, 1 ms brings it under 2 at the same throughput
-            // (docs/BENCHMARKS.md, sessions 16, 23 and 24).
+            // requests, more of them); 1 ms keeps 2 ms's throughput and cuts Succeeded p50
+            // at 100 tasks/s from 23-25 to 16 ms (docs/BENCHMARKS.md, sessions 16, 23, 24).
             .set("linger.ms", "1")
             .set("message.timeout.ms", "300000")
             // Explicit: the limits in ferry_task::limits are derived from it.

@@ -128,6 +128,10 @@ impl BenchBroker {
     }
 }
 
+/// Most raw messages per round on the embedded broker: 150,000 records of 200 bytes over
+/// 6 partitions fill its 5 MB per partition.
+const EMBEDDED_RAW_MESSAGES_MAX: usize = 150_000;
+
 /// Rounds of the raw baseline; its rate is their median.
 const RAW_ROUNDS: usize = 5;
 
@@ -182,6 +186,12 @@ pub async fn run(cmd: BenchCommand, properties: &[(String, String)]) -> anyhow::
         BenchCommand::Latency(a) => return super::bench_latency::run(a, properties).await,
         BenchCommand::Wave(a) => return super::bench_wave::run(a).await,
     };
+    anyhow::ensure!(
+        !matches!(a.broker, BrokerChoice::Embedded) || a.messages <= EMBEDDED_RAW_MESSAGES_MAX,
+        "--messages {}: the embedded broker keeps 5 MB per partition, so a round of the raw baseline holds at most {EMBEDDED_RAW_MESSAGES_MAX} messages (its reader would miss the dropped ones and wait forever)",
+        a.messages
+    );
+    anyhow::ensure!(a.messages > 0, "--messages must be at least 1");
     let topics = Topics::standard();
     // One topic per round of the raw baseline: the embedded (mock) broker keeps at most
     // 5 MB or 100,000 batches per partition and drops the oldest beyond (librdkafka's

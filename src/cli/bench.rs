@@ -271,7 +271,7 @@ pub async fn run(cmd: BenchCommand, properties: &[(String, String)]) -> anyhow::
         machine: format!("{} cores", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)),
         raw_messages: a.messages,
         raw_messages_per_s: rate,
-        raw_rounds_messages_per_s: rounds.clone(),
+        raw_rounds_messages_per_s: rounds,
         raw_round_trip_p50_ms: pct(&mut rtt, 0.5),
         raw_round_trip_p90_ms: pct(&mut rtt, 0.9),
         raw_round_trip_p99_ms: pct(&mut rtt, 0.99),

@@ -4,7 +4,7 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use ferry_runtime::protocol::{Bytes, CommandAction, CommandEnvelope, EventType, JournalEntry, StepStatus, TaskSnapshot, TaskState};
+use ferry_runtime::protocol::{Bytes, CommandAction, CommandEnvelope, EventType, JournalEntry, ProgressEvent, StepStatus, TaskSnapshot, TaskState};
 use ferry_runtime::testkind::TestTaskSpec;
 use ferry_runtime::wire::Registry;
 use ferry_runtime::{TaskId, TaskKind};
@@ -80,6 +80,11 @@ fn hot_paths(c: &mut Criterion) {
     });
     let snap_bytes = r.encode(&snapshot(&r, 10)).unwrap();
     c.bench_function("snapshot decode (10 steps)", |b| b.iter(|| r.decode::<TaskSnapshot>(black_box(&snap_bytes)).unwrap()));
+    // The most read record: every tracker, dashboard and `--wait` decodes each event.
+    let ev = ferry_runtime::publisher::Detail::step(2, "install").into_event(("tsk_0190f1a2b3c4d5e6f708192a3b4c5d6e", TaskKind::DEPLOY, "shop/web"), 7, EventType::StepSucceeded, "ferry-deploy-0", 1_767_323_045_678, None);
+    let ev_bytes = r.encode(&ev).unwrap();
+    c.bench_function("event encode", |b| b.iter(|| r.encode(black_box(&ev)).unwrap()));
+    c.bench_function("event decode", |b| b.iter(|| r.decode::<ProgressEvent>(black_box(&ev_bytes)).unwrap()));
 }
 
 criterion_group!(benches, hot_paths);

@@ -357,13 +357,33 @@ impl Client {
     /// not): it finds its task's events on its own progress topic.
     pub async fn locate(&self, id: TaskId) -> Result<Target, ClientError> {
         if self.tenant.is_some() {
-            // The task's own events (seq 0 ones are refusals of commands that named it).
-            let events: Vec<ProgressEvent> = self.history(id).await?.into_iter().filter(|e| e.seq > 0).collect();
-            let (Some(first), Some(last)) = (events.first(), events.last()) else { return Err(ClientError::UnknownTask(id)) };
-            return Ok(Target { task_id: id.to_string(), kind: first.kind, subject: first.subject.clone(), state: None, last_event: Some(last.event) });
+            return self.locate_by_events(id).await;
         }
-        let snap = self.target(id).await?;
-        Ok(Target { task_id: snap.task_id, kind: snap.kind, subject: snap.subject, state: Some(snap.state), last_event: Some(snap.last_event) })
+        let target = |snap: TaskSnapshot| Target { task_id: snap.task_id, kind: snap.kind, subject: snap.subject, state: Some(snap.state), last_event: Some(snap.last_event) };
+        match self.target(id).await {
+            Ok(snap) => Ok(target(snap)),
+            // A new task's Accepted event may be read a moment before its snapshot (the two
+            // are written together, docs/PROTOCOL.md): a task a reader was told of is not
+            // unknown. Any later event has its snapshot durable before it, so past Accepted
+            // the snapshot is looked for once more (the task moved on between the two reads,
+            // or it was deleted: a tombstoned task has events and no snapshot).
+            Err(ClientError::UnknownTask(_)) => {
+                let by_events = self.locate_by_events(id).await?;
+                if by_events.last_event == Some(EventType::Accepted) {
+                    return Ok(by_events);
+                }
+                self.target(id).await.map(target)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// [`Self::locate`] from the task's own events (seq 0 ones are refusals of commands
+    /// that named it), on this client's progress topic.
+    async fn locate_by_events(&self, id: TaskId) -> Result<Target, ClientError> {
+        let events: Vec<ProgressEvent> = self.history(id).await?.into_iter().filter(|e| e.seq > 0).collect();
+        let (Some(first), Some(last)) = (events.first(), events.last()) else { return Err(ClientError::UnknownTask(id)) };
+        Ok(Target { task_id: id.to_string(), kind: first.kind, subject: first.subject.clone(), state: None, last_event: Some(last.event) })
     }
 
     /// The topic this client follows events on: `ferry.progress`, or a tenant's own

@@ -1,6 +1,7 @@
 //! Writes a task's snapshot and then its event, the event only once the snapshot is
 //! acknowledged, so every published event has a durable snapshot with a sequence number at
-//! least as high (a resumed task never reuses a seq).
+//! least as high (a resumed task never reuses a seq); a new task's Accepted, which only its
+//! command decides, goes with its snapshot ([`Publisher::enqueue_accepted`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -514,7 +515,7 @@ impl Publisher {
 
     /// Advances the snapshot by one event (seq + 1, state as already set by the caller)
     /// and returns that event.
-    fn advance(&self, snap: &mut TaskSnapshot, event: EventType, d: Detail) -> ProgressEvent {
+    pub(crate) fn advance(&self, snap: &mut TaskSnapshot, event: EventType, d: Detail) -> ProgressEvent {
         snap.seq += 1;
         snap.last_event = event;
         snap.updated_at_ms = now_ms();
@@ -556,6 +557,21 @@ impl Publisher {
             Some(tenant) => vec![record(self.topics.progress().name.clone(), bytes.clone()), record(self.topics.tenant_progress_name(tenant), bytes)],
             None => vec![record(self.topics.progress().name.clone(), bytes)],
         })
+    }
+
+    /// A new task's Accepted write: the snapshot (seq 1) and the Accepted event handed to the
+    /// producer together, acknowledged in one round instead of two (docs/PROTOCOL.md, the
+    /// one exception to "an event after its snapshot"). Safe because this event is the
+    /// command's and nothing else's: the command's offset is committed only once both are
+    /// durable, so until then any worker reads the command again and writes the same seq 1
+    /// Accepted (readers dedupe by task and seq) with its snapshot, and no other event can
+    /// take seq 1. A reader may see the event a moment before the snapshot.
+    pub fn enqueue_accepted(&self, snap: &TaskSnapshot, ev: &ProgressEvent) -> Result<Pending, PublishError> {
+        debug_assert!(ev.seq == 1 && ev.event == EventType::Accepted, "only a task's opening Accepted goes with its snapshot");
+        let mut p = self.enqueue_snapshot(snap)?;
+        p.extend(self.enqueue_event(ev, &snap.requested_by)?);
+        self.metrics.written(snap, ev);
+        Ok(p)
     }
 
     /// Advances the snapshot by one event (seq + 1, state as already set by the caller),

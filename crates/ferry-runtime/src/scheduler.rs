@@ -559,7 +559,7 @@ impl<H: TaskHandler> Scheduler<H> {
                     // A second command with the same id (another record) is a duplicate and
                     // only republishes the state: it must not add a second Accepted.
                     let ev = Detail::default().into_event((&snap.task_id, snap.kind, &snap.subject), 1, EventType::Accepted, self.env.publisher.worker(), snap.updated_at_ms, snap.trace_parent.clone());
-                    return self.env.publisher.enqueue_write(&snap, &ev);
+                    return self.env.publisher.enqueue_accepted(&snap, &ev);
                 }
                 // A redelivered or resubmitted command: publish the task's state again.
                 tracing::info!(task = %id, state = ?snap.state, "duplicate command; state republished");
@@ -576,7 +576,8 @@ impl<H: TaskHandler> Scheduler<H> {
             return Ok(p);
         }
         let mut snap = self.new_snapshot(&env, id, partition, offset, trace);
-        let p = self.env.publisher.enqueue_transition(&mut snap, EventType::Accepted, Detail::default())?;
+        let ev = self.env.publisher.advance(&mut snap, EventType::Accepted, Detail::default());
+        let p = self.env.publisher.enqueue_accepted(&snap, &ev)?;
         if let Some(k) = &env.idempotency_key {
             self.batch_keys.entry(k.clone()).or_insert(id);
         }

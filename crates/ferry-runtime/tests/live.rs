@@ -2,7 +2,8 @@
 //! started and the task's later updates, drops a task whose snapshot was tombstoned and
 //! leaves out a snapshot on another kind's topic (embedded and tansu), and answers a
 //! Cancel's kind and subject from its index while reading the topics fails (embedded: the
-//! failure is injected). A task keeps its highest seq whatever order its snapshots are read
+//! failure is injected). A task whose Accepted event is out before its snapshot can be
+//! cancelled. A task keeps its highest seq whatever order its snapshots are read
 //! in (a rewound reader, a late write).
 
 mod support;
@@ -129,6 +130,41 @@ async fn cancel_takes_the_subject_from_the_index_without_reading_the_topics() {
     let (key, env) = &sent[0];
     assert_eq!((env.task_id.as_str(), env.action, env.kind, env.subject.as_str()), (id.to_string().as_str(), CommandAction::Cancel, TaskKind::TEST, "index/subject"));
     assert_eq!(key.as_deref(), Some("index/subject".as_bytes()), "keyed by the subject, so it reaches the partition that owns the task");
+}
+
+/// A new task's Accepted event is written together with its snapshot, so a reader may see
+/// it first (docs/PROTOCOL.md): a Cancel sent then finds the task by its events, with a
+/// live view and without one. Past Accepted, a task with events and no snapshot was
+/// deleted: it stays unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_seen_accepted_before_its_snapshot_can_be_cancelled() {
+    use ferry_runtime::publisher::Detail;
+    let broker = TestBroker::embedded();
+    let client = broker.client();
+    let progress = broker.topics.progress().name.clone();
+    let event = |id: TaskId, seq: i64, event: EventType| Detail::default().into_event((&id.to_string(), TaskKind::TEST, "early/subject"), seq, event, "live-test", 1, None);
+    let (early, deleted) = (TaskId::new(), TaskId::new());
+    for ev in [event(early, 1, EventType::Accepted), event(deleted, 1, EventType::Accepted), event(deleted, 2, EventType::StepStarted)] {
+        let bytes = client.registry().encode(&ev).unwrap();
+        client.send_raw(&progress, Some(ev.task_id.as_bytes()), &bytes, OwnedHeaders::new()).await.unwrap();
+    }
+
+    let one_shot = broker.client().cancel(early).await.unwrap();
+    assert_eq!((one_shot.kind, one_shot.subject.as_str(), one_shot.state), (TaskKind::TEST, "early/subject", None));
+    let viewer = broker.client();
+    viewer.live_view().await.unwrap();
+    assert_eq!(viewer.revert(early).await.unwrap().subject, "early/subject");
+    assert!(matches!(broker.client().cancel(deleted).await, Err(ClientError::UnknownTask(t)) if t == deleted), "past Accepted, events without a snapshot are a deleted task's");
+
+    let sent: Vec<(CommandAction, String)> = client
+        .read_to_end(&broker.topics.command(TaskKind::TEST).name)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(_, p)| client.registry().decode::<CommandEnvelope>(&p).unwrap())
+        .map(|env| (env.action, env.task_id))
+        .collect();
+    assert_eq!(sent, [(CommandAction::Cancel, early.to_string()), (CommandAction::Revert, early.to_string())]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

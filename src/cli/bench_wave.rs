@@ -107,14 +107,14 @@ pub async fn run(a: WaveArgs) -> anyhow::Result<std::process::ExitCode> {
     }]}))?;
     let t = Instant::now();
     let id = client.submit(TaskKind::PLAN, "bench-wave", &plan, SubmitOptions::default()).await?;
-    let succeeded = until_plan(&mut events, &id.to_string(), EventType::Succeeded, deadline).await?;
+    let succeeded = until_plan(&mut events, &id.to_string(), EventType::Succeeded, a.clusters, deadline).await?;
     let rollout_s = t.elapsed().as_secs_f64();
     anyhow::ensure!(succeeded == a.clusters, "{succeeded} children succeeded, {} expected", a.clusters);
     let plan_snapshot_bytes = client.snapshot(id).await?.map(|s| serde_json::to_vec(&s).map(|v| v.len())).transpose()?.unwrap_or(0);
 
     let t = Instant::now();
     client.revert(id).await?;
-    let reverted = until_plan(&mut events, &id.to_string(), EventType::Reverted, deadline).await?;
+    let reverted = until_plan(&mut events, &id.to_string(), EventType::Reverted, a.clusters, deadline).await?;
     let revert_s = t.elapsed().as_secs_f64();
     anyhow::ensure!(reverted == a.clusters, "{reverted} children reverted, {} expected", a.clusters);
     let hub_requests = ocm_requests(&hub).await?.saturating_sub(requests_before);
@@ -167,20 +167,35 @@ pub async fn run(a: WaveArgs) -> anyhow::Result<std::process::ExitCode> {
 
 /// Follows the plan `id` to its end, counting its children that reached `child_end`
 /// (children are the `test` tasks whose subject ends `/bench`); fails unless the plan
-/// ends `end`.
-async fn until_plan(events: &mut ferry_runtime::EventStream, id: &str, end: EventType, deadline: tokio::time::Instant) -> anyhow::Result<usize> {
+/// ends `end`. A child's event may be read after the plan's final one: the plan learns of
+/// its children's ends from their snapshots, and their events are other partitions'
+/// records, written by another worker's producer (no order across them). So once the plan
+/// ended, the events go on being read until `expected` children are counted, for at most
+/// [`LATE_CHILD_EVENTS`].
+async fn until_plan(events: &mut ferry_runtime::EventStream, id: &str, end: EventType, expected: usize, deadline: tokio::time::Instant) -> anyhow::Result<usize> {
     let mut children = HashSet::new();
-    loop {
-        let ev = tokio::time::timeout_at(deadline, events.next()).await.context("the plan did not end in time")?.context("event stream ended")?;
+    let mut ended = false;
+    let mut deadline = deadline;
+    while !ended || children.len() < expected {
+        let ev = match tokio::time::timeout_at(deadline, events.next()).await {
+            Ok(ev) => ev.context("event stream ended")?,
+            Err(_) if ended => break,
+            Err(_) => anyhow::bail!("the plan did not end in time"),
+        };
         if ev.kind == TaskKind::TEST && ev.subject.ends_with("/bench") && ev.event == end {
             children.insert(ev.task_id.clone());
         }
-        if ev.task_id == id && ev.event.is_final() {
+        if ev.task_id == id && ev.event.is_final() && !ended {
             anyhow::ensure!(ev.event == end, "the plan ended {:?}: {}", ev.event, ev.message.unwrap_or_default());
-            return Ok(children.len());
+            ended = true;
+            deadline = deadline.min(tokio::time::Instant::now() + LATE_CHILD_EVENTS);
         }
     }
+    Ok(children.len())
 }
+
+/// How long the children's events are waited for once their plan ended.
+const LATE_CHILD_EVENTS: Duration = Duration::from_secs(60);
 
 /// Requests the hub's API server has served for OCM's API group so far (its
 /// `apiserver_request_total` counter, every verb and code).

@@ -179,13 +179,14 @@ fn every_worker_reads_only_its_own_command_topic() {
 
 fn helm() -> Option<PathBuf> {
     let cache = std::env::var_os("FERRY_CACHE").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/ferry"));
-    let bin = cache.join("helm-3.10.1/helm");
+    // scripts/install-helm.sh puts it there.
+    let bin = cache.join("helm-3.17.3/helm");
     bin.exists().then_some(bin)
 }
 
 fn render_chart(helm: &Path, extra: &[&str]) -> Vec<Value> {
     let chart = root().join("helm/ferry");
-    let lint = Command::new(helm).arg("lint").arg(&chart).output().unwrap();
+    let lint = Command::new(helm).args(["lint", "--strict"]).arg(&chart).output().unwrap();
     assert!(lint.status.success(), "helm lint: {}", String::from_utf8_lossy(&lint.stdout));
     let out = Command::new(helm)
         .args(["template", "ferry"])

@@ -165,7 +165,7 @@ pub async fn run(a: WaveArgs) -> anyhow::Result<std::process::ExitCode> {
     Ok(std::process::ExitCode::SUCCESS)
 }
 
-/// Follows the plan `id` to its end, counting its children that reached `child_end`
+/// Follows the plan `id` to its end, counting its children that reached `end` too
 /// (children are the `test` tasks whose subject ends `/bench`); fails unless the plan
 /// ends `end`. A child's event may be read after the plan's final one: the plan learns of
 /// its children's ends from their snapshots, and their events are other partitions'

@@ -590,8 +590,9 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
             if then_revert && ev.event == EventType::Succeeded && reverted.insert(id) {
                 timed("a revert", client.control(ev.kind, &ev.subject, id, CommandAction::Revert, Some("campaign".into()))).await.unwrap();
             }
-            // An undo that ran out of retries (the hub failing 30 requests in a row) ends
-            // RevertFailed; the operator's answer is to revert again, as here.
+            // An undo that met a permanent error, or failed transiently for its whole
+            // patience (10 min by default), ends RevertFailed; the operator's answer is to
+            // revert again, as here.
             if newest && ev.event == EventType::RevertFailed {
                 let n = revert_retries.entry(id).or_insert(0);
                 *n += 1;

@@ -77,7 +77,7 @@ class Serdes:
         # Look up, never register: the ids are the ones Ferry's workers use.
         serde_conf = {"auto.register.schemas": False, "subject.name.strategy": record_subject_name_strategy}
         self.envelope = AvroSerializer(registry, schema("CommandEnvelope.v3.avsc"), conf=serde_conf)
-        self.spec = AvroSerializer(registry, schema("TestTaskSpec.avsc"), conf=serde_conf)
+        self.spec = AvroSerializer(registry, schema("TestTaskSpec.v2.avsc"), conf=serde_conf)
         self.events = AvroDeserializer(registry, conf={"subject.name.strategy": record_subject_name_strategy})
         self.command_topic = f"{args.topic_prefix}ferry.commands.test"
         self.progress_topic = f"{args.topic_prefix}ferry.progress"

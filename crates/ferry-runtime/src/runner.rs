@@ -113,6 +113,20 @@ impl StepScope {
     }
 }
 
+/// Which attempts [`Runner::execute`] makes: a step's run (or its cancel hook), which a
+/// Cancel or Revert may interrupt and `max_retries` bounds, or an undo, which runs to its
+/// end and retries transient errors for the step's `undo_patience`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Attempts {
+    Forward,
+    Undo,
+}
+
+/// `d` as people write it (`10m`, `1s`).
+fn human(d: Duration) -> String {
+    jiff::SignedDuration::try_from(d).map(|d| format!("{d:#}")).unwrap_or_else(|_| format!("{}s", d.as_secs()))
+}
+
 enum Exec<T> {
     Ok(T, u32),
     Err(StepError, u32),
@@ -429,7 +443,7 @@ impl<H: TaskHandler> Runner<H> {
             let scope = self.scope(outputs, deadline, crate::telemetry::traceparent(&step_cx));
             let scope = &scope;
             let result = self
-                .execute(i, &name, &policy, deadline, true, move |attempt, reports| {
+                .execute(i, &name, &policy, deadline, Attempts::Forward, move |attempt, reports| {
                     Box::pin(async move { step.run(&scope.cx(spec, attempt, reports)).await })
                 })
                 .await?;
@@ -527,7 +541,7 @@ impl<H: TaskHandler> Runner<H> {
         let scope = self.scope(self.outputs(), None, self.snap.trace_parent.clone());
         let scope = &scope;
         let result = self
-            .execute(i, name, &policy, None, true, move |attempt, reports| {
+            .execute(i, name, &policy, None, Attempts::Forward, move |attempt, reports| {
                 Box::pin(async move { step.on_cancel(&scope.cx(spec, attempt, reports)).await.map(|()| Value::Null) })
             })
             .await?;
@@ -585,7 +599,7 @@ impl<H: TaskHandler> Runner<H> {
             let scope = self.scope(self.outputs(), None, crate::telemetry::traceparent(&undo_cx));
             let scope = &scope;
             let result = self
-                .execute(i, &name, &policy, None, false, move |attempt, reports| {
+                .execute(i, &name, &policy, None, Attempts::Undo, move |attempt, reports| {
                     Box::pin(async move { step.undo(&scope.cx(spec, attempt, reports), output_ref).await.map(|()| Value::Null) })
                 })
                 .await?;
@@ -628,8 +642,7 @@ impl<H: TaskHandler> Runner<H> {
     }
 
     /// Runs attempts of one step (or undo) until it succeeds, fails for good, runs out of
-    /// retries or time, or a control stops it. `cancellable` is false for undo: a revert
-    /// runs to its end.
+    /// retries or time, or a control stops it.
     #[allow(clippy::too_many_arguments)]
     async fn execute<'s>(
         &mut self,
@@ -637,10 +650,15 @@ impl<H: TaskHandler> Runner<H> {
         name: &str,
         policy: &StepPolicy,
         deadline_ms: Option<i64>,
-        cancellable: bool,
+        attempts: Attempts,
         make: impl Fn(u32, mpsc::UnboundedSender<StepReport>) -> BoxFuture<'s, Result<Value, StepError>>,
     ) -> Result<Exec<Value>, PublishError> {
-        let mut backoff = policy.backoff().build();
+        let cancellable = attempts == Attempts::Forward;
+        let mut backoff = match attempts {
+            Attempts::Forward => policy.backoff(),
+            Attempts::Undo => policy.undo_backoff(),
+        }
+        .build();
         let (tx, mut rx) = mpsc::unbounded_channel();
         let mut attempt: u32 = 0;
         loop {
@@ -706,7 +724,10 @@ impl<H: TaskHandler> Runner<H> {
                 return Ok(Exec::Err(err, attempt));
             }
             let Some(delay) = backoff.next() else {
-                let message = format!("gave up after {attempt} attempts: {}", err.message);
+                let message = match attempts {
+                    Attempts::Forward => format!("gave up after {attempt} attempts: {}", err.message),
+                    Attempts::Undo => format!("gave up after {attempt} attempts (undo patience {}): {}", human(policy.undo_patience), err.message),
+                };
                 return Ok(Exec::Err(StepError { message, ..err }, attempt));
             };
             if self.stopping() {

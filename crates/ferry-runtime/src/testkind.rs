@@ -18,8 +18,11 @@ crate::register_kind!(crate::kind::KindInfo {
     kind: TaskKind::TEST,
     describe: "The runtime's own no-op task, for demos, tests and benchmarks",
     order: 60,
-    schemas: &[(4, "TestTaskSpec.avsc", include_str!("../../../schemas/TestTaskSpec.avsc"))],
-    spec: "TestTaskSpec.avsc",
+    schemas: &[
+        (4, "TestTaskSpec.avsc", include_str!("../../../schemas/TestTaskSpec.avsc")),
+        (8, "TestTaskSpec.v2.avsc", include_str!("../../../schemas/TestTaskSpec.v2.avsc")),
+    ],
+    spec: "TestTaskSpec.v2.avsc",
     access: crate::kind::Access::NONE,
     not_for_tenants: None,
     encode: crate::kind::encode_json::<TestTaskSpec>,
@@ -43,6 +46,11 @@ pub struct TestTaskSpec {
     pub block_at: Option<i32>,
     /// Step (from 1) whose undo fails permanently.
     pub undo_fail_at: Option<i32>,
+    /// Transient failures of every undo before it succeeds. Version 2 of the schema (id
+    /// 8); version 1 records have none.
+    #[serde(default)]
+    #[avro(default = "0")]
+    pub undo_fail_transient: i32,
 }
 
 impl TestTaskSpec {
@@ -90,6 +98,9 @@ impl Step<TestTaskSpec> for TestStep {
             max_retries: 5,
             min_delay: self.min_delay,
             max_delay: self.min_delay * 8,
+            // An undo retries for at most 100 first delays' worth of waiting (1 s in the
+            // tests' 10 ms): room for `undo_fail_transient` past `max_retries`.
+            undo_patience: self.min_delay * 100,
         }
     }
 
@@ -106,6 +117,9 @@ impl Step<TestTaskSpec> for TestStep {
 
     fn undo<'a>(&'a self, cx: &'a StepContext<'a, TestTaskSpec>, _output: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>> {
         async move {
+            if (cx.attempt as i32) <= cx.spec.undo_fail_transient {
+                return Err(StepError::transient("INJECTED_TRANSIENT", format!("undo attempt {} fails on purpose", cx.attempt)));
+            }
             if cx.spec.undo_fail_at == Some(self.index) {
                 return Err(StepError::permanent("INJECTED_UNDO_FAILURE", format!("undo of step {} fails on purpose", self.index)));
             }
@@ -160,6 +174,9 @@ impl TaskHandler for TestHandler {
         }
         if spec.fail_transient < 0 {
             return Err(Rejection::new("fail_transient must not be negative"));
+        }
+        if spec.undo_fail_transient < 0 {
+            return Err(Rejection::new("undo_fail_transient must not be negative"));
         }
         Ok(())
     }

@@ -104,6 +104,49 @@ async fn keep_partial_leaves_finished_steps_and_transient_errors_retry() {
     worker.await.unwrap();
 }
 
+/// An undo retries transient errors for its step's `undo_patience`, not the run's
+/// `max_retries`: a revert after an outage outlasts the outage the run gave up on. The
+/// test kind's run gives up after 6 attempts and its undo waits at most 1 s in all here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undo_retries_past_the_runs_budget_and_gives_up_only_after_its_patience() {
+    let broker = TestBroker::embedded();
+    let client = broker.client();
+    let mut events = client.events(true).await.unwrap();
+    let (stop, worker) = broker.spawn_worker(broker.worker_options());
+
+    // Each undo fails 7 times (a run would have given up after 5 retries), then succeeds.
+    let spec = TestTaskSpec { fail_at: Some(2), undo_fail_transient: 7, ..TestTaskSpec::steps(2) };
+    let id = submit(&client, "patient", &spec).await;
+    let evs = until_final(&mut events, id).await;
+    let failed_at = evs.iter().position(|e| e.event == EventType::StepFailed).expect("StepFailed");
+    for step in [1, 2] {
+        let retries: Vec<i32> = evs[failed_at..]
+            .iter()
+            .filter(|e| e.event == EventType::Retrying && e.step == Some(step))
+            .filter_map(|e| e.attempt)
+            .collect();
+        assert_eq!(retries, (2..=8).collect::<Vec<_>>(), "undo of step {step}");
+    }
+    let reverted: Vec<i32> = evs.iter().filter(|e| e.event == EventType::StepReverted).filter_map(|e| e.step).collect();
+    assert_eq!(reverted, vec![2, 1]);
+    assert_eq!(evs.last().unwrap().event, EventType::Reverted, "{:?}", types(&evs));
+
+    // An undo that never succeeds ends RevertFailed once its patience is spent, saying so.
+    let spec = TestTaskSpec { fail_at: Some(1), undo_fail_transient: i32::MAX, ..TestTaskSpec::steps(1) };
+    let id = submit(&client, "hopeless-undo", &spec).await;
+    let evs = until_final(&mut events, id).await;
+    let last = evs.last().unwrap();
+    assert_eq!(last.event, EventType::RevertFailed, "{:?}", types(&evs));
+    assert_eq!(last.code.as_deref(), Some("INJECTED_TRANSIENT"));
+    assert!(last.attempt.unwrap() > 6, "more attempts than a run gets: {:?}", last.attempt);
+    let message = last.message.as_deref().unwrap();
+    assert!(message.contains("undo patience 1s"), "{message}");
+    let snap = client.snapshot(id).await.unwrap().unwrap();
+    assert_eq!(snap.state, TaskState::RevertFailed);
+    stop.cancel();
+    worker.await.unwrap();
+}
+
 /// Sends a Start under a new id with an idempotency key another task already has (a
 /// producer that does not derive ids from keys); returns the new id.
 async fn send_under_another_id(client: &ferry_runtime::Client, subject: &str, key: &str, spec: &TestTaskSpec) -> TaskId {

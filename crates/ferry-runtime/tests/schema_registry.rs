@@ -94,7 +94,7 @@ async fn lookup_mode_finds_the_ids_of_a_locked_registry() {
 
     let registry = confluent(&format!("{}?mode=lookup", stand_in.url())).await.unwrap();
     let env = expected.iter().find(|(f, _)| *f == "CommandEnvelope.v3.avsc").unwrap().1;
-    let spec = expected.iter().find(|(f, _)| *f == "TestTaskSpec.avsc").unwrap().1;
+    let spec = expected.iter().find(|(f, _)| *f == "TestTaskSpec.v2.avsc").unwrap().1;
     assert_eq!(registry.id_of::<CommandEnvelope>().unwrap(), env);
     assert_eq!(registry.id_of::<TestTaskSpec>().unwrap(), spec);
     // Lookup wrote nothing: the same subjects (the protocol's three and the test kind's
@@ -106,7 +106,7 @@ async fn lookup_mode_finds_the_ids_of_a_locked_registry() {
 async fn lookup_of_a_missing_subject_names_it() {
     let stand_in = StandIn::start(StandInOptions { read_only: true, ..Default::default() }).await.unwrap();
     for (_, file, text) in embedded_schemas() {
-        if file != "TestTaskSpec.avsc" {
+        if file != "TestTaskSpec.v2.avsc" {
             stand_in.handle().register(&subject_of(text), text);
         }
     }
@@ -114,7 +114,7 @@ async fn lookup_of_a_missing_subject_names_it() {
     match &err {
         RegistryError::NotRegistered { subject, file, .. } => {
             assert_eq!(subject, "io.ferry.v1.TestTaskSpec");
-            assert_eq!(file, "TestTaskSpec.avsc");
+            assert_eq!(file, "TestTaskSpec.v2.avsc");
         }
         other => panic!("expected NotRegistered, got {other}"),
     }

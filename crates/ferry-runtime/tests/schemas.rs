@@ -23,7 +23,7 @@ fn derived() -> Vec<(&'static str, Schema)> {
         ("CommandEnvelope.v3.avsc", CommandEnvelope::get_schema()),
         ("ProgressEvent.v3.avsc", ProgressEvent::get_schema()),
         ("TaskSnapshot.v3.avsc", TaskSnapshot::get_schema()),
-        ("TestTaskSpec.avsc", TestTaskSpec::get_schema()),
+        ("TestTaskSpec.v2.avsc", TestTaskSpec::get_schema()),
     ]
 }
 

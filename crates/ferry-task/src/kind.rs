@@ -257,7 +257,7 @@ impl KindInfo {
             describe: "a stand-in",
             order: 1000,
             schemas: &[],
-            spec: "TestTaskSpec.avsc",
+            spec: "TestTaskSpec.v2.avsc",
             access: Access::NONE,
             not_for_tenants: None,
             encode: |_, _| Err("a stand-in kind encodes no spec".to_owned()),

@@ -126,6 +126,11 @@ pub struct StepPolicy {
     pub min_delay: Duration,
     /// Largest backoff delay.
     pub max_delay: Duration,
+    /// How long the step's undo keeps retrying transient errors: the waits between its
+    /// attempts add up to at most this (`max_retries` does not bound an undo). A revert is
+    /// what puts a fleet back, often after the outage that failed the run; an undo that
+    /// gave up as soon as the run did would end RevertFailed and leave the work behind.
+    pub undo_patience: Duration,
 }
 
 impl Default for StepPolicy {
@@ -135,17 +140,29 @@ impl Default for StepPolicy {
             max_retries: 5,
             min_delay: Duration::from_millis(200),
             max_delay: Duration::from_secs(30),
+            undo_patience: Duration::from_secs(600),
         }
     }
 }
 
 impl StepPolicy {
-    /// Exponential backoff with jitter, from `backon`.
+    /// Exponential backoff with jitter for the step's run, from `backon`.
     pub fn backoff(&self) -> ExponentialBuilder {
         ExponentialBuilder::default()
             .with_min_delay(self.min_delay)
             .with_max_delay(self.max_delay)
             .with_max_times(self.max_retries)
+            .with_jitter()
+    }
+
+    /// The backoff of the step's undo: the same delays, bounded by [`Self::undo_patience`]
+    /// instead of a number of attempts.
+    pub fn undo_backoff(&self) -> ExponentialBuilder {
+        ExponentialBuilder::default()
+            .with_min_delay(self.min_delay)
+            .with_max_delay(self.max_delay)
+            .without_max_times()
+            .with_total_delay(Some(self.undo_patience))
             .with_jitter()
     }
 }

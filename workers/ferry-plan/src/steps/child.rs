@@ -265,6 +265,7 @@ impl Step<PlanSpec> for ChildStep {
             max_retries: 5,
             min_delay: Duration::from_millis(500),
             max_delay: Duration::from_secs(10),
+            ..StepPolicy::default()
         }
     }
 

@@ -15,7 +15,9 @@ use std::time::Duration;
 use rdkafka::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::mocking::MockCluster;
-use rdkafka::producer::{BaseProducer, DefaultProducerContext, Producer};
+use rdkafka::client::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::producer::{BaseProducer, DeliveryResult, Producer, ProducerContext};
 
 use crate::topics::Topics;
 
@@ -39,10 +41,33 @@ pub enum EmbeddedError {
     Fault(#[source] KafkaError),
 }
 
+/// The context of the handle that owns the mock cluster. That handle is no client of
+/// Ferry's: it produces nothing, yet keeps connections to its own mock brokers, and logs
+/// their failures as errors whenever the brokers go (while [`EmbeddedBroker::all_down`]
+/// holds, and as the cluster is destroyed with the handle), beside the clients' own
+/// reports of the same outage. Its log goes to debug.
+pub struct BrokerContext;
+
+impl ClientContext for BrokerContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        tracing::debug!(?level, fac, "embedded broker's handle: {log_message}");
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::debug!(%error, "embedded broker's handle: {reason}");
+    }
+}
+
+impl ProducerContext for BrokerContext {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, _: &DeliveryResult<'_>, (): ()) {}
+}
+
 /// An in-process Kafka-protocol cluster that lives as long as this value.
 pub struct EmbeddedBroker {
     // The mock cluster belongs to this client's handle and dies with it.
-    handle: BaseProducer<DefaultProducerContext>,
+    handle: BaseProducer<BrokerContext>,
     brokers: i32,
 }
 
@@ -55,10 +80,10 @@ impl std::fmt::Debug for EmbeddedBroker {
 impl EmbeddedBroker {
     /// Starts `brokers` mock brokers and creates every topic of `topics`.
     pub fn start(brokers: i32, topics: &Topics) -> Result<Self, EmbeddedError> {
-        let handle: BaseProducer = ClientConfig::new()
+        let handle: BaseProducer<BrokerContext> = ClientConfig::new()
             .set("test.mock.num.brokers", brokers.to_string())
             .set("log_level", "3")
-            .create()
+            .create_with_context(BrokerContext)
             .map_err(EmbeddedError::Start)?;
         let broker = Self { handle, brokers };
         // A new consumer group waits 3 s for more members by default; workers join at once.
@@ -77,7 +102,7 @@ impl EmbeddedBroker {
         Ok(broker)
     }
 
-    fn cluster(&self) -> MockCluster<'_, DefaultProducerContext> {
+    fn cluster(&self) -> MockCluster<'_, BrokerContext> {
         self.handle.client().mock_cluster().expect("created with test.mock.num.brokers")
     }
 
@@ -131,7 +156,7 @@ impl EmbeddedBroker {
     }
 
     /// The raw mock cluster, for other fault injection (request errors).
-    pub fn mock(&self) -> MockCluster<'_, DefaultProducerContext> {
+    pub fn mock(&self) -> MockCluster<'_, BrokerContext> {
         self.cluster()
     }
 

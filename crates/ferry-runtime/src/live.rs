@@ -124,17 +124,30 @@ struct Shared<V> {
     stopped: AtomicBool,
 }
 
-/// Stops the reader thread when the last handle is dropped.
-struct Owner(Arc<AtomicBool>);
+/// Stops the reader thread when the last handle is dropped, and waits (at most
+/// [`CLOSE_WAIT`]) until it has let its consumer go: a program that stops its broker next
+/// (`ferry dev`) must not have a reader still polling it.
+struct Owner {
+    stop: Arc<AtomicBool>,
+    done: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+/// The longest a dropped follower waits for its reader: one poll (100 ms) and the
+/// consumer's close, with room for a broker that no longer answers.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
 impl Drop for Owner {
     fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
+        self.stop.store(true, Ordering::Relaxed);
+        if let Ok(done) = self.done.lock() {
+            let _ = done.recv_timeout(CLOSE_WAIT);
+        }
     }
 }
 
 /// The latest value of every key of a set of compacted topics, followed by a thread of its
-/// own. Cheap to clone; the thread stops (at its next poll) when the last clone is dropped.
+/// own. Cheap to clone; the last clone's drop stops the thread and waits for its consumer
+/// to close (about one poll, 100 ms).
 pub struct Follower<V> {
     shared: Arc<Shared<V>>,
     _owner: Arc<Owner>,
@@ -220,15 +233,19 @@ impl<V: Send + Sync + 'static> Follower<V> {
             stopped: AtomicBool::new(false),
         });
         let s = shared.clone();
+        let (done_tx, done) = std::sync::mpsc::channel();
         std::thread::Builder::new()
             .name("ferry-live".into())
             .spawn(move || {
                 s.read_loop(&decode, ends);
                 s.stopped.store(true, Ordering::Relaxed);
                 s.changed.send_modify(|v| *v += 1);
+                // The last holder once the followers are gone: the consumer closes here.
+                drop(s);
+                let _ = done_tx.send(());
             })
             .map_err(|source| LiveError::Spawn { topics: shared.topics.join(", "), source })?;
-        Ok(Self { shared, _owner: Arc::new(Owner(stop)) })
+        Ok(Self { shared, _owner: Arc::new(Owner { stop, done: std::sync::Mutex::new(done) }) })
     }
 }
 

@@ -209,10 +209,12 @@ impl<H: TaskHandler> Worker<H> {
         let _stop_guard = StopOnDrop { flag: stop.clone(), view: view.clone() };
         let intake = Intake::new(&opts.kafka, &group, &topic, handler, registry, sched_tx.clone(), stop.clone(), ready.clone(), fences, publisher.clone(), opts.revoke_grace)?
             .with_policy(opts.policy.clone());
-        if !tenant_topics.is_empty() {
+        let gateway_thread = if tenant_topics.is_empty() {
+            None
+        } else {
             let gateway = crate::gateway::Gateway::new(&opts.kafka, &format!("ferry-gateway-{kind}"), tenant_topics, &topic, stop.clone())?;
-            std::thread::Builder::new().name(format!("ferry-gateway-{kind}")).spawn(move || gateway.run()).expect("spawn gateway thread");
-        }
+            Some(std::thread::Builder::new().name(format!("ferry-gateway-{kind}")).spawn(move || gateway.run()).expect("spawn gateway thread"))
+        };
         // The thread reports its end on a channel instead of being joined: closing a
         // consumer blocks while no broker answers, and shutdown must stay bounded.
         let (intake_tx, intake_done) = oneshot::channel();
@@ -230,7 +232,7 @@ impl<H: TaskHandler> Worker<H> {
         let lag_group = group.clone();
         let lag_topic = topic.clone();
         let lag_stop = shutdown.clone();
-        tokio::spawn(async move { crate::lag::report(lag_kafka, lag_group, lag_topic, lag_metrics, lag_stop).await });
+        let lag = tokio::spawn(async move { crate::lag::report(lag_kafka, lag_group, lag_topic, lag_metrics, lag_stop).await });
 
         let mut intake_done = intake_done;
         let intake_result = tokio::select! {
@@ -257,9 +259,18 @@ impl<H: TaskHandler> Worker<H> {
         drop(sched_tx);
         let _ = scheduler.await;
         publisher.flush(Duration::from_secs(10));
-        // The reader thread ends at its next poll; it holds nothing to flush.
+        // Every client of this worker is closed when `run` returns: whoever stops the
+        // broker next (`ferry dev`, a test) sees no reconnect storm from a reader left
+        // behind. The lag reporter ends at the shutdown token (its calls are bounded by
+        // 5 s); the state view's reader at its next poll (100 ms).
+        // The gateway commits what it forwarded and closes once it sees `stop`. Each wait is
+        // bounded: a thread that cannot close (no broker answers) is left, as the intake's.
         view.stop();
-        drop(view_thread);
+        let _ = tokio::time::timeout(Duration::from_secs(15), lag).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), tokio::task::spawn_blocking(move || view_thread.join())).await;
+        if let Some(gateway) = gateway_thread {
+            let _ = tokio::time::timeout(opts.shutdown_grace + Duration::from_secs(15), tokio::task::spawn_blocking(move || gateway.join())).await;
+        }
         tracing::info!(%kind, "worker stopped");
         match intake_result {
             Some(Err(e)) => Err(e.into()),

@@ -1,5 +1,6 @@
 //! Each worker's `ferry dev --demo <name>`: the scripted scenario a newcomer runs on the
-//! embedded broker and the simulated fleet, which exits 0 only when every check passed.
+//! embedded broker and the simulated fleet, which exits 0 only when every check passed and
+//! prints words, not Rust debug text; and `smoke`, the runtime alone.
 
 // Each kind registers itself in its worker crate (ferry_task::kind): link every one Ferry
 // ships, as the `ferry` binary does, so that topics and schemas cover them all.
@@ -8,7 +9,7 @@ use {ferry_cluster as _, ferry_deploy as _, ferry_offload as _, ferry_peer as _,
 use std::process::Command;
 
 fn demo(name: &str) {
-    if !ferry_fleet::binaries::Binaries::installed() {
+    if name != "smoke" && !ferry_fleet::binaries::Binaries::installed() {
         ferry_runtime::report::missing_prerequisite(&format!("the test bed is not installed (scripts/install-testbed.sh), needed by the {name} demo"));
         return;
     }
@@ -18,6 +19,15 @@ fn demo(name: &str) {
     println!("{stdout}");
     assert!(out.status.success(), "ferry dev --demo {name} exited {:?}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
     assert!(!stdout.contains("MISMATCH"), "{stdout}");
+    // What a newcomer reads is words, not Rust's Debug of an Option, a Result or a list.
+    let debug: Vec<&str> = stdout.lines().filter(|l| ["Some(", "None)", "Ok(", "Err(", "[]", "[\""].iter().any(|p| l.contains(p))).collect();
+    assert!(debug.is_empty(), "Rust debug text in the {name} demo's output: {debug:#?}");
+}
+
+/// The README's runtime-only demo (no test bed): success, revert, retries, cancel.
+#[test]
+fn smoke_demo_runs_the_runtime_alone() {
+    demo("smoke");
 }
 
 #[test]

@@ -135,7 +135,7 @@ pub async fn run(a: RecoveryArgs) -> anyhow::Result<std::process::ExitCode> {
     let unexpected_reruns = starts.values().filter(|w| w.len() > 2 || (w.len() == 2 && w[0] == w[1])).count();
     let violations = ferry_runtime::history::check(&history);
     for v in violations.iter().take(10) {
-        eprintln!("violation: {v:?}");
+        eprintln!("violation: {v}");
     }
     let report = Report {
         broker: a.broker.name().to_owned(),

@@ -151,7 +151,7 @@ pub async fn run(a: WaveArgs) -> anyhow::Result<std::process::ExitCode> {
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        println!("broker                    {} (CRDs: {source:?})", report.broker);
+        println!("broker                    {} (CRDs: {source})", report.broker);
         println!("clusters                  {} simulated, {} waves of {} ({} at once)", report.clusters, report.waves, report.wave_size, if a.max_in_flight == 0 { a.size } else { a.max_in_flight });
         println!("rollout                   {:.1} s ({:.2} s per wave)", report.rollout_s, report.per_wave_s);
         println!("one batch, direct         {:.2} s ({} test tasks submitted at once, same run)", report.direct_batch_s, a.size);

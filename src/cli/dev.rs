@@ -243,8 +243,8 @@ async fn smoke(kafka: &KafkaConfig, topics: &Topics) -> anyhow::Result<ExitCode>
         println!(
             "smoke {:<12} {id} {:<10} expected {:<10} steps done {steps}, reverted {reverted}, events {} {}",
             case.name,
-            format!("{last:?}").trim_start_matches("Some(").trim_end_matches(')'),
-            format!("{:?}", case.expect),
+            ferry_testkit::ended(last),
+            case.expect.to_string(),
             evs.len(),
             if ok { "ok" } else { "MISMATCH" }
         );

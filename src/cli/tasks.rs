@@ -355,7 +355,7 @@ async fn control(client: &ferry_runtime::Client, id: TaskId, action: CommandActi
     let target = client.control_by_id(id, action, reason).await?;
     let was = match (target.state, target.last_event) {
         (Some(state), _) => format!("task was {}", name(&state)),
-        (None, Some(event)) => format!("its last event: {event:?}"),
+        (None, Some(event)) => format!("its last event: {}", name(&event)),
         (None, None) => "task not seen yet".to_owned(),
     };
     Ok((target, was))

@@ -9,10 +9,12 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::{EventType, ProgressEvent};
 
-/// One broken guarantee, named with the task (and subject) it concerns.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One broken guarantee, named with the task (and subject) it concerns; its `Display` is
+/// a sentence for a person.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Violation {
     /// Two different events carry one (task, seq).
+    #[error("task {task}: seq {seq} carries two different events ({}, then {})", .events[0], .events[1])]
     SeqReused {
         /// The task.
         task: String,
@@ -23,6 +25,7 @@ pub enum Violation {
     },
     /// A task has final events at more than one seq with no Reverting between them (it
     /// ended twice; a Revert of a settled task legitimately ends it again).
+    #[error("task {task} ended more than once: {}", .finals.join("; "))]
     EndedTwice {
         /// The task.
         task: String,
@@ -31,6 +34,7 @@ pub enum Violation {
     },
     /// A task of a subject started a step while another task of that subject had started
     /// and not yet ended.
+    #[error("subject {subject}: task {started} started a step while task {running} was running")]
     SubjectOverlap {
         /// The subject.
         subject: String,
@@ -41,6 +45,7 @@ pub enum Violation {
     },
     /// Two workers ran steps of one task at the same time, as an effect log outside Kafka
     /// shows ([`check_effects`]).
+    #[error("task {task} ran on two workers at once: {} and {}", .runs[0], .runs[1])]
     TwoRunners {
         /// The task.
         task: String,
@@ -49,6 +54,7 @@ pub enum Violation {
     },
     /// An event is durable but no snapshot of its task reached its seq (a task resumed
     /// from that snapshot would number a different event the same).
+    #[error("task {task}: event seq {seq} is durable, its latest snapshot is {}", .snapshot_seq.map_or_else(|| "missing".to_owned(), |s| format!("at seq {s}")))]
     EventWithoutSnapshot {
         /// The task.
         task: String,

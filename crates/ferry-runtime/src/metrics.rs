@@ -172,7 +172,7 @@ impl Metrics {
     /// and `reverting`.
     pub(crate) fn written(&self, snap: &TaskSnapshot, ev: &ProgressEvent) {
         self.events
-            .get_or_create(&EventLabels { kind: snap.kind.to_string(), event: format!("{:?}", ev.event) })
+            .get_or_create(&EventLabels { kind: snap.kind.to_string(), event: ev.event.name().to_owned() })
             .inc();
         if ev.event.is_final() {
             let took = Duration::from_millis(ev.at_ms.saturating_sub(snap.created_at_ms).max(0) as u64);

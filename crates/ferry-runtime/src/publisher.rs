@@ -85,7 +85,7 @@ pub enum PublishError {
         source: KafkaError,
     },
     /// A task's transition (snapshot, then event) was not acknowledged.
-    #[error("writing {:?} (seq {}) of task {}: {source}", event.event, event.seq, event.task_id)]
+    #[error("writing {} (seq {}) of task {}: {source}", event.event, event.seq, event.task_id)]
     Transition {
         /// The event whose write failed; its snapshot is the task's in-memory snapshot.
         event: Box<ProgressEvent>,

@@ -118,7 +118,36 @@ pub enum EventType {
     Signalled,
 }
 
+impl std::fmt::Display for EventType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 impl EventType {
+    /// The event's name as the protocol spells it (the Avro symbol: `Succeeded`,
+    /// `StepFailed`); also its `Display`.
+    pub fn name(self) -> &'static str {
+        match self {
+            EventType::Accepted => "Accepted",
+            EventType::Rejected => "Rejected",
+            EventType::StepStarted => "StepStarted",
+            EventType::StepProgress => "StepProgress",
+            EventType::StepSucceeded => "StepSucceeded",
+            EventType::StepFailed => "StepFailed",
+            EventType::Retrying => "Retrying",
+            EventType::Succeeded => "Succeeded",
+            EventType::Failed => "Failed",
+            EventType::CancelRequested => "CancelRequested",
+            EventType::Cancelled => "Cancelled",
+            EventType::Reverting => "Reverting",
+            EventType::StepReverted => "StepReverted",
+            EventType::Reverted => "Reverted",
+            EventType::RevertFailed => "RevertFailed",
+            EventType::Signalled => "Signalled",
+        }
+    }
+
     /// The state an event of this type leaves its task in, where the type alone says it
     /// (`None`: the task stays as it was, e.g. a retry or progress in a run or an undo).
     /// What a reader of events only (a tenant) knows of a task's state.

@@ -7,10 +7,10 @@ use crate::{EventType, ProgressEvent, TaskId};
 /// the task succeeded.
 pub fn print_outcome(what: &str, id: TaskId, evs: &[ProgressEvent]) -> bool {
     for e in evs.iter().filter(|e| e.event == EventType::StepSucceeded || e.event == EventType::StepFailed) {
-        println!("{what} step {:<16} {:?}", e.step_name.clone().unwrap_or_default(), e.event);
+        println!("{what} step {:<16} {}", e.step_name.clone().unwrap_or_default(), e.event);
     }
     let last = evs.last().map(|e| e.event);
-    println!("{what} {id} ended {last:?}");
+    println!("{what} {id} ended {}", last.map_or("without a final event", EventType::name));
     if last != Some(EventType::Succeeded) {
         if let Some(e) = evs.iter().rev().find(|e| e.message.is_some()) {
             println!("{what}: {}", e.message.clone().unwrap_or_default());
@@ -26,9 +26,9 @@ pub fn summary(evs: &[ProgressEvent]) -> String {
     let failures: Vec<String> = evs
         .iter()
         .filter(|e| matches!(e.event, EventType::StepFailed | EventType::RevertFailed | EventType::Rejected))
-        .map(|e| format!("{:?} {}: {}", e.event, e.step_name.clone().unwrap_or_default(), e.message.clone().unwrap_or_default()))
+        .map(|e| format!("{} {}: {}", e.event, e.step_name.clone().unwrap_or_default(), e.message.clone().unwrap_or_default()))
         .collect();
-    format!("{:?} {failures:?}", evs.last().map(|e| e.event))
+    format!("{}; failures: {}", evs.last().map_or("no event", |e| e.event.name()), if failures.is_empty() { "none".to_owned() } else { failures.join("; ") })
 }
 
 /// Says that a test's prerequisite (`what`, with the script that installs it) is missing.

@@ -155,6 +155,15 @@ pub enum CrdSource {
     ProjectSubset,
 }
 
+impl std::fmt::Display for CrdSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Upstream => "upstream, from ../shared/crds",
+            Self::ProjectSubset => "the project's open-schema stand-ins (../shared/crds absent)",
+        })
+    }
+}
+
 /// A running fleet; everything stops when it is dropped.
 #[derive(Debug)]
 pub struct Fleet {

@@ -148,7 +148,7 @@ pub async fn run(client: &Client, hub: &kube::Client) -> anyhow::Result<bool> {
     let (id, evs) = submit(client, &delete(&cmd), wait).await?;
     ok &= print_outcome("delete", id, &evs);
     let left = leftovers(hub, &cmd).await?;
-    println!("delete: left behind on the hub {left:?}: {}", if left.is_empty() { "ok" } else { "MISMATCH" });
+    println!("delete: left behind on the hub {}: {}", crate::listing(&left), if left.is_empty() { "ok" } else { "MISMATCH" });
     ok &= left.is_empty();
     println!("create-cluster: {}", if ok { "created with add-ons and registered, scaled, deleted without a trace" } else { "FAILED" });
     Ok(ok)

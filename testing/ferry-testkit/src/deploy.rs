@@ -171,7 +171,7 @@ pub async fn run(client: &Client, fleet: &Fleet) -> anyhow::Result<bool> {
     println!("delete {id} ended {}", crate::ended(last));
     ok &= last == Some(EventType::Succeeded);
     let left = leftovers(fleet, &app, &clusters).await?;
-    println!("delete: left behind {left:?}: {}", if left.is_empty() { "ok" } else { "MISMATCH" });
+    println!("delete: left behind {}: {}", crate::listing(&left), if left.is_empty() { "ok" } else { "MISMATCH" });
     ok &= left.is_empty();
     println!("deploy: {}", if ok { "every component became ready and the delete removed everything" } else { "FAILED" });
     Ok(ok)

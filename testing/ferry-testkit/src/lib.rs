@@ -26,7 +26,15 @@ pub mod score;
 
 pub use bed::{Bed, BedBuilder, BedError};
 
+/// Names for a person: `a, b, c`, or `nothing` (not a Rust list's `[]`).
+pub fn listing<S: AsRef<str>>(items: &[S]) -> String {
+    if items.is_empty() {
+        return "nothing".to_owned();
+    }
+    items.iter().map(AsRef::as_ref).collect::<Vec<_>>().join(", ")
+}
+
 /// How a demo's task ended, for a person: the final event's name, or that none came.
 pub fn ended(last: Option<ferry_runtime::EventType>) -> String {
-    last.map_or_else(|| "without a final event".to_owned(), |e| format!("{e:?}"))
+    last.map_or_else(|| "without a final event".to_owned(), |e| e.to_string())
 }

@@ -168,7 +168,7 @@ async fn follow(events: &mut ferry_runtime::EventStream, id: TaskId, what: &str)
         .until(id, WAIT, |e| {
             match e.event {
                 EventType::StepSucceeded | EventType::StepFailed | EventType::StepReverted => {
-                    println!("{what} step {:<8} {:?} {}", e.step_name.clone().unwrap_or_default(), e.event, e.message.clone().unwrap_or_default());
+                    println!("{what} step {:<8} {} {}", e.step_name.clone().unwrap_or_default(), e.event, e.message.clone().unwrap_or_default());
                 }
                 EventType::StepProgress if e.step_name.as_deref() == Some("agents") => {
                     println!("{what} agents   {}", e.message.clone().unwrap_or_default());

@@ -74,7 +74,7 @@ pub async fn run(client: &Client, fleet: &Fleet) -> anyhow::Result<bool> {
     let want: Vec<&str> = LOADS.iter().map(|(c, _, _)| *c).collect();
     let got: Vec<&str> = ranking.iter().map(|r| r.cluster.as_str()).collect();
     let mut ok = got == want;
-    println!("score ranking {got:?}, expected {want:?}: {}", if ok { "ok" } else { "MISMATCH" });
+    println!("score ranking {}, expected {}: {}", crate::listing(&got), crate::listing(&want), if ok { "ok" } else { "MISMATCH" });
 
     let hub = fleet.hub().client().await?;
     for r in &ranking {

@@ -220,7 +220,7 @@ impl Watches {
         self.wait_object::<K, ()>(cluster, client, namespace, name, timeout, |o| match o {
             None => Check::Done(()),
             Some(o) => Check::Pending(match o.meta().deletion_timestamp {
-                Some(_) => format!("being deleted (finalizers {:?})", o.meta().finalizers.clone().unwrap_or_default()),
+                Some(_) => format!("being deleted (finalizers: {})", o.meta().finalizers.clone().unwrap_or_default().join(", ")),
                 None => "still exists".to_owned(),
             }),
         })

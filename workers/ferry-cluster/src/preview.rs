@@ -48,7 +48,7 @@ pub async fn preview(cfg: &ClusterConfig, subject: &str, cmd: &ClusterCommand) -
             }
             let addons: Vec<&str> = cmd.addons.iter().map(|a| a.name.as_str()).collect();
             if !addons.is_empty() {
-                p.notes.push(format!("once {name} answers, its add-ons {addons:?} are applied on it"));
+                p.notes.push(format!("once {name} answers, its add-ons {} are applied on it", addons.join(", ")));
             }
             if cmd.ocm.enabled {
                 p.notes.push(format!(

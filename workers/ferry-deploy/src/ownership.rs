@@ -44,7 +44,7 @@ pub fn managed_by(meta: &ObjectMeta) -> String {
     managers.sort_unstable();
     managers.dedup();
     if !managers.is_empty() {
-        parts.push(format!("field managers {managers:?}"));
+        parts.push(format!("field managers {}", managers.join(", ")));
     }
     if parts.is_empty() { "no label or field manager recorded".to_owned() } else { parts.join(", ") }
 }

@@ -61,7 +61,7 @@ pub fn typed_variables(class: &Value, given: &std::collections::HashMap<String, 
     for name in names {
         let Some(def) = defs.iter().find(|d| d["name"] == name.as_str()) else {
             let known: Vec<&str> = defs.iter().filter_map(|d| d["name"].as_str()).collect();
-            return Err(format!("variable {name:?} is not defined by the ClusterClass (it defines {known:?})"));
+            return Err(format!("variable {name:?} is not defined by the ClusterClass (it defines {})", known.join(", ")));
         };
         let text = &given[name];
         let ty = def.pointer("/schema/openAPIV3Schema/type").and_then(Value::as_str).unwrap_or("string");
@@ -88,7 +88,7 @@ pub fn typed_variables(class: &Value, given: &std::collections::HashMap<String, 
     let missing: Vec<&str> =
         defs.iter().filter(|d| d.get("required").and_then(Value::as_bool) == Some(true)).filter_map(|d| d["name"].as_str()).filter(|n| !given.contains_key(*n)).collect();
     if !missing.is_empty() {
-        return Err(format!("the ClusterClass requires the variables {missing:?}; give them in `variables`"));
+        return Err(format!("the ClusterClass requires the variables {}; give them in `variables`", missing.join(", ")));
     }
     Ok(out)
 }
@@ -135,7 +135,7 @@ impl CreateCheck {
         if !clusters.namespaces().iter().any(|n| n == ns) {
             return Err(StepError::rejected(
                 codes::BAD_SPEC,
-                format!("namespace {ns:?} is not a cluster namespace (the workers reach clusters in {:?} only: FERRY_CLUSTER_NAMESPACES)", clusters.namespaces()),
+                format!("namespace {ns:?} is not a cluster namespace (the workers reach clusters in {} only: FERRY_CLUSTER_NAMESPACES)", clusters.namespaces().join(", ")),
             ));
         }
         // Workers reach clusters by name: a name in use elsewhere would be ambiguous.

@@ -70,21 +70,21 @@ pub(super) async fn wait_nodes(
         .wait_store::<Node, ()>(&cmd.name, &client, None, "Ready nodes", timeout, |store| {
             let nodes = store.state();
             let ready = |n: &str| nodes.iter().any(|node| node.metadata.name.as_deref() == Some(n) && ferry_kube::kinds::node_ready(node));
-            let not_ready: Vec<&String> = wanted.iter().filter(|n| !ready(n)).collect();
+            let not_ready: Vec<&str> = wanted.iter().filter(|n| !ready(n)).map(String::as_str).collect();
             if not_ready.is_empty() {
                 return Check::Done(());
             }
             // The kubelet says why (kubeadm without a CNI: NetworkPluginNotReady).
             let why = nodes
                 .iter()
-                .filter(|node| node.metadata.name.as_deref().is_some_and(|n| not_ready.iter().any(|w| w.as_str() == n)))
+                .filter(|node| node.metadata.name.as_deref().is_some_and(|n| not_ready.contains(&n)))
                 .find_map(|node| ferry_kube::kinds::condition_message(&serde_json::to_value(&node.status).ok()?, "Ready"));
             Check::Pending(match why {
                 Some(w) if w.contains("NetworkPluginNotReady") => {
-                    format!("not Ready yet: {not_ready:?}: {w} (no pod network: ask for a CNI add-on, e.g. addons: [{{name: cni}}])")
+                    format!("not Ready yet: {}: {w} (no pod network: ask for a CNI add-on, e.g. addons: [{{name: cni}}])", not_ready.join(", "))
                 }
-                Some(w) => format!("not Ready yet: {not_ready:?}: {w}"),
-                None => format!("not Ready yet: {not_ready:?}"),
+                Some(w) => format!("not Ready yet: {}: {w}", not_ready.join(", ")),
+                None => format!("not Ready yet: {}", not_ready.join(", ")),
             })
         })
         .await

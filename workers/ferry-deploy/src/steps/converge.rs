@@ -181,7 +181,7 @@ fn gone(meta: Option<&ObjectMeta>, app: &str) -> Check<()> {
         None => Check::Done(()),
         Some(m) if !is_ferrys(m, app) => Check::Done(()),
         Some(m) => Check::Pending(match m.deletion_timestamp {
-            Some(_) => format!("being deleted (finalizers {:?})", m.finalizers.clone().unwrap_or_default()),
+            Some(_) => format!("being deleted (finalizers: {})", m.finalizers.clone().unwrap_or_default().join(", ")),
             None => "still exists".to_owned(),
         }),
     }

@@ -44,7 +44,7 @@ pub fn managed_by(meta: &ObjectMeta) -> String {
     managers.sort_unstable();
     managers.dedup();
     if !managers.is_empty() {
-        parts.push(format!("field managers {}", managers.join(", ")));
+        parts.push(format!("field managers ({})", managers.join(", ")));
     }
     if parts.is_empty() { "no label or field manager recorded".to_owned() } else { parts.join(", ") }
 }
@@ -149,7 +149,7 @@ mod tests {
     fn who_manages_names_labels_and_field_managers_only() {
         let m = meta(json!({"labels": {MANAGED_BY: "helm"}, "managedFields": [
             {"manager": "kubectl", "operation": "Apply"}, {"manager": "helm", "operation": "Update"}, {"manager": "kubectl", "operation": "Update"}]}));
-        assert_eq!(managed_by(&m), r#"app.kubernetes.io/managed-by=helm, field managers ["helm", "kubectl"]"#);
+        assert_eq!(managed_by(&m), r#"app.kubernetes.io/managed-by=helm, field managers (helm, kubectl)"#);
         let other = meta(json!({"labels": {MANAGED_BY: "ferry", APP_LABEL: "blog"}}));
         assert_eq!(managed_by(&other), r#"app.kubernetes.io/managed-by=ferry for app "blog""#);
         assert_eq!(managed_by(&meta(json!({}))), "no label or field manager recorded");

@@ -232,7 +232,7 @@ mod tests {
             typed_variables(&class, &given(&[("region", "eu-1"), ("replicas", "3"), ("ha", "true")])).unwrap(),
             [json!({"name": "ha", "value": true}), json!({"name": "region", "value": "eu-1"}), json!({"name": "replicas", "value": 3})]
         );
-        assert!(typed_variables(&class, &given(&[("replicas", "3")])).unwrap_err().contains("requires the variables [\"region\"]"));
+        assert!(typed_variables(&class, &given(&[("replicas", "3")])).unwrap_err().contains("requires the variables region;"));
         assert!(typed_variables(&class, &given(&[("region", "x"), ("replicas", "three")])).unwrap_err().contains("\"three\" is not a integer"));
         assert!(typed_variables(&class, &given(&[("region", "x"), ("zone", "a")])).unwrap_err().contains("variable \"zone\" is not defined"));
     }

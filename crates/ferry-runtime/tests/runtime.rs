@@ -104,25 +104,6 @@ async fn keep_partial_leaves_finished_steps_and_transient_errors_retry() {
     worker.await.unwrap();
 }
 
-/// When `Worker::run` returns, every Kafka client it made is closed: whoever stops the
-/// broker next (`ferry dev` after its demo, a test) sees no reconnect storm from a reader
-/// left behind (the state view's thread and the lag reporter outlived `run`, and `ferry
-/// dev --demo smoke` ended in a screen of librdkafka connection errors).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stopped_worker_leaves_no_kafka_client_behind() {
-    let broker = TestBroker::embedded();
-    let (stop, worker) = broker.spawn_worker(broker.worker_options());
-    {
-        let client = broker.client();
-        let mut events = client.events(true).await.unwrap();
-        let id = submit(&client, "bye", &TestTaskSpec::steps(1)).await;
-        assert_eq!(until_final(&mut events, id).await.last().unwrap().event, EventType::Succeeded);
-    }
-    stop.cancel();
-    worker.await.unwrap();
-    assert_eq!(kafka_clients(), 1, "Kafka clients left open after the worker stopped (beside the embedded broker's own handle)");
-}
-
 /// An undo retries transient errors for its step's `undo_patience`, not the run's
 /// `max_retries`: a revert after an outage outlasts the outage the run gave up on. The
 /// test kind's run gives up after 6 attempts and its undo waits at most 1 s in all here.

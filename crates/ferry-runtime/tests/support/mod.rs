@@ -96,15 +96,3 @@ pub async fn until_event(events: &mut ferry_runtime::EventStream, id: TaskId, ev
 pub fn types(evs: &[ProgressEvent]) -> Vec<EventType> {
     evs.iter().map(|e| e.event).collect()
 }
-
-/// The librdkafka clients alive in this process: each client handle has one main thread
-/// (`rdk:main`) from its creation until it is destroyed. Count at rest only: a thread
-/// librdkafka starts is named after its parent (`rdk:main`) until it names itself, so a
-/// count taken while clients start can be high. The embedded broker is one handle.
-pub fn kafka_clients() -> usize {
-    std::fs::read_dir("/proc/self/task")
-        .expect("/proc/self/task (Linux)")
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-        .filter(|n| n.trim() == "rdk:main")
-        .count()
-}

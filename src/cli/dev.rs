@@ -243,8 +243,8 @@ async fn smoke(kafka: &KafkaConfig, topics: &Topics) -> anyhow::Result<ExitCode>
         println!(
             "smoke {:<12} {id} {:<10} expected {:<10} steps done {steps}, reverted {reverted}, events {} {}",
             case.name,
-            ferry_testkit::ended(last),
-            case.expect.to_string(),
+            ferry_runtime::report::ended(last),
+            case.expect,
             evs.len(),
             if ok { "ok" } else { "MISMATCH" }
         );

@@ -120,7 +120,8 @@ pub enum EventType {
 
 impl std::fmt::Display for EventType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
+        // `pad`: widths and alignment apply (`{:<10}` in a table).
+        f.pad(self.name())
     }
 }
 
@@ -502,4 +503,24 @@ pub fn now_ms() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use apache_avro::{AvroSchema, Schema};
+
+    use super::EventType;
+
+    /// `EventType::name` is written out by hand: it must say every symbol of the schema
+    /// as serde reads it, so a new or renamed event cannot print another name.
+    #[test]
+    fn event_names_are_the_schema_symbols() {
+        let Schema::Enum(e) = EventType::get_schema() else { panic!("EventType is an Avro enum") };
+        assert!(e.symbols.len() >= 16);
+        for symbol in &e.symbols {
+            let event: EventType = serde_json::from_value(serde_json::json!(symbol)).unwrap();
+            assert_eq!(event.name(), symbol);
+            assert_eq!(format!("{event:<16}|"), format!("{symbol:<16}|"), "Display pads");
+        }
+    }
 }

@@ -3,6 +3,11 @@
 
 use crate::{EventType, ProgressEvent, TaskId};
 
+/// How a task ended, for a person: its final event's name, or that none came.
+pub fn ended(last: Option<EventType>) -> &'static str {
+    last.map_or("without a final event", EventType::name)
+}
+
 /// Prints `evs` of task `id` as `<what> step <name> <outcome>` lines and the end; true when
 /// the task succeeded.
 pub fn print_outcome(what: &str, id: TaskId, evs: &[ProgressEvent]) -> bool {
@@ -10,7 +15,7 @@ pub fn print_outcome(what: &str, id: TaskId, evs: &[ProgressEvent]) -> bool {
         println!("{what} step {:<16} {}", e.step_name.clone().unwrap_or_default(), e.event);
     }
     let last = evs.last().map(|e| e.event);
-    println!("{what} {id} ended {}", last.map_or("without a final event", EventType::name));
+    println!("{what} {id} ended {}", ended(last));
     if last != Some(EventType::Succeeded) {
         if let Some(e) = evs.iter().rev().find(|e| e.message.is_some()) {
             println!("{what}: {}", e.message.clone().unwrap_or_default());

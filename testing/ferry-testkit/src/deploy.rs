@@ -138,7 +138,7 @@ pub async fn run(client: &Client, fleet: &Fleet) -> anyhow::Result<bool> {
     for e in evs.iter().filter(|e| e.event == EventType::StepProgress && e.step_name.as_deref() == Some(ferry_deploy::outputs::WAIT.step())) {
         println!("deploy progress {:>3}%  {}", e.percent.unwrap_or(0), e.message.clone().unwrap_or_default());
     }
-    println!("deploy {id} ended {}", crate::ended(last));
+    println!("deploy {id} ended {}", ferry_runtime::report::ended(last));
     if last != Some(EventType::Succeeded) {
         if let Some(e) = evs.iter().rev().find(|e| e.message.is_some()) {
             println!("deploy: {}", e.message.clone().unwrap_or_default());
@@ -168,7 +168,7 @@ pub async fn run(client: &Client, fleet: &Fleet) -> anyhow::Result<bool> {
     let delete = DeployApp { operation: DeployOperation::Delete, name: app.name.clone(), ..DeployApp::default() };
     let (id, evs) = submit(client, &delete).await?;
     let last = evs.last().map(|e| e.event);
-    println!("delete {id} ended {}", crate::ended(last));
+    println!("delete {id} ended {}", ferry_runtime::report::ended(last));
     ok &= last == Some(EventType::Succeeded);
     let left = leftovers(fleet, &app, &clusters).await?;
     println!("delete: left behind {}: {}", crate::listing(&left), if left.is_empty() { "ok" } else { "MISMATCH" });

@@ -33,8 +33,3 @@ pub fn listing<S: AsRef<str>>(items: &[S]) -> String {
     }
     items.iter().map(AsRef::as_ref).collect::<Vec<_>>().join(", ")
 }
-
-/// How a demo's task ended, for a person: the final event's name, or that none came.
-pub fn ended(last: Option<ferry_runtime::EventType>) -> String {
-    last.map_or_else(|| "without a final event".to_owned(), |e| e.to_string())
-}

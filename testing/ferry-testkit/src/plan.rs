@@ -204,7 +204,7 @@ pub async fn run(client: &Client, fleet: &Fleet) -> anyhow::Result<bool> {
     let wave_two = failed.is_some_and(|e| e.step_name.as_deref() == Some("agents") && e.message.as_deref().unwrap_or("").contains(MEMBERS[1]));
     let good = last == Some(EventType::Failed) && done == ["create", "peer", "offload", "deploy", "agents.clusters"] && wave_two;
     ok &= good;
-    println!("plan ended {}, steps done: {}; the agents' second wave failed and was put back: {}", crate::ended(last), done.join(", "), if good { "ok" } else { "MISMATCH" });
+    println!("plan ended {}, steps done: {}; the agents' second wave failed and was put back: {}", ferry_runtime::report::ended(last), done.join(", "), if good { "ok" } else { "MISMATCH" });
     let kept = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(m1.client().await?, APPS).get_opt("agent").await?.is_some();
     ok &= kept;
     println!("plan: the first wave's agent stays on {}: {}", MEMBERS[0], if kept { "ok" } else { "MISMATCH" });
@@ -213,7 +213,7 @@ pub async fn run(client: &Client, fleet: &Fleet) -> anyhow::Result<bool> {
     let evs = follow(&mut events, id, "revert").await?;
     let last = evs.last().map(|e| e.event);
     ok &= last == Some(EventType::Reverted);
-    println!("revert ended {}: {}", crate::ended(last), if last == Some(EventType::Reverted) { "ok" } else { "MISMATCH" });
+    println!("revert ended {}: {}", ferry_runtime::report::ended(last), if last == Some(EventType::Reverted) { "ok" } else { "MISMATCH" });
     // Deletions the revert started finish in the clusters' own controllers (work agents,
     // garbage collection): each object still there is watched until it goes, within a
     // bound; then the inventory is taken again.

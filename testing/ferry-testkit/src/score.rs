@@ -60,7 +60,7 @@ pub async fn run(client: &Client, fleet: &Fleet) -> anyhow::Result<bool> {
     let id = client.submit(TaskKind::SCORE, "demo/score", &spec, SubmitOptions::default()).await?;
     let evs = events.until(id, Duration::from_secs(120), |e| e.event.is_final()).await?;
     let last = evs.last().map(|e| e.event);
-    println!("score {id} ended {}", crate::ended(last));
+    println!("score {id} ended {}", ferry_runtime::report::ended(last));
     if last != Some(EventType::Succeeded) {
         if let Some(e) = evs.iter().rev().find(|e| e.message.is_some()) {
             println!("score: {}", e.message.clone().unwrap_or_default());

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use kube::api::{Api, ApiResource, DynamicObject};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
@@ -146,7 +146,9 @@ impl Watches {
     }
 
     /// Waits until `check` of the store of `K` on `cluster` (in `namespace`, or all) is
-    /// [`Check::Done`], failing at [`Check::Failed`] or after `timeout`.
+    /// [`Check::Done`], failing at [`Check::Failed`] or after `timeout`. The store can lag
+    /// the API server: a condition over the whole store (a count, any of) is decided on
+    /// what the watch has seen; [`Watches::wait_object`] confirms its object first.
     pub async fn wait_store<K, T>(
         &self,
         cluster: &str,
@@ -160,34 +162,17 @@ impl Watches {
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     {
         let shared = self.shared::<K>(cluster, client, namespace);
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut last = "the watch has not listed yet".to_owned();
-        loop {
-            // Register before checking, so a change between the check and the await wakes us.
-            let notified = shared.changed.notified();
-            futures::pin_mut!(notified);
-            notified.as_mut().enable();
-            if shared.store.wait_until_ready().now_or_never_ready() {
-                match check(&shared.store) {
-                    Check::Done(t) => return Ok(t),
-                    Check::Pending(why) => last = why,
-                    Check::Failed(reason) => {
-                        return Err(WaitError::Failed { cluster: cluster.to_owned(), what: what.to_owned(), reason });
-                    }
-                }
-            } else if let Some(e) = shared.last_error.lock().expect("error lock").clone() {
-                last = e;
-            }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                if let Some(e) = shared.last_error.lock().expect("error lock").clone() {
-                    last = format!("{last} ({e})");
-                }
-                return Err(WaitError::Timeout { cluster: cluster.to_owned(), what: what.to_owned(), waited: timeout, last });
-            }
-        }
+        wait_on(&shared, cluster, what, timeout, None, |s: &Store<K>| (check(s), None)).await
     }
 
     /// Waits until `check` of object `name` (None while it does not exist) is done.
+    ///
+    /// A watch's cache can lag the API server, e.g. still hold the object a task has just
+    /// deleted and re-created. So a decision (done or failed) stands only when the object
+    /// the watch shows is the one the API server has now: the same uid and resourceVersion
+    /// (compared for equality only, as the API conventions allow), or absent from both, read
+    /// by a quorum list of that one name (the watch's own `list` permission). Otherwise the
+    /// wait goes on until the watch catches up.
     pub async fn wait_object<K, T>(
         &self,
         cluster: &str,
@@ -209,7 +194,17 @@ impl Watches {
         if let Some(ns) = namespace {
             r = r.within(ns);
         }
-        self.wait_store(cluster, client, namespace, &what, timeout, |s: &Store<K>| check(s.get(&r).as_deref())).await
+        let api: Api<DynamicObject> = match namespace {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, &ApiResource::erase::<K>(&())),
+            None => Api::all_with(client.clone(), &ApiResource::erase::<K>(&())),
+        };
+        let shared = self.shared::<K>(cluster, client, namespace);
+        let confirm = Confirm { api, name, what: &what };
+        wait_on(&shared, cluster, &what, timeout, Some(confirm), |s: &Store<K>| {
+            let seen = s.get(&r);
+            (check(seen.as_deref()), seen.as_deref().map(version))
+        })
+        .await
     }
 
     /// Waits until object `name` is gone.
@@ -226,6 +221,96 @@ impl Watches {
         })
         .await
     }
+}
+
+/// An object's identity and version (uid, resourceVersion); None: there is none.
+type Version = Option<(Option<String>, Option<String>)>;
+
+/// How a wait on one object confirms a decision with the API server.
+struct Confirm<'a> {
+    api: Api<DynamicObject>,
+    name: &'a str,
+    what: &'a str,
+}
+
+impl Confirm<'_> {
+    /// Whether the API server has now the object the watch showed (`seen`); Err: why not
+    /// known, and whether to ask again soon (the API server did not answer) rather than
+    /// at the watch's next change (it is behind).
+    async fn stands(&self, seen: &Version) -> Result<(), (String, bool)> {
+        match current_version(&self.api, self.name).await {
+            Ok(now) if now == *seen => Ok(()),
+            Ok(_) => Err((format!("the watch has not caught up with the API server's {} yet", self.what), false)),
+            Err(e) => Err((format!("could not read {} to confirm the watch: {e}", self.what), true)),
+        }
+    }
+}
+
+/// How soon a wait asks the API server again after it could not confirm a decision.
+const RECONFIRM: Duration = Duration::from_secs(1);
+
+/// The wait loop of every shared watch: look whenever the watch changes, until `look`
+/// says done or failed (confirmed, for one object, by the API server) or the deadline.
+async fn wait_on<K, T>(
+    shared: &Shared<K>,
+    cluster: &str,
+    what: &str,
+    timeout: Duration,
+    confirm: Option<Confirm<'_>>,
+    mut look: impl FnMut(&Store<K>) -> (Check<T>, Version),
+) -> Result<T, WaitError>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut last = "the watch has not listed yet".to_owned();
+    loop {
+        // Register before checking, so a change between the check and the await wakes us.
+        let notified = shared.changed.notified();
+        futures::pin_mut!(notified);
+        notified.as_mut().enable();
+        let mut until = deadline;
+        if shared.store.wait_until_ready().now_or_never_ready() {
+            let (check, seen) = look(&shared.store);
+            let stands = match (&check, &confirm) {
+                (Check::Pending(_), _) | (_, None) => Ok(()),
+                (_, Some(c)) => c.stands(&seen).await,
+            };
+            match (check, stands) {
+                (Check::Pending(why), _) => last = why,
+                (_, Err((why, soon))) => {
+                    last = why;
+                    if soon {
+                        until = deadline.min(tokio::time::Instant::now() + RECONFIRM);
+                    }
+                }
+                (Check::Done(t), Ok(())) => return Ok(t),
+                (Check::Failed(reason), Ok(())) => {
+                    return Err(WaitError::Failed { cluster: cluster.to_owned(), what: what.to_owned(), reason });
+                }
+            }
+        } else if let Some(e) = shared.last_error.lock().expect("error lock").clone() {
+            last = e;
+        }
+        if tokio::time::timeout_at(until, notified).await.is_err() && until == deadline {
+            if let Some(e) = shared.last_error.lock().expect("error lock").clone() {
+                last = format!("{last} ({e})");
+            }
+            return Err(WaitError::Timeout { cluster: cluster.to_owned(), what: what.to_owned(), waited: timeout, last });
+        }
+    }
+}
+
+/// An object's identity and version: its uid and resourceVersion.
+fn version<K: Resource>(o: &K) -> (Option<String>, Option<String>) {
+    (o.meta().uid.clone(), o.meta().resource_version.clone())
+}
+
+/// The identity and version the API server has now of object `name` in `api`'s scope
+/// (None: there is none): a quorum list of that one name, metadata only.
+async fn current_version(api: &Api<DynamicObject>, name: &str) -> Result<Version, kube::Error> {
+    let listed = api.list_metadata(&ListParams::default().fields(&format!("metadata.name={name}"))).await?;
+    Ok(listed.items.first().map(version))
 }
 
 /// `Store::wait_until_ready` as a non-blocking test.

@@ -219,3 +219,85 @@ async fn only_cluster_apis_kubeconfigs_in_cluster_namespaces_are_used() {
     assert!(matches!(clusters.kubeconfig_secret("hub").await, Err(ClusterError::Unknown { .. })));
     assert!(clusters.client("hub").await.unwrap().apiserver_version().await.is_ok(), "the hub's own client");
 }
+
+/// A TCP relay to `upstream` that can hold back what the server sends (a watch that lags).
+struct Relay {
+    port: u16,
+    hold: tokio::sync::watch::Sender<bool>,
+}
+
+impl Relay {
+    async fn to(upstream: std::net::SocketAddr) -> Self {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (hold, held) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let server = tokio::net::TcpStream::connect(upstream).await.unwrap();
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                tokio::spawn(async move { tokio::io::copy(&mut cr, &mut sw).await });
+                let mut held = held.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while let Ok(n @ 1..) = sr.read(&mut buf).await {
+                        if held.wait_for(|h| !h).await.is_err() || cw.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Self { port, hold }
+    }
+
+    fn hold(&self, on: bool) {
+        self.hold.send_replace(on);
+    }
+}
+
+/// A watch that lags the API server (its connection held back, as a slow or congested
+/// link would) still holds an object that was deleted and re-created: a wait must not end
+/// on it, only on what the API server has now, once the watch catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_does_not_end_on_what_a_lagging_watch_shows() {
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+    let Some(fleet) = fleet().await else { return };
+    let hub = fleet.hub();
+    let direct = hub.client().await.unwrap();
+    let addr: std::net::SocketAddr = hub.server.trim_start_matches("https://").parse().expect("https://127.0.0.1:PORT");
+    let relay = Relay::to(addr).await;
+    let mut kc = Kubeconfig::read_from(&hub.kubeconfig).unwrap();
+    for c in &mut kc.clusters {
+        c.cluster.as_mut().unwrap().server = Some(format!("https://127.0.0.1:{}", relay.port));
+    }
+    let relayed = kube::Client::try_from(kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await.unwrap()).unwrap();
+
+    let cms: Api<ConfigMap> = Api::namespaced(direct.clone(), "default");
+    let cm = |v: &str| serde_json::from_value::<ConfigMap>(json!({"metadata": {"name": "lag"}, "data": {"v": v}})).unwrap();
+    cms.create(&PostParams::default(), &cm("old")).await.unwrap();
+    let value = |o: Option<&ConfigMap>| match o.and_then(|c| c.data.as_ref()).and_then(|d| d.get("v")) {
+        Some(v) => Check::Done(v.clone()),
+        None => Check::Pending("absent".into()),
+    };
+    // The shared watch opens through the relay and sees "old".
+    let watches = Watches::new();
+    let seen = watches.wait_object::<ConfigMap, String>("hub", &relayed, Some("default"), "lag", Duration::from_secs(60), value).await;
+    assert_eq!(seen, Ok("old".to_owned()));
+
+    // The watch falls behind; meanwhile "lag" is deleted and made again with "new".
+    relay.hold(true);
+    cms.delete("lag", &kube::api::DeleteParams::default()).await.unwrap();
+    cms.create(&PostParams::default(), &cm("new")).await.unwrap();
+
+    // A wait now (the same shared watch) sees "old" in its cache: it must not end on it.
+    let wait = watches.wait_object::<ConfigMap, String>("hub", &direct, Some("default"), "lag", Duration::from_secs(60), value);
+    futures::pin_mut!(wait);
+    if let std::task::Poll::Ready(r) = futures::poll!(wait.as_mut()) {
+        panic!("the wait ended on the lagging watch's object: {r:?}");
+    }
+    relay.hold(false);
+    assert_eq!(wait.await, Ok("new".to_owned()), "the wait ends on the API server's object, once the watch has caught up");
+    assert_eq!(watches.open_count(), 1, "one shared watch");
+}

@@ -155,56 +155,54 @@ pub struct Settings {
     pub ca: Option<PathBuf>,
 }
 
-/// Percent-decodes user info (`%40` is `@`); `None` if malformed.
-fn percent_decode(s: &str) -> Option<String> {
-    let mut out = Vec::with_capacity(s.len());
-    let mut bytes = s.bytes();
-    while let Some(b) = bytes.next() {
-        if b == b'%' {
-            let hex = [bytes.next()?, bytes.next()?];
-            out.push(u8::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()?);
-        } else {
-            out.push(b);
+/// `spec` with whatever could be a password masked: everything between `://` and the
+/// last `@` but the user name (`USER:***`), so that even a URL that does not parse (an
+/// unescaped `/`, `?` or `#` in the password) is never echoed with its secret.
+fn masked(spec: &str) -> String {
+    let start = spec.find("://").map_or(0, |i| i + 3);
+    match spec[start..].rfind('@') {
+        Some(at) => {
+            let userinfo = &spec[start..start + at];
+            let user = userinfo.split_once(':').map_or("***", |(u, _)| u);
+            format!("{}{user}:***{}", &spec[..start], &spec[start + at..])
         }
+        None => spec.to_owned(),
     }
-    String::from_utf8(out).ok()
 }
 
 impl Settings {
-    /// Parses the setting's string; credentials only from the URL (see [`Self::with_env`]).
+    /// Parses the setting's string (a URL, by the `url` crate); credentials only from the
+    /// URL (see [`Self::with_env`]).
     pub fn parse(spec: &str) -> Result<Self, RegistryError> {
-        let (rest, query) = spec.split_once('?').unwrap_or((spec, ""));
-        let (scheme, rest) = rest.split_once("://").unwrap_or(("", rest));
-        let (authority, path) = rest.find('/').map_or((rest, ""), |i| rest.split_at(i));
-        let (userinfo, host) = authority.rsplit_once('@').map_or((None, authority), |(u, h)| (Some(u), h));
-        let masked = match userinfo {
-            Some(u) => spec.replacen(u, &format!("{}:***", u.split(':').next().unwrap_or_default()), 1),
-            None => spec.to_owned(),
-        };
-        let bad = |reason: &str| RegistryError::Url { url: masked.clone(), reason: reason.to_owned() };
-        if scheme != "http" && scheme != "https" {
+        let bad = |reason: &str| RegistryError::Url { url: masked(spec), reason: reason.to_owned() };
+        let url = url::Url::parse(spec).map_err(|e| {
+            bad(&format!("{e} (a password with '/', '?', '#' or '@' must be %-escaped, or given in {PASSWORD_ENV})"))
+        })?;
+        if url.scheme() != "http" && url.scheme() != "https" {
             return Err(bad("not an http:// or https:// URL"));
         }
-        if host.is_empty() {
-            return Err(bad("no host"));
+        let host = url.host_str().filter(|h| !h.is_empty()).ok_or_else(|| bad("no host"))?;
+        if url.fragment().is_some() {
+            return Err(bad("a #fragment (a password with '#' must be %-escaped)"));
         }
-        let auth = match userinfo {
-            None => None,
-            Some(u) => {
-                let (user, password) = u.split_once(':').ok_or_else(|| bad("user info without a password (USER:PASSWORD@)"))?;
-                let decode = |s: &str| percent_decode(s).ok_or_else(|| bad("malformed %-escape in the user info"));
-                Some(BasicAuth { user: decode(user)?, password: decode(password)? })
-            }
+        let decode = |s: &str| {
+            percent_encoding::percent_decode_str(s).decode_utf8().map(|d| d.into_owned()).map_err(|_| bad("the user info is not UTF-8 once %-decoded"))
+        };
+        let auth = match (url.username(), url.password()) {
+            ("", None) => None,
+            (_, None) => return Err(bad("user info without a password (USER:PASSWORD@)")),
+            (user, Some(password)) => Some(BasicAuth { user: decode(user)?, password: decode(password)? }),
         };
         let mut mode = Mode::default();
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            mode = match pair {
-                "mode=register" => Mode::Register,
-                "mode=lookup" => Mode::Lookup,
-                _ => return Err(bad(&format!("unknown option {:?} (only mode=register or mode=lookup)", pair.split('=').next().unwrap_or_default()))),
+        for (key, value) in url.query_pairs() {
+            mode = match (&*key, &*value) {
+                ("mode", "register") => Mode::Register,
+                ("mode", "lookup") => Mode::Lookup,
+                _ => return Err(bad(&format!("unknown option {key:?} (only mode=register or mode=lookup)"))),
             };
         }
-        let base = format!("{scheme}://{host}{}", path.trim_end_matches('/'));
+        let port = url.port().map(|p| format!(":{p}")).unwrap_or_default();
+        let base = format!("{}://{host}{port}{}", url.scheme(), url.path().trim_end_matches('/'));
         Ok(Self { base, mode, auth, ca: None })
     }
 
@@ -408,11 +406,22 @@ mod tests {
             ("registry:8081", "not an http"),
             ("ftp://u:secret@host", "not an http"),
             ("http://u:secret@host?mode=write", "unknown option"),
-            ("http://?mode=lookup", "no host"),
+            ("http://?mode=lookup", "empty host"),
+            // A password with an unescaped '/', '?' or '#' does not parse: still masked.
+            ("https://KEY:ab/secret@registry:8081", "invalid port"),
+            ("http://u:se?secret@host", "invalid port"),
+            ("http://u:se#secret@host", "invalid port"),
+            ("https://KEY:ab/secret@registry:8081/sr", "invalid port"),
+            ("https://secret@registry:8081", "without a password"),
         ] {
             let e = Settings::parse(spec).unwrap_err().to_string();
             assert!(e.contains(reason), "{spec}: {e}");
             assert!(!e.contains("secret"), "{spec}: the password leaked: {e}");
         }
+        // What parses never keeps the user info in the address it calls (errors name it).
+        let s = Settings::parse("https://u:p%2Fsecret@[::1]:8081/sr/").unwrap();
+        assert_eq!(s.base, "https://[::1]:8081/sr");
+        assert_eq!(s.auth.as_ref().map(|a| a.password.as_str()), Some("p/secret"));
+        assert!(!format!("{s:?}").contains("secret"));
     }
 }

@@ -138,9 +138,9 @@ impl Detail {
         Self { step: Some(index as i32 + 1), step_name: Some(name.to_owned()), ..Self::default() }
     }
 
-    /// With a message.
+    /// With a message, cut to [`limits::MESSAGE_BYTES`](ferry_task::limits::MESSAGE_BYTES).
     pub fn message(mut self, m: impl Into<String>) -> Self {
-        self.message = Some(m.into());
+        self.message = Some(ferry_task::limits::bounded(m.into(), ferry_task::limits::MESSAGE_BYTES));
         self
     }
 

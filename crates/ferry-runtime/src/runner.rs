@@ -296,7 +296,7 @@ impl<H: TaskHandler> Runner<H> {
             Err(e) => {
                 // Accepted specs decode by construction; this is a registry mismatch.
                 self.snap.state = TaskState::Failed;
-                self.snap.error = Some(TaskError { code: "SPEC_UNDECODABLE".into(), message: e.to_string(), step: None, transient: false });
+                self.snap.error = Some(TaskError::new("SPEC_UNDECODABLE", e.to_string(), None, false));
                 let d = Detail { code: Some("SPEC_UNDECODABLE".into()), ..Detail::default() }.message(e.to_string());
                 self.transition(EventType::Failed, d).await?;
                 return Ok(false);
@@ -365,7 +365,7 @@ impl<H: TaskHandler> Runner<H> {
         self.snap.state = state;
         self.snap.revert_requested = false;
         self.snap.cancel_requested = false;
-        self.snap.error = Some(TaskError { code: code.into(), message: why.clone(), step: None, transient: false });
+        self.snap.error = Some(TaskError::new(code, why.clone(), None, false));
         let d = Detail { code: Some(code.into()), ..Detail::default() }.message(why);
         self.transition(event, d).await
     }
@@ -473,12 +473,7 @@ impl<H: TaskHandler> Runner<H> {
                     // the other outputs (else the undo works it out again).
                     let others = self.other_outputs_len(i);
                     self.snap.journal[i].output = err.output.clone().filter(|o| o.len() + others <= crate::limits::STEP_OUTPUTS_BYTES);
-                    self.snap.error = Some(TaskError {
-                        code: err.code.clone(),
-                        message: err.message.clone(),
-                        step: Some(i as i32 + 1),
-                        transient: err.transient,
-                    });
+                    self.snap.error = Some(TaskError::new(err.code.clone(), err.message.clone(), Some(i as i32 + 1), err.transient));
                     let d = Detail {
                         code: Some(err.code.clone()),
                         transient: Some(err.transient),
@@ -616,12 +611,8 @@ impl<H: TaskHandler> Runner<H> {
                 }
                 Exec::Err(err, attempts) => {
                     self.snap.state = TaskState::RevertFailed;
-                    self.snap.error = Some(TaskError {
-                        code: err.code.clone(),
-                        message: format!("undo of step {} ({name}) failed: {}", i + 1, err.message),
-                        step: Some(i as i32 + 1),
-                        transient: err.transient,
-                    });
+                    let message = format!("undo of step {} ({name}) failed: {}", i + 1, err.message);
+                    self.snap.error = Some(TaskError::new(err.code.clone(), message, Some(i as i32 + 1), err.transient));
                     let d = Detail {
                         code: Some(err.code),
                         transient: Some(err.transient),

@@ -523,7 +523,7 @@ impl<H: TaskHandler> Scheduler<H> {
         let mut snap = self.new_snapshot(env, id, partition, offset, trace);
         snap.state = TaskState::Rejected;
         snap.spec = Bytes::default();
-        snap.error = Some(crate::protocol::TaskError { code: "REJECTED".into(), message: reason.clone(), step: None, transient: false });
+        snap.error = Some(crate::protocol::TaskError::new("REJECTED", reason.clone(), None, false));
         self.env
             .publisher
             .enqueue_transition(&mut snap, EventType::Rejected, Detail { code: Some("REJECTED".into()), ..Detail::default() }.message(reason))
@@ -678,17 +678,25 @@ impl<H: TaskHandler> Scheduler<H> {
             // then the control's, in order; the retry then writes nothing, and the task
             // runs again once this batch is durable. Before, the control's write went
             // first and the retry's older snapshot landed after it.
-            if let Some(paused) = self.unwritten.remove(&id) {
+            if let Some(paused) = self.unwritten.get(&id) {
                 tracing::info!(task = %id, action = ?env.action, "control for a paused task: its paused write goes first");
-                *paused.superseded.lock().expect("gate lock") = true;
-                if let Some(r) = &paused.retry {
+                // Under the gate: the retry cannot queue its copy meanwhile. The pause is
+                // given up only once the write is queued; if the producer refuses it, the
+                // batch fails with the task still paused and its retry still on.
+                let made = {
+                    let mut gate = paused.superseded.lock().expect("gate lock");
+                    let made = if paused.write.events.is_empty() {
+                        self.env.publisher.enqueue_snapshot(&slot.snap)?
+                    } else {
+                        self.env.publisher.enqueue_write_all(&slot.snap, &paused.write.events)?
+                    };
+                    *gate = true;
+                    made
+                };
+                pending.extend(made);
+                if let Some(r) = self.unwritten.remove(&id).and_then(|p| p.retry) {
                     r.abort();
                 }
-                pending.extend(if paused.write.events.is_empty() {
-                    self.env.publisher.enqueue_snapshot(&slot.snap)?
-                } else {
-                    self.env.publisher.enqueue_write_all(&slot.snap, &paused.write.events)?
-                });
                 if self.running.get(&slot.snap.subject) == Some(&id) {
                     self.running.remove(&slot.snap.subject);
                 }

@@ -86,6 +86,22 @@ impl Step<TestTaskSpec> for Big {
     }
 }
 
+/// A step that says too much: a progress report and an error of over a megabyte each (a
+/// Kubernetes error can echo a whole object).
+struct Loud;
+
+impl CheckStep<TestTaskSpec> for Loud {
+    fn name(&self) -> &str {
+        "loud"
+    }
+
+    fn run<'a>(&'a self, cx: &'a StepContext<'a, TestTaskSpec>) -> BoxFuture<'a, Result<Value, StepError>> {
+        let words = "why ".repeat(300_000);
+        cx.progress(50, words.clone());
+        async move { Err(StepError::permanent("LOUD", words)) }.boxed()
+    }
+}
+
 /// A step that never ends (until its worker stops it).
 struct Hang;
 
@@ -126,6 +142,8 @@ impl TaskHandler for Scripted {
             (1, _) => vec![Arc::new(Look(log.clone())), Arc::new(Refuse)],
             (2, _) => vec![Arc::new(Act("make", log.clone())), Arc::new(Refuse)],
             (4, _) => vec![Arc::new(Act("make", log.clone())), Arc::new(Big(log.clone()))],
+            (5, _) => vec![Arc::new(Act("make", log.clone())), Arc::new(Loud)],
+            (6, _) => vec![Arc::new(Act("after", log.clone()))],
             (_, 1) => vec![Arc::new(Act("make", log.clone())), Arc::new(Hang)],
             _ => vec![Arc::new(Act("make", log.clone())), Arc::new(Act("other", log.clone()))],
         }
@@ -204,6 +222,39 @@ async fn an_output_too_large_for_the_snapshot_fails_the_task_which_reverts(broke
     assert_eq!(*log.lock().unwrap(), ["run make", "run big", "undo big (output kept: false)", "undo make"]);
     stop.cancel();
     worker.await.unwrap();
+}
+
+/// A step's megabyte-long error and progress reach the snapshot and the events cut to
+/// `MESSAGE_BYTES`, with a note: the task fails and reverts, and the next task of its
+/// subject runs. Before, the snapshot was over the producer's record limit: the write
+/// was refused and retried for ever, holding the subject's lane.
+async fn a_step_that_says_too_much_fails_with_its_message_cut(broker: TestBroker) {
+    let client = broker.client();
+    let mut events = client.events(true).await.unwrap();
+    let log: Log = Arc::default();
+    let (stop, worker) = spawn(&broker, 1, &log);
+    let id = submit(&client, "loud", &TestTaskSpec::steps(5)).await;
+    let evs = until_final(&mut events, id).await;
+    assert_eq!(evs.last().unwrap().event, EventType::Reverted, "{:?}", types(&evs));
+    let cut = |m: &str| m.len() <= ferry_runtime::limits::MESSAGE_BYTES && m.starts_with("why why") && m.ends_with(" … (1200000 bytes cut)");
+    let progress = evs.iter().find(|e| e.event == EventType::StepProgress).expect("the step's report");
+    assert!(cut(progress.message.as_deref().unwrap()), "{:?}", progress.message.as_deref().map(str::len));
+    let failed = evs.iter().find(|e| e.event == EventType::StepFailed).expect("the loud step failed");
+    assert!(cut(failed.message.as_deref().unwrap()), "{:?}", failed.message.as_deref().map(str::len));
+    let error = client.snapshot(id).await.unwrap().unwrap().error.expect("the failure is kept");
+    assert_eq!(error.code, "LOUD");
+    assert!(cut(&error.message), "{}", error.message.len());
+    // The subject's lane is free: the next task of it runs.
+    let next = submit(&client, "loud", &TestTaskSpec::steps(6)).await;
+    assert_eq!(until_final(&mut events, next).await.last().unwrap().event, EventType::Succeeded);
+    assert_eq!(*log.lock().unwrap(), ["run make", "undo make", "run after"]);
+    stop.cancel();
+    worker.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_that_says_too_much_fails_with_its_message_cut_embedded() {
+    a_step_that_says_too_much_fails_with_its_message_cut(TestBroker::embedded()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

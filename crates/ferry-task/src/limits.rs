@@ -24,6 +24,17 @@ pub const NAME_BYTES: usize = 256;
 /// Longest free-text reason of a cancel or revert, or of a dead letter.
 pub const REASON_BYTES: usize = 4096;
 
+/// Longest message a task's snapshot or event keeps (a step's error, a progress report, a
+/// retry's reason): a step may say anything (a Kubernetes error can echo a whole object),
+/// and the rest is cut with a note of how much ([`bounded`]). Before, a step's
+/// megabyte-long error made a snapshot the producer refused, retried for ever.
+pub const MESSAGE_BYTES: usize = 4096;
+
+/// Longest reason of a Signal a task keeps in its snapshot (its Signalled event carries up
+/// to [`REASON_BYTES`]): a task keeps up to 100 Signals, and they must fit beside the
+/// command and the step outputs.
+pub const SIGNAL_REASON_BYTES: usize = 512;
+
 /// How much of a bad record's value a dead letter keeps (with the original size and a
 /// SHA-256 of the whole when it keeps less).
 pub const DEAD_LETTER_HEAD_BYTES: usize = 64 * 1024;
@@ -50,6 +61,16 @@ pub fn truncate(s: &str, max: usize) -> &str {
     &s[..end]
 }
 
+/// `s`, cut to at most `max` bytes (on a character boundary) with a note of what was cut.
+pub fn bounded(s: String, max: usize) -> String {
+    if s.len() <= max {
+        return s;
+    }
+    let note = format!(" … ({} bytes cut)", s.len());
+    let keep = truncate(&s, max.saturating_sub(note.len()));
+    format!("{keep}{note}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -64,8 +85,21 @@ mod tests {
     }
 
     #[test]
+    fn bounded_keeps_short_text_and_says_how_much_it_cut() {
+        assert_eq!(bounded("short".into(), 100), "short");
+        let long = bounded("é".repeat(10_000), MESSAGE_BYTES);
+        assert!(long.len() <= MESSAGE_BYTES, "{}", long.len());
+        assert!(long.ends_with(" … (20000 bytes cut)"), "{}", &long[long.len() - 40..]);
+    }
+
+    #[test]
     fn the_limits_nest() {
         const { assert!(COMMAND_BYTES < RECORD_BYTES / 2) };
+        // A snapshot at its largest: the command, the step outputs, every Signal at its
+        // longest, the error, a cancel and a revert reason, with room for the journal.
+        let signal = SIGNAL_REASON_BYTES + 2 * NAME_BYTES + crate::protocol::Signal::NAME_LEN + 16;
+        let snapshot = COMMAND_BYTES + STEP_OUTPUTS_BYTES + crate::protocol::TaskSnapshot::MAX_SIGNALS * signal + MESSAGE_BYTES + 2 * REASON_BYTES;
+        assert!(snapshot + 64 * 1024 < RECORD_BYTES, "a full snapshot ({snapshot} bytes) leaves under 64 KiB for its journal");
         const { assert!(DEAD_LETTER_HEAD_BYTES + DEAD_LETTER_KEY_BYTES + DEAD_LETTER_HEADERS_BYTES + REASON_BYTES < RECORD_BYTES / 4) };
     }
 }

@@ -382,6 +382,13 @@ pub struct TaskError {
     pub transient: bool,
 }
 
+impl TaskError {
+    /// A task's error; its message cut to [`crate::limits::MESSAGE_BYTES`].
+    pub fn new(code: impl Into<String>, message: impl Into<String>, step: Option<i32>, transient: bool) -> Self {
+        Self { code: code.into(), message: crate::limits::bounded(message.into(), crate::limits::MESSAGE_BYTES), step, transient }
+    }
+}
+
 /// The latest state of a task: one record per task on the compacted task-state topic.
 /// This is the durable source of truth; there is no other database.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, AvroSchema)]
@@ -481,7 +488,8 @@ impl TaskSnapshot {
         if self.signals.len() >= Self::MAX_SIGNALS {
             return Err(format!("task {} has received {} signals, the most a task keeps", self.task_id, Self::MAX_SIGNALS));
         }
-        self.signals.push(signal);
+        let reason = signal.reason.map(|r| crate::limits::bounded(r, crate::limits::SIGNAL_REASON_BYTES));
+        self.signals.push(Signal { reason, ..signal });
         Ok(true)
     }
 

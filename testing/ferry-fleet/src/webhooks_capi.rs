@@ -3,7 +3,9 @@
 //! ClusterClass exists and is reconciled (`clusterClassIsReconciled`: the observed
 //! generation and `VariablesReady`) must set every variable the class's
 //! `status.variables` marks required (`internal/topology/variables/
-//! cluster_variable_validation.go`, `validateRequiredVariables`); a class not found or not
+//! cluster_variable_validation.go`, `validateRequiredVariables`) and has no top-level
+//! schema default (the webhook defaults those first: `cluster_variable_defaulting.go`,
+//! `defaultValue`; not written back here); a class not found or not
 //! reconciled only warns upstream, so it is let through here. Variable values are not
 //! checked against their schemas (not needed by the flows).
 
@@ -53,6 +55,7 @@ fn required_variables(class: &DynamicObject) -> Option<Vec<String>> {
             .into_iter()
             .flatten()
             .filter(|v| v.pointer("/definitions/0/required").and_then(Value::as_bool) == Some(true))
+            .filter(|v| v.pointer("/definitions/0/schema/openAPIV3Schema/default").is_none())
             .filter_map(|v| v["name"].as_str().map(str::to_owned))
             .collect(),
     )
@@ -101,7 +104,9 @@ mod tests {
                 "metadata": {"name": "quick-start", "namespace": "fleet", "generation": generation},
                 "status": {"observedGeneration": observed, "conditions": [{"type": "VariablesReady", "status": ready}],
                     "variables": [{"name": "imageRepository", "definitions": [{"from": "inline", "required": true}]},
-                                  {"name": "etcdImageTag", "definitions": [{"from": "inline", "required": false}]}]}}))
+                                  {"name": "etcdImageTag", "definitions": [{"from": "inline", "required": false}]},
+                                  {"name": "coreDNSImageTag", "definitions": [{"from": "inline", "required": true,
+                                      "schema": {"openAPIV3Schema": {"type": "string", "default": ""}}}]}]}}))
             .unwrap()
         };
         assert_eq!(required_variables(&class(2, 2, "True")), Some(vec!["imageRepository".to_owned()]));

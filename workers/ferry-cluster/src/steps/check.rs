@@ -49,12 +49,37 @@ fn existed() -> bool {
     true
 }
 
-/// The command's `variables` typed as the class's `spec.variables` define them (each
-/// value's text read as its schema's type), or why Cluster API's webhook would refuse
-/// them (cluster-api `internal/topology/variables/cluster_variable_validation.go`:
-/// undefined names, values of the wrong type, required variables missing).
+/// The class's variable definitions as Cluster API's webhook reads them: each of
+/// `status.variables` with its first definition (the ClusterClass controller merges
+/// `spec.variables` and external patches' variables there; cluster-api
+/// `core/webhooks/admission/cluster.go`, `DefaultAndValidateVariables`, reads
+/// `clusterClass.Status.Variables`), or `spec.variables` while the class has no status yet.
+fn definitions(class: &Value) -> Vec<Value> {
+    let status: Vec<Value> = class
+        .pointer("/status/variables")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|v| {
+            let def = v.pointer("/definitions/0")?;
+            Some(serde_json::json!({"name": v["name"], "required": def["required"], "schema": def["schema"]}))
+        })
+        .collect();
+    if !status.is_empty() {
+        return status;
+    }
+    class.pointer("/spec/variables").and_then(Value::as_array).cloned().unwrap_or_default()
+}
+
+/// The command's `variables` typed as the class defines them (each value's text read as
+/// its schema's type), or why Cluster API's webhook would refuse them (cluster-api
+/// `internal/topology/variables/cluster_variable_validation.go`: undefined names, values
+/// of the wrong type, required variables missing). A required variable with a top-level
+/// schema default need not be given: the webhook defaults it first
+/// (`cluster_variable_defaulting.go`, `defaultValue`), as CAPI's own quick-start class
+/// relies on (`imageRepository: required, default: ""`).
 pub fn typed_variables(class: &Value, given: &std::collections::HashMap<String, String>) -> Result<Vec<Value>, String> {
-    let defs: Vec<&Value> = class.pointer("/spec/variables").and_then(Value::as_array).into_iter().flatten().collect();
+    let defs = definitions(class);
     let mut names: Vec<&String> = given.keys().collect();
     names.sort();
     let mut out = Vec::new();
@@ -85,8 +110,12 @@ pub fn typed_variables(class: &Value, given: &std::collections::HashMap<String, 
         };
         out.push(serde_json::json!({"name": name, "value": value}));
     }
-    let missing: Vec<&str> =
-        defs.iter().filter(|d| d.get("required").and_then(Value::as_bool) == Some(true)).filter_map(|d| d["name"].as_str()).filter(|n| !given.contains_key(*n)).collect();
+    let missing: Vec<&str> = defs
+        .iter()
+        .filter(|d| d.get("required").and_then(Value::as_bool) == Some(true) && d.pointer("/schema/openAPIV3Schema/default").is_none())
+        .filter_map(|d| d["name"].as_str())
+        .filter(|n| !given.contains_key(*n))
+        .collect();
     if !missing.is_empty() {
         return Err(format!("the ClusterClass requires the variables {}; give them in `variables`", missing.join(", ")));
     }
@@ -235,5 +264,27 @@ mod tests {
         assert!(typed_variables(&class, &given(&[("replicas", "3")])).unwrap_err().contains("requires the variables region;"));
         assert!(typed_variables(&class, &given(&[("region", "x"), ("replicas", "three")])).unwrap_err().contains("\"three\" is not a integer"));
         assert!(typed_variables(&class, &given(&[("region", "x"), ("zone", "a")])).unwrap_err().contains("variable \"zone\" is not defined"));
+    }
+
+    /// Shaped as CAPI's quick-start class reconciled (`test/infrastructure/docker/templates/
+    /// clusterclass-quick-start.yaml`): required variables with a default need not be given,
+    /// and a variable only in `status.variables` (an external patch's) is defined.
+    #[test]
+    fn a_reconciled_class_defines_its_variables_in_its_status_and_defaults_count() {
+        let def = |required: bool, schema: Value| json!([{"from": "inline", "required": required, "schema": {"openAPIV3Schema": schema}}]);
+        let class = json!({
+            "spec": {"variables": [{"name": "imageRepository", "required": true, "schema": {"openAPIV3Schema": {"type": "string", "default": ""}}}]},
+            "status": {"variables": [
+                {"name": "imageRepository", "definitions": def(true, json!({"type": "string", "default": ""}))},
+                {"name": "etcdImageTag", "definitions": def(true, json!({"type": "string", "default": ""}))},
+                {"name": "lbImageRepository", "definitions": def(true, json!({"type": "string"}))},
+                {"name": "fromPatch", "definitions": [{"from": "external-patch", "required": false, "schema": {"openAPIV3Schema": {"type": "integer"}}}]},
+            ]}});
+        let given = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        assert!(typed_variables(&class, &given(&[])).unwrap_err().contains("requires the variables lbImageRepository;"));
+        assert_eq!(
+            typed_variables(&class, &given(&[("lbImageRepository", "kindest"), ("fromPatch", "2")])).unwrap(),
+            [json!({"name": "fromPatch", "value": 2}), json!({"name": "lbImageRepository", "value": "kindest"})]
+        );
     }
 }

@@ -405,6 +405,16 @@ impl Pending {
 pub struct InFlight {
     sent: Vec<(ProgressEvent, DeliveryFuture)>,
     held: Vec<ProgressEvent>,
+    /// The task's fence: once it falls (the partition went), no event of a snapshot
+    /// acknowledged before is produced any more.
+    fence: Option<tokio_util::sync::CancellationToken>,
+}
+
+impl InFlight {
+    /// For a task that `fence` stops.
+    pub fn fenced_by(fence: tokio_util::sync::CancellationToken) -> Self {
+        Self { fence: Some(fence), ..Self::default() }
+    }
 }
 
 impl std::fmt::Debug for InFlight {
@@ -630,6 +640,13 @@ impl Publisher {
             (Ok(()), Ok(())) => {}
             (Err(e), Ok(())) => return Err(fail(Vec::new(), held, last, e)),
             (_, Err((failed, e))) => return Err(fail(failed, held, last, e)),
+        }
+        // The snapshot was acknowledged, but the task may have been fenced while it waited
+        // (its partition revoked with the write stuck in the producer): its next owner
+        // may have read the task before this snapshot and write these seqs itself. Leave
+        // them to it (a reader may see a gap, never two events with one seq).
+        if in_flight.fence.as_ref().is_some_and(tokio_util::sync::CancellationToken::is_cancelled) {
+            return Err(PublishError::Fenced { task: snap.task_id.clone() });
         }
         let events: Vec<ProgressEvent> = held.into_iter().chain(Some(last)).collect();
         for (i, (ev, records)) in events.iter().zip(encoded).enumerate() {

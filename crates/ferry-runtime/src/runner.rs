@@ -181,7 +181,8 @@ impl<H: TaskHandler> Runner<H> {
         run: u64,
     ) -> Self {
         let signals = tokio::sync::watch::Sender::new(snap.signal_names());
-        Self { env, id, snap, ctl, done, stop: None, fence, overtaken, otel: opentelemetry::Context::new(), run, in_flight: Default::default(), signals }
+        let in_flight = crate::publisher::InFlight::fenced_by(fence.clone());
+        Self { env, id, snap, ctl, done, stop: None, fence, overtaken, otel: opentelemetry::Context::new(), run, in_flight, signals }
     }
 
     /// Fails once the task is fenced: its partition belongs to another worker now, or

@@ -843,7 +843,15 @@ impl<H: TaskHandler> Scheduler<H> {
         }
         let all = futures::future::join_all(waits);
         if tokio::time::timeout(self.revoke_grace + Duration::from_secs(5), all).await.is_err() {
-            tracing::error!("tasks did not stop within the revoke grace period; fencing them");
+            // A task that did not stop may hold a write stuck in the producer (a slow or
+            // failing broker); once the partitions go, its next owner may read the task
+            // before that write lands, and write the same seqs. Drop every unacknowledged
+            // write, as the intake does for a lost assignment: the other tasks' writes fail
+            // and are made again (identical); a record already on the wire may still land.
+            tracing::error!(partitions = ?partitions, "tasks did not stop within the revoke grace period; fencing them and dropping unacknowledged writes");
+            self.fences.close(partitions);
+            fence_gone(&self.slots);
+            self.env.publisher.purge_unacknowledged();
         }
         // Whatever did not stop (a write stuck in the producer, a step past its grace) is
         // fenced before the partitions go: it writes nothing more and drops its step.

@@ -854,6 +854,86 @@ async fn a_worker_that_loses_its_assignment_while_writes_hang_writes_nothing_aft
     worker_b.await.unwrap();
 }
 
+/// A worker whose partitions are revoked (not lost: its heartbeats are answered) while
+/// its tasks' writes are stuck in its producer (produce requests failing) gives the moved
+/// tasks up after the revoke's grace: it drops their stuck writes and produces nothing for
+/// them after, so the next owner's seqs are its own. Before, their runners stayed in the
+/// write, and once the broker took writes again the first worker's snapshots and events
+/// landed beside the second worker's, under the same seqs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_task_whose_write_is_stuck_writes_nothing_after_the_handover() {
+    use rdkafka::types::{RDKafkaApiKey as Api, RDKafkaRespErr as Err};
+    let broker = TestBroker::embedded();
+    let client = broker.client();
+    let mut events = client.events(true).await.unwrap();
+    let opts = |id: &str| {
+        let mut o = broker.worker_options();
+        o.worker_id = id.into();
+        o.revoke_grace = Duration::from_secs(1);
+        // Shorter rounds of the mock's rebalance (it waits out a session per round).
+        o.kafka.extra.extend([("session.timeout.ms".into(), "6000".into()), ("heartbeat.interval.ms".into(), "500".into())]);
+        o
+    };
+    let (handle_tx, handle_rx) = tokio::sync::oneshot::channel();
+    let stop_a = tokio_util::sync::CancellationToken::new();
+    let (opts_a, t) = (opts("a"), stop_a.clone());
+    let worker_a = tokio::spawn(async move {
+        let handler = ferry_runtime::testkind::TestHandler { min_delay: Some(Duration::from_millis(10)), effects: None };
+        ferry_runtime::Worker::new(opts_a, handler)
+            .run_with(t, move |h| {
+                let _ = handle_tx.send(h);
+            })
+            .await
+            .expect("worker failed")
+    });
+    let mut held_by_a = handle_rx.await.unwrap().metrics.tasks_in_flight();
+    let spec = TestTaskSpec { step_ms: 3000, ..TestTaskSpec::steps(2) };
+    let mut ids = Vec::new();
+    for i in 0..8 {
+        ids.push(submit(&client, &format!("stuck-{i}"), &spec).await);
+    }
+    let mut history = Vec::new();
+    for id in &ids {
+        history.extend(until_event(&mut events, *id, EventType::StepStarted).await);
+    }
+    // Every task is in its first step on the first worker: the writes at the steps' ends
+    // hang from now on, while the second worker joins and the group moves partitions.
+    let mock = broker.embedded.as_ref().unwrap().mock();
+    mock.request_errors(Api::Produce, &vec![Err::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS; 1_000_000]);
+    let (stop_b, worker_b) = broker.spawn_worker(opts("b"));
+    // The first worker gives the moved tasks up (its runners end) while the writes still
+    // hang; before, they waited in their writes until the broker took them.
+    let gave_up = tokio::time::timeout(Duration::from_secs(120), held_by_a.wait_for(|n| *n < 8)).await.is_ok();
+    mock.clear_request_errors(Api::Produce);
+    let want: HashSet<String> = ids.iter().map(ToString::to_string).collect();
+    let mut finished = HashSet::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
+    while finished.len() < want.len() {
+        let ev = tokio::time::timeout_at(deadline, events.next())
+            .await
+            .unwrap_or_else(|_| panic!("every task ends; ended: {finished:?}"))
+            .unwrap();
+        if !want.contains(&ev.task_id) {
+            continue;
+        }
+        if ev.event.is_final() {
+            assert_eq!(ev.event, EventType::Succeeded, "{ev:?}");
+            finished.insert(ev.task_id.clone());
+        }
+        history.push(ev);
+    }
+    let mut violations = ferry_runtime::history::check(&history);
+    violations.extend(snapshot_violations(&client, &history).await);
+    assert!(violations.is_empty(), "{} violations: {violations:#?}", violations.len());
+    assert!(gave_up, "the first worker held its moved tasks in their stuck writes until the broker took them");
+    let moved = history.iter().filter(|e| e.worker == "b" && e.event == EventType::StepStarted).count();
+    assert!(moved > 0, "the second worker took tasks over: {:?}", types(&history));
+    stop_a.cancel();
+    stop_b.cancel();
+    worker_a.await.unwrap();
+    worker_b.await.unwrap();
+}
+
 /// Commands whose Accepted writes the broker never acknowledges (produce requests failing
 /// for longer than the worker's `message.timeout.ms`) are read again after a pause, and
 /// their tasks run once the broker takes writes again; the worker never stops. Before, the

@@ -192,25 +192,13 @@ impl Inner {
 
 impl Inner {
     /// Waits until `cluster`'s IPAM holds its pod and external CIDRs (Networks in Liqo's
-    /// namespace with `status.cidr`, `pkg/utils/ipam/networks.go`); them.
+    /// namespace with `status.cidr`; [`ipam_cidrs`]); them.
     pub(crate) async fn ipam_cidrs(&self, cluster: &str, timeout: Duration) -> Result<liqo::Cidrs, StepError> {
-        use ferry_kube::vocab::liqo::NETWORK_TYPE_LABEL;
         let client = self.client(cluster).await?;
         self.cfg
             .watches
             .wait_store::<crate::steps::LiqoNetwork, liqo::Cidrs>(cluster, &client, Some(liqo::LIQO_NAMESPACE), "the IPAM's networks", timeout, |s| {
-                let of = |kind: &str| -> Vec<String> {
-                    s.state()
-                        .iter()
-                        .filter(|n| n.metadata.labels.as_ref().and_then(|l| l.get(NETWORK_TYPE_LABEL)).map(String::as_str) == Some(kind))
-                        .filter_map(|n| n.status_at("/cidr").and_then(Value::as_str).map(str::to_owned))
-                        .collect()
-                };
-                let (pod, external) = (of("pod-cidr"), of("external-cidr"));
-                match (pod.is_empty(), external.first()) {
-                    (false, Some(e)) => Check::Done(liqo::Cidrs { pod, external: e.clone() }),
-                    _ => Check::Pending(format!("Liqo's IPAM has no configured pod-cidr and external-cidr Networks yet (pod {pod:?}, external {external:?})")),
-                }
+                ipam_cidrs(&s.state())
             })
             .await
             .map_err(|e| wait_err(codes::LIQO_NOT_READY, e))
@@ -231,6 +219,38 @@ impl Inner {
             })
             .await
             .map_err(|e| wait_err(codes::LIQO_NOT_READY, e))
+    }
+}
+
+/// A cluster's pod and external CIDRs from its IPAM's Networks, as liqoctl reads them
+/// (liqotech/liqo `pkg/utils/ipam/networks.go`): `GetPodCIDRs` errs while any pod-cidr
+/// Network has no `status.cidr` (not remapped yet), so this waits for all of them;
+/// `GetExternalCIDRNetwork` takes the one external-cidr Network (`GetUniqueNetworkByLabel`,
+/// `pkg/utils/getters/k8sGetters.go`, errs on more than one), so more than one fails.
+fn ipam_cidrs(networks: &[Arc<crate::steps::LiqoNetwork>]) -> Check<liqo::Cidrs> {
+    use ferry_kube::vocab::liqo::NETWORK_TYPE_LABEL;
+    let of = |kind: &str| -> Vec<(String, Option<String>)> {
+        networks
+            .iter()
+            .filter(|n| n.metadata.labels.as_ref().and_then(|l| l.get(NETWORK_TYPE_LABEL)).map(String::as_str) == Some(kind))
+            .map(|n| (n.metadata.name.clone().unwrap_or_default(), n.status_at("/cidr").and_then(Value::as_str).filter(|c| !c.is_empty()).map(str::to_owned)))
+            .collect()
+    };
+    let (pod, external) = (of("pod-cidr"), of("external-cidr"));
+    if external.len() > 1 {
+        let names: Vec<&str> = external.iter().map(|(n, _)| n.as_str()).collect();
+        return Check::Failed(format!("Liqo's IPAM has {} external-cidr Networks ({}); Liqo expects exactly one", external.len(), names.join(", ")));
+    }
+    if pod.is_empty() {
+        return Check::Pending("Liqo's IPAM has no pod-cidr Network yet".into());
+    }
+    if let Some((name, _)) = pod.iter().find(|(_, cidr)| cidr.is_none()) {
+        return Check::Pending(format!("the pod CIDR is not yet configured: missing status on Network {name}"));
+    }
+    match external.first() {
+        Some((_, Some(e))) => Check::Done(liqo::Cidrs { pod: pod.into_iter().filter_map(|(_, c)| c).collect(), external: e.clone() }),
+        Some((name, None)) => Check::Pending(format!("the external CIDR is not yet configured: missing status on Network {name}")),
+        None => Check::Pending("Liqo's IPAM has no external-cidr Network yet".into()),
     }
 }
 
@@ -299,5 +319,38 @@ impl TaskHandler for PeerHandler {
             PeerOperation::Unpeer => plan.extend(steps.into_iter().rev().map(|s| Arc::new(Inverse::new(s)) as PeerStep)),
         }
         plan
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::steps::LiqoNetwork;
+
+    fn network(name: &str, kind: &str, cidr: Option<&str>) -> Arc<LiqoNetwork> {
+        let status = cidr.map_or(json!({}), |c| json!({"cidr": c}));
+        Arc::new(
+            serde_json::from_value(json!({"apiVersion": "ipam.liqo.io/v1alpha1", "kind": "Network",
+                "metadata": {"name": name, "namespace": "liqo", "labels": {"ipam.liqo.io/network-type": kind}},
+                "spec": {"cidr": "10.0.0.0/16"}, "status": status}))
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn the_ipam_waits_for_every_pod_cidr_and_wants_one_external_cidr() {
+        let pod = network("pod", "pod-cidr", Some("10.244.0.0/16"));
+        let ext = network("external", "external-cidr", Some("10.70.0.0/16"));
+        assert!(matches!(ipam_cidrs(&[pod.clone(), ext.clone()]), Check::Done(c) if c.pod == ["10.244.0.0/16"] && c.external == "10.70.0.0/16"));
+        // A second pod CIDR not remapped yet: pending, not the first one alone.
+        let pending = network("pod-2", "pod-cidr", None);
+        assert!(matches!(ipam_cidrs(&[pod.clone(), pending, ext.clone()]), Check::Pending(why) if why.contains("pod-2")));
+        assert!(matches!(ipam_cidrs(&[pod.clone(), network("external", "external-cidr", None)]), Check::Pending(_)));
+        assert!(matches!(ipam_cidrs(std::slice::from_ref(&ext)), Check::Pending(_)));
+        // Two external CIDRs: Liqo errs (`GetUniqueNetworkByLabel`), so does Ferry.
+        let other = network("external-2", "external-cidr", Some("10.71.0.0/16"));
+        assert!(matches!(ipam_cidrs(&[pod, ext, other]), Check::Failed(why) if why.contains("external-2")));
     }
 }

@@ -11,8 +11,10 @@
 //! `resources` steps' own object sets, [`crate::steps::objects::ObjectSet`]) are judged by
 //! the clusters that would hold them (a ResourceSlice's tenant namespace is made by
 //! `prepare` first: named); its network and authentication objects carry what the clusters
-//! exchange as it runs (keys, nonces, endpoints): named, not previewed. Unpeer: what would
-//! go.
+//! exchange as it runs (keys, nonces, endpoints): named, not previewed. A tenant namespace
+//! that exists and is not Ferry's is shown unchanged, saying so (the run reuses it and never
+//! deletes it); Liqo objects of a peering made outside Ferry fail the check, naming them.
+//! Unpeer: what would go.
 
 use ferry_kube::dry_run::{self, Change, ObjectPreview, Preview};
 use ferry_kube::{ClusterError, HUB};
@@ -80,13 +82,28 @@ pub async fn preview(cfg: &PeerConfig, subject: &str, p: &PeerClusters) -> Resul
                 slices.extend(Resources { reverse: true }.objects(p, &ids));
             }
             let tenants = Prepare.objects(p, &ids);
+            // Tenant namespaces there before and not Ferry's (judged by `check`): left alone.
+            let kept: Vec<ObjectPreview> = [(&p.a, &ids.b), (&p.b, &ids.a)]
+                .into_iter()
+                .filter(|(cluster, _)| ids.namespace_kept(p, cluster))
+                .map(|(cluster, remote)| ObjectPreview {
+                    cluster: cluster.clone(),
+                    object: dry_run::describe(&liqo::namespace(remote, &pair)),
+                    change: Change::Unchanged,
+                    refused: None,
+                    note: Some(format!("exists and is not Ferry's (not labelled {}={pair}): {}, never labelled or deleted", liqo::PEERING_LABEL, if op == PeerOperation::Unpeer { "left" } else { "reused" })),
+                    operations: Vec::new(),
+                })
+                .collect();
             if op == PeerOperation::Unpeer {
                 let mut all = tenants.clone();
                 all.extend(slices);
                 deleted(cfg, &all, "with everything of the peering in it, in reverse order", &mut out.objects).await;
+                out.objects.extend(kept);
                 out.notes.push(format!("each side's ForeignCluster of the other is kept, as `liqoctl unpeer` keeps it ({} and {})", p.a, p.b));
                 return Ok(out);
             }
+            out.objects.extend(kept);
             let mut made = Vec::new();
             for (cluster, ns) in &tenants {
                 let judged = dry_run::apply(&cfg.clusters, cluster, ns, MANAGER).await?;

@@ -16,7 +16,7 @@ use ferry_peer::spec::{PeerClusters, PeerOperation};
 use ferry_peer::{PeerConfig, PeerHandler};
 use ferry_runtime::{Client, EventType, ProgressEvent, SubmitOptions, TaskId, TaskKind};
 use ferry_testkit::Bed;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret};
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
@@ -335,5 +335,75 @@ async fn a_forged_or_missing_handshake_is_refused_by_the_provider_and_says_why()
         .unwrap();
     assert!(["NonceNotFound", "SignatureVerificationFailed", "InvalidCSR"].contains(&verdict.as_str()), "{verdict}");
     assert!(api.get("member-1").await.unwrap().data.pointer("/status/authParams").is_none(), "a refused Tenant gets no credentials");
+    bed.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_that_were_there_before_are_never_taken_over_nor_deleted() {
+    let Some(bed) = start().await else { return };
+    let client = bed.client();
+    let (m1, m2) = (bed.cluster("member-1").await, bed.cluster("member-2").await);
+    let pp = PatchParams::apply("someone");
+
+    // member-1 already has its tenant namespace for member-2, as Liqo's namespace manager
+    // makes it (a `liqoctl unpeer` without `--delete-namespaces` leaves it so), with
+    // someone's ConfigMap in it.
+    let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "liqo-tenant-member-2",
+        "labels": {"liqo.io/tenant-namespace": "true", "liqo.io/remote-cluster-id": "member-2"}}});
+    Api::<Namespace>::all(m1.clone()).patch("liqo-tenant-member-2", &pp, &Patch::Apply(&ns)).await.unwrap();
+    let marker = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "marker", "namespace": "liqo-tenant-member-2"}, "data": {"mine": "yes"}});
+    let cms = Api::<ConfigMap>::namespaced(m1.clone(), "liqo-tenant-member-2");
+    cms.patch("marker", &pp, &Patch::Apply(&marker)).await.unwrap();
+
+    // The dry run says it is not Ferry's and would be reused.
+    let mut p = peer("member-1", "member-2");
+    let dry = ferry_peer::preview::preview(&PeerConfig::new(bed.clusters.clone()), &p.subject(), &p).await.unwrap();
+    let kept = dry.objects.iter().find(|o| o.cluster == "member-1" && o.object == "Namespace liqo-tenant-member-2").unwrap_or_else(|| panic!("{dry:?}"));
+    assert_eq!(kept.change, Change::Unchanged, "{dry:?}");
+    assert!(kept.note.as_deref().unwrap_or("").contains("not Ferry's"), "{kept:?}");
+
+    // A peering that fails (member-2's gateway never connects) and is reverted: Ferry's
+    // namespace on member-2 goes, the one that was there stays as it was.
+    bed.liqo.as_ref().unwrap().set("member-2", |k| k.gateway_never_connects = true);
+    p.timeout_seconds = Some(30);
+    let (_, evs) = submit(&client, &p).await;
+    assert_eq!(end(&evs), EventType::Reverted, "{}", last(&evs));
+    let failed = evs.iter().find(|e| e.event == EventType::StepFailed).unwrap();
+    assert_eq!(failed.step_name.as_deref(), Some("network"), "{failed:?}");
+    let there = Api::<Namespace>::all(m1.clone()).get_opt("liqo-tenant-member-2").await.unwrap().expect("the namespace that was there survives the revert");
+    assert!(there.metadata.deletion_timestamp.is_none(), "it is being deleted");
+    assert!(!there.metadata.labels.unwrap_or_default().contains_key(PEERING_LABEL), "Ferry labelled a namespace it did not make");
+    assert_eq!(cms.get("marker").await.unwrap().data.unwrap()["mine"], "yes");
+    assert!(Api::<Namespace>::all(m2.clone()).get_opt("liqo-tenant-member-1").await.unwrap().is_none(), "Ferry's own namespace is removed");
+    assert_eq!(peering_objects(&m1).await, Vec::<String>::new());
+    assert_eq!(peering_objects(&m2).await, Vec::<String>::new());
+    bed.liqo.as_ref().unwrap().set("member-2", |k| k.gateway_never_connects = false);
+
+    // A Configuration made outside Ferry (as `liqoctl network connect` names it): the pair
+    // is already peered outside Ferry, and the peer is refused, naming it.
+    let cfg = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("networking.liqo.io", "v1beta1", "Configuration"), "configurations");
+    let theirs = json!({"apiVersion": "networking.liqo.io/v1beta1", "kind": "Configuration", "metadata": {"name": "member-2", "namespace": "liqo-tenant-member-2"},
+        "spec": {"remote": {"cidr": {"pod": ["10.244.0.0/16"], "external": ["10.70.0.0/16"]}}}});
+    let cfgs = Api::<DynamicObject>::namespaced_with(m1.clone(), "liqo-tenant-member-2", &cfg);
+    cfgs.patch("member-2", &pp, &Patch::Apply(&theirs)).await.unwrap();
+    let (_, evs) = submit(&client, &peer("member-1", "member-2")).await;
+    assert_eq!(end(&evs), EventType::Reverted, "{}", last(&evs));
+    let failed = evs.iter().find(|e| e.event == EventType::StepFailed).unwrap();
+    assert_eq!((failed.step_name.as_deref(), failed.code.as_deref()), (Some("check"), Some("OBJECT_NOT_FERRYS")), "{failed:?}");
+    let why = failed.message.clone().unwrap_or_default();
+    assert!(why.contains("already peered outside Ferry") && why.contains("Configuration liqo-tenant-member-2/member-2 on member-1"), "{why}");
+    assert!(!cfgs.get("member-2").await.unwrap().metadata.labels.unwrap_or_default().contains_key(PEERING_LABEL));
+    cfgs.delete("member-2", &Default::default()).await.unwrap();
+
+    // A namespace of that name that is not a Liqo tenant namespace: refused, left alone.
+    let plain = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "liqo-tenant-member-1"}});
+    Api::<Namespace>::all(m2.clone()).patch("liqo-tenant-member-1", &pp, &Patch::Apply(&plain)).await.unwrap();
+    let (_, evs) = submit(&client, &peer("member-1", "member-2")).await;
+    assert_eq!(end(&evs), EventType::Reverted, "{}", last(&evs));
+    let failed = evs.iter().find(|e| e.event == EventType::StepFailed).unwrap();
+    assert_eq!((failed.step_name.as_deref(), failed.code.as_deref()), (Some("check"), Some("OBJECT_NOT_FERRYS")), "{failed:?}");
+    assert!(failed.message.as_deref().unwrap_or("").contains("Namespace liqo-tenant-member-1 on member-2"), "{failed:?}");
+    let left = Api::<Namespace>::all(m2.clone()).get("liqo-tenant-member-1").await.unwrap();
+    assert!(left.metadata.deletion_timestamp.is_none() && !left.metadata.labels.unwrap_or_default().contains_key(PEERING_LABEL));
     bed.stop().await;
 }

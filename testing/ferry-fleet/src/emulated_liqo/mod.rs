@@ -267,6 +267,54 @@ fn condition(type_: &str, status: &str) -> Value {
     json!({"type": type_, "status": status, "reason": type_, "message": "", "lastTransitionTime": now()})
 }
 
+/// What the ForeignCluster controller found for one remote cluster.
+#[derive(Debug, Clone, Copy, Default)]
+struct Seen {
+    /// A Connection to it is `Connected`.
+    connected: bool,
+    /// Its Tenant (here it is our consumer), if any: ready (auth params and namespace) or not.
+    tenant: Option<bool>,
+    /// Its control-plane Identity (here it is our provider), if any: its kubeconfig made or not.
+    identity: Option<bool>,
+    /// A VirtualNode for it exists.
+    virtual_node: bool,
+}
+
+/// A ForeignCluster's status as upstream's controller writes it
+/// (`pkg/liqo-controller-manager/core/foreigncluster-controller/status.go`): networking's
+/// `NetworkConnectionStatus` is `Established` when the Connection is Connected
+/// (`handleConnectionStatus`), but authentication's conditions are `Ready`/`NotReady`
+/// (`handleAuthenticationModuleStatus`: `AuthTenantStatus` only while a Tenant exists,
+/// `AuthIdentityControlPlaneStatus` only while an Identity exists; either makes the remote
+/// a consumer, resp. a provider), offloading's `Ready`/`NotReady`. Never `Established` for
+/// an authentication condition: a worker waiting for that would wait forever on a real
+/// cluster.
+fn foreign_cluster_status(ns: &str, s: &Seen) -> Value {
+    let st = |ok: bool, yes: &str| if ok { yes.to_owned() } else { "NotReady".to_owned() };
+    let role = match (s.identity.is_some(), s.tenant.is_some()) {
+        (true, true) => "ConsumerAndProvider",
+        (true, false) => "Provider",
+        (false, true) => "Consumer",
+        _ => "Unknown",
+    };
+    let mut auth = Vec::new();
+    if let Some(ready) = s.tenant {
+        auth.push(condition("AuthTenantStatus", &st(ready, "Ready")));
+    }
+    if let Some(ready) = s.identity {
+        auth.push(condition("AuthIdentityControlPlaneStatus", &st(ready, "Ready")));
+    }
+    json!({
+        "role": role,
+        "tenantNamespace": {"local": ns},
+        "modules": {
+            "networking": {"enabled": s.connected, "conditions": [condition("NetworkConnectionStatus", &st(s.connected, "Established"))]},
+            "authentication": {"enabled": !auth.is_empty(), "conditions": auth},
+            "offloading": {"enabled": s.virtual_node, "conditions": [condition("OffloadingVirtualNodeStatus", &st(s.virtual_node, "Ready"))]},
+        },
+    })
+}
+
 /// The ForeignCluster controller: one ForeignCluster per remote cluster id a peering
 /// object is labelled with (`core/foreigncluster-controller/foreigncluster_controller.go`,
 /// `foreignclusterEnqueuer`: it watches these kinds and creates the missing one; it never
@@ -312,25 +360,15 @@ async fn foreign_clusters(m: &Member) -> Result<(), kube::Error> {
             .await?
             .iter()
             .any(|c| c.data.pointer("/status/value").and_then(Value::as_str) == Some("Connected"));
-        let tenant = list("Tenant", "tenants", "authentication.liqo.io").await?.iter().any(|t| t.data.pointer("/status/authParams").is_some());
-        let identity = list("Identity", "identities", "authentication.liqo.io").await?.iter().any(|i| i.data.pointer("/status/kubeconfigSecretRef").is_some());
-        let virtual_node = !list("VirtualNode", "virtualnodes", "offloading.liqo.io").await?.is_empty();
-        let role = match (identity, tenant) {
-            (true, true) => "ConsumerAndProvider",
-            (true, false) => "Provider",
-            (false, true) => "Consumer",
-            _ => "Unknown",
+        let tenants = list("Tenant", "tenants", "authentication.liqo.io").await?;
+        let identities = list("Identity", "identities", "authentication.liqo.io").await?;
+        let seen = Seen {
+            connected,
+            tenant: tenants.first().map(|t| t.data.pointer("/status/authParams").is_some() && t.data.pointer("/status/tenantNamespace").and_then(Value::as_str).is_some_and(|n| !n.is_empty())),
+            identity: identities.first().map(|i| i.data.pointer("/status/kubeconfigSecretRef/name").and_then(Value::as_str).is_some_and(|n| !n.is_empty())),
+            virtual_node: !list("VirtualNode", "virtualnodes", "offloading.liqo.io").await?.is_empty(),
         };
-        let st = |ok: bool, yes: &str| if ok { yes.to_owned() } else { "NotReady".to_owned() };
-        let status = json!({
-            "role": role,
-            "tenantNamespace": {"local": ns},
-            "modules": {
-                "networking": {"enabled": connected, "conditions": [condition("NetworkConnectionStatus", &st(connected, "Established"))]},
-                "authentication": {"enabled": tenant || identity, "conditions": [condition("AuthIdentityControlPlaneStatus", &st(identity, "Established")), condition("AuthTenantStatus", &st(tenant, "Established"))]},
-                "offloading": {"enabled": virtual_node, "conditions": [condition("OffloadingVirtualNodeStatus", &st(virtual_node, "Ready"))]},
-            },
-        });
+        let status = foreign_cluster_status(&ns, &seen);
         let strip = |v: &Value| {
             let mut v = v.clone();
             for module in ["networking", "authentication", "offloading"] {
@@ -347,4 +385,35 @@ async fn foreign_clusters(m: &Member) -> Result<(), kube::Error> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Upstream never writes `Established` for an authentication condition (`status.go`
+    /// lines ~284-288 and ~337-342 use Ready/NotReady); the emulator must not either.
+    #[test]
+    fn authentication_conditions_are_never_established() {
+        let opts = [None, Some(false), Some(true)];
+        for connected in [false, true] {
+            for tenant in opts {
+                for identity in opts {
+                    for virtual_node in [false, true] {
+                        let seen = Seen { connected, tenant, identity, virtual_node };
+                        let status = foreign_cluster_status("liqo-tenant-x", &seen);
+                        let conds = status.pointer("/modules/authentication/conditions").and_then(Value::as_array).expect("conditions");
+                        for c in conds {
+                            assert!(c["type"].as_str().is_some_and(|t| t.starts_with("Auth")), "{c}");
+                            assert!(c["status"] == "Ready" || c["status"] == "NotReady", "{seen:?}: {c}");
+                        }
+                        assert_eq!(conds.len(), usize::from(tenant.is_some()) + usize::from(identity.is_some()), "{seen:?}");
+                    }
+                }
+            }
+        }
+        let ready = foreign_cluster_status("ns", &Seen { connected: true, tenant: None, identity: Some(true), virtual_node: true });
+        assert_eq!(ready.pointer("/modules/authentication/conditions/0/status"), Some(&json!("Ready")));
+        assert_eq!(ready.pointer("/modules/networking/conditions/0/status"), Some(&json!("Established")));
+    }
 }

@@ -141,12 +141,15 @@ mod tests {
 
     #[test]
     fn outputs_keep_the_shape_journals_and_views_read() {
-        let ids = Ids { a: "id-a".into(), b: "id-b".into(), a_knew_b: false, b_knew_a: true };
-        assert_eq!(liqo_check::IDS.value(&ids).unwrap(), json!({"a": "id-a", "b": "id-b", "a_knew_b": false, "b_knew_a": true}));
+        let ids = Ids { a: "id-a".into(), b: "id-b".into(), a_knew_b: false, b_knew_a: true, a_namespace_kept: true, b_namespace_kept: false };
+        assert_eq!(
+            liqo_check::IDS.value(&ids).unwrap(),
+            json!({"a": "id-a", "b": "id-b", "a_knew_b": false, "b_knew_a": true, "a_namespace_kept": true, "b_namespace_kept": false})
+        );
         // A check journaled before the two fields: both sides assumed to know the other, so a
-        // revert keeps their ForeignClusters.
+        // revert keeps their ForeignClusters; namespaces were Ferry's (it labelled them).
         let old: Ids = serde_json::from_value(json!({"a": "id-a", "b": "id-b"})).unwrap();
-        assert!(old.a_knew_b && old.b_knew_a);
+        assert!(old.a_knew_b && old.b_knew_a && !old.a_namespace_kept && !old.b_namespace_kept);
         let gw = network::Gateway { gateway: "10.0.0.1".into() };
         assert_eq!(network::NETWORK.value(&gw).unwrap(), json!({"gateway": "10.0.0.1"}));
         let auth = authentication::Authenticated { consumer: "member-1".into() };

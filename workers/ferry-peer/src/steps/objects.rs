@@ -6,7 +6,10 @@
 //! `Applies::run` applies every object in order (server-side, so a rerun converges) and
 //! then waits with [`ObjectSet::ready`]; its undo deletes them in reverse order, but only
 //! those labelled for this pair ([`crate::liqo::PEERING_LABEL`]), then waits with
-//! [`ObjectSet::gone`]: another peering's or a person's objects are never touched.
+//! [`ObjectSet::gone`]. The applies are forced and label what they write, so what keeps
+//! another peering's or a person's objects untouched is `check`
+//! ([`super::liqo_check`]): it leaves a tenant namespace that was there and is not Ferry's
+//! out of `prepare`'s set, and refuses a peer over any other Liqo object that is not.
 //!
 //! # Assumptions
 //! `objects` is pure: the same spec and ids give the same objects, so an undo after a

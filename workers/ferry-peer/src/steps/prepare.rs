@@ -1,9 +1,12 @@
 //! `prepare`: on each side the tenant namespace for the other, labelled as Liqo's
 //! namespace manager labels it (`EnsureTenantNamespace` in `pkg/liqoctl/authenticate` and
 //! `network`). The ForeignClusters are Liqo's: its controller makes one for every object
-//! naming a remote cluster. Undo waits until both tenant namespaces are gone (Liqo's
-//! objects inside them go with them), then deletes the ForeignClusters the peering caused
-//! (not those a cluster had before it).
+//! naming a remote cluster. A tenant namespace that existed and is not Ferry's
+//! ([`Ids::a_namespace_kept`], judged by `check`) is reused as Liqo's namespace manager
+//! reuses it (`pkg/tenantNamespace/namespaceManager.go`, `CreateNamespace`) and is not in
+//! the set: never labelled, never deleted. Undo waits until the tenant namespaces it made
+//! are gone (Liqo's objects inside them go with them), then deletes the ForeignClusters the
+//! peering caused (not those a cluster had before it).
 
 use ferry_kube::step_errors::wait_err;
 use ferry_task::{StepError, codes};
@@ -28,15 +31,19 @@ impl ObjectSet for Prepare {
 
     fn objects(&self, p: &PeerClusters, ids: &Ids) -> Vec<(String, Value)> {
         let pair = liqo::pair_label(&p.a, &p.b);
-        vec![
-            (p.a.clone(), liqo::namespace(&ids.b, &pair)),
-            (p.b.clone(), liqo::namespace(&ids.a, &pair)),
-        ]
+        [(&p.a, &ids.b), (&p.b, &ids.a)]
+            .into_iter()
+            .filter(|(cluster, _)| !ids.namespace_kept(p, cluster))
+            .map(|(cluster, remote)| (cluster.clone(), liqo::namespace(remote, &pair)))
+            .collect()
     }
 
     fn gone<'a>(&'a self, inner: &'a Inner, p: &'a PeerClusters, ids: &'a Ids) -> BoxFuture<'a, Result<(), StepError>> {
         async move {
             for (cluster, remote) in [(&p.a, &ids.b), (&p.b, &ids.a)] {
+                if ids.namespace_kept(p, cluster) {
+                    continue;
+                }
                 let Ok(client) = inner.cfg.clusters.client(cluster).await else { continue };
                 inner
                     .cfg

@@ -799,22 +799,7 @@ async fn a_worker_that_loses_its_assignment_while_writes_hang_writes_nothing_aft
     tokio::time::sleep(Duration::from_secs(2)).await;
     mock.clear_request_errors(Api::Produce);
     let want: HashSet<String> = ids.iter().chain([&late]).map(ToString::to_string).collect();
-    let mut finished = HashSet::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
-    while finished.len() < want.len() {
-        let ev = tokio::time::timeout_at(deadline, events.next())
-            .await
-            .unwrap_or_else(|_| panic!("every task ends; ended: {finished:?}"))
-            .unwrap();
-        if !want.contains(&ev.task_id) {
-            continue;
-        }
-        if ev.event.is_final() {
-            assert_eq!(ev.event, EventType::Succeeded, "{ev:?}");
-            finished.insert(ev.task_id.clone());
-        }
-        history.push(ev);
-    }
+    until_all_succeeded(&mut events, &want, &mut history, Duration::from_secs(180)).await;
     let taken_over = history.iter().filter(|e| e.worker == "b" && e.event == EventType::StepStarted).count();
     assert!(taken_over > 0, "the second worker took tasks over: {:?}", types(&history));
     // The first worker rejoins and gets partitions back: it reads them again. It paused
@@ -906,22 +891,7 @@ async fn a_revoked_task_whose_write_is_stuck_writes_nothing_after_the_handover()
     let gave_up = tokio::time::timeout(Duration::from_secs(120), held_by_a.wait_for(|n| *n < 8)).await.is_ok();
     mock.clear_request_errors(Api::Produce);
     let want: HashSet<String> = ids.iter().map(ToString::to_string).collect();
-    let mut finished = HashSet::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
-    while finished.len() < want.len() {
-        let ev = tokio::time::timeout_at(deadline, events.next())
-            .await
-            .unwrap_or_else(|_| panic!("every task ends; ended: {finished:?}"))
-            .unwrap();
-        if !want.contains(&ev.task_id) {
-            continue;
-        }
-        if ev.event.is_final() {
-            assert_eq!(ev.event, EventType::Succeeded, "{ev:?}");
-            finished.insert(ev.task_id.clone());
-        }
-        history.push(ev);
-    }
+    until_all_succeeded(&mut events, &want, &mut history, Duration::from_secs(180)).await;
     let mut violations = ferry_runtime::history::check(&history);
     violations.extend(snapshot_violations(&client, &history).await);
     assert!(violations.is_empty(), "{} violations: {violations:#?}", violations.len());
@@ -1127,4 +1097,25 @@ async fn a_kind_registered_outside_the_runtime_gets_its_topics_and_runs_reverts_
     assert_eq!((&raw[..5], env.kind.as_str()), (&[0u8, 0, 0, 0, 100][..], "other"));
     token.cancel();
     worker.await.unwrap();
+}
+
+/// Reads events until every task of `want` has ended (each Succeeded), adding theirs to
+/// `history`; fails after `within`.
+async fn until_all_succeeded(events: &mut ferry_runtime::EventStream, want: &HashSet<String>, history: &mut Vec<ferry_runtime::ProgressEvent>, within: Duration) {
+    let mut finished = HashSet::new();
+    let deadline = tokio::time::Instant::now() + within;
+    while finished.len() < want.len() {
+        let ev = tokio::time::timeout_at(deadline, events.next())
+            .await
+            .unwrap_or_else(|_| panic!("every task ends; ended: {finished:?}"))
+            .unwrap();
+        if !want.contains(&ev.task_id) {
+            continue;
+        }
+        if ev.event.is_final() {
+            assert_eq!(ev.event, EventType::Succeeded, "{ev:?}");
+            finished.insert(ev.task_id.clone());
+        }
+        history.push(ev);
+    }
 }

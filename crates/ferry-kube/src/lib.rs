@@ -17,14 +17,21 @@
 //! - [`vocab`]: the OCM and Liqo names more than one worker uses.
 //! - [`capacity`]: a cluster's Nodes and Pods as the scheduler counts them (scoring,
 //!   placement checks, bursts).
+//! - [`cluster_sets`]: a ManagedClusterSet's members as OCM resolves them (by its label or
+//!   its label selector, `global` included): deploy's candidates, score's set, a plan's
+//!   fanned-out step, the test bed's placement.
+//! - [`orphans`]: the namespaces a ManifestWork ships but must not own (there before it):
+//!   `CreateOnly` and orphaned, so that deleting the work never deletes them.
 
 pub mod capacity;
+pub mod cluster_sets;
 pub mod clusters;
 pub mod conditions;
 pub mod dry_run;
 pub mod kinds;
 pub mod names;
 pub mod ocm_join;
+pub mod orphans;
 pub mod quantity;
 pub mod step_errors;
 pub mod vocab;

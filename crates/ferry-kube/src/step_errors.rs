@@ -5,6 +5,7 @@
 use ferry_task::StepError;
 use ferry_task::codes;
 
+use crate::cluster_sets::ClusterSetError;
 use crate::{ClusterError, HUB, WaitError};
 
 /// `e` under `code`: transient when the API error is, else permanent.
@@ -15,6 +16,15 @@ pub fn kube_err(code: &str, e: ClusterError) -> StepError {
 /// An error of the hub's API (`HUB_API`).
 pub fn hub_err(e: kube::Error) -> StepError {
     kube_err(codes::HUB_API, ClusterError::Kube { cluster: HUB.into(), source: e })
+}
+
+/// A ManagedClusterSet that cannot be resolved: the hub's errors as [`hub_err`], the
+/// set's own (a selector OCM would refuse too) permanent under `code`.
+pub fn cluster_set_err(code: &str, e: ClusterSetError) -> StepError {
+    match e {
+        ClusterSetError::Hub { source } => hub_err(source),
+        e => StepError::permanent(code, e.to_string()),
+    }
 }
 
 /// Errors of `cluster`'s API (`CLUSTER_API`), for `map_err`.

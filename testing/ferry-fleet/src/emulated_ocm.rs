@@ -29,6 +29,8 @@ use crate::emulate::now;
 use crate::emulated_registration::{AGENT_TICK, Klusterlet};
 use crate::fleet::Fleet;
 use crate::ocm_prioritizers::{self, Decision};
+use ferry_kube::cluster_sets::{ClusterSet, ClusterSetError};
+use ferry_kube::kinds::ManagedClusterSet;
 
 /// How often each emulated controller looks again.
 pub const TICK: Duration = Duration::from_millis(250);
@@ -126,6 +128,8 @@ impl EmulatedOcm {
         crate::emulated_registration::install_hub(&hub, &hub_cluster.server, &hub_cluster.ca_pem()?)
             .await
             .map_err(|e| crate::FleetError::Client { cluster: "hub".into(), source: Box::new(e) })?;
+        // `HubHash`: what names a work's AppliedManifestWork (`<hub hash>-<work>`).
+        let hub_hash: String = Sha256::digest(hub_cluster.server.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
         let mut tasks = vec![
             tokio::spawn(forever("registration", {
                 let hub = hub.clone();
@@ -134,14 +138,12 @@ impl EmulatedOcm {
                     async move { crate::emulated_registration::hub_tick(&hub).await }
                 }
             })),
-            tokio::spawn(agents(fleet.clusters.iter().skip(1).map(|c| c.name.clone()).collect(), hub.clone(), knobs.clone())),
+            tokio::spawn(agents(fleet.clusters.iter().skip(1).map(|c| c.name.clone()).collect(), hub.clone(), hub_hash.clone(), knobs.clone())),
             tokio::spawn(forever("placement", {
                 let hub = hub.clone();
                 move || placement(hub.clone())
             })),
         ];
-        // `HubHash`: what names a work's AppliedManifestWork (`<hub hash>-<work>`).
-        let hub_hash: String = Sha256::digest(hub_cluster.server.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
         for c in fleet.clusters.iter().skip(1) {
             crate::crds::install(&c.client().await?, vec![crate::kinds::crd(&APPLIED_KIND)])
                 .await
@@ -165,6 +167,7 @@ impl EmulatedOcm {
                 kinds: Mutex::default(),
                 first_seen: Mutex::default(),
                 applied: Mutex::default(),
+                klusterlet: None,
             };
             let agent = Arc::new(agent);
             tasks.push(tokio::spawn(forever("work agent", move || {
@@ -182,8 +185,10 @@ impl EmulatedOcm {
 }
 
 /// The klusterlets of Cluster API's workload clusters: one per `<name>-kubeconfig` Secret
-/// on the hub (the fleet's own members, named in `members`, have theirs already).
-async fn agents(members: Vec<String>, hub: kube::Client, knobs: Arc<Mutex<HashMap<String, OcmKnobs>>>) {
+/// on the hub (the fleet's own members, named in `members`, have theirs already), each with
+/// the work agent its operator runs beside the registration agent (acting only while the
+/// klusterlet's agents run, [`Klusterlet::agents_run`]).
+async fn agents(members: Vec<String>, hub: kube::Client, hub_hash: String, knobs: Arc<Mutex<HashMap<String, OcmKnobs>>>) {
     use k8s_openapi::api::core::v1::Secret;
     let mut running: HashMap<String, (String, JoinHandle<()>)> = HashMap::new();
     let mut every = tokio::time::interval(TICK * 4);
@@ -204,15 +209,45 @@ async fn agents(members: Vec<String>, hub: kube::Client, knobs: Arc<Mutex<HashMa
                 continue;
             }
             let Ok(client) = crate::emulated_registration::client_from(&kc).await else { continue };
-            let klusterlet = Arc::new(Klusterlet::new(&name, client, knobs.clone()));
+            let klusterlet = Arc::new(Klusterlet::new(&name, client.clone(), knobs.clone()));
+            let agent = Arc::new(WorkAgent {
+                cluster: name.clone(),
+                hub_hash: hub_hash.clone(),
+                hub: hub.clone(),
+                managed: client,
+                knobs: knobs.clone(),
+                kinds: Mutex::default(),
+                first_seen: Mutex::default(),
+                applied: Mutex::default(),
+                klusterlet: Some(klusterlet.clone()),
+            });
             let task = tokio::spawn(async move {
-                let mut every = tokio::time::interval(AGENT_TICK);
-                loop {
-                    every.tick().await;
-                    if let Err(e) = klusterlet.tick().await {
-                        tracing::debug!(error = %e, "emulated klusterlet: retrying on the next tick");
+                let registration = async {
+                    let mut every = tokio::time::interval(AGENT_TICK);
+                    loop {
+                        every.tick().await;
+                        if let Err(e) = klusterlet.tick().await {
+                            tracing::debug!(error = %e, "emulated klusterlet: retrying on the next tick");
+                        }
                     }
-                }
+                };
+                let work = async {
+                    // The agent's AppliedManifestWork kind, as for the members.
+                    let mut every = tokio::time::interval(AGENT_TICK);
+                    loop {
+                        every.tick().await;
+                        match crate::crds::install(&agent.managed, vec![crate::kinds::crd(&APPLIED_KIND)]).await {
+                            Ok(_) => break,
+                            Err(e) => tracing::debug!(error = %e, "emulated work agent: installing its CRD again on the next tick"),
+                        }
+                    }
+                    forever("work agent", || {
+                        let a = agent.clone();
+                        async move { a.tick().await }
+                    })
+                    .await
+                };
+                tokio::join!(registration, work);
             });
             if let Some((_, old)) = running.insert(name, (kc, task)) {
                 old.abort();
@@ -264,6 +299,12 @@ struct WorkAgent {
     /// What each (work uid, manifest) was last written as, and the live object's
     /// resourceVersion right after: upstream's resource cache (`SafeToSkipApply`).
     applied: Mutex<BTreeMap<(String, Meta), (String, String)>>,
+    /// The cluster's klusterlet, whose operator runs this agent (a Cluster API workload
+    /// cluster's): the agent acts only while [`Klusterlet::agents_run`], so the works of a
+    /// cluster that left (or never joined) keep their finalizer, as upstream's, where only
+    /// the work agent removes it (ocm `pkg/work/spoke/controllers/finalizercontroller/manifestwork_finalize_controller.go`).
+    /// None: a fleet member's agent, deployed with the member and always running.
+    klusterlet: Option<Arc<Klusterlet>>,
 }
 
 /// A manifest's write: the API server's refusal, if any, and the live object after it.
@@ -671,6 +712,16 @@ impl WorkAgent {
             Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
             Err(e) => return Err(e),
         };
+        if list.items.is_empty() {
+            return Ok(());
+        }
+        let runs = match &self.klusterlet {
+            Some(k) => k.agents_run().await,
+            None => true,
+        };
+        if !runs {
+            return Ok(());
+        }
         for w in list.items {
             let name = w.metadata.name.clone().unwrap_or_default();
             if let Err(e) = self.reconcile(&api, w).await {
@@ -954,6 +1005,11 @@ async fn placement(hub: kube::Client) -> Result<(), kube::Error> {
     }
     let clusters = Api::<DynamicObject>::all_with(hub.clone(), &managed_clusters()).list(&ListParams::default()).await?.items;
     let binds = Api::<DynamicObject>::all_with(hub.clone(), &bindings()).list(&ListParams::default()).await?.items;
+    // Each set's members as upstream's scheduler resolves them, by the set's label or its
+    // label selector (`global`: every cluster) (ocm `pkg/placement/controllers/scheduling/helpers.go`,
+    // `GetAvailableClusters`; sdk-go `pkg/apis/cluster/v1beta2/managedclusterset.go`, `BuildClusterSelector`).
+    let known_sets: BTreeMap<String, Result<ClusterSet, ClusterSetError>> =
+        Api::<ManagedClusterSet>::all(hub.clone()).list(&ListParams::default()).await?.items.iter().filter_map(|s| Some((s.metadata.name.clone()?, ClusterSet::of(s)))).collect();
     let scs = Api::<DynamicObject>::all_with(hub.clone(), &scores()).list(&ListParams::default()).await?.items;
     let decided: Vec<Decision> = Api::<DynamicObject>::all_with(hub.clone(), &decisions())
         .list(&ListParams::default())
@@ -972,9 +1028,14 @@ async fn placement(hub: kube::Client) -> Result<(), kube::Error> {
             continue;
         }
         let spec = p.data.get("spec").cloned().unwrap_or(Value::Null);
-        let bound: BTreeSet<String> = binds.iter().filter(|b| b.metadata.namespace.as_deref() == Some(&ns)).filter_map(|b| b.metadata.name.clone()).collect();
+        // Valid bindings only: those of sets that exist (`GetValidManagedClusterSetBindings`).
+        let bound: BTreeSet<String> =
+            binds.iter().filter(|b| b.metadata.namespace.as_deref() == Some(&ns)).filter_map(|b| b.metadata.name.clone()).filter(|s| known_sets.contains_key(s)).collect();
         let wanted_sets: Vec<String> = spec.get("clusterSets").and_then(Value::as_array).into_iter().flatten().filter_map(|s| s.as_str().map(str::to_owned)).collect();
-        let sets: BTreeSet<String> = if wanted_sets.is_empty() { bound.clone() } else { wanted_sets.into_iter().filter(|s| bound.contains(s)).collect() };
+        let sets: BTreeSet<String> = if wanted_sets.is_empty() { bound.clone() } else { wanted_sets.iter().filter(|s| bound.contains(*s)).cloned().collect() };
+        // A set upstream builds no selector for fails the Placement's sync: no decision.
+        let Ok(resolved) = sets.iter().filter_map(|s| known_sets.get(s)).map(Result::as_ref).collect::<Result<Vec<&ClusterSet>, _>>() else { continue };
+        let mut available = 0;
         let predicates: Vec<Value> = spec.get("predicates").and_then(Value::as_array).cloned().unwrap_or_default();
         let tolerations: Vec<Value> = spec.get("tolerations").and_then(Value::as_array).cloned().unwrap_or_default();
         let mut feasible: Vec<String> = Vec::new();
@@ -983,7 +1044,8 @@ async fn placement(hub: kube::Client) -> Result<(), kube::Error> {
         for mc in &clusters {
             let Some(cname) = mc.metadata.name.clone() else { continue };
             let labels = mc.metadata.labels.clone().unwrap_or_default();
-            let in_set = labels.get(CLUSTERSET_LABEL).is_some_and(|s| sets.contains(s));
+            let in_set = mc.metadata.deletion_timestamp.is_none() && resolved.iter().any(|s| s.selects(&labels));
+            available += usize::from(in_set);
             // Availability counts through the taints the hub's taint controller keeps
             // (crate::ocm_taints): a Placement may tolerate an unreachable cluster.
             let tolerated = crate::ocm_taints::tolerated(&mc.data, &tolerations, decided_here.contains(cname.as_str()), now);
@@ -1021,8 +1083,13 @@ async fn placement(hub: kube::Client) -> Result<(), kube::Error> {
         let want = spec.get("numberOfClusters").and_then(Value::as_i64).map(|n| n.max(0) as usize);
         let chosen: Vec<String> = candidates.iter().take(want.unwrap_or(usize::MAX)).map(|(_, c)| c.clone()).collect();
         write_decision(&hub, &p, &ns, &name, &chosen).await?;
+        // As upstream's `newSatisfiedCondition` (`scheduling_controller.go`) says it.
         let (ok, reason, message) = if bound.is_empty() {
-            (false, "NoManagedClusterSetBindings", "No ManagedClusterSetBindings found in placement namespace".to_owned())
+            (false, "NoManagedClusterSetBindings", "No valid ManagedClusterSetBindings found in placement namespace".to_owned())
+        } else if sets.is_empty() {
+            (false, "NoIntersection", format!("None of ManagedClusterSets [{}] is bound to placement namespace", wanted_sets.join(",")))
+        } else if available == 0 {
+            (false, "AllManagedClusterSetsEmpty", format!("All ManagedClusterSets [{}] have no member ManagedCluster", sets.iter().cloned().collect::<Vec<_>>().join(",")))
         } else if want.is_none_or(|w| chosen.len() >= w) {
             (true, "AllDecisionsScheduled", "All cluster decisions scheduled".to_owned())
         } else {

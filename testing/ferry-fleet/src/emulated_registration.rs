@@ -7,7 +7,14 @@
 //! - [`hub_tick`]: the hub's ManagedCluster controller (`hub/managedcluster/controller.go`):
 //!   an accepted cluster gets its namespace, its RBAC (`hub/manifests/rbac/*.yaml`), the
 //!   cleanup finalizer and `HubAcceptedManagedCluster`; a denied one loses its bindings; a
-//!   deleted one its RBAC, then the finalizer. And its lease controller
+//!   deleted one its RBAC, then, once no ManifestWork is left in its namespace, the
+//!   finalizer (`removeClusterSpecificRoleBindings` requeues while any is). And its GC
+//!   controller (`hub/gc/controller.go`, `gc_resources.go`; feature gate `ResourceCleanup`,
+//!   on by default): [`GC_FINALIZER`] on every ManagedCluster; on its deletion the
+//!   ManagedClusterAddOns, then the ManifestWorks, of its namespace deleted (lowest
+//!   `open-cluster-management.io/cleanup-priority` first), the finalizer kept while any
+//!   remains (a work's finalizer goes only through its cluster's work agent, so a work of
+//!   a cluster whose agent is gone holds the ManagedCluster for ever). And its lease controller
 //!   (`hub/lease/controller.go`): creates `managed-cluster-lease` for an accepted cluster
 //!   and, when the agent stops renewing it for 5 lease durations, sets Available `Unknown`.
 //!   The hub never sets Joined or Available `True`. And its taint controller
@@ -21,7 +28,13 @@
 //!   server's csrsigning controller, with the test bed's client CA), then, with its own
 //!   certificate, sets `ManagedClusterJoined` once accepted (`spoke/managedcluster/joining_reconcile.go`)
 //!   and Available (`available_reconcile.go`), and renews its lease (`spoke/lease/lease_controller.go`).
-//!   Without a Klusterlet (or with its bootstrap Secret gone) it does nothing.
+//!   Without a Klusterlet (or with its bootstrap Secret gone) it does nothing. Its
+//!   ManagedCluster deleted on the hub, it does not make it again: upstream's creating
+//!   controller runs only while the agent bootstraps, and the agent bootstraps again only
+//!   when its hub kubeconfig is invalid (its certificate expired), not when its cluster is
+//!   gone (`spoke/spokeagent.go`, `RunSpokeAgent`; `register/common.go`,
+//!   `IsHubKubeConfigValidFunc`). [`Klusterlet::agents_run`] says whether the klusterlet's
+//!   agents run, which the emulated work agent of a Cluster API workload cluster follows.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -32,7 +45,7 @@ use ferry_kube::ocm_join::{AGENT_NAMESPACE, BOOTSTRAP_ROLE, BOOTSTRAP_SA, BOOTST
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 
@@ -42,6 +55,12 @@ use crate::emulated_ocm::OcmKnobs;
 const MANAGER: &str = "ferry-fleet-registration";
 /// The hub's cleanup finalizer on accepted clusters (`v1.ManagedClusterFinalizer`).
 pub const CLEANUP_FINALIZER: &str = "cluster.open-cluster-management.io/api-resource-cleanup";
+/// The GC controller's finalizer on every ManagedCluster (ocm
+/// `pkg/common/helpers/clusters.go`, `GcFinalizer`).
+pub const GC_FINALIZER: &str = "cluster.open-cluster-management.io/resource-cleanup";
+/// A resource's place in the GC's order (ocm `api/cluster/v1/types.go`,
+/// `CleanupPriorityAnnotationKey`: 0 to 100, lowest deleted first).
+const CLEANUP_PRIORITY: &str = "open-cluster-management.io/cleanup-priority";
 /// The lease the agent renews in its cluster's namespace on the hub.
 pub const LEASE: &str = "managed-cluster-lease";
 /// `leaseDurationTimes`: the grace is five lease durations.
@@ -52,6 +71,21 @@ const SUBJECT_PREFIX: &str = "system:open-cluster-management:";
 
 fn managed_clusters() -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("cluster.open-cluster-management.io", "v1", "ManagedCluster"), "managedclusters")
+}
+
+/// What the GC controller deletes from a deleted cluster's namespace, in this order (ocm
+/// `pkg/registration/hub/manager.go`, `GCResourceList`). Upstream lists the add-ons as
+/// `v1beta1`; the test bed's CRDs (API v1.3.0, ../shared/crds) serve them as `v1alpha1`,
+/// the same objects.
+fn gc_resources() -> [ApiResource; 2] {
+    [
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("addon.open-cluster-management.io", "v1alpha1", "ManagedClusterAddOn"), "managedclusteraddons"),
+        manifest_works(),
+    ]
+}
+
+fn manifest_works() -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("work.open-cluster-management.io", "v1", "ManifestWork"), "manifestworks")
 }
 
 fn klusterlets() -> ApiResource {
@@ -224,14 +258,19 @@ async fn remove_rbac(hub: &kube::Client, name: &str) -> Result<(), kube::Error> 
     delete(hub, "rbac.authorization.k8s.io/v1", "RoleBinding", Some(name), &format!("{role}:registration")).await
 }
 
-/// One pass of the hub's ManagedCluster and lease controllers; a cluster whose pass
-/// fails does not hold up the others (the first error is returned after all ran).
+/// One pass of the hub's ManagedCluster, GC, lease and taint controllers; a cluster whose
+/// pass fails does not hold up the others (the first error is returned after all ran).
 pub async fn hub_tick(hub: &kube::Client) -> Result<(), kube::Error> {
     let api: Api<DynamicObject> = Api::all_with(hub.clone(), &managed_clusters());
     let mut first = Ok(());
     for mc in api.list(&Default::default()).await?.items {
-        let r = match taint(&api, &mc).await {
-            Ok(()) => reconcile(hub, &api, mc).await,
+        let r = match gc(hub, &api, &mc).await {
+            // It wrote the ManagedCluster: the others read it again on the next pass.
+            Ok(true) => Ok(()),
+            Ok(false) => match taint(&api, &mc).await {
+                Ok(()) => reconcile(hub, &api, mc).await,
+                Err(e) => Err(e),
+            },
             Err(e) => Err(e),
         };
         if first.is_ok() {
@@ -239,6 +278,82 @@ pub async fn hub_tick(hub: &kube::Client) -> Result<(), kube::Error> {
         }
     }
     first
+}
+
+/// The hub's GC controller over one ManagedCluster (ocm `pkg/registration/hub/gc/controller.go`,
+/// `sync`, and `gc_resources.go`, `reconcile`): [`GC_FINALIZER`] on a cluster not being
+/// deleted; on a deleted one, the first kind of [`gc_resources`] with objects left in the
+/// cluster's namespace has its lowest-priority ones deleted and the `Deleting` condition
+/// says what remains (upstream requeues after 5 s; here the next pass looks again); with
+/// none left, `Deleting` True and the finalizer removed. True when it wrote the cluster.
+async fn gc(hub: &kube::Client, api: &Api<DynamicObject>, mc: &DynamicObject) -> Result<bool, kube::Error> {
+    let Some(name) = mc.metadata.name.as_deref() else { return Ok(false) };
+    let finalizers = mc.metadata.finalizers.clone().unwrap_or_default();
+    if mc.metadata.deletion_timestamp.is_none() {
+        if finalizers.iter().any(|f| f == GC_FINALIZER) {
+            return Ok(false);
+        }
+        let mut all = finalizers;
+        all.push(GC_FINALIZER.into());
+        api.patch(name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": all, "resourceVersion": mc.metadata.resource_version}}))).await?;
+        return Ok(true);
+    }
+    let mut conds = conditions(mc);
+    for ar in gc_resources() {
+        let items = match Api::<DynamicObject>::namespaced_with(hub.clone(), name, &ar).list(&Default::default()).await {
+            Ok(l) => l.items,
+            // The kind is not served: nothing of it to delete.
+            Err(kube::Error::Api(s)) if s.code == 404 => continue,
+            Err(e) => return Err(e),
+        };
+        if items.is_empty() {
+            continue;
+        }
+        let pending = items.iter().filter(|o| o.metadata.finalizers.as_ref().is_some_and(|f| !f.is_empty())).count();
+        let message = format!("The resource {} is remaning, the remaining count is {}, the finalizer pending count is {pending}", ar.plural, items.len());
+        // `getCleanupPriority`: 0 to 100, anything else 0; the lowest go first.
+        let priority = |o: &DynamicObject| {
+            o.metadata.annotations.as_ref().and_then(|a| a.get(CLEANUP_PRIORITY)).and_then(|v| v.parse::<i64>().ok()).filter(|p| (0..=100).contains(p)).unwrap_or(0)
+        };
+        let first = items.iter().map(priority).min().unwrap_or(0);
+        let objects: Api<DynamicObject> = Api::namespaced_with(hub.clone(), name, &ar);
+        for o in items.iter().filter(|o| priority(o) == first) {
+            delete_named(&objects, o.metadata.name.as_deref().unwrap_or_default()).await?;
+        }
+        if set_condition(&mut conds, "Deleting", "False", "ResourceRemaining", &message) {
+            write_conditions(api, mc, conds, Vec::new()).await?;
+            return Ok(true);
+        }
+        return Ok(false);
+    }
+    if set_condition(&mut conds, "Deleting", "True", "NoResource", "No cleaned resource in cluster ns.") {
+        write_conditions(api, mc, conds, Vec::new()).await?;
+        return Ok(true);
+    }
+    if !finalizers.iter().any(|f| f == GC_FINALIZER) {
+        return Ok(false);
+    }
+    let rest: Vec<_> = finalizers.into_iter().filter(|f| f != GC_FINALIZER).collect();
+    api.patch(name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": rest, "resourceVersion": mc.metadata.resource_version}}))).await?;
+    Ok(true)
+}
+
+/// Deletes `name` through `api`; gone already is fine.
+async fn delete_named(api: &Api<DynamicObject>, name: &str) -> Result<(), kube::Error> {
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether ManifestWorks are left in cluster namespace `name` (the kind not served: none).
+async fn works_left(hub: &kube::Client, name: &str) -> Result<bool, kube::Error> {
+    match Api::<DynamicObject>::namespaced_with(hub.clone(), name, &manifest_works()).list(&ListParams::default().limit(1)).await {
+        Ok(l) => Ok(!l.items.is_empty()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// The hub's taint controller (`hub/taint/controller.go`): the availability taints of
@@ -263,6 +378,11 @@ async fn reconcile(hub: &kube::Client, api: &Api<DynamicObject>, mc: DynamicObje
         if mc.metadata.deletion_timestamp.is_some() {
             if finalizers.iter().any(|f| f == CLEANUP_FINALIZER) {
                 remove_rbac(hub, &name).await?;
+                // `removeClusterSpecificRoleBindings`: the work agent's binding (here the
+                // agent acts as the admin) and with it this finalizer stay while works do.
+                if works_left(hub, &name).await? {
+                    return Ok(());
+                }
                 let rest: Vec<_> = finalizers.into_iter().filter(|f| f != CLEANUP_FINALIZER).collect();
                 api.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": rest, "resourceVersion": mc.metadata.resource_version}})))
                     .await?;
@@ -342,12 +462,15 @@ struct AgentState {
     csr: Option<(String, String)>,
     /// The hub as this agent (its issued certificate).
     hub: Option<kube::Client>,
+    /// The uid of the Klusterlet it runs for: another one (removed and made again) gets
+    /// a fresh agent, its hub kubeconfig gone with the old one's agent namespace.
+    klusterlet: Option<String>,
 }
 
 impl AgentState {
     /// A new agent incarnation: a fresh name, no CSR, no hub identity.
     fn fresh() -> Self {
-        Self { agent: format!("{:08x}", rand_u32()), csr: None, hub: None }
+        Self { agent: format!("{:08x}", rand_u32()), csr: None, hub: None, klusterlet: None }
     }
 }
 
@@ -365,6 +488,26 @@ impl Klusterlet {
     /// An agent for `cluster`, reached with `managed`.
     pub fn new(cluster: &str, managed: kube::Client, knobs: Arc<Mutex<std::collections::HashMap<String, OcmKnobs>>>) -> Self {
         Self { cluster: cluster.to_owned(), managed, knobs, state: tokio::sync::Mutex::new(AgentState::fresh()) }
+    }
+
+    /// Whether the klusterlet's agents (registration and work) run: its Klusterlet names
+    /// this cluster and is not being deleted (the klusterlet operator removes the agents
+    /// with it), and the agent holds its hub identity (the work agent runs with the hub
+    /// kubeconfig registration wrote). Reads the Klusterlet now, not as of the last pass.
+    pub async fn agents_run(&self) -> bool {
+        let serves = {
+            let state = self.state.lock().await;
+            match state.hub {
+                Some(_) => state.klusterlet.clone(),
+                None => return false,
+            }
+        };
+        let kl: Api<DynamicObject> = Api::all_with(self.managed.clone(), &klusterlets());
+        kl.get_opt(KLUSTERLET).await.ok().flatten().is_some_and(|k| {
+            k.metadata.uid == serves
+                && k.metadata.deletion_timestamp.is_none()
+                && k.data.pointer("/spec/clusterName").and_then(Value::as_str) == Some(self.cluster.as_str())
+        })
     }
 
     /// One pass; errors are retried on the next.
@@ -386,6 +529,10 @@ impl Klusterlet {
             }
             return Ok(());
         };
+        let uid = klusterlet.as_ref().and_then(|k| k.metadata.uid.clone());
+        if state.klusterlet != uid {
+            *state = AgentState { klusterlet: uid, ..AgentState::fresh() };
+        }
         if state.hub.is_none() {
             let Some(kc) = secret_kubeconfig(&self.managed).await.map_err(e("reading the bootstrap Secret"))? else { return Ok(()) };
             let boot = client_from(&kc).await.map_err(|err| format!("klusterlet of {name}: the bootstrap kubeconfig: {err}"))?;
@@ -457,23 +604,13 @@ impl Klusterlet {
         let api: Api<DynamicObject> = Api::all_with(hub.clone(), &managed_clusters());
         let mc = match api.get_opt(name).await {
             Ok(Some(mc)) => mc,
-            Ok(None) => {
-                // Deleted on the hub: register again from the bootstrap (upstream's rebootstrap).
-                *self.state.lock().await = AgentState::fresh();
-                return Ok(());
-            }
-            // Not accepted yet (or any more), or deleted with its RBAC: the bootstrap
-            // identity tells which; a deleted cluster registers again (upstream's
-            // rebootstrap, `spoke/spokeagent.go`).
-            Err(kube::Error::Api(s)) if s.code == 403 => {
-                let Some(kc) = secret_kubeconfig(&self.managed).await.map_err(err("reading the bootstrap Secret"))? else { return Ok(()) };
-                let boot = client_from(&kc).await.map_err(|e| format!("klusterlet of {name}: the bootstrap kubeconfig: {e}"))?;
-                let gone = Api::<DynamicObject>::all_with(boot, &managed_clusters()).get_opt(name).await.map_err(err("reading its ManagedCluster"))?.is_none();
-                if gone {
-                    *self.state.lock().await = AgentState::fresh();
-                }
-                return Ok(());
-            }
+            // Deleted on the hub, or not accepted (any more), or deleted with its RBAC: the
+            // agent keeps its identity (valid while its certificate is) and makes nothing
+            // again; only a bootstrapping agent creates its ManagedCluster
+            // (`spoke/spokeagent.go`, `RunSpokeAgent`; `register/common.go`,
+            // `IsHubKubeConfigValidFunc` checks the certificate, not the cluster).
+            Ok(None) => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 403 => return Ok(()),
             Err(e) => return Err(err("reading its ManagedCluster")(e)),
         };
         if condition_status(&mc, "HubAcceptedManagedCluster").as_deref() != Some("True") {

@@ -52,6 +52,9 @@ async fn placements_follow_the_taints(hub: &kube::Client, mcs: &Api<ManagedClust
         mcs.patch(c, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {ferry_fleet::emulated_ocm::CLUSTERSET_LABEL: "s"}}}))).await.unwrap();
     }
     apply(ar("", "v1", "Namespace"), None, json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "p"}})).await;
+    // The set itself: upstream's scheduler ignores a binding of a set that does not exist.
+    let set = ar("cluster.open-cluster-management.io", "v1beta2", "ManagedClusterSet");
+    apply(set, None, json!({"apiVersion": "cluster.open-cluster-management.io/v1beta2", "kind": "ManagedClusterSet", "metadata": {"name": "s"}, "spec": {}})).await;
     let set = ar("cluster.open-cluster-management.io", "v1beta2", "ManagedClusterSetBinding");
     apply(set, Some("p"), json!({"apiVersion": "cluster.open-cluster-management.io/v1beta2", "kind": "ManagedClusterSetBinding", "metadata": {"name": "s", "namespace": "p"}, "spec": {"clusterSet": "s"}})).await;
     let pl = ar("cluster.open-cluster-management.io", "v1beta1", "Placement");

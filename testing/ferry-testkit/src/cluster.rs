@@ -56,11 +56,21 @@ pub fn delete(cmd: &ClusterCommand) -> ClusterCommand {
     ClusterCommand { operation: ClusterOperation::Delete, name: cmd.name.clone(), namespace: cmd.namespace.clone(), ..ClusterCommand::default() }
 }
 
-/// Creates ManagedClusterSet `set` on the hub.
+/// Creates ManagedClusterSet `set` on the hub (its members: the clusters labelled with it).
 pub async fn cluster_set(hub: &kube::Client, set: &str) -> anyhow::Result<()> {
+    apply_cluster_set(hub, set, json!({"selectorType": "ExclusiveClusterSetLabel"})).await
+}
+
+/// Creates ManagedClusterSet `set` on the hub whose members are the clusters `label_selector`
+/// selects (`{}`: every cluster, as the hub's `global` set).
+pub async fn label_selector_set(hub: &kube::Client, set: &str, label_selector: serde_json::Value) -> anyhow::Result<()> {
+    apply_cluster_set(hub, set, json!({"selectorType": "LabelSelector", "labelSelector": label_selector})).await
+}
+
+async fn apply_cluster_set(hub: &kube::Client, set: &str, selector: serde_json::Value) -> anyhow::Result<()> {
     let clusters = ferry_kube::Clusters::new(hub.clone());
     let obj = json!({"apiVersion": "cluster.open-cluster-management.io/v1beta2", "kind": "ManagedClusterSet", "metadata": {"name": set},
-        "spec": {"clusterSelector": {"selectorType": "ExclusiveClusterSetLabel"}}});
+        "spec": {"clusterSelector": selector}});
     clusters.apply(ferry_kube::HUB, &obj, "ferry-demo").await?;
     Ok(())
 }

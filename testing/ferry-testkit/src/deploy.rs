@@ -27,15 +27,16 @@ pub async fn prepare(fleet: &Fleet, clusters: &[&str], namespace: &str) -> anyho
     bind(&hub, namespace, SET).await
 }
 
-/// Creates `namespace` on the hub and binds ManagedClusterSet `set` to it.
+/// Creates `namespace` on the hub and binds ManagedClusterSet `set` to it (made as a set of
+/// the clusters labelled with it when there is none).
 pub async fn bind(hub: &kube::Client, namespace: &str, set: &str) -> anyhow::Result<()> {
     let pp = PatchParams::apply("ferry-demo").force();
     let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}});
     Api::<Namespace>::all(hub.clone()).patch(namespace, &pp, &Patch::Apply(&ns)).await?;
     let clusters = ferry_kube::Clusters::new(hub.clone());
-    let set_obj = json!({"apiVersion": "cluster.open-cluster-management.io/v1beta2", "kind": "ManagedClusterSet", "metadata": {"name": set},
-        "spec": {"clusterSelector": {"selectorType": "ExclusiveClusterSetLabel"}}});
-    clusters.apply(ferry_kube::HUB, &set_obj, "ferry-demo").await?;
+    if ferry_kube::cluster_sets::get(hub, set).await?.is_none() {
+        crate::cluster::cluster_set(hub, set).await?;
+    }
     let binding = json!({"apiVersion": "cluster.open-cluster-management.io/v1beta2", "kind": "ManagedClusterSetBinding",
         "metadata": {"name": set, "namespace": namespace}, "spec": {"clusterSet": set}});
     clusters.apply(ferry_kube::HUB, &binding, "ferry-demo").await.with_context(|| format!("binding {set} to {namespace}"))?;

@@ -18,10 +18,14 @@ use ferry_kube::vocab::ocm::CLUSTERSET_LABEL;
 /// How long a join may take: a few seconds on a quiet machine; the bound is for a loaded one.
 const JOIN_LIMIT: Duration = Duration::from_secs(120);
 
-/// Joins `clusters` of `fleet` to its hub in ManagedClusterSet `set` (none when empty)
-/// and waits until each is Available.
+/// Joins `clusters` of `fleet` to its hub in ManagedClusterSet `set` (none when empty; the
+/// set made first when missing, as `clusteradm create clusterset`: OCM resolves a set's
+/// members only from the set) and waits until each is Available.
 pub async fn join(fleet: &Fleet, clusters: &[&str], set: &str) -> anyhow::Result<()> {
     let hub = fleet.hub().client().await?;
+    if !set.is_empty() && ferry_kube::cluster_sets::get(&hub, set).await?.is_none() {
+        crate::cluster::cluster_set(&hub, set).await?;
+    }
     for c in clusters {
         let member = fleet.cluster(c).with_context(|| format!("no cluster {c} in the fleet"))?.client().await?;
         ferry_fleet::crds::install(&member, vec![ferry_fleet::emulated_registration::klusterlet_crd()]).await?;

@@ -13,10 +13,13 @@ use ferry_fleet::emulated_capi::{CapiOptions, EmulatedCapi};
 use ferry_kube::Clusters;
 use ferry_kube::dry_run::Change;
 use ferry_runtime::dry_run::Verdict;
-use ferry_kube::kinds::CapiCluster;
+use ferry_fleet::emulated_ocm::WORK_FINALIZER;
+use ferry_fleet::emulated_registration::GC_FINALIZER;
+use ferry_kube::kinds::{CapiCluster, ManagedCluster, ManifestWork};
 use ferry_runtime::{Client, EventType, ProgressEvent, SubmitOptions, TaskKind};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::wait::await_condition;
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(300);
@@ -336,6 +339,54 @@ async fn failures_revert_bad_input_is_rejected_and_a_topology_works() {
     let (_, evs) = demo::submit(&client, &demo::delete(&with_var), WAIT).await.unwrap();
     assert_eq!(last(&evs).event, EventType::Succeeded, "{:?}", last(&evs));
 
+    bed.stop(h).await;
+}
+
+/// Deleting a registered cluster with a ManifestWork in its namespace (what a deploy
+/// leaves) finishes and leaves no ManagedCluster. The hub's GC controller holds a deleted
+/// ManagedCluster until the works of its namespace are gone (ocm
+/// `pkg/registration/hub/gc/controller.go`), and only the cluster's work agent removes a
+/// work's finalizer (`pkg/work/spoke/controllers/finalizercontroller/manifestwork_finalize_controller.go`):
+/// a delete that removes the klusterlet before the ManagedCluster pins it until the
+/// deadline, and the delete fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_cluster_with_a_manifest_work_finishes_and_leaves_no_managed_cluster() {
+    let Some(bed) = Bed::start(CapiOptions::default()).await else {
+        return;
+    };
+    let h = bed.start_worker().await;
+    let client = bed.client();
+    let hub = bed.hub().await;
+    demo::cluster_set(&hub, "edge").await.unwrap();
+    let mut cmd = small("worked");
+    cmd.ocm = OcmRegistration { enabled: true, cluster_set: Some("edge".into()) };
+    let (_, evs) = demo::submit(&client, &cmd, WAIT).await.unwrap();
+    assert_eq!(last(&evs).event, EventType::Succeeded, "{:?}", last(&evs));
+    let mcs: Api<ManagedCluster> = Api::all(hub.clone());
+    let finalizers = mcs.get("worked").await.unwrap().metadata.finalizers.unwrap_or_default();
+    assert!(finalizers.iter().any(|f| f == GC_FINALIZER), "the hub's GC controller holds the ManagedCluster: {finalizers:?}");
+
+    // A deploy's ManifestWork in the cluster's namespace, applied by the cluster's work
+    // agent (which puts its finalizer on it).
+    let work = json!({"apiVersion": "work.open-cluster-management.io/v1", "kind": "ManifestWork", "metadata": {"name": "shop", "namespace": "worked"},
+        "spec": {"workload": {"manifests": [
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "shop", "namespace": "default"}, "data": {"tier": "web"}},
+        ]}}});
+    let works: Api<ManifestWork> = Api::namespaced(hub.clone(), "worked");
+    works.patch("shop", &PatchParams::apply("test"), &Patch::Apply(&work)).await.unwrap();
+    let applied = |w: Option<&ManifestWork>| {
+        w.is_some_and(|w| {
+            w.metadata.finalizers.iter().flatten().any(|f| f == WORK_FINALIZER)
+                && w.condition("Applied") == Some("True")
+        })
+    };
+    tokio::time::timeout(WAIT, await_condition(works.clone(), "shop", applied)).await.expect("the work agent applied the work").unwrap();
+
+    // The delete finishes: the ManagedCluster goes while the work agent still runs.
+    let (_, evs) = demo::submit(&client, &demo::delete(&cmd), WAIT).await.unwrap();
+    assert_eq!(last(&evs).event, EventType::Succeeded, "{:?}", evs.iter().filter(|e| e.message.is_some()).collect::<Vec<_>>());
+    assert_eq!(demo::leftovers(&hub, &cmd).await.unwrap(), Vec::<String>::new());
+    assert!(works.get_opt("shop").await.unwrap().is_none(), "the hub's GC deleted the work");
     bed.stop(h).await;
 }
 

@@ -283,7 +283,7 @@ fn manifest_config(o: &Value) -> Value {
     // The work agent applies as this field manager; OCM's ManifestWork CRD requires it to
     // start with `work-agent` (api v1.3.0, `serverSideApply.fieldManager` pattern).
     let strategy = match kind {
-        "Namespace" => json!({"type": "CreateOnly"}),
+        "Namespace" => json!({"type": ferry_kube::orphans::CREATE_ONLY}),
         _ => json!({"type": "ServerSideApply", "serverSideApply": {"fieldManager": WORK_FIELD_MANAGER, "force": false}}),
     };
     let mut c = json!({"resourceIdentifier": id, "updateStrategy": strategy});
@@ -325,11 +325,7 @@ fn manifest_config(o: &Value) -> Value {
 pub fn manifest_work(app: &DeployApp, cluster: &str, components: &[&Component], secrets: &BTreeMap<String, SecretData>, task: &str, found: &BTreeSet<String>) -> Value {
     let manifests = objects(app, components, secrets);
     let configs: Vec<Value> = manifests.iter().map(manifest_config).collect();
-    let orphans: Vec<Value> = manifests
-        .iter()
-        .filter(|m| m["kind"] == "Namespace" && m["metadata"]["name"].as_str().is_none_or(|n| found.contains(n)))
-        .map(|m| json!({"group": "", "resource": "namespaces", "name": m["metadata"]["name"]}))
-        .collect();
+    let delete_option = ferry_kube::orphans::delete_option(&manifests, found);
     json!({
         "apiVersion": "work.open-cluster-management.io/v1", "kind": "ManifestWork",
         "metadata": {
@@ -339,7 +335,7 @@ pub fn manifest_work(app: &DeployApp, cluster: &str, components: &[&Component], 
         },
         "spec": {
             "workload": {"manifests": manifests},
-            "deleteOption": {"propagationPolicy": "SelectivelyOrphan", "selectivelyOrphans": {"orphaningRules": orphans}},
+            "deleteOption": delete_option,
             "manifestConfigs": configs,
         },
     })

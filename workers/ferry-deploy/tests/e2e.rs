@@ -331,6 +331,67 @@ async fn placements_follow_scores_deadlines_revert_and_bad_input_is_rejected() {
     bed.stop().await;
 }
 
+/// Sets that select by a label selector, as OCM's hub makes `global` (`LabelSelector {}`,
+/// every cluster) and as an operator makes `gold` (clusters labelled `tier=gold`): the
+/// clusters carry no set label, and a namespace bound to those sets only still gets its
+/// apps placed and its clusters scored, as OCM's scheduler resolves a set's members.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn label_selector_sets_such_as_global_place_and_score() {
+    let Some(bed) = bed().await else { return };
+    let client = bed.client();
+    let hub = bed.hub().await;
+    bed.fleet.publish_kubeconfigs().await.unwrap();
+    // Joined in no set: no ManagedCluster carries the set label.
+    ferry_testkit::score::register(&bed.fleet, &["member-1", "member-2"], "").await.unwrap();
+    let mcs: Api<ferry_kube::kinds::ManagedCluster> = Api::all(hub.clone());
+    let gold = serde_json::json!({"metadata": {"labels": {"tier": "gold"}}});
+    mcs.patch("member-2", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&gold)).await.unwrap();
+    ferry_testkit::cluster::label_selector_set(&hub, "global", serde_json::json!({})).await.unwrap();
+    ferry_testkit::cluster::label_selector_set(&hub, "gold", serde_json::json!({"matchLabels": {"tier": "gold"}})).await.unwrap();
+    demo::bind(&hub, "everywhere", "global").await.unwrap();
+    demo::bind(&hub, "everywhere", "gold").await.unwrap();
+
+    // The score worker resolves each set's members as OCM does.
+    let mut events = client.events(false).await.unwrap();
+    for (set, want) in [("global", vec!["member-1", "member-2"]), ("gold", vec!["member-2"])] {
+        let scoring = ScoreClusters { cluster_set: Some(set.into()), policy: ScorePolicy::ResourceUsage, ..ScoreClusters::default() };
+        let sid = client.submit(TaskKind::SCORE, &format!("everywhere/{set}"), &scoring, SubmitOptions::default()).await.unwrap();
+        let evs = events.until(sid, WAIT, |e| e.event.is_final()).await.unwrap();
+        assert_eq!(last(&evs).event, EventType::Succeeded, "scoring set {set}: {:?}", last(&evs));
+        let mut scored: Vec<String> = ferry_testkit::score::ranking(&client, sid).await.unwrap().into_iter().map(|r| r.cluster).collect();
+        scored.sort();
+        assert_eq!(scored, want, "the members of {set}");
+    }
+
+    // A placement over every bound set (so `global`) takes both clusters; one over `gold`
+    // takes member-2.
+    let app = |name: &str, sets: &[&str], clusters: i32| DeployApp {
+        name: name.into(),
+        namespace: Some("everywhere".into()),
+        owner: "team-g".into(),
+        components: vec![Component {
+            name: name.into(),
+            image: "nginx:1.27".into(),
+            cpu: Some("100m".into()),
+            placement: Some(PlacementSpec { cluster_sets: sets.iter().map(|s| (*s).to_owned()).collect(), clusters: Some(clusters), ..PlacementSpec::default() }),
+            ..Component::default()
+        }],
+        ready_timeout_seconds: Some(120),
+        ..DeployApp::default()
+    };
+    for (a, want) in [(app("wide", &[], 2), vec!["member-1", "member-2"]), (app("golden", &["gold"], 1), vec!["member-2"])] {
+        let (id, evs) = demo::submit(&client, &a).await.unwrap();
+        assert_eq!(last(&evs).event, EventType::Succeeded, "{}: {:?}", a.name, last(&evs));
+        let mut on: Vec<String> = demo::statuses(&client, id).await.unwrap().into_iter().map(|s| s.cluster).collect();
+        on.sort();
+        assert_eq!(on, want, "{} runs on the members of its sets", a.name);
+        for c in &want {
+            assert!(deployment(&bed, c, "everywhere", &a.name).await.is_some(), "{}: its Deployment on {c}", a.name);
+        }
+    }
+    bed.stop().await;
+}
+
 /// Server-side applies `obj` on `cluster` as "someone else": a field manager that is not
 /// Ferry's, no Ferry labels.
 async fn someone_else_applies(bed: &Bed, cluster: &str, obj: serde_json::Value) {

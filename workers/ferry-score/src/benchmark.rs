@@ -3,9 +3,12 @@
 //! ServiceAccount allowed to write one ConfigMap), feedback rules bring back the Job's
 //! completion and the result the Job writes to ConfigMap `ferry-benchmark-result` (key
 //! `result`, a number, higher is better); every cluster has until the deadline; then the
-//! ManifestWorks are deleted and their removal awaited.
+//! ManifestWorks are deleted and their removal awaited. The benchmark namespace is made
+//! only when missing and, when it was there before the task (someone else's, or another
+//! benchmark's), orphaned: deleting the ManifestWork never deletes it or what is in it
+//! ([`ferry_kube::orphans`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use ferry_kube::kinds::ManifestWork;
@@ -13,6 +16,7 @@ use ferry_kube::step_errors::kube_err;
 use ferry_kube::{Check, HUB};
 use ferry_task::{StepContext, StepError, codes};
 use futures::future::join_all;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Value, json};
 
 use crate::handler::{Inner, MANAGER, TASK_ANNOTATION};
@@ -30,11 +34,13 @@ pub fn work_name(cx: &StepContext<'_, ScoreClusters>) -> String {
     format!("ferry-benchmark-{tail}")
 }
 
-/// The ManifestWork that runs the benchmark on `cluster`.
-pub fn manifest_work(cluster: &str, name: &str, namespace: &str, image: &str, deadline_s: i32, task: &str) -> Value {
+/// The ManifestWork that runs the benchmark on `cluster`; `found`: the namespaces there
+/// before the task, which the work must not own.
+pub fn manifest_work(cluster: &str, name: &str, namespace: &str, image: &str, deadline_s: i32, task: &str, found: &BTreeSet<String>) -> Value {
     let labels = json!({"app.kubernetes.io/managed-by": "ferry", BENCHMARK_LABEL: "true"});
     let manifests = json!([
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": labels}},
+        // Marked with the task, so that a run of this task again knows it made it.
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": labels, "annotations": {TASK_ANNOTATION: task}}},
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "ferry-benchmark", "namespace": namespace}},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "ferry-benchmark", "namespace": namespace},
          "rules": [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [RESULT_CONFIGMAP], "verbs": ["get", "update", "patch"]}]},
@@ -55,13 +61,18 @@ pub fn manifest_work(cluster: &str, name: &str, namespace: &str, image: &str, de
         "metadata": {"name": name, "namespace": cluster, "labels": {"app.kubernetes.io/managed-by": "ferry"}, "annotations": {TASK_ANNOTATION: task}},
         "spec": {
             "workload": {"manifests": manifests},
-            "deleteOption": {"propagationPolicy": "Foreground"},
+            // Foreground (or no option) would own, and on deletion delete, a namespace
+            // that was there (ocm pkg/work/helper/helpers.go, OwnedByTheWork): orphan it.
+            "deleteOption": ferry_kube::orphans::delete_option(manifests.as_array().map_or(&[][..], Vec::as_slice), found),
             // CreateOnly for the two objects the cluster writes after they are created:
             // the default strategy, Update, rewrites a manifest as written whenever the
             // live object differs (ocm pkg/work/spoke/apply/update_apply.go, library-go's
             // ApplyConfigMap compares the data), which would erase the result the Job
             // writes, and would try to rewrite the Job's defaulted, immutable template.
+            // The namespace too: Update would rewrite one that is there (its labels and
+            // annotations merged, ocm update_apply.go) and add the work's owner to it.
             "manifestConfigs": [
+                {"resourceIdentifier": {"group": "", "resource": "namespaces", "name": namespace}, "updateStrategy": {"type": ferry_kube::orphans::CREATE_ONLY}},
                 {"resourceIdentifier": {"group": "batch", "resource": "jobs", "name": name, "namespace": namespace},
                  "feedbackRules": [{"type": "JSONPaths", "jsonPaths": [{"name": "succeeded", "path": ".status.succeeded"}, {"name": "failed", "path": ".status.failed"}]}],
                  "updateStrategy": {"type": "CreateOnly"}},
@@ -98,8 +109,14 @@ pub(crate) async fn run(inner: &Inner, cx: &StepContext<'_, ScoreClusters>, clus
     let Some(b) = &cx.spec.benchmark else { return Err(StepError::permanent(codes::BAD_SPEC, "no benchmark")) };
     let name = work_name(cx);
     let ns = &inner.cfg.benchmark_namespace;
+    let task = cx.task_id.to_string();
     for c in clusters {
-        let work = manifest_work(c, &name, ns, &b.image, b.deadline_seconds, &cx.task_id.to_string());
+        let planned = manifest_work(c, &name, ns, &b.image, b.deadline_seconds, &task, &BTreeSet::new());
+        let manifests = planned.pointer("/spec/workload/manifests").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
+        // A namespace this task made (a step run again) goes with the work; any other is kept.
+        let ours = |m: &ObjectMeta| m.annotations.as_ref().and_then(|a| a.get(TASK_ANNOTATION)) == Some(&task);
+        let found = ferry_kube::orphans::found_namespaces(&inner.cfg.clusters, c, manifests, ours).await;
+        let work = manifest_work(c, &name, ns, &b.image, b.deadline_seconds, &task, &found);
         inner.cfg.clusters.apply(HUB, &work, MANAGER).await.map_err(|e| kube_err(codes::HUB_API, e))?;
     }
     cx.progress(10, format!("benchmark ManifestWork {name} applied to {} cluster(s)", clusters.len()));

@@ -10,6 +10,7 @@ use ferry_score::{ScoreConfig, ScoreHandler};
 use ferry_testkit::Bed;
 use ferry_testkit::score as demo;
 use ferry_kube::kinds::ManagedCluster;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, DeleteParams};
 use tokio_util::sync::CancellationToken;
 
@@ -95,12 +96,22 @@ async fn clusters_are_ranked_published_and_scored_on_joining() {
     for ev in finals(&mut events, &["cluster/member-1", "cluster/member-2", "cluster/member-3"]).await {
         assert_eq!(ev.event, EventType::Succeeded, "{ev:?}");
     }
-    // member-2's ManagedCluster deleted: its klusterlet registers it again, a new cluster.
+    // member-2's ManagedCluster deleted (the hub's GC lets it go) and made anew by hand, as
+    // an admin re-registering it would: a new cluster. (A running klusterlet does not make
+    // it again: upstream creates it only while bootstrapping, ocm
+    // `pkg/registration/spoke/spokeagent.go`; its agent goes on reporting on the new one.)
     let mcs: Api<ManagedCluster> = Api::all(hub.clone());
-    let before = mcs.get("member-2").await.unwrap().metadata.uid;
+    let old = mcs.get("member-2").await.unwrap();
     mcs.delete("member-2", &DeleteParams::default()).await.unwrap();
-    let again = |m: Option<&ManagedCluster>| m.is_some_and(|m| m.metadata.uid != before);
-    tokio::time::timeout(WAIT, kube::runtime::wait::await_condition(mcs.clone(), "member-2", again)).await.expect("registered again").unwrap();
+    tokio::time::timeout(WAIT, kube::runtime::wait::await_condition(mcs.clone(), "member-2", |m: Option<&ManagedCluster>| m.is_none())).await.expect("deleted").unwrap();
+    let anew: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "cluster.open-cluster-management.io/v1", "kind": "ManagedCluster",
+        "metadata": {"name": "member-2", "labels": old.metadata.labels},
+        "spec": old.spec,
+    }))
+    .unwrap();
+    let dynamic: Api<kube::api::DynamicObject> = Api::all_with(hub.clone(), &kube::api::ApiResource::erase::<ManagedCluster>(&()));
+    dynamic.create(&kube::api::PostParams::default(), &anew).await.unwrap();
     let ev = next_final(&mut events, "cluster/member-2").await;
     assert_eq!(ev.event, EventType::Succeeded, "a ManagedCluster created anew is scored: {ev:?}");
     // member-3's API server fails its klusterlet's health check, then recovers.
@@ -138,7 +149,8 @@ async fn clusters_are_ranked_published_and_scored_on_joining() {
 /// The benchmark policy through OCM: a ManifestWork per cluster runs the benchmark Job
 /// (the test bed's emulated work agent applies it; the emulated benchmark image writes
 /// the result), feedback brings the results back, a cluster that never reports scores
-/// -100 at the deadline, and every ManifestWork and what it applied is gone afterwards.
+/// -100 at the deadline, and every ManifestWork and what it applied is gone afterwards,
+/// but a benchmark namespace that was there before, and what is in it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_benchmark_scoring_runs_through_manifest_works_and_cleans_up() {
     let Some(bed) = bed().await else { return };
@@ -150,6 +162,16 @@ async fn a_benchmark_scoring_runs_through_manifest_works_and_cleans_up() {
     for c in ["member-1", "member-2", "member-3"] {
         images.push(ferry_testkit::benchmark_image::start(c, bed.fleet.cluster(c).unwrap().client().await.unwrap(), overrides.clone()));
     }
+    // Ferry reads the clusters (through their kubeconfig Secrets) to see which namespaces
+    // are there; someone's namespace of the benchmark's name on member-1, with something in it.
+    bed.fleet.publish_kubeconfigs().await.unwrap();
+    let ns = ferry_score::ScoreConfig::new(bed.clusters.clone(), bed.kafka.clone(), bed.topics.clone()).benchmark_namespace;
+    let m1 = bed.fleet.cluster("member-1").unwrap().client().await.unwrap();
+    let pp = kube::api::PatchParams::apply("someone");
+    let theirs = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+    Api::<Namespace>::all(m1.clone()).patch(&ns, &pp, &kube::api::Patch::Apply(&theirs)).await.unwrap();
+    let kept = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "keep-me", "namespace": ns}, "data": {"k": "v"}});
+    Api::<ConfigMap>::namespaced(m1.clone(), &ns).patch("keep-me", &pp, &kube::api::Patch::Apply(&kept)).await.unwrap();
     let client = bed.client();
     let mut events = client.events(false).await.unwrap();
     let spec = ScoreClusters {
@@ -172,6 +194,15 @@ async fn a_benchmark_scoring_runs_through_manifest_works_and_cleans_up() {
         let jobs = Api::<k8s_openapi::api::batch::v1::Job>::all(kc).list(&Default::default()).await.unwrap();
         assert!(jobs.items.is_empty(), "no benchmark Job left on {c}");
     }
+    // The namespace that was there stays, with what is in it, and without the work's owner;
+    // one the benchmark made goes with its ManifestWork.
+    let there = Api::<Namespace>::all(m1.clone()).get_opt(&ns).await.unwrap().expect("the namespace that was there is kept");
+    assert!(there.metadata.deletion_timestamp.is_none(), "the namespace that was there is not being deleted");
+    assert!(there.metadata.owner_references.unwrap_or_default().is_empty(), "no work owns it");
+    assert!(Api::<ConfigMap>::namespaced(m1.clone(), &ns).get_opt("keep-me").await.unwrap().is_some(), "what was in it is kept");
+    let m2 = bed.fleet.cluster("member-2").unwrap().client().await.unwrap();
+    let made = Api::<Namespace>::all(m2).get_opt(&ns).await.unwrap();
+    assert!(made.is_none_or(|n| n.metadata.deletion_timestamp.is_some()), "the namespace the benchmark made goes");
     drop(images);
     bed.stop().await;
 }

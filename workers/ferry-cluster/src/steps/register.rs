@@ -4,16 +4,18 @@
 //! `klusterlet` add-on, installed just before), then, once the agent has made its
 //! ManagedCluster and CSR, the CSR approved and the cluster accepted with Ferry's labels;
 //! done when the agent reports it Available (only a klusterlet does:
-//! `pkg/registration/hub/lease/controller.go` never sets True). Its undo deregisters,
-//! removes the Klusterlet and bootstrap Secret, and the cluster namespace OCM made on the
-//! hub for it if the create caused it (OCM keeps it after the ManagedCluster is gone). `deregister` (a delete's, before
-//! `delete`): Ferry's ManagedCluster of this namespace deleted and gone; its undo accepts
+//! `pkg/registration/hub/lease/controller.go` never sets True). Its undo deregisters
+//! (the ManagedCluster deleted and gone while the klusterlet still runs, then the
+//! Klusterlet and bootstrap Secret removed), and removes the cluster namespace OCM made on
+//! the hub for it if the create caused it (OCM keeps it after the ManagedCluster is gone).
+//! `deregister` (a delete's, before `delete`): the same deregistration; its undo accepts
 //! the cluster again while its Cluster and klusterlet still stand.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_kube::kinds::ManagedCluster;
+use ferry_kube::WaitError;
+use ferry_kube::kinds::{ManagedCluster, ManifestWork};
 use ferry_kube::ocm_join::{self, JoinError};
 use ferry_kube::step_errors::{hub_err, kube_err};
 use ferry_kube::{Check, HUB};
@@ -66,11 +68,20 @@ pub struct Deregistered {
     pub removed: bool,
 }
 
-/// Removes the klusterlet's Klusterlet and bootstrap Secret (else its agent registers the
-/// cluster again), then deletes Ferry's ManagedCluster of `cmd` (or one its klusterlet
-/// made that was never accepted) and waits until it is gone; false when there was none.
+/// Deletes Ferry's ManagedCluster of `cmd` (or one its klusterlet made that was never
+/// accepted) and waits until it is gone, then removes the klusterlet's Klusterlet and
+/// bootstrap Secret; false when there was no ManagedCluster.
+///
+/// In this order because the hub's GC controller holds a deleted ManagedCluster (finalizer
+/// `cluster.open-cluster-management.io/resource-cleanup`) until the ManagedClusterAddOns and
+/// ManifestWorks of its namespace are gone (ocm `pkg/registration/hub/gc/controller.go`,
+/// `gc_resources.go`; `pkg/registration/hub/manager.go`, `GCResourceList`), and only the
+/// cluster's work agent takes a ManifestWork's finalizer off
+/// (`pkg/work/spoke/controllers/finalizercontroller/manifestwork_finalize_controller.go`):
+/// with the klusterlet (and so its work agent) removed first, one ManifestWork a deploy left
+/// there holds the ManagedCluster for ever. The running agent does not make the deleted
+/// ManagedCluster again: only a bootstrapping agent creates it (`pkg/registration/spoke/spokeagent.go`).
 async fn deregister(inner: &Inner, cmd: &ClusterCommand) -> Result<bool, StepError> {
-    unjoin(inner, cmd).await?;
     let hub = inner.hub();
     let api: Api<ManagedCluster> = Api::all(hub.clone());
     let own = own_managed_cluster(inner, cmd).await?.is_some();
@@ -79,16 +90,40 @@ async fn deregister(inner: &Inner, cmd: &ClusterCommand) -> Result<bool, StepErr
             m.metadata.labels.as_ref().is_none_or(|l| !l.contains_key(render::NAMESPACE_LABEL)) && m.spec.get("hubAcceptsClient").and_then(Value::as_bool) != Some(true)
         }))
     };
-    if !own && !pending().await? {
-        return Ok(false);
+    let removed = own || pending().await?;
+    if removed {
+        match api.delete(&cmd.name, &Default::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(hub_err(e)),
+        }
+        wait_managed_cluster_gone(inner, &cmd.name).await?;
     }
-    match api.delete(&cmd.name, &Default::default()).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 404 => {}
-        Err(e) => return Err(hub_err(e)),
+    unjoin(inner, cmd).await?;
+    Ok(removed)
+}
+
+/// Waits (`removal_timeout`) until ManagedCluster `name` is gone. At the deadline the error
+/// names the ManifestWorks still in its namespace (names only): what holds it when the
+/// cluster's work agent does not finalize them.
+async fn wait_managed_cluster_gone(inner: &Inner, name: &str) -> Result<(), StepError> {
+    let hub = inner.hub();
+    match inner.cfg.watches.wait_deleted::<ManagedCluster>(HUB, &hub, None, name, inner.cfg.removal_timeout).await {
+        Ok(()) => Ok(()),
+        Err(e @ WaitError::Timeout { .. }) => {
+            let works = match Api::<ManifestWork>::namespaced(hub, name).list(&Default::default()).await {
+                Ok(l) => l.items.into_iter().filter_map(|w| w.metadata.name).collect::<Vec<_>>(),
+                Err(e) => return Err(hub_err(e)),
+            };
+            let held = if works.is_empty() {
+                "no ManifestWork is left in its namespace".to_owned()
+            } else {
+                format!("ManifestWorks left in its namespace, each waiting for the cluster's work agent to remove its finalizer: {}", works.join(", "))
+            };
+            Err(StepError::permanent(codes::DEADLINE_EXCEEDED, format!("ManagedCluster {name} was not removed: {e}; {held}")))
+        }
+        Err(e) => Err(wait_err(e)),
     }
-    inner.cfg.watches.wait_deleted::<ManagedCluster>(HUB, &hub, None, &cmd.name, inner.cfg.removal_timeout).await.map_err(wait_err)?;
-    Ok(true)
 }
 
 /// Deletes OCM's cluster namespace `cluster` on the hub (only if OCM made it for this
@@ -241,6 +276,22 @@ impl Step<ClusterCommand> for DeregisterStep {
             let registered = delete::CHECK.get(cx).is_some_and(|c| c.registered);
             let removed = out.and_then(|o| o["removed"].as_bool()).unwrap_or(registered);
             if removed && own_cluster(&self.0, cx.spec).await.is_ok() {
+                // A deletion under way is not called back: the cluster joins again once its
+                // ManagedCluster is gone, through a klusterlet of its own (a running agent
+                // keeps its identity and makes no ManagedCluster again,
+                // `pkg/registration/spoke/spokeagent.go`).
+                let api: Api<ManagedCluster> = Api::all(self.0.hub());
+                let gone = match api.get_opt(&cx.spec.name).await.map_err(hub_err)? {
+                    None => true,
+                    Some(m) if m.metadata.deletion_timestamp.is_some() => {
+                        wait_managed_cluster_gone(&self.0, &cx.spec.name).await?;
+                        true
+                    }
+                    Some(_) => false,
+                };
+                if gone {
+                    unjoin(&self.0, cx.spec).await?;
+                }
                 // Joined and accepted again, with the labels it had.
                 let mut cmd = cx.spec.clone();
                 cmd.ocm.enabled = true;

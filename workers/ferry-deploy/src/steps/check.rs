@@ -8,9 +8,9 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferry_kube::cluster_sets::{self, ClusterSetError};
 use ferry_kube::kinds::ManagedCluster;
 use ferry_kube::step_errors::{hub_err, kube_err};
-use ferry_kube::vocab::ocm::CLUSTERSET_LABEL;
 use ferry_kube::{ClusterError, HUB};
 use ferry_task::{CheckStep, Output, StepContext, StepError, StepPolicy, codes};
 use futures::FutureExt;
@@ -119,17 +119,20 @@ impl Check {
                 format!("component {:?}: namespace {:?} is bound to no ManagedClusterSet, so a placement has no clusters", c.name, app.namespace()),
             ));
         }
-        let all = Api::<ManagedCluster>::all(self.inner.hub()).list(&ListParams::default()).await.map_err(hub_err)?;
+        // The sets' members as OCM's scheduler finds them, by each set's label or label
+        // selector (`global` holds every cluster) (ocm
+        // `pkg/placement/controllers/scheduling/helpers.go`, `GetAvailableClusters`).
+        let members = cluster_sets::available_clusters(&self.inner.hub(), sets.iter().map(String::as_str)).await.map_err(|e| match e {
+            ClusterSetError::Hub { source } => hub_err(source),
+            e => StepError::rejected(NO_CANDIDATES, format!("component {:?}: {e}", c.name)),
+        })?;
         let mut out = Vec::new();
-        for mc in all.items {
+        for mc in members {
             let labels = mc.metadata.labels.clone().unwrap_or_default();
-            let in_set = labels.get(CLUSTERSET_LABEL).is_some_and(|s| sets.contains(s));
-            let matches = p.labels.iter().all(|(k, v)| labels.get(k) == Some(v));
-            if in_set && matches {
+            if p.labels.iter().all(|(k, v)| labels.get(k) == Some(v)) {
                 out.extend(mc.metadata.name);
             }
         }
-        out.sort();
         if out.is_empty() {
             return Err(StepError::rejected(
                 NO_CANDIDATES,

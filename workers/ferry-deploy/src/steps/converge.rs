@@ -33,29 +33,14 @@ impl Inner {
     }
 
     /// The namespaces of `objects` that a ManifestWork must orphan on `cluster`: those there
-    /// already that Ferry did not make for `app` (upstream's work agent would own, and on
-    /// deletion delete, a namespace it found: `pkg/work/helper/helpers.go`
-    /// `ApplyOwnerReferences`, `DeleteAppliedResources`). Read through the cluster's
-    /// kubeconfig; when it cannot be read, every namespace is orphaned (kept), the safe way.
+    /// already that Ferry did not make for `app` ([`ferry_kube::orphans::found_namespaces`]:
+    /// upstream's work agent would own, and on deletion delete, a namespace it found).
     pub(crate) async fn found_namespaces(&self, cluster: &str, objects: &[Value], app: &str) -> BTreeSet<String> {
-        let names: BTreeSet<String> = objects.iter().filter(|o| o["kind"] == "Namespace").filter_map(|o| o["metadata"]["name"].as_str().map(str::to_owned)).collect();
-        let Ok(client) = self.cfg.clusters.client(cluster).await else { return names };
-        let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client);
-        let mut found = BTreeSet::new();
-        for n in names {
-            let ours = |m: &ObjectMeta| {
-                let label = |k: &str| m.labels.as_ref().and_then(|l| l.get(k)).map(String::as_str);
-                label(crate::ownership::MANAGED_BY) == Some(crate::ownership::FERRY) && label(render::APP_LABEL) == Some(app)
-            };
-            match api.get_opt(&n).await {
-                Ok(None) => {}
-                Ok(Some(ns)) if ours(&ns.metadata) => {}
-                _ => {
-                    found.insert(n);
-                }
-            }
-        }
-        found
+        let ours = |m: &ObjectMeta| {
+            let label = |k: &str| m.labels.as_ref().and_then(|l| l.get(k)).map(String::as_str);
+            label(crate::ownership::MANAGED_BY) == Some(crate::ownership::FERRY) && label(render::APP_LABEL) == Some(app)
+        };
+        ferry_kube::orphans::found_namespaces(&self.cfg.clusters, cluster, objects, ours).await
     }
 
     /// The Secrets components reference, read from the app's namespace on the hub.

@@ -10,7 +10,8 @@
 //!   (`open-cluster-management-io/api` `cluster/v1beta2/types_managedclusterset.go`):
 //!   `spec.clusterSelector.selectorType` `ExclusiveClusterSetLabel` (the default) selects
 //!   the clusters labelled `cluster.open-cluster-management.io/clusterset=<set>`;
-//!   `LabelSelector` selects by `spec.clusterSelector.labelSelector`.
+//!   `LabelSelector` selects by `spec.clusterSelector.labelSelector` (resolved by
+//!   [`ferry_kube::cluster_sets`], as the deploy and score workers resolve a set).
 //!
 //! ManagedClusters being deleted are left out, and so are those a Placement without
 //! tolerations would not select: a taint with effect `NoSelect` or `NoSelectIfNew` (a new
@@ -23,13 +24,12 @@
 
 use std::collections::BTreeMap;
 
-use ferry_kube::kinds::{ManagedCluster, ManagedClusterSet};
-use ferry_kube::step_errors::hub_err;
-use ferry_kube::vocab::ocm::CLUSTERSET_LABEL;
+use ferry_kube::cluster_sets;
+use ferry_kube::kinds::ManagedCluster;
+use ferry_kube::step_errors::{cluster_set_err, hub_err};
 use ferry_task::{Step, StepContext, StepError, StepPolicy, codes};
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Api, ListParams};
 use kube::core::Selector;
 use serde_json::{Value, json};
@@ -93,11 +93,9 @@ pub async fn choose(step: &str, each: &ForEach, hub: Option<&kube::Client>) -> R
             format!("step {step} chooses its clusters on the hub (labels or cluster_set) and this plan worker has no hub: run it with a kubeconfig, or list the clusters"),
         ));
     };
-    let (selector, what) = selector(step, each, hub).await?;
-    let api: Api<ManagedCluster> = Api::all(hub.clone());
-    let list = api.list(&ListParams::default().labels_from(&selector)).await.map_err(hub_err)?;
+    let (list, what) = selected(step, each, hub).await?;
     let mut chosen = Chosen::default();
-    for c in list.items.into_iter().filter(|c| c.metadata.deletion_timestamp.is_none()) {
+    for c in list.into_iter().filter(|c| c.metadata.deletion_timestamp.is_none()) {
         let Some(name) = c.metadata.name.clone() else { continue };
         match untolerated(&c.spec) {
             Some(why) => {
@@ -128,29 +126,25 @@ fn untolerated(spec: &Value) -> Option<String> {
     })
 }
 
-/// What to list ManagedClusters by, and how to name it in messages.
-async fn selector(step: &str, each: &ForEach, hub: &kube::Client) -> Result<(Selector, String), StepError> {
+/// The ManagedClusters `each` selects (by set or labels), and how to name it in messages.
+async fn selected(step: &str, each: &ForEach, hub: &kube::Client) -> Result<(Vec<ManagedCluster>, String), StepError> {
     if let Some(set) = &each.cluster_set {
-        let api: Api<ManagedClusterSet> = Api::all(hub.clone());
-        let Some(found) = api.get_opt(set).await.map_err(hub_err)? else {
+        let unresolved = |e| {
+            let mut err = cluster_set_err(codes::CLUSTERS_UNCHOSEN, e);
+            err.message = format!("step {step}: {}", err.message);
+            err
+        };
+        let Some(found) = cluster_sets::get(hub, set).await.map_err(unresolved)? else {
             return Err(StepError::rejected(codes::CLUSTERS_UNCHOSEN, format!("step {step}: ManagedClusterSet {set:?} does not exist on the hub")));
         };
-        let cs = found.spec.get("clusterSelector");
-        let kind = cs.and_then(|c| c.get("selectorType")).and_then(Value::as_str).unwrap_or("ExclusiveClusterSetLabel");
-        return match kind {
-            "ExclusiveClusterSetLabel" => Ok((Selector::from_iter([(CLUSTERSET_LABEL.to_owned(), set.clone())]), format!("ManagedClusterSet {set:?} (label {CLUSTERSET_LABEL}={set})"))),
-            "LabelSelector" => {
-                let ls: LabelSelector = serde_json::from_value(cs.and_then(|c| c.get("labelSelector")).cloned().unwrap_or(json!({})))
-                    .map_err(|e| StepError::permanent(codes::CLUSTERS_UNCHOSEN, format!("step {step}: ManagedClusterSet {set:?} has a label selector that does not parse: {e}")))?;
-                let sel = Selector::try_from(ls).map_err(|e| StepError::permanent(codes::CLUSTERS_UNCHOSEN, format!("step {step}: ManagedClusterSet {set:?}'s label selector: {e}")))?;
-                Ok((sel, format!("ManagedClusterSet {set:?} (its label selector)")))
-            }
-            other => Err(StepError::permanent(codes::CLUSTERS_UNCHOSEN, format!("step {step}: ManagedClusterSet {set:?} has selectorType {other:?}, which OCM does not define"))),
-        };
+        let clusters = found.clusters(hub).await.map_err(unresolved)?;
+        return Ok((clusters, format!("ManagedClusterSet {set:?} ({})", found.describe())));
     }
     let labels: BTreeMap<String, String> = each.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     let shown = labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
-    Ok((Selector::from_iter(labels), format!("labels {shown}")))
+    let api: Api<ManagedCluster> = Api::all(hub.clone());
+    let list = api.list(&ListParams::default().labels_from(&Selector::from_iter(labels))).await.map_err(hub_err)?;
+    Ok((list.items, format!("labels {shown}")))
 }
 
 impl Step<PlanSpec> for SelectStep {

@@ -1,21 +1,21 @@
 //! `resolve-clusters`: the clusters to score (the command's list, or the members of its
-//! ManagedClusterSet) and which of them OCM knows; a cluster the policy cannot reach fails
+//! ManagedClusterSet, by the set's label or label selector as OCM resolves them) and which of them OCM knows; a cluster the policy cannot reach fails
 //! with UNKNOWN_CLUSTER. It changes nothing, so its undo has nothing to put back.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_kube::ClusterError;
 use ferry_kube::kinds::ManagedCluster;
-use ferry_kube::step_errors::{hub_err, kube_err};
+use ferry_kube::step_errors::{cluster_set_err, hub_err, kube_err};
+use ferry_kube::{ClusterError, cluster_sets};
 use ferry_task::{CheckStep, Output, StepContext, StepError, StepPolicy, codes};
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::handler::{CLUSTERSET_LABEL, Inner};
+use crate::handler::Inner;
 use crate::spec::{ScoreClusters, ScorePolicy};
 
 /// The `resolve-clusters` step's output.
@@ -54,14 +54,20 @@ impl CheckStep<ScoreClusters> for Resolve {
         async move {
             let spec = cx.spec;
             let hub = self.inner.cfg.clusters.hub().clone();
-            let mcs: Api<ManagedCluster> = Api::all(hub);
+            let mcs: Api<ManagedCluster> = Api::all(hub.clone());
             let clusters = match &spec.cluster_set {
                 Some(set) if spec.clusters.is_empty() => {
-                    let lp = ListParams::default().labels(&format!("{CLUSTERSET_LABEL}={set}"));
-                    let mut names: Vec<String> = mcs.list(&lp).await.map_err(hub_err)?.items.into_iter().filter_map(|m| m.metadata.name).collect();
+                    // The set's members as OCM resolves them: by its label or its label
+                    // selector (`global` selects every cluster) (sdk-go
+                    // `pkg/apis/cluster/v1beta2/managedclusterset.go`, `GetClustersFromClusterSet`).
+                    let unresolved = |e| cluster_set_err(codes::NO_CLUSTERS, e);
+                    let Some(found) = cluster_sets::get(&hub, set).await.map_err(unresolved)? else {
+                        return Err(StepError::permanent(codes::NO_CLUSTERS, format!("ManagedClusterSet {set:?} has no member clusters: it does not exist on the hub")));
+                    };
+                    let mut names: Vec<String> = found.clusters(&hub).await.map_err(unresolved)?.into_iter().filter_map(|m| m.metadata.name).collect();
                     names.sort();
                     if names.is_empty() {
-                        return Err(StepError::permanent(codes::NO_CLUSTERS, format!("ManagedClusterSet {set:?} has no member clusters (label {CLUSTERSET_LABEL}={set})")));
+                        return Err(StepError::permanent(codes::NO_CLUSTERS, format!("ManagedClusterSet {set:?} has no member clusters ({})", found.describe())));
                     }
                     names
                 }

@@ -907,10 +907,24 @@ fn config_for<'a>(configs: &'a [Value], meta: &Meta) -> Option<&'a Value> {
     })
 }
 
-/// Evaluates a feedback JSON path: `.a.b[0].c`.
+/// Evaluates a feedback JSON path: `.a.b[0].c`, a backslash escaping the next character
+/// of a key as upstream's parser does (`k8s.io/client-go/util/jsonpath`, `parseField`:
+/// `.metadata.annotations.ferry\.io/task`; ocm `pkg/work/spoke/statusfeedback/reader.go`
+/// evaluates each path with it).
 pub fn json_path<'a>(obj: &'a Value, path: &str) -> Option<&'a Value> {
+    let mut segs = Vec::new();
+    let mut seg = String::new();
+    let mut chars = path.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => seg.extend(chars.next()),
+            '.' => segs.push(std::mem::take(&mut seg)),
+            c => seg.push(c),
+        }
+    }
+    segs.push(seg);
     let mut cur = obj;
-    for seg in path.trim_start_matches('.').split('.').filter(|s| !s.is_empty()) {
+    for seg in segs.iter().map(String::as_str).filter(|s| !s.is_empty()) {
         let (field, rest) = seg.split_once('[').map_or((seg, None), |(f, r)| (f, Some(r)));
         if !field.is_empty() {
             cur = cur.get(field)?;
@@ -1216,6 +1230,9 @@ mod tests {
         assert_eq!(json_path(&o, ".status.loadBalancer.ingress[0].ip"), Some(&json!("203.0.113.7")));
         assert_eq!(json_path(&o, ".status.loadBalancer.ingress[1].ip"), None);
         assert_eq!(json_path(&o, ".status.readyReplicas"), Some(&json!(2)));
+        let d = json!({"metadata": {"annotations": {"ferry.io/task": "tsk_1"}}});
+        assert_eq!(json_path(&d, r".metadata.annotations.ferry\.io/task"), Some(&json!("tsk_1")), "an escaped dot is part of the key");
+        assert_eq!(json_path(&d, ".metadata.annotations.ferry.io/task"), None);
     }
 
     #[test]

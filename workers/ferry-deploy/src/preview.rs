@@ -90,6 +90,15 @@ async fn manifest_work(cfg: &DeployConfig, app: &DeployApp, cluster: &str, comps
     let inner = crate::handler::Inner { cfg: cfg.clone() };
     let found = inner.found_namespaces(cluster, objects, &app.name).await;
     let work = render::manifest_work(app, cluster, comps, secrets, DRY_RUN_TASK, &found);
+    // A run stamps each Deployment with its task (`render::feedback_is_current`), which is
+    // no change of the app: rendered as the work there has it. A failed read is the judging
+    // below's to report.
+    let there = cfg.clusters.get(HUB, &work).await.ok().flatten();
+    let task = there.and_then(|w| w.metadata.annotations?.remove(render::TASK_ANNOTATION));
+    let work = match task {
+        Some(task) => render::manifest_work(app, cluster, comps, secrets, &task, &found),
+        None => work,
+    };
     let mut judged = dry_run::apply_guarded(&cfg.clusters, HUB, &work, PatchParams::apply(MANAGER), |live| foreign(HUB, app, live)).await?;
     let manifests: Vec<String> = objects.iter().map(|o| format!("{} {}", o["kind"].as_str().unwrap_or("?"), o["metadata"]["name"].as_str().unwrap_or("?"))).collect();
     judged.note = Some(format!("for {cluster}: {}", manifests.join(", ")));

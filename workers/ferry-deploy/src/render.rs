@@ -23,6 +23,9 @@ pub const APP_LABEL: &str = "ferry.io/app";
 pub const OWNER_LABEL: &str = "ferry.io/owner";
 /// Annotation naming the task that last wrote an object.
 pub const TASK_ANNOTATION: &str = "ferry.io/task";
+/// The feedback value that brings a Deployment's [`TASK_ANNOTATION`] back to the hub
+/// ([`feedback_is_current`]).
+pub const FEEDBACK_TASK: &str = "task";
 
 /// Component name → the clusters it runs on.
 pub type Targets = BTreeMap<String, Vec<String>>;
@@ -295,6 +298,10 @@ fn manifest_config(o: &Value) -> Value {
                     {"name": "updatedReplicas", "path": ".status.updatedReplicas"},
                     {"name": "observedGeneration", "path": ".status.observedGeneration"},
                     {"name": "generation", "path": ".metadata.generation"},
+                    // Which apply the values were read after (`feedback_is_current`); a
+                    // dot in a key is escaped for upstream's parser (k8s.io/client-go/util/
+                    // jsonpath, `parseField`).
+                    {"name": FEEDBACK_TASK, "path": format!(".metadata.annotations.{}", TASK_ANNOTATION.replace('.', "\\."))},
                 ]},
             ]);
         }
@@ -323,7 +330,12 @@ fn manifest_config(o: &Value) -> Value {
 /// `manifestwork_reconciler.go`, `manageOwnerRef`, keep the work's owner off them): a
 /// namespace Ferry did not create is never deleted, and one it created goes with the app.
 pub fn manifest_work(app: &DeployApp, cluster: &str, components: &[&Component], secrets: &BTreeMap<String, SecretData>, task: &str, found: &BTreeSet<String>) -> Value {
-    let manifests = objects(app, components, secrets);
+    let mut manifests = objects(app, components, secrets);
+    // Each Deployment carries the task that applies it, read back by a feedback rule
+    // (`feedback_is_current`).
+    for m in manifests.iter_mut().filter(|m| m["kind"] == "Deployment") {
+        m["metadata"]["annotations"][TASK_ANNOTATION] = json!(task);
+    }
     let configs: Vec<Value> = manifests.iter().map(manifest_config).collect();
     let delete_option = ferry_kube::orphans::delete_option(&manifests, found);
     json!({
@@ -377,6 +389,34 @@ pub fn placement(app: &DeployApp, c: &Component, task: &str) -> Option<Value> {
 /// The feedback values of one resource of a ManifestWork (by kind, namespace and name).
 pub fn feedback(work: &ManifestWork, kind: &str, namespace: &str, name: &str) -> BTreeMap<String, String> {
     ferry_kube::kinds::feedback_values(work, |meta| meta["kind"] == kind && meta["name"] == name && meta["namespace"] == namespace).into_iter().collect()
+}
+
+/// Whether a Deployment's feedback `values` were read from the object as `work` applies it
+/// now: its [`FEEDBACK_TASK`] value is the task annotation of the work's manifest.
+///
+/// Applied at the work's generation does not make the feedback current. Upstream applying
+/// and feedback are separate controllers: the apply controller sets Applied with the new
+/// observedGeneration (ocm `pkg/work/spoke/controllers/manifestcontroller/
+/// manifestwork_reconciler.go`) and keeps the old feedback on purpose (`pkg/work/helper/
+/// helpers.go`, `mergeManifestCondition`: "the statusFeedbacks should keep the old one");
+/// the AvailableStatusController reads the objects again later (`pkg/work/spoke/controllers/
+/// statuscontroller/availablestatus_controller.go`, every `--status-sync-interval`, 10 s).
+/// Until then the feedback is the previous Deployment's, whose rollout was done: a new image
+/// that never becomes ready would pass. Nothing upstream ties feedback to a generation (no
+/// observedGeneration on the feedback or its StatusFeedbackSynced condition, and the
+/// Deployment's own generation after the apply is not reported), so the Deployment carries
+/// its task in an annotation and a JSONPaths rule (`pkg/work/spoke/statusfeedback/reader.go`
+/// evaluates it against the whole object) reads it back with the counters of the same read.
+/// The annotation bumps the Deployment's generation (kubernetes `pkg/registry/apps/
+/// deployment/strategy.go`, `PrepareForUpdate`: annotations are copied to ReplicaSets), so
+/// `generation` against `observedGeneration` still says whether its controller saw it. A
+/// work without the annotation (written by an older Ferry) has nothing to compare.
+pub fn feedback_is_current(work: &ManifestWork, values: &BTreeMap<String, String>, namespace: &str, name: &str) -> bool {
+    let manifests = work.spec.pointer("/workload/manifests").and_then(Value::as_array).into_iter().flatten();
+    let stamp = manifests
+        .filter(|m| m["kind"] == "Deployment" && m["metadata"]["name"] == name && m["metadata"]["namespace"] == namespace)
+        .find_map(|m| m["metadata"]["annotations"][TASK_ANNOTATION].as_str());
+    stamp.is_none_or(|s| values.get(FEEDBACK_TASK).map(String::as_str) == Some(s))
 }
 
 /// A component's rollout on one cluster from its Deployment's feedback values (the
@@ -540,6 +580,29 @@ mod tests {
         assert_eq!(feedback(&w, "Deployment", "shop", "web"), BTreeMap::from([("ReadyReplicas".to_owned(), "2".to_owned())]));
         assert_eq!(feedback(&w, "Service", "shop", "web")["clusterIP"], "10.96.0.7");
         assert!(feedback(&w, "Deployment", "other", "web").is_empty());
+    }
+
+    #[test]
+    fn feedback_counts_only_once_read_after_this_apply() {
+        let a = app();
+        let web = &a.components[0];
+        let mut w: ManifestWork = serde_json::from_value(manifest_work(&a, "member-1", &[web], &BTreeMap::new(), "tsk_2", &BTreeSet::new())).unwrap();
+        let ns = web.namespace(&a);
+        let deployment = w.spec["workload"]["manifests"].as_array().unwrap().iter().find(|m| m["kind"] == "Deployment").unwrap().clone();
+        assert_eq!(deployment["metadata"]["annotations"][TASK_ANNOTATION], "tsk_2", "the Deployment carries its task");
+        let rules = w.spec["manifestConfigs"].as_array().unwrap().iter().find(|c| c["resourceIdentifier"]["resource"] == "deployments").unwrap()["feedbackRules"].to_string();
+        assert!(rules.contains(r#"{"name":"task","path":".metadata.annotations.ferry\\.io/task"}"#), "{rules}");
+        let values = |task: Option<&str>| {
+            let mut v = BTreeMap::from([("ReadyReplicas".to_owned(), "2".to_owned())]);
+            v.extend(task.map(|t| (FEEDBACK_TASK.to_owned(), t.to_owned())));
+            v
+        };
+        assert!(feedback_is_current(&w, &values(Some("tsk_2")), ns, "web"));
+        assert!(!feedback_is_current(&w, &values(Some("tsk_1")), ns, "web"), "the previous apply's object");
+        assert!(!feedback_is_current(&w, &values(None), ns, "web"), "read before any apply of this Ferry");
+        // A work an older Ferry wrote has no annotation to compare.
+        w.spec["workload"]["manifests"].as_array_mut().unwrap().iter_mut().for_each(|m| m["metadata"]["annotations"] = json!({}));
+        assert!(feedback_is_current(&w, &values(Some("tsk_1")), ns, "web"));
     }
 
     #[test]

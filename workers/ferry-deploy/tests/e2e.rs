@@ -389,6 +389,23 @@ async fn label_selector_sets_such_as_global_place_and_score() {
             assert!(deployment(&bed, c, "everywhere", &a.name).await.is_some(), "{}: its Deployment on {c}", a.name);
         }
     }
+
+    // A Placement changed at the same number of clusters: the decisions there are the old
+    // spec's until OCM schedules it again (they carry no generation), so the update takes
+    // only decisions that meet its new labels.
+    let silver = serde_json::json!({"metadata": {"labels": {"tier": "silver"}}});
+    mcs.patch("member-1", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&silver)).await.unwrap();
+    let mut moving = app("moving", &["global"], 1);
+    let tier = |a: &mut DeployApp, t: &str| a.components[0].placement.as_mut().unwrap().labels = [("tier".to_owned(), t.to_owned())].into();
+    for (t, want) in [("gold", "member-2"), ("silver", "member-1")] {
+        tier(&mut moving, t);
+        let (id, evs) = demo::submit(&client, &moving).await.unwrap();
+        assert_eq!(last(&evs).event, EventType::Succeeded, "tier {t}: {:?}", last(&evs));
+        let on: Vec<String> = demo::statuses(&client, id).await.unwrap().into_iter().map(|s| s.cluster).collect();
+        assert_eq!(on, [want], "tier {t} runs on the cluster of that tier");
+        moving.operation = DeployOperation::Update;
+    }
+    assert!(deployment(&bed, "member-2", "everywhere", "moving").await.is_none(), "the update left member-2");
     bed.stop().await;
 }
 
@@ -572,4 +589,39 @@ async fn what_ferry_did_not_make_it_leaves_alone() {
 
 fn base64(b: &[u8]) -> String {
     base64::Engine::encode(&base64::engine::general_purpose::STANDARD, b)
+}
+
+/// An update to an image that never becomes ready fails at its deadline and reverts. A
+/// real work agent reports Applied at the work's new generation before its status
+/// controller reads the Deployment again (ocm keeps the old feedback until then:
+/// `pkg/work/helper/helpers.go`, `mergeManifestCondition`), and that feedback still shows
+/// the previous, finished rollout: judged from it, the update would succeed with the broken
+/// image. The emulated agent writes both in one pass for now (ARCHITECTURE, Noticed), so
+/// this test shows the outcome, not that window; `render`'s unit test
+/// `feedback_counts_only_once_read_after_this_apply` shows the judgement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_is_judged_by_feedback_read_after_its_apply() {
+    let Some(mut bed) = Bed::builder().members(1, 2).ocm().start().await else { return };
+    bed.run_worker(DeployHandler::new(DeployConfig::new(bed.clusters.clone())));
+    let client = bed.client();
+    demo::prepare(&bed.fleet, &["member-1"], "stale").await.unwrap();
+    // Its Pods run and never become ready (a crash-looping release).
+    bed.kubelets[0].crash_images(vec!["ferry.invalid/never-ready".into()]);
+    let app = app_on("stale", "member-1", Delivery::ManifestWork, "nginx:1.27");
+    let (_, evs) = demo::submit(&client, &app).await.unwrap();
+    assert_eq!(last(&evs).event, EventType::Succeeded, "{:?}", last(&evs));
+
+    let mut broken = app.clone();
+    broken.operation = DeployOperation::Update;
+    broken.components[0].image = "ferry.invalid/never-ready:2".into();
+    broken.ready_timeout_seconds = Some(5);
+    let (_, evs) = demo::submit(&client, &broken).await.unwrap();
+    assert_eq!(last(&evs).event, EventType::Reverted, "the broken image was judged ready: {evs:?}");
+    let failed = evs.iter().find(|e| e.event == EventType::StepFailed).unwrap_or_else(|| panic!("no failed step in {evs:?}"));
+    assert_eq!((failed.step_name.as_deref(), failed.code.as_deref()), (Some("wait"), Some("NOT_READY")), "{failed:?}");
+    let web = deployment(&bed, "member-1", "stale", "web").await.expect("the app is still there");
+    let image = web.spec.template.spec.map(|p| p.containers[0].image.clone().unwrap_or_default());
+    assert_eq!(image.as_deref(), Some("nginx:1.27"), "the revert put the previous image back");
+
+    bed.stop().await;
 }

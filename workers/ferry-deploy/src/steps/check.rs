@@ -100,48 +100,6 @@ impl Check {
         Ok(())
     }
 
-    /// The clusters a placement may choose, with the reason when there are none.
-    async fn candidates(&self, app: &DeployApp, c: &Component) -> Result<Vec<String>, StepError> {
-        let p = c.placement.as_ref().expect("a placement component");
-        let gvk = GroupVersionKind::gvk("cluster.open-cluster-management.io", "v1beta2", "ManagedClusterSetBinding");
-        let bindings = self.inner.cfg.clusters.api(HUB, &gvk, Some(app.namespace())).await.map_err(|e| kube_err(codes::HUB_API, e))?;
-        let bound: BTreeSet<String> = bindings.list(&ListParams::default()).await.map_err(hub_err)?.items.into_iter().filter_map(|b| b.metadata.name).collect();
-        let sets: BTreeSet<String> = if p.cluster_sets.is_empty() { bound.clone() } else { p.cluster_sets.iter().cloned().collect() };
-        if let Some(s) = sets.iter().find(|s| !bound.contains(*s)) {
-            return Err(StepError::rejected(
-                CLUSTERSET_NOT_BOUND,
-                format!("component {:?}: namespace {:?} is not bound to ManagedClusterSet {s:?} (no ManagedClusterSetBinding {s:?} in it)", c.name, app.namespace()),
-            ));
-        }
-        if sets.is_empty() {
-            return Err(StepError::rejected(
-                CLUSTERSET_NOT_BOUND,
-                format!("component {:?}: namespace {:?} is bound to no ManagedClusterSet, so a placement has no clusters", c.name, app.namespace()),
-            ));
-        }
-        // The sets' members as OCM's scheduler finds them, by each set's label or label
-        // selector (`global` holds every cluster) (ocm
-        // `pkg/placement/controllers/scheduling/helpers.go`, `GetAvailableClusters`).
-        let members = cluster_sets::available_clusters(&self.inner.hub(), sets.iter().map(String::as_str)).await.map_err(|e| match e {
-            ClusterSetError::Hub { source } => hub_err(source),
-            e => StepError::rejected(NO_CANDIDATES, format!("component {:?}: {e}", c.name)),
-        })?;
-        let mut out = Vec::new();
-        for mc in members {
-            let labels = mc.metadata.labels.clone().unwrap_or_default();
-            if p.labels.iter().all(|(k, v)| labels.get(k) == Some(v)) {
-                out.extend(mc.metadata.name);
-            }
-        }
-        if out.is_empty() {
-            return Err(StepError::rejected(
-                NO_CANDIDATES,
-                format!("component {:?}: no cluster of ManagedClusterSet(s) {sets:?} has the labels {:?}", c.name, p.labels),
-            ));
-        }
-        Ok(out)
-    }
-
     /// Rejects a placement no cluster has room for, saying what each cluster has free.
     async fn check_room(&self, c: &Component, candidates: &[String]) -> Result<(), StepError> {
         let (cpu, mem) = match (&c.cpu, &c.memory) {
@@ -185,6 +143,49 @@ impl Check {
     }
 }
 
+/// The clusters a placement may choose (its sets' members with its labels), with the reason
+/// when there are none (`rejected`: `check` runs it before any effect; `place` again).
+pub(super) async fn candidates(inner: &Inner, app: &DeployApp, c: &Component) -> Result<Vec<String>, StepError> {
+    let p = c.placement.as_ref().expect("a placement component");
+    let gvk = GroupVersionKind::gvk("cluster.open-cluster-management.io", "v1beta2", "ManagedClusterSetBinding");
+    let bindings = inner.cfg.clusters.api(HUB, &gvk, Some(app.namespace())).await.map_err(|e| kube_err(codes::HUB_API, e))?;
+    let bound: BTreeSet<String> = bindings.list(&ListParams::default()).await.map_err(hub_err)?.items.into_iter().filter_map(|b| b.metadata.name).collect();
+    let sets: BTreeSet<String> = if p.cluster_sets.is_empty() { bound.clone() } else { p.cluster_sets.iter().cloned().collect() };
+    if let Some(s) = sets.iter().find(|s| !bound.contains(*s)) {
+        return Err(StepError::rejected(
+            CLUSTERSET_NOT_BOUND,
+            format!("component {:?}: namespace {:?} is not bound to ManagedClusterSet {s:?} (no ManagedClusterSetBinding {s:?} in it)", c.name, app.namespace()),
+        ));
+    }
+    if sets.is_empty() {
+        return Err(StepError::rejected(
+            CLUSTERSET_NOT_BOUND,
+            format!("component {:?}: namespace {:?} is bound to no ManagedClusterSet, so a placement has no clusters", c.name, app.namespace()),
+        ));
+    }
+    // The sets' members as OCM's scheduler finds them, by each set's label or label
+    // selector (`global` holds every cluster) (ocm
+    // `pkg/placement/controllers/scheduling/helpers.go`, `GetAvailableClusters`).
+    let members = cluster_sets::available_clusters(&inner.hub(), sets.iter().map(String::as_str)).await.map_err(|e| match e {
+        ClusterSetError::Hub { source } => hub_err(source),
+        e => StepError::rejected(NO_CANDIDATES, format!("component {:?}: {e}", c.name)),
+    })?;
+    let mut out = Vec::new();
+    for mc in members {
+        let labels = mc.metadata.labels.clone().unwrap_or_default();
+        if p.labels.iter().all(|(k, v)| labels.get(k) == Some(v)) {
+            out.extend(mc.metadata.name);
+        }
+    }
+    if out.is_empty() {
+        return Err(StepError::rejected(
+            NO_CANDIDATES,
+            format!("component {:?}: no cluster of ManagedClusterSet(s) {sets:?} has the labels {:?}", c.name, p.labels),
+        ));
+    }
+    Ok(out)
+}
+
 impl CheckStep<DeployApp> for Check {
     fn name(&self) -> &str {
         CHECK.step()
@@ -216,7 +217,7 @@ impl CheckStep<DeployApp> for Check {
                     if let Some(cl) = &c.cluster {
                         self.check_cluster(app, c, cl).await?;
                     } else {
-                        let cands = self.candidates(app, c).await?;
+                        let cands = candidates(&self.inner, app, c).await?;
                         self.check_room(c, &cands).await?;
                     }
                 }

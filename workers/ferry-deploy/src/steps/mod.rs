@@ -30,8 +30,8 @@ fn desired(cx: &StepContext<'_, DeployApp>) -> Result<Option<AppState>, StepErro
 }
 
 /// Why the work agent has not applied `w` as it is now, or None when it has: Applied=True
-/// observed at the current generation (older conditions and feedback describe the
-/// previous spec).
+/// observed at the current generation (older conditions describe the previous spec; the
+/// feedback may still do so after it, `render::feedback_is_current`).
 fn unapplied(w: &ManifestWork) -> Option<String> {
     if w.condition("Applied") == Some("False") {
         return Some(ferry_kube::kinds::condition_message(&w.status, "Applied").unwrap_or_default());

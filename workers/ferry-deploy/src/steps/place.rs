@@ -18,7 +18,7 @@ use kube::core::GroupVersionKind;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::check::CHECK;
+use super::check::{CHECK, candidates};
 use crate::handler::Inner;
 use crate::ownership::{FERRY, MANAGED_BY};
 use crate::render::{self, APP_LABEL, Targets};
@@ -84,8 +84,20 @@ impl Place {
         Self { inner }
     }
 
-    /// Waits for the decisions of one placement.
-    async fn decisions(&self, app: &DeployApp, c: &Component) -> Result<Vec<String>, StepError> {
+    /// Waits for the decisions of one placement; with `allowed` (its Placement's spec
+    /// changed), only for decisions of exactly its number of clusters, all of them in
+    /// `allowed`.
+    ///
+    /// A PlacementDecision says nothing of the Placement generation it was made for: OCM's
+    /// scheduler writes decisions and the Placement's status with no observedGeneration
+    /// (ocm `pkg/placement/controllers/scheduling/scheduling_controller.go`, `bind` and
+    /// `updateStatus`; api `cluster/v1beta1` `PlacementDecisionStatus`), and re-schedules
+    /// a changed Placement later. Right after the step re-applies a changed Placement, the
+    /// decisions there are the old spec's, as many clusters as before: new labels or sets
+    /// at the same count would deploy to the old clusters. So the decided clusters are
+    /// checked against the new predicates here (the sets' members and labels, as `check`
+    /// finds the candidates) before they are taken.
+    async fn decisions(&self, app: &DeployApp, c: &Component, allowed: Option<&BTreeSet<String>>) -> Result<Vec<String>, StepError> {
         let name = render::placement_name(app, &c.name);
         let want = c.placement.as_ref().and_then(|p| p.clusters).unwrap_or(1) as usize;
         let hub = self.inner.hub();
@@ -104,6 +116,9 @@ impl Place {
                     .collect();
                 clusters.sort();
                 clusters.dedup();
+                if let Some(a) = allowed.filter(|a| clusters.len() != want || clusters.iter().any(|c| !a.contains(c))) {
+                    return Check::Pending(format!("decisions {clusters:?} are not yet of the changed Placement ({want} of {a:?})"));
+                }
                 if clusters.len() >= want { Check::Done(clusters) } else { Check::Pending(format!("{} of {want} cluster(s) decided: {clusters:?}", clusters.len())) }
             })
             .await;
@@ -118,6 +133,15 @@ impl Place {
             }
         }
     }
+}
+
+/// Whether component `c`'s Placement differs from the one `previous` (the app before this
+/// task) had for it, so that the decisions there may be the old spec's. A Placement that is
+/// new has none of the app's.
+fn changed_placement(previous: Option<&DeployApp>, app: &DeployApp, c: &Component) -> bool {
+    let spec = |a: &DeployApp, c: &Component| render::placement(a, c, "").map(|p| p["spec"].clone());
+    let before = previous.and_then(|p| Some((p, p.components.iter().find(|pc| pc.name == c.name)?))).and_then(|(p, pc)| spec(p, pc));
+    before.is_some_and(|b| Some(b) != spec(app, c))
 }
 
 impl Step<DeployApp> for Place {
@@ -135,13 +159,21 @@ impl Step<DeployApp> for Place {
             if app.operation == DeployOperation::Delete {
                 return PLACE.value(&Placed::default());
             }
+            let previous = CHECK.required(cx)?.previous;
             self.inner.converge_placements(app, Some(app), &cx.task_id.to_string()).await?;
             let mut targets = Targets::new();
             for c in &app.components {
                 let clusters = match &c.cluster {
                     Some(cl) => vec![cl.clone()],
                     None => {
-                        let d = self.decisions(app, c).await?;
+                        let allowed = if changed_placement(previous.as_ref().map(|p| &p.spec), app, c) {
+                            // `check` found candidates before any effect; gone since, it is this run's failure.
+                            let found = candidates(&self.inner, app, c).await.map_err(|e| if e.rejects { StepError::permanent(codes::PLACEMENT_UNSATISFIED, e.message) } else { e })?;
+                            Some(found.into_iter().collect::<BTreeSet<String>>())
+                        } else {
+                            None
+                        };
+                        let d = self.decisions(app, c, allowed.as_ref()).await?;
                         cx.progress(50, format!("component {} placed on {}", c.name, d.join(", ")));
                         d
                     }
@@ -161,5 +193,33 @@ impl Step<DeployApp> for Place {
             self.inner.converge_placements(cx.spec, c.previous.as_ref().map(|p| &p.spec), &cx.task_id.to_string()).await
         }
         .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::PlacementSpec;
+
+    fn app(labels: &[(&str, &str)], clusters: i32) -> DeployApp {
+        let placement = PlacementSpec { cluster_sets: vec!["demo".into()], labels: labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(), clusters: Some(clusters), ..PlacementSpec::default() };
+        DeployApp { name: "shop".into(), components: vec![Component { name: "web".into(), image: "nginx:1.27".into(), placement: Some(placement), ..Component::default() }], ..DeployApp::default() }
+    }
+
+    #[test]
+    fn a_placement_changed_by_the_update_is_told_apart() {
+        let gold = app(&[("tier", "gold")], 1);
+        let c = &gold.components[0];
+        assert!(!changed_placement(None, &gold, c), "a new Placement has no old decisions");
+        assert!(!changed_placement(Some(&gold), &gold, c));
+        let mut other_image = gold.clone();
+        other_image.components[0].image = "nginx:1.28".into();
+        assert!(!changed_placement(Some(&other_image), &gold, c), "only the Placement's spec counts");
+        assert!(changed_placement(Some(&app(&[("tier", "silver")], 1)), &gold, c), "other labels, the same count");
+        assert!(changed_placement(Some(&app(&[("tier", "gold")], 2)), &gold, c));
+        let mut named = gold.clone();
+        named.components[0].placement = None;
+        named.components[0].cluster = Some("member-1".into());
+        assert!(!changed_placement(Some(&named), &gold, c), "it had no Placement before");
     }
 }

@@ -1,6 +1,7 @@
 //! `wait`: every component rolled out on each of its clusters, judged as `kubectl rollout
 //! status` judges it (from the ManifestWork's status feedback once the work agent applied
-//! its current generation, or from the Deployment itself with direct delivery; a
+//! its current generation and the feedback was read after that apply,
+//! `render::feedback_is_current`, or from the Deployment itself with direct delivery; a
 //! server-side apply conflict the work agent met fails it, `OBJECT_NOT_FERRYS`), and the
 //! objects the app left gone; progress from ready replicas, deadline
 //! `ready_timeout_seconds`. It changes nothing, so its undo has nothing to put back (the
@@ -85,7 +86,11 @@ impl Wait {
                 let mut changed = false;
                 for c in comps {
                     let ns = c.namespace(&state.spec);
-                    let r = render::readiness(&render::feedback(w, "Deployment", ns, &c.name), c.replicas());
+                    let values = render::feedback(w, "Deployment", ns, &c.name);
+                    // Applied at this generation, yet the feedback may still be the previous
+                    // object's (a separate controller refreshes it): judged only once current.
+                    let current = render::feedback_is_current(w, &values, ns, &c.name);
+                    let r = if current { render::readiness(&values, c.replicas()) } else { render::readiness(&BTreeMap::new(), c.replicas()) };
                     {
                         let mut s = seen.lock().expect("seen lock");
                         let key = (cluster.to_owned(), c.name.clone());
@@ -94,7 +99,9 @@ impl Wait {
                             changed = true;
                         }
                     }
-                    if !r.done {
+                    if !current {
+                        pending.push(format!("{} (feedback read before this apply)", c.name));
+                    } else if !r.done {
                         pending.push(format!("{} {}", c.name, r.progress()));
                     }
                     let svc = render::feedback(w, "Service", ns, &c.name);

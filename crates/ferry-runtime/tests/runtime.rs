@@ -772,14 +772,7 @@ async fn a_worker_that_loses_its_assignment_while_writes_hang_writes_nothing_aft
     let effects = dir.path().join("effects");
     let (stop_a, worker_a) = broker.spawn_worker_recording(opts("a"), Some(&effects));
     let spec = TestTaskSpec { step_ms: 3000, ..TestTaskSpec::steps(4) };
-    let mut ids = Vec::new();
-    for i in 0..8 {
-        ids.push(submit(&client, &format!("lost-{i}"), &spec).await);
-    }
-    let mut history = Vec::new();
-    for id in &ids {
-        history.extend(until_event(&mut events, *id, EventType::StepStarted).await);
-    }
+    let (ids, mut history) = eight_started(&client, &mut events, "lost", &spec).await;
     let mock = broker.embedded.as_ref().unwrap().mock();
     // A command the first worker fetches only once its writes hang: its intake then waits
     // on that batch's Accepted write.
@@ -873,14 +866,7 @@ async fn a_revoked_task_whose_write_is_stuck_writes_nothing_after_the_handover()
     });
     let mut held_by_a = handle_rx.await.unwrap().metrics.tasks_in_flight();
     let spec = TestTaskSpec { step_ms: 3000, ..TestTaskSpec::steps(2) };
-    let mut ids = Vec::new();
-    for i in 0..8 {
-        ids.push(submit(&client, &format!("stuck-{i}"), &spec).await);
-    }
-    let mut history = Vec::new();
-    for id in &ids {
-        history.extend(until_event(&mut events, *id, EventType::StepStarted).await);
-    }
+    let (ids, mut history) = eight_started(&client, &mut events, "stuck", &spec).await;
     // Every task is in its first step on the first worker: the writes at the steps' ends
     // hang from now on, while the second worker joins and the group moves partitions.
     let mock = broker.embedded.as_ref().unwrap().mock();
@@ -1118,4 +1104,18 @@ async fn until_all_succeeded(events: &mut ferry_runtime::EventStream, want: &Has
         }
         history.push(ev);
     }
+}
+
+/// Submits eight tasks of `spec` (subjects `<prefix>-0` to `-7`) and waits until each has
+/// started its first step; their ids and events so far.
+async fn eight_started(client: &ferry_runtime::Client, events: &mut ferry_runtime::EventStream, prefix: &str, spec: &TestTaskSpec) -> (Vec<TaskId>, Vec<ferry_runtime::ProgressEvent>) {
+    let mut ids = Vec::new();
+    for i in 0..8 {
+        ids.push(submit(client, &format!("{prefix}-{i}"), spec).await);
+    }
+    let mut history = Vec::new();
+    for id in &ids {
+        history.extend(until_event(events, *id, EventType::StepStarted).await);
+    }
+    (ids, history)
 }

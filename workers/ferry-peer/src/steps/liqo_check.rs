@@ -97,7 +97,7 @@ enum Existing {
 fn judge_namespace(ns: Option<&Value>, remote: &str, pair: &str) -> Existing {
     let Some(ns) = ns else { return Existing::Ferrys };
     let label = |k: &str| ns.pointer("/metadata/labels").and_then(|l| l.get(k)).and_then(Value::as_str);
-    if label(PEERING_LABEL) == Some(pair) {
+    if !not_ours(ns, pair) {
         Existing::Ferrys
     } else if label(TENANT_NAMESPACE_LABEL).is_some() && label(liqo::REMOTE_ID_LABEL) == Some(remote) {
         Existing::TenantNamespace

@@ -119,10 +119,7 @@ impl Watches {
             // watch needs (a field selector over every namespace is, to RBAC, a list at the
             // cluster scope). Any kind, whatever its scope type: watched untyped, then read
             // as `K`.
-            Some(ns) => {
-                let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ApiResource::erase::<K>(&()));
-                watcher(api, watcher::Config::default()).map(|r| r.and_then(typed::<K>)).boxed()
-            }
+            Some(_) => watcher(untyped::<K>(client, namespace), watcher::Config::default()).map(|r| r.and_then(typed::<K>)).boxed(),
             None => watcher(Api::<K>::all(client.clone()), watcher::Config::default()).boxed(),
         };
         let (store, writer) = reflector::store();
@@ -194,12 +191,8 @@ impl Watches {
         if let Some(ns) = namespace {
             r = r.within(ns);
         }
-        let api: Api<DynamicObject> = match namespace {
-            Some(ns) => Api::namespaced_with(client.clone(), ns, &ApiResource::erase::<K>(&())),
-            None => Api::all_with(client.clone(), &ApiResource::erase::<K>(&())),
-        };
         let shared = self.shared::<K>(cluster, client, namespace);
-        let confirm = Confirm { api, name, what: &what };
+        let confirm = Confirm { api: untyped::<K>(client, namespace), name, what: &what };
         wait_on(&shared, cluster, &what, timeout, Some(confirm), |s: &Store<K>| {
             let seen = s.get(&r);
             (check(seen.as_deref()), seen.as_deref().map(version))
@@ -321,6 +314,15 @@ trait NowOrNever {
 impl<F: std::future::Future> NowOrNever for F {
     fn now_or_never_ready(self) -> bool {
         futures::FutureExt::now_or_never(self).is_some()
+    }
+}
+
+/// `K`'s objects untyped, in `namespace` through its own URL (so a Role there suffices),
+/// or cluster-wide: what a shared watch lists and watches, and a wait's confirmation lists.
+fn untyped<K: Resource<DynamicType = ()>>(client: &Client, namespace: Option<&str>) -> Api<DynamicObject> {
+    match namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ApiResource::erase::<K>(&())),
+        None => Api::all_with(client.clone(), &ApiResource::erase::<K>(&())),
     }
 }
 

@@ -490,7 +490,10 @@ impl<H: TaskHandler> Runner<H> {
                         let step = steps.iter().take(i).rev().find(|s| s.acts()).map(|s| s.name().to_owned()).unwrap_or_default();
                         tracing::warn!(task = %self.id, step = %name, after = %step, "a step rejected after an earlier step acted: failing the task instead");
                         if let Some(e) = self.snap.error.as_mut() {
-                            e.message = format!("{} (a rejection after step {step:?} acted: treated as a failure)", e.message);
+                            let note = format!(" (a rejection after step {step:?} acted: treated as a failure)");
+                            // The note is kept whole; the message gives way so the bound holds.
+                            let keep = crate::limits::MESSAGE_BYTES.saturating_sub(note.len());
+                            e.message = format!("{}{note}", crate::limits::bounded(std::mem::take(&mut e.message), keep));
                         }
                     }
                     if err.rejects && !acted {

@@ -87,8 +87,8 @@ impl Step<TestTaskSpec> for Big {
 }
 
 /// A step that says too much: a progress report and an error of over a megabyte each (a
-/// Kubernetes error can echo a whole object).
-struct Loud;
+/// Kubernetes error can echo a whole object); a rejection when `.0`.
+struct Loud(bool);
 
 impl CheckStep<TestTaskSpec> for Loud {
     fn name(&self) -> &str {
@@ -98,7 +98,8 @@ impl CheckStep<TestTaskSpec> for Loud {
     fn run<'a>(&'a self, cx: &'a StepContext<'a, TestTaskSpec>) -> BoxFuture<'a, Result<Value, StepError>> {
         let words = "why ".repeat(300_000);
         cx.progress(50, words.clone());
-        async move { Err(StepError::permanent("LOUD", words)) }.boxed()
+        let reject = self.0;
+        async move { Err(if reject { StepError::rejected("LOUD", words) } else { StepError::permanent("LOUD", words) }) }.boxed()
     }
 }
 
@@ -142,7 +143,8 @@ impl TaskHandler for Scripted {
             (1, _) => vec![Arc::new(Look(log.clone())), Arc::new(Refuse)],
             (2, _) => vec![Arc::new(Act("make", log.clone())), Arc::new(Refuse)],
             (4, _) => vec![Arc::new(Act("make", log.clone())), Arc::new(Big(log.clone()))],
-            (5, _) => vec![Arc::new(Act("make", log.clone())), Arc::new(Loud)],
+            (5, _) => vec![Arc::new(Act("make", log.clone())), Arc::new(Loud(false))],
+            (7, _) => vec![Arc::new(Act("make", log.clone())), Arc::new(Loud(true))],
             (6, _) => vec![Arc::new(Act("after", log.clone()))],
             (_, 1) => vec![Arc::new(Act("make", log.clone())), Arc::new(Hang)],
             _ => vec![Arc::new(Act("make", log.clone())), Arc::new(Act("other", log.clone()))],
@@ -179,6 +181,14 @@ async fn a_rejection_after_a_step_acted_reverts_and_one_before_ends_rejected(bro
     let error = snap.error.expect("the failure is kept");
     assert_eq!(error.code, "REFUSED");
     assert!(error.message.contains("a rejection after step \"make\" acted"), "{}", error.message);
+    // A long rejection after a step acted: the note is kept and the message stays within
+    // its bound (a snapshot must always fit a record).
+    let loud = submit(&client, "loud", &TestTaskSpec::steps(7)).await;
+    let evs = until_final(&mut events, loud).await;
+    assert_eq!(evs.last().unwrap().event, EventType::Reverted, "{:?}", types(&evs));
+    let error = client.snapshot(loud).await.unwrap().unwrap().error.expect("the failure is kept");
+    assert!(error.message.len() <= ferry_runtime::limits::MESSAGE_BYTES, "{} bytes", error.message.len());
+    assert!(error.message.starts_with("why why") && error.message.ends_with("(a rejection after step \"make\" acted: treated as a failure)"), "{}", &error.message[error.message.len() - 120..]);
     stop.cancel();
     worker.await.unwrap();
 }

@@ -3,8 +3,9 @@
 //!
 //! - **Nonce creator** (`noncecreator-controller/noncecreator_controller.go`): a Secret
 //!   labelled `liqo.io/nonce` and `liqo.io/remote-cluster-id`, in that cluster's tenant
-//!   namespace, gets a fresh nonce (64 random bytes, base64) in field `nonce`; one
-//!   elsewhere is ignored.
+//!   namespace (the one found by its labels, `pkg/tenantNamespace/namespaceManager.go`
+//!   `GetNamespace`, whatever its name), gets a fresh nonce (64 random bytes, base64) in
+//!   field `nonce`; one elsewhere is ignored (a Warning event says why).
 //! - **Nonce signer** (`noncesigner-controller/noncesigner_controller.go`): a Secret
 //!   labelled `liqo.io/signed-nonce` in the right tenant namespace gets field
 //!   `signedNonce`: the nonce signed with the cluster's private key (`authentication-keys`).
@@ -18,11 +19,13 @@
 //!   (`pkg/identityManager/certificateIdentityProvider.go`, `ApproveSigningRequest`: a
 //!   `kubernetes.io/kube-apiserver-client` CSR, approved; the controller manager signs
 //!   it) and `status.authParams` carries the certificate, the cluster's CA and API server
-//!   address, and `status.tenantNamespace` the namespace.
+//!   address, and `status.tenantNamespace` the namespace (`CreateNamespace`: the tenant
+//!   namespace found by labels, else a new one under the default name).
 //! - **Identity controller** (`identity-controller/identity_controller.go`): an Identity
 //!   gets a kubeconfig Secret `kubeconfig-<identity>` (the certificate of its auth params
-//!   and this cluster's private key: a working credential toward the provider) and
-//!   `status.kubeconfigSecretRef`.
+//!   and this cluster's private key: a working credential toward the provider; a
+//!   control-plane one annotated with the provider's tenant namespace, `spec.namespace`)
+//!   and `status.kubeconfigSecretRef`.
 //!
 //! Not emulated: the tenant's RBAC bindings on the provider, certificate renewal,
 //! cordoned and drained tenants.
@@ -36,11 +39,18 @@ use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use sha2::Digest;
 
-use super::{MANAGER, Member, ar, event, keys, name_of, ns_of, set_status};
+use super::{MANAGER, Member, ar, event, keys, name_of, ns_of, set_status, tenant_namespace_of};
 use ferry_kube::vocab::liqo::{
     AUTH_KEYS_SECRET, CONTROL_PLANE_ORGANIZATION, LIQO_NAMESPACE, NONCE_FIELD, NONCE_LABEL, POD_SECURITY_LABELS, REMOTE_ID_LABEL, SIGNED_NONCE_FIELD,
     SIGNED_NONCE_LABEL, TENANT_NAMESPACE_LABEL, tenant_namespace,
 };
+
+/// Label of a kubeconfig Secret: the type of its Identity (`pkg/consts/authentication.go`,
+/// `IdentityTypeLabelKey`).
+pub(super) const IDENTITY_TYPE_LABEL: &str = "liqo.io/identity-type";
+/// Annotation of a control-plane kubeconfig Secret: the provider's tenant namespace the
+/// CRD replicator writes to (`pkg/consts/authentication.go`, `RemoteTenantNamespaceAnnotKey`).
+pub(super) const REMOTE_TENANT_NAMESPACE_ANNOTATION: &str = "liqo.io/remote-tenant-namespace";
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
@@ -54,10 +64,21 @@ pub(super) async fn private_key(client: &kube::Client) -> Result<Option<String>,
     Ok(s.and_then(|s| s.data?.get("privateKey").map(|k| String::from_utf8_lossy(&k.0).into_owned())))
 }
 
-/// Whether `ns` is the tenant namespace of `remote` on this cluster (`GetNamespace`).
-async fn is_tenant_namespace(client: &kube::Client, ns: &str, remote: &str) -> Result<bool, kube::Error> {
-    let n = Api::<Namespace>::all(client.clone()).get_opt(ns).await?;
-    Ok(n.and_then(|n| n.metadata.labels).is_some_and(|l| l.get(TENANT_NAMESPACE_LABEL).map(String::as_str) == Some("true") && l.get(REMOTE_ID_LABEL).map(String::as_str) == Some(remote)))
+/// Whether the nonce Secret `s` of `remote` is in this cluster's tenant namespace for it, as
+/// the nonce creator and signer check (`noncecreator_controller.go` and
+/// `noncesigner_controller.go`, `Reconcile`: the namespace `GetNamespace` finds by labels,
+/// whatever its name; none or several is a `TenantNamespaceNotFound` Warning and a retry,
+/// another one a `WrongNamespace` Warning and the Secret is left alone).
+async fn in_tenant_namespace(client: &kube::Client, s: &Secret, remote: &str) -> Result<bool, kube::Error> {
+    let found = tenant_namespace_of(client, remote).await?;
+    let (reason, message) = match found {
+        Ok(Some(ns)) if s.metadata.namespace.as_deref() == Some(ns.as_str()) => return Ok(true),
+        Ok(Some(_)) => ("WrongNamespace", "Secret not in tenant namespace"),
+        Ok(None) | Err(_) => ("TenantNamespaceNotFound", "Unable to get tenant namespace"),
+    };
+    let obj: DynamicObject = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Secret", "metadata": s.metadata})).expect("a Secret's metadata");
+    event(client, &obj, "Warning", reason, message).await?;
+    Ok(false)
 }
 
 fn label<'a>(s: &'a Secret, key: &str) -> Option<&'a str> {
@@ -74,7 +95,7 @@ pub(super) async fn nonces(m: &Member, forged: bool) -> Result<(), kube::Error> 
         }
         let Some(remote) = label(&s, REMOTE_ID_LABEL) else { continue };
         let ns = s.metadata.namespace.clone().unwrap_or_default();
-        if !is_tenant_namespace(&m.client, &ns, remote).await? {
+        if !in_tenant_namespace(&m.client, &s, remote).await? {
             continue;
         }
         let Ok(nonce) = keys::nonce() else { continue };
@@ -89,7 +110,7 @@ pub(super) async fn nonces(m: &Member, forged: bool) -> Result<(), kube::Error> 
         let data = s.data.clone().unwrap_or_default();
         let Some(remote) = label(&s, REMOTE_ID_LABEL) else { continue };
         let ns = s.metadata.namespace.clone().unwrap_or_default();
-        if data.contains_key(SIGNED_NONCE_FIELD) || !is_tenant_namespace(&m.client, &ns, remote).await? {
+        if data.contains_key(SIGNED_NONCE_FIELD) || !in_tenant_namespace(&m.client, &s, remote).await? {
             continue;
         }
         let Some(nonce) = data.get(NONCE_FIELD) else { continue };
@@ -169,19 +190,37 @@ pub(super) async fn tenants(m: &Member) -> Result<(), kube::Error> {
             event(&m.client, &t, "Warning", reason, &message).await?;
             continue;
         }
-        // `CreateNamespace`: the tenant namespace, made if missing.
-        let ns = tenant_namespace(&consumer);
-        let nss: Api<Namespace> = Api::all(m.client.clone());
-        if nss.get_opt(&ns).await?.is_none() {
-            let mut labels = serde_json::Map::new();
-            labels.insert(REMOTE_ID_LABEL.into(), json!(consumer));
-            labels.insert(TENANT_NAMESPACE_LABEL.into(), json!("true"));
-            for l in POD_SECURITY_LABELS {
-                labels.insert(l.into(), json!("privileged"));
+        // `CreateNamespace` (`pkg/tenantNamespace/namespaceManager.go`): the tenant namespace
+        // `GetNamespace` finds by labels, whatever its name; only when there is none, one
+        // created under the default name with `ForgeNamespace`'s labels (a plain create: a
+        // namespace of that name without the labels makes it fail). Any error is a
+        // `TenantNamespaceCreationFailed` Warning on the Tenant and a retry
+        // (`tenant_controller.go`, `Reconcile`).
+        let ns = match tenant_namespace_of(&m.client, &consumer).await? {
+            Ok(Some(ns)) => ns,
+            Ok(None) => {
+                let ns = tenant_namespace(&consumer);
+                let mut labels = serde_json::Map::new();
+                labels.insert(REMOTE_ID_LABEL.into(), json!(consumer));
+                labels.insert(TENANT_NAMESPACE_LABEL.into(), json!("true"));
+                for l in POD_SECURITY_LABELS {
+                    labels.insert(l.into(), json!("privileged"));
+                }
+                let obj: Namespace = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels}})).expect("a Namespace");
+                match Api::<Namespace>::all(m.client.clone()).create(&PostParams::default(), &obj).await {
+                    Ok(_) => ns,
+                    Err(kube::Error::Api(e)) => {
+                        event(&m.client, &t, "Warning", "TenantNamespaceCreationFailed", &e.message).await?;
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                }
             }
-            let obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels}});
-            nss.patch(&ns, &PatchParams::apply(MANAGER), &Patch::Apply(&obj)).await?;
-        }
+            Err(why) => {
+                event(&m.client, &t, "Warning", "TenantNamespaceCreationFailed", &why).await?;
+                continue;
+            }
+        };
         let mut status = json!({"tenantNamespace": ns});
         if !tolerate {
             let Some(cert) = issue(m, &bytes(t.data.pointer("/spec/csr"))).await? else { continue };
@@ -218,9 +257,19 @@ pub(super) async fn identities(m: &Member) -> Result<(), kube::Error> {
         let ns = ns_of(&id);
         let name = format!("kubeconfig-{}", name_of(&id));
         let remote = id.data.pointer("/spec/clusterID").and_then(Value::as_str).unwrap_or_default();
+        let type_ = id.data.pointer("/spec/type").and_then(Value::as_str).unwrap_or("");
         let config = kubeconfig(server, &bytes(id.data.pointer("/spec/authParams/ca")), &cert, private.as_bytes());
+        // `forge/kubeconfig.go`, `MutateKubeconfigSecret`: a control-plane Identity's
+        // `spec.namespace` (the provider's tenant namespace for us), when set, goes to the
+        // annotation the CRD replicator reads (`identity_controller.go`, `ensureKubeconfigSecret`).
+        let mut annotations = serde_json::Map::new();
+        if type_ == "ControlPlane"
+            && let Some(remote_ns) = id.data.pointer("/spec/namespace").and_then(Value::as_str).filter(|n| !n.is_empty())
+        {
+            annotations.insert(REMOTE_TENANT_NAMESPACE_ANNOTATION.into(), json!(remote_ns));
+        }
         let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": ns,
-            "labels": {REMOTE_ID_LABEL: remote, "liqo.io/identity-type": id.data.pointer("/spec/type").and_then(Value::as_str).unwrap_or("")},
+            "labels": {REMOTE_ID_LABEL: remote, IDENTITY_TYPE_LABEL: type_}, "annotations": annotations,
             "ownerReferences": [{"apiVersion": "authentication.liqo.io/v1beta1", "kind": "Identity", "name": name_of(&id), "uid": id.metadata.uid.clone().unwrap_or_default(), "controller": true}]},
             "data": {"kubeconfig": B64.encode(config)}});
         Api::<Secret>::namespaced(m.client.clone(), &ns).patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&secret)).await?;

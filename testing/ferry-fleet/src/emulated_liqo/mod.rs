@@ -15,7 +15,10 @@
 //!   Identities turned into kubeconfigs;
 //! - [`resources`]: ResourceSlices completed, replicated, authorized and accepted, then
 //!   VirtualNodes and Nodes named after the slice;
-//! - ForeignCluster statuses report each module from what exists.
+//! - ForeignCluster statuses report each module from what exists;
+//! - a tenant namespace is found by its labels, as upstream's tenant namespace manager
+//!   finds it (`tenant_namespace_of`; `pkg/tenantNamespace/namespaceManager.go`), never by
+//!   its default name, which only a namespace the Tenant controller creates gets.
 //!
 //! [`LiqoKnobs`]: a cluster whose Liqo is never installed, whose gateways never connect or
 //! connect late, or whose nonce signatures are forged. Every member runs one pass every 250 ms; a failed write is logged at
@@ -41,7 +44,7 @@ use tokio::task::JoinHandle;
 pub use crate::emulate::now;
 use crate::{Fleet, FleetError};
 pub use ferry_kube::vocab::liqo::{CLUSTER_ID_CONFIGMAP, CONTROLLER_MANAGER, LIQO_NAMESPACE, REMOTE_ID_LABEL, tenant_namespace};
-use ferry_kube::vocab::liqo::{AUTH_KEYS_SECRET, CLIENT_TEMPLATE, CLIENT_TEMPLATE_KIND, SERVER_TEMPLATE, SERVER_TEMPLATE_KIND};
+use ferry_kube::vocab::liqo::{AUTH_KEYS_SECRET, CLIENT_TEMPLATE, CLIENT_TEMPLATE_KIND, SERVER_TEMPLATE, SERVER_TEMPLATE_KIND, TENANT_NAMESPACE_LABEL};
 pub use resources::NOT_ALLOWED_TAINT;
 
 /// Selector of the virtual nodes (label `liqo.io/type`).
@@ -161,6 +164,34 @@ pub(crate) fn ns_of(o: &DynamicObject) -> String {
     o.metadata.namespace.clone().unwrap_or_default()
 }
 
+/// The label selector of a cluster's tenant namespace for `remote_id`
+/// (`pkg/tenantNamespace/namespaceManager.go`, `GetNamespace`): `liqo.io/remote-cluster-id`
+/// equal to the id and `liqo.io/tenant-namespace` present, whatever its value. Not the name:
+/// a tenant namespace made by an older Liqo or by an admin may have any.
+pub(crate) fn tenant_namespace_selector(remote_id: &str) -> String {
+    format!("{REMOTE_ID_LABEL}={remote_id},{TENANT_NAMESPACE_LABEL}")
+}
+
+/// `GetNamespace`'s verdict on the namespaces its selector matched: none is NotFound
+/// (`None`), one is the tenant namespace, more is an error (upstream's message).
+pub(crate) fn single_tenant_namespace(remote_id: &str, mut names: Vec<String>) -> Result<Option<String>, String> {
+    match names.len() {
+        0 | 1 => Ok(names.pop()),
+        _ => Err(format!("multiple tenant namespaces found for clusterid {remote_id}")),
+    }
+}
+
+/// The tenant namespace this cluster keeps for `remote_id`, found as upstream's tenant
+/// namespace manager finds it (`pkg/tenantNamespace/namespaceManager.go`, `GetNamespace`:
+/// a list by [`tenant_namespace_selector`]; its fallback for a client forbidden to list
+/// namespaces never applies here). The outer error is the API server's; the inner one
+/// `GetNamespace`'s own (several namespaces match); `None`: there is none.
+pub(crate) async fn tenant_namespace_of(client: &kube::Client, remote_id: &str) -> Result<Result<Option<String>, String>, kube::Error> {
+    let lp = ListParams::default().labels(&tenant_namespace_selector(remote_id));
+    let names = Api::<Namespace>::all(client.clone()).list_metadata(&lp).await?.items.into_iter().filter_map(|n| n.metadata.name).collect();
+    Ok(single_tenant_namespace(remote_id, names))
+}
+
 /// Records an event on `obj` as a controller's event recorder does; one per object and
 /// reason (what a later reader needs: the latest reason it was refused).
 pub(crate) async fn event(client: &kube::Client, obj: &DynamicObject, type_: &str, reason: &str, message: &str) -> Result<(), kube::Error> {
@@ -270,14 +301,35 @@ fn condition(type_: &str, status: &str) -> Value {
 /// What the ForeignCluster controller found for one remote cluster.
 #[derive(Debug, Clone, Copy, Default)]
 struct Seen {
-    /// A Connection to it is `Connected`.
+    /// Its Connection is `Connected`.
     connected: bool,
-    /// Its Tenant (here it is our consumer), if any: ready (auth params and namespace) or not.
+    /// Its Tenant (here it is our consumer), if any: ready or not.
     tenant: Option<bool>,
     /// Its control-plane Identity (here it is our provider), if any: its kubeconfig made or not.
     identity: Option<bool>,
     /// A VirtualNode for it exists.
     virtual_node: bool,
+}
+
+/// `status.tenantNamespace` as upstream's ForeignCluster controller writes it
+/// (`core/foreigncluster-controller/status.go`, `handleAuthenticationModuleStatus`; the
+/// field is cleared first, `clearStatusExceptConditions`): `local` is the Tenant's
+/// `status.tenantNamespace` (when set), then the control-plane Identity's own namespace;
+/// `remote` the Identity's `spec.namespace` (when set). Neither: empty. Never derived from
+/// the remote's id: the namespaces may have any name.
+fn tenant_namespaces(tenant: Option<&DynamicObject>, identity: Option<&DynamicObject>) -> Value {
+    let mut tn = serde_json::Map::new();
+    let set = |v: Option<&str>| v.filter(|n| !n.is_empty()).map(|n| json!(n));
+    if let Some(local) = set(tenant.and_then(|t| t.data.pointer("/status/tenantNamespace")?.as_str())) {
+        tn.insert("local".into(), local);
+    }
+    if let Some(i) = identity {
+        tn.insert("local".into(), json!(ns_of(i)));
+        if let Some(remote) = set(i.data.pointer("/spec/namespace").and_then(Value::as_str)) {
+            tn.insert("remote".into(), remote);
+        }
+    }
+    Value::Object(tn)
 }
 
 /// A ForeignCluster's status as upstream's controller writes it
@@ -288,8 +340,8 @@ struct Seen {
 /// `AuthIdentityControlPlaneStatus` only while an Identity exists; either makes the remote
 /// a consumer, resp. a provider), offloading's `Ready`/`NotReady`. Never `Established` for
 /// an authentication condition: a worker waiting for that would wait forever on a real
-/// cluster.
-fn foreign_cluster_status(ns: &str, s: &Seen) -> Value {
+/// cluster. `tenant_namespace`: [`tenant_namespaces`].
+fn foreign_cluster_status(tenant_namespace: Value, s: &Seen) -> Value {
     let st = |ok: bool, yes: &str| if ok { yes.to_owned() } else { "NotReady".to_owned() };
     let role = match (s.identity.is_some(), s.tenant.is_some()) {
         (true, true) => "ConsumerAndProvider",
@@ -306,13 +358,22 @@ fn foreign_cluster_status(ns: &str, s: &Seen) -> Value {
     }
     json!({
         "role": role,
-        "tenantNamespace": {"local": ns},
+        "tenantNamespace": tenant_namespace,
         "modules": {
             "networking": {"enabled": s.connected, "conditions": [condition("NetworkConnectionStatus", &st(s.connected, "Established"))]},
             "authentication": {"enabled": !auth.is_empty(), "conditions": auth},
             "offloading": {"enabled": s.virtual_node, "conditions": [condition("OffloadingVirtualNodeStatus", &st(s.virtual_node, "Ready"))]},
         },
     })
+}
+
+/// The one object of a `getters.Get*ByClusterID` lookup (`pkg/utils/getters/k8sGetters.go`):
+/// none is NotFound, more than one an error (the ForeignCluster is then not updated).
+fn at_most_one(mut items: Vec<DynamicObject>, kind: &str, remote: &str) -> Result<Option<DynamicObject>, String> {
+    match items.len() {
+        0 | 1 => Ok(items.pop()),
+        _ => Err(format!("multiple {kind}s found for ForeignCluster {remote}")),
+    }
 }
 
 /// The ForeignCluster controller: one ForeignCluster per remote cluster id a peering
@@ -351,24 +412,42 @@ async fn foreign_clusters(m: &Member) -> Result<(), kube::Error> {
     }
     for fc in fcs.list(&ListParams::default()).await?.items {
         let Some(remote) = fc.data.pointer("/spec/clusterID").and_then(Value::as_str).map(str::to_owned) else { continue };
-        let ns = tenant_namespace(&remote);
+        // Every object is found by its `liqo.io/remote-cluster-id` label in any namespace,
+        // never in a namespace named after the remote (`getters.GetConnectionByClusterID`,
+        // `GetTenantByClusterID(..., corev1.NamespaceAll)`, `GetControlPlaneIdentityByClusterID`,
+        // `ListVirtualNodesByClusterID`).
+        let lp = ListParams::default().labels(&format!("{REMOTE_ID_LABEL}={remote}"));
         let list = |kind: &str, plural: &str, group: &str| {
-            let api: Api<DynamicObject> = Api::namespaced_with(m.client.clone(), &ns, &ar(group, "v1beta1", kind, plural));
-            async move { api.list(&ListParams::default()).await.map(|l| l.items) }
+            let api: Api<DynamicObject> = Api::all_with(m.client.clone(), &ar(group, "v1beta1", kind, plural));
+            let lp = lp.clone();
+            async move { api.list(&lp).await.map(|l| l.items) }
         };
-        let connected = list("Connection", "connections", "networking.liqo.io")
-            .await?
-            .iter()
-            .any(|c| c.data.pointer("/status/value").and_then(Value::as_str) == Some("Connected"));
+        let connections = list("Connection", "connections", "networking.liqo.io").await?;
         let tenants = list("Tenant", "tenants", "authentication.liqo.io").await?;
         let identities = list("Identity", "identities", "authentication.liqo.io").await?;
+        let identities = identities.into_iter().filter(|i| i.data.pointer("/spec/type").and_then(Value::as_str) == Some("ControlPlane")).collect();
+        let (connection, tenant, identity) =
+            match (at_most_one(connections, "Connection", &remote), at_most_one(tenants, "Tenant", &remote), at_most_one(identities, "Identity", &remote)) {
+                (Ok(c), Ok(t), Ok(i)) => (c, t, i),
+                (Err(e), ..) | (_, Err(e), _) | (.., Err(e)) => {
+                    tracing::debug!(cluster = %m.name, foreign_cluster = %remote, error = %e, "emulated Liqo: ForeignCluster status not updated");
+                    continue;
+                }
+            };
+        // `handleAuthenticationModuleStatus`: a Tenant is NotReady while it expects a key
+        // exchange and has no auth params, or has no tenant namespace yet.
+        let tenant_ready = |t: &DynamicObject| {
+            let expects_keys = t.data.pointer("/spec/authzPolicy").and_then(Value::as_str) != Some("TolerateNoHandshake");
+            !(expects_keys && t.data.pointer("/status/authParams").is_none_or(Value::is_null))
+                && t.data.pointer("/status/tenantNamespace").and_then(Value::as_str).is_some_and(|n| !n.is_empty())
+        };
         let seen = Seen {
-            connected,
-            tenant: tenants.first().map(|t| t.data.pointer("/status/authParams").is_some() && t.data.pointer("/status/tenantNamespace").and_then(Value::as_str).is_some_and(|n| !n.is_empty())),
-            identity: identities.first().map(|i| i.data.pointer("/status/kubeconfigSecretRef/name").and_then(Value::as_str).is_some_and(|n| !n.is_empty())),
+            connected: connection.as_ref().is_some_and(|c| c.data.pointer("/status/value").and_then(Value::as_str) == Some("Connected")),
+            tenant: tenant.as_ref().map(tenant_ready),
+            identity: identity.as_ref().map(|i| i.data.pointer("/status/kubeconfigSecretRef/name").and_then(Value::as_str).is_some_and(|n| !n.is_empty())),
             virtual_node: !list("VirtualNode", "virtualnodes", "offloading.liqo.io").await?.is_empty(),
         };
-        let status = foreign_cluster_status(&ns, &seen);
+        let status = foreign_cluster_status(tenant_namespaces(tenant.as_ref(), identity.as_ref()), &seen);
         let strip = |v: &Value| {
             let mut v = v.clone();
             for module in ["networking", "authentication", "offloading"] {
@@ -381,7 +460,15 @@ async fn foreign_clusters(m: &Member) -> Result<(), kube::Error> {
             v
         };
         if strip(fc.data.get("status").unwrap_or(&Value::Null)) != strip(&status) {
-            fcs.patch_status(&name_of(&fc), &PatchParams::default(), &Patch::Merge(&json!({"status": status}))).await?;
+            // Upstream replaces the whole status: a namespace no longer known goes (null in
+            // a merge patch).
+            let mut patch = status.clone();
+            for key in ["local", "remote"] {
+                if patch["tenantNamespace"].get(key).is_none() {
+                    patch["tenantNamespace"][key] = Value::Null;
+                }
+            }
+            fcs.patch_status(&name_of(&fc), &PatchParams::default(), &Patch::Merge(&json!({"status": patch}))).await?;
         }
     }
     Ok(())
@@ -401,7 +488,7 @@ mod tests {
                 for identity in opts {
                     for virtual_node in [false, true] {
                         let seen = Seen { connected, tenant, identity, virtual_node };
-                        let status = foreign_cluster_status("liqo-tenant-x", &seen);
+                        let status = foreign_cluster_status(json!({"local": "liqo-tenant-x"}), &seen);
                         let conds = status.pointer("/modules/authentication/conditions").and_then(Value::as_array).expect("conditions");
                         for c in conds {
                             assert!(c["type"].as_str().is_some_and(|t| t.starts_with("Auth")), "{c}");
@@ -412,8 +499,57 @@ mod tests {
                 }
             }
         }
-        let ready = foreign_cluster_status("ns", &Seen { connected: true, tenant: None, identity: Some(true), virtual_node: true });
+        let ready = foreign_cluster_status(json!({}), &Seen { connected: true, tenant: None, identity: Some(true), virtual_node: true });
         assert_eq!(ready.pointer("/modules/authentication/conditions/0/status"), Some(&json!("Ready")));
         assert_eq!(ready.pointer("/modules/networking/conditions/0/status"), Some(&json!("Established")));
+    }
+
+    /// `GetNamespace`'s selector: the remote id label equal, the tenant label present
+    /// whatever its value; never the name.
+    #[test]
+    fn tenant_namespace_selector_is_upstreams() {
+        assert_eq!(tenant_namespace_selector("kind-b"), "liqo.io/remote-cluster-id=kind-b,liqo.io/tenant-namespace");
+    }
+
+    /// None is NotFound, one is it, several is upstream's error.
+    #[test]
+    fn a_single_tenant_namespace_or_an_error() {
+        assert_eq!(single_tenant_namespace("b", vec![]), Ok(None));
+        assert_eq!(single_tenant_namespace("b", vec!["tenant-of-b".into()]), Ok(Some("tenant-of-b".into())));
+        assert_eq!(
+            single_tenant_namespace("b", vec!["liqo-tenant-b".into(), "old-b".into()]),
+            Err("multiple tenant namespaces found for clusterid b".to_owned())
+        );
+    }
+
+    fn obj(ns: &str, data: Value) -> DynamicObject {
+        let mut o: DynamicObject = serde_json::from_value(json!({"apiVersion": "authentication.liqo.io/v1beta1", "kind": "Identity", "metadata": {"name": "x"}})).expect("an object");
+        o.metadata.namespace = Some(ns.to_owned());
+        o.data = data;
+        o
+    }
+
+    /// `status.tenantNamespace` comes from the Tenant's status and the Identity, never from
+    /// the remote's id; the Identity's namespace wins for `local`.
+    #[test]
+    fn tenant_namespaces_come_from_the_tenant_and_the_identity() {
+        assert_eq!(tenant_namespaces(None, None), json!({}));
+        let tenant = obj("admin-made", json!({"status": {"tenantNamespace": "admin-made"}}));
+        assert_eq!(tenant_namespaces(Some(&tenant), None), json!({"local": "admin-made"}));
+        let pending = obj("admin-made", json!({"status": {"tenantNamespace": ""}}));
+        assert_eq!(tenant_namespaces(Some(&pending), None), json!({}));
+        let identity = obj("old-liqo-ns", json!({"spec": {"namespace": "their-ns"}}));
+        assert_eq!(tenant_namespaces(Some(&tenant), Some(&identity)), json!({"local": "old-liqo-ns", "remote": "their-ns"}));
+        let no_remote = obj("old-liqo-ns", json!({"spec": {}}));
+        assert_eq!(tenant_namespaces(None, Some(&no_remote)), json!({"local": "old-liqo-ns"}));
+    }
+
+    /// `Get*ByClusterID`: none, one, or an error.
+    #[test]
+    fn at_most_one_object_per_cluster() {
+        assert!(matches!(at_most_one(vec![], "Tenant", "b"), Ok(None)));
+        assert!(matches!(at_most_one(vec![obj("a", json!({}))], "Tenant", "b"), Ok(Some(_))));
+        let two = vec![obj("a", json!({})), obj("c", json!({}))];
+        assert_eq!(at_most_one(two, "Connection", "b").err().as_deref(), Some("multiple Connections found for ForeignCluster b"));
     }
 }

@@ -17,8 +17,9 @@
 //!   (its LoadBalancer address).
 //! - **Connection** (what the WireGuard gateways report): on both sides, `Connected` only
 //!   when the client points at the server's endpoint and each side holds a PublicKey for
-//!   the other carrying the other gateway's key (`forge/publickey.go`; liqoctl's
-//!   `EnsurePublicKey`), else `Connecting`. [`super::LiqoKnobs`] delay or prevent it.
+//!   the other carrying the other gateway's key, labelled with the other's cluster id and
+//!   in the gateway's own namespace (`forge/publickey.go`; liqoctl's `EnsurePublicKey`;
+//!   the gateway's `publickeys_controller.go`), else `Connecting`. [`super::LiqoKnobs`] delay or prevent it.
 //!
 //! Not emulated: the WgGatewayServer/WgGatewayClient the templates render, the gateway
 //! pods, routes and firewall rules.
@@ -30,7 +31,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams
 use serde_json::{Value, json};
 
 use super::{LiqoKnobs, MANAGER, Member, apply, ar, cond_v1, event, ipam, name_of, ns_of, set_status};
-use ferry_kube::vocab::liqo::{REMOTE_ID_LABEL, tenant_namespace};
+use ferry_kube::vocab::liqo::REMOTE_ID_LABEL;
 
 pub(super) fn net(kind: &str, plural: &str) -> kube::api::ApiResource {
     ar("networking.liqo.io", "v1beta1", kind, plural)
@@ -204,11 +205,32 @@ async fn gateway_key(client: &kube::Client, gw: &DynamicObject) -> Result<Option
     Ok(Api::<Secret>::namespaced(client.clone(), ns).get_opt(name).await?.and_then(|s| s.data?.get("publicKey").map(|k| k.0.clone())))
 }
 
-/// Whether `cluster`'s tenant namespace for `remote` holds a PublicKey carrying `key`.
-async fn holds_key(client: &kube::Client, remote: &str, key: &[u8]) -> Result<bool, kube::Error> {
+/// Whether a gateway in namespace `ns` toward `remote` sees a PublicKey carrying `key`: the
+/// WireGuard gateway's cache holds its own namespace only (`cmd/gateway/wireguard/main.go`,
+/// `DefaultNamespaces`: the gateway's, i.e. its GatewayServer's or GatewayClient's) and
+/// its PublicKey controller takes the keys labelled `liqo.io/remote-cluster-id` = its
+/// remote (`pkg/gateway/tunnel/wireguard/publickeys_controller.go`, `Predicates`). Not a
+/// namespace named after the remote: the tenant namespace may have any name.
+async fn holds_key(client: &kube::Client, ns: &str, remote: &str, key: &[u8]) -> Result<bool, kube::Error> {
     let b64 = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, key);
-    let pks = api(client, &tenant_namespace(remote), "PublicKey", "publickeies").list(&ListParams::default()).await?.items;
+    let lp = ListParams::default().labels(&format!("{REMOTE_ID_LABEL}={remote}"));
+    let pks = api(client, ns, "PublicKey", "publickeies").list(&lp).await?.items;
     Ok(pks.iter().any(|p| p.data.pointer("/spec/publicKey").and_then(Value::as_str) == Some(&b64)))
+}
+
+/// The GatewayServer `cluster` runs toward `remote`, the one a GatewayClient of `remote`
+/// dials: found as upstream finds a cluster's gateway server, by its
+/// `liqo.io/remote-cluster-id` label in any namespace (`pkg/utils/getters/k8sGetters.go`,
+/// `GetGatewayServerByClusterID(..., corev1.NamespaceAll)`: more than one is an error,
+/// here no server, so no connection).
+async fn server_toward(cluster: &kube::Client, remote: &str) -> Result<Option<DynamicObject>, kube::Error> {
+    let all: Api<DynamicObject> = Api::all_with(cluster.clone(), &net("GatewayServer", "gatewayservers"));
+    let mut servers = all.list(&ListParams::default().labels(&format!("{REMOTE_ID_LABEL}={remote}"))).await?.items;
+    if servers.len() > 1 {
+        tracing::debug!(remote, "emulated Liqo: multiple GatewayServers found for ForeignCluster {remote}");
+        return Ok(None);
+    }
+    Ok(servers.pop())
 }
 
 /// Connections on both sides of each client: Connected once the keys are exchanged and
@@ -218,8 +240,7 @@ pub(super) async fn connections(m: &Member, clients: &BTreeMap<String, kube::Cli
     for gc in gcs.list(&ListParams::default()).await?.items {
         let Some(remote) = gc.metadata.labels.as_ref().and_then(|l| l.get(REMOTE_ID_LABEL)).cloned() else { continue };
         let Some(rc) = clients.get(&remote) else { continue };
-        let servers = api(rc, &tenant_namespace(&m.name), "GatewayServer", "gatewayservers").list(&ListParams::default()).await?.items;
-        let server = servers.into_iter().find(|s| s.metadata.labels.as_ref().and_then(|l| l.get(REMOTE_ID_LABEL)) == Some(&m.name));
+        let server = server_toward(rc, &m.name).await?;
         let (here, there) = (knob(&m.name), knob(&remote));
         let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
         let age_ms = gc.metadata.creation_timestamp.as_ref().map_or(0, |t| now_ms - t.0.as_millisecond());
@@ -231,7 +252,7 @@ pub(super) async fn connections(m: &Member, clients: &BTreeMap<String, kube::Cli
             connected &= published.is_some_and(|a| dialled.iter().any(|d| d == a));
             let (ck, sk) = (gateway_key(&m.client, &gc).await?, gateway_key(rc, s).await?);
             connected &= match (ck, sk) {
-                (Some(ck), Some(sk)) => holds_key(&m.client, &remote, &sk).await? && holds_key(rc, &m.name, &ck).await?,
+                (Some(ck), Some(sk)) => holds_key(&m.client, &ns_of(&gc), &remote, &sk).await? && holds_key(rc, &ns_of(s), &m.name, &ck).await?,
                 _ => false,
             };
         } else {

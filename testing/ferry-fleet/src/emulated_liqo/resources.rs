@@ -6,14 +6,18 @@
 //!   remote-cluster-id label) and `spec.csr`: a CSR signed with the cluster's key for
 //!   common name `<slice>-<hash of the consumer id>`, organization the consumer id
 //!   (`csr.go`, `GenerateCSRForResourceSlice`).
-//! - **Replication** (the CRD replicator, `pkg/crdReplicator`): a slice labelled
-//!   `liqo.io/replication=true` and `liqo.io/remoteID=<provider>` is copied into the
-//!   provider's tenant namespace for the consumer (labels `liqo.io/originID`,
-//!   `liqo.io/replicated`) once the consumer holds a control-plane Identity toward the
-//!   provider (the replicator writes with it); the provider's status is copied back; the
-//!   copy goes with its origin. Without the labels nothing reaches the provider.
+//! - **Replication** (the CRD replicator, `internal/crdReplicator`): once the consumer's
+//!   control-plane Identity toward the provider has its kubeconfig Secret (annotated with
+//!   the provider's tenant namespace, the Identity's `spec.namespace`), a slice in that
+//!   Secret's namespace labelled `liqo.io/replication=true` and `liqo.io/remoteID=<provider>`
+//!   is copied into the annotated namespace on the provider (labels `liqo.io/originID`,
+//!   `liqo.io/replicated=true`, `liqo.io/replication=false`); the provider's status is
+//!   copied back; the copy goes with its origin. Without the labels, or in another
+//!   namespace, nothing reaches the provider. Neither namespace is derived from a cluster
+//!   id: tenant namespaces may have any name.
 //! - **Remote ResourceSlice controller** (`remoteresourceslice-controller`): on the
-//!   provider, the copy must sit in the consumer's tenant namespace next to its Tenant;
+//!   provider, the copy must sit in the consumer's tenant namespace (found by labels,
+//!   `GetNamespace`) next to its Tenant (found by label, `GetTenantByClusterID`);
 //!   its CSR must match the Tenant's public key, common name and organization
 //!   (`CheckCSRForResourceSlice`) — else `Authentication: Denied` — and is then signed
 //!   (`status.authParams`); an active Tenant's slice gets `Resources: Accepted` and
@@ -27,19 +31,69 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-use super::authentication::{auth, authenticated_toward, issue, private_key};
-use super::{MANAGER, Member, apply, ar, event, keys, name_of, now, ns_of, set_status};
+use super::authentication::{IDENTITY_TYPE_LABEL, REMOTE_TENANT_NAMESPACE_ANNOTATION, auth, authenticated_toward, issue, private_key};
+use super::{MANAGER, Member, apply, ar, event, keys, name_of, now, ns_of, set_status, tenant_namespace_of};
 use ferry_kube::quantity::{millicores, units};
 use ferry_kube::vocab::liqo::{
-    CREATE_VIRTUAL_NODE_ANNOTATION, REMOTE_ID_LABEL, REPLICATION_DESTINATION_LABEL, REPLICATION_LABEL, TYPE_LABEL, TYPE_VIRTUAL_NODE, tenant_namespace,
+    CREATE_VIRTUAL_NODE_ANNOTATION, REMOTE_ID_LABEL, REPLICATION_DESTINATION_LABEL, REPLICATION_LABEL, TYPE_LABEL, TYPE_VIRTUAL_NODE,
 };
 
 /// Label on a replicated copy: the cluster it came from (`pkg/consts/replication.go`).
 const ORIGIN_LABEL: &str = "liqo.io/originID";
+/// Label on a replicated copy, `true` (`pkg/consts/replication.go`, `ReplicationStatusLabel`).
+const REPLICATED_LABEL: &str = "liqo.io/replicated";
+/// Label the replicator drops from a copy (`pkg/consts/replication.go`, `LocalResourceOwnership`).
+const OWNERSHIP_LABEL: &str = "liqo.io/ownership";
+
+/// Where the CRD replicator reflects toward one provider: the local namespace it watches
+/// and the provider's namespace it writes to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Reflection {
+    local: String,
+    remote: String,
+}
+
+/// The CRD replicator's reflectors, by provider id, from the control-plane kubeconfig
+/// Secrets (`internal/crdReplicator/crdReplicator-operator.go`, `Reconcile`: Secrets
+/// labelled `liqo.io/remote-cluster-id` and `liqo.io/identity-type=ControlPlane`; one
+/// without the `liqo.io/remote-tenant-namespace` annotation is refused, `validateSecret`;
+/// more than one for a cluster is an error, `getters.GetControlPlaneKubeconfigSecretByClusterID`,
+/// and nothing is reflected; local = the Secret's namespace, remote = the annotation).
+/// Secrets being deleted are left out (the emulator puts no finalizer on them).
+fn reflections(secrets: &[Secret]) -> BTreeMap<String, Reflection> {
+    let mut by_id: BTreeMap<String, Vec<&Secret>> = BTreeMap::new();
+    for s in secrets.iter().filter(|s| s.metadata.deletion_timestamp.is_none()) {
+        let labels = s.metadata.labels.as_ref();
+        if labels.and_then(|l| l.get(IDENTITY_TYPE_LABEL)).map(String::as_str) != Some("ControlPlane") {
+            continue;
+        }
+        if let Some(id) = labels.and_then(|l| l.get(REMOTE_ID_LABEL)) {
+            by_id.entry(id.clone()).or_default().push(s);
+        }
+    }
+    by_id
+        .into_iter()
+        .filter_map(|(id, s)| {
+            let [s] = s.as_slice() else { return None };
+            let remote = s.metadata.annotations.as_ref()?.get(REMOTE_TENANT_NAMESPACE_ANNOTATION)?.clone();
+            Some((id, Reflection { local: s.metadata.namespace.clone()?, remote }))
+        })
+        .collect()
+}
+
+/// The labels of a copy (`internal/crdReplicator/reflection/handler.go`, `mutateLabelsForRemote`).
+fn labels_for_remote(mut labels: BTreeMap<String, String>, local_id: &str) -> BTreeMap<String, String> {
+    labels.insert(REPLICATION_LABEL.into(), "false".into());
+    labels.insert(REPLICATED_LABEL.into(), "true".into());
+    labels.insert(ORIGIN_LABEL.into(), local_id.to_owned());
+    labels.insert(REMOTE_ID_LABEL.into(), local_id.to_owned());
+    labels.remove(OWNERSHIP_LABEL);
+    labels
+}
 /// Taint of every virtual node (`=true:NoExecute`), as Liqo's: only tolerating pods go there.
 pub use ferry_kube::vocab::liqo::VIRTUAL_NODE_TOLERATION_KEY as NOT_ALLOWED_TAINT;
 
@@ -93,11 +147,15 @@ async fn capacity(client: &kube::Client) -> Result<(String, String), kube::Error
 pub(super) async fn local_slices(m: &Member, clients: &BTreeMap<String, kube::Client>) -> Result<(), kube::Error> {
     let all = slices(&m.client, None).list(&ListParams::default()).await?.items;
     let private = private_key(&m.client).await?;
-    let authenticated = authenticated_toward(m).await?;
+    let kubeconfigs = Api::<Secret>::all(m.client.clone()).list(&ListParams::default().labels(&format!("{REMOTE_ID_LABEL},{IDENTITY_TYPE_LABEL}=ControlPlane"))).await?;
+    let reflections = reflections(&kubeconfigs.items);
+    // What the replicator's local listers hold (`reflection/manager.go`, `localLabelSelector`).
     let mut origins = HashSet::new();
     for s in all.iter().filter(|s| label(s, ORIGIN_LABEL).is_none() && s.metadata.deletion_timestamp.is_none()) {
         let (name, ns) = (name_of(s), ns_of(s));
-        origins.insert((ns.clone(), name.clone()));
+        if label(s, REPLICATION_LABEL).as_deref() == Some("true") && label(s, REPLICATION_DESTINATION_LABEL).is_some() {
+            origins.insert((ns.clone(), name.clone()));
+        }
         let api = slices(&m.client, Some(&ns));
         let mut spec = serde_json::Map::new();
         if s.data.pointer("/spec/consumerClusterID").is_none() {
@@ -118,16 +176,16 @@ pub(super) async fn local_slices(m: &Member, clients: &BTreeMap<String, kube::Cl
             api.patch(&name, &PatchParams::apply(MANAGER), &Patch::Merge(&json!({"spec": spec}))).await?;
             continue;
         }
-        // Replication toward the provider, through the control-plane Identity.
+        // Replication toward the provider, by the reflector its control-plane kubeconfig
+        // Secret starts: only slices of that Secret's namespace (`reflection/reflector.go`,
+        // `StartForResource`: the local lister is `ByNamespace(localNamespace)`), written
+        // to the annotated namespace (`reflection/handler.go`, `createRemoteObject`).
         let (Some("true"), Some(provider)) = (label(s, REPLICATION_LABEL).as_deref(), label(s, REPLICATION_DESTINATION_LABEL)) else { continue };
-        let (Some(pc), true) = (clients.get(&provider), authenticated.contains_key(&provider)) else { continue };
-        let there = slices(pc, Some(&tenant_namespace(&m.name)));
-        let mut labels = s.metadata.labels.clone().unwrap_or_default();
-        labels.insert(ORIGIN_LABEL.into(), m.name.clone());
-        labels.insert("liqo.io/replicated".into(), "true".into());
-        labels.insert(REMOTE_ID_LABEL.into(), m.name.clone());
+        let (Some(pc), Some(r)) = (clients.get(&provider), reflections.get(&provider).filter(|r| r.local == ns)) else { continue };
+        let there = slices(pc, Some(&r.remote));
+        let labels = labels_for_remote(s.metadata.labels.clone().unwrap_or_default(), &m.name);
         let copy = json!({"apiVersion": "authentication.liqo.io/v1beta1", "kind": "ResourceSlice",
-            "metadata": {"name": name, "namespace": tenant_namespace(&m.name), "labels": labels}, "spec": s.data.get("spec").cloned().unwrap_or(json!({}))});
+            "metadata": {"name": name, "namespace": r.remote, "labels": labels}, "spec": s.data.get("spec").cloned().unwrap_or(json!({}))});
         match there.get_opt(&name).await {
             Ok(Some(remote)) => {
                 if remote.data.get("spec") != s.data.get("spec") {
@@ -148,15 +206,16 @@ pub(super) async fn local_slices(m: &Member, clients: &BTreeMap<String, kube::Cl
             Err(e) => tracing::debug!(error = %e, "emulated Liqo: reading a replicated ResourceSlice"),
         }
     }
-    // Copies on providers whose origin here is gone.
-    for (provider, pc) in clients {
-        if provider == &m.name {
-            continue;
-        }
-        let there = slices(pc, Some(&tenant_namespace(&m.name)));
-        let Ok(list) = there.list(&ListParams::default().labels(&format!("{ORIGIN_LABEL}={}", m.name))).await else { continue };
+    // Copies on providers whose origin here is gone (`reflection/handler.go`, `handle`: no
+    // local object of that name in the reflector's local namespace), in the namespace each
+    // reflector writes to, among the copies its remote informer sees (`reflector.go`,
+    // `remoteLabelSelector`).
+    for (provider, r) in &reflections {
+        let Some(pc) = clients.get(provider).filter(|_| provider != &m.name) else { continue };
+        let there = slices(pc, Some(&r.remote));
+        let Ok(list) = there.list(&ListParams::default().labels(&format!("{ORIGIN_LABEL}={},{REPLICATED_LABEL}=true", m.name))).await else { continue };
         for c in list.items {
-            let still = origins.iter().any(|(_, n)| n == &name_of(&c));
+            let still = origins.contains(&(r.local.clone(), name_of(&c)));
             if !still {
                 let _ = there.delete(&name_of(&c), &DeleteParams::default()).await;
             }
@@ -178,14 +237,28 @@ pub(super) async fn remote_slices(m: &Member) -> Result<(), kube::Error> {
             event(&m.client, s, "Warning", "RemoteCertificateFailed", "ConsumerClusterID not set").await?;
             continue;
         };
-        if ns != tenant_namespace(&consumer) {
-            continue;
+        // `remoteresourceslice_controller.go`, `Reconcile`: the consumer's tenant namespace
+        // as `GetNamespace` finds it by labels (none or several: an error, retried); a slice
+        // in any other namespace is skipped.
+        match tenant_namespace_of(&m.client, &consumer).await? {
+            Ok(Some(tenant_ns)) if tenant_ns == ns => {}
+            _ => continue,
         }
+        // `getters.GetTenantByClusterID(..., tenantNamespace)`: by its `liqo.io/remote-cluster-id`
+        // label there; none or several is a `TenantNotFound` Warning.
         let tenants: Api<DynamicObject> = Api::namespaced_with(m.client.clone(), &ns, &auth("Tenant", "tenants"));
-        let tenant = tenants.list(&ListParams::default()).await?.items.into_iter().find(|t| t.data.pointer("/spec/clusterID").and_then(Value::as_str) == Some(&consumer));
-        let Some(tenant) = tenant else {
-            event(&m.client, s, "Warning", "TenantNotFound", &format!("no Tenant for cluster {consumer} in {ns}")).await?;
-            continue;
+        let mut tenants = tenants.list(&ListParams::default().labels(&format!("{REMOTE_ID_LABEL}={consumer}"))).await?.items;
+        let tenant = match tenants.len() {
+            1 => tenants.pop().expect("one Tenant"),
+            0 => {
+                event(&m.client, s, "Warning", "TenantNotFound", &format!("tenants.authentication.liqo.io {consumer:?} not found")).await?;
+                continue;
+            }
+            _ => {
+                let why = format!("multiple resources of type {{tenants}} found for cluster {{{consumer}}}, when only one was expected");
+                event(&m.client, s, "Warning", "TenantNotFound", &why).await?;
+                continue;
+            }
         };
         let check_key = tenant.data.pointer("/spec/authzPolicy").and_then(Value::as_str) != Some("TolerateNoHandshake");
         let b64 = |o: &DynamicObject, p: &str| {
@@ -310,4 +383,51 @@ pub(super) async fn virtual_nodes(m: &Member) -> Result<(), kube::Error> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kubeconfig(ns: &str, remote: &str, type_: &str, annotation: Option<&str>) -> Secret {
+        let mut meta = json!({"name": format!("kubeconfig-{remote}"), "namespace": ns, "labels": {REMOTE_ID_LABEL: remote, IDENTITY_TYPE_LABEL: type_}});
+        if let Some(a) = annotation {
+            meta["annotations"] = json!({REMOTE_TENANT_NAMESPACE_ANNOTATION: a});
+        }
+        serde_json::from_value(json!({"apiVersion": "v1", "kind": "Secret", "metadata": meta})).expect("a Secret")
+    }
+
+    /// A reflector per control-plane kubeconfig Secret: from its namespace to the annotated
+    /// one, whatever their names; none without the annotation, none when two Secrets name
+    /// the same cluster, none for other identity types.
+    #[test]
+    fn reflections_follow_the_control_plane_kubeconfig() {
+        let r = reflections(&[
+            kubeconfig("old-tenant-b", "b", "ControlPlane", Some("admin-made-for-a")),
+            kubeconfig("liqo-tenant-c", "c", "ControlPlane", None),
+            kubeconfig("liqo-tenant-d", "d", "ControlPlane", Some("liqo-tenant-a")),
+            kubeconfig("other-d", "d", "ControlPlane", Some("liqo-tenant-a")),
+            kubeconfig("liqo-tenant-e", "e", "ResourceSlice", Some("liqo-tenant-a")),
+        ]);
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert_eq!(r.get("b"), Some(&Reflection { local: "old-tenant-b".into(), remote: "admin-made-for-a".into() }));
+    }
+
+    /// `mutateLabelsForRemote`: the copy is not replicated again, says where it came from.
+    #[test]
+    fn copies_are_labelled_as_upstreams() {
+        let local = BTreeMap::from([
+            (REPLICATION_LABEL.to_owned(), "true".to_owned()),
+            (REPLICATION_DESTINATION_LABEL.to_owned(), "b".to_owned()),
+            (REMOTE_ID_LABEL.to_owned(), "b".to_owned()),
+            (OWNERSHIP_LABEL.to_owned(), "Local".to_owned()),
+        ]);
+        let remote = labels_for_remote(local, "a");
+        assert_eq!(remote.get(REPLICATION_LABEL).map(String::as_str), Some("false"));
+        assert_eq!(remote.get(REPLICATED_LABEL).map(String::as_str), Some("true"));
+        assert_eq!(remote.get(ORIGIN_LABEL).map(String::as_str), Some("a"));
+        assert_eq!(remote.get(REMOTE_ID_LABEL).map(String::as_str), Some("a"));
+        assert_eq!(remote.get(REPLICATION_DESTINATION_LABEL).map(String::as_str), Some("b"));
+        assert!(!remote.contains_key(OWNERSHIP_LABEL));
+    }
 }

@@ -157,6 +157,13 @@ pub const RESOURCES: &str = "RESOURCES";
 pub const VIRTUAL_NODE: &str = "VIRTUAL_NODE";
 /// The peering was not established.
 pub const NOT_ESTABLISHED: &str = "NOT_ESTABLISHED";
+/// A peer finds the pair partly peered by an earlier Ferry task: some of the objects it
+/// would apply exist, labelled for the pair, and some do not (an undo that did not finish,
+/// or a peering of another direction). Unpeer the pair first.
+pub const PARTLY_PEERED: &str = "PARTLY_PEERED";
+/// A cluster has more than one Liqo tenant namespace for the same remote, which Liqo
+/// refuses too (`GetNamespace`: "multiple tenant namespaces found").
+pub const TENANT_NAMESPACES: &str = "TENANT_NAMESPACES";
 /// The Submariner add-on is not installed on the hub or a cluster.
 pub const SUBMARINER_MISSING: &str = "SUBMARINER_MISSING";
 /// The Submariner add-on did not become available.

@@ -16,7 +16,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Node;
 use serde_json::Value;
 
-use crate::liqo::{self, PEERING_LABEL};
+use crate::liqo;
 use crate::spec::{PeerClusters, PeerMethod, PeerOperation};
 use crate::steps::authentication::Authentication;
 use crate::steps::cluster_set::ClusterSet;
@@ -24,7 +24,7 @@ use crate::steps::established::EstablishedCheck;
 use crate::steps::LiqoForeignCluster;
 use crate::steps::liqo_check::LiqoCheck;
 use crate::steps::network::Network;
-use crate::steps::objects::{Applies, Inverse};
+use crate::steps::objects::{Applies, Inverse, UnlessReused};
 use crate::steps::prepare::Prepare;
 use crate::steps::resources::Resources;
 use crate::steps::submariner_addon::{Addon, Config};
@@ -93,7 +93,7 @@ impl Inner {
         })
     }
 
-    /// Deletes `obj` on `cluster` if it is labelled for this pair (never what another
+    /// Deletes `obj` on `cluster` if it is labelled for this pair ([`liqo::is_pairs`]; never what another
     /// peering or a person made).
     pub(crate) async fn delete_own(&self, cluster: &str, obj: &Value, pair: &str) -> Result<(), StepError> {
         let current = match self.cfg.clusters.get(cluster, obj).await {
@@ -101,8 +101,7 @@ impl Inner {
             Err(ClusterError::Unknown { .. } | ClusterError::NotServed { .. }) => return Ok(()),
             Err(e) => return Err(kube_err(codes::CLUSTER_API, e)),
         };
-        let ours = current.as_ref().and_then(|c| c.metadata.labels.as_ref()).and_then(|l| l.get(PEERING_LABEL)).is_some_and(|v| v == pair);
-        if ours {
+        if current.is_some_and(|c| liqo::is_pairs(&serde_json::to_value(c).unwrap_or_default(), pair)) {
             self.cfg.clusters.delete(cluster, obj).await.map_err(|e| kube_err(codes::CLUSTER_API, e))?;
         }
         Ok(())
@@ -257,7 +256,8 @@ fn ipam_cidrs(networks: &[Arc<crate::steps::LiqoNetwork>]) -> Check<liqo::Cidrs>
 /// A step of a peer task.
 type PeerStep = Arc<dyn Step<PeerClusters>>;
 
-/// The Liqo steps between `check` and `established`, in peering order.
+/// The Liqo steps between `check` and `established`, in peering order, each acting only
+/// for a task that owns its peering ([`UnlessReused`]).
 fn liqo_steps(i: &Arc<Inner>, p: &PeerClusters) -> Vec<PeerStep> {
     let mut steps: Vec<PeerStep> = vec![
         Arc::new(Applies::new(i, Prepare, policy(p))),
@@ -269,7 +269,7 @@ fn liqo_steps(i: &Arc<Inner>, p: &PeerClusters) -> Vec<PeerStep> {
         steps.push(Arc::new(Authentication::new(i, policy(p), true)));
         steps.push(Arc::new(Applies::new(i, Resources { reverse: true }, policy(p))));
     }
-    steps
+    steps.into_iter().map(|s| Arc::new(UnlessReused(s)) as PeerStep).collect()
 }
 
 /// The Submariner steps after `check`.

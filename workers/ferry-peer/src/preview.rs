@@ -83,12 +83,12 @@ pub async fn preview(cfg: &PeerConfig, subject: &str, p: &PeerClusters) -> Resul
             }
             let tenants = Prepare.objects(p, &ids);
             // Tenant namespaces there before and not Ferry's (judged by `check`): left alone.
-            let kept: Vec<ObjectPreview> = [(&p.a, &ids.b), (&p.b, &ids.a)]
+            let kept: Vec<ObjectPreview> = [(&p.a, ids.a_side()), (&p.b, ids.b_side())]
                 .into_iter()
                 .filter(|(cluster, _)| ids.namespace_kept(p, cluster))
-                .map(|(cluster, remote)| ObjectPreview {
+                .map(|(cluster, to)| ObjectPreview {
                     cluster: cluster.clone(),
-                    object: dry_run::describe(&liqo::namespace(remote, &pair)),
+                    object: dry_run::describe(&liqo::namespace(&to, &pair)),
                     change: Change::Unchanged,
                     refused: None,
                     note: Some(format!("exists and is not Ferry's (not labelled {}={pair}): {}, never labelled or deleted", liqo::PEERING_LABEL, if op == PeerOperation::Unpeer { "left" } else { "reused" })),
@@ -104,6 +104,13 @@ pub async fn preview(cfg: &PeerConfig, subject: &str, p: &PeerClusters) -> Resul
                 return Ok(out);
             }
             out.objects.extend(kept);
+            if ids.reused {
+                out.notes.push(format!(
+                    "{} and {} are already peered by an earlier Ferry task: the peer reuses that peering, applies nothing and its revert removes nothing",
+                    p.a, p.b
+                ));
+                return Ok(out);
+            }
             let mut made = Vec::new();
             for (cluster, ns) in &tenants {
                 let judged = dry_run::apply(&cfg.clusters, cluster, ns, MANAGER).await?;

@@ -26,15 +26,16 @@ async fn peering_objects_pass_the_upstream_schemas() {
     let cidrs = liqo::Cidrs { pod: vec!["10.244.0.0/16".into()], external: "10.70.0.0/16".into() };
     let h = liqo::Handshake { public_key: b"-----BEGIN PUBLIC KEY-----".to_vec(), csr: b"csr".to_vec(), signature: vec![1, 2, 3] };
     let auth_params = json!({"signedCRT": "Y2VydA==", "ca": "Y2E=", "apiServer": "https://127.0.0.1:6443"});
+    let (to_1, to_2) = (liqo::Toward::new("member-1", ""), liqo::Toward::new("member-2", ""));
     let objects = [
-        liqo::namespace("member-2", &pair),
-        liqo::configuration("member-2", &cidrs, &pair),
-        liqo::gateway_server("member-1", &pair),
-        liqo::gateway_client("member-2", &["198.51.100.7".into()], liqo::GATEWAY_PORT, &pair),
-        liqo::public_key("member-2", &[7; 32], ("GatewayClient", "member-2", "0b7a2c1e-0000-4000-8000-000000000000"), &pair),
-        liqo::tenant("member-1", &h, &pair),
-        liqo::identity("member-2", &auth_params, "liqo-tenant-member-1", &pair),
-        liqo::resource_slice("member-2", &pair),
+        liqo::namespace(&to_2, &pair),
+        liqo::configuration(&to_2, &cidrs, &pair),
+        liqo::gateway_server(&to_1, &pair),
+        liqo::gateway_client(&to_2, &["198.51.100.7".into()], liqo::GATEWAY_PORT, &pair),
+        liqo::public_key(&to_2, &[7; 32], ("GatewayClient", "member-2", "0b7a2c1e-0000-4000-8000-000000000000"), &pair),
+        liqo::tenant(&to_1, &h, &pair),
+        liqo::identity(&to_2, &auth_params, "liqo-tenant-member-1", &pair),
+        liqo::resource_slice(&to_2, &pair),
         submariner::cluster_set("submariner", &pair),
         submariner::config("member-1", &pair),
         submariner::addon("member-1", &pair),
@@ -49,7 +50,7 @@ async fn peering_objects_pass_the_upstream_schemas() {
     }
 
     // The validation is real: a GatewayClient's protocol is an enum.
-    let mut broken = liqo::gateway_client("member-2", &["198.51.100.7".into()], liqo::GATEWAY_PORT, &pair);
+    let mut broken = liqo::gateway_client(&to_2, &["198.51.100.7".into()], liqo::GATEWAY_PORT, &pair);
     broken["spec"]["endpoint"]["protocol"] = json!("SCTP");
     let e = clusters.dry_run_apply(HUB, &broken, "ferry-peer").await.expect_err("an invalid protocol is refused");
     assert!(e.to_string().contains("protocol"), "{e}");

@@ -175,6 +175,28 @@ async fn liqo_peer_unpeer_and_revert_remove_exactly_what_was_created() {
     let denied = Api::<Namespace>::all(as_member_1).list(&ListParams::default()).await.unwrap_err();
     assert!(denied.to_string().contains("User \"member-1\""), "member-2 knows the caller as member-1: {denied}");
 
+    // The same peering asked for again: it is an earlier Ferry task's, so this one reuses
+    // it, applies nothing, and its revert leaves the pair peered (before, the second peer
+    // took the objects for its own and its revert unpeered the pair under the first).
+    let before = (peering_objects(&m1).await, peering_objects(&m2).await);
+    let (again, evs) = submit(&client, &p).await;
+    assert_eq!(end(&evs), EventType::Succeeded, "{}", last(&evs));
+    assert!(evs.iter().any(|e| e.message.as_deref().is_some_and(|m| m.contains("already peered by an earlier Ferry task"))), "{evs:#?}");
+    let mut events = client.events(false).await.unwrap();
+    client.revert(again).await.unwrap();
+    let evs = events.until(again, WAIT, |e| e.event.is_final()).await.unwrap();
+    assert_eq!(end(&evs), EventType::Reverted, "{}", last(&evs));
+    assert_eq!((peering_objects(&m1).await, peering_objects(&m2).await), before, "the second peer's revert changed the first's peering");
+    assert!(virtual_node_ready(&m1, "member-2").await, "the first peering still works");
+    // Both ways over a one-way peering: partly there, refused, and nothing changes.
+    let mut both = peer("member-1", "member-2");
+    both.bidirectional = true;
+    let (_, evs) = submit(&client, &both).await;
+    let failed = evs.iter().find(|e| e.event == EventType::StepFailed).unwrap_or_else(|| panic!("{evs:#?}"));
+    assert_eq!((failed.step_name.as_deref(), failed.code.as_deref()), (Some("check"), Some("PARTLY_PEERED")), "{failed:?}");
+    assert!(failed.message.as_deref().unwrap_or("").contains("missing"), "{failed:?}");
+    assert_eq!((peering_objects(&m1).await, peering_objects(&m2).await), before);
+
     // Unpeer: everything labelled for the pair is gone on both sides.
     let mut un = peer("member-2", "member-1");
     un.operation = PeerOperation::Unpeer;
@@ -345,20 +367,22 @@ async fn objects_that_were_there_before_are_never_taken_over_nor_deleted() {
     let (m1, m2) = (bed.cluster("member-1").await, bed.cluster("member-2").await);
     let pp = PatchParams::apply("someone");
 
-    // member-1 already has its tenant namespace for member-2, as Liqo's namespace manager
-    // makes it (a `liqoctl unpeer` without `--delete-namespaces` leaves it so), with
-    // someone's ConfigMap in it.
-    let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "liqo-tenant-member-2",
+    // member-1 already has its tenant namespace for member-2, labelled as Liqo's namespace
+    // manager labels it (a `liqoctl unpeer` without `--delete-namespaces` leaves it so) but
+    // under a name of its own, with someone's ConfigMap in it: Liqo finds tenant
+    // namespaces by their labels, and so must Ferry.
+    const BY_HAND: &str = "tenant-ns-by-hand";
+    let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": BY_HAND,
         "labels": {"liqo.io/tenant-namespace": "true", "liqo.io/remote-cluster-id": "member-2"}}});
-    Api::<Namespace>::all(m1.clone()).patch("liqo-tenant-member-2", &pp, &Patch::Apply(&ns)).await.unwrap();
-    let marker = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "marker", "namespace": "liqo-tenant-member-2"}, "data": {"mine": "yes"}});
-    let cms = Api::<ConfigMap>::namespaced(m1.clone(), "liqo-tenant-member-2");
+    Api::<Namespace>::all(m1.clone()).patch(BY_HAND, &pp, &Patch::Apply(&ns)).await.unwrap();
+    let marker = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "marker", "namespace": BY_HAND}, "data": {"mine": "yes"}});
+    let cms = Api::<ConfigMap>::namespaced(m1.clone(), BY_HAND);
     cms.patch("marker", &pp, &Patch::Apply(&marker)).await.unwrap();
 
     // The dry run says it is not Ferry's and would be reused.
     let mut p = peer("member-1", "member-2");
     let dry = ferry_peer::preview::preview(&PeerConfig::new(bed.clusters.clone()), &p.subject(), &p).await.unwrap();
-    let kept = dry.objects.iter().find(|o| o.cluster == "member-1" && o.object == "Namespace liqo-tenant-member-2").unwrap_or_else(|| panic!("{dry:?}"));
+    let kept = dry.objects.iter().find(|o| o.cluster == "member-1" && o.object == format!("Namespace {BY_HAND}")).unwrap_or_else(|| panic!("{dry:?}"));
     assert_eq!(kept.change, Change::Unchanged, "{dry:?}");
     assert!(kept.note.as_deref().unwrap_or("").contains("not Ferry's"), "{kept:?}");
 
@@ -370,7 +394,7 @@ async fn objects_that_were_there_before_are_never_taken_over_nor_deleted() {
     assert_eq!(end(&evs), EventType::Reverted, "{}", last(&evs));
     let failed = evs.iter().find(|e| e.event == EventType::StepFailed).unwrap();
     assert_eq!(failed.step_name.as_deref(), Some("network"), "{failed:?}");
-    let there = Api::<Namespace>::all(m1.clone()).get_opt("liqo-tenant-member-2").await.unwrap().expect("the namespace that was there survives the revert");
+    let there = Api::<Namespace>::all(m1.clone()).get_opt(BY_HAND).await.unwrap().expect("the namespace that was there survives the revert");
     assert!(there.metadata.deletion_timestamp.is_none(), "it is being deleted");
     assert!(!there.metadata.labels.unwrap_or_default().contains_key(PEERING_LABEL), "Ferry labelled a namespace it did not make");
     assert_eq!(cms.get("marker").await.unwrap().data.unwrap()["mine"], "yes");
@@ -382,18 +406,33 @@ async fn objects_that_were_there_before_are_never_taken_over_nor_deleted() {
     // A Configuration made outside Ferry (as `liqoctl network connect` names it): the pair
     // is already peered outside Ferry, and the peer is refused, naming it.
     let cfg = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("networking.liqo.io", "v1beta1", "Configuration"), "configurations");
-    let theirs = json!({"apiVersion": "networking.liqo.io/v1beta1", "kind": "Configuration", "metadata": {"name": "member-2", "namespace": "liqo-tenant-member-2"},
+    let theirs = json!({"apiVersion": "networking.liqo.io/v1beta1", "kind": "Configuration", "metadata": {"name": "member-2", "namespace": BY_HAND},
         "spec": {"remote": {"cidr": {"pod": ["10.244.0.0/16"], "external": ["10.70.0.0/16"]}}}});
-    let cfgs = Api::<DynamicObject>::namespaced_with(m1.clone(), "liqo-tenant-member-2", &cfg);
+    let cfgs = Api::<DynamicObject>::namespaced_with(m1.clone(), BY_HAND, &cfg);
     cfgs.patch("member-2", &pp, &Patch::Apply(&theirs)).await.unwrap();
     let (_, evs) = submit(&client, &peer("member-1", "member-2")).await;
     assert_eq!(end(&evs), EventType::Reverted, "{}", last(&evs));
     let failed = evs.iter().find(|e| e.event == EventType::StepFailed).unwrap();
     assert_eq!((failed.step_name.as_deref(), failed.code.as_deref()), (Some("check"), Some("OBJECT_NOT_FERRYS")), "{failed:?}");
     let why = failed.message.clone().unwrap_or_default();
-    assert!(why.contains("already peered outside Ferry") && why.contains("Configuration liqo-tenant-member-2/member-2 on member-1"), "{why}");
+    assert!(why.contains("already peered outside Ferry") && why.contains(&format!("Configuration {BY_HAND}/member-2 on member-1")), "{why}");
     assert!(!cfgs.get("member-2").await.unwrap().metadata.labels.unwrap_or_default().contains_key(PEERING_LABEL));
     cfgs.delete("member-2", &Default::default()).await.unwrap();
+
+    // Without it, the peering succeeds inside the namespace that was there (no second
+    // tenant namespace, which Liqo would refuse), and its revert leaves that namespace.
+    let (id, evs) = submit(&client, &peer("member-1", "member-2")).await;
+    assert_eq!(end(&evs), EventType::Succeeded, "{}", last(&evs));
+    let ours = cfgs.get("member-2").await.unwrap();
+    assert_eq!(ours.metadata.labels.unwrap_or_default().get(PEERING_LABEL).map(String::as_str), Some("member-1.member-2"));
+    assert!(Api::<Namespace>::all(m1.clone()).get_opt("liqo-tenant-member-2").await.unwrap().is_none(), "Ferry made a second tenant namespace for member-2");
+    assert!(virtual_node_ready(&m1, "member-2").await);
+    let mut events = client.events(false).await.unwrap();
+    client.revert(id).await.unwrap();
+    let evs = events.until(id, WAIT, |e| e.event.is_final()).await.unwrap();
+    assert_eq!(end(&evs), EventType::Reverted, "{}", last(&evs));
+    assert!(cfgs.get_opt("member-2").await.unwrap().is_none(), "the peering's Configuration is removed");
+    assert_eq!(cms.get("marker").await.unwrap().data.unwrap()["mine"], "yes", "the namespace that was there keeps what it held");
 
     // A namespace of that name that is not a Liqo tenant namespace: refused, left alone.
     let plain = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "liqo-tenant-member-1"}});
@@ -405,5 +444,16 @@ async fn objects_that_were_there_before_are_never_taken_over_nor_deleted() {
     assert!(failed.message.as_deref().unwrap_or("").contains("Namespace liqo-tenant-member-1 on member-2"), "{failed:?}");
     let left = Api::<Namespace>::all(m2.clone()).get("liqo-tenant-member-1").await.unwrap();
     assert!(left.metadata.deletion_timestamp.is_none() && !left.metadata.labels.unwrap_or_default().contains_key(PEERING_LABEL));
+
+    // A second tenant namespace for member-2 on member-1: Liqo's manager refuses to choose
+    // ("multiple tenant namespaces found"), and so does Ferry, naming both.
+    let second = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "liqo-tenant-member-2",
+        "labels": {"liqo.io/tenant-namespace": "true", "liqo.io/remote-cluster-id": "member-2"}}});
+    Api::<Namespace>::all(m1.clone()).patch("liqo-tenant-member-2", &pp, &Patch::Apply(&second)).await.unwrap();
+    let (_, evs) = submit(&client, &peer("member-1", "member-2")).await;
+    let failed = evs.iter().find(|e| e.event == EventType::StepFailed).unwrap_or_else(|| panic!("{evs:#?}"));
+    assert_eq!((failed.step_name.as_deref(), failed.code.as_deref()), (Some("check"), Some("TENANT_NAMESPACES")), "{failed:?}");
+    let why = failed.message.clone().unwrap_or_default();
+    assert!(why.contains(BY_HAND) && why.contains("liqo-tenant-member-2") && why.contains("member-1"), "{why}");
     bed.stop().await;
 }

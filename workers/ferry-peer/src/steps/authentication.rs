@@ -62,14 +62,14 @@ impl Authentication {
         if self.reverse { AUTHENTICATION_REVERSE } else { AUTHENTICATION }
     }
 
-    /// Waits until the Secret `name` in `cluster`'s tenant namespace for `remote` has
+    /// Waits until the Secret `name` in `cluster`'s tenant namespace toward the remote has
     /// `field`; its value (never shown).
-    async fn secret_field(&self, cluster: &str, remote: &str, name: &str, field: &'static str, what: &str, timeout: std::time::Duration) -> Result<Vec<u8>, StepError> {
+    async fn secret_field(&self, cluster: &str, to: &liqo::Toward, name: &str, field: &'static str, what: &str, timeout: std::time::Duration) -> Result<Vec<u8>, StepError> {
         let client = self.inner.client(cluster).await?;
         self.inner
             .cfg
             .watches
-            .wait_object::<Secret, Vec<u8>>(cluster, &client, Some(&liqo::tenant_namespace(remote)), name, timeout, |s| {
+            .wait_object::<Secret, Vec<u8>>(cluster, &client, Some(&to.namespace), name, timeout, |s| {
                 match s.and_then(|s| s.data.as_ref()).and_then(|d| d.get(field)).filter(|v| !v.0.is_empty()) {
                     Some(v) => Check::Done(v.0.clone()),
                     None => Check::Pending(format!("Liqo has not written the {what} yet")),
@@ -81,11 +81,11 @@ impl Authentication {
 
     /// Steps 1 and 2: the provider's nonce, signed on the consumer; (nonce, signature).
     async fn nonce(&self, r: &Roles, pair: &str, timeout: std::time::Duration) -> Result<(Vec<u8>, Vec<u8>), StepError> {
-        self.inner.apply(&r.provider, &liqo::nonce_secret(&r.consumer_id, pair)).await?;
-        let nonce = self.secret_field(&r.provider, &r.consumer_id, NONCE_SECRET, NONCE_FIELD, "nonce", timeout).await?;
+        self.inner.apply(&r.provider, &liqo::nonce_secret(&r.at_provider, pair)).await?;
+        let nonce = self.secret_field(&r.provider, &r.at_provider, NONCE_SECRET, NONCE_FIELD, "nonce", timeout).await?;
         // A signed-nonce Secret for another nonce (the provider's was made again) would keep
         // its stale signature: it is replaced (`EnsureSignedNonceSecret` refuses it).
-        let signed = liqo::signed_nonce_secret(&r.provider_id, &nonce, pair);
+        let signed = liqo::signed_nonce_secret(&r.at_consumer, &nonce, pair);
         if let Ok(Some(old)) = self.inner.cfg.clusters.get(&r.consumer, &signed).await
             && old.data.pointer(&format!("/data/{NONCE_FIELD}")).and_then(Value::as_str) != signed.pointer(&format!("/data/{NONCE_FIELD}")).and_then(Value::as_str)
         {
@@ -94,12 +94,12 @@ impl Authentication {
             self.inner
                 .cfg
                 .watches
-                .wait_deleted::<Secret>(&r.consumer, &client, Some(&liqo::tenant_namespace(&r.provider_id)), SIGNED_NONCE_SECRET, timeout)
+                .wait_deleted::<Secret>(&r.consumer, &client, Some(&r.at_consumer.namespace), SIGNED_NONCE_SECRET, timeout)
                 .await
                 .map_err(|e| wait_err(codes::AUTHENTICATION, e))?;
         }
         self.inner.apply(&r.consumer, &signed).await?;
-        let signature = self.secret_field(&r.consumer, &r.provider_id, SIGNED_NONCE_SECRET, SIGNED_NONCE_FIELD, "nonce signature", timeout).await?;
+        let signature = self.secret_field(&r.consumer, &r.at_consumer, SIGNED_NONCE_SECRET, SIGNED_NONCE_FIELD, "nonce signature", timeout).await?;
         Ok((nonce, signature))
     }
 
@@ -117,8 +117,8 @@ impl Authentication {
     /// Step 3's wait: the Tenant's auth params and tenant namespace, or Liqo's refusal.
     async fn accepted(&self, r: &Roles, uid: Option<String>, timeout: std::time::Duration) -> Result<(Value, String), StepError> {
         let client = self.inner.client(&r.provider).await?;
-        let ns = liqo::tenant_namespace(&r.consumer_id);
-        let status = self.inner.cfg.watches.wait_object::<LiqoTenant, (Value, String)>(&r.provider, &client, Some(&ns), &r.consumer_id, timeout, |t| {
+        let ns = &r.at_provider.namespace;
+        let status = self.inner.cfg.watches.wait_object::<LiqoTenant, (Value, String)>(&r.provider, &client, Some(ns), &r.consumer_id, timeout, |t| {
             let Some(t) = t else { return Check::Pending("no Tenant".into()) };
             match (t.status_at("/authParams").filter(|a| a.get("signedCRT").is_some()), t.status_at("/tenantNamespace").and_then(Value::as_str)) {
                 (Some(a), Some(n)) => Check::Done((a.clone(), n.to_owned())),
@@ -126,7 +126,7 @@ impl Authentication {
             }
         });
         // A refusal is a Warning event on this Tenant (`verifyHandshake`): watched alongside.
-        let refused = self.inner.cfg.watches.wait_store::<Event, String>(&r.provider, &client, Some(&ns), "Liqo's verdict on the Tenant", timeout + std::time::Duration::from_secs(60), |s| {
+        let refused = self.inner.cfg.watches.wait_store::<Event, String>(&r.provider, &client, Some(ns), "Liqo's verdict on the Tenant", timeout + std::time::Duration::from_secs(60), |s| {
             let hit = s.state().into_iter().find(|e| {
                 e.involved_object.kind.as_deref() == Some("Tenant")
                     && e.involved_object.name.as_deref() == Some(r.consumer_id.as_str())
@@ -168,10 +168,10 @@ impl Step<PeerClusters> for Authentication {
             let (private, public) = self.keys(&r).await?;
             let h = crate::handshake::handshake(&r.consumer_id, private.as_deref(), public.as_deref(), signature)
                 .map_err(|e| StepError::permanent(codes::AUTHENTICATION, format!("{}'s authentication keys: {e}", r.consumer)))?;
-            let tenant = self.inner.apply_obj(&r.provider, &liqo::tenant(&r.consumer_id, &h, &pair)).await?;
+            let tenant = self.inner.apply_obj(&r.provider, &liqo::tenant(&r.at_provider, &h, &pair)).await?;
             cx.progress(50, format!("Tenant {} on {}", r.consumer_id, r.provider));
             let (auth_params, tenant_ns) = self.accepted(&r, tenant.metadata.uid.clone(), p.timeout()).await?;
-            self.inner.apply(&r.consumer, &liqo::identity(&r.provider_id, &auth_params, &tenant_ns, &pair)).await?;
+            self.inner.apply(&r.consumer, &liqo::identity(&r.at_consumer, &auth_params, &tenant_ns, &pair)).await?;
             cx.progress(75, format!("Identity toward {} on {}", r.provider_id, r.consumer));
             let client = self.inner.client(&r.consumer).await?;
             self.inner
@@ -180,7 +180,7 @@ impl Step<PeerClusters> for Authentication {
                 .wait_object::<LiqoIdentity, ()>(
                     &r.consumer,
                     &client,
-                    Some(&liqo::tenant_namespace(&r.provider_id)),
+                    Some(&r.at_consumer.namespace),
                     &liqo::identity_name(&r.provider_id),
                     p.timeout(),
                     |i| match i.and_then(|i| i.status_at("/kubeconfigSecretRef/name")) {
@@ -201,11 +201,11 @@ impl Step<PeerClusters> for Authentication {
             let (p, ids) = (cx.spec, IDS.required(cx)?);
             let pair = liqo::pair_label(&p.a, &p.b);
             let r = roles(p, &ids, self.reverse);
-            self.inner.delete_own(&r.consumer, &liqo::identity(&r.provider_id, &Value::Null, "", &pair), &pair).await?;
-            self.inner.delete_own(&r.provider, &liqo::tenant(&r.consumer_id, &liqo::Handshake::default(), &pair), &pair).await?;
-            self.inner.delete_own(&r.consumer, &liqo::signed_nonce_secret(&r.provider_id, &[], &pair), &pair).await?;
-            self.inner.delete_own(&r.provider, &liqo::nonce_secret(&r.consumer_id, &pair), &pair).await?;
-            none_left::<LiqoIdentity>(&self.inner, &r.consumer, &r.provider_id, "identities").await?;
+            self.inner.delete_own(&r.consumer, &liqo::identity(&r.at_consumer, &Value::Null, "", &pair), &pair).await?;
+            self.inner.delete_own(&r.provider, &liqo::tenant(&r.at_provider, &liqo::Handshake::default(), &pair), &pair).await?;
+            self.inner.delete_own(&r.consumer, &liqo::signed_nonce_secret(&r.at_consumer, &[], &pair), &pair).await?;
+            self.inner.delete_own(&r.provider, &liqo::nonce_secret(&r.at_provider, &pair), &pair).await?;
+            none_left::<LiqoIdentity>(&self.inner, &r.consumer, &r.at_consumer, "identities").await?;
             cx.progress(100, format!("{} no longer authenticated on {}", r.consumer, r.provider));
             Ok(())
         }

@@ -88,23 +88,27 @@ pub(crate) struct Roles {
     pub provider: String,
     pub consumer_id: String,
     pub provider_id: String,
+    /// The consumer's side toward the provider.
+    pub at_consumer: liqo::Toward,
+    /// The provider's side toward the consumer.
+    pub at_provider: liqo::Toward,
 }
 
 /// The roles of the direction `a` → `b`, or `b` → `a` when `reverse`.
 pub(crate) fn roles(p: &PeerClusters, ids: &Ids, reverse: bool) -> Roles {
-    let (consumer, provider, consumer_id, provider_id) =
-        if reverse { (&p.b, &p.a, &ids.b, &ids.a) } else { (&p.a, &p.b, &ids.a, &ids.b) };
-    Roles { consumer: consumer.clone(), provider: provider.clone(), consumer_id: consumer_id.clone(), provider_id: provider_id.clone() }
+    let (consumer, provider, consumer_id, provider_id, at_consumer, at_provider) =
+        if reverse { (&p.b, &p.a, &ids.b, &ids.a, ids.b_side(), ids.a_side()) } else { (&p.a, &p.b, &ids.a, &ids.b, ids.a_side(), ids.b_side()) };
+    Roles { consumer: consumer.clone(), provider: provider.clone(), consumer_id: consumer_id.clone(), provider_id: provider_id.clone(), at_consumer, at_provider }
 }
 
-/// Waits until the Connection toward `remote` in `cluster`'s tenant namespace is Connected.
-pub(crate) async fn connected(inner: &Inner, cluster: &str, remote: &str, timeout: Duration) -> Result<(), StepError> {
+/// Waits until the Connection in `cluster`'s tenant namespace toward the remote is Connected.
+pub(crate) async fn connected(inner: &Inner, cluster: &str, to: &liqo::Toward, timeout: Duration) -> Result<(), StepError> {
     let client = inner.client(cluster).await?;
-    let ns = liqo::tenant_namespace(remote);
+    let remote = &to.remote_id;
     inner
         .cfg
         .watches
-        .wait_store::<LiqoConnection, ()>(cluster, &client, Some(&ns), &format!("the gateway toward {remote}"), timeout, |s| {
+        .wait_store::<LiqoConnection, ()>(cluster, &client, Some(&to.namespace), &format!("the gateway toward {remote}"), timeout, |s| {
             let states: Vec<String> = s.state().iter().map(|c| c.status_at("/value").and_then(Value::as_str).unwrap_or("(none)").to_owned()).collect();
             if states.iter().any(|v| v == "Connected") { Check::Done(()) } else { Check::Pending(format!("connections: {states:?}")) }
         })
@@ -112,8 +116,8 @@ pub(crate) async fn connected(inner: &Inner, cluster: &str, remote: &str, timeou
         .map_err(|e| wait_err(codes::GATEWAY_NOT_CONNECTED, e))
 }
 
-/// Waits until nothing of `K` is left in `cluster`'s tenant namespace for `remote`.
-pub(crate) async fn none_left<K>(inner: &Inner, cluster: &str, remote: &str, what: &str) -> Result<(), StepError>
+/// Waits until nothing of `K` is left in `cluster`'s tenant namespace toward the remote.
+pub(crate) async fn none_left<K>(inner: &Inner, cluster: &str, to: &liqo::Toward, what: &str) -> Result<(), StepError>
 where
     K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
@@ -122,11 +126,10 @@ where
         Err(ClusterError::Unknown { .. }) => return Ok(()),
         Err(e) => return Err(kube_err(codes::CLUSTER_API, e)),
     };
-    let ns = liqo::tenant_namespace(remote);
     inner
         .cfg
         .watches
-        .wait_store::<K, ()>(cluster, &client, Some(&ns), what, inner.cfg.removal_timeout, |s| {
+        .wait_store::<K, ()>(cluster, &client, Some(&to.namespace), what, inner.cfg.removal_timeout, |s| {
             if s.state().is_empty() { Check::Done(()) } else { Check::Pending(format!("{} left", s.state().len())) }
         })
         .await
@@ -141,15 +144,28 @@ mod tests {
 
     #[test]
     fn outputs_keep_the_shape_journals_and_views_read() {
-        let ids = Ids { a: "id-a".into(), b: "id-b".into(), a_knew_b: false, b_knew_a: true, a_namespace_kept: true, b_namespace_kept: false };
+        let ids = Ids {
+            a: "id-a".into(),
+            b: "id-b".into(),
+            a_knew_b: false,
+            b_knew_a: true,
+            a_namespace_kept: true,
+            b_namespace_kept: false,
+            a_namespace: "by-hand".into(),
+            b_namespace: "liqo-tenant-id-a".into(),
+            reused: false,
+        };
         assert_eq!(
             liqo_check::IDS.value(&ids).unwrap(),
-            json!({"a": "id-a", "b": "id-b", "a_knew_b": false, "b_knew_a": true, "a_namespace_kept": true, "b_namespace_kept": false})
+            json!({"a": "id-a", "b": "id-b", "a_knew_b": false, "b_knew_a": true, "a_namespace_kept": true, "b_namespace_kept": false,
+                   "a_namespace": "by-hand", "b_namespace": "liqo-tenant-id-a", "reused": false})
         );
-        // A check journaled before the two fields: both sides assumed to know the other, so a
-        // revert keeps their ForeignClusters; namespaces were Ferry's (it labelled them).
+        // A check journaled before the later fields: both sides assumed to know the other, so
+        // a revert keeps their ForeignClusters; namespaces were Ferry's (it labelled them)
+        // under the default name; the task owns what it applied.
         let old: Ids = serde_json::from_value(json!({"a": "id-a", "b": "id-b"})).unwrap();
-        assert!(old.a_knew_b && old.b_knew_a && !old.a_namespace_kept && !old.b_namespace_kept);
+        assert!(old.a_knew_b && old.b_knew_a && !old.a_namespace_kept && !old.b_namespace_kept && !old.reused);
+        assert_eq!((old.a_side().namespace, old.b_side().namespace), ("liqo-tenant-id-b".to_owned(), "liqo-tenant-id-a".to_owned()));
         let gw = network::Gateway { gateway: "10.0.0.1".into() };
         assert_eq!(network::NETWORK.value(&gw).unwrap(), json!({"gateway": "10.0.0.1"}));
         let auth = authentication::Authenticated { consumer: "member-1".into() };
@@ -173,10 +189,13 @@ mod tests {
     #[test]
     fn a_direction_names_its_consumer_and_provider() {
         let p = PeerClusters { a: "member-1".into(), b: "member-2".into(), ..Default::default() };
-        let ids = Ids { a: "id-1".into(), b: "id-2".into(), ..Ids::default() };
+        let ids = Ids { a: "id-1".into(), b: "id-2".into(), a_namespace: "ns-on-1".into(), ..Ids::default() };
         let there = roles(&p, &ids, false);
         assert_eq!((there.consumer.as_str(), there.provider.as_str(), there.consumer_id.as_str(), there.provider_id.as_str()), ("member-1", "member-2", "id-1", "id-2"));
+        assert_eq!((there.at_consumer.remote_id.as_str(), there.at_consumer.namespace.as_str()), ("id-2", "ns-on-1"));
+        assert_eq!((there.at_provider.remote_id.as_str(), there.at_provider.namespace.as_str()), ("id-1", "liqo-tenant-id-1"));
         let back = roles(&p, &ids, true);
         assert_eq!((back.consumer.as_str(), back.provider.as_str(), back.consumer_id.as_str(), back.provider_id.as_str()), ("member-2", "member-1", "id-2", "id-1"));
+        assert_eq!(back.at_provider.namespace, "ns-on-1");
     }
 }

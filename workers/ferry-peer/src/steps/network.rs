@@ -54,14 +54,13 @@ struct Deployed {
 }
 
 impl Network {
-    /// Waits until Liqo configured the Configuration `remote` on `cluster`.
-    async fn configured(&self, cluster: &str, remote: &str, timeout: std::time::Duration) -> Result<(), StepError> {
+    /// Waits until Liqo configured the Configuration on `cluster` toward the remote.
+    async fn configured(&self, cluster: &str, to: &liqo::Toward, timeout: std::time::Duration) -> Result<(), StepError> {
         let client = self.0.client(cluster).await?;
-        let ns = liqo::tenant_namespace(remote);
         self.0
             .cfg
             .watches
-            .wait_object::<LiqoConfiguration, ()>(cluster, &client, Some(&ns), remote, timeout, |c| {
+            .wait_object::<LiqoConfiguration, ()>(cluster, &client, Some(&to.namespace), &to.remote_id, timeout, |c| {
                 let Some(c) = c else { return Check::Pending("no Configuration".into()) };
                 let cond = c.status_at("/conditions").and_then(Value::as_array).and_then(|cs| cs.iter().find(|x| x["type"] == "NetworkCIDRsConfigured"));
                 let current = cond.is_some_and(|x| x["status"] == "True" && x["observedGeneration"].as_i64() == c.metadata.generation);
@@ -75,21 +74,21 @@ impl Network {
             .map_err(|e| wait_err(codes::LIQO_NOT_READY, e))
     }
 
-    /// Waits until the gateway `K` named `remote` on `cluster` is deployed (its key Secret
-    /// referenced, and for a server its endpoint published); a refusal Liqo recorded on it
-    /// is in the error.
-    async fn deployed<K>(&self, cluster: &str, remote: &str, server: bool, timeout: std::time::Duration) -> Result<Deployed, StepError>
+    /// Waits until the gateway `K` on `cluster` toward the remote (named after it) is
+    /// deployed (its key Secret referenced, and for a server its endpoint published); a
+    /// refusal Liqo recorded on it is in the error.
+    async fn deployed<K>(&self, cluster: &str, to: &liqo::Toward, server: bool, timeout: std::time::Duration) -> Result<Deployed, StepError>
     where
         K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static + Status,
     {
         let client = self.0.client(cluster).await?;
-        let ns = liqo::tenant_namespace(remote);
+        let (ns, remote) = (&to.namespace, &to.remote_id);
         let kind = K::kind(&()).into_owned();
         let got = self
             .0
             .cfg
             .watches
-            .wait_object::<K, Deployed>(cluster, &client, Some(&ns), remote, timeout, |g| {
+            .wait_object::<K, Deployed>(cluster, &client, Some(ns), remote, timeout, |g| {
                 let Some(g) = g else { return Check::Pending(format!("no {kind}")) };
                 let st = g.status();
                 let secret = (st.pointer("/secretRef/namespace").and_then(Value::as_str), st.pointer("/secretRef/name").and_then(Value::as_str));
@@ -110,7 +109,7 @@ impl Network {
             Ok(d) => Ok(d),
             Err(e) => {
                 let mut err = wait_err(codes::GATEWAY_NOT_CONNECTED, e);
-                if let Some(why) = self.0.refusal(cluster, &ns, &K::kind(&()), remote, None).await {
+                if let Some(why) = self.0.refusal(cluster, ns, &K::kind(&()), remote, None).await {
                     err = StepError::permanent(codes::GATEWAY_NOT_CONNECTED, format!("{err}; Liqo on {cluster}: {why}"));
                 }
                 Err(err)
@@ -161,31 +160,32 @@ impl Step<PeerClusters> for Network {
         async move {
             let (p, ids) = (cx.spec, IDS.required(cx)?);
             let pair = liqo::pair_label(&p.a, &p.b);
+            let (on_a, on_b) = (ids.a_side(), ids.b_side());
             // `initNetworkConfigs`: each side learns the other's CIDRs from its IPAM.
             let (cidrs_a, cidrs_b) = (self.0.ipam_cidrs(&p.a, p.timeout()).await?, self.0.ipam_cidrs(&p.b, p.timeout()).await?);
-            self.0.apply(&p.a, &liqo::configuration(&ids.b, &cidrs_b, &pair)).await?;
-            self.0.apply(&p.b, &liqo::configuration(&ids.a, &cidrs_a, &pair)).await?;
-            self.configured(&p.a, &ids.b, p.timeout()).await?;
-            self.configured(&p.b, &ids.a, p.timeout()).await?;
+            self.0.apply(&p.a, &liqo::configuration(&on_a, &cidrs_b, &pair)).await?;
+            self.0.apply(&p.b, &liqo::configuration(&on_b, &cidrs_a, &pair)).await?;
+            self.configured(&p.a, &on_a, p.timeout()).await?;
+            self.configured(&p.b, &on_b, p.timeout()).await?;
             cx.progress(20, "network configurations remapped on both sides");
             // The server on the provider, then the client toward its endpoint.
-            self.0.apply(&p.b, &liqo::gateway_server(&ids.a, &pair)).await?;
-            let server = self.deployed::<LiqoGatewayServer>(&p.b, &ids.a, true, p.timeout()).await?;
+            self.0.apply(&p.b, &liqo::gateway_server(&on_b, &pair)).await?;
+            let server = self.deployed::<LiqoGatewayServer>(&p.b, &on_b, true, p.timeout()).await?;
             let (addresses, port) = server.endpoint.clone().unwrap_or_default();
             cx.progress(40, format!("GatewayServer on {} at {addresses:?}:{port}", p.b));
-            self.0.apply(&p.a, &liqo::gateway_client(&ids.b, &addresses, port, &pair)).await?;
-            let client = self.deployed::<LiqoGatewayClient>(&p.a, &ids.b, false, p.timeout()).await?;
+            self.0.apply(&p.a, &liqo::gateway_client(&on_a, &addresses, port, &pair)).await?;
+            let client = self.deployed::<LiqoGatewayClient>(&p.a, &on_a, false, p.timeout()).await?;
             cx.progress(60, format!("GatewayClient on {} toward {addresses:?}", p.a));
             // The key exchange: each side gets the other gateway's key.
             let server_key = self.key(&p.b, &server.secret).await?;
             let client_key = self.key(&p.a, &client.secret).await?;
             let client_name = ids.b.clone();
             let server_name = ids.a.clone();
-            self.0.apply(&p.a, &liqo::public_key(&ids.b, &server_key, ("GatewayClient", &client_name, &client.uid), &pair)).await?;
-            self.0.apply(&p.b, &liqo::public_key(&ids.a, &client_key, ("GatewayServer", &server_name, &server.uid), &pair)).await?;
+            self.0.apply(&p.a, &liqo::public_key(&on_a, &server_key, ("GatewayClient", &client_name, &client.uid), &pair)).await?;
+            self.0.apply(&p.b, &liqo::public_key(&on_b, &client_key, ("GatewayServer", &server_name, &server.uid), &pair)).await?;
             cx.progress(70, "public keys exchanged");
-            connected(&self.0, &p.a, &ids.b, p.timeout()).await?;
-            connected(&self.0, &p.b, &ids.a, p.timeout()).await?;
+            connected(&self.0, &p.a, &on_a, p.timeout()).await?;
+            connected(&self.0, &p.b, &on_b, p.timeout()).await?;
             cx.progress(100, "gateways connected");
             NETWORK.value(&Gateway { gateway: addresses.first().cloned().unwrap_or_default() })
         }
@@ -197,18 +197,19 @@ impl Step<PeerClusters> for Network {
             let (p, ids) = (cx.spec, IDS.required(cx)?);
             let pair = liqo::pair_label(&p.a, &p.b);
             let none = liqo::Cidrs::default();
+            let (on_a, on_b) = (ids.a_side(), ids.b_side());
             // The gateway's direction is the peering's (client on the consumer), and an
             // unpeer may name the pair in either order: both orientations are removed.
-            for (client_side, server_side, client_id, server_id) in [(&p.a, &p.b, &ids.a, &ids.b), (&p.b, &p.a, &ids.b, &ids.a)] {
-                self.0.delete_own(client_side, &liqo::public_key(server_id, &[], ("GatewayClient", "", ""), &pair), &pair).await?;
-                self.0.delete_own(server_side, &liqo::public_key(client_id, &[], ("GatewayServer", "", ""), &pair), &pair).await?;
-                self.0.delete_own(client_side, &liqo::gateway_client(server_id, &[], 0, &pair), &pair).await?;
-                self.0.delete_own(server_side, &liqo::gateway_server(client_id, &pair), &pair).await?;
+            for (client_side, server_side, at_client, at_server) in [(&p.a, &p.b, &on_a, &on_b), (&p.b, &p.a, &on_b, &on_a)] {
+                self.0.delete_own(client_side, &liqo::public_key(at_client, &[], ("GatewayClient", "", ""), &pair), &pair).await?;
+                self.0.delete_own(server_side, &liqo::public_key(at_server, &[], ("GatewayServer", "", ""), &pair), &pair).await?;
+                self.0.delete_own(client_side, &liqo::gateway_client(at_client, &[], 0, &pair), &pair).await?;
+                self.0.delete_own(server_side, &liqo::gateway_server(at_server, &pair), &pair).await?;
             }
-            self.0.delete_own(&p.b, &liqo::configuration(&ids.a, &none, &pair), &pair).await?;
-            self.0.delete_own(&p.a, &liqo::configuration(&ids.b, &none, &pair), &pair).await?;
-            none_left::<LiqoConnection>(&self.0, &p.a, &ids.b, "connections").await?;
-            none_left::<LiqoConnection>(&self.0, &p.b, &ids.a, "connections").await?;
+            self.0.delete_own(&p.b, &liqo::configuration(&on_b, &none, &pair), &pair).await?;
+            self.0.delete_own(&p.a, &liqo::configuration(&on_a, &none, &pair), &pair).await?;
+            none_left::<LiqoConnection>(&self.0, &p.a, &on_a, "connections").await?;
+            none_left::<LiqoConnection>(&self.0, &p.b, &on_b, "connections").await?;
             cx.progress(100, "gateways removed");
             Ok(())
         }

@@ -104,6 +104,44 @@ impl<T: ObjectSet> Step<PeerClusters> for Applies<T> {
     }
 }
 
+/// A Liqo step of a task that owns its peering. When `check` found the pair already peered
+/// by an earlier Ferry task ([`Ids::reused`]) the peering is that task's: the run applies
+/// nothing (its output says `reused`) and the undo removes nothing, so a revert of the
+/// second peer of a pair leaves the first's peering up.
+pub(crate) struct UnlessReused(pub(crate) Arc<dyn Step<PeerClusters>>);
+
+impl Step<PeerClusters> for UnlessReused {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+
+    fn policy(&self) -> StepPolicy {
+        self.0.policy()
+    }
+
+    fn run<'a>(&'a self, cx: &'a StepContext<'a, PeerClusters>) -> BoxFuture<'a, Result<Value, StepError>> {
+        async move {
+            if IDS.get(cx).is_some_and(|ids| ids.reused) {
+                cx.progress(100, "the pair's peering is an earlier Ferry task's: nothing applied");
+                return Ok(json!({"reused": true}));
+            }
+            self.0.run(cx).await
+        }
+        .boxed()
+    }
+
+    fn undo<'a>(&'a self, cx: &'a StepContext<'a, PeerClusters>, out: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>> {
+        async move {
+            if IDS.get(cx).is_some_and(|ids| ids.reused) {
+                cx.progress(100, "the pair's peering is an earlier Ferry task's: nothing removed");
+                return Ok(());
+            }
+            self.0.undo(cx, out).await
+        }
+        .boxed()
+    }
+}
+
 /// Runs a step's undo as its run and its run as its undo, named `remove-<step>`: unpeer
 /// is peer inverted. Its output is empty.
 pub(crate) struct Inverse {

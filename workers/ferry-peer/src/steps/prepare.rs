@@ -31,16 +31,16 @@ impl ObjectSet for Prepare {
 
     fn objects(&self, p: &PeerClusters, ids: &Ids) -> Vec<(String, Value)> {
         let pair = liqo::pair_label(&p.a, &p.b);
-        [(&p.a, &ids.b), (&p.b, &ids.a)]
+        [(&p.a, ids.a_side()), (&p.b, ids.b_side())]
             .into_iter()
             .filter(|(cluster, _)| !ids.namespace_kept(p, cluster))
-            .map(|(cluster, remote)| (cluster.clone(), liqo::namespace(remote, &pair)))
+            .map(|(cluster, to)| (cluster.clone(), liqo::namespace(&to, &pair)))
             .collect()
     }
 
     fn gone<'a>(&'a self, inner: &'a Inner, p: &'a PeerClusters, ids: &'a Ids) -> BoxFuture<'a, Result<(), StepError>> {
         async move {
-            for (cluster, remote) in [(&p.a, &ids.b), (&p.b, &ids.a)] {
+            for (cluster, to) in [(&p.a, ids.a_side()), (&p.b, ids.b_side())] {
                 if ids.namespace_kept(p, cluster) {
                     continue;
                 }
@@ -48,7 +48,7 @@ impl ObjectSet for Prepare {
                 inner
                     .cfg
                     .watches
-                    .wait_deleted::<Namespace>(cluster, &client, None, &liqo::tenant_namespace(remote), inner.cfg.removal_timeout)
+                    .wait_deleted::<Namespace>(cluster, &client, None, &to.namespace, inner.cfg.removal_timeout)
                     .await
                     .map_err(|e| wait_err(codes::REMOVAL, e))?;
             }

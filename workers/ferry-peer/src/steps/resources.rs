@@ -58,18 +58,17 @@ impl ObjectSet for Resources {
     fn objects(&self, p: &PeerClusters, ids: &Ids) -> Vec<(String, Value)> {
         let pair = liqo::pair_label(&p.a, &p.b);
         let r = roles(p, ids, self.reverse);
-        vec![(r.consumer, liqo::resource_slice(&r.provider_id, &pair))]
+        vec![(r.consumer, liqo::resource_slice(&r.at_consumer, &pair))]
     }
 
     fn ready<'a>(&'a self, inner: &'a Inner, p: &'a PeerClusters, ids: &'a Ids) -> BoxFuture<'a, Result<Value, StepError>> {
         async move {
             let r = roles(p, ids, self.reverse);
             let client = inner.client(&r.consumer).await?;
-            let ns = liqo::tenant_namespace(&r.provider_id);
             let offered = inner
                 .cfg
                 .watches
-                .wait_object::<LiqoResourceSlice, Value>(&r.consumer, &client, Some(&ns), &r.provider_id, p.timeout(), |s| {
+                .wait_object::<LiqoResourceSlice, Value>(&r.consumer, &client, Some(&r.at_consumer.namespace), &r.provider_id, p.timeout(), |s| {
                     let cond = |type_: &str| {
                         s.and_then(|s| s.status_at("/conditions"))
                             .and_then(Value::as_array)

@@ -871,10 +871,12 @@ impl WorkAgent {
                 condition("Available", live.is_some(), if live.is_some() { "ResourceAvailable" } else { "ResourceNotAvailable" }, if live.is_some() { "Resource is available" } else { "Resource is not available" }, generation),
             ];
             let mut entry = json!({"resourceMeta": meta.json(i)});
-            if let (Some(cfg), Some(obj)) = (config_for(&configs, meta), live) {
-                let values = feedback(cfg, &meta.kind, &serde_json::to_value(obj).unwrap_or_default());
-                conds.push(condition("StatusFeedbackSynced", true, "StatusFeedbackSynced", "", generation));
-                entry["statusFeedback"] = json!({"values": values});
+            if let Some(obj) = live {
+                let (values, synced) = feedback(config_for(&configs, meta), &meta.group, &meta.kind, &serde_json::to_value(obj).unwrap_or_default(), generation);
+                conds.push(synced);
+                if !values.is_empty() {
+                    entry["statusFeedback"] = json!({"values": values});
+                }
             }
             let old = w.data.pointer("/status/resourceStatus/manifests").and_then(Value::as_array).and_then(|ms| ms.iter().find(|m| Meta::from_status(&m["resourceMeta"]).as_ref() == Some(meta)));
             let mut conds = Value::Array(conds);
@@ -910,16 +912,26 @@ fn config_for<'a>(configs: &'a [Value], meta: &Meta) -> Option<&'a Value> {
 /// Evaluates a feedback JSON path: `.a.b[0].c`, a backslash escaping the next character
 /// of a key as upstream's parser does (`k8s.io/client-go/util/jsonpath`, `parseField`:
 /// `.metadata.annotations.ferry\.io/task`; ocm `pkg/work/spoke/statusfeedback/reader.go`
-/// evaluates each path with it).
+/// evaluates each path with it), and a filter `[?(@.field=="value")]` keeping the items of
+/// a list whose field equals the string, of which the reader takes the first
+/// (`getValueByJsonPath`: `results[0][0]`), as the well-known Job and Pod rules use it.
 pub fn json_path<'a>(obj: &'a Value, path: &str) -> Option<&'a Value> {
     let mut segs = Vec::new();
     let mut seg = String::new();
     let mut chars = path.chars();
+    let mut depth = 0usize;
     while let Some(c) = chars.next() {
         match c {
             '\\' => seg.extend(chars.next()),
-            '.' => segs.push(std::mem::take(&mut seg)),
-            c => seg.push(c),
+            '.' if depth == 0 => segs.push(std::mem::take(&mut seg)),
+            c => {
+                match c {
+                    '[' => depth += 1,
+                    ']' => depth = depth.saturating_sub(1),
+                    _ => {}
+                }
+                seg.push(c);
+            }
         }
     }
     segs.push(seg);
@@ -931,11 +943,35 @@ pub fn json_path<'a>(obj: &'a Value, path: &str) -> Option<&'a Value> {
         }
         if let Some(r) = rest {
             for idx in r.split('[') {
-                cur = cur.get(idx.trim_end_matches(']').parse::<usize>().ok()?)?;
+                let idx = idx.trim_end_matches(']');
+                cur = match filter(idx) {
+                    Some((field, want)) => cur.as_array()?.iter().find(|item| item.get(field).and_then(Value::as_str) == Some(want))?,
+                    None => cur.get(idx.parse::<usize>().ok()?)?,
+                };
             }
         }
     }
     Some(cur)
+}
+
+/// `?(@.field=="value")` as (field, value).
+fn filter(idx: &str) -> Option<(&str, &str)> {
+    let inner = idx.strip_prefix("?(@.")?.strip_suffix(')')?;
+    let (field, value) = inner.split_once("==")?;
+    Some((field, value.trim_matches('"')))
+}
+
+/// The well-known status paths of a kind, by group and kind as upstream keys them
+/// (ocm `pkg/work/spoke/statusfeedback/rules/rule.go`, `DefaultWellKnownStatusRule`:
+/// apps Deployment and DaemonSet, batch Job, core Pod; no other kind has any).
+fn well_known(group: &str, kind: &str) -> Option<&'static [(&'static str, &'static str)]> {
+    match (group, kind) {
+        ("apps", "Deployment") => Some(&[("ReadyReplicas", ".status.readyReplicas"), ("Replicas", ".status.replicas"), ("AvailableReplicas", ".status.availableReplicas")]),
+        ("apps", "DaemonSet") => Some(&[("NumberReady", ".status.numberReady"), ("DesiredNumberScheduled", ".status.desiredNumberScheduled"), ("NumberAvailable", ".status.numberAvailable")]),
+        ("batch", "Job") => Some(&[("JobComplete", r#".status.conditions[?(@.type=="Complete")].status"#), ("JobSucceeded", ".status.succeeded")]),
+        ("", "Pod") => Some(&[("PodReady", r#".status.conditions[?(@.type=="Ready")].status"#), ("PodPhase", ".status.phase")]),
+        _ => None,
+    }
 }
 
 fn field_value(v: &Value) -> Value {
@@ -947,19 +983,28 @@ fn field_value(v: &Value) -> Value {
     }
 }
 
-/// The status feedback values of `obj` under the rules of one manifest config.
-pub fn feedback(config: &Value, kind: &str, obj: &Value) -> Vec<Value> {
+/// The status feedback values of `obj` (of API group `group`) under the rules of one
+/// manifest config, and the `StatusFeedbackSynced` condition upstream's status controller
+/// gives them (ocm `pkg/work/spoke/controllers/statuscontroller/availablestatus_controller.go`,
+/// `getFeedbackValues`: no rules, `NoStatusFeedbackSynced`; a rule that fails, e.g.
+/// WellKnownStatus on a kind without well-known paths (`reader.go`, `GetValuesByRule`),
+/// `False`/`StatusFeedbackSyncFailed` with the error, the other values still reported).
+pub fn feedback(config: Option<&Value>, group: &str, kind: &str, obj: &Value, generation: i64) -> (Vec<Value>, Value) {
+    let rules: Vec<&Value> = config.and_then(|c| c.get("feedbackRules")).and_then(Value::as_array).into_iter().flatten().collect();
+    if rules.is_empty() {
+        return (Vec::new(), condition("StatusFeedbackSynced", true, "NoStatusFeedbackSynced", "", generation));
+    }
     let mut out = Vec::new();
-    for rule in config.get("feedbackRules").and_then(Value::as_array).into_iter().flatten() {
+    let mut errors = Vec::new();
+    for rule in rules {
         let paths: Vec<(String, String)> = match rule.get("type").and_then(Value::as_str) {
-            Some("WellKnownStatus") => match kind {
-                "Deployment" | "StatefulSet" | "ReplicaSet" => vec![
-                    ("ReadyReplicas".into(), ".status.readyReplicas".into()),
-                    ("Replicas".into(), ".status.replicas".into()),
-                    ("AvailableReplicas".into(), ".status.availableReplicas".into()),
-                ],
-                "Job" => vec![("JobComplete".into(), ".status.succeeded".into())],
-                _ => Vec::new(),
+            Some("WellKnownStatus") => match well_known(group, kind) {
+                Some(paths) => paths.iter().map(|(n, p)| ((*n).to_owned(), (*p).to_owned())).collect(),
+                None => {
+                    let version = obj.get("apiVersion").and_then(Value::as_str).and_then(|v| v.rsplit('/').next()).unwrap_or("v1");
+                    errors.push(format!("cannot find the wellknown statuses for resource with gvk {}{version}, Kind={kind}", if group.is_empty() { String::new() } else { format!("{group}/") }));
+                    Vec::new()
+                }
             },
             Some("JSONPaths") => rule
                 .get("jsonPaths")
@@ -976,7 +1021,12 @@ pub fn feedback(config: &Value, kind: &str, obj: &Value) -> Vec<Value> {
             }
         }
     }
-    out
+    let synced = if errors.is_empty() {
+        condition("StatusFeedbackSynced", true, "StatusFeedbackSynced", "", generation)
+    } else {
+        condition("StatusFeedbackSynced", false, "StatusFeedbackSyncFailed", &format!("Sync status feedback failed with error [{}]", errors.join(", ")), generation)
+    };
+    (out, synced)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1238,11 +1288,37 @@ mod tests {
     #[test]
     fn feedback_values_are_typed_and_missing_ones_left_out() {
         let cfg = json!({"feedbackRules": [{"type": "WellKnownStatus"}, {"type": "JSONPaths", "jsonPaths": [{"name": "gen", "path": ".metadata.generation"}, {"name": "none", "path": ".status.nothing"}]}]});
-        let obj = json!({"metadata": {"generation": 3}, "status": {"replicas": 2, "readyReplicas": 1}});
-        let v = feedback(&cfg, "Deployment", &obj);
+        let obj = json!({"apiVersion": "apps/v1", "metadata": {"generation": 3}, "status": {"replicas": 2, "readyReplicas": 1}});
+        let (v, synced) = feedback(Some(&cfg), "apps", "Deployment", &obj, 1);
         let names: Vec<&str> = v.iter().map(|x| x["name"].as_str().unwrap()).collect();
         assert_eq!(names, ["ReadyReplicas", "Replicas", "gen"]);
         assert_eq!(v[0]["fieldValue"], json!({"type": "Integer", "integer": 1}));
+        assert_eq!((synced["status"].as_str(), synced["reason"].as_str()), (Some("True"), Some("StatusFeedbackSynced")));
+        // No rules: synced, with nothing to sync.
+        assert_eq!(feedback(None, "apps", "Deployment", &obj, 1).1["reason"], "NoStatusFeedbackSynced");
+    }
+
+    #[test]
+    fn well_known_statuses_are_upstreams_per_group_and_kind() {
+        let wk = json!({"feedbackRules": [{"type": "WellKnownStatus"}]});
+        // A Job: JobComplete is the Complete condition's status, JobSucceeded the count
+        // (rules/rule.go, `jobRule`), not the count under JobComplete.
+        let job = json!({"apiVersion": "batch/v1", "status": {"succeeded": 1, "conditions": [{"type": "SuccessCriteriaMet", "status": "True"}, {"type": "Complete", "status": "True"}]}});
+        let (v, synced) = feedback(Some(&wk), "batch", "Job", &job, 1);
+        assert_eq!(v, [json!({"name": "JobComplete", "fieldValue": {"type": "String", "string": "True"}}), json!({"name": "JobSucceeded", "fieldValue": {"type": "Integer", "integer": 1}})]);
+        assert_eq!(synced["status"], "True");
+        let running = json!({"apiVersion": "batch/v1", "status": {"active": 1}});
+        assert_eq!(feedback(Some(&wk), "batch", "Job", &running, 1).0, Vec::<Value>::new(), "nothing to report yet");
+        let pod = json!({"apiVersion": "v1", "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}]}});
+        let names: Vec<Value> = feedback(Some(&wk), "", "Pod", &pod, 1).0.iter().map(|x| x["name"].clone()).collect();
+        assert_eq!(names, [json!("PodReady"), json!("PodPhase")]);
+        // A StatefulSet has no well-known paths: the rule fails, and the condition says so.
+        let sts = json!({"apiVersion": "apps/v1", "status": {"replicas": 1}});
+        let (v, synced) = feedback(Some(&wk), "apps", "StatefulSet", &sts, 4);
+        assert!(v.is_empty());
+        assert_eq!((synced["status"].as_str(), synced["reason"].as_str()), (Some("False"), Some("StatusFeedbackSyncFailed")));
+        assert!(synced["message"].as_str().unwrap().contains("cannot find the wellknown statuses for resource with gvk apps/v1, Kind=StatefulSet"), "{synced}");
+        assert_eq!(json_path(&job, r#".status.conditions[?(@.type=="Failed")].status"#), None);
     }
 
     #[test]

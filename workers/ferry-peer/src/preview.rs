@@ -83,7 +83,7 @@ pub async fn preview(cfg: &PeerConfig, subject: &str, p: &PeerClusters) -> Resul
             }
             let tenants = Prepare.objects(p, &ids);
             // Tenant namespaces there before and not Ferry's (judged by `check`): left alone.
-            let kept: Vec<ObjectPreview> = [(&p.a, ids.a_side()), (&p.b, ids.b_side())]
+            let kept: Vec<ObjectPreview> = ids.sides(p)
                 .into_iter()
                 .filter(|(cluster, _)| ids.namespace_kept(p, cluster))
                 .map(|(cluster, to)| ObjectPreview {

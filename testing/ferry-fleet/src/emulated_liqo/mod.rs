@@ -369,7 +369,7 @@ fn foreign_cluster_status(tenant_namespace: Value, s: &Seen) -> Value {
 
 /// The one object of a `getters.Get*ByClusterID` lookup (`pkg/utils/getters/k8sGetters.go`):
 /// none is NotFound, more than one an error (the ForeignCluster is then not updated).
-fn at_most_one(mut items: Vec<DynamicObject>, kind: &str, remote: &str) -> Result<Option<DynamicObject>, String> {
+pub(super) fn at_most_one(mut items: Vec<DynamicObject>, kind: &str, remote: &str) -> Result<Option<DynamicObject>, String> {
     match items.len() {
         0 | 1 => Ok(items.pop()),
         _ => Err(format!("multiple {kind}s found for ForeignCluster {remote}")),

@@ -30,7 +30,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 
-use super::{LiqoKnobs, MANAGER, Member, apply, ar, cond_v1, event, ipam, name_of, ns_of, set_status};
+use super::{LiqoKnobs, MANAGER, Member, apply, ar, at_most_one, cond_v1, event, ipam, name_of, ns_of, set_status};
 use ferry_kube::vocab::liqo::REMOTE_ID_LABEL;
 
 pub(super) fn net(kind: &str, plural: &str) -> kube::api::ApiResource {
@@ -225,12 +225,11 @@ async fn holds_key(client: &kube::Client, ns: &str, remote: &str, key: &[u8]) ->
 /// here no server, so no connection).
 async fn server_toward(cluster: &kube::Client, remote: &str) -> Result<Option<DynamicObject>, kube::Error> {
     let all: Api<DynamicObject> = Api::all_with(cluster.clone(), &net("GatewayServer", "gatewayservers"));
-    let mut servers = all.list(&ListParams::default().labels(&format!("{REMOTE_ID_LABEL}={remote}"))).await?.items;
-    if servers.len() > 1 {
-        tracing::debug!(remote, "emulated Liqo: multiple GatewayServers found for ForeignCluster {remote}");
-        return Ok(None);
-    }
-    Ok(servers.pop())
+    let servers = all.list(&ListParams::default().labels(&format!("{REMOTE_ID_LABEL}={remote}"))).await?.items;
+    Ok(at_most_one(servers, "GatewayServer", remote).unwrap_or_else(|e| {
+        tracing::debug!(remote, error = %e, "emulated Liqo: no connection");
+        None
+    }))
 }
 
 /// Connections on both sides of each client: Connected once the keys are exchanged and

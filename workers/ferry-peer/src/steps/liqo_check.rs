@@ -120,6 +120,11 @@ impl Ids {
     pub fn b_side(&self) -> liqo::Toward {
         liqo::Toward::new(&self.a, &self.b_namespace)
     }
+
+    /// Each cluster of `p` with its side toward the other.
+    pub fn sides<'p>(&self, p: &'p PeerClusters) -> [(&'p String, liqo::Toward); 2] {
+        [(&p.a, self.a_side()), (&p.b, self.b_side())]
+    }
 }
 
 /// What `check` makes of a cluster's tenant namespace for a remote.
@@ -178,10 +183,7 @@ impl LiqoCheck {
             .map_err(api_err(cluster))?;
         let selected: Vec<Value> = selected.items.iter().map(|n| serde_json::to_value(n).unwrap_or_default()).collect();
         let default = liqo::tenant_namespace(remote);
-        let stored = match selected.is_empty() {
-            true => self.stored(cluster, &liqo::namespace(&liqo::Toward::new(remote, &default), pair)).await?,
-            false => None,
-        };
+        let stored = if selected.is_empty() { self.stored(cluster, &liqo::namespace(&liqo::Toward::new(remote, &default), pair)).await? } else { None };
         match judge_namespace(&selected, (&default, stored.as_ref()), pair) {
             Existing::Ferrys(name) => Ok((name, false)),
             Existing::TenantNamespace(name) => Ok((name, true)),

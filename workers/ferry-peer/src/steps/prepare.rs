@@ -31,7 +31,7 @@ impl ObjectSet for Prepare {
 
     fn objects(&self, p: &PeerClusters, ids: &Ids) -> Vec<(String, Value)> {
         let pair = liqo::pair_label(&p.a, &p.b);
-        [(&p.a, ids.a_side()), (&p.b, ids.b_side())]
+        ids.sides(p)
             .into_iter()
             .filter(|(cluster, _)| !ids.namespace_kept(p, cluster))
             .map(|(cluster, to)| (cluster.clone(), liqo::namespace(&to, &pair)))
@@ -40,7 +40,7 @@ impl ObjectSet for Prepare {
 
     fn gone<'a>(&'a self, inner: &'a Inner, p: &'a PeerClusters, ids: &'a Ids) -> BoxFuture<'a, Result<(), StepError>> {
         async move {
-            for (cluster, to) in [(&p.a, ids.a_side()), (&p.b, ids.b_side())] {
+            for (cluster, to) in ids.sides(p) {
                 if ids.namespace_kept(p, cluster) {
                     continue;
                 }

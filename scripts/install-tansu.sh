@@ -11,6 +11,8 @@ if [ -x "$BIN" ]; then
   echo "tansu: cached at $BIN"
   exit 0
 fi
+# A build stopped half-way leaves a partial root behind; cargo must not find its bookkeeping.
+rm -rf "$ROOT.partial"
 mkdir -p "$ROOT"
 echo "tansu: building 0.6.0 from crates.io into $ROOT (about 8 minutes on 2 cores, once)"
 # Without `dynostore` no storage engine is compiled and the broker fails at start (TESTBED.md).

@@ -592,11 +592,27 @@ impl WorkAgent {
             Err(kube::Error::Api(s)) => return Ok((Err(s.message), live)),
             Err(e) => return Err(e),
         };
-        let obj = match apply_owner(&api, obj.clone(), own.owner, own.owned).await {
-            Ok(o) => o,
-            // Upstream reports it as the manifest's apply error.
-            Err(kube::Error::Api(s)) => return Ok((Err(s.message), Some(obj))),
-            Err(e) => return Err(e),
+        // A conflict (a controller wrote the object between our read and the owner patch)
+        // is reported by upstream as the manifest's apply error and the work requeued at
+        // once (the controller's rate-limited queue: milliseconds), so the next pass
+        // mends it. The emulator's next pass is a tick away, which a loaded machine
+        // stretches: re-read and patch again here instead, as that immediate requeue would.
+        let mut current = obj;
+        let mut attempts = 0;
+        let obj = loop {
+            match apply_owner(&api, current.clone(), own.owner, own.owned).await {
+                Ok(o) => break o,
+                Err(kube::Error::Api(s)) if s.code == 409 && attempts < 5 => {
+                    attempts += 1;
+                    match api.get_opt(&meta.name).await? {
+                        Some(o) => current = o,
+                        None => return Ok((Err(s.message), Some(current))),
+                    }
+                }
+                // Upstream reports it as the manifest's apply error.
+                Err(kube::Error::Api(s)) => return Ok((Err(s.message), Some(current))),
+                Err(e) => return Err(e),
+            }
         };
         let rv = obj.metadata.resource_version.clone().unwrap_or_default();
         self.applied.lock().expect("applied lock").insert(key, (required, rv));
@@ -1145,7 +1161,10 @@ async fn placement(hub: kube::Client) -> Result<(), kube::Error> {
             }
         };
         let want = spec.get("numberOfClusters").and_then(Value::as_i64).map(|n| n.max(0) as usize);
-        let chosen: Vec<String> = candidates.iter().take(want.unwrap_or(usize::MAX)).map(|(_, c)| c.clone()).collect();
+        let mut chosen: Vec<String> = candidates.iter().take(want.unwrap_or(usize::MAX)).map(|(_, c)| c.clone()).collect();
+        // The ranking picks the clusters; the decision lists them by name, as upstream's
+        // `divideDecisionGroups` sorts a group before writing it (`scheduling_controller.go`).
+        chosen.sort();
         write_decision(&hub, &p, &ns, &name, &chosen).await?;
         // As upstream's `newSatisfiedCondition` (`scheduling_controller.go`) says it.
         let (ok, reason, message) = if bound.is_empty() {

@@ -66,7 +66,7 @@ async fn placements_follow_the_taints(hub: &kube::Client, mcs: &Api<ManagedClust
     // (An empty key string is refused by the schema; a missing one gets to the filter.)
     apply(pl.clone(), Some("p"), placement("wrong", json!([{"operator": "Equal", "value": "x"}]))).await;
     let decisions: Api<DynamicObject> = Api::namespaced_with(hub.clone(), "p", &ar("cluster.open-cluster-management.io", "v1beta1", "PlacementDecision"));
-    // Each Placement's decision, watched until it names `want` (in the emulator's order).
+    // Each Placement's decision, watched until it names `want` (upstream lists a decision's clusters by name).
     let chosen = |name: &'static str, want: &'static [&'static str]| {
         let decisions = decisions.clone();
         async move {

@@ -573,10 +573,9 @@ async fn chart_rbac_passes_ocm_admission() {
     let fleet = Fleet::start(FleetOptions { controllers: false, ..FleetOptions::hub_and(0) }).await.unwrap();
     let admin = fleet.hub().client().await.unwrap();
     ferry_fleet::crds::install_dir(&admin, &shared.join("open-cluster-management")).await.unwrap();
-    let server = ferry_fleet::admission::AdmissionServer::start(ferry_fleet::webhooks_ocm::validators(admin.clone())).await.unwrap();
-    for r in [ferry_fleet::webhooks_ocm::MANAGED_CLUSTER, ferry_fleet::webhooks_ocm::CLUSTER_SET_BINDING] {
-        server.register(&admin, &r).await.unwrap();
-    }
+    // OCM's webhooks, the mutating one too: the cluster starts in `default`, so moving it
+    // needs `join` on that set as well.
+    let server = ferry_fleet::webhooks_ocm::serve(&admin).await.unwrap();
     let clusters = Clusters::new(admin.clone());
     for d in render_chart(&helm, &[]).into_iter().filter(|d| d["kind"] == "ClusterRole" || d["kind"] == "ClusterRoleBinding") {
         clusters.apply(HUB, &d, "ferry-test").await.unwrap_or_else(|e| panic!("{} {}: {e}", d["kind"], d["metadata"]["name"]));

@@ -7,6 +7,10 @@ pub mod ocm {
     /// The label that makes a ManagedCluster a member of a ManagedClusterSet
     /// (`cluster/v1beta2/types_managedclusterset.go`, `ClusterSetLabel`).
     pub const CLUSTERSET_LABEL: &str = "cluster.open-cluster-management.io/clusterset";
+    /// The set the hub puts a cluster without a clusterset label into (its mutating webhook,
+    /// feature gate `DefaultClusterSet`, on by default: ocm
+    /// `pkg/registration/webhook/v1/managedcluster_mutating.go`, `defaultClusterSetName`).
+    pub const DEFAULT_CLUSTER_SET: &str = "default";
     /// The taint the registration hub keeps on a cluster whose Available condition is
     /// missing or Unknown (`cluster/v1/types.go`, `ManagedClusterTaintUnreachable`;
     /// `pkg/registration/hub/taint/controller.go`).

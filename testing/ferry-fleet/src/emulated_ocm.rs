@@ -111,6 +111,8 @@ pub struct OcmKnobs {
 pub struct EmulatedOcm {
     knobs: Arc<Mutex<HashMap<String, OcmKnobs>>>,
     tasks: Vec<JoinHandle<()>>,
+    /// OCM's hub webhooks, served while the hub is emulated.
+    _admission: crate::admission::AdmissionServer,
 }
 
 impl Drop for EmulatedOcm {
@@ -128,6 +130,9 @@ impl EmulatedOcm {
         crate::emulated_registration::install_hub(&hub, &hub_cluster.server, &hub_cluster.ca_pem()?)
             .await
             .map_err(|e| crate::FleetError::Client { cluster: "hub".into(), source: Box::new(e) })?;
+        // The cluster manager's webhooks come with the hub: the default set and the taints'
+        // times are theirs, and what they refuse a real hub refuses.
+        let admission = crate::webhooks_ocm::serve(&hub).await.map_err(|e| crate::FleetError::Client { cluster: "hub".into(), source: Box::new(e) })?;
         // `HubHash`: what names a work's AppliedManifestWork (`<hub hash>-<work>`).
         let hub_hash: String = Sha256::digest(hub_cluster.server.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
         let mut tasks = vec![
@@ -135,7 +140,11 @@ impl EmulatedOcm {
                 let hub = hub.clone();
                 move || {
                     let hub = hub.clone();
-                    async move { crate::emulated_registration::hub_tick(&hub).await }
+                    async move {
+                        // Separate controllers: one's failure does not stop the other.
+                        let sets = crate::emulated_cluster_sets::tick(&hub).await;
+                        crate::emulated_registration::hub_tick(&hub).await.and(sets)
+                    }
                 }
             })),
             tokio::spawn(agents(fleet.clusters.iter().skip(1).map(|c| c.name.clone()).collect(), hub.clone(), hub_hash.clone(), knobs.clone())),
@@ -175,7 +184,7 @@ impl EmulatedOcm {
                 async move { a.tick().await }
             })));
         }
-        Ok(Self { knobs, tasks })
+        Ok(Self { knobs, tasks, _admission: admission })
     }
 
     /// Changes the knobs of `cluster`.

@@ -364,7 +364,7 @@ async fn taint(api: &Api<DynamicObject>, mc: &DynamicObject) -> Result<(), kube:
     if mc.metadata.deletion_timestamp.is_some() {
         return Ok(());
     }
-    let Some(taints) = crate::ocm_taints::wanted(&mc.data, &crate::emulate::now()) else { return Ok(()) };
+    let Some(taints) = crate::ocm_taints::wanted(&mc.data) else { return Ok(()) };
     let patch = json!({"metadata": {"resourceVersion": mc.metadata.resource_version}, "spec": {"taints": taints}});
     api.patch(name, &PatchParams::default(), &Patch::Merge(patch)).await.map(|_| ())
 }

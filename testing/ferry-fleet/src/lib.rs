@@ -13,9 +13,11 @@
 //! - [`emulated_liqo`]: Liqo peering (network, authentication, resources) played as upstream's controllers.
 //! - [`emulated_submariner`]: the Submariner add-on on the hub, played for tests.
 //! - [`emulated_offloading`]: Liqo namespace offloading and its virtual kubelet, played for tests.
-//! - [`emulated_ocm`]: OCM registration, work agents and placement, played for tests.
+//! - [`emulated_ocm`]: OCM registration, work agents and placement, played for tests;
+//!   [`emulated_cluster_sets`]: the hub's `default` and `global` ManagedClusterSets.
 //! - [`admission`]: admission webhooks served over TLS and registered on the API servers,
-//!   as upstream installs them; [`webhooks_ocm`]: OCM's hub webhooks (accept, join, bind);
+//!   as upstream installs them; [`webhooks_ocm`]: OCM's hub webhooks (accept, join, bind, the
+//!   default set and taint times);
 //!   [`webhooks_liqo`]: Liqo's Tenant webhook; [`webhooks_liqo_offloading`]: Liqo's
 //!   NamespaceOffloading and pod webhooks on members.
 //! - [`inventory`]: every object on a cluster, to compare before and after.
@@ -26,6 +28,7 @@ pub mod crds;
 pub mod describe;
 pub mod emulate;
 pub mod emulated_capi;
+pub mod emulated_cluster_sets;
 pub mod emulated_liqo;
 pub mod emulated_offloading;
 pub mod emulated_ocm;

@@ -7,7 +7,9 @@
 //! the Placement tolerates each of its taints: `PreferNoSelect` never filters,
 //! `NoSelectIfNew` spares a cluster the Placement already decided, a toleration matches by
 //! effect (empty: any), key (empty: any, with `Exists`) and value (`Equal`, the default),
-//! for `tolerationSeconds` after the taint's `timeAdded`. Pure: the emulator applies it.
+//! for `tolerationSeconds` after the taint's `timeAdded`; and the hub's mutating webhook
+//! (`pkg/registration/webhook/v1/managedcluster_mutating.go`, `processTaints`), which alone
+//! sets `timeAdded`. Pure: the emulator applies it.
 
 use serde_json::{Value, json};
 
@@ -15,9 +17,10 @@ use serde_json::{Value, json};
 pub use ferry_kube::vocab::ocm::{TAINT_UNAVAILABLE as UNAVAILABLE, TAINT_UNREACHABLE as UNREACHABLE};
 
 /// The taints the hub's taint controller leaves on a ManagedCluster (`mc`, as JSON), or
-/// `None` when they are right already. A taint it adds carries `now` as `timeAdded` (what
-/// the hub's mutating webhook sets on a new taint); the others are kept as they are.
-pub fn wanted(mc: &Value, now: &str) -> Option<Vec<Value>> {
+/// `None` when they are right already. A taint it adds has a zero `timeAdded` (`null`, as
+/// Go writes upstream's `UnreachableTaint`): the hub's mutating webhook ([`stamp`]) sets
+/// it; the others are kept as they are.
+pub fn wanted(mc: &Value) -> Option<Vec<Value>> {
     let available = mc
         .pointer("/status/conditions")
         .and_then(Value::as_array)
@@ -37,9 +40,52 @@ pub fn wanted(mc: &Value, now: &str) -> Option<Vec<Value>> {
     if let Some(key) = add
         && !next.iter().any(|t| is(t, key))
     {
-        next.push(json!({"key": key, "effect": "NoSelect", "timeAdded": now}));
+        next.push(json!({"key": key, "effect": "NoSelect", "timeAdded": null}));
     }
     (next != current).then_some(next)
+}
+
+/// A taint's `timeAdded`, `None` for Go's zero time (absent or `null`).
+fn time_added(t: &Value) -> Option<k8s_openapi::jiff::Timestamp> {
+    t["timeAdded"].as_str().and_then(|a| a.parse().ok())
+}
+
+/// The hub's mutating webhook over the taints of a ManagedCluster being written (`new`,
+/// the object; `old`, what it was, `None` on create): the taints with `timeAdded` set to
+/// `now` where the webhook sets it, or its refusal. On create every taint gets `now` (what
+/// the request said is ignored); on update a new taint, or one whose value or effect
+/// changed, must come without `timeAdded` and gets `now`, and an unchanged one must keep
+/// its `timeAdded` exactly (taints are matched by key, `FindTaintByKey`).
+pub fn stamp(new: &Value, old: Option<&Value>, now: &str) -> Result<Option<Vec<Value>>, String> {
+    let Some(taints) = new.pointer("/spec/taints").and_then(Value::as_array).filter(|t| !t.is_empty()) else { return Ok(None) };
+    let old_taints: Vec<Value> = old.and_then(|o| o.pointer("/spec/taints")).and_then(Value::as_array).cloned().unwrap_or_default();
+    let mut out = taints.clone();
+    let mut invalid = Vec::new();
+    for t in &mut out {
+        let key = t["key"].as_str().unwrap_or("").to_owned();
+        let original = old_taints.iter().find(|o| o["key"] == t["key"]);
+        let set = match (old, original) {
+            (None, _) => true,
+            (Some(_), Some(o)) if o["value"] == t["value"] && o["effect"] == t["effect"] => {
+                if time_added(o) != time_added(t) {
+                    invalid.push(key);
+                }
+                false
+            }
+            (Some(_), _) if time_added(t).is_some() => {
+                invalid.push(key);
+                false
+            }
+            (Some(_), _) => true,
+        };
+        if set {
+            t["timeAdded"] = json!(now);
+        }
+    }
+    if !invalid.is_empty() {
+        return Err(format!("It is not allowed to set TimeAdded of Taint {:?}.", invalid.join(",")));
+    }
+    Ok((&out != taints).then_some(out))
 }
 
 /// Why a Placement's tolerations are misconfigured (the filter's `Misconfigured`): an
@@ -85,9 +131,8 @@ fn tolerates(t: &Value, taint: &Value, now: k8s_openapi::jiff::Timestamp) -> boo
     // isTolerationTimeExpired: tolerated while timeAdded + tolerationSeconds is ahead.
     matched
         && t["tolerationSeconds"].as_i64().is_none_or(|secs| {
-            let added = taint["timeAdded"].as_str().and_then(|a| a.parse::<k8s_openapi::jiff::Timestamp>().ok());
             // No timeAdded is the zero time: long expired.
-            added.is_some_and(|a| a.as_second() + secs > now.as_second())
+            time_added(taint).is_some_and(|a| a.as_second() + secs > now.as_second())
         })
 }
 
@@ -103,14 +148,35 @@ mod tests {
     #[test]
     fn the_controller_taints_by_availability_and_keeps_other_taints() {
         let other = json!({"key": "example.com/draining", "effect": "NoSelectIfNew"});
-        let t = wanted(&mc(None, json!([other])), "T").unwrap();
-        assert_eq!(t, [other.clone(), json!({"key": UNREACHABLE, "effect": "NoSelect", "timeAdded": "T"})]);
+        let t = wanted(&mc(None, json!([other]))).unwrap();
+        assert_eq!(t, [other.clone(), json!({"key": UNREACHABLE, "effect": "NoSelect", "timeAdded": null})]);
         // Unknown → False swaps the taint; True removes it; right already: nothing to write.
-        let t = wanted(&mc(Some("False"), Value::Array(t)), "T2").unwrap();
-        assert_eq!(t, [other.clone(), json!({"key": UNAVAILABLE, "effect": "NoSelect", "timeAdded": "T2"})]);
-        assert_eq!(wanted(&mc(Some("False"), Value::Array(t.clone())), "T3"), None);
-        assert_eq!(wanted(&mc(Some("True"), Value::Array(t)), "T4").unwrap(), [other]);
-        assert_eq!(wanted(&mc(Some("True"), json!([])), "T5"), None);
+        let t = wanted(&mc(Some("False"), Value::Array(t))).unwrap();
+        assert_eq!(t, [other.clone(), json!({"key": UNAVAILABLE, "effect": "NoSelect", "timeAdded": null})]);
+        assert_eq!(wanted(&mc(Some("False"), Value::Array(t.clone()))), None);
+        assert_eq!(wanted(&mc(Some("True"), Value::Array(t))).unwrap(), [other]);
+        assert_eq!(wanted(&mc(Some("True"), json!([]))), None);
+    }
+
+    #[test]
+    fn the_webhook_alone_sets_time_added() {
+        let taints = |t: Value| json!({"spec": {"taints": t}});
+        let at = |k: &str, v: &str, when: Value| json!({"key": k, "value": v, "effect": "NoSelect", "timeAdded": when});
+        // Create: every taint gets now, whatever the request said.
+        let made = stamp(&taints(json!([at("a", "1", json!("2020-01-01T00:00:00Z"))])), None, "NOW").unwrap().unwrap();
+        assert_eq!(made, [at("a", "1", json!("NOW"))]);
+        let old = taints(json!([at("a", "1", json!("2026-01-01T00:00:00Z"))]));
+        // Update: the controller's new taint (null) gets now; the unchanged one stays.
+        let next = taints(json!([at("a", "1", json!("2026-01-01T00:00:00Z")), at("b", "", Value::Null)]));
+        assert_eq!(stamp(&next, Some(&old), "NOW").unwrap().unwrap()[1], at("b", "", json!("NOW")));
+        // A new taint with a time, an unchanged one with another (or none): refused.
+        let forged = taints(json!([at("a", "1", json!("2026-01-01T00:00:00Z")), at("b", "", json!("2026-01-02T00:00:00Z"))]));
+        assert_eq!(stamp(&forged, Some(&old), "NOW"), Err("It is not allowed to set TimeAdded of Taint \"b\".".into()));
+        assert!(stamp(&taints(json!([at("a", "1", Value::Null)])), Some(&old), "NOW").is_err());
+        // A changed value restarts the clock; nothing to change: no patch.
+        assert_eq!(stamp(&taints(json!([at("a", "2", Value::Null)])), Some(&old), "NOW").unwrap().unwrap(), [at("a", "2", json!("NOW"))]);
+        assert_eq!(stamp(&old, Some(&old), "NOW"), Ok(None));
+        assert_eq!(stamp(&taints(json!([])), Some(&old), "NOW"), Ok(None));
     }
 
     #[test]

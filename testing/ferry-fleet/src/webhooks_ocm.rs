@@ -11,6 +11,12 @@
 //!   is refused while the cluster's namespace terminates; adding, changing or removing the
 //!   clusterset label needs `create` on `managedclustersets/join` for the old and the
 //!   new set.
+//! - ManagedCluster, mutating (`pkg/registration/webhook/v1/managedcluster_mutating.go`;
+//!   `manifests/cluster-manager/hub/registration/webhook-mutatingconfiguration.yaml`):
+//!   the taints' `timeAdded`, which only it sets ([`crate::ocm_taints::stamp`]), and the
+//!   `default` clusterset label on a cluster without one (feature gate `DefaultClusterSet`,
+//!   on by default in `open-cluster-management.io/api` `feature/feature.go`). It runs before
+//!   the validating webhook, so joining `default` needs `join` on it too.
 //! - ManagedClusterSetBinding (`pkg/registration/webhook/v1beta2/managedclustersetbinding_validating.go`):
 //!   its name must equal `spec.clusterSet`; creating one needs `create` on
 //!   `managedclustersets/bind` for that set.
@@ -23,7 +29,7 @@ use kube::api::DynamicObject;
 use kube::core::admission::{AdmissionRequest, Operation};
 use serde_json::Value;
 
-use crate::admission::{Registration, Validator, user_may};
+use crate::admission::{AdmissionError, AdmissionServer, Endpoint, JsonPatch, Mutator, Registration, Validator, Webhook, diff, user_may};
 
 /// The clusterset label (open-cluster-management-io/api `cluster/v1beta2`, `ClusterSetLabel`).
 const CLUSTERSET_LABEL: &str = ferry_kube::vocab::ocm::CLUSTERSET_LABEL;
@@ -39,6 +45,20 @@ pub const MANAGED_CLUSTER: Registration = Registration {
     object_selector: None,
 };
 
+/// The ManagedCluster mutating webhook's registration, as upstream's manifest has it.
+pub const MANAGED_CLUSTER_MUTATOR: Registration = Registration {
+    name: "managedclustermutators.admission.cluster.open-cluster-management.io",
+    groups: &["cluster.open-cluster-management.io"],
+    versions: &["*"],
+    resources: &["managedclusters"],
+    operations: &["CREATE", "UPDATE"],
+    namespace_selector: None,
+    object_selector: None,
+};
+
+/// The set a cluster without a clusterset label is put into (`defaultClusterSetName`).
+pub const DEFAULT_SET: &str = ferry_kube::vocab::ocm::DEFAULT_CLUSTER_SET;
+
 /// The ManagedClusterSetBinding webhook's registration, as upstream's manifest has it.
 pub const CLUSTER_SET_BINDING: Registration = Registration {
     name: "managedclustersetbindingvalidators.admission.cluster.open-cluster-management.io",
@@ -53,6 +73,56 @@ pub const CLUSTER_SET_BINDING: Registration = Registration {
 /// Both OCM webhooks, deciding with SubjectAccessReviews on the hub `hub` reaches.
 pub fn validators(hub: kube::Client) -> Vec<(Registration, Arc<dyn Validator>)> {
     vec![(MANAGED_CLUSTER, Arc::new(ManagedClusterWebhook { hub: hub.clone() })), (CLUSTER_SET_BINDING, Arc::new(BindingWebhook { hub }))]
+}
+
+/// Serves OCM's hub webhooks (both validators and the ManagedCluster mutator, deciding
+/// with SubjectAccessReviews on the hub `hub` reaches) and registers them there, as the
+/// cluster manager does. Dropping the server stops them (the hub then refuses the writes
+/// they cover: `failurePolicy: Fail`).
+pub async fn serve(hub: &kube::Client) -> Result<AdmissionServer, AdmissionError> {
+    let mut webhooks: Vec<Webhook> = validators(hub.clone()).into_iter().map(|(r, v)| Webhook::validating(r, v)).collect();
+    webhooks.push(Webhook::mutating(MANAGED_CLUSTER_MUTATOR, Arc::new(ManagedClusterMutator)));
+    let endpoints: Vec<Endpoint> = webhooks.iter().map(|w| w.endpoint.clone()).collect();
+    let server = AdmissionServer::serve(webhooks).await?;
+    for e in &endpoints {
+        server.register_endpoint(hub, e).await?;
+    }
+    Ok(server)
+}
+
+/// `managedcluster_mutating.go`, `Default`: the taints stamped, then the default set.
+struct ManagedClusterMutator;
+
+/// The ManagedCluster `new` (`old` before an update) as the mutating webhook leaves it at
+/// `now`, or its refusal.
+pub fn mutate_managed_cluster(new: &Value, old: Option<&Value>, now: &str) -> Result<Value, String> {
+    let mut after = new.clone();
+    if let Some(taints) = crate::ocm_taints::stamp(new, old, now)? {
+        after["spec"]["taints"] = Value::Array(taints);
+    }
+    // addDefaultClusterSetLabel: a missing or empty label becomes `default`.
+    if after.pointer(&format!("/metadata/labels/{}", CLUSTERSET_LABEL.replace('/', "~1"))).and_then(Value::as_str).is_none_or(str::is_empty) {
+        match after["metadata"]["labels"].as_object_mut() {
+            Some(labels) => {
+                labels.insert(CLUSTERSET_LABEL.to_owned(), Value::from(DEFAULT_SET));
+            }
+            None => after["metadata"]["labels"] = serde_json::json!({CLUSTERSET_LABEL: DEFAULT_SET}),
+        }
+    }
+    Ok(after)
+}
+
+impl Mutator for ManagedClusterMutator {
+    fn mutate<'a>(&'a self, req: &'a AdmissionRequest<DynamicObject>) -> BoxFuture<'a, Result<JsonPatch, String>> {
+        async move {
+            let Some(obj) = req.object.as_ref() else { return Ok(JsonPatch(Vec::new())) };
+            let before = serde_json::to_value(obj).map_err(|e| format!("decoding the ManagedCluster: {e}"))?;
+            let old = req.old_object.as_ref().map(serde_json::to_value).transpose().map_err(|e| format!("decoding the old ManagedCluster: {e}"))?;
+            let after = mutate_managed_cluster(&before, old.as_ref(), &crate::emulate::now())?;
+            Ok(diff(&before, &after))
+        }
+        .boxed()
+    }
 }
 
 struct ManagedClusterWebhook {
@@ -155,5 +225,24 @@ impl BindingWebhook {
 impl Validator for BindingWebhook {
     fn validate<'a>(&'a self, req: &'a AdmissionRequest<DynamicObject>) -> BoxFuture<'a, Result<(), String>> {
         self.check(req).boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_cluster_without_a_set_is_put_into_default_and_its_taints_stamped() {
+        let made = mutate_managed_cluster(&json!({"metadata": {"name": "c"}, "spec": {"taints": [{"key": "k", "effect": "NoSelect"}]}}), None, "NOW").unwrap();
+        assert_eq!(made["metadata"]["labels"][CLUSTERSET_LABEL], DEFAULT_SET);
+        assert_eq!(made["spec"]["taints"][0]["timeAdded"], "NOW");
+        let empty = mutate_managed_cluster(&json!({"metadata": {"labels": {CLUSTERSET_LABEL: "", "x": "y"}}}), None, "NOW").unwrap();
+        assert_eq!(empty["metadata"]["labels"], json!({CLUSTERSET_LABEL: DEFAULT_SET, "x": "y"}));
+        let chosen = json!({"metadata": {"labels": {CLUSTERSET_LABEL: "blue"}}});
+        assert_eq!(mutate_managed_cluster(&chosen, None, "NOW").unwrap(), chosen);
+        let forged = json!({"spec": {"taints": [{"key": "k", "effect": "NoSelect", "timeAdded": "2026-01-01T00:00:00Z"}]}});
+        assert!(mutate_managed_cluster(&forged, Some(&json!({})), "NOW").is_err());
     }
 }

@@ -55,6 +55,28 @@ fn refused<T: std::fmt::Debug>(r: Result<T, kube::Error>, what: &str) -> String 
     }
 }
 
+/// Retries `f` while the refusal is RBAC's (its cache not yet showing a grant just
+/// written), within a bound; the admission webhook's refusal message.
+async fn eventually_refused<T, F, Fut>(what: &str, mut f: F) -> String
+where
+    T: std::fmt::Debug,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match f().await {
+            Err(kube::Error::Api(e)) if e.message.contains("admission webhook") => return e.message,
+            Err(kube::Error::Api(e)) if std::time::Instant::now() < deadline => {
+                tracing::debug!(error = %e.message, "{what}: RBAC's refusal, not yet the webhook's");
+                // A poll while the authorizer's cache catches up; no event to wait on.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            other => panic!("{what}: expected the webhook's refusal, got {other:?}"),
+        }
+    }
+}
+
 /// RBAC is eventually consistent for a moment after a write (the authorizer's cache):
 /// retries `f` until it succeeds, within a bound, and returns the last error otherwise.
 async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
@@ -96,10 +118,7 @@ async fn ocm_webhooks_refuse_accept_join_and_bind_without_their_permissions() {
     let fleet = Fleet::start(FleetOptions::hub_and(0)).await.unwrap();
     let admin = fleet.hub().client().await.unwrap();
     ferry_fleet::crds::install_dir(&admin, &shared.join("open-cluster-management")).await.unwrap();
-    let server = AdmissionServer::start(ferry_fleet::webhooks_ocm::validators(admin.clone())).await.unwrap();
-    for r in [ferry_fleet::webhooks_ocm::MANAGED_CLUSTER, ferry_fleet::webhooks_ocm::CLUSTER_SET_BINDING] {
-        server.register(&admin, &r).await.unwrap();
-    }
+    let server = ferry_fleet::webhooks_ocm::serve(&admin).await.unwrap();
     let worker = "system:serviceaccount:ferry:ferry-create-cluster";
     let as_worker = fleet.hub().client_as(worker, &["system:serviceaccounts"]).await.unwrap();
     let clusters = api(&as_worker, "cluster.open-cluster-management.io", "v1", "ManagedCluster", None);
@@ -112,9 +131,14 @@ async fn ocm_webhooks_refuse_accept_join_and_bind_without_their_permissions() {
         {"apiGroups": ["cluster.open-cluster-management.io"], "resources": ["managedclustersets"], "verbs": ["get", "list", "watch"]},
     ]))
     .await;
-    // Plain creation is RBAC's to allow; the webhooks only look at accept and join.
+    // A cluster without a set is put into `default` by the mutating webhook before the
+    // validating one looks: creating any ManagedCluster needs `join` on `default`.
     let plain = managed_cluster("plain", None, false);
-    eventually("creating a ManagedCluster not yet accepted", || clusters.create(&pp, &plain)).await;
+    let msg = eventually_refused("creating a ManagedCluster without join on default", || clusters.create(&pp, &plain)).await;
+    assert!(msg.contains("cannot add/remove a ManagedCluster to/from ManagedClusterSet \"default\""), "{msg}");
+    let admin_clusters = api(&admin, "cluster.open-cluster-management.io", "v1", "ManagedCluster", None);
+    let made = admin_clusters.create(&pp, &plain).await.unwrap();
+    assert_eq!(made.metadata.labels.unwrap_or_default().get(ferry_kube::vocab::ocm::CLUSTERSET_LABEL).map(String::as_str), Some("default"));
     let msg = refused(clusters.create(&pp, &managed_cluster("edge-1", Some("edge"), true)).await, "accepting without managedclusters/accept");
     assert!(msg.contains("cannot update the HubAcceptsClient field"), "{msg}");
     let msg = refused(clusters.create(&pp, &managed_cluster("edge-1", Some("edge"), false)).await, "joining a set without managedclustersets/join");
@@ -124,8 +148,14 @@ async fn ocm_webhooks_refuse_accept_join_and_bind_without_their_permissions() {
     let msg = refused(clusters.patch("plain", &PatchParams::default(), &patch).await, "accepting by an update");
     assert!(msg.contains("cannot update the HubAcceptsClient field"), "{msg}");
     clusters.patch("plain", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"tier": "gold"}}}))).await.unwrap();
+    // Only the webhook sets a taint's timeAdded: a new taint carrying one is refused.
+    let stamped = Patch::Merge(json!({"spec": {"taints": [{"key": "example.com/drain", "effect": "NoSelect", "timeAdded": "2026-01-01T00:00:00Z"}]}}));
+    let msg = refused(admin_clusters.patch("plain", &PatchParams::default(), &stamped).await, "a new taint with its own timeAdded");
+    assert!(msg.contains("It is not allowed to set TimeAdded of Taint \"example.com/drain\""), "{msg}");
+    let unstamped = Patch::Merge(json!({"spec": {"taints": [{"key": "example.com/drain", "effect": "NoSelect"}]}}));
+    let tainted = admin_clusters.patch("plain", &PatchParams::default(), &unstamped).await.unwrap();
+    assert!(tainted.data["spec"]["taints"][0]["timeAdded"].is_string(), "the webhook stamps a new taint: {}", tainted.data["spec"]);
     // Names and URLs, whoever writes them.
-    let admin_clusters = api(&admin, "cluster.open-cluster-management.io", "v1", "ManagedCluster", None);
     let msg = refused(admin_clusters.create(&pp, &managed_cluster("edge.one", None, false)).await, "a name (a DNS subdomain) that is not a namespace name");
     assert!(msg.contains("metadata.name format is not correct"), "{msg}");
     let mut insecure = managed_cluster("edge-2", None, false);

@@ -4,7 +4,8 @@
 //! not accept it; once the CSR is approved and the cluster accepted, the agent (with its
 //! own certificate, limited to its own cluster) reports it Joined and Available and renews
 //! its lease; when the agent stops, the hub's lease controller marks it Unknown; a denied
-//! cluster loses its acceptance; a deleted one is cleaned up and registered again.
+//! cluster loses its acceptance; a deleted one is cleaned up and registered again. The
+//! hub's webhooks and set controllers put clusters into `default` and keep `global`.
 
 use std::time::Duration;
 
@@ -124,7 +125,19 @@ async fn registration_goes_only_through_a_klusterlet() {
     assert_eq!(m.condition("ManagedClusterJoined"), None, "only an agent says a cluster joined");
     assert_eq!(m.condition("ManagedClusterConditionAvailable"), None, "only an agent says a cluster is available");
     // The hub's taint controller keeps Placements off it (ocm_taints).
-    until(&mcs, "no-agent", "tainted unreachable", |m| no_select(m) == [ocm_taints::UNREACHABLE]).await;
+    let m = until(&mcs, "no-agent", "tainted unreachable", |m| no_select(m) == [ocm_taints::UNREACHABLE]).await.unwrap();
+    // The controller writes the taint with no time; the hub's mutating webhook stamps it,
+    // and puts the cluster, made without a set, into `default`.
+    assert!(m.spec["taints"][0]["timeAdded"].is_string(), "the webhook stamps the taint: {}", m.spec);
+    assert_eq!(m.metadata.labels.as_ref().and_then(|l| l.get(ferry_fleet::emulated_ocm::CLUSTERSET_LABEL)).map(String::as_str), Some("default"));
+    // The hub keeps `default` and `global`, and puts a changed selector back.
+    let sets: Api<kube::core::DynamicObject> =
+        Api::all_with(hub.clone(), &kube::core::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk("cluster.open-cluster-management.io", "v1beta2", "ManagedClusterSet")));
+    let selector = |s: Option<&kube::core::DynamicObject>| s.and_then(|s| s.data.pointer("/spec/clusterSelector/selectorType")).and_then(|t| t.as_str()).map(str::to_owned);
+    tokio::time::timeout(WAIT, await_condition(sets.clone(), "default", move |s: Option<&kube::core::DynamicObject>| selector(s).as_deref() == Some("ExclusiveClusterSetLabel"))).await.expect("the default set").unwrap();
+    tokio::time::timeout(WAIT, await_condition(sets.clone(), "global", move |s: Option<&kube::core::DynamicObject>| selector(s).as_deref() == Some("LabelSelector"))).await.expect("the global set").unwrap();
+    sets.patch("global", &PatchParams::default(), &Patch::Merge(json!({"spec": {"clusterSelector": {"selectorType": "ExclusiveClusterSetLabel", "labelSelector": null}}}))).await.unwrap();
+    tokio::time::timeout(WAIT, await_condition(sets, "global", move |s: Option<&kube::core::DynamicObject>| selector(s).as_deref() == Some("LabelSelector"))).await.expect("the global selector put back").unwrap();
 
     // clusteradm join: the agent makes its ManagedCluster (not accepted) and a CSR as the
     // bootstrap identity.

@@ -185,14 +185,10 @@ impl BedBuilder {
             k.add_nodes("node", m.nodes, &m.flavor).await.map_err(part("a member's nodes"))?;
             kubelets.push(k);
         }
-        // The hub's webhooks as OCM's cluster manager and Cluster API install them:
-        // accepting, joining a set and binding one are authorized as a real hub
-        // authorizes them; a topology without its class's required variables is refused.
+        // The hub's webhooks as Cluster API installs them (OCM's come with the emulated
+        // hub): a topology without its class's required variables is refused.
         let admin = fleet.hub().client().await.map_err(part("the hub's client"))?;
         let mut validators = Vec::new();
-        if self.ocm {
-            validators.extend(ferry_fleet::webhooks_ocm::validators(admin.clone()));
-        }
         if self.capi.is_some() {
             validators.extend(ferry_fleet::webhooks_capi::validators(admin.clone()));
         }

@@ -288,7 +288,7 @@ pub fn objects(cmd: &ClusterCommand, task: &str, topology: &Topology) -> Vec<Val
 /// The OCM ManagedCluster of the command's cluster (accepted by the hub).
 pub fn managed_cluster(cmd: &ClusterCommand) -> Value {
     let mut labels = json!({CLUSTER_LABEL: cmd.name, NAMESPACE_LABEL: cmd.namespace(), MANAGED_BY.0: MANAGED_BY.1,
-                             CLUSTERSET_LABEL: cmd.ocm.cluster_set.as_deref().unwrap_or("default")});
+                             CLUSTERSET_LABEL: cmd.ocm.cluster_set.as_deref().unwrap_or(ferry_kube::vocab::ocm::DEFAULT_CLUSTER_SET)});
     for (k, v) in &cmd.labels {
         labels[k] = json!(v);
     }

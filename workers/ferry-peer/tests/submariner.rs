@@ -169,6 +169,11 @@ async fn submariner_through_ocm_its_broker_and_its_revert() {
     );
     assert!(sets(&hub).get_opt("submariner").await.unwrap().is_none(), "the dry run made the set");
     assert!(addons(&hub, "member-1").get_opt("submariner").await.unwrap().is_none(), "the dry run made an add-on");
+    // Both are in `default`, where the hub put them: a set nobody chose, so the pair gets
+    // one of its own (a broker in `default` would serve the whole fleet).
+    for c in ["member-1", "member-2"] {
+        assert_eq!(set_of(mcs.get(c).await.unwrap()).as_deref(), Some("default"), "the hub's webhook puts {c} into default");
+    }
     let (id, evs) = submit(&client, &p).await;
     assert_eq!(end(&evs), EventType::Succeeded, "{}", last(&evs));
     let steps: Vec<&str> = evs.iter().filter(|e| e.event == EventType::StepSucceeded).filter_map(|e| e.step_name.as_deref()).collect();
@@ -185,7 +190,7 @@ async fn submariner_through_ocm_its_broker_and_its_revert() {
     let evs = revert(&client, id).await;
     assert_eq!(end(&evs), EventType::Reverted, "{}", last(&evs));
     for c in ["member-1", "member-2"] {
-        assert_eq!(set_of(mcs.get(c).await.unwrap()), None, "{c} left the set it was put in");
+        assert_eq!(set_of(mcs.get(c).await.unwrap()).as_deref(), Some("default"), "{c} is back in the set it was in");
         assert!(addons(&hub, c).get_opt("submariner").await.unwrap().is_none());
         assert!(configs(&hub, c).get_opt("submariner").await.unwrap().is_none());
     }
@@ -239,7 +244,7 @@ async fn submariner_through_ocm_its_broker_and_its_revert() {
     assert!(msg.contains("SubmarinerConnectionDegraded=True (ConnectionsDegraded)") && msg.contains("is not established (status=connecting)"), "{f:?}");
     for c in ["member-1", "member-2"] {
         assert!(addons(&hub, c).get_opt("submariner").await.unwrap().is_none());
-        assert_eq!(set_of(mcs.get(c).await.unwrap()), None);
+        assert_eq!(set_of(mcs.get(c).await.unwrap()).as_deref(), Some("default"));
     }
     bed.submariner.as_ref().unwrap().set("member-2", |k| k.never_connects = false);
     until(&sets(&hub), "submariner", "the worker's set is gone", |s| s.is_none()).await;

@@ -7,8 +7,9 @@
 //! the set to join selects its clusters by the exclusive set label (the add-on's broker
 //! controller serves no other, `pkg/hub/submarinerbroker/controller.go`). Then both
 //! clusters are Available within the timeout (their klusterlets report), and which
-//! ManagedClusterSet they join (the command's, else the one both are in, else
-//! `submariner`). Its output keeps each cluster's set before, so a revert puts them back.
+//! ManagedClusterSet they join (the command's, else the one both are in unless it is the
+//! hub's `default`, else `submariner`). Its output keeps each cluster's set before, so a
+//! revert puts them back.
 
 use std::sync::Arc;
 
@@ -93,11 +94,7 @@ impl CheckStep<PeerClusters> for SubmarinerCheck {
                     .await
                     .map_err(|e| wait_err(codes::CLUSTER_NOT_READY, e))?;
             }
-            let target = match (&p.cluster_set, &labels[0], &labels[1]) {
-                (Some(s), _, _) => s.clone(),
-                (None, Some(x), Some(y)) if x == y => x.clone(),
-                _ => "submariner".to_owned(),
-            };
+            let target = implicit_set(p.cluster_set.as_deref(), labels[0].as_deref(), labels[1].as_deref());
             let gvk = kube::core::GroupVersionKind::gvk("cluster.open-cluster-management.io", "v1beta2", "ManagedClusterSet");
             let api = self.0.cfg.clusters.api(HUB, &gvk, None).await.map_err(|e| kube_err(codes::HUB_API, e))?;
             let set = api.get_opt(&target).await.map_err(hub_err)?;
@@ -113,6 +110,18 @@ impl CheckStep<PeerClusters> for SubmarinerCheck {
             SETS.value(&Sets { a: labels[0].clone(), b: labels[1].clone(), target, existed })
         }
         .boxed()
+    }
+}
+
+/// The set a pair joins: the command's, else the one both are in, else `submariner`.
+/// `default` is nobody's choice: a real hub puts every cluster without a set there (its
+/// mutating webhook), so two clusters found only there get a set of their own instead of
+/// a broker shared with the whole fleet.
+fn implicit_set(asked: Option<&str>, a: Option<&str>, b: Option<&str>) -> String {
+    match (asked, a, b) {
+        (Some(s), _, _) => s.to_owned(),
+        (None, Some(x), Some(y)) if x == y && x != ferry_kube::vocab::ocm::DEFAULT_CLUSTER_SET => x.to_owned(),
+        _ => "submariner".to_owned(),
     }
 }
 
@@ -146,4 +155,19 @@ fn no_olm(cluster: &str) -> StepError {
             "{cluster} has no OLM (it does not serve {OLM_GROUP}/v1alpha1 Subscription): the submariner add-on installs Submariner's operator on each cluster through an OLM Subscription; install OLM on {cluster} first"
         ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::implicit_set;
+
+    #[test]
+    fn a_pair_joins_the_asked_set_or_a_shared_one_but_never_default_unasked() {
+        assert_eq!(implicit_set(Some("tunnels"), Some("blue"), Some("blue")), "tunnels");
+        assert_eq!(implicit_set(None, Some("blue"), Some("blue")), "blue");
+        assert_eq!(implicit_set(None, Some("blue"), Some("red")), "submariner");
+        assert_eq!(implicit_set(None, Some("default"), Some("default")), "submariner");
+        assert_eq!(implicit_set(Some("default"), Some("default"), Some("default")), "default");
+        assert_eq!(implicit_set(None, None, None), "submariner");
+    }
 }

@@ -7,8 +7,9 @@
 //! put back when someone changes it, unless the set is annotated
 //! `cluster.open-cluster-management.io/autoupdate: "false"`.
 
+use ferry_kube::kinds::ManagedClusterSet;
 use kube::api::{Api, DynamicObject, PostParams};
-use kube::core::{ApiResource, GroupVersionKind};
+use kube::core::ApiResource;
 use serde_json::{Value, json};
 
 /// The annotation that stops the controllers from putting a set's selector back.
@@ -16,7 +17,7 @@ pub const AUTO_UPDATE: &str = "cluster.open-cluster-management.io/autoupdate";
 /// The `global` set's name (`GlobalManagedClusterSetName`).
 pub const GLOBAL: &str = "global";
 /// The `default` set's name (`DefaultManagedClusterSetName`).
-pub use crate::webhooks_ocm::DEFAULT_SET as DEFAULT;
+pub use ferry_kube::vocab::ocm::DEFAULT_CLUSTER_SET as DEFAULT;
 
 /// The selector each set must have (`DefaultManagedClusterSet`, `GlobalManagedClusterSet`).
 fn selector(name: &str) -> Value {
@@ -29,15 +30,12 @@ fn selector(name: &str) -> Value {
 
 /// One pass of both controllers over the hub.
 pub async fn tick(hub: &kube::Client) -> Result<(), kube::Error> {
-    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("cluster.open-cluster-management.io", "v1beta2", "ManagedClusterSet"));
+    // Untyped: the typed kind writes no apiVersion and kind, which a create needs.
+    let ar = ApiResource::erase::<ManagedClusterSet>(&());
     let api: Api<DynamicObject> = Api::all_with(hub.clone(), &ar);
     for name in [DEFAULT, GLOBAL] {
         let Some(mut set) = api.get_opt(name).await? else {
-            let made: DynamicObject = serde_json::from_value(json!({
-                "apiVersion": "cluster.open-cluster-management.io/v1beta2", "kind": "ManagedClusterSet",
-                "metadata": {"name": name}, "spec": {"clusterSelector": selector(name)},
-            }))
-            .map_err(kube::Error::SerdeError)?;
+            let made = DynamicObject::new(name, &ar).data(json!({"spec": {"clusterSelector": selector(name)}}));
             match api.create(&PostParams::default(), &made).await {
                 // Made by someone else since the read: the next pass looks at it.
                 Ok(_) => {}

@@ -45,16 +45,9 @@ pub const MANAGED_CLUSTER: Registration = Registration {
     object_selector: None,
 };
 
-/// The ManagedCluster mutating webhook's registration, as upstream's manifest has it.
-pub const MANAGED_CLUSTER_MUTATOR: Registration = Registration {
-    name: "managedclustermutators.admission.cluster.open-cluster-management.io",
-    groups: &["cluster.open-cluster-management.io"],
-    versions: &["*"],
-    resources: &["managedclusters"],
-    operations: &["CREATE", "UPDATE"],
-    namespace_selector: None,
-    object_selector: None,
-};
+/// The ManagedCluster mutating webhook's registration, as upstream's manifest has it: the
+/// validating one's rules under its own name.
+pub const MANAGED_CLUSTER_MUTATOR: Registration = Registration { name: "managedclustermutators.admission.cluster.open-cluster-management.io", ..MANAGED_CLUSTER };
 
 /// The set a cluster without a clusterset label is put into (`defaultClusterSetName`).
 pub const DEFAULT_SET: &str = ferry_kube::vocab::ocm::DEFAULT_CLUSTER_SET;
@@ -101,13 +94,9 @@ pub fn mutate_managed_cluster(new: &Value, old: Option<&Value>, now: &str) -> Re
         after["spec"]["taints"] = Value::Array(taints);
     }
     // addDefaultClusterSetLabel: a missing or empty label becomes `default`.
-    if after.pointer(&format!("/metadata/labels/{}", CLUSTERSET_LABEL.replace('/', "~1"))).and_then(Value::as_str).is_none_or(str::is_empty) {
-        match after["metadata"]["labels"].as_object_mut() {
-            Some(labels) => {
-                labels.insert(CLUSTERSET_LABEL.to_owned(), Value::from(DEFAULT_SET));
-            }
-            None => after["metadata"]["labels"] = serde_json::json!({CLUSTERSET_LABEL: DEFAULT_SET}),
-        }
+    let labels = &mut after["metadata"]["labels"];
+    if labels.get(CLUSTERSET_LABEL).and_then(Value::as_str).is_none_or(str::is_empty) {
+        labels[CLUSTERSET_LABEL] = Value::from(DEFAULT_SET);
     }
     Ok(after)
 }

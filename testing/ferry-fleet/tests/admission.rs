@@ -55,28 +55,6 @@ fn refused<T: std::fmt::Debug>(r: Result<T, kube::Error>, what: &str) -> String 
     }
 }
 
-/// Retries `f` while the refusal is RBAC's (its cache not yet showing a grant just
-/// written), within a bound; the admission webhook's refusal message.
-async fn eventually_refused<T, F, Fut>(what: &str, mut f: F) -> String
-where
-    T: std::fmt::Debug,
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, kube::Error>>,
-{
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        match f().await {
-            Err(kube::Error::Api(e)) if e.message.contains("admission webhook") => return e.message,
-            Err(kube::Error::Api(e)) if std::time::Instant::now() < deadline => {
-                tracing::debug!(error = %e.message, "{what}: RBAC's refusal, not yet the webhook's");
-                // A poll while the authorizer's cache catches up; no event to wait on.
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            other => panic!("{what}: expected the webhook's refusal, got {other:?}"),
-        }
-    }
-}
-
 /// RBAC is eventually consistent for a moment after a write (the authorizer's cache):
 /// retries `f` until it succeeds, within a bound, and returns the last error otherwise.
 async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
@@ -133,8 +111,11 @@ async fn ocm_webhooks_refuse_accept_join_and_bind_without_their_permissions() {
     .await;
     // A cluster without a set is put into `default` by the mutating webhook before the
     // validating one looks: creating any ManagedCluster needs `join` on `default`.
+    // Once RBAC shows the grant (a list passes), the refusal is the webhook's.
+    let lp = kube::api::ListParams::default();
+    eventually("RBAC granting the worker ManagedClusters", || clusters.list(&lp)).await;
     let plain = managed_cluster("plain", None, false);
-    let msg = eventually_refused("creating a ManagedCluster without join on default", || clusters.create(&pp, &plain)).await;
+    let msg = refused(clusters.create(&pp, &plain).await, "creating a ManagedCluster without join on default");
     assert!(msg.contains("cannot add/remove a ManagedCluster to/from ManagedClusterSet \"default\""), "{msg}");
     let admin_clusters = api(&admin, "cluster.open-cluster-management.io", "v1", "ManagedCluster", None);
     let made = admin_clusters.create(&pp, &plain).await.unwrap();

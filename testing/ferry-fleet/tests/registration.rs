@@ -133,11 +133,17 @@ async fn registration_goes_only_through_a_klusterlet() {
     // The hub keeps `default` and `global`, and puts a changed selector back.
     let sets: Api<kube::core::DynamicObject> =
         Api::all_with(hub.clone(), &kube::core::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk("cluster.open-cluster-management.io", "v1beta2", "ManagedClusterSet")));
-    let selector = |s: Option<&kube::core::DynamicObject>| s.and_then(|s| s.data.pointer("/spec/clusterSelector/selectorType")).and_then(|t| t.as_str()).map(str::to_owned);
-    tokio::time::timeout(WAIT, await_condition(sets.clone(), "default", move |s: Option<&kube::core::DynamicObject>| selector(s).as_deref() == Some("ExclusiveClusterSetLabel"))).await.expect("the default set").unwrap();
-    tokio::time::timeout(WAIT, await_condition(sets.clone(), "global", move |s: Option<&kube::core::DynamicObject>| selector(s).as_deref() == Some("LabelSelector"))).await.expect("the global set").unwrap();
+    // Until set `name` selects its clusters by `selector_type`.
+    let selects = |name: &'static str, selector_type: &'static str, what: &'static str| {
+        let found = await_condition(sets.clone(), name, move |s: Option<&kube::core::DynamicObject>| {
+            s.and_then(|s| s.data.pointer("/spec/clusterSelector/selectorType")).and_then(|t| t.as_str()) == Some(selector_type)
+        });
+        async move { tokio::time::timeout(WAIT, found).await.expect(what).unwrap() }
+    };
+    selects("default", "ExclusiveClusterSetLabel", "the default set").await;
+    selects("global", "LabelSelector", "the global set").await;
     sets.patch("global", &PatchParams::default(), &Patch::Merge(json!({"spec": {"clusterSelector": {"selectorType": "ExclusiveClusterSetLabel", "labelSelector": null}}}))).await.unwrap();
-    tokio::time::timeout(WAIT, await_condition(sets, "global", move |s: Option<&kube::core::DynamicObject>| selector(s).as_deref() == Some("LabelSelector"))).await.expect("the global selector put back").unwrap();
+    selects("global", "LabelSelector", "the global selector put back").await;
 
     // clusteradm join: the agent makes its ManagedCluster (not accepted) and a CSR as the
     // bootstrap identity.

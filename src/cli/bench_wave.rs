@@ -64,7 +64,7 @@ struct Report {
 pub async fn run(a: WaveArgs) -> anyhow::Result<std::process::ExitCode> {
     anyhow::ensure!(a.clusters > 0 && a.size > 0, "--clusters and --size must be positive");
     anyhow::ensure!(a.clusters <= ferry_plan::steps::select::MAX_CLUSTERS, "--clusters: a fanned-out step has at most {} clusters", ferry_plan::steps::select::MAX_CLUSTERS);
-    let fleet = ferry_fleet::Fleet::start(ferry_fleet::FleetOptions { controllers: false, ..ferry_fleet::FleetOptions::hub_and(0) }).await?;
+    let fleet = ferry_fleet::Fleet::start(ferry_fleet::FleetOptions { controllers: false, crds: true, ..ferry_fleet::FleetOptions::hub_and(0) }).await?;
     let source = fleet.install_crds().await?;
     let hub = fleet.hub().client().await?;
     let clusters: kube::Api<ferry_kube::kinds::ManagedCluster> = kube::Api::all(hub.clone());

@@ -20,7 +20,7 @@ async fn fleet() -> Option<Fleet> {
         ferry_task::report::missing_prerequisite("the test bed is not installed (scripts/install-testbed.sh)");
         return None;
     }
-    let fleet = Fleet::start(FleetOptions { controllers: false, ..FleetOptions::hub_and(1) }).await.expect("fleet starts");
+    let fleet = Fleet::start(FleetOptions { controllers: false, crds: true, ..FleetOptions::hub_and(1) }).await.expect("fleet starts");
     // The members' Secrets are owned by their control planes: Cluster API's kinds first.
     fleet.install_crds().await.expect("CRDs");
     fleet.publish_kubeconfigs().await.expect("kubeconfig secrets");

@@ -15,6 +15,11 @@ pub struct Binaries {
     pub scheduler: PathBuf,
 }
 
+/// `${FERRY_CACHE:-~/.cache/ferry}`: where the install scripts keep what they built.
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("FERRY_CACHE").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/ferry"))
+}
+
 /// A binary is missing.
 #[derive(Debug, thiserror::Error)]
 #[error("{0} not found: run scripts/install-testbed.sh (or `ferry testbed install`)")]
@@ -23,12 +28,7 @@ pub struct Missing(pub PathBuf);
 impl Binaries {
     /// `FERRY_K8S_BIN`, else `${FERRY_CACHE:-~/.cache/ferry}/k8s/bin`; etcd from `PATH`.
     pub fn locate() -> Result<Self, Missing> {
-        let dir = std::env::var_os("FERRY_K8S_BIN").map(PathBuf::from).unwrap_or_else(|| {
-            std::env::var_os("FERRY_CACHE")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/ferry"))
-                .join("k8s/bin")
-        });
+        let dir = std::env::var_os("FERRY_K8S_BIN").map(PathBuf::from).unwrap_or_else(|| cache_dir().join("k8s/bin"));
         let etcd = ["/usr/bin/etcd", "/usr/local/bin/etcd"]
             .iter()
             .map(PathBuf::from)

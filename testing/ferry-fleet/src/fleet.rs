@@ -44,6 +44,9 @@ pub enum FleetError {
         /// Where its API server logs.
         log: String,
     },
+    /// The CRDs could not be put into the clusters' store before they started.
+    #[error("preloading the CRDs: {0}")]
+    Seed(#[from] crate::crd_seed::SeedError),
     /// A kube client could not be built.
     #[error("kube client for {cluster}: {source}")]
     Client {
@@ -69,11 +72,15 @@ pub struct FleetOptions {
     pub dir: Option<PathBuf>,
     /// Run kube-controller-manager and kube-scheduler per cluster.
     pub controllers: bool,
+    /// Every cluster starts with the CRDs [`Fleet::install_crds`] installs already stored,
+    /// as a server restarted after their install would ([`crate::crd_seed`]: an API server
+    /// takes them at start for a fraction of the CPU of installing them while it runs).
+    pub crds: bool,
 }
 
 impl Default for FleetOptions {
     fn default() -> Self {
-        Self { clusters: vec!["hub".into(), "member-1".into(), "member-2".into()], dir: None, controllers: true }
+        Self { clusters: vec!["hub".into(), "member-1".into(), "member-2".into()], dir: None, controllers: true, crds: false }
     }
 }
 
@@ -173,6 +180,8 @@ pub struct Fleet {
     pub dir: PathBuf,
     etcd_url: String,
     bins: Binaries,
+    /// Where the CRDs stored before start came from ([`FleetOptions::crds`]).
+    preloaded: Option<CrdSource>,
     _etcd: Managed,
     _tmp: Option<tempfile::TempDir>,
 }
@@ -224,11 +233,23 @@ impl Fleet {
             &dir.join("etcd.log"),
         )
         .map_err(io("starting etcd"))?;
+        let preloaded = if opts.crds {
+            let etcd = crate::crd_seed::Etcd::new(&etcd_url);
+            etcd.wait_ready().await?;
+            let (crds, source) = fleet_crds()?;
+            let seed = crd_seed(&bins, &dir, &etcd, &crds).await?;
+            for name in &opts.clusters {
+                seed.write(&etcd, &format!("/ferry/{name}/")).await?;
+            }
+            Some(source)
+        } else {
+            None
+        };
         let mut clusters = Vec::new();
         for name in &opts.clusters {
             clusters.push(start_cluster(&bins, &dir, name, name, &etcd_url)?);
         }
-        let mut fleet = Self { clusters, dir, etcd_url, bins: bins.clone(), _etcd: etcd, _tmp: tmp };
+        let mut fleet = Self { clusters, dir, etcd_url, bins: bins.clone(), preloaded, _etcd: etcd, _tmp: tmp };
         for c in &mut fleet.clusters {
             wait_ready(c).await?;
             // They read the API server's certificate, which exists only once it serves.
@@ -254,21 +275,18 @@ impl Fleet {
     /// they are beside the project, so the API servers validate what is written as a real
     /// install would; else the project's open-schema subset, and the returned
     /// [`CrdSource`] says so.
+    /// A fleet started with [`FleetOptions::crds`] has them already: this only says where
+    /// they came from.
     pub async fn install_crds(&self) -> Result<CrdSource, FleetError> {
-        let Some(shared) = crate::crds::shared_dir() else {
-            // CI always has ../shared: there, its absence is a failure, not a weaker test.
-            if std::env::var_os("CI").is_some() {
-                return Err(FleetError::Client { cluster: "all".into(), source: "../shared/crds is missing in CI: the upstream CRDs are required".into() });
-            }
-            self.install_project_crds().await?;
-            return Ok(CrdSource::ProjectSubset);
-        };
-        let crds = crate::crds::upstream_subset(&shared).map_err(|e| FleetError::Client { cluster: "all".into(), source: Box::new(e) })?;
+        if let Some(source) = self.preloaded {
+            return Ok(source);
+        }
+        let (crds, source) = fleet_crds()?;
         for c in &self.clusters {
             let client = c.client().await?;
             crate::crds::install(&client, crds.clone()).await.map_err(|e| FleetError::Client { cluster: c.name.clone(), source: Box::new(e) })?;
         }
-        Ok(CrdSource::Upstream)
+        Ok(source)
     }
 
     /// Installs the project's CRD subset ([`crate::kinds`]) on every cluster.
@@ -352,6 +370,39 @@ impl ClusterSpawner {
         }
         Ok(c)
     }
+}
+
+/// The CRDs [`Fleet::install_crds`] installs: upstream's when `../shared/crds` is beside
+/// the project, else the project's open-schema subset (never in CI, where its absence
+/// fails: a weaker test must not pass for the real one).
+fn fleet_crds() -> Result<(Vec<serde_json::Value>, CrdSource), FleetError> {
+    let Some(shared) = crate::crds::shared_dir() else {
+        if std::env::var_os("CI").is_some() {
+            return Err(FleetError::Client { cluster: "all".into(), source: "../shared/crds is missing in CI: the upstream CRDs are required".into() });
+        }
+        return Ok((crate::kinds::crds(), CrdSource::ProjectSubset));
+    };
+    let crds = crate::crds::upstream_subset(&shared).map_err(|e| FleetError::Client { cluster: "all".into(), source: Box::new(e) })?;
+    Ok((crds, CrdSource::Upstream))
+}
+
+/// The stored form of `crds` ([`crate::crd_seed`]): cached, else recorded on a throwaway
+/// API server of this fleet's etcd that installs them through its API, then cached.
+async fn crd_seed(bins: &Binaries, dir: &Path, etcd: &crate::crd_seed::Etcd, crds: &[serde_json::Value]) -> Result<crate::crd_seed::Seed, FleetError> {
+    let file = crate::crd_seed::cache_file(&crate::binaries::cache_dir(), crds, &bins.apiserver);
+    if let Some(seed) = crate::crd_seed::load(&file) {
+        return Ok(seed);
+    }
+    let instance = format!("crd-seed-{:08x}", rand_u128() as u32);
+    let mut c = start_cluster(bins, dir, "crd-seed", &instance, &etcd.url())?;
+    wait_ready(&mut c).await?;
+    crate::crds::install(&c.client().await?, crds.to_vec()).await.map_err(|e| FleetError::Client { cluster: c.name.clone(), source: Box::new(e) })?;
+    let seed = crate::crd_seed::Seed::read(etcd, &format!("/ferry/{instance}/")).await?;
+    if seed.len() != crds.len() {
+        return Err(crate::crd_seed::SeedError::Incomplete { stored: seed.len(), wanted: crds.len() }.into());
+    }
+    crate::crd_seed::store(&file, &seed);
+    Ok(seed)
 }
 
 /// Namespace of the hub where [`Fleet::publish_kubeconfigs`] writes kubeconfig Secrets.

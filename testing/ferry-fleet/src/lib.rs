@@ -6,7 +6,8 @@
 //! # Layout
 //! - [`fleet`]: start and stop a fleet (hub + managed clusters); [`Cluster`] handles.
 //! - [`process`]: child processes that die with the test, even on SIGKILL.
-//! - [`crds`]: install CRDs from a folder (CEL rules stripped, storage version only).
+//! - [`crds`]: install CRDs from a folder (CEL rules stripped, storage version only);
+//!   [`crd_seed`]: store them before an API server starts, which it takes far more cheaply.
 //! - [`kubelet`]: the emulated node agent (nodes, pod status, job completion).
 //! - [`binaries`]: where the control-plane binaries are.
 //! - [`emulated_capi`]: Cluster API providers played for tests: workload clusters appear.
@@ -24,6 +25,7 @@
 
 pub mod admission;
 pub mod binaries;
+pub mod crd_seed;
 pub mod crds;
 pub mod describe;
 pub mod emulate;

@@ -281,6 +281,59 @@ async fn upstream_crds_install_and_the_server_validates_against_them() {
     api.patch("c1", &PatchParams::apply("ferry"), &Patch::Apply(&good)).await.unwrap();
 }
 
+/// A fleet started with its CRDs stored ahead ([`ferry_fleet::crd_seed`]) serves exactly
+/// what installing them through the API gives: every CRD, Established, on every cluster,
+/// its schema enforced; the stored form is recorded (the cache emptied first: other fleets
+/// only ever read it) and cached for the next fleet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preloaded_crds_are_served_and_validated_as_installed_ones() {
+    init();
+    let Some(shared) = ferry_fleet::crds::shared_dir() else {
+        println!("skipped: ../shared/crds is not present beside the project");
+        return;
+    };
+    let crds = ferry_fleet::crds::upstream_subset(&shared).unwrap();
+    let bins = ferry_fleet::binaries::Binaries::locate().unwrap();
+    let cached = ferry_fleet::crd_seed::cache_file(&ferry_fleet::binaries::cache_dir(), &crds, &bins.apiserver);
+    // Another test's fleet that finds no file records one too: removing it races with nothing.
+    let _ = std::fs::remove_file(&cached);
+    let fleet = Fleet::start(FleetOptions { crds: true, controllers: false, ..FleetOptions::hub_and(1) }).await.unwrap();
+    assert_eq!(fleet.install_crds().await.unwrap(), ferry_fleet::CrdSource::Upstream);
+    let wanted: BTreeMap<String, serde_json::Value> = crds
+        .iter()
+        .map(|c| (c["metadata"]["name"].as_str().unwrap().to_owned(), c["spec"]["versions"][0]["name"].clone()))
+        .collect();
+    for c in &fleet.clusters {
+        let client = c.client().await.unwrap();
+        let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> = Api::all(client.clone());
+        let served: BTreeMap<String, serde_json::Value> = crds
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|crd| {
+                let name = crd.metadata.name.clone().unwrap();
+                let established = crd.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| cs.iter().any(|x| x.type_ == "Established" && x.status == "True"));
+                assert!(established, "{}: {name} is not Established", c.name);
+                (name, json!(crd.spec.versions[0].name))
+            })
+            .collect();
+        assert_eq!(served, wanted, "{}", c.name);
+        // Served and validated: the schema refuses a wrong type and takes the right one.
+        ns(&client, "capi").await;
+        let gvk = GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "Cluster");
+        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), "capi", &ApiResource::from_gvk(&gvk));
+        let bad = json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster", "metadata": {"name": "c1"}, "spec": {"paused": "notabool"}});
+        let err = api.patch("c1", &PatchParams::apply("ferry"), &Patch::Apply(&bad)).await.unwrap_err();
+        let kube::Error::Api(status) = err else { panic!("{err:?}") };
+        assert!(status.message.contains("spec.paused"), "{}", status.message);
+        let good = json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster", "metadata": {"name": "c1"}, "spec": {"paused": true}});
+        api.patch("c1", &PatchParams::apply("ferry"), &Patch::Apply(&good)).await.unwrap();
+    }
+    assert_eq!(ferry_fleet::crd_seed::load(&cached).map(|s| s.len()), Some(wanted.len()), "the seed is cached at {}", cached.display());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_projects_crd_subset_matches_upstream_names_and_serves_objects() {
     init();

@@ -74,7 +74,7 @@ async fn liqo_offloading_webhooks_refuse_immutable_changes_and_mutate_pods_only_
     }
     let started = std::time::Instant::now();
     // The hub stands in for a member: the webhooks do not care which cluster they serve.
-    let fleet = Fleet::start(FleetOptions::hub_and(0)).await.unwrap();
+    let fleet = Fleet::start(FleetOptions { crds: true, ..FleetOptions::hub_and(0) }).await.unwrap();
     fleet.install_crds().await.unwrap();
     let client = fleet.hub().client().await.unwrap();
     let _server = webhooks_liqo_offloading::start(&[("hub".to_owned(), client.clone())]).await.unwrap();

@@ -105,7 +105,7 @@ fn no_select(m: Option<&ManagedCluster>) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registration_goes_only_through_a_klusterlet() {
     let _ = tracing_subscriber::fmt().with_env_filter("warn").with_test_writer().try_init();
-    let fleet = Fleet::start(FleetOptions::hub_and(1)).await.unwrap();
+    let fleet = Fleet::start(FleetOptions { crds: true, ..FleetOptions::hub_and(1) }).await.unwrap();
     fleet.install_crds().await.unwrap();
     let _ocm = EmulatedOcm::start(&fleet).await.unwrap();
     let hub = fleet.hub().client().await.unwrap();

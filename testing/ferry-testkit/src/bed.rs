@@ -174,7 +174,7 @@ impl BedBuilder {
         if !ferry_fleet::binaries::Binaries::installed() {
             return Err(BedError::NotInstalled);
         }
-        let fleet = Fleet::start(FleetOptions { dir: self.dir, ..FleetOptions::hub_and(self.members.len()) }).await.map_err(part("the fleet"))?;
+        let fleet = Fleet::start(FleetOptions { dir: self.dir, crds: true, ..FleetOptions::hub_and(self.members.len()) }).await.map_err(part("the fleet"))?;
         let crds = fleet.install_crds().await.map_err(part("the CRDs"))?;
         if self.kubeconfigs {
             fleet.publish_kubeconfigs().await.map_err(part("the kubeconfig Secrets"))?;

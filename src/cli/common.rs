@@ -158,7 +158,7 @@ impl Conn {
             ssl_ca_location: self.ssl_ca_location.as_ref().map(|p| p.display().to_string()),
             extra: self.kafka_properties.clone(),
             // The embedded broker holds every fetch for the full wait (see KafkaConfig::for_embedded).
-            fetch_wait_max_ms: embedded.then_some(5),
+            fetch_wait_max_ms: embedded.then_some(ferry_runtime::kafka::EMBEDDED_FETCH_WAIT_MS),
         })
     }
 

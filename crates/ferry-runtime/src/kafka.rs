@@ -5,6 +5,12 @@ use std::fmt;
 
 use rdkafka::ClientConfig;
 
+/// `fetch.wait.max.ms` on the embedded broker: how long an empty fetch is held, so the
+/// most a hop waits for a record already there. Every consumer sends one fetch per broker
+/// per wait while idle: at 5 ms the idle fetches of `ferry dev`'s workers kept most of a
+/// core busy (docs/BENCHMARKS.md, "CI").
+pub const EMBEDDED_FETCH_WAIT_MS: u32 = 20;
+
 /// How to reach a Kafka cluster. Secrets are never printed (see the `Debug` impl).
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct KafkaConfig {
@@ -57,9 +63,10 @@ impl KafkaConfig {
     }
 
     /// For the embedded mock cluster, which does not answer a fetch early when data
-    /// arrives: short fetch waits, or every hop costs `fetch.wait.max.ms` (500 ms).
+    /// arrives: short fetch waits ([`EMBEDDED_FETCH_WAIT_MS`]), or every hop costs
+    /// `fetch.wait.max.ms` (500 ms).
     pub fn for_embedded(bootstrap: impl Into<String>) -> Self {
-        Self { fetch_wait_max_ms: Some(5), ..Self::plaintext(bootstrap) }
+        Self { fetch_wait_max_ms: Some(EMBEDDED_FETCH_WAIT_MS), ..Self::plaintext(bootstrap) }
     }
 
     /// Settings from `FERRY_KAFKA_*` environment variables, with `bootstrap` as given.

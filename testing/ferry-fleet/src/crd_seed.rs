@@ -75,18 +75,20 @@ impl Seed {
         self.entries.is_empty()
     }
 
-    /// Writes every CRD under `prefix` (`/ferry/<instance>/`) through `etcd`.
+    /// Writes every CRD through `etcd` for the API server whose `--etcd-prefix` is
+    /// `prefix` (`/ferry/<instance>`).
     pub async fn write(&self, etcd: &Etcd, prefix: &str) -> Result<(), SeedError> {
         for (suffix, value) in &self.entries {
-            etcd.put(&format!("{prefix}{suffix}"), value).await?;
+            etcd.put(&format!("{prefix}/{suffix}"), value).await?;
         }
         Ok(())
     }
 
-    /// Reads the CRDs an API server stored under `prefix`.
+    /// Reads the CRDs the API server whose `--etcd-prefix` is `prefix` stored.
     pub async fn read(etcd: &Etcd, prefix: &str) -> Result<Self, SeedError> {
+        let prefix = format!("{prefix}/");
         let folder = format!("{prefix}{CRD_FOLDER}");
-        let entries = etcd.range(&folder).await?.into_iter().filter_map(|(k, v)| Some((k.strip_prefix(prefix)?.to_owned(), v))).collect();
+        let entries = etcd.range(&folder).await?.into_iter().filter_map(|(k, v)| Some((k.strip_prefix(&prefix)?.to_owned(), v))).collect();
         Ok(Self { format: FORMAT.into(), entries })
     }
 }
@@ -141,8 +143,8 @@ impl Etcd {
     }
 
     /// Its client URL.
-    pub fn url(&self) -> String {
-        self.url.clone()
+    pub fn url(&self) -> &str {
+        &self.url
     }
 
     /// Waits until etcd answers a read (process start-up: a bounded retry).

@@ -239,7 +239,7 @@ impl Fleet {
             let (crds, source) = fleet_crds()?;
             let seed = crd_seed(&bins, &dir, &etcd, &crds).await?;
             for name in &opts.clusters {
-                seed.write(&etcd, &format!("/ferry/{name}/")).await?;
+                seed.write(&etcd, &etcd_prefix(name)).await?;
             }
             Some(source)
         } else {
@@ -282,20 +282,20 @@ impl Fleet {
             return Ok(source);
         }
         let (crds, source) = fleet_crds()?;
-        for c in &self.clusters {
-            let client = c.client().await?;
-            crate::crds::install(&client, crds.clone()).await.map_err(|e| FleetError::Client { cluster: c.name.clone(), source: Box::new(e) })?;
-        }
+        self.install_everywhere(&crds).await?;
         Ok(source)
     }
 
     /// Installs the project's CRD subset ([`crate::kinds`]) on every cluster.
     pub async fn install_project_crds(&self) -> Result<(), FleetError> {
+        self.install_everywhere(&crate::kinds::crds()).await
+    }
+
+    /// Installs `crds` on every cluster through its API.
+    async fn install_everywhere(&self, crds: &[serde_json::Value]) -> Result<(), FleetError> {
         for c in &self.clusters {
             let client = c.client().await?;
-            crate::crds::install(&client, crate::kinds::crds())
-                .await
-                .map_err(|e| FleetError::Client { cluster: c.name.clone(), source: Box::new(e) })?;
+            crate::crds::install(&client, crds.to_vec()).await.map_err(|e| FleetError::Client { cluster: c.name.clone(), source: Box::new(e) })?;
         }
         Ok(())
     }
@@ -394,10 +394,10 @@ async fn crd_seed(bins: &Binaries, dir: &Path, etcd: &crate::crd_seed::Etcd, crd
         return Ok(seed);
     }
     let instance = format!("crd-seed-{:08x}", rand_u128() as u32);
-    let mut c = start_cluster(bins, dir, "crd-seed", &instance, &etcd.url())?;
+    let mut c = start_cluster(bins, dir, "crd-seed", &instance, etcd.url())?;
     wait_ready(&mut c).await?;
     crate::crds::install(&c.client().await?, crds.to_vec()).await.map_err(|e| FleetError::Client { cluster: c.name.clone(), source: Box::new(e) })?;
-    let seed = crate::crd_seed::Seed::read(etcd, &format!("/ferry/{instance}/")).await?;
+    let seed = crate::crd_seed::Seed::read(etcd, &etcd_prefix(&instance)).await?;
     if seed.len() != crds.len() {
         return Err(crate::crd_seed::SeedError::Incomplete { stored: seed.len(), wanted: crds.len() }.into());
     }
@@ -496,6 +496,12 @@ fn client_ca(dir: &Path) -> Result<(), FleetError> {
     Ok(())
 }
 
+/// The etcd prefix under which a cluster instance's API server keeps everything: its
+/// `--etcd-prefix`, and where [`crate::crd_seed`] writes ahead of it.
+fn etcd_prefix(instance: &str) -> String {
+    format!("/ferry/{instance}")
+}
+
 fn start_cluster(bins: &Binaries, root: &Path, name: &str, instance: &str, etcd: &str) -> Result<Cluster, FleetError> {
     let dir = root.join(instance);
     let certs = dir.join("certs");
@@ -520,7 +526,7 @@ fn start_cluster(bins: &Binaries, root: &Path, name: &str, instance: &str, etcd:
         &bins.apiserver,
         &[
             format!("--etcd-servers={etcd}"),
-            format!("--etcd-prefix=/ferry/{instance}"),
+            format!("--etcd-prefix={}", etcd_prefix(instance)),
             "--bind-address=127.0.0.1".into(),
             "--advertise-address=127.0.0.1".into(),
             format!("--secure-port={port}"),

@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
 use crate::emulate::now;
+use crate::wake::Wake;
 use crate::fleet::{ClusterSpawner, kubeconfig_secret_owned};
 use crate::{Cluster, Fleet, FleetError, Kubelet, NodeFlavor};
 
@@ -29,7 +30,6 @@ pub const FINALIZER: &str = "cluster.cluster.x-k8s.io";
 const MANAGER: &str = "ferry-emulated-capi";
 /// Label of a Cluster's objects (Machines, Secrets).
 pub const CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
-const TICK: Duration = Duration::from_millis(200);
 
 /// Behaviour of the emulated providers for one cluster.
 #[derive(Debug, Clone)]
@@ -121,6 +121,7 @@ struct Ctx {
     spawner: ClusterSpawner,
     opts: CapiOptions,
     knobs: Arc<Mutex<(CapiKnobs, HashMap<String, CapiKnobs>)>>,
+    wake: Wake,
 }
 
 impl EmulatedCapi {
@@ -129,16 +130,21 @@ impl EmulatedCapi {
         let hub = fleet.hub().client().await?;
         let knobs: Arc<Mutex<(CapiKnobs, HashMap<String, CapiKnobs>)>> = Arc::default();
         let state: Arc<tokio::sync::Mutex<State>> = Arc::default();
-        let cx = Ctx { hub, spawner: fleet.spawner(), opts, knobs: knobs.clone() };
+        // What the providers' controllers watch; the infrastructure and template kinds they
+        // only read change through the emulator itself (or wait for the fallback pass).
+        let mut wake = Wake::default();
+        for (group, kind) in [("cluster.x-k8s.io", "Cluster"), ("cluster.x-k8s.io", "ClusterClass"), ("cluster.x-k8s.io", "MachineDeployment"), ("controlplane.cluster.x-k8s.io", "KubeadmControlPlane")] {
+            wake.watch(&hub, &gvk(group, kind));
+        }
+        let cx = Ctx { hub, spawner: fleet.spawner(), opts, knobs: knobs.clone(), wake };
         let st = state.clone();
         let task = tokio::spawn(async move {
-            let mut every = tokio::time::interval(TICK);
-            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                every.tick().await;
+                cx.wake.next().await;
                 let mut s = st.lock().await;
                 if let Err(e) = tick(&cx, &mut s).await {
-                    tracing::debug!(error = %e, "emulated Cluster API: retrying on the next tick");
+                    cx.wake.after(crate::wake::RETRY);
+                    tracing::debug!(error = %e, "emulated Cluster API: retrying");
                 }
             }
         });
@@ -258,7 +264,8 @@ async fn tick(cx: &Ctx, s: &mut State) -> Result<(), kube::Error> {
 
 async fn remove(cx: &Ctx, s: &mut State, api: &Api<DynamicObject>, c: &DynamicObject, ns: &str, name: &str, key: &str) -> Result<(), kube::Error> {
     let since = *s.deleting_since.entry(key.to_owned()).or_insert_with(Instant::now);
-    if since.elapsed() < cx.knob(name).deletion_delay {
+    if let Some(left) = cx.knob(name).deletion_delay.checked_sub(since.elapsed()) {
+        cx.wake.after(left);
         let status = json!({"phase": "Deleting"});
         return set_status(api, c, status).await;
     }
@@ -305,7 +312,8 @@ async fn provision(cx: &Ctx, s: &mut State, api: &Api<DynamicObject>, c: &Dynami
     let knobs = cx.knob(name);
     let age = s.first_seen.entry(key.to_owned()).or_insert_with(Instant::now).elapsed();
     let old = c.data.pointer("/status/conditions");
-    if age < knobs.provision_delay {
+    if let Some(left) = knobs.provision_delay.checked_sub(age) {
+        cx.wake.after(left);
         return set_status(api, c, json!({"phase": "Pending"})).await;
     }
     // Infrastructure provisioned.
@@ -315,6 +323,9 @@ async fn provision(cx: &Ctx, s: &mut State, api: &Api<DynamicObject>, c: &Dynami
         set_status(&iapi, &infra, st).await?;
     }
     if knobs.never_ready || age < knobs.provision_delay * 2 {
+        if !knobs.never_ready {
+            cx.wake.after(knobs.provision_delay * 2 - age);
+        }
         let st = json!({"phase": "Provisioning", "initialization": {"infrastructureProvisioned": true},
             "conditions": [cond("InfrastructureReady", true, "Provisioned", old), cond("ControlPlaneInitialized", false, "WaitingForControlPlane", old),
                            cond("Available", false, "WaitingForControlPlane", old)]});

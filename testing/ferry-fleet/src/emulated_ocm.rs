@@ -9,12 +9,12 @@
 //! ([`crate::ocm_taints`]: availability counts only through the taints the hub keeps) and
 //! AddOnPlacementScore prioritizers).
 //!
-//! Each part is a loop that re-reads its objects every [`TICK`] and writes only what
-//! changed: simple, restart-proof, and quick enough for tests. Knobs make a cluster never
-//! become available or a work agent stuck.
+//! Each part is a loop that re-reads its objects whenever one of the kinds it reads
+//! changes ([`crate::wake`]) and writes only what changed: simple, restart-proof, and quick
+//! enough for tests. Knobs make a cluster never become available or a work agent stuck.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -26,14 +26,13 @@ use sha2::{Digest, Sha256};
 use tokio::task::JoinHandle;
 
 use crate::emulate::now;
-use crate::emulated_registration::{AGENT_TICK, Klusterlet};
+use crate::emulated_registration::Klusterlet;
+use crate::wake::Wake;
 use crate::fleet::Fleet;
 use crate::ocm_prioritizers::{self, Decision};
 use ferry_kube::cluster_sets::{ClusterSet, ClusterSetError};
 use ferry_kube::kinds::ManagedClusterSet;
 
-/// How often each emulated controller looks again.
-pub const TICK: Duration = Duration::from_millis(250);
 /// The work agent's finalizer (as OCM names it).
 pub const WORK_FINALIZER: &str = "cluster.open-cluster-management.io/manifest-work-cleanup";
 /// The finalizer of an AppliedManifestWork (api `work/v1/types.go`,
@@ -110,6 +109,8 @@ pub struct OcmKnobs {
 #[derive(Debug)]
 pub struct EmulatedOcm {
     knobs: Arc<Mutex<HashMap<String, OcmKnobs>>>,
+    /// The agents' wakes, poked when a knob changes (a stopped agent's are gone).
+    wakes: Arc<Mutex<Vec<Weak<Wake>>>>,
     tasks: Vec<JoinHandle<()>>,
     /// OCM's hub webhooks, served while the hub is emulated.
     _admission: crate::admission::AdmissionServer,
@@ -135,8 +136,17 @@ impl EmulatedOcm {
         let admission = crate::webhooks_ocm::serve(&hub).await.map_err(|e| crate::FleetError::Client { cluster: "hub".into(), source: Box::new(e) })?;
         // `HubHash`: what names a work's AppliedManifestWork (`<hub hash>-<work>`).
         let hub_hash: String = Sha256::digest(hub_cluster.server.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
+        let knobs_wake: Arc<Mutex<Vec<Weak<Wake>>>> = Arc::default();
+        let mut registration_wake = Wake::default();
+        for ar in [managed_clusters(), bindings(), works(), ApiResource::erase::<ManagedClusterSet>(&())] {
+            registration_wake.watch(&hub, &ar);
+        }
+        let mut placement_wake = Wake::default();
+        for ar in [placements(), managed_clusters(), bindings(), scores(), ApiResource::erase::<ManagedClusterSet>(&())] {
+            placement_wake.watch(&hub, &ar);
+        }
         let mut tasks = vec![
-            tokio::spawn(forever("registration", {
+            tokio::spawn(forever("registration", Arc::new(registration_wake), {
                 let hub = hub.clone();
                 move || {
                     let hub = hub.clone();
@@ -147,8 +157,8 @@ impl EmulatedOcm {
                     }
                 }
             })),
-            tokio::spawn(agents(fleet.clusters.iter().skip(1).map(|c| c.name.clone()).collect(), hub.clone(), hub_hash.clone(), knobs.clone())),
-            tokio::spawn(forever("placement", {
+            tokio::spawn(agents(fleet.clusters.iter().skip(1).map(|c| c.name.clone()).collect(), hub.clone(), hub_hash.clone(), knobs.clone(), knobs_wake.clone())),
+            tokio::spawn(forever("placement", Arc::new(placement_wake), {
                 let hub = hub.clone();
                 move || placement(hub.clone())
             })),
@@ -157,53 +167,78 @@ impl EmulatedOcm {
             crate::crds::install(&c.client().await?, vec![crate::kinds::crd(&APPLIED_KIND)])
                 .await
                 .map_err(|e| crate::FleetError::Client { cluster: c.name.clone(), source: Box::new(e) })?;
-            let klusterlet = Arc::new(Klusterlet::new(&c.name, c.client().await?, knobs.clone()));
-            tasks.push(tokio::spawn(async move {
-                let mut every = tokio::time::interval(AGENT_TICK);
-                loop {
-                    every.tick().await;
-                    if let Err(e) = klusterlet.tick().await {
-                        tracing::debug!(error = %e, "emulated klusterlet: retrying on the next tick");
-                    }
-                }
-            }));
+            let managed = c.client().await?;
+            let klusterlet = Arc::new(Klusterlet::new(&c.name, managed.clone(), knobs.clone()));
+            let wake = klusterlet_wake(&hub, &managed);
+            knobs_wake.lock().expect("wakes lock").push(Arc::downgrade(&wake));
+            tasks.push(tokio::spawn(forever("klusterlet", wake, move || {
+                let k = klusterlet.clone();
+                async move { k.tick().await }
+            })));
+            let wake = work_agent_wake(&hub, &managed);
+            knobs_wake.lock().expect("wakes lock").push(Arc::downgrade(&wake));
             let agent = WorkAgent {
                 cluster: c.name.clone(),
                 hub_hash: hub_hash.clone(),
                 hub: hub.clone(),
-                managed: c.client().await?,
+                managed,
                 knobs: knobs.clone(),
                 kinds: Mutex::default(),
                 first_seen: Mutex::default(),
                 applied: Mutex::default(),
                 klusterlet: None,
+                wake: wake.clone(),
             };
             let agent = Arc::new(agent);
-            tasks.push(tokio::spawn(forever("work agent", move || {
+            tasks.push(tokio::spawn(forever("work agent", wake, move || {
                 let a = agent.clone();
                 async move { a.tick().await }
             })));
         }
-        Ok(Self { knobs, tasks, _admission: admission })
+        Ok(Self { knobs, wakes: knobs_wake, tasks, _admission: admission })
     }
 
-    /// Changes the knobs of `cluster`.
+    /// Changes the knobs of `cluster`; its agents look again at once.
     pub fn set(&self, cluster: &str, f: impl FnOnce(&mut OcmKnobs)) {
         f(self.knobs.lock().expect("knobs lock").entry(cluster.to_owned()).or_default());
+        self.wakes.lock().expect("wakes lock").iter().filter_map(Weak::upgrade).for_each(|w| w.poke());
     }
+}
+
+/// What a registration agent watches: its Klusterlet and bootstrap Secret on the managed
+/// cluster, its ManagedCluster and CSR on the hub. Its lease is renewed on the fallback pass.
+fn klusterlet_wake(hub: &kube::Client, managed: &kube::Client) -> Arc<Wake> {
+    let mut wake = Wake::default();
+    wake.watch(managed, &crate::emulated_registration::klusterlets());
+    wake.watch(managed, &ApiResource::erase::<k8s_openapi::api::core::v1::Secret>(&()));
+    wake.watch(hub, &managed_clusters());
+    wake.watch(hub, &ApiResource::erase::<k8s_openapi::api::certificates::v1::CertificateSigningRequest>(&()));
+    Arc::new(wake)
+}
+
+/// What a work agent watches: the hub's ManifestWorks, and on its cluster the kinds whose
+/// status it feeds back (Deployments, Jobs) and its AppliedManifestWorks. Other kinds'
+/// status is read again on the fallback pass.
+fn work_agent_wake(hub: &kube::Client, managed: &kube::Client) -> Arc<Wake> {
+    let mut wake = Wake::default();
+    wake.watch(hub, &works());
+    wake.watch(managed, &applied_works());
+    wake.watch(managed, &ApiResource::erase::<k8s_openapi::api::apps::v1::Deployment>(&()));
+    wake.watch(managed, &ApiResource::erase::<k8s_openapi::api::batch::v1::Job>(&()));
+    Arc::new(wake)
 }
 
 /// The klusterlets of Cluster API's workload clusters: one per `<name>-kubeconfig` Secret
 /// on the hub (the fleet's own members, named in `members`, have theirs already), each with
 /// the work agent its operator runs beside the registration agent (acting only while the
 /// klusterlet's agents run, [`Klusterlet::agents_run`]).
-async fn agents(members: Vec<String>, hub: kube::Client, hub_hash: String, knobs: Arc<Mutex<HashMap<String, OcmKnobs>>>) {
+async fn agents(members: Vec<String>, hub: kube::Client, hub_hash: String, knobs: Arc<Mutex<HashMap<String, OcmKnobs>>>, wakes: Arc<Mutex<Vec<Weak<Wake>>>>) {
     use k8s_openapi::api::core::v1::Secret;
     let mut running: HashMap<String, (String, JoinHandle<()>)> = HashMap::new();
-    let mut every = tokio::time::interval(TICK * 4);
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut wake = Wake::default();
+    wake.watch(&hub, &ApiResource::erase::<Secret>(&()));
     loop {
-        every.tick().await;
+        wake.next().await;
         let secrets: Api<Secret> = Api::all(hub.clone());
         let Ok(list) = secrets.list(&ListParams::default().labels("cluster.x-k8s.io/cluster-name")).await else { continue };
         let mut seen = BTreeSet::new();
@@ -219,6 +254,12 @@ async fn agents(members: Vec<String>, hub: kube::Client, hub_hash: String, knobs
             }
             let Ok(client) = crate::emulated_registration::client_from(&kc).await else { continue };
             let klusterlet = Arc::new(Klusterlet::new(&name, client.clone(), knobs.clone()));
+            let (registration_wake, work_wake) = (klusterlet_wake(&hub, &client), work_agent_wake(&hub, &client));
+            // A stopped agent's wakes drop with its task (and their watches with them).
+            let mut all = wakes.lock().expect("wakes lock");
+            all.retain(|w| w.strong_count() > 0);
+            all.extend([Arc::downgrade(&registration_wake), Arc::downgrade(&work_wake)]);
+            drop(all);
             let agent = Arc::new(WorkAgent {
                 cluster: name.clone(),
                 hub_hash: hub_hash.clone(),
@@ -229,28 +270,26 @@ async fn agents(members: Vec<String>, hub: kube::Client, hub_hash: String, knobs
                 first_seen: Mutex::default(),
                 applied: Mutex::default(),
                 klusterlet: Some(klusterlet.clone()),
+                wake: work_wake.clone(),
             });
             let task = tokio::spawn(async move {
-                let registration = async {
-                    let mut every = tokio::time::interval(AGENT_TICK);
-                    loop {
-                        every.tick().await;
-                        if let Err(e) = klusterlet.tick().await {
-                            tracing::debug!(error = %e, "emulated klusterlet: retrying on the next tick");
-                        }
-                    }
-                };
+                let registration = forever("klusterlet", registration_wake, || {
+                    let k = klusterlet.clone();
+                    async move { k.tick().await }
+                });
                 let work = async {
                     // The agent's AppliedManifestWork kind, as for the members.
-                    let mut every = tokio::time::interval(AGENT_TICK);
                     loop {
-                        every.tick().await;
+                        work_wake.next().await;
                         match crate::crds::install(&agent.managed, vec![crate::kinds::crd(&APPLIED_KIND)]).await {
                             Ok(_) => break,
-                            Err(e) => tracing::debug!(error = %e, "emulated work agent: installing its CRD again on the next tick"),
+                            Err(e) => {
+                                work_wake.after(crate::wake::RETRY);
+                                tracing::debug!(error = %e, "emulated work agent: installing its CRD again");
+                            }
                         }
                     }
-                    forever("work agent", || {
+                    forever("work agent", work_wake.clone(), || {
                         let a = agent.clone();
                         async move { a.tick().await }
                     })
@@ -272,18 +311,18 @@ async fn agents(members: Vec<String>, hub: kube::Client, hub_hash: String, knobs
     }
 }
 
-/// Runs `tick` every [`TICK`]; errors are logged and retried on the next tick.
-async fn forever<F, Fut>(what: &'static str, tick: F)
+/// Runs `tick` whenever `wake` says; errors are logged and retried soon.
+async fn forever<F, Fut, E>(what: &'static str, wake: Arc<Wake>, tick: F)
 where
     F: Fn() -> Fut,
-    Fut: std::future::Future<Output = Result<(), kube::Error>>,
+    Fut: std::future::Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
 {
-    let mut every = tokio::time::interval(TICK);
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        every.tick().await;
+        wake.next().await;
         if let Err(e) = tick().await {
-            tracing::debug!(what, error = %e, "emulated OCM: retrying on the next tick");
+            wake.after(crate::wake::RETRY);
+            tracing::debug!(what, error = %e, "emulated OCM: retrying");
         }
     }
 }
@@ -305,6 +344,8 @@ struct WorkAgent {
     kinds: Mutex<HashMap<(String, String), (ApiResource, ApiCapabilities)>>,
     /// When each (work uid, generation) was first seen, for the apply delay.
     first_seen: Mutex<HashMap<(String, i64), std::time::Instant>>,
+    /// Starts its passes; asked for a pass when an apply delay runs out.
+    wake: Arc<Wake>,
     /// What each (work uid, manifest) was last written as, and the live object's
     /// resourceVersion right after: upstream's resource cache (`SafeToSkipApply`).
     applied: Mutex<BTreeMap<(String, Meta), (String, String)>>,
@@ -804,7 +845,8 @@ impl WorkAgent {
         let k = knob(&self.knobs, &self.cluster);
         let key = (w.metadata.uid.clone().unwrap_or_default(), generation);
         let seen = *self.first_seen.lock().expect("seen lock").entry(key).or_insert_with(std::time::Instant::now);
-        if seen.elapsed() < k.apply_delay {
+        if let Some(left) = k.apply_delay.checked_sub(seen.elapsed()).filter(|d| !d.is_zero()) {
+            self.wake.after(left);
             return Ok(());
         }
         if k.fail_apply {

@@ -38,7 +38,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use base64::Engine;
 use ferry_kube::ocm_join::{AGENT_NAMESPACE, BOOTSTRAP_ROLE, BOOTSTRAP_SA, BOOTSTRAP_SECRET, CLUSTER_NAME_LABEL, HUB_NAMESPACE, HUB_SECRET, KLUSTERLET};
@@ -88,7 +87,7 @@ fn manifest_works() -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("work.open-cluster-management.io", "v1", "ManifestWork"), "manifestworks")
 }
 
-fn klusterlets() -> ApiResource {
+pub(crate) fn klusterlets() -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("operator.open-cluster-management.io", "v1", "Klusterlet"), "klusterlets")
 }
 
@@ -714,5 +713,3 @@ fn rand_u32() -> u32 {
 /// The agents of a fleet's managed clusters, by the test bed's cluster name.
 pub type Agents = BTreeMap<String, Arc<Klusterlet>>;
 
-/// How often an agent looks again.
-pub const AGENT_TICK: Duration = Duration::from_millis(250);

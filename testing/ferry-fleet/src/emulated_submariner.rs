@@ -21,7 +21,6 @@ pub mod spoke;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::core::GroupVersionKind;
@@ -29,12 +28,12 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
 use crate::emulate::now;
+use crate::wake::Wake;
 use crate::{Fleet, FleetError};
 
 /// Field manager of the emulated add-on's writes.
 pub const MANAGER: &str = "ferry-emulated-submariner";
 /// How often the emulated controllers look again.
-pub const TICK: Duration = Duration::from_millis(250);
 /// The add-on's name: its ClusterManagementAddOn, every ManagedClusterAddOn, the agent's
 /// lease (`pkg/constants/constants.go`, `SubmarinerAddOnName`).
 pub const ADDON: &str = "submariner";
@@ -75,6 +74,7 @@ pub struct SubmarinerKnobs {
 /// Emulated Submariner add-on; stops on drop.
 pub struct EmulatedSubmariner {
     knobs: Arc<Mutex<HashMap<String, SubmarinerKnobs>>>,
+    wake: Arc<Wake>,
     task: JoinHandle<()>,
 }
 
@@ -109,28 +109,35 @@ impl EmulatedSubmariner {
         }
         let hub_server = fleet.hub().server.clone();
         let knobs = Arc::new(Mutex::new(knobs));
-        let k = knobs.clone();
+        let mut wake = Wake::default();
+        for ar in [addons(), works(), managed_clusters()] {
+            wake.watch(&hub, &ar);
+        }
+        members.iter().for_each(|m| m.watch(&mut wake));
+        let wake = Arc::new(wake);
+        let (k, w) = (knobs.clone(), wake.clone());
         let task = tokio::spawn(async move {
             let controllers = hub::Hub::default();
-            let mut every = tokio::time::interval(TICK);
-            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                every.tick().await;
+                w.next().await;
                 let knob = |c: &str| k.lock().expect("knobs lock").get(c).cloned().unwrap_or_default();
                 if let Err(e) = controllers.tick(&hub, &hub_server).await {
-                    tracing::debug!(error = %e, "emulated Submariner (hub): retrying on the next tick");
+                    w.after(crate::wake::RETRY);
+                    tracing::debug!(error = %e, "emulated Submariner (hub): retrying");
                 }
                 if let Err(e) = spoke::tick(&hub, &members, &knob).await {
-                    tracing::debug!(error = %e, "emulated Submariner (members): retrying on the next tick");
+                    w.after(crate::wake::RETRY);
+                    tracing::debug!(error = %e, "emulated Submariner (members): retrying");
                 }
             }
         });
-        Ok(Self { knobs, task })
+        Ok(Self { knobs, wake, task })
     }
 
     /// Changes the knobs of `cluster`.
     pub fn set(&self, cluster: &str, f: impl FnOnce(&mut SubmarinerKnobs)) {
         f(self.knobs.lock().expect("knobs lock").entry(cluster.to_owned()).or_default());
+        self.wake.poke();
     }
 }
 

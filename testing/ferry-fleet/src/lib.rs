@@ -45,6 +45,7 @@ pub mod measure;
 pub mod ocm_prioritizers;
 pub mod ocm_taints;
 pub mod process;
+pub mod wake;
 pub mod webhooks_capi;
 pub mod webhooks_cel;
 pub mod webhooks_liqo;

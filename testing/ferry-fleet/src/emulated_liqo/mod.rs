@@ -21,8 +21,9 @@
 //!   its default name, which only a namespace the Tenant controller creates gets.
 //!
 //! [`LiqoKnobs`]: a cluster whose Liqo is never installed, whose gateways never connect or
-//! connect late, or whose nonce signatures are forged. Every member runs one pass every 250 ms; a failed write is logged at
-//! debug and retried on the next pass.
+//! connect late, or whose nonce signatures are forged. A pass runs whenever an object of a
+//! kind the controllers read changes on any member, or a knob does ([`crate::wake`]); a
+//! failed write is logged at debug and retried.
 
 pub mod authentication;
 pub mod ipam;
@@ -42,6 +43,7 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
 pub use crate::emulate::now;
+use crate::wake::Wake;
 use crate::{Fleet, FleetError};
 pub use ferry_kube::vocab::liqo::{CLUSTER_ID_CONFIGMAP, CONTROLLER_MANAGER, LIQO_NAMESPACE, REMOTE_ID_LABEL, tenant_namespace};
 use ferry_kube::vocab::liqo::{AUTH_KEYS_SECRET, CLIENT_TEMPLATE, CLIENT_TEMPLATE_KIND, SERVER_TEMPLATE, SERVER_TEMPLATE_KIND, TENANT_NAMESPACE_LABEL};
@@ -50,7 +52,21 @@ pub use resources::NOT_ALLOWED_TAINT;
 /// Selector of the virtual nodes (label `liqo.io/type`).
 pub const VIRTUAL_NODE_SELECTOR: &str = "liqo.io/type=virtual-node";
 const MANAGER: &str = "ferry-emulated-liqo";
-const TICK: Duration = Duration::from_millis(250);
+/// The kinds whose changes start a pass (ForeignClusters, Events and namespaces are only
+/// written here or read in passes something else starts).
+const WATCHED: [(&str, &str, &str, &str); 11] = [
+    ("networking.liqo.io", "v1beta1", "Configuration", "configurations"),
+    ("networking.liqo.io", "v1beta1", "GatewayServer", "gatewayservers"),
+    ("networking.liqo.io", "v1beta1", "GatewayClient", "gatewayclients"),
+    ("networking.liqo.io", "v1beta1", "PublicKey", "publickeies"),
+    ("networking.liqo.io", "v1beta1", "Connection", "connections"),
+    ("authentication.liqo.io", "v1beta1", "Tenant", "tenants"),
+    ("authentication.liqo.io", "v1beta1", "Identity", "identities"),
+    ("authentication.liqo.io", "v1beta1", "ResourceSlice", "resourceslices"),
+    ("offloading.liqo.io", "v1beta1", "VirtualNode", "virtualnodes"),
+    ("ipam.liqo.io", "v1alpha1", "Network", "networks"),
+    ("", "v1", "Secret", "secrets"),
+];
 
 /// Knobs of one cluster.
 #[derive(Debug, Clone, Default)]
@@ -80,6 +96,7 @@ pub(crate) fn cond_v1(old: Option<&Value>, type_: &str, status: &str, reason: &s
 /// Emulated Liqo; stops on drop.
 pub struct EmulatedLiqo {
     knobs: Arc<Mutex<HashMap<String, LiqoKnobs>>>,
+    wake: Arc<Wake>,
     task: JoinHandle<()>,
 }
 
@@ -126,24 +143,31 @@ impl EmulatedLiqo {
             m.installed = true;
         }
         let knobs = Arc::new(Mutex::new(knobs));
-        let k = knobs.clone();
+        let mut wake = Wake::default();
+        for m in &members {
+            for (group, version, kind, plural) in WATCHED {
+                wake.watch(&m.client, &ar(group, version, kind, plural));
+            }
+        }
+        let wake = Arc::new(wake);
+        let (k, w) = (knobs.clone(), wake.clone());
         let task = tokio::spawn(async move {
-            let mut every = tokio::time::interval(TICK);
-            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                every.tick().await;
+                w.next().await;
                 // Knobs are read live, when each object is decided.
-                if let Err(e) = tick(&mut members, &k).await {
-                    tracing::debug!(error = %e, "emulated Liqo: retrying on the next tick");
+                if let Err(e) = tick(&mut members, &k, &w).await {
+                    w.after(crate::wake::RETRY);
+                    tracing::debug!(error = %e, "emulated Liqo: retrying");
                 }
             }
         });
-        Ok(Self { knobs, task })
+        Ok(Self { knobs, wake, task })
     }
 
     /// Changes the knobs of `cluster`.
     pub fn set(&self, cluster: &str, f: impl FnOnce(&mut LiqoKnobs)) {
         f(self.knobs.lock().expect("knobs lock").entry(cluster.to_owned()).or_default());
+        self.wake.poke();
     }
 }
 
@@ -264,7 +288,7 @@ async fn install(m: &Member) -> Result<(), kube::Error> {
     Ok(())
 }
 
-async fn tick(members: &mut [Member], knobs: &Mutex<HashMap<String, LiqoKnobs>>) -> Result<(), kube::Error> {
+async fn tick(members: &mut [Member], knobs: &Mutex<HashMap<String, LiqoKnobs>>, wake: &Wake) -> Result<(), kube::Error> {
     let knob = |c: &str| knobs.lock().expect("knobs lock").get(c).cloned().unwrap_or_default();
     for m in members.iter_mut() {
         if !m.installed && !knob(&m.name).not_installed {
@@ -277,7 +301,7 @@ async fn tick(members: &mut [Member], knobs: &Mutex<HashMap<String, LiqoKnobs>>)
         let passes = async {
             network::configurations(m).await?;
             network::gateways(m).await?;
-            network::connections(m, &clients, &knob).await?;
+            network::connections(m, &clients, &knob, wake).await?;
             authentication::nonces(m, knob(&m.name).forged_signatures).await?;
             authentication::tenants(m).await?;
             authentication::identities(m).await?;
@@ -288,7 +312,8 @@ async fn tick(members: &mut [Member], knobs: &Mutex<HashMap<String, LiqoKnobs>>)
         };
         // One member's failure does not stall the others.
         if let Err(e) = passes.await {
-            tracing::debug!(cluster = %m.name, error = %e, "emulated Liqo: retrying on the next tick");
+            wake.after(crate::wake::RETRY);
+            tracing::debug!(cluster = %m.name, error = %e, "emulated Liqo: retrying");
         }
     }
     Ok(())

@@ -31,6 +31,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams
 use serde_json::{Value, json};
 
 use super::{LiqoKnobs, MANAGER, Member, apply, ar, at_most_one, cond_v1, event, ipam, name_of, ns_of, set_status};
+use crate::wake::Wake;
 use ferry_kube::vocab::liqo::REMOTE_ID_LABEL;
 
 pub(super) fn net(kind: &str, plural: &str) -> kube::api::ApiResource {
@@ -234,7 +235,7 @@ async fn server_toward(cluster: &kube::Client, remote: &str) -> Result<Option<Dy
 
 /// Connections on both sides of each client: Connected once the keys are exchanged and
 /// the client points at the server; removed with their gateways.
-pub(super) async fn connections(m: &Member, clients: &BTreeMap<String, kube::Client>, knob: &impl Fn(&str) -> LiqoKnobs) -> Result<(), kube::Error> {
+pub(super) async fn connections(m: &Member, clients: &BTreeMap<String, kube::Client>, knob: &impl Fn(&str) -> LiqoKnobs, wake: &Wake) -> Result<(), kube::Error> {
     let gcs: Api<DynamicObject> = Api::all_with(m.client.clone(), &net("GatewayClient", "gatewayclients"));
     for gc in gcs.list(&ListParams::default()).await?.items {
         let Some(remote) = gc.metadata.labels.as_ref().and_then(|l| l.get(REMOTE_ID_LABEL)).cloned() else { continue };
@@ -243,7 +244,11 @@ pub(super) async fn connections(m: &Member, clients: &BTreeMap<String, kube::Cli
         let (here, there) = (knob(&m.name), knob(&remote));
         let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
         let age_ms = gc.metadata.creation_timestamp.as_ref().map_or(0, |t| now_ms - t.0.as_millisecond());
-        let old_enough = age_ms >= here.gateway_delay.max(there.gateway_delay).as_millis() as i64;
+        let delay_ms = here.gateway_delay.max(there.gateway_delay).as_millis() as i64;
+        let old_enough = age_ms >= delay_ms;
+        if !old_enough {
+            wake.after(std::time::Duration::from_millis((delay_ms - age_ms) as u64));
+        }
         let mut connected = !here.gateway_never_connects && !there.gateway_never_connects && old_enough;
         if let Some(s) = &server {
             let published = s.data.pointer("/status/endpoint/addresses/0").and_then(Value::as_str);

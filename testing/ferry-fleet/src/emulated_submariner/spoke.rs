@@ -68,6 +68,13 @@ impl std::fmt::Debug for Member {
 }
 
 impl Member {
+    /// Starts a pass when the kinds this member's OLM and operator read change.
+    pub(super) fn watch(&self, wake: &mut crate::wake::Wake) {
+        for ar in [subscriptions(), operator_groups(), submariners()] {
+            wake.watch(&self.client, &ar);
+        }
+    }
+
     /// Member `name` reached through `client`.
     pub fn new(name: &str, client: kube::Client) -> Self {
         Self { name: name.to_owned(), client, olm: Mutex::new(None), renewed: Mutex::new(None) }

@@ -16,6 +16,8 @@
 //! - [`emulated_offloading`]: Liqo namespace offloading and its virtual kubelet, played for tests.
 //! - [`emulated_ocm`]: OCM registration, work agents and placement, played for tests;
 //!   [`emulated_cluster_sets`]: the hub's `default` and `global` ManagedClusterSets.
+//! - [`wake`]: when an emulated controller's pass runs (a watched kind changed, a delay ran
+//!   out, or a quiet second passed).
 //! - [`admission`]: admission webhooks served over TLS and registered on the API servers,
 //!   as upstream installs them; [`webhooks_ocm`]: OCM's hub webhooks (accept, join, bind, the
 //!   default set and taint times);

@@ -264,8 +264,7 @@ async fn tick(cx: &Ctx, s: &mut State) -> Result<(), kube::Error> {
 
 async fn remove(cx: &Ctx, s: &mut State, api: &Api<DynamicObject>, c: &DynamicObject, ns: &str, name: &str, key: &str) -> Result<(), kube::Error> {
     let since = *s.deleting_since.entry(key.to_owned()).or_insert_with(Instant::now);
-    if let Some(left) = cx.knob(name).deletion_delay.checked_sub(since.elapsed()) {
-        cx.wake.after(left);
+    if cx.wake.waiting(cx.knob(name).deletion_delay, since.elapsed()) {
         let status = json!({"phase": "Deleting"});
         return set_status(api, c, status).await;
     }
@@ -312,8 +311,7 @@ async fn provision(cx: &Ctx, s: &mut State, api: &Api<DynamicObject>, c: &Dynami
     let knobs = cx.knob(name);
     let age = s.first_seen.entry(key.to_owned()).or_insert_with(Instant::now).elapsed();
     let old = c.data.pointer("/status/conditions");
-    if let Some(left) = knobs.provision_delay.checked_sub(age) {
-        cx.wake.after(left);
+    if cx.wake.waiting(knobs.provision_delay, age) {
         return set_status(api, c, json!({"phase": "Pending"})).await;
     }
     // Infrastructure provisioned.
@@ -322,10 +320,7 @@ async fn provision(cx: &Ctx, s: &mut State, api: &Api<DynamicObject>, c: &Dynami
                         "conditions": [cond("Ready", true, "Provisioned", infra.data.pointer("/status/conditions"))]});
         set_status(&iapi, &infra, st).await?;
     }
-    if knobs.never_ready || age < knobs.provision_delay * 2 {
-        if !knobs.never_ready {
-            cx.wake.after(knobs.provision_delay * 2 - age);
-        }
+    if knobs.never_ready || cx.wake.waiting(knobs.provision_delay * 2, age) {
         let st = json!({"phase": "Provisioning", "initialization": {"infrastructureProvisioned": true},
             "conditions": [cond("InfrastructureReady", true, "Provisioned", old), cond("ControlPlaneInitialized", false, "WaitingForControlPlane", old),
                            cond("Available", false, "WaitingForControlPlane", old)]});

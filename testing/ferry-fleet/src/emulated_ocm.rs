@@ -845,8 +845,7 @@ impl WorkAgent {
         let k = knob(&self.knobs, &self.cluster);
         let key = (w.metadata.uid.clone().unwrap_or_default(), generation);
         let seen = *self.first_seen.lock().expect("seen lock").entry(key).or_insert_with(std::time::Instant::now);
-        if let Some(left) = k.apply_delay.checked_sub(seen.elapsed()).filter(|d| !d.is_zero()) {
-            self.wake.after(left);
+        if self.wake.waiting(k.apply_delay, seen.elapsed()) {
             return Ok(());
         }
         if k.fail_apply {

@@ -79,6 +79,18 @@ impl Wake {
         }
     }
 
+    /// Whether `elapsed` is still short of `delay` (a pass waiting out a delay); if so,
+    /// asks for a pass when the delay runs out.
+    pub fn waiting(&self, delay: Duration, elapsed: Duration) -> bool {
+        match delay.checked_sub(elapsed).filter(|left| !left.is_zero()) {
+            Some(left) => {
+                self.after(left);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Waits until the next pass may run (the first at once): a change, the time asked
     /// for, or [`FALLBACK`]; never sooner than [`MIN_GAP`] after the previous pass started.
     pub async fn next(&self) {

@@ -72,7 +72,7 @@ pub fn apps(registry: &ferry_runtime::wire::Registry, snapshots: &[TaskSnapshot]
 }
 
 pub async fn run(conn: &Conn, cmd: AppsCommand) -> anyhow::Result<ExitCode> {
-    let client = conn.client().await?;
+    let client = conn.command_client().await?;
     match cmd {
         AppsCommand::List { owner, output } => {
             let mut views = apps(client.registry(), &client.snapshots().await?);

@@ -22,6 +22,9 @@ pub enum BenchCommand {
     /// Command -> Accepted and -> Succeeded at a fixed open-loop rate, beside the broker's
     /// round trip at that rate.
     Latency(super::bench_latency::LatencyArgs),
+    /// The wall time of the commands a user types (`submit`, `--wait`, `tasks`), each a
+    /// new process, beside the process's own start-up.
+    Cli(super::bench_cli::CliArgs),
     /// Many tasks waiting for simulated clusters in one worker: watches, memory, idle CPU.
     Waits(super::bench_waits::WaitsArgs),
     /// Reading the task-state topic as `ferry tasks list` does, over many tasks.
@@ -193,6 +196,7 @@ pub async fn run(cmd: BenchCommand, properties: &[(String, String)]) -> anyhow::
         BenchCommand::Tracker(a) => return super::bench_tracker::run(a).await,
         BenchCommand::Recovery(a) => return super::bench_recovery::run(a).await,
         BenchCommand::Latency(a) => return super::bench_latency::run(a, properties).await,
+        BenchCommand::Cli(a) => return super::bench_cli::run(a, properties).await,
         BenchCommand::Wave(a) => return super::bench_wave::run(a).await,
     };
     anyhow::ensure!(

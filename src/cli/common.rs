@@ -10,7 +10,7 @@ use clap::{Args, ValueEnum};
 use ferry_runtime::{KafkaConfig, TaskKind, TaskState, Topics};
 use rdkafka::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
-use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::producer::{BaseProducer, Producer, ProducerContext};
 use tokio_util::sync::CancellationToken;
 
 /// How to reach Kafka; every flag also reads an environment variable.
@@ -135,7 +135,11 @@ impl ClientContext for Probe {
     }
 }
 
-impl ConsumerContext for Probe {}
+impl ProducerContext for Probe {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, _: &rdkafka::message::DeliveryResult<'_>, (): ()) {}
+}
 
 impl Conn {
     pub fn kafka(&self) -> anyhow::Result<KafkaConfig> {
@@ -176,10 +180,12 @@ impl Conn {
         }
         let bootstrap = kafka.bootstrap.clone();
         let probe = tokio::task::spawn_blocking(move || -> Result<(), String> {
-            let c: BaseConsumer<Probe> = kafka.reader().create_with_context(Probe::default()).map_err(|e| e.to_string())?;
-            c.fetch_metadata(None, timeout).map(|_| ()).map_err(|e| {
+            // A bare producer handle that sends nothing: a consumer's group machinery made
+            // the probe's own shutdown cost about 100 ms.
+            let c: BaseProducer<Probe> = kafka.client().create_with_context(Probe::default()).map_err(|e| e.to_string())?;
+            c.client().fetch_metadata(None, timeout).map(|_| ()).map_err(|e| {
                 // Logs and errors wait on the client's queue (`log.queue`) until a poll serves them.
-                let _ = c.poll(Duration::ZERO);
+                c.poll(Duration::ZERO);
                 let last = c.context().last_error.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
                 last.unwrap_or_else(|| e.to_string())
             })
@@ -190,13 +196,27 @@ impl Conn {
         }
     }
 
+    /// A client for a process that runs on (a worker's onboarding, the dashboard).
     pub async fn client(&self) -> anyhow::Result<ferry_runtime::Client> {
+        self.make_client(ferry_runtime::Client::with_registry).await
+    }
+
+    /// The client of a command that prints and exits (submit, tasks, apps, watch): its
+    /// producer sends at once ([`ferry_runtime::Client::short_lived`]).
+    pub async fn command_client(&self) -> anyhow::Result<ferry_runtime::Client> {
+        self.make_client(ferry_runtime::Client::short_lived).await
+    }
+
+    async fn make_client(
+        &self,
+        make: fn(KafkaConfig, Topics, ferry_runtime::wire::Registry) -> Result<ferry_runtime::Client, ferry_runtime::ClientError>,
+    ) -> anyhow::Result<ferry_runtime::Client> {
         self.check_reachable().await?;
         let registry = match &self.schema_registry {
             Some(url) => ferry_runtime::schema_registry::confluent(url).await?,
             None => ferry_runtime::wire::Registry::embedded(),
         };
-        let client = ferry_runtime::Client::with_registry(self.kafka()?, self.topics(), registry)?;
+        let client = make(self.kafka()?, self.topics(), registry)?;
         Ok(match &self.tenant {
             Some(t) => client.as_tenant(t),
             None => client,

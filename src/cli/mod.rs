@@ -2,6 +2,7 @@
 
 pub mod apps;
 pub mod bench;
+pub mod bench_cli;
 pub mod bench_latency;
 pub mod bench_recovery;
 pub mod bench_tracker;

@@ -106,7 +106,7 @@ pub async fn run(conn: &Conn, a: SubmitArgs) -> anyhow::Result<ExitCode> {
         (info.encode)(&ferry_runtime::wire::Registry::embedded(), file.spec).map_err(|e| anyhow::anyhow!("{}: {e}", a.kind))?;
         anyhow::bail!("the spec file has no subject: (required for {} tasks)", a.kind);
     };
-    let client = conn.client().await?;
+    let client = conn.command_client().await?;
     let spec = encode_spec(&client, a.kind, file.spec)?;
     // Follow from the current end before sending, so no event is missed.
     let mut events = if a.wait { Some(client.events(false).await?) } else { None };

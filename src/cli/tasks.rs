@@ -362,32 +362,34 @@ async fn control(client: &ferry_runtime::Client, id: TaskId, action: CommandActi
 }
 
 pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
-    let client = conn.client().await?;
+    let client = conn.command_client().await?;
     match cmd {
         TasksCommand::Get { id, output } => {
             // A tenant knows its task from its events; an operator from the task state,
             // and the controls sent to it from the command topic.
-            let (view, controls, read) = if client.tenant().is_some() {
+            let (view, controls, history) = if client.tenant().is_some() {
                 let history = client.history(id).await?;
                 let own: Vec<ProgressEvent> = history.iter().filter(|e| e.seq > 0).cloned().collect();
-                (TaskView::from_events(&own), Vec::new(), Some(history))
+                (TaskView::from_events(&own), Vec::new(), history)
             } else {
-                match client.snapshot(id).await? {
-                    Some(snap) => {
-                        let controls = controls(conn, &client, &snap).await?;
-                        (Some(TaskView::from(&snap)), controls, None)
+                // The events are read beside the state and the controls: each read sets up
+                // a reader of its own, and one after the other they took twice as long.
+                let state = async {
+                    match client.snapshot(id).await? {
+                        Some(snap) => {
+                            let controls = controls(conn, &client, &snap).await?;
+                            Ok::<_, anyhow::Error>((Some(TaskView::from(&snap)), controls))
+                        }
+                        None => Ok((None, Vec::new())),
                     }
-                    None => (None, Vec::new(), None),
-                }
+                };
+                let (state, history) = tokio::join!(state, client.history(id));
+                let (view, controls) = state?;
+                (view, controls, history?)
             };
             let Some(view) = view else {
                 eprintln!("error: no task {id}");
                 return Ok(ExitCode::from(1));
-            };
-            // A tenant's were read above: one read of the topic.
-            let history = match read {
-                Some(h) => h,
-                None => client.history(id).await?,
             };
             match output {
                 Output::Table => {

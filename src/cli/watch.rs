@@ -32,7 +32,7 @@ fn short(id: &str) -> &str {
 }
 
 pub async fn run(conn: &Conn, ids: Vec<TaskId>) -> anyhow::Result<ExitCode> {
-    let client = conn.client().await?;
+    let client = conn.command_client().await?;
     // Follow from now before reading the state, so nothing between the two is missed.
     let mut events = client.events(false).await?;
     let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stderr());

@@ -141,8 +141,19 @@ impl Client {
     /// A client using `registry` (e.g. from [`crate::schema_registry::confluent`]).
     pub fn with_registry(kafka: KafkaConfig, topics: Topics, registry: Registry) -> Result<Self, ClientError> {
         let producer = kafka.producer().create().map_err(self::kafka("creating the producer"))?;
+        Ok(Self::from_parts(kafka, topics, registry, producer))
+    }
+
+    /// A client for a process that sends a few commands and exits (the CLI): its producer
+    /// can send at once instead of after about 0.5 s ([`KafkaConfig::command_producer`]).
+    pub fn short_lived(kafka: KafkaConfig, topics: Topics, registry: Registry) -> Result<Self, ClientError> {
+        let producer = kafka.command_producer().create().map_err(self::kafka("creating the producer"))?;
+        Ok(Self::from_parts(kafka, topics, registry, producer))
+    }
+
+    fn from_parts(kafka: KafkaConfig, topics: Topics, registry: Registry, producer: FutureProducer) -> Self {
         let requested_by = std::env::var("USER").unwrap_or_else(|_| "ferry-cli".into());
-        Ok(Self { kafka, topics, registry: Arc::new(registry), producer, requested_by, tenant: None, live: Mutex::new(None) })
+        Self { kafka, topics, registry: Arc::new(registry), producer, requested_by, tenant: None, live: Mutex::new(None) }
     }
 
     /// This client as `tenant`: its commands go to the tenant's topics
@@ -526,32 +537,32 @@ impl Client {
     /// A tenant's client reads its own progress topic ([`Self::progress_topic`]).
     pub async fn events(&self, from_start: bool) -> Result<EventStream, ClientError> {
         let topic = self.progress_topic();
-        let consumer: StreamConsumer = self.kafka.reader().create().map_err(kafka("creating the progress reader"))?;
+        let cfg = self.kafka.reader();
         let kafka_err = kafka(format!("assigning {topic}"));
-        let tpl = tokio::task::spawn_blocking({
-            let topic = topic.clone();
-            let consumer_cfg = self.kafka.reader();
-            move || -> Result<TopicPartitionList, KafkaError> {
-                let meta: rdkafka::consumer::BaseConsumer = consumer_cfg.create()?;
-                let md = meta.fetch_metadata(Some(&topic), Duration::from_secs(30))?;
-                let mut tpl = TopicPartitionList::new();
-                for p in md.topics().iter().flat_map(|t| t.partitions()) {
-                    // An explicit end offset: `Offset::End` resolves lazily and could skip
-                    // records produced right after this call.
-                    let start = if from_start {
-                        Offset::Beginning
-                    } else {
-                        Offset::Offset(meta.fetch_watermarks(&topic, p.id(), Duration::from_secs(30))?.1)
-                    };
-                    tpl.add_partition_offset(&topic, p.id(), start)?;
-                }
-                Ok(tpl)
+        let consumer = tokio::task::spawn_blocking(move || -> Result<StreamConsumer, KafkaError> {
+            // The reader asks for the topic's metadata itself before its assignment: a
+            // reader assigned partitions of a topic it has no metadata for fetches nothing
+            // until librdkafka's 1 s timer refreshes "unavailable topics", which made
+            // `ferry submit --wait` see a task's first event up to 1 s late.
+            let consumer: StreamConsumer = cfg.create()?;
+            let md = consumer.fetch_metadata(Some(&topic), Duration::from_secs(30))?;
+            let mut tpl = TopicPartitionList::new();
+            for p in md.topics().iter().flat_map(|t| t.partitions()) {
+                // An explicit end offset: `Offset::End` resolves lazily and could skip
+                // records produced right after this call.
+                let start = if from_start {
+                    Offset::Beginning
+                } else {
+                    Offset::Offset(consumer.fetch_watermarks(&topic, p.id(), Duration::from_secs(30))?.1)
+                };
+                tpl.add_partition_offset(&topic, p.id(), start)?;
             }
+            consumer.assign(&tpl)?;
+            Ok(consumer)
         })
         .await
-        .expect("metadata task")
+        .expect("progress reader set-up task")
         .map_err(kafka_err)?;
-        consumer.assign(&tpl).map_err(kafka(format!("assigning {topic}")))?;
         Ok(EventStream { consumer, registry: self.registry.clone(), kept: Default::default() })
     }
 }

@@ -133,6 +133,25 @@ impl KafkaConfig {
         c
     }
 
+    /// A producer for a process that sends a few commands and exits (the CLI): acks=all
+    /// and ordered (one request in flight), but not idempotent. An idempotent producer
+    /// cannot send before it holds a producer id, and librdkafka asks for one on a 500 ms
+    /// timer when no broker is up at the first try (`rd_kafka_idemp_init` and
+    /// `rd_kafka_idemp_pid_timer_restart`, librdkafka `src/rdkafka_idempotence.c`): the
+    /// bootstrap connection is dropped once the brokers are known, so a fresh CLI waited
+    /// 0.5-1 s before its one record left. Idempotence only dedupes a retried batch,
+    /// and the workers take a command twice safely: a second Start of a task id only
+    /// republishes its state, a signal is recorded once, and a Cancel or Revert acts on
+    /// the state the first one left (`scheduler.rs`).
+    pub fn command_producer(&self) -> ClientConfig {
+        let mut c = self.producer();
+        c.set("enable.idempotence", "false").set("max.in.flight.requests.per.connection", "1");
+        for (k, v) in &self.extra {
+            c.set(k, v);
+        }
+        c
+    }
+
     /// A group consumer that stores offsets only when told (after the work is durable).
     pub fn group_consumer(&self, group: &str) -> ClientConfig {
         let mut c = self.client();

@@ -171,9 +171,11 @@ impl<H: TaskHandler> Scheduler<H> {
     }
 
     pub(crate) async fn run(mut self, mut rx: mpsc::Receiver<SchedMsg>) {
+        let view = self.view.clone();
         loop {
             tokio::select! {
                 Some(done) = self.done_rx.recv() => self.on_done(done),
+                () = view.stale_landed() => self.write_newest_again(&self.owned.clone()),
                 Some(r) = self.wake_rx.recv() => self.on_rewritten(r),
                 Some(id) = self.overtaken_rx.recv() => self.on_overtaken_pause_over(id).await,
                 msg = rx.recv() => match msg {
@@ -793,6 +795,9 @@ impl<H: TaskHandler> Scheduler<H> {
                 tracing::warn!(error = %e, "final events not republished");
             }
         });
+        // Tasks of these partitions whose last record is older than their newest snapshot
+        // (read while another worker owned them).
+        self.write_newest_again(&fresh);
         let mut subjects = HashSet::new();
         for snap in self.view.unsettled(&fresh) {
             let Ok(id) = snap.task_id.parse::<TaskId>() else { continue };
@@ -807,6 +812,28 @@ impl<H: TaskHandler> Scheduler<H> {
         for s in subjects {
             self.pump(&s);
         }
+    }
+
+    /// Writes again the newest snapshot of each task of `partitions` whose last record on
+    /// the task-state topic is older ([`StateView::stale_last`]): a former owner's write that
+    /// was on the wire when it lost the partition can land after the new owner's, and a
+    /// compacted topic keeps only a key's last record, so a restart would otherwise take the
+    /// task up from the older state (running finished steps again, reusing seqs). Same seq
+    /// and content as the newest: readers and the task's runner see nothing new.
+    fn write_newest_again(&self, partitions: &HashSet<i32>) {
+        let mut pending = crate::publisher::Publisher::nothing();
+        for snap in self.view.stale_last(partitions) {
+            tracing::warn!(task = %snap.task_id, seq = snap.seq, "an older snapshot of the task landed after its newest: writing the newest again");
+            match self.env.publisher.enqueue_snapshot(&snap) {
+                Ok(p) => pending.extend(p),
+                Err(e) => tracing::warn!(task = %snap.task_id, error = %e, "newest snapshot not written again"),
+            }
+        }
+        tokio::spawn(async move {
+            if let Err(e) = pending.durable().await {
+                tracing::warn!(error = %e, "newest snapshots not written again");
+            }
+        });
     }
 
     async fn on_revoked(&mut self, partitions: &[i32], lost: bool) {

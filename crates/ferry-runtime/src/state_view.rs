@@ -57,6 +57,11 @@ struct Table {
     own: HashMap<TaskId, i64>,
     /// The tasks this worker runs, by run.
     guards: HashMap<TaskId, Guard>,
+    /// Tasks whose last record on the topic is older than their newest snapshot (a former
+    /// owner's write that was on the wire when it lost the partition, landing after the new
+    /// owner's): compaction keeps a key's last record, so the owner writes the newest again
+    /// ([`StateView::stale_last`]).
+    stale_last: HashSet<TaskId>,
 }
 
 /// A running task's guard: falls when a snapshot of the task that this process did not
@@ -79,6 +84,8 @@ pub struct StateView {
     consumer: Arc<BaseConsumer>,
     partitions: Vec<i32>,
     changed: watch::Sender<u64>,
+    /// Told when a record older than its task's newest snapshot is read.
+    stale_landed: tokio::sync::Notify,
     stop: AtomicBool,
 }
 
@@ -118,6 +125,7 @@ impl StateView {
             consumer: Arc::new(consumer),
             partitions,
             changed,
+            stale_landed: tokio::sync::Notify::new(),
             stop: AtomicBool::new(false),
         });
         let v = view.clone();
@@ -145,7 +153,11 @@ impl StateView {
                     match decoded {
                         Some(Ok(snap)) => {
                             Self::check_guard(&mut t, &snap);
+                            let older = Self::landed(&mut t, &snap.task_id, snap.seq);
                             drop(t);
+                            if older {
+                                self.stale_landed.notify_one();
+                            }
                             self.apply(snap);
                         }
                         Some(Err(e)) => {
@@ -158,6 +170,7 @@ impl StateView {
                                 t.tasks.remove(&id);
                                 t.keys.retain(|_, v| *v != id);
                                 t.own.remove(&id);
+                                t.stale_last.remove(&id);
                             }
                         }
                     }
@@ -185,7 +198,8 @@ impl StateView {
 
     /// True when the record is a snapshot this process wrote and still holds (same task,
     /// same seq) or one older than the held snapshot: decoding it would change nothing.
-    /// Known from the key and the seq header alone; records without them are decoded.
+    /// Known from the key and the seq header alone; records without them are decoded. An
+    /// older one makes the task's last record stale ([`Self::stale_last`]).
     fn held(&self, m: &rdkafka::message::BorrowedMessage<'_>) -> bool {
         use rdkafka::message::Headers;
         let Some(id) = m.key().and_then(|k| std::str::from_utf8(k).ok()).and_then(|k| k.parse::<TaskId>().ok()) else { return false };
@@ -198,8 +212,44 @@ impl StateView {
         else {
             return false;
         };
+        let mut t = self.table.write().expect("view lock");
+        if t.tasks.get(&id).is_some_and(|s| s.seq > seq) {
+            t.stale_last.insert(id);
+            drop(t);
+            self.stale_landed.notify_one();
+            return true;
+        }
+        if t.own.get(&id) == Some(&seq) {
+            t.stale_last.remove(&id);
+            return true;
+        }
+        false
+    }
+
+    /// Notes whether the record of `task` at `seq` just read is older than the task's
+    /// newest snapshot (then its last record is stale) or not (then it is not).
+    fn landed(t: &mut Table, task: &str, seq: i64) -> bool {
+        let Ok(id) = task.parse::<TaskId>() else { return false };
+        let older = t.tasks.get(&id).is_some_and(|s| s.seq > seq);
+        if older {
+            t.stale_last.insert(id);
+        } else {
+            t.stale_last.remove(&id);
+        }
+        older
+    }
+
+    /// Waits until a record older than its task's newest snapshot has been read since the
+    /// last call (a permit is kept when nobody waits).
+    pub async fn stale_landed(&self) {
+        self.stale_landed.notified().await;
+    }
+
+    /// The newest snapshots of the tasks of `partitions` (by their command's partition)
+    /// whose last record on the topic is older than that: what to write again.
+    pub fn stale_last(&self, partitions: &HashSet<i32>) -> Vec<TaskSnapshot> {
         let t = self.table.read().expect("view lock");
-        t.own.get(&id) == Some(&seq) || t.tasks.get(&id).is_some_and(|s| s.seq > seq)
+        t.stale_last.iter().filter_map(|id| t.tasks.get(id)).filter(|s| partitions.contains(&s.origin_partition)).cloned().collect()
     }
 
     /// Another writer's snapshot of a task this worker runs: only a worker that also takes

@@ -1022,6 +1022,70 @@ async fn a_task_another_worker_writes_ahead_is_stopped_and_goes_on_from_the_newe
     worker.await.unwrap();
 }
 
+/// The seq header of a task-state record, if it has one.
+fn seq_of(m: &rdkafka::message::BorrowedMessage<'_>) -> Option<i64> {
+    let h = m.headers()?.iter().find(|h| h.key == ferry_runtime::publisher::SEQ_HEADER)?;
+    std::str::from_utf8(h.value?).ok()?.parse().ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_snapshot_landing_after_the_newest_is_followed_by_the_newest_again() {
+    let broker = TestBroker::embedded();
+    let client = broker.client();
+    let mut events = client.events(true).await.unwrap();
+    let (stop, worker) = broker.spawn_worker(broker.worker_options());
+    let id = submit(&client, "stale-last", &TestTaskSpec::steps(2)).await;
+    assert_eq!(until_final(&mut events, id).await.last().unwrap().event, EventType::Succeeded);
+    let newest = client.snapshot(id).await.unwrap().unwrap().seq;
+
+    // The task's first snapshot, as it was written (payload and headers), sent again: what
+    // a former owner's write still on the wire when it lost the partition looks like when
+    // it lands after the new owner's. A compacted topic keeps the last record of a key.
+    let topic = broker.topics.task_state(TaskKind::TEST).name.clone();
+    let reader: BaseConsumer = broker.kafka.reader().create().unwrap();
+    let md = reader.fetch_metadata(Some(&topic), WAIT).unwrap();
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for p in md.topics().iter().flat_map(|t| t.partitions()) {
+        tpl.add_partition_offset(&topic, p.id(), rdkafka::Offset::Beginning).unwrap();
+    }
+    reader.assign(&tpl).unwrap();
+    let key = id.to_string();
+    let deadline = std::time::Instant::now() + WAIT;
+    let first = loop {
+        assert!(std::time::Instant::now() < deadline, "the task's first snapshot was not read back");
+        if let Some(Ok(m)) = reader.poll(Duration::from_millis(200))
+            && m.key() == Some(key.as_bytes())
+            && seq_of(&m) == Some(1)
+        {
+            break (m.payload().unwrap().to_vec(), m.headers().unwrap().detach());
+        }
+    };
+    assert!(newest > 1, "the task moved past its first snapshot");
+    client.send_raw(&topic, Some(key.as_bytes()), &first.0, first.1).await.unwrap();
+
+    // After the stale record, the worker owning the task writes its newest snapshot again.
+    let mut after_stale = Vec::new();
+    let mut stale_seen = false;
+    while !after_stale.contains(&newest) {
+        assert!(std::time::Instant::now() < deadline, "no newer record followed the stale one: {after_stale:?}");
+        let Some(Ok(m)) = reader.poll(Duration::from_millis(200)) else { continue };
+        if m.key() != Some(key.as_bytes()) {
+            continue;
+        }
+        let seq = seq_of(&m).unwrap_or(-1);
+        if stale_seen {
+            after_stale.push(seq);
+        } else if seq == 1 && m.payload() == Some(&first.0[..]) {
+            stale_seen = true;
+        }
+    }
+    assert_eq!(after_stale, vec![newest], "one write of the newest snapshot, nothing else");
+    let snap = client.snapshot(id).await.unwrap().unwrap();
+    assert_eq!((snap.seq, snap.state), (newest, TaskState::Succeeded));
+    stop.cancel();
+    worker.await.unwrap();
+}
+
 /// The `test` kind's steps under another kind's name: a kind the runtime and ferry-task
 /// know nothing of, registered by this test binary (`support::OTHER_KIND`).
 struct OtherKind(ferry_runtime::testkind::TestHandler);

@@ -102,7 +102,12 @@ pub struct Client {
     kafka: KafkaConfig,
     topics: Topics,
     registry: Arc<Registry>,
-    producer: FutureProducer,
+    /// Made at once by [`Client::with_registry`] (an idempotent producer needs a moment
+    /// before it can send), at the first send by [`Client::short_lived`] (a command that
+    /// only reads makes none: dropping a producer waits up to 100 ms for its polling
+    /// thread).
+    producer: std::sync::OnceLock<FutureProducer>,
+    producer_config: rdkafka::ClientConfig,
     requested_by: String,
     /// Set: commands go to this tenant's own topics (the broker lets its user write only
     /// those), and idempotency keys give ids in the tenant's space.
@@ -140,20 +145,32 @@ impl Client {
 
     /// A client using `registry` (e.g. from [`crate::schema_registry::confluent`]).
     pub fn with_registry(kafka: KafkaConfig, topics: Topics, registry: Registry) -> Result<Self, ClientError> {
-        let producer = kafka.producer().create().map_err(self::kafka("creating the producer"))?;
-        Ok(Self::from_parts(kafka, topics, registry, producer))
+        let config = kafka.producer();
+        let client = Self::from_parts(kafka, topics, registry, config);
+        client.producer()?;
+        Ok(client)
     }
 
     /// A client for a process that sends a few commands and exits (the CLI): its producer
     /// can send at once instead of after about 0.5 s ([`KafkaConfig::command_producer`]).
     pub fn short_lived(kafka: KafkaConfig, topics: Topics, registry: Registry) -> Result<Self, ClientError> {
-        let producer = kafka.command_producer().create().map_err(self::kafka("creating the producer"))?;
-        Ok(Self::from_parts(kafka, topics, registry, producer))
+        let config = kafka.command_producer();
+        Ok(Self::from_parts(kafka, topics, registry, config))
     }
 
-    fn from_parts(kafka: KafkaConfig, topics: Topics, registry: Registry, producer: FutureProducer) -> Self {
+    fn from_parts(kafka: KafkaConfig, topics: Topics, registry: Registry, producer_config: rdkafka::ClientConfig) -> Self {
         let requested_by = std::env::var("USER").unwrap_or_else(|_| "ferry-cli".into());
-        Self { kafka, topics, registry: Arc::new(registry), producer, requested_by, tenant: None, live: Mutex::new(None) }
+        let producer = std::sync::OnceLock::new();
+        Self { kafka, topics, registry: Arc::new(registry), producer, producer_config, requested_by, tenant: None, live: Mutex::new(None) }
+    }
+
+    /// The producer, made on first use.
+    fn producer(&self) -> Result<&FutureProducer, ClientError> {
+        if let Some(p) = self.producer.get() {
+            return Ok(p);
+        }
+        let made: FutureProducer = self.producer_config.create().map_err(self::kafka("creating the producer"))?;
+        Ok(self.producer.get_or_init(|| made))
     }
 
     /// This client as `tenant`: its commands go to the tenant's topics
@@ -297,7 +314,7 @@ impl Client {
         if let Some(k) = key {
             record = record.key(k);
         }
-        self.producer
+        self.producer()?
             .send(record, Duration::from_secs(30))
             .await
             .map(|_| ())

@@ -132,7 +132,7 @@ struct Owner {
     done: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
 }
 
-/// The longest a dropped follower waits for its reader: one poll (100 ms) and the
+/// The longest a dropped follower waits for its reader: one poll (20 ms) and the
 /// consumer's close, with room for a broker that no longer answers.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
@@ -147,7 +147,7 @@ impl Drop for Owner {
 
 /// The latest value of every key of a set of compacted topics, followed by a thread of its
 /// own. Cheap to clone; the last clone's drop stops the thread and waits for its consumer
-/// to close (about one poll, 100 ms).
+/// to close (one 20 ms poll and the consumer's close).
 pub struct Follower<V> {
     shared: Arc<Shared<V>>,
     _owner: Arc<Owner>,
@@ -257,7 +257,9 @@ impl<V> Shared<V> {
     fn read_loop(&self, decode: &Decoder<V>, ends: Ends) {
         let mut first = Some(ends);
         while !self.stop.load(Ordering::Relaxed) {
-            match self.consumer.poll(Duration::from_millis(100)) {
+            // A short poll: a one-shot read (`ferry tasks list`) waits for this thread to
+            // see its stop; 100 ms polls made that a tenth of a second per command.
+            match self.consumer.poll(Duration::from_millis(20)) {
                 Some(Ok(m)) => {
                     let Some(t) = self.topic_index(m.topic()) else { continue };
                     let key = m.key().map(|k| String::from_utf8_lossy(k).into_owned());

@@ -301,3 +301,27 @@ async fn a_wait_does_not_end_on_what_a_lagging_watch_shows() {
     assert_eq!(wait.await, Ok("new".to_owned()), "the wait ends on the API server's object, once the watch has caught up");
     assert_eq!(watches.open_count(), 1, "one shared watch");
 }
+
+/// A namespace a ManifestWork would carry is read on its cluster before the work is made
+/// (orphaned if it was there already); a read that fails for a moment is tried again.
+/// Taking the first 500 for "there" orphaned a namespace the work agent then made, which
+/// the app's revert left behind (the fault campaign's leftover check).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_read_that_fails_for_a_moment_is_tried_again_before_it_is_orphaned() {
+    let Some(fleet) = fleet().await else { return };
+    let hub = fleet.hub().client().await.unwrap();
+    let member = fleet.cluster("member-1").unwrap();
+    let proxy = ferry_fleet::FaultProxy::start(member.client().await.unwrap()).await.unwrap();
+    let owner = capi_cluster(&hub, KUBECONFIG_NAMESPACE, "faulty").await;
+    put(&hub, KUBECONFIG_NAMESPACE, "faulty", &ferry_fleet::fleet::kubeconfig_secret_owned("faulty", &proxy.kubeconfig("faulty"), owner)).await;
+    let clusters = Clusters::with_namespaces(hub.clone(), [KUBECONFIG_NAMESPACE]);
+    let manifests = [json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "made-by-the-work"}})];
+    let found = || ferry_kube::orphans::found_namespaces(&clusters, "faulty", &manifests, |_| false);
+    let none = std::collections::BTreeSet::new();
+    assert_eq!(found().await, none, "a namespace that is not there is not orphaned");
+    proxy.handle().fail_next(3, 500);
+    assert_eq!(found().await, none, "three 500s in a row made a namespace that is not there count as found");
+    // A cluster that stays unreadable: every namespace is kept, the safe way.
+    proxy.handle().fail_next(100, 500);
+    assert_eq!(found().await, std::collections::BTreeSet::from(["made-by-the-work".to_owned()]));
+}

@@ -114,16 +114,21 @@ async fn clusters_are_ranked_published_and_scored_on_joining() {
     dynamic.create(&kube::api::PostParams::default(), &anew).await.unwrap();
     let ev = next_final(&mut events, "cluster/member-2").await;
     assert_eq!(ev.event, EventType::Succeeded, "a ManagedCluster created anew is scored: {ev:?}");
+    // Its klusterlet goes on reporting: the new cluster turns available, a trigger of its
+    // own. Awaited, so the count below does not depend on how soon that happens.
+    let is = |status: &'static str| move |m: Option<&ManagedCluster>| m.is_some_and(|m| m.condition("ManagedClusterConditionAvailable") == Some(status));
+    tokio::time::timeout(WAIT, kube::runtime::wait::await_condition(mcs.clone(), "member-2", is("True"))).await.expect("member-2 available again").unwrap();
+    let ev = next_final(&mut events, "cluster/member-2").await;
+    assert_eq!(ev.event, EventType::Succeeded, "the new cluster's turning available is scored: {ev:?}");
     // member-3's API server fails its klusterlet's health check, then recovers.
     let ocm = bed.ocm.as_ref().expect("the bed's OCM");
     ocm.set("member-3", |k| k.unavailable = true);
-    let is = |status: &'static str| move |m: Option<&ManagedCluster>| m.is_some_and(|m| m.condition("ManagedClusterConditionAvailable") == Some(status));
     tokio::time::timeout(WAIT, kube::runtime::wait::await_condition(mcs.clone(), "member-3", is("False"))).await.expect("member-3 unavailable").unwrap();
     ocm.set("member-3", |k| k.unavailable = false);
     let ev = next_final(&mut events, "cluster/member-3").await;
     assert_eq!(ev.event, EventType::Succeeded, "a cluster that becomes available is scored: {ev:?}");
     watcher_stop.cancel();
-    assert_eq!(onboarding.await.unwrap().unwrap(), 5, "three found, one created, one available");
+    assert_eq!(onboarding.await.unwrap().unwrap(), 6, "three found, one created and then available, one available again");
 
     // No topic holds secret material: no kubeconfig, token or key, and none of the fleet's
     // actual admin tokens (the workers read them from Secrets on the hub all along).

@@ -132,10 +132,17 @@ impl ClusterError {
     /// Retrying may help (network, 5xx, 409, 429); unknown clusters and bad input do not.
     pub fn is_transient(&self) -> bool {
         match self {
-            Self::Kube { source: kube::Error::Api(s), .. } => s.code >= 500 || s.code == 409 || s.code == 429,
-            Self::Kube { .. } => true,
+            Self::Kube { source, .. } => transient(source),
             _ => false,
         }
+    }
+}
+
+/// Whether trying a Kubernetes request again may help: a network error, 5xx, 409 or 429.
+pub fn transient(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => s.code >= 500 || s.code == 409 || s.code == 429,
+        _ => true,
     }
 }
 

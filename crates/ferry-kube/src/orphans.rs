@@ -46,7 +46,7 @@ pub async fn found_namespaces(clusters: &Clusters, cluster: &str, manifests: &[V
     let api: Api<Namespace> = Api::all(client);
     let mut found = BTreeSet::new();
     for n in names {
-        match (|| api.get_opt(&n)).retry(read_retries()).when(transient).await {
+        match (|| api.get_opt(&n)).retry(read_retries()).when(crate::clusters::transient).await {
             Ok(None) => {}
             Ok(Some(ns)) if ours(&ns.metadata) => {}
             _ => {
@@ -62,14 +62,6 @@ pub async fn found_namespaces(clusters: &Clusters, cluster: &str, manifests: &[V
 /// on the first failure orphaned a namespace Ferry had made (left behind by the revert).
 fn read_retries() -> ExponentialBuilder {
     ExponentialBuilder::default().with_min_delay(Duration::from_millis(200)).with_max_delay(Duration::from_secs(2)).with_max_times(6)
-}
-
-/// A failure that may pass: the server's (5xx), too many requests, or no answer at all.
-fn transient(e: &kube::Error) -> bool {
-    match e {
-        kube::Error::Api(s) => s.code >= 500 || s.code == 429,
-        _ => true,
-    }
 }
 
 /// The ManifestWork's `deleteOption`: on deletion everything it applied goes but the

@@ -821,8 +821,12 @@ impl<H: TaskHandler> Scheduler<H> {
     /// task up from the older state (running finished steps again, reusing seqs). Same seq
     /// and content as the newest: readers and the task's runner see nothing new.
     fn write_newest_again(&self, partitions: &HashSet<i32>) {
+        let stale = self.view.stale_last(partitions);
+        if stale.is_empty() {
+            return;
+        }
         let mut pending = crate::publisher::Publisher::nothing();
-        for snap in self.view.stale_last(partitions) {
+        for snap in stale {
             tracing::warn!(task = %snap.task_id, seq = snap.seq, "an older snapshot of the task landed after its newest: writing the newest again");
             match self.env.publisher.enqueue_snapshot(&snap) {
                 Ok(p) => pending.extend(p),

@@ -153,11 +153,10 @@ impl StateView {
                     match decoded {
                         Some(Ok(snap)) => {
                             Self::check_guard(&mut t, &snap);
-                            let older = Self::landed(&mut t, &snap.task_id, snap.seq);
-                            drop(t);
-                            if older {
-                                self.stale_landed.notify_one();
+                            if let Ok(id) = snap.task_id.parse::<TaskId>() {
+                                self.landed(&mut t, id, snap.seq);
                             }
+                            drop(t);
                             self.apply(snap);
                         }
                         Some(Err(e)) => {
@@ -212,27 +211,26 @@ impl StateView {
         else {
             return false;
         };
+        {
+            // Most records change nothing here (this process's own, read back): a read lock.
+            let t = self.table.read().expect("view lock");
+            let older = t.tasks.get(&id).is_some_and(|s| s.seq > seq);
+            if older == t.stale_last.contains(&id) {
+                return older || t.own.get(&id) == Some(&seq);
+            }
+        }
         let mut t = self.table.write().expect("view lock");
-        if t.tasks.get(&id).is_some_and(|s| s.seq > seq) {
-            t.stale_last.insert(id);
-            drop(t);
-            self.stale_landed.notify_one();
-            return true;
-        }
-        if t.own.get(&id) == Some(&seq) {
-            t.stale_last.remove(&id);
-            return true;
-        }
-        false
+        self.landed(&mut t, id, seq) || t.own.get(&id) == Some(&seq)
     }
 
-    /// Notes whether the record of `task` at `seq` just read is older than the task's
-    /// newest snapshot (then its last record is stale) or not (then it is not).
-    fn landed(t: &mut Table, task: &str, seq: i64) -> bool {
-        let Ok(id) = task.parse::<TaskId>() else { return false };
+    /// Notes whether the record of `id` at `seq` just read is older than the task's newest
+    /// snapshot (then its last record is stale, and the owner is told) or not (then it is
+    /// not); returns whether it is older.
+    fn landed(&self, t: &mut Table, id: TaskId, seq: i64) -> bool {
         let older = t.tasks.get(&id).is_some_and(|s| s.seq > seq);
         if older {
             t.stale_last.insert(id);
+            self.stale_landed.notify_one();
         } else {
             t.stale_last.remove(&id);
         }

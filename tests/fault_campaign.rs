@@ -474,7 +474,8 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
                 .take(10)
                 .map(|(id, want)| {
                     let last = history.iter().rev().find(|e| &e.task_id == id);
-                    let last = last.map(|e| format!("seq {} {:?} {:?} by {}", e.seq, e.event, e.step_name, e.worker));
+                    // Its message too: what a waiting step last said it waits for.
+                    let last = last.map(|e| format!("seq {} {:?} {:?} by {} ({})", e.seq, e.event, e.step_name, e.worker, e.message.as_deref().unwrap_or("no message")));
                     let snap = snaps.get(id).map(|s| {
                         format!("seq {} {:?} {:?} revert_requested {} partition {}", s.seq, s.state, s.last_event, s.revert_requested, s.origin_partition)
                     });

@@ -62,6 +62,10 @@ struct Table {
     /// owner's): compaction keeps a key's last record, so the owner writes the newest again
     /// ([`StateView::stale_last`]).
     stale_last: HashSet<TaskId>,
+    /// The highest seq of each task read from the topic: a record below it makes the
+    /// task's last record stale. Not the view's newest, which holds this process's own
+    /// writes before they land (the record read just before one of them is not stale).
+    landed: HashMap<TaskId, i64>,
 }
 
 /// A running task's guard: falls when a snapshot of the task that this process did not
@@ -84,7 +88,7 @@ pub struct StateView {
     consumer: Arc<BaseConsumer>,
     partitions: Vec<i32>,
     changed: watch::Sender<u64>,
-    /// Told when a record older than its task's newest snapshot is read.
+    /// Told when a record older than one read before of its task is read.
     stale_landed: tokio::sync::Notify,
     stop: AtomicBool,
 }
@@ -170,6 +174,7 @@ impl StateView {
                                 t.keys.retain(|_, v| *v != id);
                                 t.own.remove(&id);
                                 t.stale_last.remove(&id);
+                                t.landed.remove(&id);
                             }
                         }
                     }
@@ -197,8 +202,9 @@ impl StateView {
 
     /// True when the record is a snapshot this process wrote and still holds (same task,
     /// same seq) or one older than the held snapshot: decoding it would change nothing.
-    /// Known from the key and the seq header alone; records without them are decoded. An
-    /// older one makes the task's last record stale ([`Self::stale_last`]).
+    /// Known from the key and the seq header alone; records without them are decoded. One
+    /// older than a record read before makes the task's last record stale
+    /// ([`Self::stale_last`]).
     fn held(&self, m: &rdkafka::message::BorrowedMessage<'_>) -> bool {
         use rdkafka::message::Headers;
         let Some(id) = m.key().and_then(|k| std::str::from_utf8(k).ok()).and_then(|k| k.parse::<TaskId>().ok()) else { return false };
@@ -211,33 +217,26 @@ impl StateView {
         else {
             return false;
         };
-        {
-            // Most records change nothing here (this process's own, read back): a read lock.
-            let t = self.table.read().expect("view lock");
-            let older = t.tasks.get(&id).is_some_and(|s| s.seq > seq);
-            if older == t.stale_last.contains(&id) {
-                return older || t.own.get(&id) == Some(&seq);
-            }
-        }
         let mut t = self.table.write().expect("view lock");
         self.landed(&mut t, id, seq) || t.own.get(&id) == Some(&seq)
     }
 
-    /// Notes whether the record of `id` at `seq` just read is older than the task's newest
-    /// snapshot (then its last record is stale, and the owner is told) or not (then it is
-    /// not); returns whether it is older.
+    /// Notes the record of `id` at `seq` just read: below the highest seq read of the task
+    /// before, the task's last record is stale (and the owner is told); else it is not.
+    /// Returns whether the record is older than the view's newest snapshot of the task.
     fn landed(&self, t: &mut Table, id: TaskId, seq: i64) -> bool {
-        let older = t.tasks.get(&id).is_some_and(|s| s.seq > seq);
-        if older {
+        let top = t.landed.entry(id).or_insert(seq);
+        if seq >= *top {
+            *top = seq;
+            t.stale_last.remove(&id);
+        } else {
             t.stale_last.insert(id);
             self.stale_landed.notify_one();
-        } else {
-            t.stale_last.remove(&id);
         }
-        older
+        t.tasks.get(&id).is_some_and(|s| s.seq > seq)
     }
 
-    /// Waits until a record older than its task's newest snapshot has been read since the
+    /// Waits until a record older than one read before of its task has been read since the
     /// last call (a permit is kept when nobody waits).
     pub async fn stale_landed(&self) {
         self.stale_landed.notified().await;

@@ -52,7 +52,8 @@ impl Workers {
         self.started += 1;
         let name = format!("w{}", self.started);
         // FERRY_CAMPAIGN_RUST_LOG (e.g. `warn,rdkafka=info`) for a closer look at a run.
-        let log_filter = std::env::var("FERRY_CAMPAIGN_RUST_LOG").unwrap_or_else(|_| "error".into());
+        // The runtime's own lines by default: a failure prints those naming its tasks.
+        let log_filter = std::env::var("FERRY_CAMPAIGN_RUST_LOG").unwrap_or_else(|_| "error,ferry_runtime=info".into());
         let mut args: Vec<String> = vec![format!("HOSTNAME={name}"), format!("RUST_LOG={log_filter}"), env!("CARGO_BIN_EXE_ferry").into()];
         args.extend(["worker", &kind.to_string(), "--brokers", &self.bootstrap].map(String::from));
         args.extend(["--kafka-property", "session.timeout.ms=6000", "--kafka-property", "heartbeat.interval.ms=500"].map(String::from));
@@ -179,6 +180,26 @@ fn cluster(i: usize) -> ferry_cluster::spec::ClusterCommand {
         ready_timeout_seconds: Some(300),
         ..ClusterCommand::default()
     }
+}
+
+/// The lines of every worker log in `dir` that name `task` (the last 30 by their
+/// timestamps, each marked with its log's name): what the workers did with a task the
+/// campaign found stuck.
+fn log_lines(dir: &std::path::Path, task: &str) -> String {
+    let mut lines = Vec::new();
+    let mut logs: Vec<std::path::PathBuf> = std::fs::read_dir(dir).into_iter().flatten().flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "log")).collect();
+    logs.sort();
+    for log in logs {
+        let name = log.file_stem().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        for line in std::fs::read_to_string(&log).unwrap_or_default().lines().filter(|l| l.contains(task)) {
+            lines.push((line.chars().take(400).collect::<String>(), name.clone()));
+        }
+    }
+    // Each line starts with its timestamp (after the same colour code).
+    lines.sort();
+    let skip = lines.len().saturating_sub(30);
+    let lines: Vec<String> = lines[skip..].iter().map(|(line, name)| format!("    {name}: {line}")).collect();
+    if lines.is_empty() { "    (none)".into() } else { lines.join("\n") }
 }
 
 /// Whether `name` mentions `token` as a whole part between `-`, `.`, `:` or `/`
@@ -492,14 +513,15 @@ async fn a_thousand_mixed_tasks_survive_kills_outages_and_api_faults() {
                         .collect();
                     let own: Vec<ferry_runtime::ProgressEvent> = history.iter().filter(|e| &e.task_id == id).cloned().collect();
                     format!(
-                        "{id} ({:?}) wants {want:?}, settled {:?}, last event {}, snapshot {}, {}\n  events read: {}\n  checker: {:?}",
+                        "{id} ({:?}) wants {want:?}, settled {:?}, last event {}, snapshot {}, {}\n  events read: {}\n  checker: {:?}\n  worker log lines naming it:\n{}",
                         plans[id].0,
                         settled.get(id),
                         last.unwrap_or_else(|| "none".into()),
                         snap.unwrap_or_else(|| "none".into()),
                         commands.unwrap_or_default(),
                         events.join(" | "),
-                        ferry_runtime::history::check(&own)
+                        ferry_runtime::history::check(&own),
+                        log_lines(&workers.logs, id)
                     )
                 })
                 .collect();

@@ -1027,6 +1027,20 @@ async fn a_task_another_worker_writes_ahead_is_stopped_and_goes_on_from_the_newe
     worker.await.unwrap();
 }
 
+/// A reader of the test kind's task-state topic from its beginning (every partition
+/// assigned), with the topic's name.
+fn task_state_reader(broker: &TestBroker) -> (BaseConsumer, String) {
+    let topic = broker.topics.task_state(TaskKind::TEST).name.clone();
+    let reader: BaseConsumer = broker.kafka.reader().create().unwrap();
+    let md = reader.fetch_metadata(Some(&topic), WAIT).unwrap();
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for p in md.topics().iter().flat_map(|t| t.partitions()) {
+        tpl.add_partition_offset(&topic, p.id(), rdkafka::Offset::Beginning).unwrap();
+    }
+    reader.assign(&tpl).unwrap();
+    (reader, topic)
+}
+
 /// The seq header of a task-state record, if it has one.
 fn seq_of(m: &rdkafka::message::BorrowedMessage<'_>) -> Option<i64> {
     let h = m.headers()?.iter().find(|h| h.key == ferry_runtime::publisher::SEQ_HEADER)?;
@@ -1046,14 +1060,7 @@ async fn an_older_snapshot_landing_after_the_newest_is_followed_by_the_newest_ag
     // The task's first snapshot, as it was written (payload and headers), sent again: what
     // a former owner's write still on the wire when it lost the partition looks like when
     // it lands after the new owner's. A compacted topic keeps the last record of a key.
-    let topic = broker.topics.task_state(TaskKind::TEST).name.clone();
-    let reader: BaseConsumer = broker.kafka.reader().create().unwrap();
-    let md = reader.fetch_metadata(Some(&topic), WAIT).unwrap();
-    let mut tpl = rdkafka::TopicPartitionList::new();
-    for p in md.topics().iter().flat_map(|t| t.partitions()) {
-        tpl.add_partition_offset(&topic, p.id(), rdkafka::Offset::Beginning).unwrap();
-    }
-    reader.assign(&tpl).unwrap();
+    let (reader, topic) = task_state_reader(&broker);
     let key = id.to_string();
     let deadline = std::time::Instant::now() + WAIT;
     let first = loop {
@@ -1111,16 +1118,9 @@ async fn a_lone_worker_writes_each_snapshot_once() {
         assert_eq!(until_final(&mut events, *id).await.last().unwrap().event, EventType::Succeeded);
     }
     // Everything on the task-state topic up to its end, as written (no compaction here).
-    let topic = broker.topics.task_state(TaskKind::TEST).name.clone();
-    let reader: BaseConsumer = broker.kafka.reader().create().unwrap();
-    let md = reader.fetch_metadata(Some(&topic), WAIT).unwrap();
-    let mut tpl = rdkafka::TopicPartitionList::new();
-    let mut ends = HashMap::new();
-    for p in md.topics().iter().flat_map(|t| t.partitions()) {
-        tpl.add_partition_offset(&topic, p.id(), rdkafka::Offset::Beginning).unwrap();
-        ends.insert(p.id(), reader.fetch_watermarks(&topic, p.id(), WAIT).unwrap().1);
-    }
-    reader.assign(&tpl).unwrap();
+    let (reader, topic) = task_state_reader(&broker);
+    let ends: HashMap<i32, i64> =
+        reader.assignment().unwrap().elements().iter().map(|e| (e.partition(), reader.fetch_watermarks(&topic, e.partition(), WAIT).unwrap().1)).collect();
     let mut seqs: HashMap<String, Vec<i64>> = HashMap::new();
     let mut read: HashMap<i32, i64> = HashMap::new();
     let deadline = std::time::Instant::now() + WAIT;

@@ -24,7 +24,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
 use serde_json::{Value, json};
 
-use crate::Clusters;
+use crate::{ClusterError, Clusters};
 
 /// The `updateStrategy` type of a manifest made only when missing (ocm
 /// `pkg/work/spoke/apply/create_only_apply.go`).
@@ -38,28 +38,34 @@ fn namespaces(manifests: &[Value]) -> BTreeSet<String> {
 /// The namespaces of `manifests` that a ManifestWork must orphan on `cluster`: those there
 /// already that `ours` does not claim (the sender made them, so they go with the work).
 /// Read through the cluster's kubeconfig; a read that fails for a moment (5xx, 429, a
-/// dropped connection) is tried again for a few seconds ([`read_retries`]), and when the
-/// cluster still cannot be read every namespace is orphaned (kept), the safe way.
-pub async fn found_namespaces(clusters: &Clusters, cluster: &str, manifests: &[Value], ours: impl Fn(&ObjectMeta) -> bool) -> BTreeSet<String> {
+/// dropped connection) is tried again for a few seconds ([`read_retries`]). A cluster that
+/// still cannot be read is an error, never a guess: taking every namespace for found
+/// orphaned namespaces the work agent then made for the sender (left behind by its undo),
+/// and taking none would let the work's deletion delete a namespace someone else made.
+/// The caller's step fails (transiently when the cause is) and runs again.
+pub async fn found_namespaces(clusters: &Clusters, cluster: &str, manifests: &[Value], ours: impl Fn(&ObjectMeta) -> bool) -> Result<BTreeSet<String>, ClusterError> {
     let names = namespaces(manifests);
-    let Ok(client) = clusters.client(cluster).await else { return names };
+    if names.is_empty() {
+        return Ok(names);
+    }
+    let client = clusters.client(cluster).await?;
     let api: Api<Namespace> = Api::all(client);
     let mut found = BTreeSet::new();
     for n in names {
-        match (|| api.get_opt(&n)).retry(read_retries()).when(crate::clusters::transient).await {
-            Ok(None) => {}
-            Ok(Some(ns)) if ours(&ns.metadata) => {}
-            _ => {
+        let there = (|| api.get_opt(&n)).retry(read_retries()).when(crate::clusters::transient).await;
+        match there.map_err(|source| ClusterError::Kube { cluster: cluster.to_owned(), source })? {
+            Some(ns) if !ours(&ns.metadata) => {
                 found.insert(n);
             }
+            _ => {}
         }
     }
-    found
+    Ok(found)
 }
 
 /// How a namespace's read is tried again before it is taken for found: the fault
-/// campaign's member answers 12 requests with 500 and blacks out for 3 s, and a guess made
-/// on the first failure orphaned a namespace Ferry had made (left behind by the revert).
+/// campaign's member answers 12 requests with 500 and blacks out for 3 s; a step that
+/// fails on the first 500 is run again only after the runtime's backoff.
 fn read_retries() -> ExponentialBuilder {
     ExponentialBuilder::default().with_min_delay(Duration::from_millis(200)).with_max_delay(Duration::from_secs(2)).with_max_times(6)
 }

@@ -303,9 +303,11 @@ async fn a_wait_does_not_end_on_what_a_lagging_watch_shows() {
 }
 
 /// A namespace a ManifestWork would carry is read on its cluster before the work is made
-/// (orphaned if it was there already); a read that fails for a moment is tried again.
-/// Taking the first 500 for "there" orphaned a namespace the work agent then made, which
-/// the app's revert left behind (the fault campaign's leftover check).
+/// (orphaned if it was there already); a read that fails for a moment is tried again, and
+/// one that keeps failing is an error, never a guess. Taking the first 500 for "there",
+/// and later a cluster that stayed unreadable for "everything there", orphaned a namespace
+/// the work agent then made, which the app's revert left behind (the fault campaign's
+/// leftover check, twice in CI).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_namespace_read_that_fails_for_a_moment_is_tried_again_before_it_is_orphaned() {
     let Some(fleet) = fleet().await else { return };
@@ -318,10 +320,16 @@ async fn a_namespace_read_that_fails_for_a_moment_is_tried_again_before_it_is_or
     let manifests = [json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "made-by-the-work"}})];
     let found = || ferry_kube::orphans::found_namespaces(&clusters, "faulty", &manifests, |_| false);
     let none = std::collections::BTreeSet::new();
-    assert_eq!(found().await, none, "a namespace that is not there is not orphaned");
+    assert_eq!(found().await.unwrap(), none, "a namespace that is not there is not orphaned");
     proxy.handle().fail_next(3, 500);
-    assert_eq!(found().await, none, "three 500s in a row made a namespace that is not there count as found");
-    // A cluster that stays unreadable: every namespace is kept, the safe way.
+    assert_eq!(found().await.unwrap(), none, "three 500s in a row made a namespace that is not there count as found");
+    // A cluster that stays unreadable: an error its step retries, not a set of names.
     proxy.handle().fail_next(100, 500);
-    assert_eq!(found().await, std::collections::BTreeSet::from(["made-by-the-work".to_owned()]));
+    match found().await {
+        Err(e) => assert!(e.is_transient(), "a cluster answering 500 is a transient error: {e}"),
+        Ok(f) => panic!("an unreadable cluster gave a guess: {f:?}"),
+    }
+    // A cluster whose kubeconfig Secret is not found: an error too, not "every namespace there".
+    let broken = Clusters::with_namespaces(hub.clone(), ["no-such-namespace-here"]);
+    assert!(ferry_kube::orphans::found_namespaces(&broken, "faulty", &manifests, |_| false).await.is_err(), "an unknown cluster gave a guess");
 }

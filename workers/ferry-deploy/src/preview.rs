@@ -88,7 +88,7 @@ pub async fn preview(cfg: &DeployConfig, app: &DeployApp) -> Result<Preview, Clu
 /// The hub's judgement of `cluster`'s ManifestWork.
 async fn manifest_work(cfg: &DeployConfig, app: &DeployApp, cluster: &str, comps: &[&Component], secrets: &BTreeMap<String, SecretData>, objects: &[Value]) -> Result<ObjectPreview, ClusterError> {
     let inner = crate::handler::Inner { cfg: cfg.clone() };
-    let found = inner.found_namespaces(cluster, objects, &app.name).await;
+    let found = inner.found_namespaces(cluster, objects, &app.name).await?;
     let work = render::manifest_work(app, cluster, comps, secrets, DRY_RUN_TASK, &found);
     // A run stamps each Deployment with its task (`render::feedback_is_current`), which is
     // no change of the app: rendered as the work there has it. A failed read is the judging

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use ferry_kube::kinds::ManifestWork;
-use ferry_kube::step_errors::kube_err;
+use ferry_kube::step_errors::{client_err, kube_err};
 use ferry_kube::{Check, HUB};
 use ferry_task::{StepContext, StepError, codes};
 use futures::future::join_all;
@@ -115,7 +115,7 @@ pub(crate) async fn run(inner: &Inner, cx: &StepContext<'_, ScoreClusters>, clus
         let manifests = planned.pointer("/spec/workload/manifests").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
         // A namespace this task made (a step run again) goes with the work; any other is kept.
         let ours = |m: &ObjectMeta| m.annotations.as_ref().and_then(|a| a.get(TASK_ANNOTATION)) == Some(&task);
-        let found = ferry_kube::orphans::found_namespaces(&inner.cfg.clusters, c, manifests, ours).await;
+        let found = ferry_kube::orphans::found_namespaces(&inner.cfg.clusters, c, manifests, ours).await.map_err(client_err)?;
         let work = manifest_work(c, &name, ns, &b.image, b.deadline_seconds, &task, &found);
         inner.cfg.clusters.apply(HUB, &work, MANAGER).await.map_err(|e| kube_err(codes::HUB_API, e))?;
     }

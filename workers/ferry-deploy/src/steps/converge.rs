@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use ferry_kube::kinds::ManifestWork;
-use ferry_kube::step_errors::{hub_err, kube_err};
+use ferry_kube::step_errors::{client_err, hub_err, kube_err};
 use ferry_kube::{Check, HUB};
 use ferry_task::{StepError, codes};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -34,8 +34,9 @@ impl Inner {
 
     /// The namespaces of `objects` that a ManifestWork must orphan on `cluster`: those there
     /// already that Ferry did not make for `app` ([`ferry_kube::orphans::found_namespaces`]:
-    /// upstream's work agent would own, and on deletion delete, a namespace it found).
-    pub(crate) async fn found_namespaces(&self, cluster: &str, objects: &[Value], app: &str) -> BTreeSet<String> {
+    /// upstream's work agent would own, and on deletion delete, a namespace it found). A
+    /// cluster that cannot be read is an error: the step runs again, nothing is guessed.
+    pub(crate) async fn found_namespaces(&self, cluster: &str, objects: &[Value], app: &str) -> Result<BTreeSet<String>, ferry_kube::ClusterError> {
         let ours = |m: &ObjectMeta| {
             let label = |k: &str| m.labels.as_ref().and_then(|l| l.get(k)).map(String::as_str);
             label(crate::ownership::MANAGED_BY) == Some(crate::ownership::FERRY) && label(render::APP_LABEL) == Some(app)
@@ -75,7 +76,7 @@ impl Inner {
                 let secrets = self.secrets(&to.spec, &comps).await?;
                 match delivery {
                     Delivery::ManifestWork => {
-                        let found = self.found_namespaces(&cluster, &render::objects(&to.spec, &comps, &secrets), &app.name).await;
+                        let found = self.found_namespaces(&cluster, &render::objects(&to.spec, &comps, &secrets), &app.name).await.map_err(client_err)?;
                         let work = render::manifest_work(&to.spec, &cluster, &comps, &secrets, task, &found);
                         self.apply_owned(HUB, &work, &app.name).await?;
                     }

@@ -730,8 +730,13 @@ impl<H: TaskHandler> Scheduler<H> {
                 snap.revert_requested |= revert;
                 let d = if revert { Detail::default().message("revert requested") } else { Detail::default() };
                 pending.extend(self.env.publisher.enqueue_transition(snap, EventType::CancelRequested, d)?);
+            } else if revert && (snap.state.is_revertible() || snap.last_event == EventType::Reverting) {
+                // Finished and queued (a revert before, a resume): the revert begins here,
+                // under a new seq. Reverting already (queued, its undo not begun): a new
+                // Reverting event, since the first may be one a failed batch never wrote.
+                pending.extend(begin_revert(&self.env.publisher, snap)?);
             } else if revert {
-                snap.revert_requested = true;
+                tracing::info!(task = %id, state = ?snap.state, "revert has nothing to do");
                 pending.extend(self.env.publisher.enqueue_snapshot(snap)?);
             }
             return Ok(None);
@@ -745,9 +750,8 @@ impl<H: TaskHandler> Scheduler<H> {
             }
             Some(mut snap) => {
                 if revert && snap.state.is_revertible() {
-                    tracing::info!(task = %id, state = ?snap.state, "revert of a finished task: queued");
-                    snap.revert_requested = true;
-                    pending.extend(self.env.publisher.enqueue_snapshot(&snap)?);
+                    tracing::info!(task = %id, state = ?snap.state, "revert of a finished task: Reverting, queued");
+                    pending.extend(begin_revert(&self.env.publisher, &mut snap)?);
                     self.enqueue_task(id, snap);
                 } else {
                     // Nothing to cancel or revert: say so by publishing the state again.
@@ -933,6 +937,18 @@ fn signal_of(env: &CommandEnvelope) -> Option<Signal> {
 }
 
 /// Why a Signal cannot reach `snap`'s task: it has ended.
+/// A Revert of a finished task (or one whose revert is queued) begins its undo: the
+/// `Reverting` transition is written with the control, under a new seq, as the runner
+/// would write it first. Before, the control only set `revert_requested` on a snapshot of
+/// the same seq, and any other record of that seq (a final state written again) could
+/// take its place on the compacted topic and in every view: a Revert read, committed and
+/// lost (the fault campaign, a reverted score task left Succeeded).
+fn begin_revert(publisher: &crate::publisher::Publisher, snap: &mut TaskSnapshot) -> Result<Pending, PublishError> {
+    snap.state = TaskState::Reverting;
+    snap.revert_requested = false;
+    publisher.enqueue_transition(snap, EventType::Reverting, Detail::default().message("revert requested"))
+}
+
 fn ended(snap: &TaskSnapshot) -> String {
     format!("task {} has ended ({}): a signal reaches only a queued or running task", snap.task_id, snap.state.name())
 }

@@ -1103,7 +1103,8 @@ async fn an_older_snapshot_landing_after_the_newest_is_followed_by_the_newest_ag
 /// older than the view's newest but not stale: taking it for stale made the worker write
 /// its newest snapshot again on nearly every step (seen as "an older snapshot of the task
 /// landed after its newest" on a quiet run), and a rewrite queued behind the runner's
-/// next write is itself older than that write.
+/// next write is itself older than that write. A revert of a finished task is a new seq
+/// as well (a same-seq rewrite with `revert_requested` set could be erased).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lone_worker_writes_each_snapshot_once() {
     let broker = TestBroker::embedded();
@@ -1116,6 +1117,15 @@ async fn a_lone_worker_writes_each_snapshot_once() {
     }
     for id in &ids {
         assert_eq!(until_final(&mut events, *id).await.last().unwrap().event, EventType::Succeeded);
+    }
+    // Two reverted after they finished: the revert is a new seq too. It was once written
+    // as the final snapshot again with `revert_requested` set, under the same seq, and
+    // another record of that seq could then erase it (a revert read and lost).
+    for id in &ids[..2] {
+        client.revert(*id).await.unwrap();
+        let evs = until_final(&mut events, *id).await;
+        assert_eq!(types(&evs).first(), Some(&EventType::Reverting), "{id}: {:?}", types(&evs));
+        assert_eq!(evs.last().unwrap().event, EventType::Reverted);
     }
     // Everything on the task-state topic up to its end, as written (no compaction here).
     let (reader, topic) = task_state_reader(&broker);

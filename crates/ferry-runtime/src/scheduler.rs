@@ -134,6 +134,11 @@ pub(crate) struct Scheduler<H: TaskHandler> {
     overtaken_pause: Duration,
     overtaken_tx: mpsc::UnboundedSender<TaskId>,
     overtaken_rx: mpsc::UnboundedReceiver<TaskId>,
+    /// Unsettled tasks of owned partitions that another worker wrote and this one holds
+    /// not, by the seq seen: taken up if still there, and quiet, after `overtaken_pause`.
+    strays: HashMap<TaskId, i64>,
+    stray_tx: mpsc::UnboundedSender<TaskId>,
+    stray_rx: mpsc::UnboundedReceiver<TaskId>,
     /// Idempotency keys of the tasks the current batch created: the view takes a snapshot
     /// only once it is durable, which is after the batch.
     batch_keys: HashMap<String, TaskId>,
@@ -147,6 +152,7 @@ impl<H: TaskHandler> Scheduler<H> {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let (wake_tx, wake_rx) = mpsc::unbounded_channel();
         let (overtaken_tx, overtaken_rx) = mpsc::unbounded_channel();
+        let (stray_tx, stray_rx) = mpsc::unbounded_channel();
         Self {
             env,
             view,
@@ -165,6 +171,9 @@ impl<H: TaskHandler> Scheduler<H> {
             overtaken_pause,
             overtaken_tx,
             overtaken_rx,
+            strays: HashMap::new(),
+            stray_tx,
+            stray_rx,
             batch_keys: HashMap::new(),
             queued,
         }
@@ -178,6 +187,8 @@ impl<H: TaskHandler> Scheduler<H> {
                 () = view.stale_landed() => self.write_newest_again(&self.owned.clone()),
                 Some(r) = self.wake_rx.recv() => self.on_rewritten(r),
                 Some(id) = self.overtaken_rx.recv() => self.on_overtaken_pause_over(id).await,
+                () = view.unsettled_landed() => self.on_unsettled_read(),
+                Some(id) = self.stray_rx.recv() => self.on_stray_pause_over(id),
                 msg = rx.recv() => match msg {
                     Some(SchedMsg::Batch { items, reply }) => {
                         let r = self.on_batch(items).await;
@@ -360,6 +371,58 @@ impl<H: TaskHandler> Scheduler<H> {
             if let Some(q) = self.queues.get_mut(&subject) {
                 q.retain(|q| *q != id);
             }
+        }
+        self.pump(&subject);
+    }
+
+    /// Unsettled snapshots read from the topic: one of an owned partition that another
+    /// worker wrote and that this worker does not hold is a *stray*, written by a former
+    /// owner after this worker caught up and took the partition (a revert's Reverting
+    /// landing late, say). Nobody would run it until the next rebalance; it is taken up
+    /// after a pause, unless it moves on meanwhile (its writer still runs it, and stops
+    /// once it learns it lost the partition).
+    fn on_unsettled_read(&mut self) {
+        let me = self.env.publisher.worker().to_owned();
+        for snap in self.view.take_unsettled_read() {
+            let Ok(id) = snap.task_id.parse::<TaskId>() else { continue };
+            if snap.worker == me || self.slots.contains_key(&id) || !self.owned.contains(&snap.origin_partition) || self.strays.contains_key(&id) {
+                continue;
+            }
+            tracing::warn!(task = %id, seq = snap.seq, state = ?snap.state, writer = %snap.worker, "an unsettled task of an owned partition written by another worker: taking it up after a pause unless it moves on");
+            self.strays.insert(id, snap.seq);
+            self.stray_later(id);
+        }
+    }
+
+    fn stray_later(&self, id: TaskId) {
+        let (tx, pause) = (self.stray_tx.clone(), self.overtaken_pause);
+        tokio::spawn(async move {
+            tokio::time::sleep(pause).await;
+            let _ = tx.send(id);
+        });
+    }
+
+    /// A stray's pause is over: taken up from the newest snapshot when it is still
+    /// unsettled, unheld, of an owned partition and at the seq seen before the pause.
+    fn on_stray_pause_over(&mut self, id: TaskId) {
+        let Some(seen) = self.strays.remove(&id) else { return };
+        let Some(snap) = self.view.get(&id) else { return };
+        if crate::publisher::settled(&snap) || self.slots.contains_key(&id) || !self.owned.contains(&snap.origin_partition) || snap.worker == self.env.publisher.worker() {
+            return;
+        }
+        if snap.seq != seen {
+            // Still written by someone: look again after another pause.
+            self.strays.insert(id, snap.seq);
+            self.stray_later(id);
+            return;
+        }
+        tracing::warn!(task = %id, seq = snap.seq, state = ?snap.state, writer = %snap.worker, "taking up a stray task");
+        let subject = snap.subject.clone();
+        self.enqueue_task(id, snap);
+        // First in its subject: accepted before any task queued there now.
+        if let Some(q) = self.queues.get_mut(&subject) {
+            q.retain(|q| *q != id);
+            q.push_front(id);
         }
         self.pump(&subject);
     }

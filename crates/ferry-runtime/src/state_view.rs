@@ -66,6 +66,10 @@ struct Table {
     /// task's last record stale. Not the view's newest, which holds this process's own
     /// writes before they land (the record read just before one of them is not stale).
     landed: HashMap<TaskId, i64>,
+    /// Tasks whose newest snapshot, read from the topic since the owner last asked, is
+    /// unsettled ([`StateView::take_unsettled_read`]): one a former owner wrote after this
+    /// worker took its partition is nobody's unless the owner takes it up.
+    unsettled_read: HashSet<TaskId>,
 }
 
 /// A running task's guard: falls when a snapshot of the task that this process did not
@@ -90,6 +94,9 @@ pub struct StateView {
     changed: watch::Sender<u64>,
     /// Told when a record older than one read before of its task is read.
     stale_landed: tokio::sync::Notify,
+    /// Told when an unsettled snapshot is read from the topic (decoded: not one this
+    /// process wrote and knows already).
+    unsettled_landed: tokio::sync::Notify,
     stop: AtomicBool,
 }
 
@@ -130,6 +137,7 @@ impl StateView {
             partitions,
             changed,
             stale_landed: tokio::sync::Notify::new(),
+            unsettled_landed: tokio::sync::Notify::new(),
             stop: AtomicBool::new(false),
         });
         let v = view.clone();
@@ -157,11 +165,20 @@ impl StateView {
                     match decoded {
                         Some(Ok(snap)) => {
                             Self::check_guard(&mut t, &snap);
-                            if let Ok(id) = snap.task_id.parse::<TaskId>() {
+                            let id = snap.task_id.parse::<TaskId>().ok();
+                            if let Some(id) = id {
                                 self.landed(&mut t, id, snap.seq);
                             }
                             drop(t);
+                            let (seq, unsettled) = (snap.seq, !crate::publisher::settled(&snap));
                             self.apply(snap);
+                            if let Some(id) = id.filter(|_| unsettled) {
+                                let mut t = self.table.write().expect("view lock");
+                                if t.tasks.get(&id).is_some_and(|s| s.seq == seq) {
+                                    t.unsettled_read.insert(id);
+                                    self.unsettled_landed.notify_one();
+                                }
+                            }
                         }
                         Some(Err(e)) => {
                             t.undecodable += 1;
@@ -175,6 +192,7 @@ impl StateView {
                                 t.own.remove(&id);
                                 t.stale_last.remove(&id);
                                 t.landed.remove(&id);
+                                t.unsettled_read.remove(&id);
                             }
                         }
                     }
@@ -240,6 +258,20 @@ impl StateView {
     /// last call (a permit is kept when nobody waits).
     pub async fn stale_landed(&self) {
         self.stale_landed.notified().await;
+    }
+
+    /// Waits until an unsettled snapshot has been read since the last call (a permit is
+    /// kept when nobody waits).
+    pub async fn unsettled_landed(&self) {
+        self.unsettled_landed.notified().await;
+    }
+
+    /// The newest snapshots of the tasks an unsettled snapshot of which was read since the
+    /// last call (still unsettled).
+    pub fn take_unsettled_read(&self) -> Vec<TaskSnapshot> {
+        let mut t = self.table.write().expect("view lock");
+        let ids = std::mem::take(&mut t.unsettled_read);
+        ids.iter().filter_map(|id| t.tasks.get(id)).filter(|s| !crate::publisher::settled(s)).cloned().collect()
     }
 
     /// The newest snapshots of the tasks of `partitions` (by their command's partition)

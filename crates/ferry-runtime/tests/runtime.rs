@@ -1027,6 +1027,41 @@ async fn a_task_another_worker_writes_ahead_is_stopped_and_goes_on_from_the_newe
     worker.await.unwrap();
 }
 
+/// A former owner's write that lands after this worker took the partition and caught up
+/// (it lost the partition without knowing yet): a finished task it began to revert, say.
+/// The owner holds no such task and nobody runs it; before, it stayed `Reverting` until
+/// the next rebalance (the campaign's lost revert had this shape). It is taken up after a
+/// pause and reverted to its end by the owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unsettled_task_a_former_owner_wrote_late_is_taken_up() {
+    let broker = TestBroker::embedded();
+    let client = broker.client();
+    let mut events = client.events(true).await.unwrap();
+    let mut opts = broker.worker_options();
+    opts.overtaken_pause = Duration::from_millis(500);
+    let me = opts.worker_id.clone();
+    let (stop, worker) = broker.spawn_worker(opts);
+    let id = submit(&client, "stray", &TestTaskSpec::steps(2)).await;
+    assert_eq!(until_final(&mut events, id).await.last().unwrap().event, EventType::Succeeded);
+
+    // The former owner's write: the task Reverting, the next seq, by another worker.
+    let mut late = client.snapshot(id).await.unwrap().unwrap();
+    late.seq += 1;
+    late.state = TaskState::Reverting;
+    late.last_event = EventType::Reverting;
+    late.worker = "a-former-owner".into();
+    let bytes = client.registry().encode(&late).unwrap();
+    let topic = broker.topics.task_state(TaskKind::TEST).name.clone();
+    client.send_raw(&topic, Some(late.task_id.as_bytes()), &bytes, OwnedHeaders::new()).await.unwrap();
+
+    let evs = until_final(&mut events, id).await;
+    assert_eq!(types(&evs), vec![EventType::StepReverted, EventType::StepReverted, EventType::Reverted], "{evs:?}");
+    assert!(evs.iter().all(|e| e.seq > late.seq && e.worker == me), "{evs:?}");
+    assert_eq!(client.snapshot(id).await.unwrap().unwrap().state, TaskState::Reverted);
+    stop.cancel();
+    worker.await.unwrap();
+}
+
 /// A reader of the test kind's task-state topic from its beginning (every partition
 /// assigned), with the topic's name.
 fn task_state_reader(broker: &TestBroker) -> (BaseConsumer, String) {

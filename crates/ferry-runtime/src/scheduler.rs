@@ -966,6 +966,11 @@ impl<H: TaskHandler> Scheduler<H> {
             .collect();
         for id in ids {
             if let Some(slot) = self.slots.remove(&id) {
+                // Deferred for a task another worker wrote (that worker likely owns it now):
+                // their offsets are committed, so they are said here, never silently gone.
+                for (env, _) in &slot.deferred {
+                    tracing::error!(task = %id, action = ?env.action, requested_by = %env.requested_by, "a deferred control is dropped with its partition: send it again");
+                }
                 self.view.unguard(&id, slot.run);
                 if self.running.get(&slot.snap.subject) == Some(&id) {
                     self.running.remove(&slot.snap.subject);

@@ -982,6 +982,23 @@ async fn a_cancel_for_a_paused_task_is_written_after_the_paused_write() {
     worker.await.unwrap();
 }
 
+/// A worker that takes up an overtaken or stray task after half a second (its name, its
+/// stop and its handle).
+fn spawn_quick_to_take_up(broker: &TestBroker) -> (String, tokio_util::sync::CancellationToken, tokio::task::JoinHandle<()>) {
+    let mut opts = broker.worker_options();
+    opts.overtaken_pause = Duration::from_millis(500);
+    let me = opts.worker_id.clone();
+    let (stop, worker) = broker.spawn_worker(opts);
+    (me, stop, worker)
+}
+
+/// Writes `snap` to the test kind's task-state topic as another worker would.
+async fn plant(broker: &TestBroker, client: &ferry_runtime::Client, snap: &ferry_runtime::TaskSnapshot) {
+    let bytes = client.registry().encode(snap).unwrap();
+    let topic = broker.topics.task_state(TaskKind::TEST).name.clone();
+    client.send_raw(&topic, Some(snap.task_id.as_bytes()), &bytes, OwnedHeaders::new()).await.unwrap();
+}
+
 /// Another worker's newer write of a task this worker runs (both take themselves for its
 /// owner: one lost its partition without knowing yet) stops the run at once, without a
 /// write, and the task is taken up again after a pause from the newest snapshot. Here the
@@ -994,10 +1011,7 @@ async fn a_task_another_worker_writes_ahead_is_stopped_and_goes_on_from_the_newe
     let broker = TestBroker::embedded();
     let client = broker.client();
     let mut events = client.events(true).await.unwrap();
-    let mut opts = broker.worker_options();
-    opts.overtaken_pause = Duration::from_millis(500);
-    let me = opts.worker_id.clone();
-    let (stop, worker) = broker.spawn_worker(opts);
+    let (me, stop, worker) = spawn_quick_to_take_up(&broker);
     let spec = TestTaskSpec { block_at: Some(2), ..TestTaskSpec::steps(3) };
     let id = submit(&client, "overtaken", &spec).await;
     until_event(&mut events, id, EventType::StepProgress).await;
@@ -1007,9 +1021,7 @@ async fn a_task_another_worker_writes_ahead_is_stopped_and_goes_on_from_the_newe
     let was = ahead.seq;
     ahead.seq += 10;
     ahead.worker = "another-worker".into();
-    let bytes = client.registry().encode(&ahead).unwrap();
-    let topic = broker.topics.task_state(TaskKind::TEST).name.clone();
-    client.send_raw(&topic, Some(ahead.task_id.as_bytes()), &bytes, OwnedHeaders::new()).await.unwrap();
+    plant(&broker, &client, &ahead).await;
 
     // Taken up again from it: step 2 starts again past the other worker's seq.
     let evs = events.until(id, WAIT, |e| e.event == EventType::StepStarted && e.seq > ahead.seq).await.unwrap();
@@ -1037,10 +1049,7 @@ async fn an_unsettled_task_a_former_owner_wrote_late_is_taken_up() {
     let broker = TestBroker::embedded();
     let client = broker.client();
     let mut events = client.events(true).await.unwrap();
-    let mut opts = broker.worker_options();
-    opts.overtaken_pause = Duration::from_millis(500);
-    let me = opts.worker_id.clone();
-    let (stop, worker) = broker.spawn_worker(opts);
+    let (me, stop, worker) = spawn_quick_to_take_up(&broker);
     let id = submit(&client, "stray", &TestTaskSpec::steps(2)).await;
     assert_eq!(until_final(&mut events, id).await.last().unwrap().event, EventType::Succeeded);
 
@@ -1050,9 +1059,7 @@ async fn an_unsettled_task_a_former_owner_wrote_late_is_taken_up() {
     late.state = TaskState::Reverting;
     late.last_event = EventType::Reverting;
     late.worker = "a-former-owner".into();
-    let bytes = client.registry().encode(&late).unwrap();
-    let topic = broker.topics.task_state(TaskKind::TEST).name.clone();
-    client.send_raw(&topic, Some(late.task_id.as_bytes()), &bytes, OwnedHeaders::new()).await.unwrap();
+    plant(&broker, &client, &late).await;
 
     let evs = until_final(&mut events, id).await;
     assert_eq!(types(&evs), vec![EventType::StepReverted, EventType::StepReverted, EventType::Reverted], "{evs:?}");

@@ -33,16 +33,22 @@ pub enum FleetError {
     Keys(PathBuf),
     /// A cluster did not become ready: its API server never answered `/readyz` within the
     /// bound, or one of its processes exited first.
-    #[error("cluster {cluster} not ready after {waited:?}{} (log: {log})", if *exited { ": a process of it exited" } else { "" })]
+    #[error("cluster {cluster} ({server}) not ready after {waited:?}{} (log: {log}); the log's last lines:\n{tail}", if *exited { ": a process of it exited" } else { "" })]
     NotReady {
         /// The cluster.
         cluster: String,
+        /// Its API server's address.
+        server: String,
         /// How long we waited.
         waited: Duration,
         /// A process of the cluster exited before it was ready.
         exited: bool,
         /// Where its API server logs.
         log: String,
+        /// The last lines of that log: the fleet's directory is gone once the test ends
+        /// (a member once stayed unreachable for 240 s with its process alive, in CI, and
+        /// nothing told why).
+        tail: String,
     },
     /// The CRDs could not be put into the clusters' store before they started.
     #[error("preloading the CRDs: {0}")]
@@ -575,9 +581,11 @@ async fn wait_ready(c: &mut Cluster) -> Result<(), FleetError> {
     let started = std::time::Instant::now();
     let not_ready = |c: &Cluster, exited: bool| FleetError::NotReady {
         cluster: c.name.clone(),
+        server: c.server.clone(),
         waited: started.elapsed(),
         exited,
         log: c.log.display().to_string(),
+        tail: log_tail(&c.log, 25),
     };
     let mut delay = Duration::from_millis(100);
     loop {
@@ -593,6 +601,17 @@ async fn wait_ready(c: &mut Cluster) -> Result<(), FleetError> {
         // Retry backoff while a process starts up; nothing else to wait on.
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_millis(500));
+    }
+}
+
+/// The last `n` lines of the log at `path` (or why there are none).
+fn log_tail(path: &Path, n: usize) -> String {
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let lines: Vec<&str> = text.lines().collect();
+            lines[lines.len().saturating_sub(n)..].join("\n")
+        }
+        Err(e) => format!("(unreadable: {e})"),
     }
 }
 

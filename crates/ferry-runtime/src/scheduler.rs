@@ -1004,7 +1004,6 @@ fn signal_of(env: &CommandEnvelope) -> Option<Signal> {
     })
 }
 
-/// Why a Signal cannot reach `snap`'s task: it has ended.
 /// A Revert of a finished task (or one whose revert is queued) begins its undo: the
 /// `Reverting` transition is written with the control, under a new seq, as the runner
 /// would write it first. Before, the control only set `revert_requested` on a snapshot of
@@ -1017,6 +1016,7 @@ fn begin_revert(publisher: &crate::publisher::Publisher, snap: &mut TaskSnapshot
     publisher.enqueue_transition(snap, EventType::Reverting, Detail::default().message("revert requested"))
 }
 
+/// Why a Signal cannot reach `snap`'s task: it has ended.
 fn ended(snap: &TaskSnapshot) -> String {
     format!("task {} has ended ({}): a signal reaches only a queued or running task", snap.task_id, snap.state.name())
 }

@@ -327,14 +327,15 @@ impl<H: TaskHandler> Scheduler<H> {
         tracing::warn!(task = %id, pause_ms = self.overtaken_pause.as_millis() as u64, "task overtaken by another worker; taking it up again after a pause");
         self.env.metrics.overtaken();
         self.running.insert(subject.clone(), id);
+        self.put_first(subject, id);
+        send_after(self.overtaken_tx.clone(), self.overtaken_pause, id);
+    }
+
+    /// Puts `id` first in its subject's queue.
+    fn put_first(&mut self, subject: String, id: TaskId) {
         let queue = self.queues.entry(subject).or_default();
         queue.retain(|q| *q != id);
         queue.push_front(id);
-        let (tx, pause) = (self.overtaken_tx.clone(), self.overtaken_pause);
-        tokio::spawn(async move {
-            tokio::time::sleep(pause).await;
-            let _ = tx.send(id);
-        });
     }
 
     /// An overtaken task's pause is over: run it again, first in its subject, from the
@@ -382,48 +383,42 @@ impl<H: TaskHandler> Scheduler<H> {
     /// after a pause, unless it moves on meanwhile (its writer still runs it, and stops
     /// once it learns it lost the partition).
     fn on_unsettled_read(&mut self) {
-        let me = self.env.publisher.worker().to_owned();
         for snap in self.view.take_unsettled_read() {
             let Ok(id) = snap.task_id.parse::<TaskId>() else { continue };
-            if snap.worker == me || self.slots.contains_key(&id) || !self.owned.contains(&snap.origin_partition) || self.strays.contains_key(&id) {
+            if !self.is_stray(id, &snap) || self.strays.contains_key(&id) {
                 continue;
             }
             tracing::warn!(task = %id, seq = snap.seq, state = ?snap.state, writer = %snap.worker, "an unsettled task of an owned partition written by another worker: taking it up after a pause unless it moves on");
             self.strays.insert(id, snap.seq);
-            self.stray_later(id);
+            send_after(self.stray_tx.clone(), self.overtaken_pause, id);
         }
     }
 
-    fn stray_later(&self, id: TaskId) {
-        let (tx, pause) = (self.stray_tx.clone(), self.overtaken_pause);
-        tokio::spawn(async move {
-            tokio::time::sleep(pause).await;
-            let _ = tx.send(id);
-        });
+    /// Whether `snap` (the newest of task `id`) is unsettled, of an owned partition,
+    /// written by another worker and held by no slot here.
+    fn is_stray(&self, id: TaskId, snap: &TaskSnapshot) -> bool {
+        !crate::publisher::settled(snap)
+            && !self.slots.contains_key(&id)
+            && self.owned.contains(&snap.origin_partition)
+            && snap.worker != self.env.publisher.worker()
     }
 
     /// A stray's pause is over: taken up from the newest snapshot when it is still
     /// unsettled, unheld, of an owned partition and at the seq seen before the pause.
     fn on_stray_pause_over(&mut self, id: TaskId) {
         let Some(seen) = self.strays.remove(&id) else { return };
-        let Some(snap) = self.view.get(&id) else { return };
-        if crate::publisher::settled(&snap) || self.slots.contains_key(&id) || !self.owned.contains(&snap.origin_partition) || snap.worker == self.env.publisher.worker() {
-            return;
-        }
+        let Some(snap) = self.view.get(&id).filter(|s| self.is_stray(id, s)) else { return };
         if snap.seq != seen {
             // Still written by someone: look again after another pause.
             self.strays.insert(id, snap.seq);
-            self.stray_later(id);
+            send_after(self.stray_tx.clone(), self.overtaken_pause, id);
             return;
         }
         tracing::warn!(task = %id, seq = snap.seq, state = ?snap.state, writer = %snap.worker, "taking up a stray task");
         let subject = snap.subject.clone();
         self.enqueue_task(id, snap);
         // First in its subject: accepted before any task queued there now.
-        if let Some(q) = self.queues.get_mut(&subject) {
-            q.retain(|q| *q != id);
-            q.push_front(id);
-        }
+        self.put_first(subject.clone(), id);
         self.pump(&subject);
     }
 
@@ -1002,6 +997,14 @@ fn signal_of(env: &CommandEnvelope) -> Option<Signal> {
         key: env.idempotency_key.clone(),
         reason: env.reason.clone(),
     })
+}
+
+/// Sends `id` on `tx` after `pause` (a held task's or a stray's pause).
+fn send_after(tx: mpsc::UnboundedSender<TaskId>, pause: Duration, id: TaskId) {
+    tokio::spawn(async move {
+        tokio::time::sleep(pause).await;
+        let _ = tx.send(id);
+    });
 }
 
 /// A Revert of a finished task (or one whose revert is queued) begins its undo: the

@@ -165,19 +165,15 @@ impl StateView {
                     match decoded {
                         Some(Ok(snap)) => {
                             Self::check_guard(&mut t, &snap);
-                            let id = snap.task_id.parse::<TaskId>().ok();
-                            if let Some(id) = id {
+                            if let Ok(id) = snap.task_id.parse::<TaskId>() {
                                 self.landed(&mut t, id, snap.seq);
                             }
-                            drop(t);
-                            let (seq, unsettled) = (snap.seq, !crate::publisher::settled(&snap));
-                            self.apply(snap);
-                            if let Some(id) = id.filter(|_| unsettled) {
-                                let mut t = self.table.write().expect("view lock");
-                                if t.tasks.get(&id).is_some_and(|s| s.seq == seq) {
-                                    t.unsettled_read.insert(id);
-                                    self.unsettled_landed.notify_one();
-                                }
+                            let unsettled = !crate::publisher::settled(&snap);
+                            if let Some(id) = self.record(&mut t, snap)
+                                && unsettled
+                            {
+                                t.unsettled_read.insert(id);
+                                self.unsettled_landed.notify_one();
                             }
                         }
                         Some(Err(e)) => {
@@ -336,18 +332,25 @@ impl StateView {
 
     /// Records a snapshot unless the table already has a newer one of that task.
     pub fn apply(&self, snap: TaskSnapshot) {
-        if self.kind.is_some_and(|k| k != snap.kind) {
-            return;
-        }
-        let Ok(id) = snap.task_id.parse::<TaskId>() else { return };
         let mut t = self.table.write().expect("view lock");
+        self.record(&mut t, snap);
+    }
+
+    /// [`Self::apply`] under the caller's lock: the task's id when the snapshot was kept
+    /// (of this view's kind, not older than the one held).
+    fn record(&self, t: &mut Table, snap: TaskSnapshot) -> Option<TaskId> {
+        if self.kind.is_some_and(|k| k != snap.kind) {
+            return None;
+        }
+        let id = snap.task_id.parse::<TaskId>().ok()?;
         if t.tasks.get(&id).is_some_and(|old| old.seq > snap.seq) {
-            return;
+            return None;
         }
         if let Some(k) = &snap.idempotency_key {
             t.keys.entry(k.clone()).or_insert(id);
         }
         t.tasks.insert(id, snap);
+        Some(id)
     }
 
     /// The latest snapshot of a task.

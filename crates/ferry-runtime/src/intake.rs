@@ -212,6 +212,8 @@ pub(crate) struct Intake<H: TaskHandler> {
     pub registry: Arc<Registry>,
     pub sched: mpsc::Sender<SchedMsg>,
     pub stop: Arc<AtomicBool>,
+    /// Records of deferred controls: no offset past them is stored.
+    holds: Arc<crate::holds::CommitHolds>,
     /// The tenants' policy: commands forwarded by the gateway are checked against it.
     pub policy: Option<Arc<Policy>>,
 }
@@ -227,7 +229,7 @@ impl<H: TaskHandler> Intake<H> {
         sched: mpsc::Sender<SchedMsg>,
         stop: Arc<AtomicBool>,
         ready: Arc<AtomicBool>,
-        fences: Arc<Fences>,
+        (fences, holds): (Arc<Fences>, Arc<crate::holds::CommitHolds>),
         publisher: Arc<crate::publisher::Publisher>,
         revoke_grace: Duration,
     ) -> Result<Self, IntakeError> {
@@ -238,7 +240,7 @@ impl<H: TaskHandler> Intake<H> {
         let consumer: BaseConsumer<IntakeContext> = kafka.group_consumer(group).create_with_context(ctx).map_err(err)?;
         consumer.subscribe(&[topic]).map_err(err)?;
         let kind = handler.kind();
-        Ok(Self { consumer, topic: topic.to_owned(), group: group.to_owned(), kind, handler, registry, sched, stop, policy: None })
+        Ok(Self { consumer, topic: topic.to_owned(), group: group.to_owned(), kind, handler, registry, sched, stop, holds, policy: None })
     }
 
     /// Checks tenants' commands against `policy` (none: a tenant's command is refused).
@@ -262,6 +264,10 @@ impl<H: TaskHandler> Intake<H> {
         let mut carried = std::collections::VecDeque::new();
         let mut failures_in_a_row = 0u32;
         while !self.stop.load(Ordering::Relaxed) {
+            // Offsets held back for deferred controls since applied: stored now.
+            for (p, o) in self.holds.take_released() {
+                self.store(p, o);
+            }
             let first = match carried.pop_front() {
                 Some(r) => r,
                 None => match self.consumer.poll(Duration::from_millis(100)) {
@@ -307,13 +313,22 @@ impl<H: TaskHandler> Intake<H> {
             };
             failures_in_a_row = 0;
             for (p, o) in offsets.into_iter().filter(|(p, _)| !skipped.contains(p)) {
-                // Fails only for partitions revoked meanwhile; their new owner reads them again.
-                if let Err(e) = self.consumer.store_offset(&self.topic, p, o) {
-                    tracing::debug!(partition = p, offset = o, error = %e, "offset not stored");
+                // Not past a deferred control's record (see `holds`).
+                if let Some(o) = self.holds.storable(p, o) {
+                    self.store(p, o);
                 }
             }
         }
         Ok(())
+    }
+
+    /// Stores `offset` of `partition` for the next commit (librdkafka commits the one
+    /// after it). Fails only for partitions revoked meanwhile; their new owner reads them
+    /// again.
+    fn store(&self, partition: i32, offset: i64) {
+        if let Err(e) = self.consumer.store_offset(&self.topic, partition, offset) {
+            tracing::debug!(partition, offset, error = %e, "offset not stored");
+        }
     }
 
     /// Waits `pause` with the partitions paused, serving rebalance callbacks, then rewinds

@@ -29,6 +29,7 @@ pub mod embedded;
 mod fences;
 mod gateway;
 pub mod history;
+mod holds;
 pub mod http;
 mod intake;
 pub mod kafka;

@@ -10,6 +10,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::fences::Fences;
+use crate::holds::CommitHolds;
 use crate::ids::TaskId;
 use crate::protocol::{Bytes, CommandAction, CommandEnvelope, EventType, ProgressEvent, Signal, TaskSnapshot, TaskState, now_ms};
 use crate::publisher::{DeadLetter, Detail, Pending, PublishError};
@@ -107,7 +108,15 @@ struct Slot {
     run: u64,
     /// Cancels and Reverts that came while another worker's newer write of the task
     /// stood in the view: applied to the newest snapshot when the task is taken up again.
-    deferred: Vec<(CommandEnvelope, Option<String>)>,
+    /// Their records are held uncommitted ([`CommitHolds`]) until then.
+    deferred: Vec<Deferred>,
+}
+
+/// A control deferred with its task, and where its command record is.
+struct Deferred {
+    env: CommandEnvelope,
+    trace: Option<String>,
+    at: (i32, i64),
 }
 
 pub(crate) struct Scheduler<H: TaskHandler> {
@@ -117,6 +126,8 @@ pub(crate) struct Scheduler<H: TaskHandler> {
     owned: HashSet<i32>,
     /// The owned partitions' fences, shared with the intake's rebalance callback.
     fences: Arc<Fences>,
+    /// The records of deferred controls, which the intake may not commit past.
+    holds: Arc<CommitHolds>,
     slots: HashMap<TaskId, Slot>,
     queues: HashMap<String, VecDeque<TaskId>>,
     running: HashMap<String, TaskId>,
@@ -147,7 +158,7 @@ pub(crate) struct Scheduler<H: TaskHandler> {
 }
 
 impl<H: TaskHandler> Scheduler<H> {
-    pub(crate) fn new(env: Arc<Env<H>>, view: Arc<StateView>, revoke_grace: Duration, overtaken_pause: Duration, fences: Arc<Fences>) -> Self {
+    pub(crate) fn new(env: Arc<Env<H>>, view: Arc<StateView>, revoke_grace: Duration, overtaken_pause: Duration, fences: Arc<Fences>, holds: Arc<CommitHolds>) -> Self {
         let queued = env.metrics.queued(env.handler.kind());
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let (wake_tx, wake_rx) = mpsc::unbounded_channel();
@@ -159,6 +170,7 @@ impl<H: TaskHandler> Scheduler<H> {
             revoke_grace,
             owned: HashSet::new(),
             fences,
+            holds,
             slots: HashMap::new(),
             queues: HashMap::new(),
             running: HashMap::new(),
@@ -308,6 +320,13 @@ impl<H: TaskHandler> Scheduler<H> {
             return;
         }
         self.unwritten.remove(&r.id);
+        if !slot.deferred.is_empty() {
+            // Controls wait with it (deferred for another worker's newer write): applied on
+            // the newest snapshot as an overtaken task's are, its lane held meanwhile.
+            // Before, a settled task's slot went here, its controls with it.
+            let _ = self.overtaken_tx.send(r.id);
+            return;
+        }
         self.running.remove(&subject);
         if crate::publisher::settled(&slot.snap) {
             // The write that failed was its last: nothing more to run.
@@ -351,18 +370,28 @@ impl<H: TaskHandler> Scheduler<H> {
             tracing::info!(task = %id, seq = newest.seq, state = ?newest.state, by = %newest.worker, "taking an overtaken task up again from the newest snapshot");
             slot.snap = newest;
         }
-        // The controls that came meanwhile, on the newest snapshot.
+        // The controls that came meanwhile, on the newest snapshot. Their records are
+        // released for commit once their writes are durable; a control deferred again
+        // holds its record again first. One whose writes failed stays held: the
+        // partition's next owner reads it again.
         let deferred = std::mem::take(&mut slot.deferred);
         if !deferred.is_empty() {
             let mut pending = crate::publisher::Publisher::nothing();
-            for (env, trace) in deferred {
-                match self.control(&env, id, trace, &mut pending) {
-                    Ok(_) => {}
-                    Err(e) => tracing::error!(task = %id, error = %e, "a deferred control could not be written"),
+            let mut made = true;
+            for d in &deferred {
+                if let Err(e) = self.control(&d.env, id, d.trace.clone(), d.at, &mut pending) {
+                    tracing::error!(task = %id, error = %e, "a deferred control could not be written; its record stays uncommitted");
+                    made = false;
                 }
             }
             if let Err(e) = pending.durable().await {
-                tracing::error!(task = %id, error = %e, "a deferred control could not be written");
+                tracing::error!(task = %id, error = %e, "a deferred control could not be written; its record stays uncommitted");
+                made = false;
+            }
+            if made {
+                for d in &deferred {
+                    self.holds.release(d.at.0, d.at.1);
+                }
             }
         }
         let Some(slot) = self.slots.get_mut(&id) else { return };
@@ -496,8 +525,9 @@ impl<H: TaskHandler> Scheduler<H> {
                 }
                 What::Control { env, id } => {
                     subjects.insert(env.subject.clone());
-                    if let Some(wait) = self.control(&env, id, item.trace_parent.clone(), &mut pending)? {
-                        controls.push((env, id, item.trace_parent, wait));
+                    let at = (item.partition, item.offset);
+                    if let Some(wait) = self.control(&env, id, item.trace_parent.clone(), at, &mut pending)? {
+                        controls.push((env, id, item.trace_parent, at, wait));
                     }
                 }
             }
@@ -511,7 +541,7 @@ impl<H: TaskHandler> Scheduler<H> {
             }
             return Err(e);
         }
-        for (env, id, trace, wait) in controls {
+        for (env, id, trace, at, wait) in controls {
             match wait.await {
                 Ok(ControlReply::Handled) => continue,
                 Ok(ControlReply::Refused(why)) => {
@@ -528,7 +558,7 @@ impl<H: TaskHandler> Scheduler<H> {
                 self.on_done(done);
             }
             let mut again = crate::publisher::Publisher::nothing();
-            if let Some(wait) = self.control(&env, id, trace, &mut again)? {
+            if let Some(wait) = self.control(&env, id, trace, at, &mut again)? {
                 let _ = wait.await;
             }
             again.durable().await?;
@@ -694,6 +724,7 @@ impl<H: TaskHandler> Scheduler<H> {
         env: &CommandEnvelope,
         id: TaskId,
         trace: Option<String>,
+        at: (i32, i64),
         pending: &mut Pending,
     ) -> Result<Option<oneshot::Receiver<ControlReply>>, PublishError> {
         let revert = env.action == CommandAction::Revert;
@@ -710,10 +741,13 @@ impl<H: TaskHandler> Scheduler<H> {
             // under seqs the other already used (a queued task cancelled and reverted at
             // seq 3 and 5 after its owner's Reverted at 21, in the fault campaign). The
             // control waits with the task, which is taken up again (if this worker still
-            // owns it then) from the newest snapshot (`on_overtaken_pause_over`).
-            tracing::warn!(task = %id, action = ?env.action, seq, held = slot.snap.seq, "control for a task another worker wrote since: deferred");
+            // owns it then) from the newest snapshot (`on_overtaken_pause_over`); its record
+            // is held uncommitted meanwhile, so that if the partition goes first its next
+            // owner reads the control again (before, it was lost).
+            tracing::warn!(task = %id, action = ?env.action, seq, held = slot.snap.seq, partition = at.0, offset = at.1, "control for a task another worker wrote since: deferred");
+            self.holds.hold(at.0, at.1);
             if let Some(slot) = self.slots.get_mut(&id) {
-                slot.deferred.push((env.clone(), trace));
+                slot.deferred.push(Deferred { env: env.clone(), trace, at });
             }
             return Ok(None);
         }
@@ -961,10 +995,10 @@ impl<H: TaskHandler> Scheduler<H> {
             .collect();
         for id in ids {
             if let Some(slot) = self.slots.remove(&id) {
-                // Deferred for a task another worker wrote (that worker likely owns it now):
-                // their offsets are committed, so they are said here, never silently gone.
-                for (env, _) in &slot.deferred {
-                    tracing::error!(task = %id, action = ?env.action, requested_by = %env.requested_by, "a deferred control is dropped with its partition: send it again");
+                // Deferred for a task another worker wrote: their records were held
+                // uncommitted, so the partition's next owner reads them again.
+                for d in &slot.deferred {
+                    tracing::warn!(task = %id, action = ?d.env.action, partition = d.at.0, offset = d.at.1, "a deferred control goes with its partition; its next owner reads it again");
                 }
                 self.view.unguard(&id, slot.run);
                 if self.running.get(&slot.snap.subject) == Some(&id) {
@@ -972,6 +1006,8 @@ impl<H: TaskHandler> Scheduler<H> {
                 }
             }
         }
+        // What was stored under them is committed with the revoke; no hold outlives it.
+        self.holds.clear(partitions);
         for q in self.queues.values_mut() {
             q.retain(|id| self.slots.contains_key(id));
         }

@@ -129,6 +129,9 @@ pub struct WorkerHandle {
     pub metrics: Arc<Metrics>,
     /// The address the probes are served on.
     pub http: Option<SocketAddr>,
+    /// The worker's view of its kind's task states (what it resumes and routes controls
+    /// from): `caught_up` tells when it has read what is on the topic now.
+    pub view: Arc<StateView>,
 }
 
 /// One worker of one kind.
@@ -192,7 +195,8 @@ impl<H: TaskHandler> Worker<H> {
         let env = Arc::new(Env { handler: handler.clone(), publisher: publisher.clone(), metrics: metrics.clone(), registry: registry.clone(), policy: opts.policy.clone() });
         let (sched_tx, sched_rx) = mpsc::channel(64);
         let fences = Arc::new(crate::fences::Fences::default());
-        let scheduler = tokio::spawn(Scheduler::new(env, view.clone(), opts.revoke_grace, opts.overtaken_pause, fences.clone()).run(sched_rx));
+        let holds = Arc::new(crate::holds::CommitHolds::default());
+        let scheduler = tokio::spawn(Scheduler::new(env, view.clone(), opts.revoke_grace, opts.overtaken_pause, fences.clone(), holds.clone()).run(sched_rx));
 
         let http = match opts.http {
             Some(addr) => Some(
@@ -207,7 +211,7 @@ impl<H: TaskHandler> Worker<H> {
         let stop = Arc::new(AtomicBool::new(false));
         // If this future is dropped (a test's panic, an aborted task), the threads stop too.
         let _stop_guard = StopOnDrop { flag: stop.clone(), view: view.clone() };
-        let intake = Intake::new(&opts.kafka, &group, &topic, handler, registry, sched_tx.clone(), stop.clone(), ready.clone(), fences, publisher.clone(), opts.revoke_grace)?
+        let intake = Intake::new(&opts.kafka, &group, &topic, handler, registry, sched_tx.clone(), stop.clone(), ready.clone(), (fences, holds), publisher.clone(), opts.revoke_grace)?
             .with_policy(opts.policy.clone());
         let gateway_thread = if tenant_topics.is_empty() {
             None
@@ -225,7 +229,7 @@ impl<H: TaskHandler> Worker<H> {
             })
             .expect("spawn intake thread");
         tracing::info!(%kind, %topic, %group, worker = %opts.worker_id, "worker started");
-        started(WorkerHandle { ready: ready.clone(), metrics: metrics.clone(), http });
+        started(WorkerHandle { ready: ready.clone(), metrics: metrics.clone(), http, view: view.clone() });
 
         let lag_metrics = metrics.clone();
         let lag_kafka = opts.kafka.clone();

@@ -1069,6 +1069,81 @@ async fn an_unsettled_task_a_former_owner_wrote_late_is_taken_up() {
     worker.await.unwrap();
 }
 
+/// Starts a `test` worker and waits until it is started: its stop, its handle and what
+/// the worker exposes (metrics, its state view).
+async fn spawn_with_handle(opts: ferry_runtime::WorkerOptions) -> (tokio_util::sync::CancellationToken, tokio::task::JoinHandle<()>, ferry_runtime::WorkerHandle) {
+    let (handle_tx, handle_rx) = tokio::sync::oneshot::channel();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let t = stop.clone();
+    let worker = tokio::spawn(async move {
+        let handler = ferry_runtime::testkind::TestHandler { min_delay: Some(Duration::from_millis(10)), effects: None };
+        ferry_runtime::Worker::new(opts, handler)
+            .run_with(t, move |h| {
+                let _ = handle_tx.send(h);
+            })
+            .await
+            .expect("worker failed")
+    });
+    (stop, worker, handle_rx.await.expect("the worker started"))
+}
+
+/// A Cancel that comes while another worker's newer write of its queued task stands in the
+/// view is deferred with the task (applying it to the older snapshot would write under
+/// seqs the other used). If the worker gives the partition up before it applies it, the
+/// partition's next owner reads the Cancel again and cancels the task. Before, the
+/// Cancel's offset was committed with its batch and the control went with the first
+/// worker's memory: the task ran to Succeeded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_deferred_when_its_partition_goes_is_read_again_by_its_next_owner() {
+    let broker = TestBroker::embedded();
+    let client = broker.client();
+    let mut events = client.events(true).await.unwrap();
+    let opts = |id: &str| {
+        let mut o = broker.worker_options();
+        o.worker_id = id.into();
+        o
+    };
+    // The first worker takes no overtaken task up again while the test runs: the deferred
+    // Cancel waits with its task until the worker stops.
+    let mut first = opts("a");
+    first.overtaken_pause = Duration::from_secs(3600);
+    let (stop_a, worker_a, a) = spawn_with_handle(first).await;
+    // One subject: the blocker holds its lane, the victim waits behind it without a runner.
+    let blocker = submit(&client, "deferred", &TestTaskSpec { block_at: Some(1), ..TestTaskSpec::steps(1) }).await;
+    until_event(&mut events, blocker, EventType::StepProgress).await;
+    let victim = submit(&client, "deferred", &TestTaskSpec::steps(1)).await;
+    until_event(&mut events, victim, EventType::Accepted).await;
+
+    // Another worker's snapshot of the victim, ten seqs further, read by the first worker.
+    let mut ahead = client.snapshot(victim).await.unwrap().unwrap();
+    ahead.seq += 10;
+    ahead.worker = "another-worker".into();
+    plant(&broker, &client, &ahead).await;
+    a.view.caught_up(WAIT).await.unwrap();
+    client.cancel(victim).await.unwrap();
+    // A later command of the subject (same partition): once it is Accepted, the Cancel's
+    // batch was handled, deferred.
+    let after = submit(&client, "deferred", &TestTaskSpec::steps(1)).await;
+    until_event(&mut events, after, EventType::Accepted).await;
+    stop_a.cancel();
+    worker_a.await.unwrap();
+
+    let (stop_b, worker_b) = broker.spawn_worker(opts("b"));
+    let evs = until_event(&mut events, victim, EventType::CancelRequested).await;
+    let by_a: Vec<String> = evs.iter().filter(|e| e.worker == "a" && e.seq > 1).map(|e| format!("{} {:?}", e.seq, e.event)).collect();
+    assert!(by_a.is_empty(), "the first worker wrote the victim after another worker's newer write: {by_a:?}");
+    let requested = evs.last().unwrap();
+    assert!(requested.worker == "b" && requested.seq > ahead.seq, "{requested:?}");
+    client.cancel(blocker).await.unwrap();
+    assert_eq!(until_final(&mut events, blocker).await.last().unwrap().event, EventType::Cancelled);
+    assert_eq!(types(&until_final(&mut events, victim).await), vec![EventType::Cancelled]);
+    let evs = until_final(&mut events, after).await;
+    assert_eq!(evs.last().unwrap().event, EventType::Succeeded, "{evs:?}");
+    assert_eq!(evs.iter().filter(|e| e.event == EventType::StepStarted).count(), 1, "the later task ran once: {evs:?}");
+    stop_b.cancel();
+    worker_b.await.unwrap();
+}
+
 /// A reader of the test kind's task-state topic from its beginning (every partition
 /// assigned), with the topic's name.
 fn task_state_reader(broker: &TestBroker) -> (BaseConsumer, String) {

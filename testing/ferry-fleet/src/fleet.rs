@@ -257,7 +257,7 @@ impl Fleet {
         }
         let mut fleet = Self { clusters, dir, etcd_url, bins: bins.clone(), preloaded, _etcd: etcd, _tmp: tmp };
         for c in &mut fleet.clusters {
-            wait_ready(c).await?;
+            ready_or_restarted(c, &fleet.bins, &fleet.etcd_url).await?;
             // They read the API server's certificate, which exists only once it serves.
             if opts.controllers {
                 c.start_controllers(&bins)?;
@@ -370,7 +370,7 @@ impl ClusterSpawner {
         // the same name starts empty, as a newly provisioned one would.
         let instance = format!("{name}-{:08x}", rand_u128() as u32);
         let mut c = start_cluster(&self.bins, &self.dir, name, &instance, &self.etcd_url)?;
-        wait_ready(&mut c).await?;
+        ready_or_restarted(&mut c, &self.bins, &self.etcd_url).await?;
         if controllers {
             c.start_controllers(&self.bins)?;
         }
@@ -401,7 +401,7 @@ async fn crd_seed(bins: &Binaries, dir: &Path, etcd: &crate::crd_seed::Etcd, crd
     }
     let instance = format!("crd-seed-{:08x}", rand_u128() as u32);
     let mut c = start_cluster(bins, dir, "crd-seed", &instance, etcd.url())?;
-    wait_ready(&mut c).await?;
+    ready_or_restarted(&mut c, bins, etcd.url()).await?;
     crate::crds::install(&c.client().await?, crds.to_vec()).await.map_err(|e| FleetError::Client { cluster: c.name.clone(), source: Box::new(e) })?;
     let seed = crate::crd_seed::Seed::read(etcd, &etcd_prefix(&instance)).await?;
     if seed.len() != crds.len() {
@@ -509,6 +509,12 @@ fn etcd_prefix(instance: &str) -> String {
 }
 
 fn start_cluster(bins: &Binaries, root: &Path, name: &str, instance: &str, etcd: &str) -> Result<Cluster, FleetError> {
+    let port = free_port().map_err(io("finding a port"))?;
+    start_cluster_on(bins, root, name, instance, etcd, port)
+}
+
+/// [`start_cluster`] with its API server on `port`.
+fn start_cluster_on(bins: &Binaries, root: &Path, name: &str, instance: &str, etcd: &str, port: u16) -> Result<Cluster, FleetError> {
     let dir = root.join(instance);
     let certs = dir.join("certs");
     std::fs::create_dir_all(&certs).map_err(io(format!("creating {}", certs.display())))?;
@@ -524,7 +530,6 @@ fn start_cluster(bins: &Binaries, root: &Path, name: &str, instance: &str, etcd:
     let token = format!("{:032x}", rand_u128());
     std::fs::write(dir.join(ADMIN_TOKEN_FILE), format!("{token},ferry-admin,ferry-admin,\"system:masters\"\n"))
         .map_err(io("writing the token file"))?;
-    let port = free_port().map_err(io("finding a port"))?;
     let log = dir.join("apiserver.log");
     let d = |p: &Path| p.display().to_string();
     let processes = vec![Managed::spawn(
@@ -574,6 +579,38 @@ fn rand_u128() -> u128 {
 /// while another test binary compiles) once needed more than 90 s. A server whose process
 /// exits is reported at once, so the bound only matters for a live, slow server.
 const READY_LIMIT: Duration = Duration::from_secs(240);
+
+/// How many times a cluster is started in all when its API server finds its port taken.
+const PORT_ATTEMPTS: u32 = 3;
+
+/// [`wait_ready`], starting the cluster again on another port when its API server exited
+/// because its port was taken: [`free_port`] lets the port go before the server binds it,
+/// and another process's connection can take it meanwhile (a loaded machine starting
+/// several fleets). The first attempt's log is kept beside the new one.
+async fn ready_or_restarted(c: &mut Cluster, bins: &Binaries, etcd: &str) -> Result<(), FleetError> {
+    let mut attempt = 1;
+    loop {
+        match wait_ready(c).await {
+            Err(FleetError::NotReady { exited: true, .. }) if attempt < PORT_ATTEMPTS && port_taken(&c.log) => {
+                let (Some(root), Some(instance)) = (c.dir.parent(), c.dir.file_name().and_then(|n| n.to_str())) else {
+                    return wait_ready(c).await;
+                };
+                let (root, instance, name) = (root.to_owned(), instance.to_owned(), c.name.clone());
+                let kept = c.dir.join(format!("apiserver.{attempt}.log"));
+                std::fs::rename(&c.log, &kept).map_err(io(format!("keeping {}", c.log.display())))?;
+                eprintln!("test bed: {name}'s API server found its port taken ({}); starting it again on another port (its log: {})", c.server, kept.display());
+                *c = start_cluster(bins, &root, &name, &instance, etcd)?;
+                attempt += 1;
+            }
+            r => return r,
+        }
+    }
+}
+
+/// Whether the API server logging to `log` exited because its port was taken.
+fn port_taken(log: &Path) -> bool {
+    std::fs::read_to_string(log).is_ok_and(|text| text.contains("address already in use"))
+}
 
 /// Waits until the API server answers `/readyz` (process start-up: a bounded retry), and
 /// fails at once, naming its log, if one of the cluster's processes exits meanwhile.
@@ -627,5 +664,25 @@ impl Cluster {
     /// True while every process of the cluster runs.
     pub fn healthy(&mut self) -> bool {
         self.processes.iter_mut().all(Managed::running)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An API server whose port another process took before it bound it exits at once
+    /// (before, its guard looked alive and the bed waited 240 s for a server that was
+    /// gone) and is started again on another port.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_api_server_whose_port_is_taken_starts_again_on_another() {
+        let fleet = Fleet::start(FleetOptions { clusters: vec!["hub".into()], controllers: false, ..FleetOptions::default() }).await.unwrap();
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = taken.local_addr().unwrap().port();
+        let mut c = start_cluster_on(&fleet.bins, &fleet.dir, "late", "late-1", &fleet.etcd_url, port).unwrap();
+        ready_or_restarted(&mut c, &fleet.bins, &fleet.etcd_url).await.unwrap();
+        assert_ne!(c.server, format!("https://127.0.0.1:{port}"));
+        assert!(port_taken(&c.dir.join("apiserver.1.log")), "the first attempt's log is kept");
+        drop(taken);
     }
 }

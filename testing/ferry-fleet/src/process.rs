@@ -30,9 +30,14 @@ impl Managed {
         // waits for it. It has its own
         // process group and ignores INT and HUP: a Ctrl-C or `timeout` signalling our group
         // must not kill the guard and orphan the program; our graceful stop closes the pipe.
+        // The pipe is read by a watcher beside the guard, which waits for the program
+        // itself: the guard ends when the program does, so `running` tells the program's
+        // life. Before, the guard sat in its read until the pipe closed, and a program that
+        // had exited (an API server whose port was taken) looked alive: a test bed waited
+        // 240 s on a server that was gone (session 35's red CI).
         let mut guard = Command::new("sh")
             .arg("-c")
-            .arg(r#"trap '' INT HUP; "$@" </dev/null & child=$!; trap 'kill -9 $child 2>/dev/null; exit' TERM; while read -r _; do :; done; kill -9 $child 2>/dev/null; wait $child"#)
+            .arg(r#"trap '' INT HUP; exec 3<&0; "$@" </dev/null & child=$!; trap 'kill -9 $child 2>/dev/null; exit' TERM; { while read -r _; do :; done; kill -9 $child 2>/dev/null; } <&3 & watcher=$!; exec 3<&-; wait $child; rc=$?; kill $watcher 2>/dev/null; exit $rc"#)
             .process_group(0)
             .arg("sh")
             .arg(program)
@@ -66,5 +71,42 @@ impl Drop for Managed {
         // Closing the pipe makes the guard kill the program; then reap the guard.
         self.stdin.take();
         let _ = self.guard.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use super::Managed;
+
+    /// How long a guard may take to end (it ends within milliseconds).
+    const LIMIT: Duration = Duration::from_secs(30);
+
+    /// Waits for `m`'s guard to end, at most [`LIMIT`]: its exit code, or `None`.
+    fn guard_end(mut m: Managed) -> Option<Option<i32>> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let status = m.guard.wait().ok().and_then(|s| s.code());
+            let _ = tx.send(status);
+        });
+        rx.recv_timeout(LIMIT).ok()
+    }
+
+    #[test]
+    fn the_guard_ends_with_its_program() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = Managed::spawn("exits", Path::new("sh"), &["-c".into(), "exit 3".into()], &dir.path().join("log")).unwrap();
+        assert_eq!(guard_end(m), Some(Some(3)), "the guard outlived its program (pipe still open)");
+    }
+
+    #[test]
+    fn closing_the_pipe_stops_the_program() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut m = Managed::spawn("sleeps", Path::new("sleep"), &["600".into()], &dir.path().join("log")).unwrap();
+        assert!(m.running());
+        m.begin_stop();
+        assert!(guard_end(m).is_some(), "the program was not stopped when the pipe closed");
     }
 }

@@ -38,9 +38,11 @@ pub struct TestTaskSpec {
     pub steps: i32,
     /// Step (from 1) that fails permanently.
     pub fail_at: Option<i32>,
-    /// Transient failures of every step before it succeeds.
+    /// Transient failures of every step before it succeeds (0 when left out of a spec file).
+    #[serde(default)]
     pub fail_transient: i32,
-    /// Work time of each step, in milliseconds.
+    /// Work time of each step, in milliseconds (0 when left out of a spec file).
+    #[serde(default)]
     pub step_ms: i64,
     /// Step (from 1) that waits until cancelled (up to an hour).
     pub block_at: Option<i32>,
@@ -191,5 +193,18 @@ impl TaskHandler for TestHandler {
         (1..=spec.steps)
             .map(|i| Arc::new(TestStep { index: i, name: format!("step-{i}"), min_delay, effects: self.effects.clone() }) as Arc<dyn Step<TestTaskSpec>>)
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TestTaskSpec;
+
+    #[test]
+    fn a_spec_file_names_only_what_it_sets() {
+        let spec: TestTaskSpec = serde_json::from_str(r#"{"steps": 2}"#).unwrap();
+        assert_eq!(spec, TestTaskSpec::steps(2));
+        let err = serde_json::from_str::<TestTaskSpec>(r#"{"step_ms": 5}"#).unwrap_err();
+        assert!(err.to_string().contains("missing field `steps`"), "{err}");
     }
 }

@@ -103,6 +103,11 @@ pub struct OcmKnobs {
     pub apply_delay: Duration,
     /// The work agent refuses every manifest (Applied=False, reason injected).
     pub fail_apply: bool,
+    /// The work agent's status controller reads a new generation's resources only this
+    /// long after its apply controller applied them (upstream requeues it every
+    /// `--status-sync-interval`, 10 s, besides on work events): Applied stands at the new
+    /// generation beside the previous spec's feedback meanwhile.
+    pub status_delay: Duration,
 }
 
 /// Emulated OCM of a fleet; stops when dropped.
@@ -185,6 +190,7 @@ impl EmulatedOcm {
                 knobs: knobs.clone(),
                 kinds: Mutex::default(),
                 first_seen: Mutex::default(),
+                applied_at: Mutex::default(),
                 applied: Mutex::default(),
                 klusterlet: None,
                 wake: wake.clone(),
@@ -268,6 +274,7 @@ async fn agents(members: Vec<String>, hub: kube::Client, hub_hash: String, knobs
                 knobs: knobs.clone(),
                 kinds: Mutex::default(),
                 first_seen: Mutex::default(),
+                applied_at: Mutex::default(),
                 applied: Mutex::default(),
                 klusterlet: Some(klusterlet.clone()),
                 wake: work_wake.clone(),
@@ -344,6 +351,8 @@ struct WorkAgent {
     kinds: Mutex<HashMap<(String, String), (ApiResource, ApiCapabilities)>>,
     /// When each (work uid, generation) was first seen, for the apply delay.
     first_seen: Mutex<HashMap<(String, i64), std::time::Instant>>,
+    /// When each (work uid, generation) was applied, for the status delay.
+    applied_at: Mutex<HashMap<(String, i64), std::time::Instant>>,
     /// Starts its passes; asked for a pass when an apply delay runs out.
     wake: Arc<Wake>,
     /// What each (work uid, manifest) was last written as, and the live object's
@@ -844,7 +853,7 @@ impl WorkAgent {
         let generation = w.metadata.generation.unwrap_or(0);
         let k = knob(&self.knobs, &self.cluster);
         let key = (w.metadata.uid.clone().unwrap_or_default(), generation);
-        let seen = *self.first_seen.lock().expect("seen lock").entry(key).or_insert_with(std::time::Instant::now);
+        let seen = *self.first_seen.lock().expect("seen lock").entry(key.clone()).or_insert_with(std::time::Instant::now);
         if self.wake.waiting(k.apply_delay, seen.elapsed()) {
             return Ok(());
         }
@@ -924,6 +933,25 @@ impl WorkAgent {
             }
         }
         let all_applied = results.iter().all(|(_, (r, _))| r.is_ok());
+        if must_apply {
+            // Two controllers write a work's status upstream, each on its own pass: the apply
+            // controller (ocm `pkg/work/spoke/controllers/manifestcontroller/
+            // manifestwork_controller.go`) only Applied, per manifest and for the work, merged
+            // into the status as it was (`pkg/work/helper/helpers.go`,
+            // `MergeManifestConditions`: a manifest keeps its statusFeedbacks and its other
+            // conditions, Available and StatusFeedbackSynced of the older generation among
+            // them); the available-status controller (`statuscontroller/
+            // availablestatus_controller.go`) availability and feedback later: here, the
+            // next pass, once Applied is current. So a reader sees Applied at the new
+            // generation beside the previous spec's feedback, as on a real cluster.
+            self.write_applied(api, &w, &results, all_applied, generation).await?;
+            self.applied_at.lock().expect("applied lock").insert(key, std::time::Instant::now());
+            return Ok(());
+        }
+        let applied_at = self.applied_at.lock().expect("applied lock").get(&key).copied();
+        if applied_at.is_some_and(|at| self.wake.waiting(k.status_delay, at.elapsed())) {
+            return Ok(());
+        }
         let mut statuses = Vec::new();
         let mut all_available = true;
         for (i, (meta, (r, live))) in results.iter().enumerate() {
@@ -965,6 +993,44 @@ impl WorkAgent {
         }
         Ok(())
     }
+
+    /// The apply controller's status write (see [`Self::reconcile`]): each manifest's
+    /// Applied condition and the work's, merged into the status as it is.
+    async fn write_applied(&self, api: &Api<DynamicObject>, w: &DynamicObject, results: &[(Option<Meta>, Written)], all_applied: bool, generation: i64) -> Result<(), kube::Error> {
+        let old_manifests = w.data.pointer("/status/resourceStatus/manifests").and_then(Value::as_array).cloned().unwrap_or_default();
+        let mut statuses = Vec::new();
+        for (i, (meta, (r, _))) in results.iter().enumerate() {
+            let Some(meta) = meta else { continue };
+            let applied = condition("Applied", r.is_ok(), if r.is_ok() { "AppliedManifestComplete" } else { "AppliedManifestFailed" }, r.as_ref().err().map(String::as_str).unwrap_or("Apply manifest complete"), generation);
+            let old = old_manifests.iter().find(|m| Meta::from_status(&m["resourceMeta"]).as_ref() == Some(meta));
+            let mut entry = json!({"resourceMeta": meta.json(i), "conditions": merged(old.and_then(|o| o.get("conditions")), applied)});
+            if let Some(feedback) = old.and_then(|o| o.get("statusFeedback")) {
+                entry["statusFeedback"] = feedback.clone();
+            }
+            statuses.push(entry);
+        }
+        let failed: Vec<String> = results.iter().filter_map(|(_, (r, _))| r.as_ref().err().cloned()).collect();
+        let applied = condition("Applied", all_applied, if all_applied { "AppliedManifestWorkComplete" } else { "AppliedManifestWorkFailed" },
+            &if all_applied { "Apply manifest work complete".to_owned() } else { format!("Failed to apply manifest work: {}", failed.join("; ")) }, generation);
+        let status = json!({"conditions": merged(w.data.pointer("/status/conditions"), applied), "resourceStatus": {"manifests": statuses}});
+        if w.data.get("status") != Some(&status) {
+            let name = w.metadata.name.clone().unwrap_or_default();
+            let patch = json!({"status": status, "metadata": {"resourceVersion": w.metadata.resource_version}});
+            api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        }
+        Ok(())
+    }
+}
+
+/// `old` conditions with `new` in place of the one of its type (`MergeStatusConditions`),
+/// its transition time kept when its status did not change.
+fn merged(old: Option<&Value>, new: Value) -> Value {
+    let mut conds: Vec<Value> = old.and_then(Value::as_array).cloned().unwrap_or_default();
+    conds.retain(|c| c["type"] != new["type"]);
+    conds.push(new);
+    let mut conds = Value::Array(conds);
+    keep_times(old, &mut conds);
+    conds
 }
 
 fn config_for<'a>(configs: &'a [Value], meta: &Meta) -> Option<&'a Value> {

@@ -596,8 +596,9 @@ fn base64(b: &[u8]) -> String {
 /// controller reads the Deployment again (ocm keeps the old feedback until then:
 /// `pkg/work/helper/helpers.go`, `mergeManifestCondition`), and that feedback still shows
 /// the previous, finished rollout: judged from it, the update would succeed with the broken
-/// image. The emulated agent writes both in one pass for now (ARCHITECTURE, Noticed), so
-/// this test shows the outcome, not that window; `render`'s unit test
+/// image. The emulated agent writes the two passes as upstream does, and here its status
+/// pass comes 2 s after the apply (`OcmKnobs::status_delay`), so the worker's wait surely
+/// reads Applied at the new generation beside the old feedback first; `render`'s unit test
 /// `feedback_counts_only_once_read_after_this_apply` shows the judgement.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_update_is_judged_by_feedback_read_after_its_apply() {
@@ -611,6 +612,7 @@ async fn an_update_is_judged_by_feedback_read_after_its_apply() {
     let (_, evs) = demo::submit(&client, &app).await.unwrap();
     assert_eq!(last(&evs).event, EventType::Succeeded, "{:?}", last(&evs));
 
+    bed.ocm.as_ref().expect("the bed runs OCM").set("member-1", |k| k.status_delay = Duration::from_secs(2));
     let mut broken = app.clone();
     broken.operation = DeployOperation::Update;
     broken.components[0].image = "ferry.invalid/never-ready:2".into();

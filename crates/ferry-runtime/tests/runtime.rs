@@ -479,19 +479,7 @@ async fn trace_context_rides_from_the_command_through_every_event_and_probes_rep
     let mut events = client.events(true).await.unwrap();
     let mut opts = broker.worker_options();
     opts.http = Some("127.0.0.1:0".parse().unwrap());
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let token = tokio_util::sync::CancellationToken::new();
-    let t = token.clone();
-    let worker = tokio::spawn(async move {
-        let handler = ferry_runtime::testkind::TestHandler { min_delay: Some(Duration::from_millis(10)), effects: None };
-        ferry_runtime::Worker::new(opts, handler)
-            .run_with(t, move |h| {
-                let _ = tx.send(h);
-            })
-            .await
-            .unwrap()
-    });
-    let handle = rx.await.unwrap();
+    let (token, worker, handle) = spawn_with_handle(opts).await;
     let trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_owned();
     let opts = SubmitOptions { trace_parent: Some(trace.clone()), ..SubmitOptions::default() };
     let spec = TestTaskSpec { fail_transient: 1, ..TestTaskSpec::steps(2) };
@@ -857,19 +845,8 @@ async fn a_revoked_task_whose_write_is_stuck_writes_nothing_after_the_handover()
         o.kafka.extra.extend([("session.timeout.ms".into(), "6000".into()), ("heartbeat.interval.ms".into(), "500".into())]);
         o
     };
-    let (handle_tx, handle_rx) = tokio::sync::oneshot::channel();
-    let stop_a = tokio_util::sync::CancellationToken::new();
-    let (opts_a, t) = (opts("a"), stop_a.clone());
-    let worker_a = tokio::spawn(async move {
-        let handler = ferry_runtime::testkind::TestHandler { min_delay: Some(Duration::from_millis(10)), effects: None };
-        ferry_runtime::Worker::new(opts_a, handler)
-            .run_with(t, move |h| {
-                let _ = handle_tx.send(h);
-            })
-            .await
-            .expect("worker failed")
-    });
-    let mut held_by_a = handle_rx.await.unwrap().metrics.tasks_in_flight();
+    let (stop_a, worker_a, a) = spawn_with_handle(opts("a")).await;
+    let mut held_by_a = a.metrics.tasks_in_flight();
     let spec = TestTaskSpec { step_ms: 3000, ..TestTaskSpec::steps(2) };
     let (ids, mut history) = eight_started(&client, &mut events, "stuck", &spec).await;
     // Every task is in its first step on the first worker: the writes at the steps' ends

@@ -745,8 +745,11 @@ impl<H: TaskHandler> Scheduler<H> {
             // is held uncommitted meanwhile, so that if the partition goes first its next
             // owner reads the control again (before, it was lost).
             tracing::warn!(task = %id, action = ?env.action, seq, held = slot.snap.seq, partition = at.0, offset = at.1, "control for a task another worker wrote since: deferred");
-            self.holds.hold(at.0, at.1);
-            if let Some(slot) = self.slots.get_mut(&id) {
+            // The same record read again (its batch's writes failed) is deferred once.
+            if let Some(slot) = self.slots.get_mut(&id)
+                && !slot.deferred.iter().any(|d| d.at == at)
+            {
+                self.holds.hold(at.0, at.1);
                 slot.deferred.push(Deferred { env: env.clone(), trace, at });
             }
             return Ok(None);

@@ -33,8 +33,9 @@ impl Managed {
         // The pipe is read by a watcher beside the guard, which waits for the program
         // itself: the guard ends when the program does, so `running` tells the program's
         // life. Before, the guard sat in its read until the pipe closed, and a program that
-        // had exited (an API server whose port was taken) looked alive: a test bed waited
-        // 240 s on a server that was gone (session 35's red CI).
+        // had exited looked alive: most likely session 35's red CI, where a test bed waited
+        // 240 s on an API server "alive" and refusing every connection (its port taken
+        // between `free_port` and its bind, we believe; `fleet.rs`, `ready_or_restarted`).
         let mut guard = Command::new("sh")
             .arg("-c")
             .arg(r#"trap '' INT HUP; exec 3<&0; "$@" </dev/null & child=$!; trap 'kill -9 $child 2>/dev/null; exit' TERM; { while read -r _; do :; done; kill -9 $child 2>/dev/null; } <&3 & watcher=$!; exec 3<&-; wait $child; rc=$?; kill $watcher 2>/dev/null; exit $rc"#)

@@ -932,7 +932,6 @@ impl WorkAgent {
                     .await?;
             }
         }
-        let all_applied = results.iter().all(|(_, (r, _))| r.is_ok());
         if must_apply {
             // Two controllers write a work's status upstream, each on its own pass: the apply
             // controller (ocm `pkg/work/spoke/controllers/manifestcontroller/
@@ -944,7 +943,7 @@ impl WorkAgent {
             // availablestatus_controller.go`) availability and feedback later: here, the
             // next pass, once Applied is current. So a reader sees Applied at the new
             // generation beside the previous spec's feedback, as on a real cluster.
-            self.write_applied(api, &w, &results, all_applied, generation).await?;
+            self.write_applied(api, &w, &results, generation).await?;
             self.applied_at.lock().expect("applied lock").insert(key, std::time::Instant::now());
             return Ok(());
         }
@@ -961,7 +960,7 @@ impl WorkAgent {
             };
             all_available &= live.is_some();
             let mut conds = vec![
-                condition("Applied", r.is_ok(), if r.is_ok() { "AppliedManifestComplete" } else { "AppliedManifestFailed" }, r.as_ref().err().map(String::as_str).unwrap_or("Apply manifest complete"), generation),
+                manifest_applied(r, generation),
                 condition("Available", live.is_some(), if live.is_some() { "ResourceAvailable" } else { "ResourceNotAvailable" }, if live.is_some() { "Resource is available" } else { "Resource is not available" }, generation),
             ];
             let mut entry = json!({"resourceMeta": meta.json(i)});
@@ -972,54 +971,66 @@ impl WorkAgent {
                     entry["statusFeedback"] = json!({"values": values});
                 }
             }
-            let old = w.data.pointer("/status/resourceStatus/manifests").and_then(Value::as_array).and_then(|ms| ms.iter().find(|m| Meta::from_status(&m["resourceMeta"]).as_ref() == Some(meta)));
+            let old = old_manifest(&w, meta);
             let mut conds = Value::Array(conds);
             keep_times(old.and_then(|o| o.get("conditions")), &mut conds);
             entry["conditions"] = conds;
             statuses.push(entry);
         }
-        let failed: Vec<String> = results.iter().filter_map(|(_, (r, _))| r.as_ref().err().cloned()).collect();
         let mut conds = json!([
-            condition("Applied", all_applied, if all_applied { "AppliedManifestWorkComplete" } else { "AppliedManifestWorkFailed" },
-                &if all_applied { "Apply manifest work complete".to_owned() } else { format!("Failed to apply manifest work: {}", failed.join("; ")) }, generation),
+            work_applied(&results, generation),
             condition("Available", all_available, if all_available { "ResourcesAvailable" } else { "ResourcesNotAvailable" },
                 if all_available { "All resources are available" } else { "Some resources are not available" }, generation),
         ]);
         keep_times(w.data.pointer("/status/conditions"), &mut conds);
         let status = json!({"conditions": conds, "resourceStatus": {"manifests": statuses}});
-        if w.data.get("status") != Some(&status) {
-            let patch = json!({"status": status, "metadata": {"resourceVersion": w.metadata.resource_version}});
-            api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
-        }
-        Ok(())
+        write_status(api, &w, status).await
     }
 
     /// The apply controller's status write (see [`Self::reconcile`]): each manifest's
     /// Applied condition and the work's, merged into the status as it is.
-    async fn write_applied(&self, api: &Api<DynamicObject>, w: &DynamicObject, results: &[(Option<Meta>, Written)], all_applied: bool, generation: i64) -> Result<(), kube::Error> {
-        let old_manifests = w.data.pointer("/status/resourceStatus/manifests").and_then(Value::as_array).cloned().unwrap_or_default();
+    async fn write_applied(&self, api: &Api<DynamicObject>, w: &DynamicObject, results: &[(Option<Meta>, Written)], generation: i64) -> Result<(), kube::Error> {
         let mut statuses = Vec::new();
         for (i, (meta, (r, _))) in results.iter().enumerate() {
             let Some(meta) = meta else { continue };
-            let applied = condition("Applied", r.is_ok(), if r.is_ok() { "AppliedManifestComplete" } else { "AppliedManifestFailed" }, r.as_ref().err().map(String::as_str).unwrap_or("Apply manifest complete"), generation);
-            let old = old_manifests.iter().find(|m| Meta::from_status(&m["resourceMeta"]).as_ref() == Some(meta));
-            let mut entry = json!({"resourceMeta": meta.json(i), "conditions": merged(old.and_then(|o| o.get("conditions")), applied)});
+            let old = old_manifest(w, meta);
+            let mut entry = json!({"resourceMeta": meta.json(i), "conditions": merged(old.and_then(|o| o.get("conditions")), manifest_applied(r, generation))});
             if let Some(feedback) = old.and_then(|o| o.get("statusFeedback")) {
                 entry["statusFeedback"] = feedback.clone();
             }
             statuses.push(entry);
         }
-        let failed: Vec<String> = results.iter().filter_map(|(_, (r, _))| r.as_ref().err().cloned()).collect();
-        let applied = condition("Applied", all_applied, if all_applied { "AppliedManifestWorkComplete" } else { "AppliedManifestWorkFailed" },
-            &if all_applied { "Apply manifest work complete".to_owned() } else { format!("Failed to apply manifest work: {}", failed.join("; ")) }, generation);
-        let status = json!({"conditions": merged(w.data.pointer("/status/conditions"), applied), "resourceStatus": {"manifests": statuses}});
-        if w.data.get("status") != Some(&status) {
-            let name = w.metadata.name.clone().unwrap_or_default();
-            let patch = json!({"status": status, "metadata": {"resourceVersion": w.metadata.resource_version}});
-            api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
-        }
-        Ok(())
+        let status = json!({"conditions": merged(w.data.pointer("/status/conditions"), work_applied(results, generation)), "resourceStatus": {"manifests": statuses}});
+        write_status(api, w, status).await
     }
+}
+
+/// A manifest's Applied condition after its write `r`.
+fn manifest_applied(r: &Result<(), String>, generation: i64) -> Value {
+    condition("Applied", r.is_ok(), if r.is_ok() { "AppliedManifestComplete" } else { "AppliedManifestFailed" }, r.as_ref().err().map(String::as_str).unwrap_or("Apply manifest complete"), generation)
+}
+
+/// The work's Applied condition after the writes of its manifests.
+fn work_applied(results: &[(Option<Meta>, Written)], generation: i64) -> Value {
+    let failed: Vec<String> = results.iter().filter_map(|(_, (r, _))| r.as_ref().err().cloned()).collect();
+    let ok = failed.is_empty();
+    condition("Applied", ok, if ok { "AppliedManifestWorkComplete" } else { "AppliedManifestWorkFailed" },
+        &if ok { "Apply manifest work complete".to_owned() } else { format!("Failed to apply manifest work: {}", failed.join("; ")) }, generation)
+}
+
+/// The status entry `w` holds for the manifest at `meta`, if any.
+fn old_manifest<'a>(w: &'a DynamicObject, meta: &Meta) -> Option<&'a Value> {
+    w.data.pointer("/status/resourceStatus/manifests").and_then(Value::as_array).and_then(|ms| ms.iter().find(|m| Meta::from_status(&m["resourceMeta"]).as_ref() == Some(meta)))
+}
+
+/// Writes `status` as `w`'s when it differs from what `w` has.
+async fn write_status(api: &Api<DynamicObject>, w: &DynamicObject, status: Value) -> Result<(), kube::Error> {
+    if w.data.get("status") != Some(&status) {
+        let name = w.metadata.name.clone().unwrap_or_default();
+        let patch = json!({"status": status, "metadata": {"resourceVersion": w.metadata.resource_version}});
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    }
+    Ok(())
 }
 
 /// `old` conditions with `new` in place of the one of its type (`MergeStatusConditions`),

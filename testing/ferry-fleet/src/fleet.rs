@@ -591,9 +591,9 @@ async fn ready_or_restarted(c: &mut Cluster, bins: &Binaries, etcd: &str) -> Res
     let mut attempt = 1;
     loop {
         match wait_ready(c).await {
-            Err(FleetError::NotReady { exited: true, .. }) if attempt < PORT_ATTEMPTS && port_taken(&c.log) => {
+            Err(e @ FleetError::NotReady { exited: true, .. }) if attempt < PORT_ATTEMPTS && port_taken(&c.log) => {
                 let (Some(root), Some(instance)) = (c.dir.parent(), c.dir.file_name().and_then(|n| n.to_str())) else {
-                    return wait_ready(c).await;
+                    return Err(e);
                 };
                 let (root, instance, name) = (root.to_owned(), instance.to_owned(), c.name.clone());
                 let kept = c.dir.join(format!("apiserver.{attempt}.log"));

@@ -15,9 +15,7 @@
 //! `AddUpdateAPIService`).
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use backon::{ConstantBuilder, Retryable};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use bytes::Bytes;
@@ -133,9 +131,6 @@ pub struct Etcd {
     client: Client<HttpConnector, Full<Bytes>>,
 }
 
-/// How long etcd may take to answer after its process starts.
-const ETCD_READY: Duration = Duration::from_secs(60);
-
 impl Etcd {
     /// A client for the etcd at `url` (`http://127.0.0.1:PORT`).
     pub fn new(url: &str) -> Self {
@@ -145,12 +140,6 @@ impl Etcd {
     /// Its client URL.
     pub fn url(&self) -> &str {
         &self.url
-    }
-
-    /// Waits until etcd answers a read (process start-up: a bounded retry).
-    pub async fn wait_ready(&self) -> Result<(), SeedError> {
-        let tries = (ETCD_READY.as_millis() / 100) as usize;
-        (|| self.range("/ferry-ready-probe/")).retry(ConstantBuilder::default().with_delay(Duration::from_millis(100)).with_max_times(tries)).await.map(drop)
     }
 
     async fn call(&self, path: &str, body: Value) -> Result<Value, SeedError> {

@@ -50,6 +50,20 @@ pub enum FleetError {
         /// nothing told why).
         tail: String,
     },
+    /// The fleet's etcd did not answer within the bound, or exited first.
+    #[error("etcd ({url}) not ready after {waited:?}{} (log: {log}); the log's last lines:\n{tail}", if *exited { ": it exited" } else { "" })]
+    EtcdNotReady {
+        /// Its client URL.
+        url: String,
+        /// How long we waited.
+        waited: Duration,
+        /// It exited before it answered.
+        exited: bool,
+        /// Where it logs.
+        log: String,
+        /// The last lines of that log (the fleet's directory goes with the test).
+        tail: String,
+    },
     /// The CRDs could not be put into the clusters' store before they started.
     #[error("preloading the CRDs: {0}")]
     Seed(#[from] crate::crd_seed::SeedError),
@@ -220,28 +234,9 @@ impl Fleet {
                 (Some(t), d)
             }
         };
-        let etcd_port = free_port().map_err(io("finding a port"))?;
-        let peer_port = free_port().map_err(io("finding a port"))?;
-        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
-        let etcd = Managed::spawn(
-            "etcd",
-            &bins.etcd,
-            &[
-                format!("--data-dir={}", dir.join("etcd").display()),
-                format!("--listen-client-urls={etcd_url}"),
-                format!("--advertise-client-urls={etcd_url}"),
-                format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"),
-                format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"),
-                format!("--initial-cluster=default=http://127.0.0.1:{peer_port}"),
-                "--unsafe-no-fsync".into(),
-                "--log-level=warn".into(),
-            ],
-            &dir.join("etcd.log"),
-        )
-        .map_err(io("starting etcd"))?;
+        let (etcd, etcd_url) = start_etcd(&bins, &dir, None).await?;
         let preloaded = if opts.crds {
             let etcd = crate::crd_seed::Etcd::new(&etcd_url);
-            etcd.wait_ready().await?;
             let (crds, source) = fleet_crds()?;
             let seed = crd_seed(&bins, &dir, &etcd, &crds).await?;
             for name in &opts.clusters {
@@ -607,7 +602,77 @@ async fn ready_or_restarted(c: &mut Cluster, bins: &Binaries, etcd: &str) -> Res
     }
 }
 
-/// Whether the API server logging to `log` exited because its port was taken.
+/// How long etcd may take to answer its first request.
+const ETCD_READY: Duration = Duration::from_secs(60);
+
+/// How long one readiness probe of etcd may take.
+const ETCD_PROBE: Duration = Duration::from_secs(2);
+
+/// Starts the fleet's etcd and waits until it answers; returns it with its client URL.
+/// Its two ports come from [`free_port`], which lets a port go before etcd binds it, so an
+/// etcd that exits because a port was taken is started again on others (the first
+/// attempt's log kept as `etcd.N.log`), as [`ready_or_restarted`] does for API servers.
+/// An etcd that exits for any other reason fails the bed at once, naming its log.
+/// `client_port`: the first attempt's client port (a test takes it first).
+async fn start_etcd(bins: &Binaries, dir: &Path, mut client_port: Option<u16>) -> Result<(Managed, String), FleetError> {
+    let log = dir.join("etcd.log");
+    let mut attempt = 1;
+    loop {
+        let etcd_port = match client_port.take() {
+            Some(p) => p,
+            None => free_port().map_err(io("finding a port"))?,
+        };
+        let peer_port = free_port().map_err(io("finding a port"))?;
+        let url = format!("http://127.0.0.1:{etcd_port}");
+        let mut etcd = Managed::spawn(
+            "etcd",
+            &bins.etcd,
+            &[
+                format!("--data-dir={}", dir.join("etcd").display()),
+                format!("--listen-client-urls={url}"),
+                format!("--advertise-client-urls={url}"),
+                format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"),
+                format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"),
+                format!("--initial-cluster=default=http://127.0.0.1:{peer_port}"),
+                "--unsafe-no-fsync".into(),
+                "--log-level=warn".into(),
+            ],
+            &log,
+        )
+        .map_err(io("starting etcd"))?;
+        let client = crate::crd_seed::Etcd::new(&url);
+        let started = std::time::Instant::now();
+        let mut delay = Duration::from_millis(50);
+        let exited = loop {
+            if !etcd.running() {
+                break true;
+            }
+            // Bounded: whatever holds a taken port may accept and never answer.
+            if matches!(tokio::time::timeout(ETCD_PROBE, client.range("/ferry-ready-probe/")).await, Ok(Ok(_))) {
+                return Ok((etcd, url));
+            }
+            if started.elapsed() >= ETCD_READY {
+                break false;
+            }
+            // Retry backoff while a process starts up; nothing else to wait on.
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_millis(500));
+        };
+        if exited && attempt < PORT_ATTEMPTS && port_taken(&log) {
+            drop(etcd);
+            let kept = dir.join(format!("etcd.{attempt}.log"));
+            std::fs::rename(&log, &kept).map_err(io(format!("keeping {}", log.display())))?;
+            // etcd refuses to start on a data dir half made by the attempt that failed.
+            let _ = std::fs::remove_dir_all(dir.join("etcd"));
+            eprintln!("test bed: etcd found a port taken ({url}); starting it again on others (its log: {})", kept.display());
+            attempt += 1;
+            continue;
+        }
+        return Err(FleetError::EtcdNotReady { url, waited: started.elapsed(), exited, log: log.display().to_string(), tail: log_tail(&log, 25) });
+    }
+}
+
+/// Whether the process logging to `log` exited because its port was taken.
 fn port_taken(log: &Path) -> bool {
     std::fs::read_to_string(log).is_ok_and(|text| text.contains("address already in use"))
 }
@@ -683,6 +748,21 @@ mod tests {
         ready_or_restarted(&mut c, &fleet.bins, &fleet.etcd_url).await.unwrap();
         assert_ne!(c.server, format!("https://127.0.0.1:{port}"));
         assert!(port_taken(&c.dir.join("apiserver.1.log")), "the first attempt's log is kept");
+        drop(taken);
+    }
+
+    /// etcd's ports come from [`free_port`] too: an etcd that finds one taken exits, and is
+    /// started again on others (before, the API servers waited on it for their whole bound).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_etcd_whose_port_is_taken_starts_again_on_another() {
+        let bins = Binaries::locate().unwrap();
+        let dir = tempfile::Builder::new().prefix("ferry-fleet-").tempdir().unwrap();
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = taken.local_addr().unwrap().port();
+        let (_etcd, url) = start_etcd(&bins, dir.path(), Some(port)).await.unwrap();
+        assert_ne!(url, format!("http://127.0.0.1:{port}"));
+        assert!(port_taken(&dir.path().join("etcd.1.log")), "the first attempt's log is kept");
+        crate::crd_seed::Etcd::new(&url).range("/").await.expect("the second etcd answers");
         drop(taken);
     }
 }

@@ -9,9 +9,8 @@ use clap::{Args, Subcommand, ValueEnum};
 use ferry_runtime::testkind::{TestHandler, TestTaskSpec};
 use ferry_runtime::{Client, EmbeddedBroker, EventType, KafkaConfig, SubmitOptions, TaskKind, Topics, Worker, WorkerOptions};
 use futures::StreamExt;
-use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -326,25 +325,11 @@ pub(crate) fn records_on(kafka: &KafkaConfig, topics: &[String]) -> anyhow::Resu
     Ok(n)
 }
 
-/// A reader of every partition of `topic` from its current end: it sees only what is
-/// written from now on.
-pub(crate) fn tail_reader(kafka: &KafkaConfig, topic: &str) -> anyhow::Result<StreamConsumer> {
-    let consumer: StreamConsumer = kafka.reader().create()?;
-    let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(30))?;
-    let mut tpl = TopicPartitionList::new();
-    for p in md.topics().iter().flat_map(|t| t.partitions()) {
-        let hi = consumer.fetch_watermarks(topic, p.id(), Duration::from_secs(30))?.1;
-        tpl.add_partition_offset(topic, p.id(), Offset::Offset(hi))?;
-    }
-    consumer.assign(&tpl)?;
-    Ok(consumer)
-}
-
 /// Messages/s produced and consumed through the broker, then `round_trips` single-message
 /// round trips.
 async fn raw_baseline(kafka: &KafkaConfig, topic: &str, n: usize, round_trips: usize) -> anyhow::Result<(f64, Vec<f64>)> {
     let producer: FutureProducer = kafka.producer().create()?;
-    let consumer = tail_reader(kafka, topic)?;
+    let consumer = kafka.topic_reader(topic, false)?;
     let payload = vec![7u8; 200];
     let start = Instant::now();
     let produce = async {

@@ -17,7 +17,7 @@ use rdkafka::Message;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use super::bench::{BenchBroker, BrokerChoice, pct, tail_reader};
+use super::bench::{BenchBroker, BrokerChoice, pct};
 
 #[derive(Debug, Args)]
 pub struct LatencyArgs {
@@ -84,7 +84,7 @@ where
 /// send to its arrival at a reader of the topic.
 async fn raw_round_trips(kafka: &KafkaConfig, topic: &str, rate: f64, n: usize) -> anyhow::Result<Vec<f64>> {
     let producer: FutureProducer = kafka.producer().create()?;
-    let consumer = tail_reader(kafka, topic)?;
+    let consumer = kafka.topic_reader(topic, false)?;
     let sent: Arc<Mutex<HashMap<usize, Instant>>> = Arc::default();
     let read = {
         let sent = sent.clone();

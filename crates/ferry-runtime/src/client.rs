@@ -554,30 +554,10 @@ impl Client {
     /// A tenant's client reads its own progress topic ([`Self::progress_topic`]).
     pub async fn events(&self, from_start: bool) -> Result<EventStream, ClientError> {
         let topic = self.progress_topic();
-        let cfg = self.kafka.reader();
         let kafka_err = kafka(format!("assigning {topic}"));
-        let consumer = tokio::task::spawn_blocking(move || -> Result<StreamConsumer, KafkaError> {
-            // The reader asks for the topic's metadata itself before its assignment: a
-            // reader assigned partitions of a topic it has no metadata for fetches nothing
-            // until librdkafka's 1 s timer refreshes "unavailable topics", which made
-            // `ferry submit --wait` see a task's first event up to 1 s late.
-            let consumer: StreamConsumer = cfg.create()?;
-            let md = consumer.fetch_metadata(Some(&topic), Duration::from_secs(30))?;
-            let mut tpl = TopicPartitionList::new();
-            for p in md.topics().iter().flat_map(|t| t.partitions()) {
-                // An explicit end offset: `Offset::End` resolves lazily and could skip
-                // records produced right after this call.
-                let start = if from_start {
-                    Offset::Beginning
-                } else {
-                    Offset::Offset(consumer.fetch_watermarks(&topic, p.id(), Duration::from_secs(30))?.1)
-                };
-                tpl.add_partition_offset(&topic, p.id(), start)?;
-            }
-            consumer.assign(&tpl)?;
-            Ok(consumer)
-        })
-        .await
+        let cfg = self.kafka.clone();
+        let consumer = tokio::task::spawn_blocking(move || cfg.topic_reader(&topic, from_start))
+            .await
         .expect("progress reader set-up task")
         .map_err(kafka_err)?;
         Ok(EventStream { consumer, registry: self.registry.clone(), kept: Default::default() })

@@ -2,8 +2,12 @@
 //! TLS and SASL, and the producer/consumer configs Ferry's guarantees rely on.
 
 use std::fmt;
+use std::time::Duration;
 
 use rdkafka::ClientConfig;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::error::KafkaError;
+use rdkafka::{Offset, TopicPartitionList};
 
 /// `fetch.wait.max.ms` on the embedded broker: how long an empty fetch is held, so the
 /// most a hop waits for a record already there. Every consumer sends one fetch per broker
@@ -196,6 +200,31 @@ impl KafkaConfig {
             .set("enable.auto.offset.store", "false")
             .set("enable.partition.eof", "false");
         self.finish_consumer(c)
+    }
+
+    /// A [`Self::reader`] assigned every partition of `topic`, from its beginning
+    /// (`from_start`) or from its end as of this call, so that nothing written after the
+    /// call is missed. Blocking (metadata and watermark requests, each up to 30 s).
+    pub fn topic_reader(&self, topic: &str, from_start: bool) -> Result<StreamConsumer, KafkaError> {
+        // The reader asks for the topic's metadata itself before its assignment: a reader
+        // assigned partitions of a topic it has no metadata for fetches nothing until
+        // librdkafka's 1 s timer refreshes "unavailable topics", which made `ferry submit
+        // --wait` see a task's first event up to 1 s late.
+        let consumer: StreamConsumer = self.reader().create()?;
+        let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(30))?;
+        let mut tpl = TopicPartitionList::new();
+        for p in md.topics().iter().flat_map(|t| t.partitions()) {
+            // An explicit end offset: `Offset::End` resolves lazily and could skip records
+            // produced right after this call.
+            let start = if from_start {
+                Offset::Beginning
+            } else {
+                Offset::Offset(consumer.fetch_watermarks(topic, p.id(), Duration::from_secs(30))?.1)
+            };
+            tpl.add_partition_offset(topic, p.id(), start)?;
+        }
+        consumer.assign(&tpl)?;
+        Ok(consumer)
     }
 }
 

@@ -914,7 +914,7 @@ fn chart_monitoring_needs_the_prometheus_operator() {
     let exported = exported_metrics();
     let rules: Vec<&Value> = rule["spec"]["groups"].as_array().unwrap().iter().flat_map(|g| g["rules"].as_array().unwrap()).collect();
     let alerts: Vec<&str> = rules.iter().filter_map(|r| r["alert"].as_str()).collect();
-    for want in ["FerryDeadLetters", "FerryRevertFailed", "FerryConsumerLagHigh", "FerryTasksStuck", "FerryTasksOvertaken"] {
+    for want in ["FerryDeadLetters", "FerryRevertFailed", "FerryConsumerLagHigh", "FerryTasksStuck", "FerryTasksOvertaken", "FerryStateWritesFailing"] {
         assert!(alerts.contains(&want), "alert {want} missing: {alerts:?}");
     }
     for r in &rules {

@@ -100,6 +100,9 @@ pub struct Metrics {
     dead_letters: Family<TopicLabels, Counter>,
     lag: Family<TopicLabels, Gauge>,
     overtaken: Counter,
+    state_write_failures: Counter,
+    /// The same count, for whoever waits until a write failed.
+    state_write_failures_seen: watch::Sender<u64>,
     /// The tasks runners hold, by task id: where a state change moves them between labels.
     held: Mutex<HashMap<String, Held>>,
     /// The number of tasks held, for whoever waits until the runners are done.
@@ -132,6 +135,7 @@ impl Metrics {
         let dead_letters = Family::<TopicLabels, Counter>::default();
         let lag = Family::<TopicLabels, Gauge>::default();
         let overtaken = Counter::default();
+        let state_write_failures = Counter::default();
         let build = Family::<VersionLabels, Gauge>::default();
         build.get_or_create(&VersionLabels { version: env!("CARGO_PKG_VERSION").to_owned() }).set(1);
         registry.register("task_events", "Task progress events published, by kind and event", events.clone());
@@ -150,6 +154,11 @@ impl Metrics {
             "Runs stopped because another worker wrote their task (two workers took themselves for its owner)",
             overtaken.clone(),
         );
+        registry.register(
+            "state_write_failures",
+            "Task state writes (a snapshot and its events) the broker did not acknowledge while the worker owned the task; each is made again after a backoff, the task waiting meanwhile",
+            state_write_failures.clone(),
+        );
         registry.register("build_info", "The worker's version (always 1)", build);
         Self {
             registry,
@@ -161,6 +170,8 @@ impl Metrics {
             dead_letters,
             lag,
             overtaken,
+            state_write_failures,
+            state_write_failures_seen: watch::Sender::new(0),
             held: Mutex::default(),
             held_total: watch::Sender::new(0),
             queued_total: watch::Sender::new(0),
@@ -271,6 +282,17 @@ impl Metrics {
         self.overtaken.inc();
     }
 
+    pub(crate) fn state_write_failed(&self) {
+        self.state_write_failures.inc();
+        self.state_write_failures_seen.send_modify(|n| *n += 1);
+    }
+
+    /// The number of task state writes that failed so far, as it changes (what
+    /// `ferry_state_write_failures_total` says).
+    pub fn state_write_failures(&self) -> watch::Receiver<u64> {
+        self.state_write_failures_seen.subscribe()
+    }
+
     pub(crate) fn set_lag(&self, topic: &str, lag: i64) {
         self.lag.get_or_create(&TopicLabels { topic: topic.to_owned() }).set(lag);
     }
@@ -287,6 +309,7 @@ impl Metrics {
         m.dead_letter("topic");
         m.set_lag("topic", 0);
         m.overtaken();
+        m.state_write_failed();
         m
     }
 
@@ -376,6 +399,7 @@ mod tests {
             "ferry_step_retries counter",
             "ferry_dead_letters counter",
             "ferry_consumer_lag_records gauge",
+            "ferry_state_write_failures counter",
             "ferry_build_info gauge",
         ] {
             assert!(types.contains(&t), "{t} missing: {types:?}");

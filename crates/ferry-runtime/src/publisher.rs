@@ -325,6 +325,9 @@ pub struct Pending {
     /// Snapshots among the records, for the local view once they are acknowledged.
     own: Vec<TaskSnapshot>,
     view: Option<Arc<StateView>>,
+    /// The events among the records, in order: what a caller makes again with the task's
+    /// newest snapshot when these writes fail ([`Self::events`]).
+    events: Vec<ProgressEvent>,
 }
 
 /// Hands a record to the producer, waiting while its local queue is full.
@@ -357,7 +360,7 @@ async fn acknowledged(futures: Vec<(String, DeliveryFuture)>) -> Result<(), Publ
 
 impl Pending {
     fn none() -> Self {
-        Self { futures: Vec::new(), deferred: Vec::new(), producer: None, own: Vec::new(), view: None }
+        Self { futures: Vec::new(), deferred: Vec::new(), producer: None, own: Vec::new(), view: None, events: Vec::new() }
     }
 
     /// Hands the acknowledged snapshots to the local view: it holds what is durable, never
@@ -377,12 +380,18 @@ impl Pending {
         self.futures.extend(other.futures);
         self.deferred.extend(other.deferred);
         self.own.extend(other.own);
+        self.events.extend(other.events);
         if self.producer.is_none() {
             self.producer = other.producer;
         }
         if self.view.is_none() {
             self.view = other.view;
         }
+    }
+
+    /// The events among these records, in the order they were handed over.
+    pub(crate) fn events(&self) -> &[ProgressEvent] {
+        &self.events
     }
 
     /// Waits until the broker acknowledged every record (acks=all), then produces the
@@ -520,7 +529,7 @@ impl Publisher {
             let f = self.send(&d.topic, &d.key, &d.payload, d.headers)?;
             futures.push((d.topic, f));
         }
-        Ok(Pending { futures, ..Pending::none() })
+        Ok(Pending { futures, events: vec![ev.clone()], ..Pending::none() })
     }
 
     /// Advances the snapshot by one event (seq + 1, state as already set by the caller)
@@ -550,6 +559,7 @@ impl Publisher {
         let mut p = self.enqueue_snapshot(snap)?;
         p.deferred = deferred;
         p.producer = Some(self.producer.clone());
+        p.events = evs.to_vec();
         for ev in evs {
             self.metrics.written(snap, ev);
         }

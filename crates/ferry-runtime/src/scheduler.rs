@@ -110,6 +110,9 @@ struct Slot {
     /// stood in the view: applied to the newest snapshot when the task is taken up again.
     /// Their records are held uncommitted ([`CommitHolds`]) until then.
     deferred: Vec<Deferred>,
+    /// The records of deferred controls whose writes failed when they were applied: held
+    /// until the task's paused write (which carries them) is durable.
+    replayed: Vec<(i32, i64)>,
 }
 
 /// A control deferred with its task, and where its command record is.
@@ -128,6 +131,9 @@ pub(crate) struct Scheduler<H: TaskHandler> {
     fences: Arc<Fences>,
     /// The records of deferred controls, which the intake may not commit past.
     holds: Arc<CommitHolds>,
+    /// Holds to release once the batch being handled is durable: a paused write carrying
+    /// replayed controls ([`Slot::replayed`]) that a new control made in that batch.
+    release_with_batch: Vec<(i32, i64)>,
     slots: HashMap<TaskId, Slot>,
     queues: HashMap<String, VecDeque<TaskId>>,
     running: HashMap<String, TaskId>,
@@ -171,6 +177,7 @@ impl<H: TaskHandler> Scheduler<H> {
             owned: HashSet::new(),
             fences,
             holds,
+            release_with_batch: Vec::new(),
             slots: HashMap::new(),
             queues: HashMap::new(),
             running: HashMap::new(),
@@ -252,6 +259,7 @@ impl<H: TaskHandler> Scheduler<H> {
             // Its state could not be written: it keeps its subject's lane (no later task of
             // the subject starts), its write is made again after a backoff, then it runs
             // again, first in its subject.
+            self.env.metrics.state_write_failed();
             self.running.insert(subject.clone(), done.task_id);
             self.queues.entry(subject).or_default().push_front(done.task_id);
             self.rewrite_later(done.task_id, write);
@@ -308,7 +316,7 @@ impl<H: TaskHandler> Scheduler<H> {
     /// A paused task's write was made again: run the task again (first in its subject), or
     /// back off again if the write failed. Nothing to do if its partition was given up.
     fn on_rewritten(&mut self, r: Rewritten) {
-        let Some(slot) = self.slots.get(&r.id) else { return };
+        let Some(slot) = self.slots.get_mut(&r.id) else { return };
         let subject = slot.snap.subject.clone();
         let this_pause = self.unwritten.get(&r.id).is_some_and(|p| Arc::ptr_eq(&p.superseded, &r.gate));
         if !this_pause || slot.ctl.is_some() || self.running.get(&subject) != Some(&r.id) || !self.owned.contains(&slot.snap.origin_partition) {
@@ -316,10 +324,16 @@ impl<H: TaskHandler> Scheduler<H> {
         }
         if let Some(e) = r.failed {
             tracing::warn!(task = %r.id, error = %e, "the task's state could not be written again");
+            self.env.metrics.state_write_failed();
             self.rewrite_later(r.id, r.write);
             return;
         }
         self.unwritten.remove(&r.id);
+        // Controls applied when the task was taken up again, whose writes failed then, are
+        // durable with this write: their records may be committed.
+        for (partition, offset) in slot.replayed.drain(..) {
+            self.holds.release(partition, offset);
+        }
         if !slot.deferred.is_empty() {
             // Controls wait with it (deferred for another worker's newer write): applied on
             // the newest snapshot as an overtaken task's are, its lane held meanwhile.
@@ -372,25 +386,40 @@ impl<H: TaskHandler> Scheduler<H> {
         }
         // The controls that came meanwhile, on the newest snapshot. Their records are
         // released for commit once their writes are durable; a control deferred again
-        // holds its record again first. One whose writes failed stays held: the
-        // partition's next owner reads it again.
+        // holds its record again first.
         let deferred = std::mem::take(&mut slot.deferred);
         if !deferred.is_empty() {
             let mut pending = crate::publisher::Publisher::nothing();
-            let mut made = true;
+            let mut failed = None;
             for d in &deferred {
                 if let Err(e) = self.control(&d.env, id, d.trace.clone(), d.at, &mut pending) {
-                    tracing::error!(task = %id, error = %e, "a deferred control could not be written; its record stays uncommitted");
-                    made = false;
+                    failed = Some(e);
                 }
             }
+            let events = pending.events().to_vec();
             if let Err(e) = pending.durable().await {
-                tracing::error!(task = %id, error = %e, "a deferred control could not be written; its record stays uncommitted");
-                made = false;
+                failed = Some(e);
             }
-            if made {
-                for d in &deferred {
-                    self.holds.release(d.at.0, d.at.1);
+            match failed {
+                None => {
+                    for d in &deferred {
+                        self.holds.release(d.at.0, d.at.1);
+                    }
+                }
+                Some(e) => {
+                    // The task pauses on these writes as on a runner's that failed: its
+                    // newest snapshot (the controls applied) and their events are written
+                    // again after a backoff, its lane held, and it runs once they are
+                    // durable; the records stay held until then. Before, they stayed held
+                    // until the partition went, and the task ran on, its controls' events
+                    // never written.
+                    tracing::error!(task = %id, error = %e, "a deferred control could not be written; writing the task's state again after a backoff");
+                    self.env.metrics.state_write_failed();
+                    let Some(slot) = self.slots.get_mut(&id) else { return };
+                    slot.replayed.extend(deferred.iter().map(|d| d.at));
+                    self.put_first(subject, id);
+                    self.rewrite_later(id, Unwritten { events });
+                    return;
                 }
             }
         }
@@ -494,7 +523,7 @@ impl<H: TaskHandler> Scheduler<H> {
 
     fn enqueue_task(&mut self, id: TaskId, snap: TaskSnapshot) {
         self.queues.entry(snap.subject.clone()).or_default().push_back(id);
-        self.slots.insert(id, Slot { snap, ctl: None, fence: None, run: 0, deferred: Vec::new() });
+        self.slots.insert(id, Slot { snap, ctl: None, fence: None, run: 0, deferred: Vec::new(), replayed: Vec::new() });
     }
 
     async fn on_batch(&mut self, items: Vec<Incoming>) -> Result<HashSet<i32>, PublishError> {
@@ -504,6 +533,9 @@ impl<H: TaskHandler> Scheduler<H> {
         let mut skipped = HashSet::new();
         let mut batch_partitions = HashSet::new();
         self.batch_keys.clear();
+        // Left by a batch that failed: those holds stay (safe: the partition's next owner
+        // reads the controls again).
+        self.release_with_batch.clear();
         for item in items {
             batch_partitions.insert(item.partition);
             if !self.owned.contains(&item.partition) {
@@ -539,7 +571,11 @@ impl<H: TaskHandler> Scheduler<H> {
                 tracing::warn!(error = %e, "a batch's writes failed after its partitions were lost; their next owner reads them again");
                 return Ok(batch_partitions);
             }
+            self.env.metrics.state_write_failed();
             return Err(e);
+        }
+        for (partition, offset) in self.release_with_batch.drain(..) {
+            self.holds.release(partition, offset);
         }
         for (env, id, trace, at, wait) in controls {
             match wait.await {
@@ -791,6 +827,8 @@ impl<H: TaskHandler> Scheduler<H> {
                     made
                 };
                 pending.extend(made);
+                // Replayed controls that paused with this write are durable with the batch.
+                self.release_with_batch.append(&mut slot.replayed);
                 if let Some(r) = self.unwritten.remove(&id).and_then(|p| p.retry) {
                     r.abort();
                 }

@@ -1121,6 +1121,59 @@ async fn a_control_deferred_when_its_partition_goes_is_read_again_by_its_next_ow
     worker_b.await.unwrap();
 }
 
+/// A deferred Cancel whose writes fail when its task is taken up again pauses the task on
+/// them, as a runner's failed write does: they are made again once the broker takes writes,
+/// before the task runs on. Before, the worker ran the task on with the cancel applied in
+/// memory only: its CancelRequested was never written (the task's events skipped a seq)
+/// and its record stayed held until the partition went.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deferred_control_whose_writes_fail_is_written_again_before_its_task_runs() {
+    use rdkafka::types::{RDKafkaApiKey as Api, RDKafkaRespErr as Err};
+    let broker = TestBroker::embedded();
+    let client = broker.client();
+    let mut events = client.events(true).await.unwrap();
+    let mut opts = broker.worker_options();
+    opts.kafka.extra.push(("message.timeout.ms".into(), "2000".into()));
+    // Long enough for the test to inject the fault after the blocker ends and before the
+    // victim is taken up again.
+    opts.overtaken_pause = Duration::from_secs(5);
+    let (stop, worker, a) = spawn_with_handle(opts).await;
+    let mut failures = a.metrics.state_write_failures();
+    let blocker = submit(&client, "replay", &TestTaskSpec { block_at: Some(1), ..TestTaskSpec::steps(1) }).await;
+    until_event(&mut events, blocker, EventType::StepProgress).await;
+    let victim = submit(&client, "replay", &TestTaskSpec::steps(1)).await;
+    until_event(&mut events, victim, EventType::Accepted).await;
+    let mut ahead = client.snapshot(victim).await.unwrap().unwrap();
+    ahead.seq += 10;
+    ahead.worker = "another-worker".into();
+    plant(&broker, &client, &ahead).await;
+    a.view.caught_up(WAIT).await.unwrap();
+    client.cancel(victim).await.unwrap();
+    let after = submit(&client, "replay", &TestTaskSpec::steps(1)).await;
+    until_event(&mut events, after, EventType::Accepted).await;
+
+    // The blocker ends: the victim, overtaken, is taken up again after the pause, and its
+    // deferred Cancel applied then; the broker refuses every write from now on.
+    client.cancel(blocker).await.unwrap();
+    until_final(&mut events, blocker).await;
+    let mock = broker.embedded.as_ref().unwrap().mock();
+    mock.request_errors(Api::Produce, &vec![Err::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS; 1_000_000]);
+    let failed = tokio::time::timeout(WAIT, failures.wait_for(|n| *n > 0)).await.is_ok();
+    mock.clear_request_errors(Api::Produce);
+    assert!(failed, "no write failed while the broker refused them");
+
+    let evs = until_final(&mut events, victim).await;
+    let seen: Vec<(i64, EventType, &str)> = evs.iter().map(|e| (e.seq, e.event, e.worker.as_str())).collect();
+    let later: Vec<(i64, EventType)> = seen.iter().filter(|(seq, ..)| *seq > ahead.seq).map(|(seq, e, _)| (*seq, *e)).collect();
+    assert_eq!(later, vec![(ahead.seq + 1, EventType::CancelRequested), (ahead.seq + 2, EventType::Cancelled)], "{seen:?}");
+    let snap = client.snapshot(victim).await.unwrap().unwrap();
+    assert_eq!((snap.state, snap.seq), (TaskState::Cancelled, ahead.seq + 2));
+    let evs = until_final(&mut events, after).await;
+    assert_eq!(evs.last().unwrap().event, EventType::Succeeded, "{evs:?}");
+    stop.cancel();
+    worker.await.unwrap();
+}
+
 /// A reader of the test kind's task-state topic from its beginning (every partition
 /// assigned), with the topic's name.
 fn task_state_reader(broker: &TestBroker) -> (BaseConsumer, String) {

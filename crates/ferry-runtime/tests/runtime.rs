@@ -1085,23 +1085,7 @@ async fn a_control_deferred_when_its_partition_goes_is_read_again_by_its_next_ow
     let mut first = opts("a");
     first.overtaken_pause = Duration::from_secs(3600);
     let (stop_a, worker_a, a) = spawn_with_handle(first).await;
-    // One subject: the blocker holds its lane, the victim waits behind it without a runner.
-    let blocker = submit(&client, "deferred", &TestTaskSpec { block_at: Some(1), ..TestTaskSpec::steps(1) }).await;
-    until_event(&mut events, blocker, EventType::StepProgress).await;
-    let victim = submit(&client, "deferred", &TestTaskSpec::steps(1)).await;
-    until_event(&mut events, victim, EventType::Accepted).await;
-
-    // Another worker's snapshot of the victim, ten seqs further, read by the first worker.
-    let mut ahead = client.snapshot(victim).await.unwrap().unwrap();
-    ahead.seq += 10;
-    ahead.worker = "another-worker".into();
-    plant(&broker, &client, &ahead).await;
-    a.view.caught_up(WAIT).await.unwrap();
-    client.cancel(victim).await.unwrap();
-    // A later command of the subject (same partition): once it is Accepted, the Cancel's
-    // batch was handled, deferred.
-    let after = submit(&client, "deferred", &TestTaskSpec::steps(1)).await;
-    until_event(&mut events, after, EventType::Accepted).await;
+    let Deferral { blocker, victim, ahead, after } = defer_a_cancel(&broker, &client, &mut events, &a, "deferred").await;
     stop_a.cancel();
     worker_a.await.unwrap();
 
@@ -1119,6 +1103,38 @@ async fn a_control_deferred_when_its_partition_goes_is_read_again_by_its_next_ow
     assert_eq!(evs.iter().filter(|e| e.event == EventType::StepStarted).count(), 1, "the later task ran once: {evs:?}");
     stop_b.cancel();
     worker_b.await.unwrap();
+}
+
+/// A Cancel deferred by [`defer_a_cancel`], and the tasks around it.
+struct Deferral {
+    /// Holds the subject's lane (blocked in its step until cancelled).
+    blocker: TaskId,
+    /// Queued behind the blocker; the Cancel is for it.
+    victim: TaskId,
+    /// Another worker's snapshot of the victim, ten seqs further, planted on the topic.
+    ahead: ferry_runtime::TaskSnapshot,
+    /// Queued behind the victim.
+    after: TaskId,
+}
+
+/// One subject: a blocker holds its lane and a victim waits behind it without a runner;
+/// another worker's newer snapshot of the victim is planted and read by the worker, then a
+/// Cancel for the victim comes, which the worker defers. Returns once it did (a later
+/// command of the subject, on the same partition, was Accepted after it).
+async fn defer_a_cancel(broker: &TestBroker, client: &ferry_runtime::Client, events: &mut ferry_runtime::EventStream, worker: &ferry_runtime::WorkerHandle, subject: &str) -> Deferral {
+    let blocker = submit(client, subject, &TestTaskSpec { block_at: Some(1), ..TestTaskSpec::steps(1) }).await;
+    until_event(events, blocker, EventType::StepProgress).await;
+    let victim = submit(client, subject, &TestTaskSpec::steps(1)).await;
+    until_event(events, victim, EventType::Accepted).await;
+    let mut ahead = client.snapshot(victim).await.unwrap().unwrap();
+    ahead.seq += 10;
+    ahead.worker = "another-worker".into();
+    plant(broker, client, &ahead).await;
+    worker.view.caught_up(WAIT).await.unwrap();
+    client.cancel(victim).await.unwrap();
+    let after = submit(client, subject, &TestTaskSpec::steps(1)).await;
+    until_event(events, after, EventType::Accepted).await;
+    Deferral { blocker, victim, ahead, after }
 }
 
 /// A deferred Cancel whose writes fail when its task is taken up again pauses the task on
@@ -1139,18 +1155,7 @@ async fn a_deferred_control_whose_writes_fail_is_written_again_before_its_task_r
     opts.overtaken_pause = Duration::from_secs(5);
     let (stop, worker, a) = spawn_with_handle(opts).await;
     let mut failures = a.metrics.state_write_failures();
-    let blocker = submit(&client, "replay", &TestTaskSpec { block_at: Some(1), ..TestTaskSpec::steps(1) }).await;
-    until_event(&mut events, blocker, EventType::StepProgress).await;
-    let victim = submit(&client, "replay", &TestTaskSpec::steps(1)).await;
-    until_event(&mut events, victim, EventType::Accepted).await;
-    let mut ahead = client.snapshot(victim).await.unwrap().unwrap();
-    ahead.seq += 10;
-    ahead.worker = "another-worker".into();
-    plant(&broker, &client, &ahead).await;
-    a.view.caught_up(WAIT).await.unwrap();
-    client.cancel(victim).await.unwrap();
-    let after = submit(&client, "replay", &TestTaskSpec::steps(1)).await;
-    until_event(&mut events, after, EventType::Accepted).await;
+    let Deferral { blocker, victim, ahead, after } = defer_a_cancel(&broker, &client, &mut events, &a, "replay").await;
 
     // The blocker ends: the victim, overtaken, is taken up again after the pause, and its
     // deferred Cancel applied then; the broker refuses every write from now on.

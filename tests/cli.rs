@@ -112,6 +112,14 @@ async fn submit_wait_exit_codes_and_json_output() {
     let out = env.ferry(&["tasks", "list", "--state", "succeeded", "--output", "json"]).await;
     let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
     assert!(v.as_array().unwrap().iter().any(|t| t["task_id"] == id.to_string()));
+    // `--kind` reads that kind's task-state topic alone.
+    let out = env.ferry(&["tasks", "list", "--kind", "test", "--output", "json"]).await;
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert!(v.as_array().unwrap().iter().any(|t| t["task_id"] == id.to_string()), "{v}");
+    let out = env.ferry(&["tasks", "list", "--kind", "deploy", "--output", "json"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert!(v.as_array().unwrap().iter().all(|t| t["kind"] == "deploy"), "{v}");
 
     let missing = env.ferry(&["submit", "test", "-f", "/nonexistent.yaml"]).await;
     assert_eq!(missing.code, 2);

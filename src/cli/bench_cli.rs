@@ -81,12 +81,13 @@ pub async fn run(a: CliArgs, properties: &[(String, String)]) -> anyhow::Result<
 
     let mut rows: Vec<(String, Vec<f64>)> = Vec::new();
     let mut last_id = String::new();
-    let commands: [(&str, Vec<String>); 5] = [
+    let commands: [(&str, Vec<String>); 6] = [
         ("ferry --version", vec!["--version".into()]),
         ("ferry submit test -f F", vec!["submit".into(), "test".into(), "-f".into(), spec.clone()]),
         ("ferry submit test -f F --wait", vec!["submit".into(), "test".into(), "-f".into(), spec.clone(), "--wait".into()]),
         ("ferry tasks get ID", Vec::new()),
         ("ferry tasks list", vec!["tasks".into(), "list".into()]),
+        ("ferry tasks list --kind test", vec!["tasks".into(), "list".into(), "--kind".into(), "test".into()]),
     ];
     for (name, args) in commands {
         let mut ms = Vec::with_capacity(a.runs as usize);

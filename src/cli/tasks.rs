@@ -419,7 +419,8 @@ pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
             let all: Vec<TaskView> = if client.tenant().is_some() {
                 tenant_views(&client).await?
             } else {
-                let mut snaps = client.snapshots().await?;
+                // `--kind`: only that kind's task-state topic is read.
+                let mut snaps = client.snapshots_of(kind).await?;
                 snaps.sort_by_key(|s| std::cmp::Reverse(s.created_at_ms));
                 snaps.iter().map(TaskView::from).collect()
             };

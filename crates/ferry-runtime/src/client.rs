@@ -459,13 +459,21 @@ impl Client {
     /// task-state topic to its end. A snapshot on another kind's topic than its own is not
     /// the task's (no worker of that kind wrote it) and is left out.
     pub async fn snapshots(&self) -> Result<Vec<TaskSnapshot>, ClientError> {
+        self.snapshots_of(None).await
+    }
+
+    /// [`Self::snapshots`] of one kind's tasks (`Some`): without a live view, only that
+    /// kind's task-state topic is read.
+    pub async fn snapshots_of(&self, kind: Option<TaskKind>) -> Result<Vec<TaskSnapshot>, ClientError> {
         if let Some(live) = self.live() {
             live.caught_up(READ_LIMIT).await?;
-            return Ok(live.all());
+            let mut all = live.all();
+            all.retain(|s| kind.is_none_or(|k| s.kind == k));
+            return Ok(all);
         }
         let (kafka, topics, registry) = (self.kafka.clone(), self.topics.clone(), self.registry.clone());
-        // One reader for every topic; it stops when dropped here.
-        let once = tokio::task::spawn_blocking(move || LiveState::start(&kafka, &topics, registry)).await.expect("task-state reader start task")?;
+        // One reader for every topic read; it stops when dropped here.
+        let once = tokio::task::spawn_blocking(move || LiveState::start_of(&kafka, &topics, registry, kind)).await.expect("task-state reader start task")?;
         once.follower().ready(READ_LIMIT).await?;
         Ok(once.all())
     }

@@ -440,8 +440,18 @@ impl LiveState {
     /// kind's topic than its own is left out (no worker of that kind wrote it). Blocks on
     /// the broker (see [`Follower::start`]).
     pub fn start(kafka: &KafkaConfig, topics: &Topics, registry: Arc<Registry>) -> Result<Self, LiveError> {
-        let kinds: HashMap<String, Option<TaskKind>> = topics.task_states().map(|t| (t.name.clone(), t.kind)).collect();
-        let names = topics.task_states().map(|t| t.name.clone()).collect();
+        Self::start_of(kafka, topics, registry, None)
+    }
+
+    /// [`Self::start`] for one kind's tasks only (`Some`), reading only its task-state
+    /// topic (an open kind's too, which `topics` does not list).
+    pub fn start_of(kafka: &KafkaConfig, topics: &Topics, registry: Arc<Registry>, kind: Option<TaskKind>) -> Result<Self, LiveError> {
+        let defs: Vec<crate::topics::TopicDef> = match kind {
+            Some(k) => vec![topics.task_state(k).into_owned()],
+            None => topics.task_states().cloned().collect(),
+        };
+        let kinds: HashMap<String, Option<TaskKind>> = defs.iter().map(|t| (t.name.clone(), t.kind)).collect();
+        let names = defs.into_iter().map(|t| t.name).collect();
         let decode: Decoder<TaskSnapshot> = Box::new(move |topic, payload| {
             let snap = registry.decode::<TaskSnapshot>(payload)?;
             Ok(match kinds.get(topic) {

@@ -641,8 +641,7 @@ async fn start_etcd(bins: &Binaries, dir: &Path, mut client_port: Option<u16>) -
         )
         .map_err(io("starting etcd"))?;
         let client = crate::crd_seed::Etcd::new(&url);
-        let started = std::time::Instant::now();
-        let mut delay = Duration::from_millis(50);
+        let mut start_up = StartUp::new(Duration::from_millis(50), ETCD_READY);
         let exited = loop {
             if !etcd.running() {
                 break true;
@@ -651,12 +650,9 @@ async fn start_etcd(bins: &Binaries, dir: &Path, mut client_port: Option<u16>) -
             if matches!(tokio::time::timeout(ETCD_PROBE, client.range("/ferry-ready-probe/")).await, Ok(Ok(_))) {
                 return Ok((etcd, url));
             }
-            if started.elapsed() >= ETCD_READY {
+            if !start_up.again().await {
                 break false;
             }
-            // Retry backoff while a process starts up; nothing else to wait on.
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_millis(500));
         };
         if exited && attempt < PORT_ATTEMPTS && port_taken(&log) {
             drop(etcd);
@@ -668,7 +664,7 @@ async fn start_etcd(bins: &Binaries, dir: &Path, mut client_port: Option<u16>) -
             attempt += 1;
             continue;
         }
-        return Err(FleetError::EtcdNotReady { url, waited: started.elapsed(), exited, log: log.display().to_string(), tail: log_tail(&log, 25) });
+        return Err(FleetError::EtcdNotReady { url, waited: start_up.waited(), exited, log: log.display().to_string(), tail: log_tail(&log, 25) });
     }
 }
 
@@ -680,29 +676,57 @@ fn port_taken(log: &Path) -> bool {
 /// Waits until the API server answers `/readyz` (process start-up: a bounded retry), and
 /// fails at once, naming its log, if one of the cluster's processes exits meanwhile.
 async fn wait_ready(c: &mut Cluster) -> Result<(), FleetError> {
-    let started = std::time::Instant::now();
-    let not_ready = |c: &Cluster, exited: bool| FleetError::NotReady {
+    let mut start_up = StartUp::new(Duration::from_millis(100), READY_LIMIT);
+    let not_ready = |c: &Cluster, exited: bool, waited: Duration| FleetError::NotReady {
         cluster: c.name.clone(),
         server: c.server.clone(),
-        waited: started.elapsed(),
+        waited,
         exited,
         log: c.log.display().to_string(),
         tail: log_tail(&c.log, 25),
     };
-    let mut delay = Duration::from_millis(100);
     loop {
         if !c.healthy() {
-            return Err(not_ready(c, true));
+            return Err(not_ready(c, true, start_up.waited()));
         }
         if probe_ready(c).await {
             return Ok(());
         }
-        if started.elapsed() >= READY_LIMIT {
-            return Err(not_ready(c, false));
+        if !start_up.again().await {
+            return Err(not_ready(c, false, start_up.waited()));
         }
-        // Retry backoff while a process starts up; nothing else to wait on.
+    }
+}
+
+/// The pace of probing a process that starts up (etcd, an API server): a backoff from
+/// `first` doubling to 500 ms between probes, until `limit` has passed. A poll, because a
+/// server announces its readiness only by answering; its exit is checked beside each probe.
+struct StartUp {
+    started: std::time::Instant,
+    limit: Duration,
+    delays: backon::ExponentialBackoff,
+}
+
+impl StartUp {
+    fn new(first: Duration, limit: Duration) -> Self {
+        use backon::BackoffBuilder;
+        let delays = backon::ExponentialBuilder::default().with_min_delay(first).with_max_delay(Duration::from_millis(500)).without_max_times().build();
+        Self { started: std::time::Instant::now(), limit, delays }
+    }
+
+    /// How long the process has been waited for.
+    fn waited(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Waits before the next probe; false, at once, when the bound has passed.
+    async fn again(&mut self) -> bool {
+        if self.waited() >= self.limit {
+            return false;
+        }
+        let delay = self.delays.next().unwrap_or(Duration::from_millis(500));
         tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_millis(500));
+        true
     }
 }
 

@@ -566,8 +566,8 @@ impl Client {
         let cfg = self.kafka.clone();
         let consumer = tokio::task::spawn_blocking(move || cfg.topic_reader(&topic, from_start))
             .await
-        .expect("progress reader set-up task")
-        .map_err(kafka_err)?;
+            .expect("progress reader set-up task")
+            .map_err(kafka_err)?;
         Ok(EventStream { consumer, registry: self.registry.clone(), kept: Default::default() })
     }
 }

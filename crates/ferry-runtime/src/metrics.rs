@@ -103,6 +103,9 @@ pub struct Metrics {
     state_write_failures: Counter,
     /// The same count, for whoever waits until a write failed.
     state_write_failures_seen: watch::Sender<u64>,
+    command_batch_failures: Counter,
+    /// The same count, for whoever waits until a batch failed.
+    command_batch_failures_seen: watch::Sender<u64>,
     /// The tasks runners hold, by task id: where a state change moves them between labels.
     held: Mutex<HashMap<String, Held>>,
     /// The number of tasks held, for whoever waits until the runners are done.
@@ -136,6 +139,7 @@ impl Metrics {
         let lag = Family::<TopicLabels, Gauge>::default();
         let overtaken = Counter::default();
         let state_write_failures = Counter::default();
+        let command_batch_failures = Counter::default();
         let build = Family::<VersionLabels, Gauge>::default();
         build.get_or_create(&VersionLabels { version: env!("CARGO_PKG_VERSION").to_owned() }).set(1);
         registry.register("task_events", "Task progress events published, by kind and event", events.clone());
@@ -159,6 +163,11 @@ impl Metrics {
             "Task state writes (a snapshot and its events) the broker did not acknowledge while the worker owned the task; each is made again after a backoff, the task waiting meanwhile",
             state_write_failures.clone(),
         );
+        registry.register(
+            "command_batch_failures",
+            "Batches of commands whose writes the broker did not acknowledge: undone in the worker's memory and read again after a backoff",
+            command_batch_failures.clone(),
+        );
         registry.register("build_info", "The worker's version (always 1)", build);
         Self {
             registry,
@@ -172,6 +181,8 @@ impl Metrics {
             overtaken,
             state_write_failures,
             state_write_failures_seen: watch::Sender::new(0),
+            command_batch_failures,
+            command_batch_failures_seen: watch::Sender::new(0),
             held: Mutex::default(),
             held_total: watch::Sender::new(0),
             queued_total: watch::Sender::new(0),
@@ -293,6 +304,17 @@ impl Metrics {
         self.state_write_failures_seen.subscribe()
     }
 
+    pub(crate) fn batch_failed(&self) {
+        self.command_batch_failures.inc();
+        self.command_batch_failures_seen.send_modify(|n| *n += 1);
+    }
+
+    /// The number of command batches whose writes failed so far, as it changes (what
+    /// `ferry_command_batch_failures_total` says).
+    pub fn command_batch_failures(&self) -> watch::Receiver<u64> {
+        self.command_batch_failures_seen.subscribe()
+    }
+
     pub(crate) fn set_lag(&self, topic: &str, lag: i64) {
         self.lag.get_or_create(&TopicLabels { topic: topic.to_owned() }).set(lag);
     }
@@ -310,6 +332,7 @@ impl Metrics {
         m.set_lag("topic", 0);
         m.overtaken();
         m.state_write_failed();
+        m.batch_failed();
         m
     }
 
@@ -400,6 +423,7 @@ mod tests {
             "ferry_dead_letters counter",
             "ferry_consumer_lag_records gauge",
             "ferry_state_write_failures counter",
+            "ferry_command_batch_failures counter",
             "ferry_build_info gauge",
         ] {
             assert!(types.contains(&t), "{t} missing: {types:?}");

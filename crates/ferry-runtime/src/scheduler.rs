@@ -88,6 +88,24 @@ struct Paused {
     superseded: Arc<std::sync::Mutex<bool>>,
 }
 
+/// What a batch's controls changed in this worker's memory of the tasks it holds: undone
+/// if the batch's writes fail ([`Scheduler::undo_failed`]), since the intake then reads the
+/// same records again and they must find the tasks as they were. Before, a control read
+/// again was applied a second time on top of its own unwritten change (its first seq never
+/// written), and a paused write it had taken over was lost: a task whose final write
+/// paused stayed Running on its task-state topic, its Succeeded never written.
+#[derive(Default)]
+struct Undo {
+    /// Held tasks' snapshots before the batch's first control touched them.
+    snaps: HashMap<TaskId, TaskSnapshot>,
+    /// Tasks the batch's controls took up (a revert of a finished task, queued).
+    created: Vec<TaskId>,
+    /// Paused writes the batch's controls made themselves (their retries aborted). Their
+    /// replayed controls' records ([`Slot::replayed`]) are released once the batch is
+    /// durable; if it is not, the pause is restored.
+    superseded: Vec<(TaskId, Unwritten)>,
+}
+
 /// A paused task's write, made again after a backoff.
 #[derive(Debug)]
 pub(crate) struct Rewritten {
@@ -131,9 +149,8 @@ pub(crate) struct Scheduler<H: TaskHandler> {
     fences: Arc<Fences>,
     /// The records of deferred controls, which the intake may not commit past.
     holds: Arc<CommitHolds>,
-    /// Holds to release once the batch being handled is durable: a paused write carrying
-    /// replayed controls ([`Slot::replayed`]) that a new control made in that batch.
-    release_with_batch: Vec<(i32, i64)>,
+    /// What the batch being handled changed, to undo if its writes fail.
+    undo: Undo,
     slots: HashMap<TaskId, Slot>,
     queues: HashMap<String, VecDeque<TaskId>>,
     running: HashMap<String, TaskId>,
@@ -177,7 +194,7 @@ impl<H: TaskHandler> Scheduler<H> {
             owned: HashSet::new(),
             fences,
             holds,
-            release_with_batch: Vec::new(),
+            undo: Undo::default(),
             slots: HashMap::new(),
             queues: HashMap::new(),
             running: HashMap::new(),
@@ -210,7 +227,11 @@ impl<H: TaskHandler> Scheduler<H> {
                 Some(id) = self.stray_rx.recv() => self.on_stray_pause_over(id),
                 msg = rx.recv() => match msg {
                     Some(SchedMsg::Batch { items, reply }) => {
+                        self.undo = Undo::default();
                         let r = self.on_batch(items).await;
+                        if r.is_err() {
+                            self.undo_failed();
+                        }
                         let _ = reply.send(r);
                     }
                     Some(SchedMsg::Assigned { partitions, reply }) => {
@@ -533,9 +554,6 @@ impl<H: TaskHandler> Scheduler<H> {
         let mut skipped = HashSet::new();
         let mut batch_partitions = HashSet::new();
         self.batch_keys.clear();
-        // Left by a batch that failed: those holds stay (safe: the partition's next owner
-        // reads the controls again).
-        self.release_with_batch.clear();
         for item in items {
             batch_partitions.insert(item.partition);
             if !self.owned.contains(&item.partition) {
@@ -558,7 +576,7 @@ impl<H: TaskHandler> Scheduler<H> {
                 What::Control { env, id } => {
                     subjects.insert(env.subject.clone());
                     let at = (item.partition, item.offset);
-                    if let Some(wait) = self.control(&env, id, item.trace_parent.clone(), at, &mut pending)? {
+                    if let Some(wait) = self.control_noted(&env, id, item.trace_parent.clone(), at, &mut pending)? {
                         controls.push((env, id, item.trace_parent, at, wait));
                     }
                 }
@@ -569,14 +587,14 @@ impl<H: TaskHandler> Scheduler<H> {
             // owner reads these records again; store none of their offsets.
             if batch_partitions.iter().all(|p| !self.fences.is_open(*p)) {
                 tracing::warn!(error = %e, "a batch's writes failed after its partitions were lost; their next owner reads them again");
+                self.undo_failed();
                 return Ok(batch_partitions);
             }
             self.env.metrics.state_write_failed();
+            self.env.metrics.batch_failed();
             return Err(e);
         }
-        for (partition, offset) in self.release_with_batch.drain(..) {
-            self.holds.release(partition, offset);
-        }
+        self.undo_kept();
         for (env, id, trace, at, wait) in controls {
             match wait.await {
                 Ok(ControlReply::Handled) => continue,
@@ -594,10 +612,11 @@ impl<H: TaskHandler> Scheduler<H> {
                 self.on_done(done);
             }
             let mut again = crate::publisher::Publisher::nothing();
-            if let Some(wait) = self.control(&env, id, trace, at, &mut again)? {
+            if let Some(wait) = self.control_noted(&env, id, trace, at, &mut again)? {
                 let _ = wait.await;
             }
             again.durable().await?;
+            self.undo_kept();
         }
         for s in subjects {
             self.pump(&s);
@@ -753,6 +772,72 @@ impl<H: TaskHandler> Scheduler<H> {
         None
     }
 
+    /// [`Self::control`], noting first what it may change of a task this worker holds (not
+    /// a running one: its runner makes its writes), for [`Self::undo_failed`].
+    fn control_noted(
+        &mut self,
+        env: &CommandEnvelope,
+        id: TaskId,
+        trace: Option<String>,
+        at: (i32, i64),
+        pending: &mut Pending,
+    ) -> Result<Option<oneshot::Receiver<ControlReply>>, PublishError> {
+        let before = self.slots.get(&id).filter(|s| s.ctl.is_none()).map(|s| s.snap.clone());
+        let held = self.slots.contains_key(&id);
+        let r = self.control(env, id, trace, at, pending);
+        match before {
+            Some(snap) => {
+                self.undo.snaps.entry(id).or_insert(snap);
+            }
+            None if !held && self.slots.contains_key(&id) => self.undo.created.push(id),
+            None => {}
+        }
+        r
+    }
+
+    /// The batch's writes are durable: what it changed stands, and the replayed controls
+    /// carried by the paused writes it made may be committed.
+    fn undo_kept(&mut self) {
+        let undo = std::mem::take(&mut self.undo);
+        for (id, _) in undo.superseded {
+            if let Some(slot) = self.slots.get_mut(&id) {
+                for (partition, offset) in slot.replayed.drain(..) {
+                    self.holds.release(partition, offset);
+                }
+            }
+        }
+    }
+
+    /// The batch's writes failed: the tasks it changed are put back as they were (their
+    /// snapshots, the tasks it took up dropped, the paused writes it took over paused again
+    /// with their lanes), so that its records, read again, are applied once.
+    fn undo_failed(&mut self) {
+        let undo = std::mem::take(&mut self.undo);
+        for (id, snap) in undo.snaps {
+            if let Some(slot) = self.slots.get_mut(&id) {
+                slot.snap = snap;
+            }
+        }
+        for id in undo.created {
+            if let Some(slot) = self.slots.remove(&id)
+                && let Some(q) = self.queues.get_mut(&slot.snap.subject)
+            {
+                q.retain(|q| *q != id);
+            }
+        }
+        for (id, write) in undo.superseded {
+            let Some(slot) = self.slots.get(&id) else { continue };
+            if slot.ctl.is_some() || !self.owned.contains(&slot.snap.origin_partition) {
+                continue;
+            }
+            let subject = slot.snap.subject.clone();
+            tracing::warn!(task = %id, "the batch that made a paused write failed; the task is paused on it again");
+            self.running.insert(subject.clone(), id);
+            self.put_first(subject, id);
+            self.rewrite_later(id, write);
+        }
+    }
+
     /// Routes a Cancel or Revert. Returns the runner's reply to wait for when a runner
     /// has the task; otherwise the writes are added to `pending`.
     fn control(
@@ -827,10 +912,13 @@ impl<H: TaskHandler> Scheduler<H> {
                     made
                 };
                 pending.extend(made);
-                // Replayed controls that paused with this write are durable with the batch.
-                self.release_with_batch.append(&mut slot.replayed);
-                if let Some(r) = self.unwritten.remove(&id).and_then(|p| p.retry) {
-                    r.abort();
+                // Replayed controls that paused with this write are durable with the batch
+                // (`undo_kept`); if it fails, the pause is restored (`undo_failed`).
+                if let Some(p) = self.unwritten.remove(&id) {
+                    if let Some(r) = p.retry {
+                        r.abort();
+                    }
+                    self.undo.superseded.push((id, p.write));
                 }
                 if self.running.get(&slot.snap.subject) == Some(&id) {
                     self.running.remove(&slot.snap.subject);

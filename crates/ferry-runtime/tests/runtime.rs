@@ -913,6 +913,45 @@ async fn commands_that_cannot_be_made_durable_are_read_again_and_the_worker_goes
     worker.await.unwrap();
 }
 
+/// A new task and a Cancel of it, read in one batch whose writes fail: read again, the task
+/// is Accepted (seq 1, identical) and cancelled once. Before, the failed batch left the
+/// Cancel applied in memory, so the command read again found the task at seq 2 and only
+/// republished it: its Accepted event was never written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_and_its_cancel_in_a_batch_that_fails_are_applied_once() {
+    use rdkafka::types::{RDKafkaApiKey as Api, RDKafkaRespErr as Err};
+    let broker = TestBroker::embedded();
+    let client = broker.client();
+    let mut events = client.events(true).await.unwrap();
+    let mut opts = broker.worker_options();
+    opts.kafka.extra.push(("message.timeout.ms".into(), "2000".into()));
+    let (stop, worker, a) = spawn_with_handle(opts).await;
+    let mut batches = a.metrics.command_batch_failures();
+    let warm = submit(&client, "batch-cancel", &TestTaskSpec::steps(1)).await;
+    until_final(&mut events, warm).await;
+    let mock = broker.embedded.as_ref().unwrap().mock();
+    // The worker fetches the two commands together, once its writes fail.
+    mock.request_errors(Api::Fetch, &vec![Err::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION; 1_000_000]);
+    let id = submit(&client, "batch-cancel", &TestTaskSpec::steps(2)).await;
+    client.control(TaskKind::TEST, "batch-cancel", id, CommandAction::Cancel, Some("test".into())).await.unwrap();
+    mock.request_errors(Api::Produce, &vec![Err::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS; 1_000_000]);
+    mock.clear_request_errors(Api::Fetch);
+    let failed = tokio::time::timeout(WAIT, batches.wait_for(|n| *n > 0)).await.is_ok();
+    mock.clear_request_errors(Api::Produce);
+    assert!(failed, "no batch failed while the broker refused writes");
+    let evs = until_final(&mut events, id).await;
+    let seqs: Vec<(i64, EventType)> = evs.iter().map(|e| (e.seq, e.event)).collect();
+    assert_eq!(evs.first().map(|e| (e.seq, e.event)), Some((1, EventType::Accepted)), "{seqs:?}");
+    assert_eq!(evs.last().map(|e| e.event), Some(EventType::Cancelled), "{seqs:?}");
+    let seen: std::collections::BTreeSet<i64> = evs.iter().map(|e| e.seq).collect();
+    assert_eq!(seen, (1..=evs.last().unwrap().seq).collect(), "a seq never written: {seqs:?}");
+    let mut violations = ferry_runtime::history::check(&evs);
+    violations.extend(snapshot_violations(&client, &evs).await);
+    assert!(violations.is_empty(), "{violations:#?}");
+    stop.cancel();
+    worker.await.unwrap();
+}
+
 /// A Cancel that reaches a task paused on a failed write: the paused write is made first,
 /// then the cancel's, in order, and the retry writes nothing more. Before, the cancel's
 /// write (seq n + 1) went first and the retry's older snapshot (seq n) landed after it:
@@ -955,6 +994,64 @@ async fn a_cancel_for_a_paused_task_is_written_after_the_paused_write() {
     let mut violations = ferry_runtime::history::check(&history);
     violations.extend(snapshot_violations(&client, &history).await);
     assert!(violations.is_empty(), "{violations:#?}");
+    stop.cancel();
+    worker.await.unwrap();
+}
+
+/// A Cancel whose batch fails after it took over a paused write leaves the task as it was:
+/// paused on that write, which is made once the broker takes writes again, and the Cancel,
+/// read again, applied once. Before, the failed batch left the control applied in memory
+/// and the pause gone: a task whose final write had paused stayed Running on its
+/// task-state topic, its Succeeded never written. Only the task-state topic's broker goes
+/// down, so the Cancel itself gets through while the worker's writes fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_batch_leaves_the_paused_write_it_took_over_to_be_made_again() {
+    let broker = TestBroker::embedded();
+    let state_topic = broker.topics.task_state(TaskKind::TEST).name.clone();
+    {
+        let mock = broker.embedded.as_ref().unwrap().mock();
+        for def in broker.topics.all() {
+            let leader = if def.name == state_topic { 3 } else { 1 };
+            for p in 0..def.partitions {
+                mock.partition_leader(&def.name, p, Some(leader)).unwrap();
+            }
+        }
+        let opts = broker.worker_options();
+        let group = opts.group_id.clone().unwrap_or_else(|| format!("ferry-{}", TaskKind::TEST));
+        mock.coordinator(rdkafka::mocking::MockCoordinator::Group(group), 1).unwrap();
+    }
+    let client = broker.client();
+    let mut events = client.events(true).await.unwrap();
+    let mut opts = broker.worker_options();
+    opts.kafka.extra.push(("message.timeout.ms".into(), "2000".into()));
+    let (stop, worker, a) = spawn_with_handle(opts).await;
+    let (mut failures, mut batches) = (a.metrics.state_write_failures(), a.metrics.command_batch_failures());
+    let id = submit(&client, "paused-final", &TestTaskSpec { step_ms: 1500, ..TestTaskSpec::steps(1) }).await;
+    let mut history = until_event(&mut events, id, EventType::StepStarted).await;
+
+    let mock = broker.embedded.as_ref().unwrap().mock();
+    mock.broker_down(3).unwrap();
+    let paused = tokio::time::timeout(WAIT, failures.wait_for(|n| *n > 0)).await.is_ok();
+    assert!(paused, "no write failed with the task-state topic's broker down");
+    client.control(TaskKind::TEST, "paused-final", id, CommandAction::Cancel, Some("test".into())).await.unwrap();
+    let failed = tokio::time::timeout(WAIT, batches.wait_for(|n| *n > 0)).await.is_ok();
+    mock.broker_up(3).unwrap();
+    assert!(failed, "the Cancel's batch did not fail");
+
+    history.extend(until_final(&mut events, id).await);
+    let seqs: Vec<(i64, EventType)> = history.iter().map(|e| (e.seq, e.event)).collect();
+    let highest = history.iter().map(|e| e.seq).max().unwrap();
+    let seen: std::collections::BTreeSet<i64> = history.iter().map(|e| e.seq).collect();
+    assert_eq!(seen, (1..=highest).collect(), "a seq never written: {seqs:?}");
+    let snap = client.snapshot(id).await.unwrap().unwrap();
+    assert!(snap.state.is_terminal(), "{snap:?}");
+    assert_eq!(snap.seq, highest, "{seqs:?}");
+    let mut violations = ferry_runtime::history::check(&history);
+    violations.extend(snapshot_violations(&client, &history).await);
+    assert!(violations.is_empty(), "{violations:#?}");
+    // The subject's lane is free again.
+    let next = submit(&client, "paused-final", &TestTaskSpec::steps(1)).await;
+    assert_eq!(until_final(&mut events, next).await.last().unwrap().event, EventType::Succeeded);
     stop.cancel();
     worker.await.unwrap();
 }

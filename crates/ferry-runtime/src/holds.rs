@@ -27,18 +27,20 @@ impl CommitHolds {
         *h.held.entry(partition).or_default().entry(offset).or_default() += 1;
     }
 
-    /// Releases one hold of `offset` of `partition`.
-    pub(crate) fn release(&self, partition: i32, offset: i64) {
+    /// Releases one hold of each (partition, offset) of `records`.
+    pub(crate) fn release(&self, records: impl IntoIterator<Item = (i32, i64)>) {
         let mut h = self.0.lock().expect("holds lock");
-        let Some(offsets) = h.held.get_mut(&partition) else { return };
-        if let Some(n) = offsets.get_mut(&offset) {
-            *n -= 1;
-            if *n == 0 {
-                offsets.remove(&offset);
+        for (partition, offset) in records {
+            let Some(offsets) = h.held.get_mut(&partition) else { continue };
+            if let Some(n) = offsets.get_mut(&offset) {
+                *n -= 1;
+                if *n == 0 {
+                    offsets.remove(&offset);
+                }
             }
-        }
-        if offsets.is_empty() {
-            h.held.remove(&partition);
+            if offsets.is_empty() {
+                h.held.remove(&partition);
+            }
         }
     }
 
@@ -92,7 +94,7 @@ mod tests {
         assert_eq!(holds.storable(0, 15), Some(9));
         assert_eq!(holds.storable(1, 15), Some(15), "another partition");
         assert!(holds.take_released().is_empty(), "still held");
-        holds.release(0, 10);
+        holds.release([(0, 10)]);
         assert_eq!(holds.take_released(), vec![(0, 15)], "the newest wanted offset, once");
         assert!(holds.take_released().is_empty());
         assert_eq!(holds.storable(0, 16), Some(16));
@@ -105,11 +107,11 @@ mod tests {
         holds.hold(2, 5);
         holds.hold(2, 8);
         assert_eq!(holds.storable(2, 9), Some(4));
-        holds.release(2, 5);
+        holds.release([(2, 5)]);
         assert_eq!(holds.storable(2, 9), Some(4), "one control still holds 5");
-        holds.release(2, 5);
+        holds.release([(2, 5)]);
         assert_eq!(holds.storable(2, 9), Some(7), "8 holds now");
-        holds.release(2, 8);
+        holds.release([(2, 8)]);
         assert_eq!(holds.take_released(), vec![(2, 9)]);
     }
 

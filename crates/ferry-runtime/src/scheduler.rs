@@ -352,9 +352,7 @@ impl<H: TaskHandler> Scheduler<H> {
         self.unwritten.remove(&r.id);
         // Controls applied when the task was taken up again, whose writes failed then, are
         // durable with this write: their records may be committed.
-        for (partition, offset) in slot.replayed.drain(..) {
-            self.holds.release(partition, offset);
-        }
+        self.holds.release(slot.replayed.drain(..));
         if !slot.deferred.is_empty() {
             // Controls wait with it (deferred for another worker's newer write): applied on
             // the newest snapshot as an overtaken task's are, its lane held meanwhile.
@@ -423,9 +421,7 @@ impl<H: TaskHandler> Scheduler<H> {
             }
             match failed {
                 None => {
-                    for d in &deferred {
-                        self.holds.release(d.at.0, d.at.1);
-                    }
+                    self.holds.release(deferred.iter().map(|d| d.at));
                 }
                 Some(e) => {
                     // The task pauses on these writes as on a runner's that failed: its
@@ -801,9 +797,7 @@ impl<H: TaskHandler> Scheduler<H> {
         let undo = std::mem::take(&mut self.undo);
         for (id, _) in undo.superseded {
             if let Some(slot) = self.slots.get_mut(&id) {
-                for (partition, offset) in slot.replayed.drain(..) {
-                    self.holds.release(partition, offset);
-                }
+                self.holds.release(slot.replayed.drain(..));
             }
         }
     }

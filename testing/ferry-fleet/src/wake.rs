@@ -19,13 +19,13 @@ use tokio::time::Instant;
 /// The shortest time between two passes: a pass's own writes wake it again, and a loop
 /// whose writes always change something must not spin (the fixed ticks were 200-250 ms).
 pub const MIN_GAP: Duration = Duration::from_millis(100);
-/// The longest a loop sleeps with nothing changed and nothing asked for.
+/// The longest a loop sleeps with nothing changed and nothing asked for (unless it says
+/// otherwise, [`Wake::with_fallback`]).
 pub const FALLBACK: Duration = Duration::from_secs(1);
 /// How soon a failed pass is tried again.
 pub const RETRY: Duration = Duration::from_millis(250);
 
 /// Wakes one controller loop; its watches stop when it is dropped.
-#[derive(Default)]
 pub struct Wake {
     changed: Arc<Notify>,
     /// The earliest time a pass asked to run again ([`Wake::after`]).
@@ -33,6 +33,14 @@ pub struct Wake {
     /// When the last pass started.
     last: Mutex<Option<Instant>>,
     watches: Vec<JoinHandle<()>>,
+    /// The longest sleep with nothing changed and nothing asked for.
+    fallback: Duration,
+}
+
+impl Default for Wake {
+    fn default() -> Self {
+        Self::with_fallback(FALLBACK)
+    }
 }
 
 impl std::fmt::Debug for Wake {
@@ -50,6 +58,13 @@ impl Drop for Wake {
 }
 
 impl Wake {
+    /// A loop that sleeps at most `fallback` with nothing changed and nothing asked for:
+    /// longer than [`FALLBACK`] for a loop that watches every kind it reads and asks for
+    /// the times it waits for ([`Wake::after`]).
+    pub fn with_fallback(fallback: Duration) -> Self {
+        Self { changed: Arc::default(), due: Mutex::default(), last: Mutex::default(), watches: Vec::new(), fallback }
+    }
+
     /// Wakes on every change of an `ar` object in `client`'s cluster (all namespaces). A
     /// kind not served yet (its CRD comes later) is retried with the watcher's backoff.
     pub fn watch(&mut self, client: &kube::Client, ar: &ApiResource) {
@@ -92,12 +107,12 @@ impl Wake {
     }
 
     /// Waits until the next pass may run (the first at once): a change, the time asked
-    /// for, or [`FALLBACK`]; never sooner than [`MIN_GAP`] after the previous pass started.
+    /// for, or the fallback; never sooner than [`MIN_GAP`] after the previous pass started.
     pub async fn next(&self) {
         let last = *self.last.lock().expect("wake lock");
         if let Some(last) = last {
             let due = self.due.lock().expect("wake lock").take();
-            let until = due.map_or(last + FALLBACK, |t| t.min(last + FALLBACK));
+            let until = due.map_or(last + self.fallback, |t| t.min(last + self.fallback));
             tokio::select! {
                 () = self.changed.notified() => {}
                 () = tokio::time::sleep_until(until) => {}

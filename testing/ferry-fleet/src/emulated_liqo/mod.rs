@@ -22,8 +22,8 @@
 //!
 //! [`LiqoKnobs`]: a cluster whose Liqo is never installed, whose gateways never connect or
 //! connect late, or whose nonce signatures are forged. A pass runs whenever an object of a
-//! kind the controllers read changes on any member, or a knob does ([`crate::wake`]); a
-//! failed write is logged at debug and retried.
+//! kind the controllers read changes on any member, or a knob does ([`crate::wake`]), and
+//! at least every 10 s; a failed write is logged at debug and retried.
 
 pub mod authentication;
 pub mod ipam;
@@ -54,7 +54,7 @@ pub const VIRTUAL_NODE_SELECTOR: &str = "liqo.io/type=virtual-node";
 const MANAGER: &str = "ferry-emulated-liqo";
 /// The kinds whose changes start a pass (ForeignClusters, Events and namespaces are only
 /// written here or read in passes something else starts).
-const WATCHED: [(&str, &str, &str, &str); 11] = [
+const WATCHED: [(&str, &str, &str, &str); 14] = [
     ("networking.liqo.io", "v1beta1", "Configuration", "configurations"),
     ("networking.liqo.io", "v1beta1", "GatewayServer", "gatewayservers"),
     ("networking.liqo.io", "v1beta1", "GatewayClient", "gatewayclients"),
@@ -66,7 +66,18 @@ const WATCHED: [(&str, &str, &str, &str); 11] = [
     ("offloading.liqo.io", "v1beta1", "VirtualNode", "virtualnodes"),
     ("ipam.liqo.io", "v1alpha1", "Network", "networks"),
     ("", "v1", "Secret", "secrets"),
+    // Read by the passes too: the ForeignClusters they keep, the CSRs the cluster's
+    // signer answers, and the tenant namespaces. Nodes and pods (a slice's spare capacity)
+    // are read once per slice, when it arrives.
+    ("core.liqo.io", "v1beta1", "ForeignCluster", "foreignclusters"),
+    ("certificates.k8s.io", "v1", "CertificateSigningRequest", "certificatesigningrequests"),
+    ("", "v1", "Namespace", "namespaces"),
 ];
+
+/// The longest the loop sleeps with nothing changed: it watches every kind it decides on
+/// and asks for the one time it waits for (a gateway delay). Passes every second made an
+/// idle member answer about 32 requests/s (docs/BENCHMARKS.md, "Session 38").
+const FALLBACK: Duration = Duration::from_secs(10);
 
 /// Knobs of one cluster.
 #[derive(Debug, Clone, Default)]
@@ -143,7 +154,7 @@ impl EmulatedLiqo {
             m.installed = true;
         }
         let knobs = Arc::new(Mutex::new(knobs));
-        let mut wake = Wake::default();
+        let mut wake = Wake::with_fallback(FALLBACK);
         for m in &members {
             for (group, version, kind, plural) in WATCHED {
                 wake.watch(&m.client, &ar(group, version, kind, plural));

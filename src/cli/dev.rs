@@ -18,8 +18,10 @@ pub struct DevArgs {
     /// Run a scripted scenario, print one line per task, and exit.
     #[arg(long, value_enum)]
     pub demo: Option<Demo>,
-    /// Mock brokers in the embedded cluster.
-    #[arg(long, default_value_t = 3)]
+    /// Mock brokers in the embedded cluster. One unless asked: every idle consumer sends a
+    /// fetch to each broker it reads from every 20 ms, so three brokers cost an idle
+    /// `ferry dev` about a third more CPU (docs/BENCHMARKS.md, "Session 38").
+    #[arg(long, default_value_t = 1)]
     pub mock_brokers: i32,
     /// Managed clusters beside the hub in the simulated fleet.
     #[arg(long, default_value_t = 2)]
@@ -59,7 +61,7 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
     let (bed, lone_broker) = if needs_fleet {
         (Some(start_bed(&a, &state).await?), None)
     } else {
-        eprintln!("ferry dev: starting the embedded Kafka-protocol broker ({} brokers)", a.mock_brokers);
+        eprintln!("ferry dev: starting the embedded Kafka-protocol broker ({})", brokers(a.mock_brokers));
         (None, Some(EmbeddedBroker::start(a.mock_brokers, &topics)?))
     };
     let bootstrap = match (&bed, &lone_broker) {
@@ -184,7 +186,7 @@ async fn start_bed(a: &DevArgs, state: &std::path::Path) -> anyhow::Result<Bed> 
     }
     // The score demo compares three clusters.
     let n = if matches!(a.demo, Some(Demo::Score)) { a.clusters.max(3) } else { a.clusters };
-    eprintln!("ferry dev: starting the simulated fleet (hub + {n} managed clusters) and the embedded Kafka-protocol broker ({} brokers)", a.mock_brokers);
+    eprintln!("ferry dev: starting the simulated fleet (hub + {n} managed clusters) and the embedded Kafka-protocol broker ({})", brokers(a.mock_brokers));
     let bed = Bed::builder()
         .members(n, a.nodes)
         .kubeconfigs()
@@ -251,4 +253,9 @@ async fn smoke(kafka: &KafkaConfig, topics: &Topics) -> anyhow::Result<ExitCode>
     }
     println!("smoke: {}", if all_ok { "every task reached its expected state" } else { "FAILED" });
     Ok(if all_ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// "1 broker", "3 brokers".
+fn brokers(n: i32) -> String {
+    if n == 1 { "1 broker".into() } else { format!("{n} brokers") }
 }

@@ -52,8 +52,9 @@ pub use resources::NOT_ALLOWED_TAINT;
 /// Selector of the virtual nodes (label `liqo.io/type`).
 pub const VIRTUAL_NODE_SELECTOR: &str = "liqo.io/type=virtual-node";
 const MANAGER: &str = "ferry-emulated-liqo";
-/// The kinds whose changes start a pass (ForeignClusters, Events and namespaces are only
-/// written here or read in passes something else starts).
+/// The kinds whose changes start a pass: every kind a pass decides on. Events are only
+/// written here; nodes and pods (a slice's spare capacity) are read once per slice, when
+/// it arrives.
 const WATCHED: [(&str, &str, &str, &str); 14] = [
     ("networking.liqo.io", "v1beta1", "Configuration", "configurations"),
     ("networking.liqo.io", "v1beta1", "GatewayServer", "gatewayservers"),
@@ -66,9 +67,8 @@ const WATCHED: [(&str, &str, &str, &str); 14] = [
     ("offloading.liqo.io", "v1beta1", "VirtualNode", "virtualnodes"),
     ("ipam.liqo.io", "v1alpha1", "Network", "networks"),
     ("", "v1", "Secret", "secrets"),
-    // Read by the passes too: the ForeignClusters they keep, the CSRs the cluster's
-    // signer answers, and the tenant namespaces. Nodes and pods (a slice's spare capacity)
-    // are read once per slice, when it arrives.
+    // The ForeignClusters the passes keep, the CSRs the cluster's signer answers, and the
+    // tenant namespaces.
     ("core.liqo.io", "v1beta1", "ForeignCluster", "foreignclusters"),
     ("certificates.k8s.io", "v1", "CertificateSigningRequest", "certificatesigningrequests"),
     ("", "v1", "Namespace", "namespaces"),

@@ -142,7 +142,7 @@ impl EmulatedOcm {
         // `HubHash`: what names a work's AppliedManifestWork (`<hub hash>-<work>`).
         let hub_hash: String = Sha256::digest(hub_cluster.server.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
         let knobs_wake: Arc<Mutex<Vec<Weak<Wake>>>> = Arc::default();
-        let mut registration_wake = Wake::default();
+        let mut registration_wake = Wake::with_fallback(crate::emulated_registration::FALLBACK);
         for ar in [managed_clusters(), bindings(), works(), ApiResource::erase::<ManagedClusterSet>(&())] {
             registration_wake.watch(&hub, &ar);
         }
@@ -150,15 +150,16 @@ impl EmulatedOcm {
         for ar in [placements(), managed_clusters(), bindings(), scores(), ApiResource::erase::<ManagedClusterSet>(&())] {
             placement_wake.watch(&hub, &ar);
         }
+        let registration_wake = Arc::new(registration_wake);
         let mut tasks = vec![
-            tokio::spawn(forever("registration", Arc::new(registration_wake), {
+            tokio::spawn(forever("registration", registration_wake.clone(), {
                 let hub = hub.clone();
                 move || {
-                    let hub = hub.clone();
+                    let (hub, wake) = (hub.clone(), registration_wake.clone());
                     async move {
                         // Separate controllers: one's failure does not stop the other.
                         let sets = crate::emulated_cluster_sets::tick(&hub).await;
-                        crate::emulated_registration::hub_tick(&hub).await.and(sets)
+                        crate::emulated_registration::hub_tick(&hub, &wake).await.and(sets)
                     }
                 }
             })),
@@ -173,8 +174,8 @@ impl EmulatedOcm {
                 .await
                 .map_err(|e| crate::FleetError::Client { cluster: c.name.clone(), source: Box::new(e) })?;
             let managed = c.client().await?;
-            let klusterlet = Arc::new(Klusterlet::new(&c.name, managed.clone(), knobs.clone()));
             let wake = klusterlet_wake(&hub, &managed);
+            let klusterlet = Arc::new(Klusterlet::new(&c.name, managed.clone(), knobs.clone(), wake.clone()));
             knobs_wake.lock().expect("wakes lock").push(Arc::downgrade(&wake));
             tasks.push(tokio::spawn(forever("klusterlet", wake, move || {
                 let k = klusterlet.clone();
@@ -211,12 +212,15 @@ impl EmulatedOcm {
     }
 }
 
-/// What a registration agent watches: its Klusterlet and bootstrap Secret on the managed
-/// cluster, its ManagedCluster and CSR on the hub. Its lease is renewed on the fallback pass.
+/// What a registration agent watches: its Klusterlet, bootstrap Secret and nodes (what it
+/// reports) on the managed cluster, its ManagedCluster and CSR on the hub (upstream's
+/// status controller watches the nodes too, `spoke/managedcluster/status_controller.go`).
+/// It asks for its lease renewals.
 fn klusterlet_wake(hub: &kube::Client, managed: &kube::Client) -> Arc<Wake> {
-    let mut wake = Wake::default();
+    let mut wake = Wake::with_fallback(crate::emulated_registration::FALLBACK);
     wake.watch(managed, &crate::emulated_registration::klusterlets());
     wake.watch(managed, &ApiResource::erase::<k8s_openapi::api::core::v1::Secret>(&()));
+    wake.watch(managed, &ApiResource::erase::<k8s_openapi::api::core::v1::Node>(&()));
     wake.watch(hub, &managed_clusters());
     wake.watch(hub, &ApiResource::erase::<k8s_openapi::api::certificates::v1::CertificateSigningRequest>(&()));
     Arc::new(wake)
@@ -241,12 +245,16 @@ fn work_agent_wake(hub: &kube::Client, managed: &kube::Client) -> Arc<Wake> {
 async fn agents(members: Vec<String>, hub: kube::Client, hub_hash: String, knobs: Arc<Mutex<HashMap<String, OcmKnobs>>>, wakes: Arc<Mutex<Vec<Weak<Wake>>>>) {
     use k8s_openapi::api::core::v1::Secret;
     let mut running: HashMap<String, (String, JoinHandle<()>)> = HashMap::new();
-    let mut wake = Wake::default();
+    // Only the Secrets change what it runs.
+    let mut wake = Wake::with_fallback(crate::emulated_registration::FALLBACK);
     wake.watch(&hub, &ApiResource::erase::<Secret>(&()));
     loop {
         wake.next().await;
         let secrets: Api<Secret> = Api::all(hub.clone());
-        let Ok(list) = secrets.list(&ListParams::default().labels("cluster.x-k8s.io/cluster-name")).await else { continue };
+        let Ok(list) = secrets.list(&ListParams::default().labels("cluster.x-k8s.io/cluster-name")).await else {
+            wake.after(crate::wake::RETRY);
+            continue;
+        };
         let mut seen = BTreeSet::new();
         for s in list.items {
             let Some(name) = s.metadata.labels.as_ref().and_then(|l| l.get("cluster.x-k8s.io/cluster-name")).cloned() else { continue };
@@ -259,8 +267,8 @@ async fn agents(members: Vec<String>, hub: kube::Client, hub_hash: String, knobs
                 continue;
             }
             let Ok(client) = crate::emulated_registration::client_from(&kc).await else { continue };
-            let klusterlet = Arc::new(Klusterlet::new(&name, client.clone(), knobs.clone()));
             let (registration_wake, work_wake) = (klusterlet_wake(&hub, &client), work_agent_wake(&hub, &client));
+            let klusterlet = Arc::new(Klusterlet::new(&name, client.clone(), knobs.clone(), registration_wake.clone()));
             // A stopped agent's wakes drop with its task (and their watches with them).
             let mut all = wakes.lock().expect("wakes lock");
             all.retain(|w| w.strong_count() > 0);

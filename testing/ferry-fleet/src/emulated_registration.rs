@@ -38,6 +38,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use base64::Engine;
 use ferry_kube::ocm_join::{AGENT_NAMESPACE, BOOTSTRAP_ROLE, BOOTSTRAP_SA, BOOTSTRAP_SECRET, CLUSTER_NAME_LABEL, HUB_NAMESPACE, HUB_SECRET, KLUSTERLET};
@@ -50,6 +51,7 @@ use serde_json::{Value, json};
 
 use crate::emulate::now;
 use crate::emulated_ocm::OcmKnobs;
+use crate::wake::Wake;
 
 const MANAGER: &str = "ferry-fleet-registration";
 /// The hub's cleanup finalizer on accepted clusters (`v1.ManagedClusterFinalizer`).
@@ -67,6 +69,17 @@ const LEASE_DURATION_TIMES: i64 = 5;
 /// `LeaseDurationSeconds` when the ManagedCluster sets none.
 const DEFAULT_LEASE_SECONDS: i64 = 60;
 const SUBJECT_PREFIX: &str = "system:open-cluster-management:";
+/// The longest the registration controllers (hub and agents) sleep with nothing changed:
+/// they watch what they read and ask for the times they wait for (lease renewals and
+/// expiry, the GC's requeue); what is left unwatched (RBAC deleted by someone, add-ons,
+/// the hub's leases) is looked at again within this (a pass every second made an idle
+/// hub answer 27 requests/s, docs/BENCHMARKS.md, session 39).
+pub const FALLBACK: Duration = Duration::from_secs(10);
+/// How soon the GC looks again while resources remain (`gc_resources.go`, `requeueError`).
+const GC_REQUEUE: Duration = Duration::from_secs(5);
+/// The agent's lease renewals are jittered by up to this part of the lease duration
+/// (`spoke/lease/lease_controller.go`, `leaseUpdateJitterFactor`).
+const LEASE_JITTER: f64 = 0.25;
 
 fn managed_clusters() -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("cluster.open-cluster-management.io", "v1", "ManagedCluster"), "managedclusters")
@@ -259,15 +272,17 @@ async fn remove_rbac(hub: &kube::Client, name: &str) -> Result<(), kube::Error> 
 
 /// One pass of the hub's ManagedCluster, GC, lease and taint controllers; a cluster whose
 /// pass fails does not hold up the others (the first error is returned after all ran).
-pub async fn hub_tick(hub: &kube::Client) -> Result<(), kube::Error> {
+/// What only time changes, it asks `wake` for: a lease's expiry (the lease controller's
+/// `AddAfter`), the GC's look again while resources remain.
+pub async fn hub_tick(hub: &kube::Client, wake: &Wake) -> Result<(), kube::Error> {
     let api: Api<DynamicObject> = Api::all_with(hub.clone(), &managed_clusters());
     let mut first = Ok(());
     for mc in api.list(&Default::default()).await?.items {
-        let r = match gc(hub, &api, &mc).await {
+        let r = match gc(hub, &api, &mc, wake).await {
             // It wrote the ManagedCluster: the others read it again on the next pass.
             Ok(true) => Ok(()),
             Ok(false) => match taint(&api, &mc).await {
-                Ok(()) => reconcile(hub, &api, mc).await,
+                Ok(()) => reconcile(hub, &api, mc, wake).await,
                 Err(e) => Err(e),
             },
             Err(e) => Err(e),
@@ -283,9 +298,9 @@ pub async fn hub_tick(hub: &kube::Client) -> Result<(), kube::Error> {
 /// `sync`, and `gc_resources.go`, `reconcile`): [`GC_FINALIZER`] on a cluster not being
 /// deleted; on a deleted one, the first kind of [`gc_resources`] with objects left in the
 /// cluster's namespace has its lowest-priority ones deleted and the `Deleting` condition
-/// says what remains (upstream requeues after 5 s; here the next pass looks again); with
-/// none left, `Deleting` True and the finalizer removed. True when it wrote the cluster.
-async fn gc(hub: &kube::Client, api: &Api<DynamicObject>, mc: &DynamicObject) -> Result<bool, kube::Error> {
+/// says what remains (and the pass runs again within [`GC_REQUEUE`]); with none left,
+/// `Deleting` True and the finalizer removed. True when it wrote the cluster.
+async fn gc(hub: &kube::Client, api: &Api<DynamicObject>, mc: &DynamicObject, wake: &Wake) -> Result<bool, kube::Error> {
     let Some(name) = mc.metadata.name.as_deref() else { return Ok(false) };
     let finalizers = mc.metadata.finalizers.clone().unwrap_or_default();
     if mc.metadata.deletion_timestamp.is_none() {
@@ -319,6 +334,7 @@ async fn gc(hub: &kube::Client, api: &Api<DynamicObject>, mc: &DynamicObject) ->
         for o in items.iter().filter(|o| priority(o) == first) {
             delete_named(&objects, o.metadata.name.as_deref().unwrap_or_default()).await?;
         }
+        wake.after(GC_REQUEUE);
         if set_condition(&mut conds, "Deleting", "False", "ResourceRemaining", &message) {
             write_conditions(api, mc, conds, Vec::new()).await?;
             return Ok(true);
@@ -369,7 +385,7 @@ async fn taint(api: &Api<DynamicObject>, mc: &DynamicObject) -> Result<(), kube:
 }
 
 /// The controllers' pass over one ManagedCluster.
-async fn reconcile(hub: &kube::Client, api: &Api<DynamicObject>, mc: DynamicObject) -> Result<(), kube::Error> {
+async fn reconcile(hub: &kube::Client, api: &Api<DynamicObject>, mc: DynamicObject, wake: &Wake) -> Result<(), kube::Error> {
     let api = api.clone();
     {
         let Some(name) = mc.metadata.name.clone() else { return Ok(()) };
@@ -416,30 +432,46 @@ async fn reconcile(hub: &kube::Client, api: &Api<DynamicObject>, mc: DynamicObje
             write_conditions(&api, &mc, conds, Vec::new()).await?;
             return Ok(());
         }
-        lease_tick(hub, &api, &mc, &name, conds).await?;
+        lease_tick(hub, &api, &mc, &name, conds, wake).await?;
     }
     Ok(())
 }
 
-/// The lease controller's pass over one accepted cluster.
-async fn lease_tick(hub: &kube::Client, api: &Api<DynamicObject>, mc: &DynamicObject, name: &str, mut conds: Vec<Value>) -> Result<(), kube::Error> {
+/// The lease controller's pass over one accepted cluster (`hub/lease/controller.go`,
+/// `sync`): the lease made if missing; Available `Unknown` once it is older than the grace
+/// (five lease durations); the pass asked for again when the lease would expire, or a
+/// grace later once it has (upstream's `AddAfter`; the agent's renewal is not watched:
+/// the agent sets Available again itself).
+async fn lease_tick(hub: &kube::Client, api: &Api<DynamicObject>, mc: &DynamicObject, name: &str, mut conds: Vec<Value>, wake: &Wake) -> Result<(), kube::Error> {
+    let seconds = lease_seconds(mc);
+    let grace = chrono_seconds(seconds * LEASE_DURATION_TIMES);
     let leases: Api<Lease> = Api::namespaced(hub.clone(), name);
     let Some(lease) = leases.get_opt(LEASE).await? else {
         let lease: Lease = serde_json::from_value(json!({"metadata": {"name": LEASE, "namespace": name, "labels": {CLUSTER_NAME_LABEL: name}},
             "spec": {"holderIdentity": LEASE, "renewTime": micro_now()}}))
         .expect("a lease");
-        return leases.create(&PostParams::default(), &lease).await.map(drop);
+        leases.create(&PostParams::default(), &lease).await?;
+        wake.after(Duration::try_from(grace).unwrap_or_default());
+        return Ok(());
     };
-    let seconds = mc.data.pointer("/spec/leaseDurationSeconds").and_then(Value::as_i64).filter(|s| *s > 0).unwrap_or(DEFAULT_LEASE_SECONDS);
-    let grace = chrono_seconds(seconds * LEASE_DURATION_TIMES);
-    let renewed = lease.spec.and_then(|s| s.renew_time).map(|t| t.0);
-    let expired = renewed.is_none_or(|t| k8s_openapi::jiff::Timestamp::now() >= t + grace);
-    if expired
-        && set_condition(&mut conds, "ManagedClusterConditionAvailable", "Unknown", "ManagedClusterLeaseUpdateStopped", "Registration agent stopped updating its lease.")
-    {
-        write_conditions(api, mc, conds, Vec::new()).await?;
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let expires = lease.spec.and_then(|s| s.renew_time).map(|t| t.0 + grace);
+    match expires.filter(|t| now < *t) {
+        Some(t) => wake.after(Duration::try_from(t.duration_since(now)).unwrap_or_default()),
+        None => {
+            wake.after(Duration::try_from(grace).unwrap_or_default());
+            if set_condition(&mut conds, "ManagedClusterConditionAvailable", "Unknown", "ManagedClusterLeaseUpdateStopped", "Registration agent stopped updating its lease.") {
+                write_conditions(api, mc, conds, Vec::new()).await?;
+            }
+        }
     }
     Ok(())
+}
+
+/// A ManagedCluster's `leaseDurationSeconds` (the default when unset or zero, as both
+/// lease controllers read it).
+fn lease_seconds(mc: &DynamicObject) -> i64 {
+    mc.data.pointer("/spec/leaseDurationSeconds").and_then(Value::as_i64).filter(|s| *s > 0).unwrap_or(DEFAULT_LEASE_SECONDS)
 }
 
 fn chrono_seconds(s: i64) -> k8s_openapi::jiff::SignedDuration {
@@ -464,12 +496,15 @@ struct AgentState {
     /// The uid of the Klusterlet it runs for: another one (removed and made again) gets
     /// a fresh agent, its hub kubeconfig gone with the old one's agent namespace.
     klusterlet: Option<String>,
+    /// The lease updater while it runs (the cluster accepted): the lease duration it runs
+    /// with and when it renews next.
+    lease: Option<(i64, Instant)>,
 }
 
 impl AgentState {
     /// A new agent incarnation: a fresh name, no CSR, no hub identity.
     fn fresh() -> Self {
-        Self { agent: format!("{:08x}", rand_u32()), csr: None, hub: None, klusterlet: None }
+        Self { agent: format!("{:08x}", rand_u32()), csr: None, hub: None, klusterlet: None, lease: None }
     }
 }
 
@@ -481,12 +516,14 @@ pub struct Klusterlet {
     managed: kube::Client,
     knobs: Arc<Mutex<std::collections::HashMap<String, OcmKnobs>>>,
     state: tokio::sync::Mutex<AgentState>,
+    /// What runs its passes: asked for the lease's next renewal.
+    wake: Arc<Wake>,
 }
 
 impl Klusterlet {
-    /// An agent for `cluster`, reached with `managed`.
-    pub fn new(cluster: &str, managed: kube::Client, knobs: Arc<Mutex<std::collections::HashMap<String, OcmKnobs>>>) -> Self {
-        Self { cluster: cluster.to_owned(), managed, knobs, state: tokio::sync::Mutex::new(AgentState::fresh()) }
+    /// An agent for `cluster`, reached with `managed`, its passes run on `wake`.
+    pub fn new(cluster: &str, managed: kube::Client, knobs: Arc<Mutex<std::collections::HashMap<String, OcmKnobs>>>, wake: Arc<Wake>) -> Self {
+        Self { cluster: cluster.to_owned(), managed, knobs, state: tokio::sync::Mutex::new(AgentState::fresh()), wake }
     }
 
     /// Whether the klusterlet's agents (registration and work) run: its Klusterlet names
@@ -602,19 +639,20 @@ impl Klusterlet {
         let err = |what: &'static str| move |e: kube::Error| format!("klusterlet of {name}: {what}: {e}");
         let api: Api<DynamicObject> = Api::all_with(hub.clone(), &managed_clusters());
         let mc = match api.get_opt(name).await {
-            Ok(Some(mc)) => mc,
+            Ok(mc) => mc,
             // Deleted on the hub, or not accepted (any more), or deleted with its RBAC: the
             // agent keeps its identity (valid while its certificate is) and makes nothing
             // again; only a bootstrapping agent creates its ManagedCluster
             // (`spoke/spokeagent.go`, `RunSpokeAgent`; `register/common.go`,
             // `IsHubKubeConfigValidFunc` checks the certificate, not the cluster).
-            Ok(None) => return Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 403 => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 403 => None,
             Err(e) => return Err(err("reading its ManagedCluster")(e)),
         };
-        if condition_status(&mc, "HubAcceptedManagedCluster").as_deref() != Some("True") {
+        let Some(mc) = mc.filter(|mc| condition_status(mc, "HubAcceptedManagedCluster").as_deref() == Some("True")) else {
+            // Gone or not accepted: its lease updater stops.
+            self.state.lock().await.lease = None;
             return Ok(());
-        }
+        };
         let unavailable = self.knobs.lock().expect("knobs lock").get(name).is_some_and(|k| k.unavailable);
         let mut conds = conditions(&mc);
         let mut changed = set_condition(&mut conds, "ManagedClusterJoined", "True", "ManagedClusterJoined", "Managed cluster joined");
@@ -631,16 +669,35 @@ impl Klusterlet {
             let extra = vec![("version", json!({"kubernetes": "v1.20.2"})), ("capacity", capacity), ("allocatable", allocatable)];
             write_conditions(&api, &mc, conds, extra).await.map_err(err("updating its status"))?;
         }
-        // The lease says the agent lives, whatever the health of its API server.
-        {
-            let leases: Api<Lease> = Api::namespaced(hub.clone(), name);
-            if let Some(mut lease) = leases.get_opt(LEASE).await.map_err(err("reading its lease"))? {
-                let fresh = lease.spec.as_ref().and_then(|s| s.renew_time.as_ref()).is_some_and(|t| k8s_openapi::jiff::Timestamp::now() < t.0 + chrono_seconds(1));
-                if !fresh {
-                    lease.spec.get_or_insert_with(Default::default).renew_time = serde_json::from_value(json!(micro_now())).ok();
-                    leases.replace(LEASE, &PostParams::default(), &lease).await.map_err(err("renewing its lease"))?;
+        self.renew(hub, name, lease_seconds(&mc)).await.map_err(err("renewing its lease"))
+    }
+
+    /// The lease updater (`spoke/lease/lease_controller.go`, `sync` and `leaseUpdater`):
+    /// started once the cluster is accepted and again when its `leaseDurationSeconds`
+    /// changes, it renews at once, then every lease duration jittered by up to a quarter
+    /// (`wait.JitterUntilWithContext`, sliding); a renewal that fails (the hub has not made
+    /// the lease yet) waits for the next. The lease says the agent lives, whatever the
+    /// health of its API server.
+    async fn renew(&self, hub: &kube::Client, name: &str, seconds: i64) -> Result<(), kube::Error> {
+        let now = Instant::now();
+        let next = {
+            let mut state = self.state.lock().await;
+            match state.lease {
+                Some((s, at)) if s == seconds && now < at => {
+                    self.wake.after(at - now);
+                    return Ok(());
                 }
+                _ => {}
             }
+            let period = Duration::from_secs(seconds.unsigned_abs()).mul_f64(1.0 + LEASE_JITTER * f64::from(rand_u32()) / f64::from(u32::MAX));
+            state.lease = Some((seconds, now + period));
+            period
+        };
+        self.wake.after(next);
+        let leases: Api<Lease> = Api::namespaced(hub.clone(), name);
+        if let Some(mut lease) = leases.get_opt(LEASE).await? {
+            lease.spec.get_or_insert_with(Default::default).renew_time = serde_json::from_value(json!(micro_now())).ok();
+            leases.replace(LEASE, &PostParams::default(), &lease).await?;
         }
         Ok(())
     }

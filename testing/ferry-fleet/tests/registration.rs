@@ -180,6 +180,9 @@ async fn registration_goes_only_through_a_klusterlet() {
     // ResourceAllocatable prioritizers.
     let m = until(&mcs, "member-1", "its resources reported", |m| m.is_some_and(|m| m.status["allocatable"]["cpu"] == "8")).await.unwrap();
     assert_eq!(m.status["capacity"]["memory"], (16u64 << 30).to_string());
+    // The agent renews its lease every lease duration (60 s by default; 1 s from here on,
+    // which restarts its updater).
+    mcs.patch("member-1", &PatchParams::default(), &Patch::Merge(json!({"spec": {"leaseDurationSeconds": 1}}))).await.unwrap();
     let leases: Api<Lease> = Api::namespaced(hub.clone(), "member-1");
     let renewed = |l: &Lease| l.spec.as_ref().and_then(|s| s.renew_time.clone());
     let lease = tokio::time::timeout(WAIT, await_condition(leases.clone(), LEASE, |l: Option<&Lease>| l.is_some())).await.expect("its lease").unwrap();
@@ -197,7 +200,6 @@ async fn registration_goes_only_through_a_klusterlet() {
 
     // The agent stops (its Klusterlet removed): past five lease durations the hub's lease
     // controller says Unknown.
-    mcs.patch("member-1", &PatchParams::default(), &Patch::Merge(json!({"spec": {"leaseDurationSeconds": 1}}))).await.unwrap();
     let klusterlet = ocm_join::klusterlet("member-1");
     on_member.delete(ferry_kube::HUB, &klusterlet).await.unwrap();
     let m = until(&mcs, "member-1", "Unknown once the lease is stale", |m| cond(m, "ManagedClusterConditionAvailable").as_deref() == Some("Unknown")).await.unwrap();

@@ -146,10 +146,11 @@ impl EmulatedOcm {
         for ar in [managed_clusters(), bindings(), works(), ApiResource::erase::<ManagedClusterSet>(&())] {
             registration_wake.watch(&hub, &ar);
         }
-        let mut placement_wake = Wake::default();
+        let mut placement_wake = Wake::with_fallback(PLACEMENT_FALLBACK);
         for ar in [placements(), managed_clusters(), bindings(), scores(), ApiResource::erase::<ManagedClusterSet>(&())] {
             placement_wake.watch(&hub, &ar);
         }
+        let placement_wake = Arc::new(placement_wake);
         let registration_wake = Arc::new(registration_wake);
         let mut tasks = vec![
             tokio::spawn(forever("registration", registration_wake.clone(), {
@@ -164,9 +165,9 @@ impl EmulatedOcm {
                 }
             })),
             tokio::spawn(agents(fleet.clusters.iter().skip(1).map(|c| c.name.clone()).collect(), hub.clone(), hub_hash.clone(), knobs.clone(), knobs_wake.clone())),
-            tokio::spawn(forever("placement", Arc::new(placement_wake), {
+            tokio::spawn(forever("placement", placement_wake.clone(), {
                 let hub = hub.clone();
-                move || placement(hub.clone())
+                move || placement(hub.clone(), placement_wake.clone())
             })),
         ];
         for c in fleet.clusters.iter().skip(1) {
@@ -211,6 +212,12 @@ impl EmulatedOcm {
         self.wakes.lock().expect("wakes lock").iter().filter_map(Weak::upgrade).for_each(|w| w.poke());
     }
 }
+
+/// The placement loop's longest sleep with nothing changed: it watches what it decides on
+/// and asks for the times tolerations run out; upstream's scheduler requeues for nothing
+/// else (an AddOnPlacementScore's `validUntil` passing is seen on the next change:
+/// `pkg/placement/plugins/addon/addon.go`, `RequeueAfter`).
+const PLACEMENT_FALLBACK: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What a registration agent watches: its Klusterlet, bootstrap Secret and nodes (what it
 /// reports) on the managed cluster, its ManagedCluster and CSR on the hub (upstream's
@@ -1212,7 +1219,9 @@ fn addon_score(scores: &[DynamicObject], cluster: &str, resource: &str, item: &s
         .unwrap_or(0)
 }
 
-async fn placement(hub: kube::Client) -> Result<(), kube::Error> {
+/// One pass of the placement scheduler over every Placement; it asks `wake` for the time a
+/// toleration a decided cluster is selected by runs out (upstream's `RequeueAfter`).
+async fn placement(hub: kube::Client, wake: Arc<Wake>) -> Result<(), kube::Error> {
     let pls: Api<DynamicObject> = Api::all_with(hub.clone(), &placements());
     let all = pls.list(&ListParams::default()).await?.items;
     if all.is_empty() {
@@ -1300,6 +1309,13 @@ async fn placement(hub: kube::Client) -> Result<(), kube::Error> {
         // The ranking picks the clusters; the decision lists them by name, as upstream's
         // `divideDecisionGroups` sorts a group before writing it (`scheduling_controller.go`).
         chosen.sort();
+        // `TaintToleration.RequeueAfter` over the decided clusters: looked at again when a
+        // toleration one of them is selected by runs out.
+        for c in clusters.iter().filter(|m| m.metadata.name.as_ref().is_some_and(|n| chosen.contains(n))) {
+            if let Some(until) = crate::ocm_taints::requeue_at(&c.data, &tolerations, now) {
+                wake.after(std::time::Duration::try_from(until.duration_since(now)).unwrap_or_default());
+            }
+        }
         write_decision(&hub, &p, &ns, &name, &chosen).await?;
         // As upstream's `newSatisfiedCondition` (`scheduling_controller.go`) says it.
         let (ok, reason, message) = if bound.is_empty() {

@@ -7,10 +7,12 @@
 //! the Placement tolerates each of its taints: `PreferNoSelect` never filters,
 //! `NoSelectIfNew` spares a cluster the Placement already decided, a toleration matches by
 //! effect (empty: any), key (empty: any, with `Exists`) and value (`Equal`, the default),
-//! for `tolerationSeconds` after the taint's `timeAdded`; and the hub's mutating webhook
+//! for `tolerationSeconds` after the taint's `timeAdded` (the scheduler looks again when
+//! one a decided cluster relies on runs out, `RequeueAfter`); and the hub's mutating webhook
 //! (`pkg/registration/webhook/v1/managedcluster_mutating.go`, `processTaints`), which alone
 //! sets `timeAdded`. Pure: the emulator applies it.
 
+use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 
 /// The taints' keys (upstream's names, shared with the workers).
@@ -106,34 +108,61 @@ pub fn misconfigured(tolerations: &[Value]) -> Option<String> {
 
 /// Whether a Placement with `tolerations` may select the cluster `mc` (`decided`: the
 /// Placement chose it already) at `now`.
-pub fn tolerated(mc: &Value, tolerations: &[Value], decided: bool, now: k8s_openapi::jiff::Timestamp) -> bool {
-    let taints = mc.pointer("/spec/taints").and_then(Value::as_array).cloned().unwrap_or_default();
-    taints.iter().all(|taint| match taint["effect"].as_str() {
-        Some("PreferNoSelect") => true,
-        Some("NoSelectIfNew") if decided => true,
-        _ => tolerations.iter().any(|t| tolerates(t, taint, now)),
-    })
+pub fn tolerated(mc: &Value, tolerations: &[Value], decided: bool, now: Timestamp) -> bool {
+    taints(mc).iter().all(|taint| taint_tolerated(taint, tolerations, decided, now).is_some())
 }
 
-fn tolerates(t: &Value, taint: &Value, now: k8s_openapi::jiff::Timestamp) -> bool {
+/// When the scheduler looks again at a Placement that chose the cluster `mc`: the
+/// earliest time a toleration it is selected by runs out (`RequeueAfter`, over the
+/// decided clusters, `isClusterTolerated`); `None` when none runs out or the cluster is
+/// not tolerated now.
+pub fn requeue_at(mc: &Value, tolerations: &[Value], now: Timestamp) -> Option<Timestamp> {
+    let mut earliest: Option<Timestamp> = None;
+    for taint in taints(mc) {
+        if let Some(until) = taint_tolerated(&taint, tolerations, true, now)? {
+            earliest = Some(earliest.map_or(until, |e| e.min(until)));
+        }
+    }
+    earliest
+}
+
+fn taints(mc: &Value) -> Vec<Value> {
+    mc.pointer("/spec/taints").and_then(Value::as_array).cloned().unwrap_or_default()
+}
+
+/// `isTaintTolerated`: `None` when `taint` filters the cluster out, else until when it is
+/// tolerated (`Some(None)`: for ever), by the first toleration that tolerates it.
+fn taint_tolerated(taint: &Value, tolerations: &[Value], decided: bool, now: Timestamp) -> Option<Option<Timestamp>> {
+    match taint["effect"].as_str() {
+        Some("PreferNoSelect") => Some(None),
+        Some("NoSelectIfNew") if decided => Some(None),
+        _ => tolerations.iter().find_map(|t| tolerates(t, taint, now)),
+    }
+}
+
+/// `isTolerated`: `None` when `t` does not tolerate `taint` at `now`, else until when
+/// (`Some(None)`: no `tolerationSeconds`, for ever).
+fn tolerates(t: &Value, taint: &Value, now: Timestamp) -> Option<Option<Timestamp>> {
     let s = |v: &Value, k: &str| v[k].as_str().unwrap_or("").to_owned();
     if !s(t, "effect").is_empty() && s(t, "effect") != s(taint, "effect") {
-        return false;
+        return None;
     }
     if !s(t, "key").is_empty() && s(t, "key") != s(taint, "key") {
-        return false;
+        return None;
     }
     let matched = match t["operator"].as_str() {
         None | Some("" | "Equal") => s(t, "value") == s(taint, "value"),
         Some("Exists") => true,
         Some(_) => false,
     };
-    // isTolerationTimeExpired: tolerated while timeAdded + tolerationSeconds is ahead.
-    matched
-        && t["tolerationSeconds"].as_i64().is_none_or(|secs| {
-            // No timeAdded is the zero time: long expired.
-            time_added(taint).is_some_and(|a| a.as_second() + secs > now.as_second())
-        })
+    if !matched {
+        return None;
+    }
+    // isTolerationTimeExpired: tolerated while timeAdded + tolerationSeconds is ahead (no
+    // timeAdded is Go's zero time: long expired).
+    let Some(secs) = t["tolerationSeconds"].as_i64() else { return Some(None) };
+    let until = time_added(taint)?.checked_add(k8s_openapi::jiff::SignedDuration::from_secs(secs)).ok()?;
+    (now < until).then_some(Some(until))
 }
 
 #[cfg(test)]
@@ -200,5 +229,31 @@ mod tests {
         assert_eq!(misconfigured(&[json!({"key": "", "operator": "Equal"})]).map(|m| m.contains("needs the operator Exists")), Some(true));
         assert_eq!(misconfigured(&[json!({"key": "k", "operator": "Exists", "value": "v"})]).map(|m| m.contains("takes no value")), Some(true));
         assert_eq!(misconfigured(&[json!({"key": "k", "operator": "Exists"})]), None);
+    }
+
+    #[test]
+    fn a_placement_is_looked_at_again_when_a_toleration_it_relies_on_runs_out() {
+        let at = |t: &str| t.parse::<Timestamp>().unwrap();
+        let now = at("2026-01-01T00:10:00Z");
+        let taint = |key: &str, added: &str| json!({"key": key, "effect": "NoSelect", "timeAdded": added});
+        let both = mc(None, json!([taint(UNREACHABLE, "2026-01-01T00:00:00Z"), taint("tier", "2026-01-01T00:05:00Z")]));
+        let exists = |key: &str, secs: Option<i64>| match secs {
+            Some(s) => json!({"key": key, "operator": "Exists", "tolerationSeconds": s}),
+            None => json!({"key": key, "operator": "Exists"}),
+        };
+        // The earliest expiry of the tolerations the cluster is selected by.
+        assert_eq!(requeue_at(&both, &[exists(UNREACHABLE, Some(900)), exists("tier", Some(600))], now), Some(at("2026-01-01T00:15:00Z")));
+        assert_eq!(requeue_at(&both, &[exists(UNREACHABLE, Some(900)), exists("tier", None)], now), Some(at("2026-01-01T00:15:00Z")));
+        // None that runs out, or the cluster not tolerated now: nothing to look at again.
+        assert_eq!(requeue_at(&both, &[exists(UNREACHABLE, None), exists("tier", None)], now), None);
+        assert_eq!(requeue_at(&both, &[exists(UNREACHABLE, Some(300)), exists("tier", Some(600))], now), None);
+        // A toleration run out gives way to the next that tolerates the taint (`isTaintTolerated`).
+        let later = [exists(UNREACHABLE, Some(300)), exists(UNREACHABLE, Some(1200)), exists("tier", None)];
+        assert!(tolerated(&both, &later, false, now));
+        assert_eq!(requeue_at(&both, &later, now), Some(at("2026-01-01T00:20:00Z")));
+        // Tolerated up to the instant it runs out, not after (`Now().Before(requeueTime)`).
+        let edge = [exists(UNREACHABLE, Some(600)), exists("tier", None)];
+        assert!(!tolerated(&both, &edge, false, now));
+        assert!(tolerated(&both, &edge, false, at("2026-01-01T00:09:59.999Z")));
     }
 }

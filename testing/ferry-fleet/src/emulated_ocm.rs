@@ -1313,7 +1313,7 @@ async fn placement(hub: kube::Client, wake: Arc<Wake>) -> Result<(), kube::Error
         // toleration one of them is selected by runs out.
         for c in clusters.iter().filter(|m| m.metadata.name.as_ref().is_some_and(|n| chosen.contains(n))) {
             if let Some(until) = crate::ocm_taints::requeue_at(&c.data, &tolerations, now) {
-                wake.after(std::time::Duration::try_from(until.duration_since(now)).unwrap_or_default());
+                wake.at(until);
             }
         }
         write_decision(&hub, &p, &ns, &name, &chosen).await?;

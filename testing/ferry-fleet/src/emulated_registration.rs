@@ -451,15 +451,15 @@ async fn lease_tick(hub: &kube::Client, api: &Api<DynamicObject>, mc: &DynamicOb
             "spec": {"holderIdentity": LEASE, "renewTime": micro_now()}}))
         .expect("a lease");
         leases.create(&PostParams::default(), &lease).await?;
-        wake.after(Duration::try_from(grace).unwrap_or_default());
+        wake.at(k8s_openapi::jiff::Timestamp::now() + grace);
         return Ok(());
     };
     let now = k8s_openapi::jiff::Timestamp::now();
     let expires = lease.spec.and_then(|s| s.renew_time).map(|t| t.0 + grace);
     match expires.filter(|t| now < *t) {
-        Some(t) => wake.after(Duration::try_from(t.duration_since(now)).unwrap_or_default()),
+        Some(t) => wake.at(t),
         None => {
-            wake.after(Duration::try_from(grace).unwrap_or_default());
+            wake.at(now + grace);
             if set_condition(&mut conds, "ManagedClusterConditionAvailable", "Unknown", "ManagedClusterLeaseUpdateStopped", "Registration agent stopped updating its lease.") {
                 write_conditions(api, mc, conds, Vec::new()).await?;
             }

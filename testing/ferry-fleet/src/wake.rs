@@ -94,6 +94,12 @@ impl Wake {
         }
     }
 
+    /// Asks for a pass when the wall clock reaches `t` (an object's timestamp plus a period:
+    /// a lease's expiry, a toleration's end); a time already past asks for one now.
+    pub fn at(&self, t: k8s_openapi::jiff::Timestamp) {
+        self.after(Duration::try_from(t.duration_since(k8s_openapi::jiff::Timestamp::now())).unwrap_or_default());
+    }
+
     /// Whether `elapsed` is still short of `delay` (a pass waiting out a delay); if so,
     /// asks for a pass when the delay runs out.
     pub fn waiting(&self, delay: Duration, elapsed: Duration) -> bool {

@@ -28,6 +28,7 @@ use tokio::task::JoinHandle;
 use crate::emulate::now;
 use crate::emulated_registration::Klusterlet;
 use crate::wake::Wake;
+use crate::work_status_sync::{ResourceKey, StatusSync};
 use crate::fleet::Fleet;
 use crate::ocm_prioritizers::{self, Decision};
 use ferry_kube::cluster_sets::{ClusterSet, ClusterSetError};
@@ -108,6 +109,10 @@ pub struct OcmKnobs {
     /// `--status-sync-interval`, 10 s, besides on work events): Applied stands at the new
     /// generation beside the previous spec's feedback meanwhile.
     pub status_delay: Duration,
+    /// The work agent's `--status-sync-interval` (the Klusterlet's
+    /// `workConfiguration.statusSyncInterval`); None: upstream's default, 10 s
+    /// ([`crate::work_status_sync`]).
+    pub status_sync_interval: Option<Duration>,
 }
 
 /// Emulated OCM of a fleet; stops when dropped.
@@ -188,13 +193,15 @@ impl EmulatedOcm {
                 cluster: c.name.clone(),
                 hub_hash: hub_hash.clone(),
                 hub: hub.clone(),
-                managed,
+                managed: managed.clone(),
                 knobs: knobs.clone(),
                 kinds: Mutex::default(),
                 first_seen: Mutex::default(),
                 applied_at: Mutex::default(),
                 applied: Mutex::default(),
                 klusterlet: None,
+                status: StatusSync::new(managed.clone(), &wake),
+                finalizing: Mutex::default(),
                 wake: wake.clone(),
             };
             let agent = Arc::new(agent);
@@ -219,6 +226,10 @@ impl EmulatedOcm {
 /// `pkg/placement/plugins/addon/addon.go`, `RequeueAfter`).
 const PLACEMENT_FALLBACK: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How often a Cluster API workload cluster's work agent looks whether its klusterlet has
+/// joined (its operator starts the agent then).
+const AGENT_START: Duration = Duration::from_secs(1);
+
 /// What a registration agent watches: its Klusterlet, bootstrap Secret and nodes (what it
 /// reports) on the managed cluster, its ManagedCluster and CSR on the hub (upstream's
 /// status controller watches the nodes too, `spoke/managedcluster/status_controller.go`).
@@ -233,15 +244,14 @@ fn klusterlet_wake(hub: &kube::Client, managed: &kube::Client) -> Arc<Wake> {
     Arc::new(wake)
 }
 
-/// What a work agent watches: the hub's ManifestWorks, and on its cluster the kinds whose
-/// status it feeds back (Deployments, Jobs) and its AppliedManifestWorks. Other kinds'
-/// status is read again on the fallback pass.
+/// What a work agent watches: the hub's ManifestWorks and its cluster's
+/// AppliedManifestWorks. It asks for its works' status syncs, and the resources a work
+/// wants watched wake it ([`crate::work_status_sync`]): upstream's agent reads a
+/// resource's status on the sync interval unless its feedback is `Watch`.
 fn work_agent_wake(hub: &kube::Client, managed: &kube::Client) -> Arc<Wake> {
-    let mut wake = Wake::default();
+    let mut wake = Wake::with_fallback(crate::emulated_registration::FALLBACK);
     wake.watch(hub, &works());
     wake.watch(managed, &applied_works());
-    wake.watch(managed, &ApiResource::erase::<k8s_openapi::api::apps::v1::Deployment>(&()));
-    wake.watch(managed, &ApiResource::erase::<k8s_openapi::api::batch::v1::Job>(&()));
     Arc::new(wake)
 }
 
@@ -285,13 +295,15 @@ async fn agents(members: Vec<String>, hub: kube::Client, hub_hash: String, knobs
                 cluster: name.clone(),
                 hub_hash: hub_hash.clone(),
                 hub: hub.clone(),
-                managed: client,
+                managed: client.clone(),
                 knobs: knobs.clone(),
                 kinds: Mutex::default(),
                 first_seen: Mutex::default(),
                 applied_at: Mutex::default(),
                 applied: Mutex::default(),
                 klusterlet: Some(klusterlet.clone()),
+                status: StatusSync::new(client.clone(), &work_wake),
+                finalizing: Mutex::default(),
                 wake: work_wake.clone(),
             });
             let task = tokio::spawn(async move {
@@ -379,6 +391,11 @@ struct WorkAgent {
     /// the work agent removes it (ocm `pkg/work/spoke/controllers/finalizercontroller/manifestwork_finalize_controller.go`).
     /// None: a fleet member's agent, deployed with the member and always running.
     klusterlet: Option<Arc<Klusterlet>>,
+    /// When each work's status is synced, and the watches of watch-type feedback.
+    status: StatusSync,
+    /// Per AppliedManifestWork being finalized: how many passes found resources still
+    /// going (upstream's rate limiter, 50 ms doubling to 60 s, sets the next look).
+    finalizing: Mutex<HashMap<String, u32>>,
 }
 
 /// A manifest's write: the API server's refusal, if any, and the live object after it.
@@ -767,11 +784,19 @@ impl WorkAgent {
             api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&json!({"status": {"appliedResources": listed}}))).await?;
             return Ok(());
         }
-        if pending.is_empty() {
-            let rest: Vec<&String> = finalizers.iter().filter(|f| *f != APPLIED_FINALIZER).collect();
-            let patch = json!({"metadata": {"finalizers": rest, "resourceVersion": amw.metadata.resource_version}});
-            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        if !pending.is_empty() {
+            // Nothing changed: upstream requeues through its rate limiter
+            // (`NewTypedItemExponentialFailureRateLimiter(50ms, 60s)`).
+            let mut finalizing = self.finalizing.lock().expect("finalizing lock");
+            let tries = finalizing.entry(name).or_default();
+            self.wake.after(Duration::from_millis(50).saturating_mul(1 << (*tries).min(11)).min(Duration::from_secs(60)));
+            *tries += 1;
+            return Ok(());
         }
+        self.finalizing.lock().expect("finalizing lock").remove(&name);
+        let rest: Vec<&String> = finalizers.iter().filter(|f| *f != APPLIED_FINALIZER).collect();
+        let patch = json!({"metadata": {"finalizers": rest, "resourceVersion": amw.metadata.resource_version}});
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
         Ok(())
     }
 
@@ -802,6 +827,11 @@ impl WorkAgent {
             Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
             Err(e) => return Err(e),
         };
+        // The status clocks and watches of works gone or going.
+        let live = list.items.iter().filter(|w| w.metadata.deletion_timestamp.is_none());
+        let uids: BTreeSet<String> = live.clone().filter_map(|w| w.metadata.uid.clone()).collect();
+        let names: BTreeSet<String> = live.filter_map(|w| w.metadata.name.clone()).collect();
+        self.status.retain(&uids, &names);
         if list.items.is_empty() {
             return Ok(());
         }
@@ -810,11 +840,15 @@ impl WorkAgent {
             None => true,
         };
         if !runs {
+            // Its operator starts the agent once the klusterlet has joined: look again soon.
+            self.wake.after(AGENT_START);
             return Ok(());
         }
         for w in list.items {
             let name = w.metadata.name.clone().unwrap_or_default();
             if let Err(e) = self.reconcile(&api, w).await {
+                // Upstream's queue retries a failed work within milliseconds.
+                self.wake.after(crate::wake::RETRY);
                 tracing::debug!(cluster = %self.cluster, work = %name, error = %e, "work agent: retrying");
             }
         }
@@ -966,6 +1000,12 @@ impl WorkAgent {
         if applied_at.is_some_and(|at| self.wake.waiting(k.status_delay, at.elapsed())) {
             return Ok(());
         }
+        // The status controller's pass: on the work's changes, its sync interval and its
+        // watched resources' changes only ([`crate::work_status_sync`]).
+        let (uid, rv) = (w.metadata.uid.clone().unwrap_or_default(), w.metadata.resource_version.clone().unwrap_or_default());
+        if !self.status.due(&uid, &name, &rv) {
+            return Ok(());
+        }
         let mut statuses = Vec::new();
         let mut all_available = true;
         for (i, (meta, (r, live))) in results.iter().enumerate() {
@@ -980,7 +1020,11 @@ impl WorkAgent {
             ];
             let mut entry = json!({"resourceMeta": meta.json(i)});
             if let Some(obj) = live {
-                let (values, synced) = feedback(config_for(&configs, meta), &meta.group, &meta.kind, &serde_json::to_value(obj).unwrap_or_default(), generation);
+                // `RegisterInformer` or `UnRegisterInformer`, after a successful read.
+                let config = config_for(&configs, meta);
+                let key = ResourceKey { group: meta.group.clone(), version: meta.version.clone(), resource: meta.resource.clone(), namespace: meta.namespace.clone(), name: meta.name.clone() };
+                self.status.register(&name, &key, config.and_then(|c| c.get("feedbackScrapeType")).and_then(Value::as_str) == Some("Watch"));
+                let (values, synced) = feedback(config, &meta.group, &meta.kind, &serde_json::to_value(obj).unwrap_or_default(), generation);
                 conds.push(synced);
                 if !values.is_empty() {
                     entry["statusFeedback"] = json!({"values": values});
@@ -999,7 +1043,12 @@ impl WorkAgent {
         ]);
         keep_times(w.data.pointer("/status/conditions"), &mut conds);
         let status = json!({"conditions": conds, "resourceStatus": {"manifests": statuses}});
-        write_status(api, &w, status).await
+        // Its own write is not a change to sync again on (upstream's informer requeues the
+        // work on it, and its pass finds nothing new unless a resource changed meanwhile:
+        // here that waits for the next sync).
+        let written = write_status(api, &w, status).await.inspect_err(|_| self.status.again(&name))?;
+        self.status.synced(&uid, &written, k.status_sync_interval.unwrap_or(crate::work_status_sync::STATUS_SYNC_INTERVAL));
+        Ok(())
     }
 
     /// The apply controller's status write (see [`Self::reconcile`]): each manifest's
@@ -1016,7 +1065,7 @@ impl WorkAgent {
             statuses.push(entry);
         }
         let status = json!({"conditions": merged(w.data.pointer("/status/conditions"), work_applied(results, generation)), "resourceStatus": {"manifests": statuses}});
-        write_status(api, w, status).await
+        write_status(api, w, status).await.map(drop)
     }
 }
 
@@ -1038,14 +1087,15 @@ fn old_manifest<'a>(w: &'a DynamicObject, meta: &Meta) -> Option<&'a Value> {
     w.data.pointer("/status/resourceStatus/manifests").and_then(Value::as_array).and_then(|ms| ms.iter().find(|m| Meta::from_status(&m["resourceMeta"]).as_ref() == Some(meta)))
 }
 
-/// Writes `status` as `w`'s when it differs from what `w` has.
-async fn write_status(api: &Api<DynamicObject>, w: &DynamicObject, status: Value) -> Result<(), kube::Error> {
-    if w.data.get("status") != Some(&status) {
-        let name = w.metadata.name.clone().unwrap_or_default();
-        let patch = json!({"status": status, "metadata": {"resourceVersion": w.metadata.resource_version}});
-        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+/// Writes `status` as `w`'s when it differs from what `w` has; the work's resourceVersion
+/// after.
+async fn write_status(api: &Api<DynamicObject>, w: &DynamicObject, status: Value) -> Result<String, kube::Error> {
+    if w.data.get("status") == Some(&status) {
+        return Ok(w.metadata.resource_version.clone().unwrap_or_default());
     }
-    Ok(())
+    let name = w.metadata.name.clone().unwrap_or_default();
+    let patch = json!({"status": status, "metadata": {"resourceVersion": w.metadata.resource_version}});
+    Ok(api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?.metadata.resource_version.unwrap_or_default())
 }
 
 /// `old` conditions with `new` in place of the one of its type (`MergeStatusConditions`),

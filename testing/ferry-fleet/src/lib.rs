@@ -15,7 +15,9 @@
 //! - [`emulated_submariner`]: the Submariner add-on on the hub, played for tests.
 //! - [`emulated_offloading`]: Liqo namespace offloading and its virtual kubelet, played for tests.
 //! - [`emulated_ocm`]: OCM registration, work agents and placement, played for tests;
-//!   [`emulated_cluster_sets`]: the hub's `default` and `global` ManagedClusterSets.
+//!   [`emulated_cluster_sets`]: the hub's `default` and `global` ManagedClusterSets;
+//!   [`work_status_sync`]: when a work agent reports a work's status (upstream's sync
+//!   interval, watch-type feedback).
 //! - [`wake`]: when an emulated controller's pass runs (a watched kind changed, a delay ran
 //!   out, or a quiet second passed).
 //! - [`admission`]: admission webhooks served over TLS and registered on the API servers,
@@ -53,6 +55,7 @@ pub mod webhooks_cel;
 pub mod webhooks_liqo;
 pub mod webhooks_liqo_offloading;
 pub mod webhooks_ocm;
+pub mod work_status_sync;
 
 pub use fleet::{Cluster, ClusterSpawner, CrdSource, Fleet, FleetError, FleetOptions};
 pub use fault_proxy::{FaultHandle, FaultProxy};

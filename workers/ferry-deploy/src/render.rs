@@ -290,6 +290,14 @@ fn manifest_config(o: &Value) -> Value {
         _ => json!({"type": "ServerSideApply", "serverSideApply": {"fieldManager": WORK_FIELD_MANAGER, "force": false}}),
     };
     let mut c = json!({"resourceIdentifier": id, "updateStrategy": strategy});
+    // Feedback by watch: the work agent reports a change of the resource at once, where by
+    // poll (the default) it reads it every 10-19 s (ocm `pkg/work/spoke/controllers/
+    // statuscontroller/availablestatus_controller.go`, `RegisterInformer`; OCM 1.2+; an
+    // older agent polls).
+    let watched = |mut c: Value| {
+        c["feedbackScrapeType"] = json!("Watch");
+        c
+    };
     match kind {
         "Deployment" => {
             c["feedbackRules"] = json!([
@@ -304,12 +312,14 @@ fn manifest_config(o: &Value) -> Value {
                     {"name": FEEDBACK_TASK, "path": format!(".metadata.annotations.{}", TASK_ANNOTATION.replace('.', "\\."))},
                 ]},
             ]);
+            c = watched(c);
         }
         "Service" => {
             c["feedbackRules"] = json!([{"type": "JSONPaths", "jsonPaths": [
                 {"name": "clusterIP", "path": ".spec.clusterIP"},
                 {"name": "loadBalancerIP", "path": ".status.loadBalancer.ingress[0].ip"},
             ]}]);
+            c = watched(c);
         }
         _ => {}
     }

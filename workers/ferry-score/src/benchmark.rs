@@ -71,13 +71,17 @@ pub fn manifest_work(cluster: &str, name: &str, namespace: &str, image: &str, de
             // writes, and would try to rewrite the Job's defaulted, immutable template.
             // The namespace too: Update would rewrite one that is there (its labels and
             // annotations merged, ocm update_apply.go) and add the work's owner to it.
+            // Feedback by watch: the agent reports the Job's end and the result at once,
+            // not on its 10-19 s status sync (ocm pkg/work/spoke/objectreader/reader.go).
             "manifestConfigs": [
                 {"resourceIdentifier": {"group": "", "resource": "namespaces", "name": namespace}, "updateStrategy": {"type": ferry_kube::orphans::CREATE_ONLY}},
                 {"resourceIdentifier": {"group": "batch", "resource": "jobs", "name": name, "namespace": namespace},
                  "feedbackRules": [{"type": "JSONPaths", "jsonPaths": [{"name": "succeeded", "path": ".status.succeeded"}, {"name": "failed", "path": ".status.failed"}]}],
+                 "feedbackScrapeType": "Watch",
                  "updateStrategy": {"type": "CreateOnly"}},
                 {"resourceIdentifier": {"group": "", "resource": "configmaps", "name": RESULT_CONFIGMAP, "namespace": namespace},
                  "feedbackRules": [{"type": "JSONPaths", "jsonPaths": [{"name": "result", "path": ".data.result"}]}],
+                 "feedbackScrapeType": "Watch",
                  "updateStrategy": {"type": "CreateOnly"}},
             ],
         },

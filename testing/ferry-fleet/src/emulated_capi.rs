@@ -96,6 +96,8 @@ struct State {
 pub struct EmulatedCapi {
     state: Arc<tokio::sync::Mutex<State>>,
     knobs: Arc<Mutex<(CapiKnobs, HashMap<String, CapiKnobs>)>>,
+    /// The loop's wake, poked when a knob changes.
+    wake: Arc<Wake>,
     task: JoinHandle<()>,
 }
 
@@ -121,7 +123,7 @@ struct Ctx {
     spawner: ClusterSpawner,
     opts: CapiOptions,
     knobs: Arc<Mutex<(CapiKnobs, HashMap<String, CapiKnobs>)>>,
-    wake: Wake,
+    wake: Arc<Wake>,
 }
 
 impl EmulatedCapi {
@@ -130,13 +132,16 @@ impl EmulatedCapi {
         let hub = fleet.hub().client().await?;
         let knobs: Arc<Mutex<(CapiKnobs, HashMap<String, CapiKnobs>)>> = Arc::default();
         let state: Arc<tokio::sync::Mutex<State>> = Arc::default();
-        // What the providers' controllers watch; the infrastructure and template kinds they
-        // only read change through the emulator itself (or wait for the fallback pass).
-        let mut wake = Wake::default();
+        // What the providers' controllers watch. The infrastructure objects it reads it
+        // writes itself (their status), and a machine template's flavor matters only when
+        // machines are added, which a watched replica count starts; the delays ask for
+        // their ends and the knobs poke. So the fallback pass is a quiet one.
+        let mut wake = Wake::with_fallback(crate::emulated_registration::FALLBACK);
         for (group, kind) in [("cluster.x-k8s.io", "Cluster"), ("cluster.x-k8s.io", "ClusterClass"), ("cluster.x-k8s.io", "MachineDeployment"), ("controlplane.cluster.x-k8s.io", "KubeadmControlPlane")] {
             wake.watch(&hub, &gvk(group, kind));
         }
-        let cx = Ctx { hub, spawner: fleet.spawner(), opts, knobs: knobs.clone(), wake };
+        let wake = Arc::new(wake);
+        let cx = Ctx { hub, spawner: fleet.spawner(), opts, knobs: knobs.clone(), wake: wake.clone() };
         let st = state.clone();
         let task = tokio::spawn(async move {
             loop {
@@ -148,19 +153,23 @@ impl EmulatedCapi {
                 }
             }
         });
-        Ok(Self { state, knobs, task })
+        Ok(Self { state, knobs, wake, task })
     }
 
-    /// Changes the knobs of the cluster named `cluster` (from its next step on).
+    /// Changes the knobs of the cluster named `cluster` (from its next step on, at once).
     pub fn set(&self, cluster: &str, f: impl FnOnce(&mut CapiKnobs)) {
-        let mut k = self.knobs.lock().expect("knobs lock");
-        let base = k.0.clone();
-        f(k.1.entry(cluster.to_owned()).or_insert(base));
+        {
+            let mut k = self.knobs.lock().expect("knobs lock");
+            let base = k.0.clone();
+            f(k.1.entry(cluster.to_owned()).or_insert(base));
+        }
+        self.wake.poke();
     }
 
     /// Changes the knobs of every cluster without its own.
     pub fn set_default(&self, f: impl FnOnce(&mut CapiKnobs)) {
         f(&mut self.knobs.lock().expect("knobs lock").0);
+        self.wake.poke();
     }
 
     /// How many workload clusters exist now (real and virtual).

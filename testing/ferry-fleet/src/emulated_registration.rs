@@ -504,7 +504,7 @@ struct AgentState {
 impl AgentState {
     /// A new agent incarnation: a fresh name, no CSR, no hub identity.
     fn fresh() -> Self {
-        Self { agent: format!("{:08x}", rand_u32()), csr: None, hub: None, klusterlet: None, lease: None }
+        Self { agent: format!("{:08x}", rand::random::<u32>()), csr: None, hub: None, klusterlet: None, lease: None }
     }
 }
 
@@ -634,7 +634,7 @@ impl Klusterlet {
         Ok(())
     }
 
-    /// With its own identity: Joined once accepted, Available, the lease renewed.
+    /// With its own identity, once accepted: the lease renewed, then Joined and Available.
     async fn joined(&self, hub: &kube::Client, name: &str) -> Result<(), String> {
         let err = |what: &'static str| move |e: kube::Error| format!("klusterlet of {name}: {what}: {e}");
         let api: Api<DynamicObject> = Api::all_with(hub.clone(), &managed_clusters());
@@ -653,8 +653,18 @@ impl Klusterlet {
             self.state.lock().await.lease = None;
             return Ok(());
         };
+        // The lease updater runs on its own upstream (`spoke/lease/lease_controller.go`): a
+        // status write that keeps failing does not stop the renewals.
+        let renewed = self.renew(hub, name, lease_seconds(&mc)).await.map_err(err("renewing its lease"));
+        renewed.and(self.report(&api, &mc, name).await)
+    }
+
+    /// The status controller (`spoke/managedcluster/status_controller.go`): Joined,
+    /// Available (or not, by the knob), capacity, allocatable and version.
+    async fn report(&self, api: &Api<DynamicObject>, mc: &DynamicObject, name: &str) -> Result<(), String> {
+        let err = |what: &'static str| move |e: kube::Error| format!("klusterlet of {name}: {what}: {e}");
         let unavailable = self.knobs.lock().expect("knobs lock").get(name).is_some_and(|k| k.unavailable);
-        let mut conds = conditions(&mc);
+        let mut conds = conditions(mc);
         let mut changed = set_condition(&mut conds, "ManagedClusterJoined", "True", "ManagedClusterJoined", "Managed cluster joined");
         changed |= if unavailable {
             set_condition(&mut conds, "ManagedClusterConditionAvailable", "False", "ManagedClusterKubeAPIServerUnavailable", "The kube-apiserver is not ok, status code: 503")
@@ -667,9 +677,9 @@ impl Klusterlet {
         changed |= mc.data.pointer("/status/capacity") != Some(&capacity) || mc.data.pointer("/status/allocatable") != Some(&allocatable);
         if changed {
             let extra = vec![("version", json!({"kubernetes": "v1.20.2"})), ("capacity", capacity), ("allocatable", allocatable)];
-            write_conditions(&api, &mc, conds, extra).await.map_err(err("updating its status"))?;
+            write_conditions(api, mc, conds, extra).await.map_err(err("updating its status"))?;
         }
-        self.renew(hub, name, lease_seconds(&mc)).await.map_err(err("renewing its lease"))
+        Ok(())
     }
 
     /// The lease updater (`spoke/lease/lease_controller.go`, `sync` and `leaseUpdater`):
@@ -689,7 +699,7 @@ impl Klusterlet {
                 }
                 _ => {}
             }
-            let period = Duration::from_secs(seconds.unsigned_abs()).mul_f64(1.0 + LEASE_JITTER * f64::from(rand_u32()) / f64::from(u32::MAX));
+            let period = Duration::from_secs(seconds.unsigned_abs()).mul_f64(1.0 + LEASE_JITTER * rand::random::<f64>());
             state.lease = Some((seconds, now + period));
             period
         };
@@ -758,13 +768,6 @@ fn make_csr(cluster: &str, agent: &str) -> Result<(String, String), rcgen::Error
     params.distinguished_name.push(rcgen::DnType::CommonName, format!("{SUBJECT_PREFIX}{cluster}:{agent}"));
     let csr = params.serialize_request(&key)?;
     Ok((csr.pem()?, key.serialize_pem()))
-}
-
-fn rand_u32() -> u32 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
-    h.finish() as u32
 }
 
 /// The agents of a fleet's managed clusters, by the test bed's cluster name.

@@ -179,3 +179,54 @@ impl StatusSync {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(namespace: &str, name: &str) -> ResourceKey {
+        ResourceKey { group: String::new(), version: "v1".into(), resource: "configmaps".into(), namespace: namespace.into(), name: name.into() }
+    }
+
+    /// An API server nobody answers on: the informers retry in the background.
+    fn nowhere() -> kube::Client {
+        kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().expect("a URL"))).expect("a client")
+    }
+
+    #[tokio::test]
+    async fn a_work_is_synced_when_new_changed_failed_or_its_interval_ran_out() {
+        let wake = Arc::new(Wake::default());
+        let sync = StatusSync::new(nowhere(), &wake);
+        assert!(sync.due("uid", "w", "1"), "a new work");
+        sync.synced("uid", "1", Duration::from_secs(3600));
+        assert!(!sync.due("uid", "w", "1"), "nothing changed, the interval has not run out");
+        assert!(sync.due("uid", "w", "2"), "the work changed");
+        sync.again("w");
+        assert!(sync.due("uid", "w", "1"), "its last sync failed");
+        assert!(!sync.due("uid", "w", "1"), "a failure makes one more sync, not every pass");
+        sync.synced("uid", "1", Duration::ZERO);
+        assert!(sync.due("uid", "w", "1"), "its interval ran out");
+        sync.retain(&BTreeSet::new(), &BTreeSet::new());
+        assert!(sync.due("uid", "w", "1"), "a work forgotten is new again");
+    }
+
+    #[tokio::test]
+    async fn an_informer_per_resource_and_namespace_lives_while_a_work_watches_through_it() {
+        let wake = Arc::new(Wake::default());
+        let sync = StatusSync::new(nowhere(), &wake);
+        let informers = |s: &StatusSync| s.informers.lock().expect("informers lock").len();
+        sync.register("a", &key("ns", "one"), true);
+        sync.register("b", &key("ns", "two"), true);
+        assert_eq!(informers(&sync), 1, "one informer for the resource in its namespace");
+        sync.register("a", &key("ns", "one"), false);
+        assert_eq!(informers(&sync), 1, "work b still watches through it");
+        sync.register("b", &key("ns", "two"), false);
+        assert_eq!(informers(&sync), 0, "stopped with its last registration");
+        for i in 0..=MAX_FEEDBACK_WATCH {
+            sync.register("a", &key(&format!("ns-{i}"), "one"), true);
+        }
+        assert_eq!(informers(&sync), MAX_FEEDBACK_WATCH, "beyond the limit a work polls");
+        sync.retain(&BTreeSet::new(), &BTreeSet::from(["b".to_owned()]));
+        assert_eq!(informers(&sync), 0, "a gone work's watches stop");
+    }
+}

@@ -535,6 +535,10 @@ mod tests {
         assert_eq!(config("deployments")["feedbackRules"][0]["type"], "WellKnownStatus");
         assert_eq!(config("deployments")["resourceIdentifier"], json!({"group": "apps", "resource": "deployments", "name": "web", "namespace": "shop"}));
         assert_eq!(config("services")["feedbackRules"][0]["jsonPaths"][0]["name"], "clusterIP");
+        // Read by watch: a rollout is reported as it happens, not on the agent's status sync.
+        for resource in ["deployments", "services"] {
+            assert_eq!(config(resource)["feedbackScrapeType"], "Watch", "{resource}");
+        }
         // Every manifest names its strategy (the default, Update, replaces what is there).
         assert_eq!(configs.len(), w["spec"]["workload"]["manifests"].as_array().unwrap().len());
         for c in configs.iter().filter(|c| c["resourceIdentifier"]["resource"] != "namespaces") {

@@ -159,3 +159,19 @@ pub(crate) async fn clean_up(inner: &Inner, cx: &StepContext<'_, ScoreClusters>,
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_jobs_end_and_its_result_are_fed_back_by_watch() {
+        let w = manifest_work("member-1", "bench", "ferry-bench", "busybox", 60, "tsk_1", &BTreeSet::new());
+        let configs = w["spec"]["manifestConfigs"].as_array().expect("manifest configs");
+        for resource in ["jobs", "configmaps"] {
+            let c = configs.iter().find(|c| c["resourceIdentifier"]["resource"] == resource).unwrap_or_else(|| panic!("no config of {resource}"));
+            assert_eq!(c["feedbackScrapeType"], "Watch", "reported at once, not on the agent's status sync: {c}");
+            assert!(c["feedbackRules"].as_array().is_some_and(|r| !r.is_empty()), "{c}");
+        }
+    }
+}

@@ -932,7 +932,11 @@ async fn a_task_and_its_cancel_in_a_batch_that_fails_are_applied_once() {
     let mock = broker.embedded.as_ref().unwrap().mock();
     // The worker fetches the two commands together, once its writes fail.
     mock.request_errors(Api::Fetch, &vec![Err::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION; 1_000_000]);
-    let id = submit(&client, "batch-cancel", &TestTaskSpec::steps(2)).await;
+    // Blocked at its first step until cancelled: a worker's fetch already waiting at the
+    // broker when the Fetch errors begin can still bring the task alone (session 40's CI:
+    // it then ran its two no-op steps to Succeeded before the Cancel was read). Blocked,
+    // it ends Cancelled either way; read together, the two go through the failing batch.
+    let id = submit(&client, "batch-cancel", &TestTaskSpec { steps: 2, block_at: Some(1), ..TestTaskSpec::default() }).await;
     client.control(TaskKind::TEST, "batch-cancel", id, CommandAction::Cancel, Some("test".into())).await.unwrap();
     mock.request_errors(Api::Produce, &vec![Err::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS; 1_000_000]);
     mock.clear_request_errors(Api::Fetch);

@@ -479,6 +479,11 @@ struct Meta {
 }
 
 impl Meta {
+    /// Where it lives, as the status sync and the dynamic client name it.
+    fn key(&self) -> ResourceKey {
+        ResourceKey { group: self.group.clone(), version: self.version.clone(), resource: self.resource.clone(), namespace: self.namespace.clone(), name: self.name.clone() }
+    }
+
     fn json(&self, ordinal: usize) -> Value {
         json!({"ordinal": ordinal, "group": self.group, "version": self.version, "kind": self.kind,
                "resource": self.resource, "namespace": self.namespace, "name": self.name})
@@ -505,6 +510,11 @@ struct AppliedResource {
 }
 
 impl AppliedResource {
+    /// Where it lives (its API: [`ResourceKey::api`], as upstream's dynamic client reaches it).
+    fn key(&self) -> ResourceKey {
+        ResourceKey { group: self.group.clone(), version: self.version.clone(), resource: self.resource.clone(), namespace: self.namespace.clone(), name: self.name.clone() }
+    }
+
     fn json(&self) -> Value {
         json!({"group": self.group, "version": self.version, "resource": self.resource, "namespace": self.namespace, "name": self.name, "uid": self.uid})
     }
@@ -710,14 +720,6 @@ impl WorkAgent {
         Ok((Ok(()), Some(obj)))
     }
 
-    /// The API of an applied resource: by group, version and resource, cluster-scoped when
-    /// it has no namespace (as upstream's dynamic client reaches it).
-    fn resource_api(&self, r: &AppliedResource) -> Api<DynamicObject> {
-        let api_version = if r.group.is_empty() { r.version.clone() } else { format!("{}/{}", r.group, r.version) };
-        let ar = ApiResource { group: r.group.clone(), version: r.version.clone(), api_version, kind: String::new(), plural: r.resource.clone() };
-        if r.namespace.is_empty() { Api::all_with(self.managed.clone(), &ar) } else { Api::namespaced_with(self.managed.clone(), &r.namespace, &ar) }
-    }
-
     fn applied_api(&self) -> Api<DynamicObject> {
         Api::all_with(self.managed.clone(), &applied_works())
     }
@@ -732,7 +734,7 @@ impl WorkAgent {
     async fn delete_applied(&self, resources: &[AppliedResource], owner: &OwnerReference) -> Result<Vec<AppliedResource>, kube::Error> {
         let mut pending = Vec::new();
         for r in resources {
-            let api = self.resource_api(r);
+            let api: Api<DynamicObject> = r.key().api(&self.managed);
             let Some(live) = api.get_opt(&r.name).await? else { continue };
             let owners = live.metadata.owner_references.clone().unwrap_or_default();
             if !owners.iter().any(|o| o.uid == owner.uid) {
@@ -828,10 +830,7 @@ impl WorkAgent {
             Err(e) => return Err(e),
         };
         // The status clocks and watches of works gone or going.
-        let live = list.items.iter().filter(|w| w.metadata.deletion_timestamp.is_none());
-        let uids: BTreeSet<String> = live.clone().filter_map(|w| w.metadata.uid.clone()).collect();
-        let names: BTreeSet<String> = live.filter_map(|w| w.metadata.name.clone()).collect();
-        self.status.retain(&uids, &names);
+        self.status.retain(&list.items.iter().filter(|w| w.metadata.deletion_timestamp.is_none()).filter_map(|w| w.metadata.name.clone()).collect());
         if list.items.is_empty() {
             return Ok(());
         }
@@ -1002,8 +1001,7 @@ impl WorkAgent {
         }
         // The status controller's pass: on the work's changes, its sync interval and its
         // watched resources' changes only ([`crate::work_status_sync`]).
-        let (uid, rv) = (w.metadata.uid.clone().unwrap_or_default(), w.metadata.resource_version.clone().unwrap_or_default());
-        if !self.status.due(&uid, &name, &rv) {
+        if !self.status.due(&name, w.metadata.resource_version.as_deref().unwrap_or_default()) {
             return Ok(());
         }
         let mut statuses = Vec::new();
@@ -1022,8 +1020,7 @@ impl WorkAgent {
             if let Some(obj) = live {
                 // `RegisterInformer` or `UnRegisterInformer`, after a successful read.
                 let config = config_for(&configs, meta);
-                let key = ResourceKey { group: meta.group.clone(), version: meta.version.clone(), resource: meta.resource.clone(), namespace: meta.namespace.clone(), name: meta.name.clone() };
-                self.status.register(&name, &key, config.and_then(|c| c.get("feedbackScrapeType")).and_then(Value::as_str) == Some("Watch"));
+                self.status.register(&name, &meta.key(), config.and_then(|c| c.get("feedbackScrapeType")).and_then(Value::as_str) == Some("Watch"));
                 let (values, synced) = feedback(config, &meta.group, &meta.kind, &serde_json::to_value(obj).unwrap_or_default(), generation);
                 conds.push(synced);
                 if !values.is_empty() {
@@ -1047,7 +1044,7 @@ impl WorkAgent {
         // work on it, and its pass finds nothing new unless a resource changed meanwhile:
         // here that waits for the next sync).
         let written = write_status(api, &w, status).await.inspect_err(|_| self.status.again(&name))?;
-        self.status.synced(&uid, &written, k.status_sync_interval.unwrap_or(crate::work_status_sync::STATUS_SYNC_INTERVAL));
+        self.status.synced(&name, &written, k.status_sync_interval.unwrap_or(crate::work_status_sync::STATUS_SYNC_INTERVAL));
         Ok(())
     }
 

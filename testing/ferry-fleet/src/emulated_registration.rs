@@ -699,7 +699,7 @@ impl Klusterlet {
                 }
                 _ => {}
             }
-            let period = Duration::from_secs(seconds.unsigned_abs()).mul_f64(1.0 + LEASE_JITTER * rand::random::<f64>());
+            let period = crate::wake::jitter(Duration::from_secs(seconds.unsigned_abs()), LEASE_JITTER);
             state.lease = Some((seconds, now + period));
             period
         };

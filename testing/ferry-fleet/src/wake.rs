@@ -25,6 +25,12 @@ pub const FALLBACK: Duration = Duration::from_secs(1);
 /// How soon a failed pass is tried again.
 pub const RETRY: Duration = Duration::from_millis(250);
 
+/// Upstream's `wait.Jitter(d, max_factor)` (k8s.io/apimachinery `pkg/util/wait`): `d` plus a
+/// random part of up to `max_factor` times it.
+pub fn jitter(d: Duration, max_factor: f64) -> Duration {
+    d.mul_f64(1.0 + max_factor * rand::random::<f64>())
+}
+
 /// Wakes one controller loop; its watches stop when it is dropped.
 pub struct Wake {
     changed: Arc<Notify>,

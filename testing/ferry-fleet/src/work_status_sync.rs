@@ -41,6 +41,17 @@ pub struct ResourceKey {
 }
 
 impl ResourceKey {
+    /// Its resource's API, in its namespace or cluster-scoped when it has none (as
+    /// upstream's dynamic client reaches it).
+    pub fn api<K>(&self, client: &kube::Client) -> Api<K>
+    where
+        K: kube::Resource<DynamicType = ApiResource, Scope = kube::core::DynamicResourceScope>,
+    {
+        let api_version = if self.group.is_empty() { self.version.clone() } else { format!("{}/{}", self.group, self.version) };
+        let ar = ApiResource { group: self.group.clone(), version: self.version.clone(), api_version, kind: String::new(), plural: self.resource.clone() };
+        if self.namespace.is_empty() { Api::all_with(client.clone(), &ar) } else { Api::namespaced_with(client.clone(), &self.namespace, &ar) }
+    }
+
     /// Its informer's key: the resource and the namespace.
     fn informer(&self) -> InformerKey {
         (self.group.clone(), self.version.clone(), self.resource.clone(), self.namespace.clone())
@@ -61,7 +72,8 @@ struct Registrations {
 pub struct StatusSync {
     client: kube::Client,
     wake: Weak<Wake>,
-    /// Per work UID: the resourceVersion its last sync saw, and when the next is due.
+    /// Per work name: the resourceVersion its last sync saw, and when the next is due (a
+    /// work made again under the name has another resourceVersion, so it is synced).
     last: Mutex<HashMap<String, (String, Instant)>>,
     /// Upstream's informers, one per resource and namespace.
     informers: Mutex<HashMap<InformerKey, JoinHandle<()>>>,
@@ -80,13 +92,13 @@ impl StatusSync {
         Self { client, wake: Arc::downgrade(wake), last: Mutex::default(), informers: Mutex::default(), registrations: Arc::default() }
     }
 
-    /// Whether the work (`uid`, `name`, at `resource_version`) is due a status sync: it is
-    /// new or changed since its last sync, its interval ran out, or a resource it watches
-    /// was added or updated.
-    pub fn due(&self, uid: &str, name: &str, resource_version: &str) -> bool {
+    /// Whether the work `name` (at `resource_version`) is due a status sync: it is new or
+    /// changed since its last sync, its interval ran out, or a resource it watches was
+    /// added or updated.
+    pub fn due(&self, name: &str, resource_version: &str) -> bool {
         let watched = self.registrations.lock().expect("registrations lock").dirty.remove(name);
         let last = self.last.lock().expect("sync lock");
-        match last.get(uid) {
+        match last.get(name) {
             None => true,
             Some((seen, next)) => watched || seen != resource_version || Instant::now() >= *next,
         }
@@ -97,11 +109,11 @@ impl StatusSync {
         self.registrations.lock().expect("registrations lock").dirty.insert(name.to_owned());
     }
 
-    /// Records a sync of the work `uid` that saw `resource_version`, and asks for the next
+    /// Records a sync of the work `name` that saw `resource_version`, and asks for the next
     /// one `interval` later, jittered.
-    pub fn synced(&self, uid: &str, resource_version: &str, interval: Duration) {
-        let next = interval.mul_f64(1.0 + STATUS_SYNC_JITTER * rand::random::<f64>());
-        self.last.lock().expect("sync lock").insert(uid.to_owned(), (resource_version.to_owned(), Instant::now() + next));
+    pub fn synced(&self, name: &str, resource_version: &str, interval: Duration) {
+        let next = crate::wake::jitter(interval, STATUS_SYNC_JITTER);
+        self.last.lock().expect("sync lock").insert(name.to_owned(), (resource_version.to_owned(), Instant::now() + next));
         if let Some(wake) = self.wake.upgrade() {
             wake.after(next);
         }
@@ -136,10 +148,10 @@ impl StatusSync {
         }
     }
 
-    /// Forgets the works not in `uids` / `names` (gone, or being deleted: upstream
-    /// unregisters a deleted work's informers, `UnRegisterInformerFromAppliedManifestWork`).
-    pub fn retain(&self, uids: &BTreeSet<String>, names: &BTreeSet<String>) {
-        self.last.lock().expect("sync lock").retain(|uid, _| uids.contains(uid));
+    /// Forgets the works not in `names` (gone, or being deleted: upstream unregisters a
+    /// deleted work's informers, `UnRegisterInformerFromAppliedManifestWork`).
+    pub fn retain(&self, names: &BTreeSet<String>) {
+        self.last.lock().expect("sync lock").retain(|name, _| names.contains(name));
         let stale: Vec<(String, ResourceKey)> = {
             let mut regs = self.registrations.lock().expect("registrations lock");
             regs.dirty.retain(|w| names.contains(w));
@@ -153,9 +165,8 @@ impl StatusSync {
     /// A watch of `key`'s resource in its namespace (metadata only) that marks the works
     /// registered for the object it sees added or updated, and wakes the agent.
     fn informer(&self, key: &ResourceKey) -> JoinHandle<()> {
-        let api_version = if key.group.is_empty() { key.version.clone() } else { format!("{}/{}", key.group, key.version) };
-        let ar = ApiResource { group: key.group.clone(), version: key.version.clone(), api_version, kind: String::new(), plural: key.resource.clone() };
-        let api: Api<PartialObjectMeta<DynamicObject>> = if key.namespace.is_empty() { Api::all_with(self.client.clone(), &ar) } else { Api::namespaced_with(self.client.clone(), &key.namespace, &ar) };
+        // Keyed by resource and namespace: the object's name is left out.
+        let api: Api<PartialObjectMeta<DynamicObject>> = key.api(&self.client);
         let (regs, wake, informer) = (self.registrations.clone(), self.wake.clone(), key.clone());
         tokio::spawn(async move {
             let mut events = std::pin::pin!(watcher::watcher(api, watcher::Config::default()).default_backoff());
@@ -197,17 +208,17 @@ mod tests {
     async fn a_work_is_synced_when_new_changed_failed_or_its_interval_ran_out() {
         let wake = Arc::new(Wake::default());
         let sync = StatusSync::new(nowhere(), &wake);
-        assert!(sync.due("uid", "w", "1"), "a new work");
-        sync.synced("uid", "1", Duration::from_secs(3600));
-        assert!(!sync.due("uid", "w", "1"), "nothing changed, the interval has not run out");
-        assert!(sync.due("uid", "w", "2"), "the work changed");
+        assert!(sync.due("w", "1"), "a new work");
+        sync.synced("w", "1", Duration::from_secs(3600));
+        assert!(!sync.due("w", "1"), "nothing changed, the interval has not run out");
+        assert!(sync.due("w", "2"), "the work changed");
         sync.again("w");
-        assert!(sync.due("uid", "w", "1"), "its last sync failed");
-        assert!(!sync.due("uid", "w", "1"), "a failure makes one more sync, not every pass");
-        sync.synced("uid", "1", Duration::ZERO);
-        assert!(sync.due("uid", "w", "1"), "its interval ran out");
-        sync.retain(&BTreeSet::new(), &BTreeSet::new());
-        assert!(sync.due("uid", "w", "1"), "a work forgotten is new again");
+        assert!(sync.due("w", "1"), "its last sync failed");
+        assert!(!sync.due("w", "1"), "a failure makes one more sync, not every pass");
+        sync.synced("w", "1", Duration::ZERO);
+        assert!(sync.due("w", "1"), "its interval ran out");
+        sync.retain(&BTreeSet::new());
+        assert!(sync.due("w", "1"), "a work forgotten is new again");
     }
 
     #[tokio::test]
@@ -226,7 +237,7 @@ mod tests {
             sync.register("a", &key(&format!("ns-{i}"), "one"), true);
         }
         assert_eq!(informers(&sync), MAX_FEEDBACK_WATCH, "beyond the limit a work polls");
-        sync.retain(&BTreeSet::new(), &BTreeSet::from(["b".to_owned()]));
+        sync.retain(&BTreeSet::from(["b".to_owned()]));
         assert_eq!(informers(&sync), 0, "a gone work's watches stop");
     }
 }

@@ -28,6 +28,7 @@ use tokio::task::JoinHandle;
 use crate::emulate::now;
 use crate::emulated_registration::Klusterlet;
 use crate::wake::Wake;
+use crate::work_apply_sync::{ApplySync, Outcome, Refusal, WorkSpec};
 use crate::work_status_sync::{ResourceKey, StatusSync};
 use crate::fleet::Fleet;
 use crate::ocm_prioritizers::{self, Decision};
@@ -113,6 +114,10 @@ pub struct OcmKnobs {
     /// `workConfiguration.statusSyncInterval`); None: upstream's default, 10 s
     /// ([`crate::work_status_sync`]).
     pub status_sync_interval: Option<Duration>,
+    /// The work agent's apply resync (upstream's `ResyncInterval`, which its integration
+    /// tests shorten); None: upstream's 4 minutes, jittered to 4-6
+    /// ([`crate::work_apply_sync`]).
+    pub apply_resync_interval: Option<Duration>,
 }
 
 /// Emulated OCM of a fleet; stops when dropped.
@@ -200,6 +205,7 @@ impl EmulatedOcm {
                 applied_at: Mutex::default(),
                 applied: Mutex::default(),
                 klusterlet: None,
+                applies: ApplySync::new(&wake),
                 status: StatusSync::new(managed.clone(), &wake),
                 finalizing: Mutex::default(),
                 wake: wake.clone(),
@@ -302,6 +308,7 @@ async fn agents(members: Vec<String>, hub: kube::Client, hub_hash: String, knobs
                 applied_at: Mutex::default(),
                 applied: Mutex::default(),
                 klusterlet: Some(klusterlet.clone()),
+                applies: ApplySync::new(&work_wake),
                 status: StatusSync::new(client.clone(), &work_wake),
                 finalizing: Mutex::default(),
                 wake: work_wake.clone(),
@@ -391,6 +398,8 @@ struct WorkAgent {
     /// the work agent removes it (ocm `pkg/work/spoke/controllers/finalizercontroller/manifestwork_finalize_controller.go`).
     /// None: a fleet member's agent, deployed with the member and always running.
     klusterlet: Option<Arc<Klusterlet>>,
+    /// When each work's manifests are applied, and how each fared.
+    applies: ApplySync,
     /// When each work's status is synced, and the watches of watch-type feedback.
     status: StatusSync,
     /// Per AppliedManifestWork being finalized: how many passes found resources still
@@ -399,7 +408,7 @@ struct WorkAgent {
 }
 
 /// A manifest's write: the API server's refusal, if any, and the live object after it.
-type Written = (Result<(), String>, Option<DynamicObject>);
+type Written = (Outcome, Option<DynamicObject>);
 
 /// How the work agent writes one manifest: `manifestConfigs[].updateStrategy.type`, as
 /// upstream's `pkg/work/spoke/apply` does it.
@@ -665,13 +674,13 @@ impl WorkAgent {
                     }
                     api.create(&PostParams::default(), &obj).await
                 }
-                Err(e) => return Ok((Err(format!("the manifest does not decode: {e}")), live)),
+                Err(e) => return Ok((Err(Refusal::retried(format!("the manifest does not decode: {e}"))), live)),
             },
             (Strategy::Update, Some(l)) if same_as_live(m, l) && owners(l).is_none() => Ok(l.clone()),
             (Strategy::Update, Some(l)) => {
                 let mut obj: DynamicObject = match serde_json::from_value(m.clone()) {
                     Ok(o) => o,
-                    Err(e) => return Ok((Err(format!("the manifest does not decode: {e}")), live)),
+                    Err(e) => return Ok((Err(Refusal::retried(format!("the manifest does not decode: {e}"))), live)),
                 };
                 // resourcemerge: the live labels, annotations and owners merged with the
                 // manifest's (the work's owner added or removed); finalizers kept; the rest
@@ -690,7 +699,11 @@ impl WorkAgent {
         };
         let obj = match written {
             Ok(obj) => obj,
-            Err(kube::Error::Api(s)) => return Ok((Err(s.message), live)),
+            Err(kube::Error::Api(s)) => {
+                // A server-side apply's conflict is not retried (`ServerSideApplyConflictError`).
+                let retried = !(s.code == 409 && matches!(strategy, Strategy::ServerSideApply { .. }));
+                return Ok((Err(Refusal { message: s.message, retried }), live));
+            }
             Err(e) => return Err(e),
         };
         // A conflict (a controller wrote the object between our read and the owner patch)
@@ -707,11 +720,11 @@ impl WorkAgent {
                     attempts += 1;
                     match api.get_opt(&meta.name).await? {
                         Some(o) => current = o,
-                        None => return Ok((Err(s.message), Some(current))),
+                        None => return Ok((Err(Refusal::retried(s.message)), Some(current))),
                     }
                 }
                 // Upstream reports it as the manifest's apply error.
-                Err(kube::Error::Api(s)) => return Ok((Err(s.message), Some(current))),
+                Err(kube::Error::Api(s)) => return Ok((Err(Refusal::retried(s.message)), Some(current))),
                 Err(e) => return Err(e),
             }
         };
@@ -829,8 +842,10 @@ impl WorkAgent {
             Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
             Err(e) => return Err(e),
         };
-        // The status clocks and watches of works gone or going.
-        self.status.retain(&list.items.iter().filter(|w| w.metadata.deletion_timestamp.is_none()).filter_map(|w| w.metadata.name.clone()).collect());
+        // The apply and status clocks and the watches of works gone or going.
+        let live = list.items.iter().filter(|w| w.metadata.deletion_timestamp.is_none()).filter_map(|w| w.metadata.name.clone()).collect();
+        self.applies.retain(&live);
+        self.status.retain(&live);
         if list.items.is_empty() {
             return Ok(());
         }
@@ -847,6 +862,7 @@ impl WorkAgent {
             let name = w.metadata.name.clone().unwrap_or_default();
             if let Err(e) = self.reconcile(&api, w).await {
                 // Upstream's queue retries a failed work within milliseconds.
+                self.applies.again(&name);
                 self.wake.after(crate::wake::RETRY);
                 tracing::debug!(cluster = %self.cluster, work = %name, error = %e, "work agent: retrying");
             }
@@ -900,11 +916,13 @@ impl WorkAgent {
         }
         let generation = w.metadata.generation.unwrap_or(0);
         let k = knob(&self.knobs, &self.cluster);
-        let key = (w.metadata.uid.clone().unwrap_or_default(), generation);
+        let uid = w.metadata.uid.clone().unwrap_or_default();
+        let key = (uid.clone(), generation);
         let seen = *self.first_seen.lock().expect("seen lock").entry(key.clone()).or_insert_with(std::time::Instant::now);
         if self.wake.waiting(k.apply_delay, seen.elapsed()) {
             return Ok(());
         }
+        let spec = WorkSpec { uid, generation, labels: w.metadata.labels.clone().unwrap_or_default() };
         if k.fail_apply {
             let mut conds = json!([condition("Applied", false, "AppliedManifestWorkFailed", "Failed to apply manifest work: injected failure (emulated work agent)", generation)]);
             keep_times(w.data.pointer("/status/conditions"), &mut conds);
@@ -912,89 +930,42 @@ impl WorkAgent {
                 let patch = json!({"status": {"conditions": conds}, "metadata": {"resourceVersion": w.metadata.resource_version}});
                 api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
             }
+            // An injected failure is no pass: the work is applied once the knob goes.
+            self.applies.again(&name);
             return Ok(());
         }
-        let amw = self.applied_work(&w).await?;
-        if amw.metadata.deletion_timestamp.is_some() {
-            // The AppliedManifestWork of an earlier work of this name, still going (upstream
-            // would apply against it; here the new work waits for it).
-            return self.finalize_applied(&amw).await;
-        }
-        let owner = applied_owner(&amw);
-        let delete_option = w.data.pointer("/spec/deleteOption");
         let manifests: Vec<Value> = w.data.pointer("/spec/workload/manifests").and_then(Value::as_array).cloned().unwrap_or_default();
         let configs: Vec<Value> = w.data.pointer("/spec/manifestConfigs").and_then(Value::as_array).cloned().unwrap_or_default();
         let seen_generation = w.data.pointer("/status/conditions").and_then(Value::as_array).and_then(|cs| {
             cs.iter().find(|c| c["type"] == "Applied" && c["status"] == "True")?.get("observedGeneration")?.as_i64()
         });
         let must_apply = seen_generation != Some(generation);
-        // Namespaces first, then the rest in order.
-        let mut order: Vec<usize> = (0..manifests.len()).collect();
-        order.sort_by_key(|i| manifests[*i].get("kind").and_then(Value::as_str) != Some("Namespace"));
-        // Per manifest: where it lives, the write's outcome, the live object after it.
-        let mut results: Vec<(Option<Meta>, Written)> = vec![(None, (Ok(()), None)); manifests.len()];
-        for i in order {
-            let m = &manifests[i];
-            let meta = match self.meta_of(m).await {
-                Ok(meta) => meta,
-                Err(e) => {
-                    results[i] = (None, (Err(e), None));
-                    continue;
-                }
+        let resync = k.apply_resync_interval.unwrap_or(crate::work_apply_sync::RESYNC_INTERVAL);
+        // Per manifest: where it lives, the write's outcome (or the last pass's), the live
+        // object after it.
+        let results = if must_apply || self.applies.due(&name, &spec, resync) {
+            let Some(results) = self.apply(&w, &manifests, &configs, must_apply, &spec, resync).await? else {
+                return Ok(());
             };
-            let uid = w.metadata.uid.clone().unwrap_or_default();
-            let own = Own { owner: &owner, owned: owned_by_the_work(&meta, delete_option) };
-            let written = self.write(&uid, m, &meta, strategy(config_for(&configs, &meta)), must_apply, &own).await?;
-            results[i] = (Some(meta), written);
-        }
-        // ocm `pkg/work/spoke/controllers/manifestcontroller/appliedmanifestwork_reconciler.go`
-        // (once the work has an Applied condition, which this pass gives it when it has
-        // manifests): every manifest that exists is recorded with its UID, applied or not;
-        // those an earlier version listed and this one does not are deleted if the work
-        // owns them (`FindUntrackedResources`, `DeleteAppliedResources`), and stay recorded
-        // while they are going.
-        let has_applied = w.data.pointer("/status/conditions").and_then(Value::as_array).into_iter().flatten().any(|c| c["type"] == "Applied");
-        if !manifests.is_empty() || has_applied {
-            let mut now: Vec<AppliedResource> = results
-                .iter()
-                .filter_map(|(meta, (_, live))| {
-                    let (meta, live) = (meta.as_ref()?, live.as_ref()?);
-                    Some(AppliedResource {
-                        group: meta.group.clone(),
-                        version: meta.version.clone(),
-                        resource: meta.resource.clone(),
-                        namespace: meta.namespace.clone(),
-                        name: meta.name.clone(),
-                        uid: live.metadata.uid.clone().unwrap_or_default(),
-                    })
-                })
-                .collect();
-            let before = applied_resources(&amw);
-            let untracked: Vec<AppliedResource> = before.iter().filter(|o| !now.iter().any(|n| n.id() == o.id())).cloned().collect();
-            now.extend(self.delete_applied(&untracked, &owner).await?);
-            now.sort();
-            if now != before {
-                let listed: Vec<Value> = now.iter().map(AppliedResource::json).collect();
-                self.applied_api()
-                    .patch_status(amw.metadata.name.as_deref().unwrap_or_default(), &PatchParams::default(), &Patch::Merge(&json!({"status": {"appliedResources": listed}})))
-                    .await?;
+            if must_apply {
+                // Two controllers write a work's status upstream, each on its own pass: the
+                // apply controller (ocm `pkg/work/spoke/controllers/manifestcontroller/
+                // manifestwork_controller.go`) only Applied, per manifest and for the work,
+                // merged into the status as it was (`pkg/work/helper/helpers.go`,
+                // `MergeManifestConditions`: a manifest keeps its statusFeedbacks and its other
+                // conditions, Available and StatusFeedbackSynced of the older generation among
+                // them); the available-status controller (`statuscontroller/
+                // availablestatus_controller.go`) availability and feedback later: here, the
+                // next pass, once Applied is current. So a reader sees Applied at the new
+                // generation beside the previous spec's feedback, as on a real cluster.
+                self.write_applied(api, &w, &results, generation).await?;
+                self.applied_at.lock().expect("applied lock").insert(key, std::time::Instant::now());
+                return Ok(());
             }
-        }
-        if must_apply {
-            // Two controllers write a work's status upstream, each on its own pass: the apply
-            // controller (ocm `pkg/work/spoke/controllers/manifestcontroller/
-            // manifestwork_controller.go`) only Applied, per manifest and for the work, merged
-            // into the status as it was (`pkg/work/helper/helpers.go`,
-            // `MergeManifestConditions`: a manifest keeps its statusFeedbacks and its other
-            // conditions, Available and StatusFeedbackSynced of the older generation among
-            // them); the available-status controller (`statuscontroller/
-            // availablestatus_controller.go`) availability and feedback later: here, the
-            // next pass, once Applied is current. So a reader sees Applied at the new
-            // generation beside the previous spec's feedback, as on a real cluster.
-            self.write_applied(api, &w, &results, generation).await?;
-            self.applied_at.lock().expect("applied lock").insert(key, std::time::Instant::now());
-            return Ok(());
-        }
+            Some(results)
+        } else {
+            None
+        };
         let applied_at = self.applied_at.lock().expect("applied lock").get(&key).copied();
         if applied_at.is_some_and(|at| self.wake.waiting(k.status_delay, at.elapsed())) {
             return Ok(());
@@ -1004,6 +975,12 @@ impl WorkAgent {
         if !self.status.due(&name, w.metadata.resource_version.as_deref().unwrap_or_default()) {
             return Ok(());
         }
+        let results = match results {
+            Some(r) => r,
+            // It reads each resource itself (upstream's `objectreader`: a GET, or its
+            // informer's cache for a watched one), beside the last apply's outcomes.
+            None => self.read(&name, &spec, &manifests).await.inspect_err(|_| self.status.again(&name))?,
+        };
         let mut statuses = Vec::new();
         let mut all_available = true;
         for (i, (meta, (r, live))) in results.iter().enumerate() {
@@ -1048,6 +1025,99 @@ impl WorkAgent {
         Ok(())
     }
 
+    /// The apply controller's pass over work `w` (ocm `manifestwork_controller.go`, `sync`,
+    /// and its two reconcilers): its AppliedManifestWork, each manifest written in
+    /// upstream's kind order ([`crate::work_apply_sync::kind_order`]), what an earlier
+    /// version listed and this one does not deleted, and the pass recorded on the apply
+    /// clock. None: the work waits for the AppliedManifestWork of an earlier work of its
+    /// name to go (upstream would apply against it).
+    async fn apply(&self, w: &DynamicObject, manifests: &[Value], configs: &[Value], changed: bool, spec: &WorkSpec, resync: Duration) -> Result<Option<Vec<(Option<Meta>, Written)>>, kube::Error> {
+        let name = w.metadata.name.clone().unwrap_or_default();
+        let amw = self.applied_work(w).await?;
+        if amw.metadata.deletion_timestamp.is_some() {
+            self.finalize_applied(&amw).await?;
+            return Ok(None);
+        }
+        let owner = applied_owner(&amw);
+        let delete_option = w.data.pointer("/spec/deleteOption");
+        let mut order: Vec<usize> = (0..manifests.len()).collect();
+        order.sort_by_key(|i| crate::work_apply_sync::kind_order(manifests[*i].get("kind").and_then(Value::as_str)));
+        let mut results: Vec<(Option<Meta>, Written)> = vec![(None, (Ok(()), None)); manifests.len()];
+        for i in order {
+            let m = &manifests[i];
+            let meta = match self.meta_of(m).await {
+                Ok(meta) => meta,
+                Err(e) => {
+                    results[i] = (None, (Err(Refusal::retried(e)), None));
+                    continue;
+                }
+            };
+            let own = Own { owner: &owner, owned: owned_by_the_work(&meta, delete_option) };
+            let written = self.write(&spec.uid, m, &meta, strategy(config_for(configs, &meta)), changed, &own).await?;
+            results[i] = (Some(meta), written);
+        }
+        // ocm `pkg/work/spoke/controllers/manifestcontroller/appliedmanifestwork_reconciler.go`
+        // (once the work has an Applied condition, which this pass gives it when it has
+        // manifests): every manifest that exists is recorded with its UID, applied or not;
+        // those an earlier version listed and this one does not are deleted if the work
+        // owns them (`FindUntrackedResources`, `DeleteAppliedResources`), their feedback
+        // watches unregistered (`UnRegisterInformerFromAppliedManifestWork`), and they stay
+        // recorded while they are going, the work requeued on the rate limiter.
+        let has_applied = w.data.pointer("/status/conditions").and_then(Value::as_array).into_iter().flatten().any(|c| c["type"] == "Applied");
+        let mut pending = false;
+        if !manifests.is_empty() || has_applied {
+            let mut now: Vec<AppliedResource> = results
+                .iter()
+                .filter_map(|(meta, (_, live))| {
+                    let (meta, live) = (meta.as_ref()?, live.as_ref()?);
+                    Some(AppliedResource {
+                        group: meta.group.clone(),
+                        version: meta.version.clone(),
+                        resource: meta.resource.clone(),
+                        namespace: meta.namespace.clone(),
+                        name: meta.name.clone(),
+                        uid: live.metadata.uid.clone().unwrap_or_default(),
+                    })
+                })
+                .collect();
+            let before = applied_resources(&amw);
+            let untracked: Vec<AppliedResource> = before.iter().filter(|o| !now.iter().any(|n| n.id() == o.id())).cloned().collect();
+            for r in &untracked {
+                self.status.register(&name, &r.key(), false);
+            }
+            let going = self.delete_applied(&untracked, &owner).await?;
+            pending = !going.is_empty();
+            now.extend(going);
+            now.sort();
+            if now != before {
+                let listed: Vec<Value> = now.iter().map(AppliedResource::json).collect();
+                self.applied_api()
+                    .patch_status(amw.metadata.name.as_deref().unwrap_or_default(), &PatchParams::default(), &Patch::Merge(&json!({"status": {"appliedResources": listed}})))
+                    .await?;
+            }
+        }
+        self.applies.passed(&name, spec, results.iter().map(|(_, (r, _))| r.clone()).collect(), pending, resync);
+        Ok(Some(results))
+    }
+
+    /// The status controller's reads of work `name`'s resources between apply passes: each
+    /// manifest's live object (None when missing), beside its outcome at the last apply
+    /// pass.
+    async fn read(&self, name: &str, spec: &WorkSpec, manifests: &[Value]) -> Result<Vec<(Option<Meta>, Written)>, kube::Error> {
+        let outcomes = self.applies.outcomes(name, spec).unwrap_or_default();
+        let mut results = Vec::with_capacity(manifests.len());
+        for (i, m) in manifests.iter().enumerate() {
+            let outcome = outcomes.get(i).cloned().unwrap_or(Ok(()));
+            let Ok(meta) = self.meta_of(m).await else {
+                results.push((None, (outcome, None)));
+                continue;
+            };
+            let live = meta.key().api::<DynamicObject>(&self.managed).get_opt(&meta.name).await?;
+            results.push((Some(meta), (outcome, live)));
+        }
+        Ok(results)
+    }
+
     /// The apply controller's status write (see [`Self::reconcile`]): each manifest's
     /// Applied condition and the work's, merged into the status as it is.
     async fn write_applied(&self, api: &Api<DynamicObject>, w: &DynamicObject, results: &[(Option<Meta>, Written)], generation: i64) -> Result<(), kube::Error> {
@@ -1067,13 +1137,13 @@ impl WorkAgent {
 }
 
 /// A manifest's Applied condition after its write `r`.
-fn manifest_applied(r: &Result<(), String>, generation: i64) -> Value {
-    condition("Applied", r.is_ok(), if r.is_ok() { "AppliedManifestComplete" } else { "AppliedManifestFailed" }, r.as_ref().err().map(String::as_str).unwrap_or("Apply manifest complete"), generation)
+fn manifest_applied(r: &Outcome, generation: i64) -> Value {
+    condition("Applied", r.is_ok(), if r.is_ok() { "AppliedManifestComplete" } else { "AppliedManifestFailed" }, r.as_ref().err().map_or("Apply manifest complete", |e| e.message.as_str()), generation)
 }
 
 /// The work's Applied condition after the writes of its manifests.
 fn work_applied(results: &[(Option<Meta>, Written)], generation: i64) -> Value {
-    let failed: Vec<String> = results.iter().filter_map(|(_, (r, _))| r.as_ref().err().cloned()).collect();
+    let failed: Vec<String> = results.iter().filter_map(|(_, (r, _))| Some(r.as_ref().err()?.message.clone())).collect();
     let ok = failed.is_empty();
     condition("Applied", ok, if ok { "AppliedManifestWorkComplete" } else { "AppliedManifestWorkFailed" },
         &if ok { "Apply manifest work complete".to_owned() } else { format!("Failed to apply manifest work: {}", failed.join("; ")) }, generation)

@@ -16,6 +16,8 @@
 //! - [`emulated_offloading`]: Liqo namespace offloading and its virtual kubelet, played for tests.
 //! - [`emulated_ocm`]: OCM registration, work agents and placement, played for tests;
 //!   [`emulated_cluster_sets`]: the hub's `default` and `global` ManagedClusterSets;
+//!   [`work_apply_sync`]: when a work agent applies a work's manifests (on its changes,
+//!   failures and upstream's 4-6 minute resync) and in which order;
 //!   [`work_status_sync`]: when a work agent reports a work's status (upstream's sync
 //!   interval, watch-type feedback).
 //! - [`wake`]: when an emulated controller's pass runs (a watched kind changed, a delay ran
@@ -55,6 +57,7 @@ pub mod webhooks_cel;
 pub mod webhooks_liqo;
 pub mod webhooks_liqo_offloading;
 pub mod webhooks_ocm;
+pub mod work_apply_sync;
 pub mod work_status_sync;
 
 pub use fleet::{Cluster, ClusterSpawner, CrdSource, Fleet, FleetError, FleetOptions};

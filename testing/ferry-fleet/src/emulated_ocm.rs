@@ -153,7 +153,10 @@ impl EmulatedOcm {
         let hub_hash: String = Sha256::digest(hub_cluster.server.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
         let knobs_wake: Arc<Mutex<Vec<Weak<Wake>>>> = Arc::default();
         let mut registration_wake = Wake::with_fallback(crate::emulated_registration::FALLBACK);
-        for ar in [managed_clusters(), bindings(), works(), ApiResource::erase::<ManagedClusterSet>(&())] {
+        // Not the ManifestWorks: upstream's GC and ManagedCluster controllers list them
+        // while a deleted cluster's go and look again 5 s later (`requeueError`), so a
+        // work's status write is no registration pass.
+        for ar in [managed_clusters(), bindings(), ApiResource::erase::<ManagedClusterSet>(&())] {
             registration_wake.watch(&hub, &ar);
         }
         let mut placement_wake = Wake::with_fallback(PLACEMENT_FALLBACK);

@@ -75,7 +75,9 @@ const SUBJECT_PREFIX: &str = "system:open-cluster-management:";
 /// the hub's leases) is looked at again within this (a pass every second made an idle
 /// hub answer 27 requests/s, docs/BENCHMARKS.md, session 39).
 pub const FALLBACK: Duration = Duration::from_secs(10);
-/// How soon the GC looks again while resources remain (`gc_resources.go`, `requeueError`).
+/// How soon the GC looks again while resources remain (`gc_resources.go`, `requeueError`),
+/// and the ManagedCluster controller while a deleted cluster's works do
+/// (`managedcluster/controller.go`, `requeueError`): neither watches the works.
 const GC_REQUEUE: Duration = Duration::from_secs(5);
 /// The agent's lease renewals are jittered by up to this part of the lease duration
 /// (`spoke/lease/lease_controller.go`, `leaseUpdateJitterFactor`).
@@ -396,6 +398,7 @@ async fn reconcile(hub: &kube::Client, api: &Api<DynamicObject>, mc: DynamicObje
                 // `removeClusterSpecificRoleBindings`: the work agent's binding (here the
                 // agent acts as the admin) and with it this finalizer stay while works do.
                 if works_left(hub, &name).await? {
+                    wake.after(GC_REQUEUE);
                     return Ok(());
                 }
                 let rest: Vec<_> = finalizers.into_iter().filter(|f| f != CLEANUP_FINALIZER).collect();

@@ -159,6 +159,8 @@ impl EmulatedOcm {
         for ar in [managed_clusters(), bindings(), ApiResource::erase::<ManagedClusterSet>(&())] {
             registration_wake.watch(&hub, &ar);
         }
+        let rbac = Arc::new(crate::emulated_registration::HubRbac::default());
+        rbac.watch(&hub, &mut registration_wake);
         let mut placement_wake = Wake::with_fallback(PLACEMENT_FALLBACK);
         for ar in [placements(), managed_clusters(), bindings(), scores(), ApiResource::erase::<ManagedClusterSet>(&())] {
             placement_wake.watch(&hub, &ar);
@@ -169,11 +171,11 @@ impl EmulatedOcm {
             tokio::spawn(forever("registration", registration_wake.clone(), {
                 let hub = hub.clone();
                 move || {
-                    let (hub, wake) = (hub.clone(), registration_wake.clone());
+                    let (hub, wake, rbac) = (hub.clone(), registration_wake.clone(), rbac.clone());
                     async move {
                         // Separate controllers: one's failure does not stop the other.
                         let sets = crate::emulated_cluster_sets::tick(&hub).await;
-                        crate::emulated_registration::hub_tick(&hub, &wake).await.and(sets)
+                        crate::emulated_registration::hub_tick(&hub, &wake, &rbac).await.and(sets)
                     }
                 }
             })),

@@ -265,6 +265,45 @@ fn registration_rbac(name: &str) -> Vec<Value> {
     ]
 }
 
+/// The RBAC the hub's ManagedCluster controller applied and has not seen change since:
+/// upstream's permission applier compares each object with its informers' caches and
+/// writes only what differs (`pkg/registration/hub/managedcluster/controller.go`,
+/// `apply.NewPermissionApplier` over the Role, RoleBinding, ClusterRole and
+/// ClusterRoleBinding listers); here an object whose manifest is the one last applied is
+/// skipped until any RBAC object of the hub changes ([`HubRbac::watch`] forgets them all).
+#[derive(Default)]
+pub struct HubRbac {
+    applied: Arc<Mutex<std::collections::HashSet<String>>>,
+}
+
+impl HubRbac {
+    /// Wakes `wake` on every change of the hub's RBAC (upstream's informers enqueue the
+    /// cluster a labelled object belongs to), after forgetting what was applied.
+    pub fn watch(&self, hub: &kube::Client, wake: &mut Wake) {
+        use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+        for ar in [ApiResource::erase::<ClusterRole>(&()), ApiResource::erase::<ClusterRoleBinding>(&()), ApiResource::erase::<Role>(&()), ApiResource::erase::<RoleBinding>(&())] {
+            let applied = self.applied.clone();
+            wake.watch_then(hub, &ar, move || applied.lock().expect("rbac lock").clear());
+        }
+    }
+
+    /// Applies `obj` unless it is what was applied last and nothing changed since.
+    async fn apply(&self, hub: &kube::Client, obj: &Value) -> Result<(), kube::Error> {
+        let key = obj.to_string();
+        if self.applied.lock().expect("rbac lock").contains(&key) {
+            return Ok(());
+        }
+        ssa(hub, obj).await?;
+        self.applied.lock().expect("rbac lock").insert(key);
+        Ok(())
+    }
+
+    /// Forgets what was applied (this pass deletes some of it).
+    fn forget(&self) {
+        self.applied.lock().expect("rbac lock").clear();
+    }
+}
+
 async fn remove_rbac(hub: &kube::Client, name: &str) -> Result<(), kube::Error> {
     let role = format!("open-cluster-management:managedcluster:{name}");
     delete(hub, "rbac.authorization.k8s.io/v1", "ClusterRoleBinding", None, &role).await?;
@@ -276,7 +315,7 @@ async fn remove_rbac(hub: &kube::Client, name: &str) -> Result<(), kube::Error> 
 /// pass fails does not hold up the others (the first error is returned after all ran).
 /// What only time changes, it asks `wake` for: a lease's expiry (the lease controller's
 /// `AddAfter`), the GC's look again while resources remain.
-pub async fn hub_tick(hub: &kube::Client, wake: &Wake) -> Result<(), kube::Error> {
+pub async fn hub_tick(hub: &kube::Client, wake: &Wake, rbac: &HubRbac) -> Result<(), kube::Error> {
     let api: Api<DynamicObject> = Api::all_with(hub.clone(), &managed_clusters());
     let mut first = Ok(());
     for mc in api.list(&Default::default()).await?.items {
@@ -284,7 +323,7 @@ pub async fn hub_tick(hub: &kube::Client, wake: &Wake) -> Result<(), kube::Error
             // It wrote the ManagedCluster: the others read it again on the next pass.
             Ok(true) => Ok(()),
             Ok(false) => match taint(&api, &mc).await {
-                Ok(()) => reconcile(hub, &api, mc, wake).await,
+                Ok(()) => reconcile(hub, &api, mc, wake, rbac).await,
                 Err(e) => Err(e),
             },
             Err(e) => Err(e),
@@ -387,13 +426,14 @@ async fn taint(api: &Api<DynamicObject>, mc: &DynamicObject) -> Result<(), kube:
 }
 
 /// The controllers' pass over one ManagedCluster.
-async fn reconcile(hub: &kube::Client, api: &Api<DynamicObject>, mc: DynamicObject, wake: &Wake) -> Result<(), kube::Error> {
+async fn reconcile(hub: &kube::Client, api: &Api<DynamicObject>, mc: DynamicObject, wake: &Wake, rbac: &HubRbac) -> Result<(), kube::Error> {
     let api = api.clone();
     {
         let Some(name) = mc.metadata.name.clone() else { return Ok(()) };
         let finalizers = mc.metadata.finalizers.clone().unwrap_or_default();
         if mc.metadata.deletion_timestamp.is_some() {
             if finalizers.iter().any(|f| f == CLEANUP_FINALIZER) {
+                rbac.forget();
                 remove_rbac(hub, &name).await?;
                 // `removeClusterSpecificRoleBindings`: the work agent's binding (here the
                 // agent acts as the admin) and with it this finalizer stay while works do.
@@ -411,6 +451,7 @@ async fn reconcile(hub: &kube::Client, api: &Api<DynamicObject>, mc: DynamicObje
         let mut conds = conditions(&mc);
         if !accepts {
             if condition_status(&mc, "HubAcceptedManagedCluster").as_deref() == Some("True") {
+                rbac.forget();
                 for obj in cluster_rbac(&name, false) {
                     ssa(hub, &obj).await?;
                 }
@@ -429,7 +470,7 @@ async fn reconcile(hub: &kube::Client, api: &Api<DynamicObject>, mc: DynamicObje
             return Ok(()); // the status write below would conflict; next tick
         }
         for obj in cluster_rbac(&name, true).into_iter().chain(registration_rbac(&name)) {
-            ssa(hub, &obj).await?;
+            rbac.apply(hub, &obj).await?;
         }
         if set_condition(&mut conds, "HubAcceptedManagedCluster", "True", "HubClusterAdminAccepted", "Accepted by hub cluster admin") {
             write_conditions(&api, &mc, conds, Vec::new()).await?;

@@ -74,12 +74,19 @@ impl Wake {
     /// Wakes on every change of an `ar` object in `client`'s cluster (all namespaces). A
     /// kind not served yet (its CRD comes later) is retried with the watcher's backoff.
     pub fn watch(&mut self, client: &kube::Client, ar: &ApiResource) {
+        self.watch_then(client, ar, || {});
+    }
+
+    /// As [`Wake::watch`], calling `seen` on every change before it wakes the loop (a
+    /// cache of what the loop wrote that such a change makes stale).
+    pub fn watch_then(&mut self, client: &kube::Client, ar: &ApiResource, seen: impl Fn() + Send + 'static) {
         let api: Api<PartialObjectMeta<DynamicObject>> = Api::all_with(client.clone(), ar);
         let changed = self.changed.clone();
         self.watches.push(tokio::spawn(async move {
             let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
             while let Some(e) = events.next().await {
                 if e.is_ok() {
+                    seen();
                     changed.notify_one();
                 }
             }

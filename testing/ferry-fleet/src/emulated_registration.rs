@@ -273,7 +273,8 @@ fn registration_rbac(name: &str) -> Vec<Value> {
 /// skipped until any RBAC object of the hub changes ([`HubRbac::watch`] forgets them all).
 #[derive(Default)]
 pub struct HubRbac {
-    applied: Arc<Mutex<std::collections::HashSet<String>>>,
+    /// How many times it was forgotten, and what was applied since.
+    applied: Arc<Mutex<(u64, std::collections::HashSet<String>)>>,
 }
 
 impl HubRbac {
@@ -283,25 +284,39 @@ impl HubRbac {
         use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
         for ar in [ApiResource::erase::<ClusterRole>(&()), ApiResource::erase::<ClusterRoleBinding>(&()), ApiResource::erase::<Role>(&()), ApiResource::erase::<RoleBinding>(&())] {
             let applied = self.applied.clone();
-            wake.watch_then(hub, &ar, move || applied.lock().expect("rbac lock").clear());
+            wake.watch_then(hub, &ar, move || forget(&applied));
         }
     }
 
-    /// Applies `obj` unless it is what was applied last and nothing changed since.
+    /// Applies `obj` unless it is what was applied last and nothing changed since. A
+    /// change seen while the write was under way leaves it unremembered.
     async fn apply(&self, hub: &kube::Client, obj: &Value) -> Result<(), kube::Error> {
         let key = obj.to_string();
-        if self.applied.lock().expect("rbac lock").contains(&key) {
-            return Ok(());
-        }
+        let epoch = {
+            let applied = self.applied.lock().expect("rbac lock");
+            if applied.1.contains(&key) {
+                return Ok(());
+            }
+            applied.0
+        };
         ssa(hub, obj).await?;
-        self.applied.lock().expect("rbac lock").insert(key);
+        let mut applied = self.applied.lock().expect("rbac lock");
+        if applied.0 == epoch {
+            applied.1.insert(key);
+        }
         Ok(())
     }
 
     /// Forgets what was applied (this pass deletes some of it).
     fn forget(&self) {
-        self.applied.lock().expect("rbac lock").clear();
+        forget(&self.applied);
     }
+}
+
+fn forget(applied: &Mutex<(u64, std::collections::HashSet<String>)>) {
+    let mut applied = applied.lock().expect("rbac lock");
+    applied.0 += 1;
+    applied.1.clear();
 }
 
 async fn remove_rbac(hub: &kube::Client, name: &str) -> Result<(), kube::Error> {

@@ -28,7 +28,13 @@ pub const RETRY: Duration = Duration::from_millis(250);
 /// Upstream's `wait.Jitter(d, max_factor)` (k8s.io/apimachinery `pkg/util/wait`): `d` plus a
 /// random part of up to `max_factor` times it.
 pub fn jitter(d: Duration, max_factor: f64) -> Duration {
-    d.mul_f64(1.0 + max_factor * rand::random::<f64>())
+    d.mul_f64(1.0 + jitter_factor(max_factor))
+}
+
+/// The random part [`jitter`] adds, as a fraction of its `d` (0 to `max_factor`), for a
+/// clock that keeps it and applies it to an interval that may change meanwhile.
+pub fn jitter_factor(max_factor: f64) -> f64 {
+    max_factor * rand::random::<f64>()
 }
 
 /// Wakes one controller loop; its watches stop when it is dropped.

@@ -100,15 +100,15 @@ impl ApplySync {
         let now = Instant::now();
         let mut passes = self.passes.lock().expect("apply lock");
         let failures = passes.get(name).filter(|p| p.spec == *spec).map_or(0, |p| p.failures);
+        let factor = crate::wake::jitter_factor(RESYNC_JITTER);
         let (failures, next) = if failed {
             let delay = RETRY_BASE.saturating_mul(1 << failures.min(20)).min(RETRY_MAX);
             (failures + 1, delay)
         } else {
-            (0, crate::wake::jitter(interval, RESYNC_JITTER))
+            (0, interval.mul_f64(1.0 + factor))
         };
-        let factor = next.as_secs_f64() / interval.as_secs_f64().max(f64::MIN_POSITIVE) - 1.0;
         let retry_at = failed.then_some(now + next);
-        passes.insert(name.to_owned(), Pass { spec: spec.clone(), retry_at, at: now, factor: factor.max(0.0), failures, outcomes });
+        passes.insert(name.to_owned(), Pass { spec: spec.clone(), retry_at, at: now, factor, failures, outcomes });
         drop(passes);
         if let Some(wake) = self.wake.upgrade() {
             wake.after(next);

@@ -6,13 +6,12 @@
 
 use std::time::Duration;
 
-use ferry_fleet::emulated_ocm::EmulatedOcm;
-use ferry_fleet::{Fleet, FleetOptions};
-use ferry_kube::kinds::ManifestWork;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::wait::{await_condition, conditions};
 use serde_json::json;
+
+mod common;
 
 const WAIT: Duration = Duration::from_secs(90);
 
@@ -36,25 +35,16 @@ async fn until(cms: &Api<ConfigMap>, name: &str, v: Option<&'static str>, what: 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_manifest_deleted_on_the_cluster_comes_back_on_its_works_change_or_resync_only() {
-    let _ = tracing_subscriber::fmt().with_env_filter(std::env::var("RUST_LOG").unwrap_or("warn".into())).with_test_writer().try_init();
-    let fleet = Fleet::start(FleetOptions { crds: true, ..FleetOptions::hub_and(1) }).await.unwrap();
-    fleet.install_crds().await.unwrap();
-    let ocm = EmulatedOcm::start(&fleet).await.unwrap();
     // A resync no test outlasts: a work is applied again only when it changes.
-    ocm.set("member-1", |k| k.apply_resync_interval = Some(Duration::from_secs(3600)));
-    let hub = fleet.hub().client().await.unwrap();
-    let member = fleet.cluster("member-1").unwrap().client().await.unwrap();
-    let ns = serde_json::from_value(json!({"metadata": {"name": "member-1"}})).unwrap();
-    Api::<Namespace>::all(hub.clone()).patch("member-1", &PatchParams::apply("test"), &Patch::Apply::<Namespace>(ns)).await.unwrap();
-    let works: Api<ManifestWork> = Api::namespaced(hub.clone(), "member-1");
+    let bed = common::work_agent_bed(|k| k.apply_resync_interval = Some(Duration::from_secs(3600))).await;
+    let (works, cms, ocm) = (&bed.works, &bed.configmaps, &bed.ocm);
     // The agent goes over the works in the order the API server lists them, by name:
     // "kept" before "z-other".
     for name in ["kept", "z-other"] {
         works.patch(name, &PatchParams::apply("test"), &Patch::Apply(&work(name, "1"))).await.unwrap();
     }
-    let cms: Api<ConfigMap> = Api::namespaced(member.clone(), "default");
-    until(&cms, "kept", Some("1"), "the first work is applied").await;
-    until(&cms, "z-other", Some("1"), "the second work is applied").await;
+    until(cms, "kept", Some("1"), "the first work is applied").await;
+    until(cms, "z-other", Some("1"), "the second work is applied").await;
 
     // Someone deletes the first work's ConfigMap on the cluster; then the second work
     // changes. The agent's pass that applies the second does not apply the first again
@@ -63,17 +53,17 @@ async fn a_manifest_deleted_on_the_cluster_comes_back_on_its_works_change_or_res
     cms.delete("kept", &DeleteParams::default()).await.unwrap();
     tokio::time::timeout(WAIT, await_condition(cms.clone(), "kept", conditions::is_deleted(&uid))).await.expect("the ConfigMap goes").unwrap();
     works.patch("z-other", &PatchParams::apply("test"), &Patch::Apply(&work("z-other", "2"))).await.unwrap();
-    until(&cms, "z-other", Some("2"), "the second work's change is applied").await;
+    until(cms, "z-other", Some("2"), "the second work's change is applied").await;
     assert!(cms.get_opt("kept").await.unwrap().is_none(), "a deleted manifest is not re-applied before its work changes or its resync");
 
     // A change of the work's labels is a pass (upstream's update handler): it comes back.
     works.patch("kept", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"touched": "yes"}}}))).await.unwrap();
-    until(&cms, "kept", Some("1"), "a change of the work's labels applies it again").await;
+    until(cms, "kept", Some("1"), "a change of the work's labels applies it again").await;
 
     // So does the resync, once it runs out.
     let uid = cms.get("kept").await.unwrap().metadata.uid.unwrap_or_default();
     cms.delete("kept", &DeleteParams::default()).await.unwrap();
     tokio::time::timeout(WAIT, await_condition(cms.clone(), "kept", conditions::is_deleted(&uid))).await.expect("the ConfigMap goes").unwrap();
     ocm.set("member-1", |k| k.apply_resync_interval = Some(Duration::from_secs(1)));
-    until(&cms, "kept", Some("1"), "the resync applies it again").await;
+    until(cms, "kept", Some("1"), "the resync applies it again").await;
 }

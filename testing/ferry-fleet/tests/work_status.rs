@@ -7,13 +7,12 @@
 
 use std::time::Duration;
 
-use ferry_fleet::emulated_ocm::EmulatedOcm;
-use ferry_fleet::{Fleet, FleetOptions};
 use ferry_kube::kinds::ManifestWork;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::wait::await_condition;
 use serde_json::json;
+
+mod common;
 
 const WAIT: Duration = Duration::from_secs(90);
 
@@ -55,30 +54,21 @@ async fn until_fed_back(works: &Api<ManifestWork>, name: &str, value: &'static s
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_polled_resource_is_reported_on_the_status_sync_a_watched_one_at_once() {
-    let _ = tracing_subscriber::fmt().with_env_filter(std::env::var("RUST_LOG").unwrap_or("warn".into())).with_test_writer().try_init();
-    let fleet = Fleet::start(FleetOptions { crds: true, ..FleetOptions::hub_and(1) }).await.unwrap();
-    fleet.install_crds().await.unwrap();
-    let ocm = EmulatedOcm::start(&fleet).await.unwrap();
     // A status sync interval no test outlasts: a polled resource is read again only when
     // its work changes.
-    ocm.set("member-1", |k| k.status_sync_interval = Some(Duration::from_secs(3600)));
-    let hub = fleet.hub().client().await.unwrap();
-    let member = fleet.cluster("member-1").unwrap().client().await.unwrap();
-    let ns = serde_json::from_value(json!({"metadata": {"name": "member-1"}})).unwrap();
-    Api::<Namespace>::all(hub.clone()).patch("member-1", &PatchParams::apply("test"), &Patch::Apply::<Namespace>(ns)).await.unwrap();
-    let works: Api<ManifestWork> = Api::namespaced(hub.clone(), "member-1");
+    let bed = common::work_agent_bed(|k| k.status_sync_interval = Some(Duration::from_secs(3600))).await;
+    let (works, cms) = (&bed.works, &bed.configmaps);
     for (name, watch) in [("watched", true), ("polled", false)] {
         works.patch(name, &PatchParams::apply("test"), &Patch::Apply(&work(name, watch))).await.unwrap();
     }
-    until_fed_back(&works, "watched", "1").await;
-    until_fed_back(&works, "polled", "1").await;
+    until_fed_back(works, "watched", "1").await;
+    until_fed_back(works, "polled", "1").await;
 
     // Both resources change on the cluster: the watched one's work reports it.
-    let cms: Api<ConfigMap> = Api::namespaced(member.clone(), "default");
     for name in ["watched", "polled"] {
         cms.patch(name, &PatchParams::default(), &Patch::Merge(json!({"data": {"v": "2"}}))).await.unwrap();
     }
-    until_fed_back(&works, "watched", "2").await;
+    until_fed_back(works, "watched", "2").await;
     // The polled one's still says what it read last: its sync is an hour away and its work
     // did not change (before, every pass of the agent reported every work).
     let polled = works.get("polled").await.unwrap();
@@ -86,5 +76,5 @@ async fn a_polled_resource_is_reported_on_the_status_sync_a_watched_one_at_once(
 
     // A change of the work is a sync: now it reports the new value.
     works.patch("polled", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"touched": "yes"}}}))).await.unwrap();
-    until_fed_back(&works, "polled", "2").await;
+    until_fed_back(works, "polled", "2").await;
 }

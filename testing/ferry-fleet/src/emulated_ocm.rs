@@ -941,30 +941,30 @@ impl WorkAgent {
         }
         let manifests: Vec<Value> = w.data.pointer("/spec/workload/manifests").and_then(Value::as_array).cloned().unwrap_or_default();
         let configs: Vec<Value> = w.data.pointer("/spec/manifestConfigs").and_then(Value::as_array).cloned().unwrap_or_default();
-        let seen_generation = w.data.pointer("/status/conditions").and_then(Value::as_array).and_then(|cs| {
-            cs.iter().find(|c| c["type"] == "Applied" && c["status"] == "True")?.get("observedGeneration")?.as_i64()
-        });
-        let must_apply = seen_generation != Some(generation);
         let resync = k.apply_resync_interval.unwrap_or(crate::work_apply_sync::RESYNC_INTERVAL);
         // Per manifest: where it lives, the write's outcome (or the last pass's), the live
         // object after it.
-        let results = if must_apply || self.applies.due(&name, &spec, resync) {
-            let Some(results) = self.apply(&w, &manifests, &configs, must_apply, &spec, resync).await? else {
+        let results = if self.applies.due(&name, &spec, resync) {
+            // A spec this agent has not applied yet (or not since it started) is written
+            // even where the live object is as this agent left it.
+            let fresh = self.applies.outcomes(&name, &spec).is_none();
+            let Some(results) = self.apply(&w, &manifests, &configs, fresh, &spec, resync).await? else {
                 return Ok(());
             };
-            if must_apply {
-                // Two controllers write a work's status upstream, each on its own pass: the
-                // apply controller (ocm `pkg/work/spoke/controllers/manifestcontroller/
-                // manifestwork_controller.go`) only Applied, per manifest and for the work,
-                // merged into the status as it was (`pkg/work/helper/helpers.go`,
-                // `MergeManifestConditions`: a manifest keeps its statusFeedbacks and its other
-                // conditions, Available and StatusFeedbackSynced of the older generation among
-                // them); the available-status controller (`statuscontroller/
-                // availablestatus_controller.go`) availability and feedback later: here, the
-                // next pass, once Applied is current. So a reader sees Applied at the new
-                // generation beside the previous spec's feedback, as on a real cluster.
-                self.write_applied(api, &w, &results, generation).await?;
-                self.applied_at.lock().expect("applied lock").insert(key, std::time::Instant::now());
+            // Two controllers write a work's status upstream, each on its own pass: the
+            // apply controller (ocm `pkg/work/spoke/controllers/manifestcontroller/
+            // manifestwork_controller.go`, `sync`: `PatchStatus` after every pass, a patch
+            // only where the status changed) only Applied, per manifest and for the work,
+            // merged into the status as it was (`pkg/work/helper/helpers.go`,
+            // `MergeManifestConditions`: a manifest keeps its statusFeedbacks and its other
+            // conditions, Available and StatusFeedbackSynced of the older generation among
+            // them); the available-status controller (`statuscontroller/
+            // availablestatus_controller.go`) availability and feedback later: here, the
+            // next pass, as the apply controller's write is a change of the work. So a
+            // reader sees Applied at a new generation, or a manifest's new outcome at a
+            // resync, beside the feedback read before, as on a real cluster.
+            if self.write_applied(api, &w, &results, generation).await.inspect_err(|_| self.applies.again(&name))? {
+                self.applied_at.lock().expect("applied lock").entry(key).or_insert_with(std::time::Instant::now);
                 return Ok(());
             }
             Some(results)
@@ -1124,8 +1124,9 @@ impl WorkAgent {
     }
 
     /// The apply controller's status write (see [`Self::reconcile`]): each manifest's
-    /// Applied condition and the work's, merged into the status as it is.
-    async fn write_applied(&self, api: &Api<DynamicObject>, w: &DynamicObject, results: &[(Option<Meta>, Written)], generation: i64) -> Result<(), kube::Error> {
+    /// Applied condition and the work's, merged into the status as it is; true when that
+    /// changed the status (and it was written).
+    async fn write_applied(&self, api: &Api<DynamicObject>, w: &DynamicObject, results: &[(Option<Meta>, Written)], generation: i64) -> Result<bool, kube::Error> {
         let mut statuses = Vec::new();
         for (i, (meta, (r, _))) in results.iter().enumerate() {
             let Some(meta) = meta else { continue };
@@ -1137,7 +1138,10 @@ impl WorkAgent {
             statuses.push(entry);
         }
         let status = json!({"conditions": merged(w.data.pointer("/status/conditions"), work_applied(results, generation)), "resourceStatus": {"manifests": statuses}});
-        write_status(api, w, status).await.map(drop)
+        if w.data.get("status") == Some(&status) {
+            return Ok(false);
+        }
+        write_status(api, w, status).await.map(|_| true)
     }
 }
 
@@ -1170,12 +1174,19 @@ async fn write_status(api: &Api<DynamicObject>, w: &DynamicObject, status: Value
     Ok(api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?.metadata.resource_version.unwrap_or_default())
 }
 
-/// `old` conditions with `new` in place of the one of its type (`MergeStatusConditions`),
-/// its transition time kept when its status did not change.
+/// `old` conditions with `new` in place of the one of its type, its transition time kept
+/// when its status did not change; one of an older generation is removed and `new` goes
+/// last (ocm `pkg/work/helper/helpers.go`, `MergeStatusConditions`: `RemoveStatusCondition`
+/// on a new observedGeneration, then `meta.SetStatusCondition`).
 fn merged(old: Option<&Value>, new: Value) -> Value {
     let mut conds: Vec<Value> = old.and_then(Value::as_array).cloned().unwrap_or_default();
-    conds.retain(|c| c["type"] != new["type"]);
-    conds.push(new);
+    match conds.iter_mut().find(|c| c["type"] == new["type"]) {
+        Some(c) if c["observedGeneration"] == new["observedGeneration"] => *c = new,
+        _ => {
+            conds.retain(|c| c["type"] != new["type"]);
+            conds.push(new);
+        }
+    }
     let mut conds = Value::Array(conds);
     keep_times(old, &mut conds);
     conds

@@ -6,7 +6,8 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::ConfigMap;
+use ferry_kube::kinds::ManifestWork;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::wait::{await_condition, conditions};
 use serde_json::json;
@@ -66,4 +67,55 @@ async fn a_manifest_deleted_on_the_cluster_comes_back_on_its_works_change_or_res
     tokio::time::timeout(WAIT, await_condition(cms.clone(), "kept", conditions::is_deleted(&uid))).await.expect("the ConfigMap goes").unwrap();
     ocm.set("member-1", |k| k.apply_resync_interval = Some(Duration::from_secs(1)));
     until(cms, "kept", Some("1"), "the resync applies it again").await;
+}
+
+/// The work's `Applied` condition: its status and observed generation.
+fn applied(w: Option<&ManifestWork>) -> Option<(String, i64)> {
+    let c = w?.status_at("/conditions")?.as_array()?.iter().find(|c| c["type"] == "Applied")?;
+    Some((c["status"].as_str()?.to_owned(), c["observedGeneration"].as_i64()?))
+}
+
+async fn until_applied(works: &Api<ManifestWork>, name: &str, status: &'static str, what: &str) {
+    tokio::time::timeout(WAIT, await_condition(works.clone(), name, move |w: Option<&ManifestWork>| applied(w).is_some_and(|(s, _)| s == status)))
+        .await
+        .unwrap_or_else(|_| panic!("{what} within {WAIT:?}: {:?}", futures::executor::block_on(works.get(name)).map(|w| w.status)))
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_apply_pass_that_fails_reports_applied_false_at_once_and_retries_on_the_rate_limiter() {
+    // Neither a resync nor a status sync comes by itself: the test says when.
+    let bed = common::work_agent_bed(|k| {
+        k.apply_resync_interval = Some(Duration::from_secs(3600));
+        k.status_sync_interval = Some(Duration::from_secs(3600));
+    })
+    .await;
+    let (works, cms, ocm) = (&bed.works, &bed.configmaps, &bed.ocm);
+    let namespaces: Api<Namespace> = Api::all(cms.clone().into_client());
+    let ns = || serde_json::from_value::<Namespace>(json!({"metadata": {"name": "doomed"}})).unwrap();
+    namespaces.create(&Default::default(), &ns()).await.unwrap();
+    let mut w = work("kept", "1");
+    w["spec"]["workload"]["manifests"][0]["metadata"]["namespace"] = json!("doomed");
+    works.patch("kept", &PatchParams::apply("test"), &Patch::Apply(&w)).await.unwrap();
+    until_applied(works, "kept", "True", "the work is applied").await;
+    let generation = applied(Some(&works.get("kept").await.unwrap())).unwrap().1;
+
+    // The namespace goes on the cluster; the work's resync comes: its ConfigMap cannot be
+    // created. The apply controller's own status write says so at once (upstream's
+    // `PatchStatus` after every pass); before, only the status controller's next sync
+    // (an hour away here) would have.
+    let uid = namespaces.get("doomed").await.unwrap().metadata.uid.unwrap_or_default();
+    namespaces.delete("doomed", &DeleteParams::default()).await.unwrap();
+    tokio::time::timeout(WAIT, await_condition(namespaces.clone(), "doomed", conditions::is_deleted(&uid))).await.expect("the namespace goes").unwrap();
+    ocm.set("member-1", |k| k.apply_resync_interval = Some(Duration::from_secs(1)));
+    until_applied(works, "kept", "False", "a failed resync's Applied=False").await;
+    assert_eq!(applied(Some(&works.get("kept").await.unwrap())).unwrap().1, generation, "the same generation, a later outcome");
+
+    // A failed pass is retried on the queue's rate limiter, not on the resync: with the
+    // resync an hour away again, the namespace's return is enough.
+    ocm.set("member-1", |k| k.apply_resync_interval = Some(Duration::from_secs(3600)));
+    namespaces.create(&Default::default(), &ns()).await.unwrap();
+    until_applied(works, "kept", "True", "the rate limiter's retry applies it").await;
+    let cms: Api<ConfigMap> = Api::namespaced(cms.clone().into_client(), "doomed");
+    until(&cms, "kept", Some("1"), "the ConfigMap is back").await;
 }

@@ -91,7 +91,12 @@ impl Wake {
         self.watches.push(tokio::spawn(async move {
             let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
             while let Some(e) = events.next().await {
-                if e.is_ok() {
+                // A change, or the end of a (re)list, which stands for whatever changed
+                // while the watch was down. Not `Init`: it opens every list attempt, also
+                // each failing one of a kind not served yet (retried on the backoff), which
+                // woke a loop watching such a kind several times a second; nor each
+                // object of a list (`InitApply`): `InitDone` follows them.
+                if matches!(e, Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone)) {
                     seen();
                     changed.notify_one();
                 }

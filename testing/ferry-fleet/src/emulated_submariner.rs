@@ -33,7 +33,6 @@ use crate::{Fleet, FleetError};
 
 /// Field manager of the emulated add-on's writes.
 pub const MANAGER: &str = "ferry-emulated-submariner";
-/// How often the emulated controllers look again.
 /// The add-on's name: its ClusterManagementAddOn, every ManagedClusterAddOn, the agent's
 /// lease (`pkg/constants/constants.go`, `SubmarinerAddOnName`).
 pub const ADDON: &str = "submariner";
@@ -109,8 +108,13 @@ impl EmulatedSubmariner {
         }
         let hub_server = fleet.hub().server.clone();
         let knobs = Arc::new(Mutex::new(knobs));
-        let mut wake = Wake::default();
-        for ar in [addons(), works(), managed_clusters()] {
+        // Upstream's controllers are informer-driven (`pkg/hub/submarineragent/controller.go`,
+        // `submarinerbroker/controller.go`, `pkg/spoke/agent.go`): a pass on every change of a
+        // kind they read that others write, and every RESYNC: the hub's resource cache and the
+        // agent's lease renewal run on it, and the cleanup's work-deletion timeout and the
+        // add-on's lease grace are minutes long.
+        let mut wake = Wake::with_fallback(hub::RESYNC);
+        for ar in [addons(), works(), managed_clusters(), hub::sets(), hub::brokers(), hub::configs(), hub::cluster_management_addons()] {
             wake.watch(&hub, &ar);
         }
         members.iter().for_each(|m| m.watch(&mut wake));

@@ -44,10 +44,11 @@ pub const GLOBALNET_CONFIGMAP: &str = "submariner-globalnet-info";
 pub const BACKUP_LABEL: &str = "cluster.open-cluster-management.io/backup";
 /// How long the cleanup waits for the resource ManifestWork to go (`ManifestWorkDeletionTimeout`).
 const WORK_DELETION_TIMEOUT: i64 = 120;
-/// How long an unchanged apply is skipped (upstream's resource cache, with a resync).
-const RESYNC: Duration = Duration::from_secs(10);
+/// How long an unchanged apply is skipped (upstream's resource cache, with a resync), and
+/// the longest the emulated add-on goes without a pass.
+pub(super) const RESYNC: Duration = Duration::from_secs(10);
 
-fn sets() -> kube::api::ApiResource {
+pub(super) fn sets() -> kube::api::ApiResource {
     ar("cluster.open-cluster-management.io", "v1beta2", "ManagedClusterSet", "managedclustersets")
 }
 
@@ -56,8 +57,12 @@ pub fn brokers() -> kube::api::ApiResource {
     ar("submariner.io", "v1alpha1", "Broker", "brokers")
 }
 
-fn configs() -> kube::api::ApiResource {
+pub(super) fn configs() -> kube::api::ApiResource {
     ar("submarineraddon.open-cluster-management.io", "v1alpha1", "SubmarinerConfig", "submarinerconfigs")
+}
+
+pub(super) fn cluster_management_addons() -> kube::api::ApiResource {
+    ar("addon.open-cluster-management.io", "v1alpha1", "ClusterManagementAddOn", "clustermanagementaddons")
 }
 
 fn core(kind: &str, plural: &str) -> kube::api::ApiResource {
@@ -98,7 +103,7 @@ pub async fn install(hub: &kube::Client) -> Result<(), Error> {
     crate::crds::install(hub, vec![own_crd("submariner.io", "v1alpha1", "Broker", "brokers", true)]).await?;
     let obj = json!({"apiVersion": "addon.open-cluster-management.io/v1alpha1", "kind": "ClusterManagementAddOn", "metadata": {"name": ADDON},
         "spec": {"addOnMeta": {"displayName": "Submariner Addon", "description": "Submariner Addon for MultiCluster connectivity"}}});
-    ssa(hub, &ar("addon.open-cluster-management.io", "v1alpha1", "ClusterManagementAddOn", "clustermanagementaddons"), &obj).await?;
+    ssa(hub, &cluster_management_addons(), &obj).await?;
     Ok(())
 }
 
@@ -139,7 +144,7 @@ impl Hub {
     /// One pass of every hub controller. Nothing happens while the
     /// ClusterManagementAddOn is gone (the add-on uninstalled).
     pub async fn tick(&self, hub: &kube::Client, hub_server: &str) -> Result<(), Error> {
-        let cma: Api<DynamicObject> = Api::all_with(hub.clone(), &ar("addon.open-cluster-management.io", "v1alpha1", "ClusterManagementAddOn", "clustermanagementaddons"));
+        let cma: Api<DynamicObject> = Api::all_with(hub.clone(), &cluster_management_addons());
         if cma.get_opt(ADDON).await?.is_none() {
             return Ok(());
         }

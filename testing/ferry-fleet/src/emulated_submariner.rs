@@ -114,14 +114,16 @@ impl EmulatedSubmariner {
         // agent's lease renewal run on it, and the cleanup's work-deletion timeout and the
         // add-on's lease grace are minutes long.
         let mut wake = Wake::with_fallback(hub::RESYNC);
-        for ar in [addons(), works(), managed_clusters(), hub::sets(), hub::brokers(), hub::configs(), hub::cluster_management_addons()] {
+        for ar in [addons(), managed_clusters(), hub::sets(), hub::brokers(), hub::configs(), hub::cluster_management_addons()] {
             wake.watch(&hub, &ar);
         }
+        let controllers = Arc::new(hub::Hub::default());
+        let c = controllers.clone();
+        wake.watch_deletes(&hub, &works(), move |gone| c.forget_work(gone));
         members.iter().for_each(|m| m.watch(&mut wake));
         let wake = Arc::new(wake);
         let (k, w) = (knobs.clone(), wake.clone());
         let task = tokio::spawn(async move {
-            let controllers = hub::Hub::default();
             loop {
                 w.next().await;
                 let knob = |c: &str| k.lock().expect("knobs lock").get(c).cloned().unwrap_or_default();

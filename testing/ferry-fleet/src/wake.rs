@@ -104,6 +104,28 @@ impl Wake {
         }));
     }
 
+    /// As [`Wake::watch`], calling `gone` with each deleted object's metadata before it
+    /// wakes the loop, and with None at the end of a relist (anything may have gone while
+    /// the watch was down): a cache of what the loop applied forgets what is no longer
+    /// there, as upstream's appliers compare against their informers.
+    pub fn watch_deletes(&mut self, client: &kube::Client, ar: &ApiResource, gone: impl Fn(Option<&kube::api::ObjectMeta>) + Send + 'static) {
+        let api: Api<PartialObjectMeta<DynamicObject>> = Api::all_with(client.clone(), ar);
+        let changed = self.changed.clone();
+        self.watches.push(tokio::spawn(async move {
+            let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
+            while let Some(e) = events.next().await {
+                match e {
+                    Ok(watcher::Event::Delete(o)) => gone(Some(&o.metadata)),
+                    Ok(watcher::Event::InitDone) => gone(None),
+                    Ok(watcher::Event::Apply(_)) => {}
+                    // See `watch_then`: neither wakes the loop.
+                    Ok(watcher::Event::Init | watcher::Event::InitApply(_)) | Err(_) => continue,
+                }
+                changed.notify_one();
+            }
+        }));
+    }
+
     /// Asks for a pass now: something the loop reads changed outside the API (a knob).
     pub fn poke(&self) {
         self.changed.notify_one();

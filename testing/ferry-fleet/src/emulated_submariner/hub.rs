@@ -132,6 +132,21 @@ impl Hub {
         Ok(())
     }
 
+    /// Forgets the ManifestWork `meta` names (deleted: by the add-on's owner reference
+    /// too, which no pass of ours sees), or every work when None, so that a work gone is
+    /// applied again on the next pass, as upstream's applier finds it missing from its
+    /// informer's cache.
+    pub(super) fn forget_work(&self, meta: Option<&kube::api::ObjectMeta>) {
+        let plural = works().plural;
+        let mut applied = self.applied.lock().expect("cache lock");
+        match meta {
+            Some(m) => {
+                applied.remove(&format!("{plural}/{}/{}", m.namespace.as_deref().unwrap_or(""), m.name.as_deref().unwrap_or("")));
+            }
+            None => applied.retain(|k, _| !k.starts_with(&format!("{plural}/"))),
+        }
+    }
+
     /// Forgets what was applied in `namespace` (and the namespace itself): gone objects
     /// are applied again at once.
     fn forget(&self, namespace: &str) {

@@ -175,8 +175,12 @@ impl Member {
     /// The add-on on this member as its `submariner` ManagedClusterAddOn sees it: the
     /// agent's reports and the add-on's `Available`.
     async fn agent(&self, hub: &kube::Client, mc: Option<&DynamicObject>) -> Result<(), Error> {
-        let Some(addon) = Api::<DynamicObject>::namespaced_with(hub.clone(), &self.name, &addons()).get_opt(ADDON).await? else { return Ok(()) };
+        let Some(addon) = Api::<DynamicObject>::namespaced_with(hub.clone(), &self.name, &addons()).get_opt(ADDON).await? else {
+            self.agent_gone();
+            return Ok(());
+        };
         if addon.metadata.deletion_timestamp.is_some() {
+            self.agent_gone();
             return Ok(());
         }
         // Only a klusterlet reports (Available True or False): a cluster that never had one
@@ -195,6 +199,8 @@ impl Member {
         if deployed {
             self.renew(&ns).await?;
             self.report(hub, &ns).await?;
+        } else {
+            self.agent_gone();
         }
         // The klusterlet's add-on lease check (`pkg/registration/spoke/addon/lease_controller.go`).
         let lease = Api::<Lease>::namespaced(self.client.clone(), &ns).get_opt(ADDON).await?;
@@ -206,6 +212,12 @@ impl Member {
             Some(_) => cond("Available", "False", "ManagedClusterAddOnLeaseUpdateStopped", &format!("{ADDON} add-on is not available.")),
         };
         Ok(set_addon_conditions(hub, &self.name, &[available]).await?)
+    }
+
+    /// The agent's pod is gone (its add-on or its deployment's work went): the next one
+    /// renews its lease as it starts, not on the old one's schedule.
+    fn agent_gone(&self) {
+        *self.renewed.lock().expect("lease lock") = None;
     }
 
     /// The agent's lease updater (`pkg/spoke/agent.go`, `lease.NewLeaseUpdater`): Lease

@@ -127,7 +127,13 @@ impl Watches {
         let last_error = Arc::new(Mutex::new(None));
         let (n, e) = (changed.clone(), last_error.clone());
         let task = tokio::spawn(async move {
-            let stream = reflector::reflector(writer, events.default_backoff());
+            // The backoff goes after the reflector and past the `Init` events: kube's
+            // `StreamBackoff` starts over on any Ok item (kube-runtime 5.0.0
+            // `utils/stream_backoff.rs`), and the watcher yields `Init` before each list
+            // attempt, so a kind the cluster does not serve (its CRD not installed) was
+            // listed again every 0.8 s, never backed off to 30 s as client-go's reflector
+            // does. The reflector itself still sees `Init` (it starts its new buffer).
+            let stream = reflector::reflector(writer, events).filter(|ev| std::future::ready(!matches!(ev, Ok(watcher::Event::Init)))).default_backoff();
             futures::pin_mut!(stream);
             while let Some(ev) = stream.next().await {
                 match ev {

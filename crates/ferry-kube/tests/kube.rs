@@ -333,3 +333,28 @@ async fn a_namespace_read_that_fails_for_a_moment_is_tried_again_before_it_is_or
     let broken = Clusters::with_namespaces(hub.clone(), ["no-such-namespace-here"]);
     assert!(ferry_kube::orphans::found_namespaces(&broken, "faulty", &manifests, |_| false).await.is_err(), "an unknown cluster gave a guess");
 }
+
+/// A wait on a kind its cluster does not serve (the CRD not installed: a Placement asked of
+/// a cluster without OCM) backs off as client-go's reflector does, 0.8 s doubling to 30 s,
+/// and ends at its deadline. Before, kube's stream backoff started over at the `Init`
+/// event the watcher yields before each list attempt, so the shared watch listed the
+/// missing kind every 0.8 s for as long as anyone waited (about 12 to 19 lists in 15 s,
+/// where the backoff allows at most 5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_on_a_kind_not_served_backs_off_and_ends_at_its_deadline() {
+    if !ferry_fleet::binaries::Binaries::installed() {
+        ferry_task::report::missing_prerequisite("the test bed is not installed (scripts/install-testbed.sh)");
+        return;
+    }
+    // No CRDs: ManifestWork is not served.
+    let fleet = Fleet::start(FleetOptions { controllers: false, ..FleetOptions::hub_and(0) }).await.expect("fleet starts");
+    let proxy = ferry_fleet::FaultProxy::start(fleet.hub().client().await.unwrap()).await.unwrap();
+    let through = proxy.client().unwrap();
+    let watches = Watches::new();
+    let waited = Duration::from_secs(15);
+    let before = proxy.handle().counts().0;
+    let r = watches.wait_object::<ferry_kube::kinds::ManifestWork, ()>("hub", &through, Some("default"), "w", waited, |_| Check::Pending("absent".into())).await;
+    let lists = proxy.handle().counts().0 - before;
+    assert!(matches!(r, Err(WaitError::Timeout { .. })), "{r:?}");
+    assert!(lists <= 7, "{lists} requests in {waited:?} for a kind the cluster does not serve: the watch's backoff does not grow");
+}

@@ -24,8 +24,8 @@ async fn a_kind_not_served_wakes_nobody_until_it_is() {
     wake.watch(&hub, &ar);
     wake.next().await; // the first pass runs at once
 
-    // The watch fails and is retried (about every 0.8 s, measured: kube's backoff does not
-    // grow here); before, every attempt woke the loop.
+    // The watch fails and is retried (about every 0.8 s: kube's `StreamBackoff` starts over
+    // on the `Init` before each attempt, which ferry-kube's shared watches now drop first); before, every attempt woke the loop.
     let quiet = Duration::from_secs(5);
     assert!(tokio::time::timeout(quiet, wake.next()).await.is_err(), "the loop was woken within {quiet:?} while its only watched kind is not served");
 

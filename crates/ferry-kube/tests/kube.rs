@@ -334,8 +334,8 @@ async fn a_namespace_read_that_fails_for_a_moment_is_tried_again_before_it_is_or
     assert!(ferry_kube::orphans::found_namespaces(&broken, "faulty", &manifests, |_| false).await.is_err(), "an unknown cluster gave a guess");
 }
 
-/// A wait on a kind its cluster does not serve (the CRD not installed: a Placement asked of
-/// a cluster without OCM) backs off as client-go's reflector does, 0.8 s doubling to 30 s,
+/// A wait on a kind its cluster does not serve (the CRD not installed: a ManifestWork asked
+/// of a cluster without OCM) backs off as client-go's reflector does, 0.8 s doubling to 30 s,
 /// and ends at its deadline. Before, kube's stream backoff started over at the `Init`
 /// event the watcher yields before each list attempt, so the shared watch listed the
 /// missing kind every 0.8 s for as long as anyone waited (about 12 to 19 lists in 15 s,

@@ -1138,10 +1138,8 @@ impl WorkAgent {
             statuses.push(entry);
         }
         let status = json!({"conditions": merged(w.data.pointer("/status/conditions"), work_applied(results, generation)), "resourceStatus": {"manifests": statuses}});
-        if w.data.get("status") == Some(&status) {
-            return Ok(false);
-        }
-        write_status(api, w, status).await.map(|_| true)
+        // `write_status` skips an unchanged status and then answers the work's own version.
+        write_status(api, w, status).await.map(|rv| w.metadata.resource_version.as_deref() != Some(rv.as_str()))
     }
 }
 

@@ -119,10 +119,16 @@ impl std::fmt::Debug for Hub {
     }
 }
 
+/// The resource cache's key of object `name` of kind `plural` in `namespace` ("" when
+/// cluster-scoped): `plural/namespace/name`, which [`Hub::forget`] reads back.
+fn cache_key(plural: &str, namespace: &str, name: &str) -> String {
+    format!("{plural}/{namespace}/{name}")
+}
+
 impl Hub {
     /// Applies `obj` unless this very content was applied within [`RESYNC`].
     async fn apply(&self, hub: &kube::Client, ar: &kube::api::ApiResource, obj: &Value) -> Result<(), Error> {
-        let key = format!("{}/{}/{}", ar.plural, obj.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or(""), obj["metadata"]["name"].as_str().unwrap_or(""));
+        let key = cache_key(&ar.plural, obj.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or(""), obj["metadata"]["name"].as_str().unwrap_or(""));
         let text = obj.to_string();
         if self.applied.lock().expect("cache lock").get(&key).is_some_and(|(t, at)| *t == text && at.elapsed() < RESYNC) {
             return Ok(());
@@ -141,7 +147,7 @@ impl Hub {
         let mut applied = self.applied.lock().expect("cache lock");
         match meta {
             Some(m) => {
-                applied.remove(&format!("{plural}/{}/{}", m.namespace.as_deref().unwrap_or(""), m.name.as_deref().unwrap_or("")));
+                applied.remove(&cache_key(&plural, m.namespace.as_deref().unwrap_or(""), m.name.as_deref().unwrap_or("")));
             }
             None => applied.retain(|k, _| !k.starts_with(&format!("{plural}/"))),
         }

@@ -947,7 +947,7 @@ impl WorkAgent {
         let results = if self.applies.due(&name, &spec, resync) {
             // A spec this agent has not applied yet (or not since it started) is written
             // even where the live object is as this agent left it.
-            let fresh = self.applies.outcomes(&name, &spec).is_none();
+            let fresh = !self.applies.has_pass(&name, &spec);
             let Some(results) = self.apply(&w, &manifests, &configs, fresh, &spec, resync).await? else {
                 return Ok(());
             };

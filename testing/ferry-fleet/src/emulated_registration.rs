@@ -49,6 +49,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 
+use crate::applied_cache::AppliedCache;
 use crate::emulate::now;
 use crate::emulated_ocm::OcmKnobs;
 use crate::wake::Wake;
@@ -273,8 +274,7 @@ fn registration_rbac(name: &str) -> Vec<Value> {
 /// skipped until any RBAC object of the hub changes ([`HubRbac::watch`] forgets them all).
 #[derive(Default)]
 pub struct HubRbac {
-    /// How many times it was forgotten, and what was applied since.
-    applied: Arc<Mutex<(u64, std::collections::HashSet<String>)>>,
+    applied: Arc<AppliedCache>,
 }
 
 impl HubRbac {
@@ -284,39 +284,21 @@ impl HubRbac {
         use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
         for ar in [ApiResource::erase::<ClusterRole>(&()), ApiResource::erase::<ClusterRoleBinding>(&()), ApiResource::erase::<Role>(&()), ApiResource::erase::<RoleBinding>(&())] {
             let applied = self.applied.clone();
-            wake.watch_then(hub, &ar, move || forget(&applied));
+            wake.watch_then(hub, &ar, move || applied.forget_all());
         }
     }
 
     /// Applies `obj` unless it is what was applied last and nothing changed since. A
     /// change seen while the write was under way leaves it unremembered.
     async fn apply(&self, hub: &kube::Client, obj: &Value) -> Result<(), kube::Error> {
-        let key = obj.to_string();
-        let epoch = {
-            let applied = self.applied.lock().expect("rbac lock");
-            if applied.1.contains(&key) {
-                return Ok(());
-            }
-            applied.0
-        };
-        ssa(hub, obj).await?;
-        let mut applied = self.applied.lock().expect("rbac lock");
-        if applied.0 == epoch {
-            applied.1.insert(key);
-        }
-        Ok(())
+        let key = format!("{}/{}/{}/{}", obj["kind"].as_str().unwrap_or(""), obj.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or(""), obj["metadata"]["name"].as_str().unwrap_or(""), obj["apiVersion"].as_str().unwrap_or(""));
+        self.applied.apply(key, obj.to_string(), ssa(hub, obj)).await
     }
 
     /// Forgets what was applied (this pass deletes some of it).
     fn forget(&self) {
-        forget(&self.applied);
+        self.applied.forget_all();
     }
-}
-
-fn forget(applied: &Mutex<(u64, std::collections::HashSet<String>)>) {
-    let mut applied = applied.lock().expect("rbac lock");
-    applied.0 += 1;
-    applied.1.clear();
 }
 
 async fn remove_rbac(hub: &kube::Client, name: &str) -> Result<(), kube::Error> {

@@ -30,6 +30,7 @@
 //! - [`inventory`]: every object on a cluster, to compare before and after.
 
 pub mod admission;
+pub mod applied_cache;
 pub mod binaries;
 pub mod crd_seed;
 pub mod crds;

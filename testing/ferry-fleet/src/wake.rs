@@ -86,6 +86,23 @@ impl Wake {
     /// As [`Wake::watch`], calling `seen` on every change before it wakes the loop (a
     /// cache of what the loop wrote that such a change makes stale).
     pub fn watch_then(&mut self, client: &kube::Client, ar: &ApiResource, seen: impl Fn() + Send + 'static) {
+        self.watch_with(client, ar, move |_| seen());
+    }
+
+    /// As [`Wake::watch`], calling `gone` with each deleted object's metadata before it
+    /// wakes the loop, and with None at the end of a relist (anything may have gone while
+    /// the watch was down): a cache of what the loop applied forgets what is no longer
+    /// there, as upstream's appliers compare against their informers.
+    pub fn watch_deletes(&mut self, client: &kube::Client, ar: &ApiResource, gone: impl Fn(Option<&kube::api::ObjectMeta>) + Send + 'static) {
+        self.watch_with(client, ar, move |e| match e {
+            watcher::Event::Delete(o) => gone(Some(&o.metadata)),
+            watcher::Event::InitDone => gone(None),
+            _ => {}
+        });
+    }
+
+    /// The one watch loop: each event that wakes the loop goes to `seen` first.
+    fn watch_with(&mut self, client: &kube::Client, ar: &ApiResource, seen: impl Fn(&watcher::Event<PartialObjectMeta<DynamicObject>>) + Send + 'static) {
         let api: Api<PartialObjectMeta<DynamicObject>> = Api::all_with(client.clone(), ar);
         let changed = self.changed.clone();
         self.watches.push(tokio::spawn(async move {
@@ -96,32 +113,10 @@ impl Wake {
                 // each failing one of a kind not served yet (retried on the backoff), which
                 // woke a loop watching such a kind several times a second; nor each
                 // object of a list (`InitApply`): `InitDone` follows them.
-                if matches!(e, Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone)) {
-                    seen();
+                if let Ok(e @ (watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone)) = e {
+                    seen(&e);
                     changed.notify_one();
                 }
-            }
-        }));
-    }
-
-    /// As [`Wake::watch`], calling `gone` with each deleted object's metadata before it
-    /// wakes the loop, and with None at the end of a relist (anything may have gone while
-    /// the watch was down): a cache of what the loop applied forgets what is no longer
-    /// there, as upstream's appliers compare against their informers.
-    pub fn watch_deletes(&mut self, client: &kube::Client, ar: &ApiResource, gone: impl Fn(Option<&kube::api::ObjectMeta>) + Send + 'static) {
-        let api: Api<PartialObjectMeta<DynamicObject>> = Api::all_with(client.clone(), ar);
-        let changed = self.changed.clone();
-        self.watches.push(tokio::spawn(async move {
-            let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
-            while let Some(e) = events.next().await {
-                match e {
-                    Ok(watcher::Event::Delete(o)) => gone(Some(&o.metadata)),
-                    Ok(watcher::Event::InitDone) => gone(None),
-                    Ok(watcher::Event::Apply(_)) => {}
-                    // See `watch_then`: neither wakes the loop.
-                    Ok(watcher::Event::Init | watcher::Event::InitApply(_)) | Err(_) => continue,
-                }
-                changed.notify_one();
             }
         }));
     }

@@ -129,6 +129,11 @@ impl ApplySync {
         self.passes.lock().expect("apply lock").get(name).filter(|p| p.spec == *spec).map(|p| p.outcomes.clone())
     }
 
+    /// Whether the work `name` had a pass at `spec` (since this agent started).
+    pub fn has_pass(&self, name: &str, spec: &WorkSpec) -> bool {
+        self.passes.lock().expect("apply lock").get(name).is_some_and(|p| p.spec == *spec)
+    }
+
     /// Forgets the works not in `names` (gone, or being deleted).
     pub fn retain(&self, names: &BTreeSet<String>) {
         self.passes.lock().expect("apply lock").retain(|name, _| names.contains(name));
@@ -199,6 +204,7 @@ mod tests {
         assert!(retry <= Instant::now() + Duration::from_millis(10), "5 ms, then 10 ms");
         assert_eq!(sync.outcomes("w", &spec(1)), Some(vec![Ok(())]));
         assert_eq!(sync.outcomes("w", &spec(2)), None, "outcomes of another spec are not this one's");
+        assert!(sync.has_pass("w", &spec(1)) && !sync.has_pass("w", &spec(2)));
         sync.passed("w", &spec(1), vec![Ok(())], false, hour);
         assert_eq!(failures(&sync), 0, "a pass that succeeds forgets the failures");
         assert!(!sync.due("w", &spec(1), hour));

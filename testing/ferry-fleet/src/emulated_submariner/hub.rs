@@ -4,13 +4,13 @@
 //! (`pkg/hub/submarineragent/controller.go`) and the add-on framework's deployment of the
 //! add-on's own agent (`pkg/hub/submarineraddonagent/agent.go` through addon-framework).
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::Engine;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
+
+use crate::applied_cache::AppliedCache;
 
 use super::{ADDON, BROKER, Error, addons, ar, cond, delete, managed_clusters, name_of, own_crd, set_addon_conditions, ssa, works};
 
@@ -108,9 +108,14 @@ pub async fn install(hub: &kube::Client) -> Result<(), Error> {
 }
 
 /// What the hub part remembers between passes: upstream's resource cache.
-#[derive(Default)]
 pub struct Hub {
-    applied: Mutex<HashMap<String, (String, Instant)>>,
+    applied: AppliedCache,
+}
+
+impl Default for Hub {
+    fn default() -> Self {
+        Self { applied: AppliedCache::new(Some(RESYNC)) }
+    }
 }
 
 impl std::fmt::Debug for Hub {
@@ -126,15 +131,11 @@ fn cache_key(plural: &str, namespace: &str, name: &str) -> String {
 }
 
 impl Hub {
-    /// Applies `obj` unless this very content was applied within [`RESYNC`].
+    /// Applies `obj` unless this very content was applied within [`RESYNC`] and nothing
+    /// forgot it since.
     async fn apply(&self, hub: &kube::Client, ar: &kube::api::ApiResource, obj: &Value) -> Result<(), Error> {
         let key = cache_key(&ar.plural, obj.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or(""), obj["metadata"]["name"].as_str().unwrap_or(""));
-        let text = obj.to_string();
-        if self.applied.lock().expect("cache lock").get(&key).is_some_and(|(t, at)| *t == text && at.elapsed() < RESYNC) {
-            return Ok(());
-        }
-        ssa(hub, ar, obj).await?;
-        self.applied.lock().expect("cache lock").insert(key, (text, Instant::now()));
+        self.applied.apply(key, obj.to_string(), async { ssa(hub, ar, obj).await.map(drop) }).await?;
         Ok(())
     }
 
@@ -144,21 +145,21 @@ impl Hub {
     /// informer's cache.
     pub(super) fn forget_work(&self, meta: Option<&kube::api::ObjectMeta>) {
         let plural = works().plural;
-        let mut applied = self.applied.lock().expect("cache lock");
         match meta {
             Some(m) => {
-                applied.remove(&cache_key(&plural, m.namespace.as_deref().unwrap_or(""), m.name.as_deref().unwrap_or("")));
+                let key = cache_key(&plural, m.namespace.as_deref().unwrap_or(""), m.name.as_deref().unwrap_or(""));
+                self.applied.forget(|k| k == key);
             }
-            None => applied.retain(|k, _| !k.starts_with(&format!("{plural}/"))),
+            None => self.applied.forget(|k| k.starts_with(&format!("{plural}/"))),
         }
     }
 
     /// Forgets what was applied in `namespace` (and the namespace itself): gone objects
     /// are applied again at once.
     fn forget(&self, namespace: &str) {
-        self.applied.lock().expect("cache lock").retain(|k, _| {
+        self.applied.forget(|k| {
             let parts: Vec<&str> = k.split('/').collect();
-            parts.get(1) != Some(&namespace) && !(parts.first() == Some(&"namespaces") && parts.get(2) == Some(&namespace))
+            parts.get(1) == Some(&namespace) || (parts.first() == Some(&"namespaces") && parts.get(2) == Some(&namespace))
         });
     }
 

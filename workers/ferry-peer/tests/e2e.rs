@@ -17,6 +17,7 @@ use ferry_peer::{PeerConfig, PeerHandler};
 use ferry_runtime::{Client, EventType, ProgressEvent, SubmitOptions, TaskId, TaskKind};
 use ferry_testkit::Bed;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret};
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
@@ -164,16 +165,30 @@ async fn liqo_peer_unpeer_and_revert_remove_exactly_what_was_created() {
     assert_eq!(c.data["spec"]["remote"]["cidr"]["pod"], json!(["10.244.0.0/16"]), "the peer's own pod CIDR is sent");
     assert_ne!(c.data["status"]["remote"]["cidr"]["pod"], json!(["10.244.0.0/16"]), "and remapped: {}", c.data["status"]);
     // The key exchange was real: the Identity's kubeconfig Liqo made on member-1 (its key,
-    // member-2's certificate) authenticates on member-2's API server as member-1 (denied
-    // for lack of RBAC, which is the tenant controller's and not emulated, but known).
+    // member-2's certificate) authenticates on member-2's API server as member-1, which the
+    // tenant controller let manage ResourceSlices in its tenant namespace there and nothing
+    // else (the emulated replicator writes with this credential, so the peering above
+    // went through that binding).
     let ids = Api::<Secret>::namespaced(m1.clone(), "liqo-tenant-member-2");
     let kc = ids.get("kubeconfig-controlplane-member-2").await.unwrap();
     let text = String::from_utf8(kc.data.unwrap()["kubeconfig"].0.clone()).unwrap();
     let kubeconfig: kube::config::Kubeconfig = serde_json::from_str(&text).unwrap();
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await.unwrap();
     let as_member_1 = kube::Client::try_from(config).unwrap();
-    let denied = Api::<Namespace>::all(as_member_1).list(&ListParams::default()).await.unwrap_err();
+    let denied = Api::<Namespace>::all(as_member_1.clone()).list(&ListParams::default()).await.unwrap_err();
     assert!(denied.to_string().contains("User \"member-1\""), "member-2 knows the caller as member-1: {denied}");
+    let slices = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("authentication.liqo.io", "v1beta1", "ResourceSlice"), "resourceslices");
+    let copies = Api::<DynamicObject>::namespaced_with(as_member_1.clone(), "liqo-tenant-member-1", &slices).list(&ListParams::default()).await.unwrap();
+    assert_eq!(copies.items.len(), 1, "member-1 sees its replicated slice in its tenant namespace on member-2");
+    let elsewhere = Api::<DynamicObject>::namespaced_with(as_member_1, "default", &slices).list(&ListParams::default()).await.unwrap_err();
+    assert!(elsewhere.to_string().contains("forbidden"), "and nothing outside it: {elsewhere}");
+    let binding = Api::<RoleBinding>::namespaced(m2.clone(), "liqo-tenant-member-1").get("liqo-binding-liqo-remote-controlplane").await.unwrap();
+    let subjects: Vec<(String, String)> = binding.subjects.unwrap_or_default().into_iter().map(|s| (s.kind, s.name)).collect();
+    assert_eq!(subjects, [("User".to_owned(), "member-1".to_owned())]);
+    assert_eq!(binding.metadata.owner_references.unwrap_or_default().first().map(|o| o.kind.clone()).as_deref(), Some("Tenant"), "owned by the Tenant");
+    let cluster_wide = "liqo-binding-liqo-virtual-kubelet-remote-clusterwide-member-1";
+    let cluster_bindings = Api::<ClusterRoleBinding>::all(m2.clone());
+    let uid = cluster_bindings.get(cluster_wide).await.unwrap().metadata.uid.unwrap();
 
     // The same peering asked for again: it is an earlier Ferry task's, so this one reuses
     // it, applies nothing, and its revert leaves the pair peered (before, the second peer
@@ -208,6 +223,11 @@ async fn liqo_peer_unpeer_and_revert_remove_exactly_what_was_created() {
     assert_eq!(peering_objects(&m2).await, Vec::<String>::new());
     // An unpeer keeps the ForeignClusters, as `liqoctl unpeer` does.
     assert_eq!(foreign_clusters(&m1).await, ["member-2"], "member-1 still knows member-2");
+    // The Tenant's finalizer took its cluster-wide binding with it.
+    tokio::time::timeout(WAIT, kube::runtime::wait::await_condition(cluster_bindings, cluster_wide, kube::runtime::wait::conditions::is_deleted(&uid)))
+        .await
+        .expect("the cluster-wide binding is deleted with the Tenant")
+        .unwrap();
 
     // Bidirectional, then revert it.
     let mut both = peer("member-1", "member-2");

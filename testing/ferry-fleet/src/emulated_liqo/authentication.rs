@@ -27,15 +27,27 @@
 //!   control-plane one annotated with the provider's tenant namespace, `spec.namespace`)
 //!   and `status.kubeconfigSecretRef`.
 //!
-//! Not emulated: the tenant's RBAC bindings on the provider, certificate renewal,
-//! cordoned and drained tenants.
+//!   Then it binds the tenant's permissions (`pkg/tenantNamespace/bindings.go`): a
+//!   RoleBinding `liqo-binding-liqo-remote-controlplane` in the tenant namespace giving
+//!   the consumer's user (its cluster id, the CSR's common name) the ClusterRole Liqo's
+//!   chart labels `app.kubernetes.io/name=remote-controlplane` (ResourceSlices, Renews,
+//!   NamespaceMaps and their status), owned by the Tenant; and, with or without a
+//!   handshake, a ClusterRoleBinding `liqo-binding-liqo-virtual-kubelet-remote-clusterwide-<id>`
+//!   to the group of that name. Without those ClusterRoles the controller reconciles no
+//!   Tenant (`ensureSetup`). A Tenant carries the finalizer `tenant.liqo.io/finalizer`;
+//!   on deletion the cluster-wide binding goes first (`UnbindClusterRolesClusterWide`).
+//!   The consumer's CRD replicator writes to the provider with the control-plane
+//!   Identity's kubeconfig (`resources.rs`), so a peering works only through these bindings.
+//!
+//! Not emulated: certificate renewal, cordoned and drained tenants.
 
 use std::collections::BTreeMap;
 
 use base64::Engine;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use sha2::Digest;
 
@@ -53,6 +65,19 @@ pub(super) const IDENTITY_TYPE_LABEL: &str = "liqo.io/identity-type";
 pub(super) const REMOTE_TENANT_NAMESPACE_ANNOTATION: &str = "liqo.io/remote-tenant-namespace";
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+/// `app.kubernetes.io/name` of the ClusterRoles the tenant controller binds in a tenant
+/// namespace (`tenant_controller.go`, `tenantClusterRolesLabelValues`), and of those it
+/// binds cluster-wide (`tenantClusterRolesClusterWideLabelValues`).
+const REMOTE_CONTROLPLANE_APP: &str = "remote-controlplane";
+const VK_REMOTE_CLUSTERWIDE_APP: &str = "virtual-kubelet-remote-clusterwide";
+/// `consts.K8sAppNameKey`, `consts.K8sAppManagedByKey`.
+const APP_NAME_LABEL: &str = "app.kubernetes.io/name";
+const APP_MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// `pkg/tenantNamespace/const.go`, `roleBindingRoot`.
+const BINDING_ROOT: &str = "liqo-binding";
+/// `tenant-controller/finalizer.go`, `tenantControllerFinalizer`.
+const TENANT_FINALIZER: &str = "tenant.liqo.io/finalizer";
 
 pub(super) fn auth(kind: &str, plural: &str) -> kube::api::ApiResource {
     ar("authentication.liqo.io", "v1beta1", kind, plural)
@@ -179,13 +204,47 @@ pub(super) async fn issue(m: &Member, csr_pem: &[u8]) -> Result<Option<Vec<u8>>,
 
 /// The tenant controller.
 pub(super) async fn tenants(m: &Member) -> Result<(), kube::Error> {
+    // `ensureSetup`: no Tenant is reconciled until the chart's tenant ClusterRoles are there.
+    let roles: Api<ClusterRole> = Api::all(m.client.clone());
+    let mut bound = Vec::new();
+    for app in [REMOTE_CONTROLPLANE_APP, VK_REMOTE_CLUSTERWIDE_APP] {
+        let found = roles.list(&ListParams::default().labels(&format!("{APP_NAME_LABEL}={app}"))).await?.items;
+        if found.is_empty() {
+            tracing::debug!(cluster = %m.name, app, "emulated Liqo: required ClusterRoles not found; no Tenant reconciled");
+            return Ok(());
+        }
+        bound.push(found.into_iter().filter_map(|r| r.metadata.name).collect::<Vec<_>>());
+    }
+    let (namespaced, cluster_wide) = (&bound[0], &bound[1]);
     let all: Api<DynamicObject> = Api::all_with(m.client.clone(), &auth("Tenant", "tenants"));
     for t in all.list(&ListParams::default()).await?.items {
-        if t.metadata.deletion_timestamp.is_some() || t.data.pointer("/status/authParams/signedCRT").is_some() {
+        let consumer = t.data.pointer("/spec/clusterID").and_then(Value::as_str).map(str::to_owned);
+        let api: Api<DynamicObject> = Api::namespaced_with(m.client.clone(), &ns_of(&t), &auth("Tenant", "tenants"));
+        let finalizers = t.metadata.finalizers.clone().unwrap_or_default();
+        if t.metadata.deletion_timestamp.is_some() {
+            if finalizers.iter().any(|f| f == TENANT_FINALIZER) {
+                for role in cluster_wide.iter().filter(|_| consumer.is_some()) {
+                    let name = cluster_binding_name(role, consumer.as_deref().unwrap_or_default());
+                    delete_ignoring_absent(Api::<ClusterRoleBinding>::all(m.client.clone()).delete(&name, &DeleteParams::default()).await)?;
+                }
+                let rest: Vec<&String> = finalizers.iter().filter(|f| *f != TENANT_FINALIZER).collect();
+                let patch = json!({"metadata": {"finalizers": rest, "resourceVersion": t.metadata.resource_version}});
+                api.patch(&name_of(&t), &PatchParams::default(), &Patch::Merge(&patch)).await?;
+            }
             continue;
         }
-        let Some(consumer) = t.data.pointer("/spec/clusterID").and_then(Value::as_str).map(str::to_owned) else { continue };
+        let Some(consumer) = consumer else { continue };
+        if !finalizers.iter().any(|f| f == TENANT_FINALIZER) {
+            let mut with = finalizers.clone();
+            with.push(TENANT_FINALIZER.to_owned());
+            let patch = json!({"metadata": {"finalizers": with, "resourceVersion": t.metadata.resource_version}});
+            api.patch(&name_of(&t), &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        }
         let tolerate = t.data.pointer("/spec/authzPolicy").and_then(Value::as_str) == Some("TolerateNoHandshake");
+        if let Some(ns) = t.data.pointer("/status/tenantNamespace").and_then(Value::as_str).filter(|_| tolerate || t.data.pointer("/status/authParams/signedCRT").is_some()) {
+            bind(m, &t, &consumer, ns, if tolerate { &[] } else { namespaced }, cluster_wide).await?;
+            continue;
+        }
         if !tolerate && let Err((reason, message)) = handshake(m, &t, &consumer).await? {
             event(&m.client, &t, "Warning", reason, &message).await?;
             continue;
@@ -226,10 +285,82 @@ pub(super) async fn tenants(m: &Member) -> Result<(), kube::Error> {
             let Some(cert) = issue(m, &bytes(t.data.pointer("/spec/csr"))).await? else { continue };
             status["authParams"] = json!({"signedCRT": B64.encode(cert), "ca": B64.encode(&m.ca_pem), "apiServer": m.server});
         }
-        let api: Api<DynamicObject> = Api::namespaced_with(m.client.clone(), &ns_of(&t), &auth("Tenant", "tenants"));
         set_status(&api, &name_of(&t), status).await?;
+        bind(m, &t, &consumer, &ns, if tolerate { &[] } else { namespaced }, cluster_wide).await?;
     }
     Ok(())
+}
+
+/// `BindClusterRoles` (with a handshake: `namespaced`, in the tenant namespace `ns`, to
+/// the consumer's user, owned by the Tenant) and `BindClusterRolesClusterWide` (to the
+/// consumer's group, no owner); each is created, and one already there is left as it is
+/// (upstream's `Create`, then `Get` on `AlreadyExists`).
+async fn bind(m: &Member, t: &DynamicObject, consumer: &str, ns: &str, namespaced: &[String], cluster_wide: &[String]) -> Result<(), kube::Error> {
+    let labels = json!({APP_MANAGED_BY_LABEL: "liqo", REMOTE_ID_LABEL: consumer});
+    let role_ref = |role: &str| json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role});
+    let bindings: Api<RoleBinding> = Api::namespaced(m.client.clone(), ns);
+    for role in namespaced {
+        let name = format!("{BINDING_ROOT}-{role}");
+        let rb: RoleBinding = serde_json::from_value(json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": name, "namespace": ns, "labels": labels,
+                "ownerReferences": [{"apiVersion": "authentication.liqo.io/v1beta1", "kind": "Tenant", "name": name_of(t), "uid": t.metadata.uid.clone().unwrap_or_default(), "controller": true, "blockOwnerDeletion": true}]},
+            "subjects": [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": consumer}], "roleRef": role_ref(role)}))
+        .expect("a RoleBinding");
+        create_ignoring_present(bindings.create(&PostParams::default(), &rb).await)?;
+    }
+    let cluster_bindings: Api<ClusterRoleBinding> = Api::all(m.client.clone());
+    for role in cluster_wide {
+        let name = cluster_binding_name(role, consumer);
+        let crb: ClusterRoleBinding = serde_json::from_value(json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": name, "labels": labels},
+            "subjects": [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": consumer}], "roleRef": role_ref(role)}))
+        .expect("a ClusterRoleBinding");
+        create_ignoring_present(cluster_bindings.create(&PostParams::default(), &crb).await)?;
+    }
+    Ok(())
+}
+
+/// `getClusterRoleBindingName`: the cluster-wide binding of `role` for `consumer`.
+fn cluster_binding_name(role: &str, consumer: &str) -> String {
+    format!("{BINDING_ROOT}-{role}-{consumer}")
+}
+
+fn create_ignoring_present<T>(r: Result<T, kube::Error>) -> Result<(), kube::Error> {
+    match r {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+fn delete_ignoring_absent<T>(r: Result<T, kube::Error>) -> Result<(), kube::Error> {
+    match r {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// The ClusterRoles Liqo's chart installs for tenants (`deployments/liqo/templates/
+/// liqo-controlplane-rbac.yaml` with `files/liqo-remote-controlplane-ClusterRole.yaml`;
+/// `liqo-controller-manager-rbac.yaml` with
+/// `files/liqo-virtual-kubelet-remote-clusterwide-ClusterRole.yaml`), labelled as the
+/// chart's `liqo.labels` so the tenant controller finds them.
+pub(super) fn tenant_cluster_roles() -> Vec<ClusterRole> {
+    let all = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
+    let labels = |app: &str, component: &str| json!({APP_NAME_LABEL: app, "app.kubernetes.io/component": component, "app.kubernetes.io/part-of": "liqo"});
+    [
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": format!("liqo-{REMOTE_CONTROLPLANE_APP}"), "labels": labels(REMOTE_CONTROLPLANE_APP, "authentication")},
+            "rules": [{"apiGroups": ["authentication.liqo.io"], "resources": ["renews", "renews/status", "resourceslices", "resourceslices/status"], "verbs": all},
+                      {"apiGroups": ["offloading.liqo.io"], "resources": ["namespacemaps", "namespacemaps/status"], "verbs": all}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": format!("liqo-{VK_REMOTE_CLUSTERWIDE_APP}"), "labels": labels(VK_REMOTE_CLUSTERWIDE_APP, "virtualkubelet")},
+            "rules": [{"apiGroups": ["metrics.liqo.io"], "resources": ["scrape/metrics"], "verbs": ["get", "list", "watch"]}]}),
+    ]
+    .into_iter()
+    .map(|r| serde_json::from_value(r).expect("a ClusterRole"))
+    .collect()
 }
 
 /// A kubeconfig for `server` (CA `ca`) with client certificate `cert` and key `key`.

@@ -131,6 +131,29 @@ pub(crate) struct Member {
     pub(crate) server: String,
     pub(crate) ca_pem: Vec<u8>,
     installed: bool,
+    /// Clients made from kubeconfig Secrets, by the Secret's namespace/name, with the
+    /// content they were made from (a new certificate makes a new client).
+    kubeconfig_clients: Mutex<HashMap<String, (Vec<u8>, kube::Client)>>,
+}
+
+impl Member {
+    /// A client from kubeconfig Secret `s` (field `kubeconfig`), None when it holds none
+    /// that works. Made once per content.
+    pub(crate) async fn client_from(&self, s: &Secret) -> Option<kube::Client> {
+        let key = format!("{}/{}", s.metadata.namespace.as_deref()?, s.metadata.name.as_deref()?);
+        let text = s.data.as_ref()?.get("kubeconfig")?.0.clone();
+        if let Some((t, c)) = self.kubeconfig_clients.lock().expect("kubeconfig clients lock").get(&key)
+            && *t == text
+        {
+            return Some(c.clone());
+        }
+        let config = kube::config::Kubeconfig::from_yaml(std::str::from_utf8(&text).ok()?).ok()?;
+        let config = kube::Config::from_custom_kubeconfig(config, &Default::default()).await.ok()?;
+        let client = kube::Client::try_from(config).ok()?;
+        let mut cache = self.kubeconfig_clients.lock().expect("kubeconfig clients lock");
+        cache.insert(key, (text, client.clone()));
+        Some(client)
+    }
 }
 
 impl EmulatedLiqo {
@@ -142,7 +165,7 @@ impl EmulatedLiqo {
             let client = c.client().await?;
             // The CRDs come with the cluster (Liqo's CRD chart), before anything else.
             crate::crds::install(&client, template_crds()).await.map_err(|e| FleetError::Client { cluster: c.name.clone(), source: Box::new(e) })?;
-            members.push(Member { name: c.name.clone(), client, server: c.server.clone(), ca_pem: c.ca_pem()?, installed: false });
+            members.push(Member { name: c.name.clone(), client, server: c.server.clone(), ca_pem: c.ca_pem()?, installed: false, kubeconfig_clients: Mutex::default() });
         }
         // Liqo's components are there when the bed is handed over, as on a cluster Liqo was
         // installed on: a check run at once must not see a half-installed member (a loaded
@@ -279,6 +302,11 @@ async fn install(m: &Member) -> Result<(), kube::Error> {
             "data": {"privateKey": b(&private), "publicKey": b(&public)}});
         secrets.patch(AUTH_KEYS_SECRET, &pp, &Patch::Apply(&s)).await?;
     }
+    // The tenant ClusterRoles the tenant controller binds (`authentication::tenant_cluster_roles`).
+    let roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(m.client.clone());
+    for r in authentication::tenant_cluster_roles() {
+        roles.patch(r.metadata.name.as_deref().unwrap_or_default(), &pp, &Patch::Apply(&r)).await?;
+    }
     ipam::install(&m.client).await?;
     for (kind, plural, name, child) in [
         (SERVER_TEMPLATE_KIND, "wggatewayservertemplates", SERVER_TEMPLATE, "WgGatewayServer"),
@@ -316,7 +344,7 @@ async fn tick(members: &mut [Member], knobs: &Mutex<HashMap<String, LiqoKnobs>>,
             authentication::nonces(m, knob(&m.name).forged_signatures).await?;
             authentication::tenants(m).await?;
             authentication::identities(m).await?;
-            resources::local_slices(m, &clients).await?;
+            resources::local_slices(m).await?;
             resources::remote_slices(m).await?;
             resources::virtual_nodes(m).await?;
             foreign_clusters(m).await

@@ -55,6 +55,9 @@ const OWNERSHIP_LABEL: &str = "liqo.io/ownership";
 struct Reflection {
     local: String,
     remote: String,
+    /// The kubeconfig Secret's name (in `local`): the reflector's credential toward the
+    /// provider (`setupReflectionToPeeringCluster`: a dynamic client from its config).
+    secret: String,
 }
 
 /// The CRD replicator's reflectors, by provider id, from the control-plane kubeconfig
@@ -80,7 +83,7 @@ fn reflections(secrets: &[Secret]) -> BTreeMap<String, Reflection> {
         .filter_map(|(id, s)| {
             let [s] = s.as_slice() else { return None };
             let remote = s.metadata.annotations.as_ref()?.get(REMOTE_TENANT_NAMESPACE_ANNOTATION)?.clone();
-            Some((id, Reflection { local: s.metadata.namespace.clone()?, remote }))
+            Some((id, Reflection { local: s.metadata.namespace.clone()?, remote, secret: s.metadata.name.clone()? }))
         })
         .collect()
 }
@@ -144,11 +147,23 @@ async fn capacity(client: &kube::Client) -> Result<(String, String), kube::Error
 }
 
 /// The consumer's side: the local slice controller and the replicator.
-pub(super) async fn local_slices(m: &Member, clients: &BTreeMap<String, kube::Client>) -> Result<(), kube::Error> {
+pub(super) async fn local_slices(m: &Member) -> Result<(), kube::Error> {
     let all = slices(&m.client, None).list(&ListParams::default()).await?.items;
     let private = private_key(&m.client).await?;
     let kubeconfigs = Api::<Secret>::all(m.client.clone()).list(&ListParams::default().labels(&format!("{REMOTE_ID_LABEL},{IDENTITY_TYPE_LABEL}=ControlPlane"))).await?;
     let reflections = reflections(&kubeconfigs.items);
+    // Each reflector writes to its provider as this cluster: with the control-plane
+    // Identity's kubeconfig, which the provider's tenant controller bound to its tenant
+    // namespace (`authentication.rs`), not with an administrator's credentials.
+    let mut clients = BTreeMap::new();
+    for (provider, r) in &reflections {
+        let secret = kubeconfigs.items.iter().find(|s| s.metadata.namespace.as_deref() == Some(r.local.as_str()) && s.metadata.name.as_deref() == Some(r.secret.as_str()));
+        if let Some(s) = secret
+            && let Some(c) = m.client_from(s).await
+        {
+            clients.insert(provider.clone(), c);
+        }
+    }
     // What the replicator's local listers hold (`reflection/manager.go`, `localLabelSelector`).
     let mut origins = HashSet::new();
     for s in all.iter().filter(|s| label(s, ORIGIN_LABEL).is_none() && s.metadata.deletion_timestamp.is_none()) {
@@ -410,7 +425,7 @@ mod tests {
             kubeconfig("liqo-tenant-e", "e", "ResourceSlice", Some("liqo-tenant-a")),
         ]);
         assert_eq!(r.len(), 1, "{r:?}");
-        assert_eq!(r.get("b"), Some(&Reflection { local: "old-tenant-b".into(), remote: "admin-made-for-a".into() }));
+        assert_eq!(r.get("b"), Some(&Reflection { local: "old-tenant-b".into(), remote: "admin-made-for-a".into(), secret: "kubeconfig-b".into() }));
     }
 
     /// `mutateLabelsForRemote`: the copy is not replicated again, says where it came from.

@@ -20,24 +20,23 @@
 //!   `kubernetes.io/kube-apiserver-client` CSR, approved; the controller manager signs
 //!   it) and `status.authParams` carries the certificate, the cluster's CA and API server
 //!   address, and `status.tenantNamespace` the namespace (`CreateNamespace`: the tenant
-//!   namespace found by labels, else a new one under the default name).
+//!   namespace found by labels, else a new one under the default name). Then it binds
+//!   the tenant's permissions (`pkg/tenantNamespace/bindings.go`): a RoleBinding
+//!   `liqo-binding-liqo-remote-controlplane` in the tenant namespace giving the
+//!   consumer's user (its cluster id, the CSR's common name) the ClusterRole Liqo's chart
+//!   labels `app.kubernetes.io/name=remote-controlplane` (ResourceSlices, Renews,
+//!   NamespaceMaps and their status), owned by the Tenant; and, with or without a
+//!   handshake, a ClusterRoleBinding `liqo-binding-liqo-virtual-kubelet-remote-clusterwide-<id>`
+//!   to the group of that name. Without those ClusterRoles it reconciles no Tenant
+//!   (`ensureSetup`). A Tenant carries the finalizer `tenant.liqo.io/finalizer`; on
+//!   deletion the cluster-wide binding goes first (`UnbindClusterRolesClusterWide`). The
+//!   consumer's CRD replicator writes to the provider with the control-plane Identity's
+//!   kubeconfig (`resources.rs`), so a peering works only through these bindings.
 //! - **Identity controller** (`identity-controller/identity_controller.go`): an Identity
 //!   gets a kubeconfig Secret `kubeconfig-<identity>` (the certificate of its auth params
 //!   and this cluster's private key: a working credential toward the provider; a
 //!   control-plane one annotated with the provider's tenant namespace, `spec.namespace`)
 //!   and `status.kubeconfigSecretRef`.
-//!
-//!   Then it binds the tenant's permissions (`pkg/tenantNamespace/bindings.go`): a
-//!   RoleBinding `liqo-binding-liqo-remote-controlplane` in the tenant namespace giving
-//!   the consumer's user (its cluster id, the CSR's common name) the ClusterRole Liqo's
-//!   chart labels `app.kubernetes.io/name=remote-controlplane` (ResourceSlices, Renews,
-//!   NamespaceMaps and their status), owned by the Tenant; and, with or without a
-//!   handshake, a ClusterRoleBinding `liqo-binding-liqo-virtual-kubelet-remote-clusterwide-<id>`
-//!   to the group of that name. Without those ClusterRoles the controller reconciles no
-//!   Tenant (`ensureSetup`). A Tenant carries the finalizer `tenant.liqo.io/finalizer`;
-//!   on deletion the cluster-wide binding goes first (`UnbindClusterRolesClusterWide`).
-//!   The consumer's CRD replicator writes to the provider with the control-plane
-//!   Identity's kubeconfig (`resources.rs`), so a peering works only through these bindings.
 //!
 //! Not emulated: certificate renewal, cordoned and drained tenants.
 

@@ -87,6 +87,19 @@ pub mod liqo {
     pub const SERVER_TEMPLATE_KIND: &str = "WgGatewayServerTemplate";
     /// Kind of [`CLIENT_TEMPLATE`] (`DefaultGwClientType`).
     pub const CLIENT_TEMPLATE_KIND: &str = "WgGatewayClientTemplate";
+    /// Label naming an application (`pkg/consts`, `K8sAppNameKey`): Liqo's tenant
+    /// controller finds the ClusterRoles it binds by it.
+    pub const APP_NAME_LABEL: &str = "app.kubernetes.io/name";
+    /// [`APP_NAME_LABEL`] of the ClusterRole Liqo's tenant controller binds in a tenant
+    /// namespace for the consumer (`tenant-controller/tenant_controller.go`,
+    /// `tenantClusterRolesLabelValues`; the chart's `liqo-remote-controlplane`).
+    pub const REMOTE_CONTROLPLANE_APP: &str = "remote-controlplane";
+    /// [`APP_NAME_LABEL`] of the ClusterRole it binds cluster-wide for the consumer's group
+    /// (`tenantClusterRolesClusterWideLabelValues`).
+    pub const VK_REMOTE_CLUSTERWIDE_APP: &str = "virtual-kubelet-remote-clusterwide";
+    /// Without ClusterRoles of both these names the tenant controller reconciles no Tenant
+    /// (`ensureSetup`) and records no event.
+    pub const TENANT_ROLE_APPS: [&str; 2] = [REMOTE_CONTROLPLANE_APP, VK_REMOTE_CLUSTERWIDE_APP];
 
     /// The tenant namespace a cluster keeps for `remote_id` (`pkg/tenantNamespace`,
     /// `NamePrefix` + the id).

@@ -203,6 +203,33 @@ impl Inner {
             .map_err(|e| wait_err(codes::LIQO_NOT_READY, e))
     }
 
+    /// Waits until `cluster` (a provider) has the ClusterRoles Liqo's tenant controller
+    /// binds for a consumer, found by their `app.kubernetes.io/name` as that controller
+    /// finds them (liqotech/liqo `tenant-controller/tenant_controller.go`, `ensureSetup`).
+    /// Without them it reconciles no Tenant and records no event, so the peering would
+    /// wait out its deadline at `authentication` with no reason given.
+    pub(crate) async fn tenant_roles(&self, cluster: &str, timeout: Duration) -> Result<(), StepError> {
+        use ferry_kube::vocab::liqo::{APP_NAME_LABEL, TENANT_ROLE_APPS};
+        let client = self.client(cluster).await?;
+        self.cfg
+            .watches
+            .wait_store::<k8s_openapi::api::rbac::v1::ClusterRole, ()>(cluster, &client, None, "Liqo's tenant ClusterRoles", timeout, |s| {
+                let roles = s.state();
+                let missing: Vec<String> = TENANT_ROLE_APPS
+                    .iter()
+                    .filter(|app| !roles.iter().any(|r| r.metadata.labels.as_ref().and_then(|l| l.get(APP_NAME_LABEL)).is_some_and(|v| v == *app)))
+                    .map(|app| format!("{APP_NAME_LABEL}={app}"))
+                    .collect();
+                if missing.is_empty() {
+                    Check::Done(())
+                } else {
+                    Check::Pending(format!("no ClusterRole labelled {}: Liqo's tenant controller reconciles no Tenant without it (Liqo's chart installs it)", missing.join(" or ")))
+                }
+            })
+            .await
+            .map_err(|e| wait_err(codes::LIQO_NOT_READY, e))
+    }
+
     /// Waits until the gateway template `name` of kind `K` exists in Liqo's namespace.
     pub(crate) async fn template<K>(&self, cluster: &str, name: &str, timeout: Duration) -> Result<(), StepError>
     where

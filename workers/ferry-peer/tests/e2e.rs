@@ -17,7 +17,7 @@ use ferry_peer::{PeerConfig, PeerHandler};
 use ferry_runtime::{Client, EventType, ProgressEvent, SubmitOptions, TaskId, TaskKind};
 use ferry_testkit::Bed;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret};
-use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
@@ -259,6 +259,25 @@ async fn unready_components_fail_at_the_deadline_and_commands_of_a_pair_never_in
     assert_eq!((failed.step_name.as_deref(), failed.code.as_deref()), (Some("check"), Some("DEADLINE_EXCEEDED")));
     assert!(failed.message.as_deref().unwrap_or("").contains("LIQO_NOT_READY") && failed.message.as_deref().unwrap_or("").contains("member-3"), "{failed:?}");
     assert_eq!(peering_objects(&m1).await, Vec::<String>::new());
+
+    // member-2's Liqo lacks the ClusterRole its tenant controller binds for a consumer (a
+    // broken chart install): that controller would reconcile no Tenant and say nothing,
+    // so the check waits for the role and fails at its deadline saying which, before
+    // anything is created.
+    let roles = Api::<ClusterRole>::all(m2.clone());
+    let mut role = roles.get("liqo-remote-controlplane").await.unwrap();
+    roles.delete("liqo-remote-controlplane", &Default::default()).await.unwrap();
+    // (10 s: the waits before it, on member-2's first watches, pass on a loaded machine.)
+    let mut p = peer("member-1", "member-2");
+    p.timeout_seconds = Some(10);
+    let (_, evs) = submit(&client, &p).await;
+    assert_eq!(end(&evs), EventType::Reverted, "{}", last(&evs));
+    let failed = evs.iter().find(|e| e.event == EventType::StepFailed).unwrap();
+    assert_eq!((failed.step_name.as_deref(), failed.code.as_deref()), (Some("check"), Some("DEADLINE_EXCEEDED")), "{failed:?}");
+    assert!(failed.message.as_deref().unwrap_or("").contains("app.kubernetes.io/name=remote-controlplane"), "{failed:?}");
+    assert_eq!((peering_objects(&m1).await, peering_objects(&m2).await), (vec![], vec![]));
+    role.metadata = kube::api::ObjectMeta { name: role.metadata.name.take(), labels: role.metadata.labels.take(), ..Default::default() };
+    roles.create(&Default::default(), &role).await.unwrap();
 
     // member-2's gateway never connects: the network step fails at its deadline (long
     // enough for the configurations, gateways and keys before it on a loaded machine) and

@@ -52,7 +52,7 @@ use sha2::Digest;
 
 use super::{MANAGER, Member, ar, event, keys, name_of, ns_of, set_status, tenant_namespace_of};
 use ferry_kube::vocab::liqo::{
-    AUTH_KEYS_SECRET, CONTROL_PLANE_ORGANIZATION, LIQO_NAMESPACE, NONCE_FIELD, NONCE_LABEL, POD_SECURITY_LABELS, REMOTE_ID_LABEL, SIGNED_NONCE_FIELD,
+    APP_NAME_LABEL, AUTH_KEYS_SECRET, CONTROL_PLANE_ORGANIZATION, REMOTE_CONTROLPLANE_APP, TENANT_ROLE_APPS, VK_REMOTE_CLUSTERWIDE_APP, LIQO_NAMESPACE, NONCE_FIELD, NONCE_LABEL, POD_SECURITY_LABELS, REMOTE_ID_LABEL, SIGNED_NONCE_FIELD,
     SIGNED_NONCE_LABEL, TENANT_NAMESPACE_LABEL, tenant_namespace,
 };
 
@@ -65,13 +65,7 @@ pub(super) const REMOTE_TENANT_NAMESPACE_ANNOTATION: &str = "liqo.io/remote-tena
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
-/// `app.kubernetes.io/name` of the ClusterRoles the tenant controller binds in a tenant
-/// namespace (`tenant_controller.go`, `tenantClusterRolesLabelValues`), and of those it
-/// binds cluster-wide (`tenantClusterRolesClusterWideLabelValues`).
-const REMOTE_CONTROLPLANE_APP: &str = "remote-controlplane";
-const VK_REMOTE_CLUSTERWIDE_APP: &str = "virtual-kubelet-remote-clusterwide";
-/// `consts.K8sAppNameKey`, `consts.K8sAppManagedByKey`.
-const APP_NAME_LABEL: &str = "app.kubernetes.io/name";
+/// `consts.K8sAppManagedByKey`.
 const APP_MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 /// `pkg/tenantNamespace/const.go`, `roleBindingRoot`.
 const BINDING_ROOT: &str = "liqo-binding";
@@ -206,7 +200,7 @@ pub(super) async fn tenants(m: &Member) -> Result<(), kube::Error> {
     // `ensureSetup`: no Tenant is reconciled until the chart's tenant ClusterRoles are there.
     let roles: Api<ClusterRole> = Api::all(m.client.clone());
     let mut bound = Vec::new();
-    for app in [REMOTE_CONTROLPLANE_APP, VK_REMOTE_CLUSTERWIDE_APP] {
+    for app in TENANT_ROLE_APPS {
         let found = roles.list(&ListParams::default().labels(&format!("{APP_NAME_LABEL}={app}"))).await?.items;
         if found.is_empty() {
             tracing::debug!(cluster = %m.name, app, "emulated Liqo: required ClusterRoles not found; no Tenant reconciled");

@@ -2,7 +2,9 @@
 //! command), each has a Ready node of its own and a running Liqo with a cluster id, its
 //! IPAM's pod and external CIDRs, and the gateway template its side of the network needs
 //! (`wireguard-client` on `a`, `wireguard-server` on `b`: liqoctl's `CheckTemplateGwClient`
-//! / `CheckTemplateGwServer`, `pkg/liqoctl/network/handler.go`), within the command's
+//! / `CheckTemplateGwServer`, `pkg/liqoctl/network/handler.go`), and, for a peer, on each
+//! provider the ClusterRoles Liqo's tenant controller binds for a consumer (without them
+//! it reconciles no Tenant and says nothing: `ensureSetup`), within the command's
 //! timeout. The ids are its output; every later Liqo step names objects by
 //! them, and whether each side already had a ForeignCluster of the other (what a revert
 //! leaves in place).
@@ -285,6 +287,12 @@ impl CheckStep<PeerClusters> for LiqoCheck {
             }
             self.0.template::<LiqoClientTemplate>(&p.a, liqo::CLIENT_TEMPLATE, p.timeout()).await?;
             self.0.template::<LiqoServerTemplate>(&p.b, liqo::SERVER_TEMPLATE, p.timeout()).await?;
+            if p.operation == PeerOperation::Peer {
+                // Each provider's tenant controller must be able to bind the consumer.
+                for provider in if p.bidirectional { vec![&p.a, &p.b] } else { vec![&p.b] } {
+                    self.0.tenant_roles(provider, p.timeout()).await?;
+                }
+            }
             let a_knew_b = self.0.foreign_cluster(&p.a, &b).await?;
             let b_knew_a = self.0.foreign_cluster(&p.b, &a).await?;
             let pair = liqo::pair_label(&p.a, &p.b);

@@ -20,10 +20,13 @@ pub struct AppliedCache {
 
 #[derive(Debug, Default)]
 struct Inner {
-    /// Counts forgets: a write that saw one while under way is not remembered (the object
-    /// may have changed after the write, and the watch's news of it came before the insert).
-    epoch: u64,
     entries: HashMap<String, (String, Instant)>,
+    /// Keys being written, each with whether a forget matched it meanwhile: such a write
+    /// is not remembered (the object may have changed after the write, and the watch's
+    /// news of it came before the insert). Only a forget of that key counts: a forget of
+    /// others (a watch's every delete) would otherwise make a busy loop write everything
+    /// on every pass.
+    writing: HashMap<String, bool>,
 }
 
 impl AppliedCache {
@@ -36,17 +39,19 @@ impl AppliedCache {
     /// and nothing forgot it since; remembers it when the write succeeded and no forget
     /// came while it was under way.
     pub async fn apply<E>(&self, key: String, content: String, write: impl Future<Output = Result<(), E>>) -> Result<(), E> {
-        let epoch = {
-            let inner = self.inner.lock().expect("applied cache lock");
+        {
+            let mut inner = self.inner.lock().expect("applied cache lock");
             let fresh = |at: &Instant| self.resync.is_none_or(|r| at.elapsed() < r);
             if inner.entries.get(&key).is_some_and(|(c, at)| *c == content && fresh(at)) {
                 return Ok(());
             }
-            inner.epoch
-        };
-        write.await?;
+            inner.writing.insert(key.clone(), false);
+        }
+        let written = write.await;
         let mut inner = self.inner.lock().expect("applied cache lock");
-        if inner.epoch == epoch {
+        let forgotten = inner.writing.remove(&key).unwrap_or(true);
+        written?;
+        if !forgotten {
             inner.entries.insert(key, (content, Instant::now()));
         }
         Ok(())
@@ -56,8 +61,10 @@ impl AppliedCache {
     /// again on the next pass.
     pub fn forget(&self, stale: impl Fn(&str) -> bool) {
         let mut inner = self.inner.lock().expect("applied cache lock");
-        inner.epoch += 1;
         inner.entries.retain(|k, _| !stale(k));
+        for (k, forgotten) in &mut inner.writing {
+            *forgotten |= stale(k);
+        }
     }
 
     /// Forgets everything.
@@ -92,12 +99,15 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_forget_during_the_write_leaves_it_unremembered() {
+    async fn a_forget_of_the_key_during_its_write_leaves_it_unremembered() {
         let cache = AppliedCache::new(None);
-        cache.apply("a".into(), "1".into(), async { cache.forget_all(); Ok::<_, ()>(()) }).await.unwrap();
+        cache.apply("a".into(), "1".into(), async { cache.forget(|k| k == "a"); Ok::<_, ()>(()) }).await.unwrap();
         let mut writes = 0;
         apply(&cache, "a", "1", &mut writes).await;
         assert_eq!(writes, 1, "the change seen mid-write must not be covered by the entry");
+        cache.apply("b".into(), "1".into(), async { cache.forget(|k| k == "a"); Ok::<_, ()>(()) }).await.unwrap();
+        apply(&cache, "b", "1", &mut writes).await;
+        assert_eq!(writes, 1, "a forget of another key leaves this write remembered");
     }
 
     #[tokio::test]

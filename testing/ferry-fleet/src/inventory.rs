@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use kube::api::{Api, DynamicObject, ListParams};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::discovery::{Discovery, Scope, verbs};
 
 /// Kinds that change on their own (heartbeats, events, endpoints), left out.
@@ -33,6 +33,9 @@ impl std::fmt::Display for ObjectRef {
 pub struct Inventory {
     /// Every object but the volatile kinds'.
     pub objects: BTreeMap<ObjectRef, BTreeMap<String, String>>,
+    /// Those whose deletion is under way (a deletion timestamp, finalizers pending), with
+    /// their kind's resource and uid: [`Inventory::wait_deleted`] waits for them.
+    pub deleting: BTreeMap<ObjectRef, (ApiResource, String)>,
 }
 
 impl Inventory {
@@ -40,6 +43,7 @@ impl Inventory {
     pub async fn take(client: &kube::Client) -> Result<Self, kube::Error> {
         let discovery = Discovery::new(client.clone()).run().await?;
         let mut objects = BTreeMap::new();
+        let mut deleting = BTreeMap::new();
         for group in discovery.groups() {
             for (ar, caps) in group.recommended_resources() {
                 if !caps.supports_operation(verbs::LIST) || VOLATILE.contains(&ar.kind.as_str()) {
@@ -50,11 +54,34 @@ impl Inventory {
                 for o in list.items {
                     let namespace = if caps.scope == Scope::Namespaced { o.metadata.namespace.clone().unwrap_or_default() } else { String::new() };
                     let key = ObjectRef { group: ar.group.clone(), kind: ar.kind.clone(), namespace, name: o.metadata.name.clone().unwrap_or_default() };
+                    if o.metadata.deletion_timestamp.is_some() {
+                        deleting.insert(key.clone(), (ar.clone(), o.metadata.uid.clone().unwrap_or_default()));
+                    }
                     objects.insert(key, o.metadata.labels.clone().unwrap_or_default());
                 }
             }
         }
-        Ok(Self { objects })
+        Ok(Self { objects, deleting })
+    }
+
+    /// Waits, up to `timeout` for all, until each of `objects` that was being deleted is
+    /// gone (a watch each: kube's `await_condition`); the ones still there, or not being
+    /// deleted, are returned.
+    pub async fn wait_deleted<'a>(&self, client: &kube::Client, objects: Vec<&'a ObjectRef>, timeout: std::time::Duration) -> Vec<&'a ObjectRef> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut left = Vec::new();
+        for o in objects {
+            let Some((ar, uid)) = self.deleting.get(o) else {
+                left.push(o);
+                continue;
+            };
+            let api: Api<DynamicObject> = if o.namespace.is_empty() { Api::all_with(client.clone(), ar) } else { Api::namespaced_with(client.clone(), &o.namespace, ar) };
+            let gone = tokio::time::timeout_at(deadline, kube::runtime::wait::await_condition(api, &o.name, kube::runtime::wait::conditions::is_deleted(uid))).await;
+            if !matches!(gone, Ok(Ok(_))) {
+                left.push(o);
+            }
+        }
+        left
     }
 
     /// What `later` has that this does not.

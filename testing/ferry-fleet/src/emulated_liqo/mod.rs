@@ -147,9 +147,7 @@ impl Member {
         {
             return Some(c.clone());
         }
-        let config = kube::config::Kubeconfig::from_yaml(std::str::from_utf8(&text).ok()?).ok()?;
-        let config = kube::Config::from_custom_kubeconfig(config, &Default::default()).await.ok()?;
-        let client = kube::Client::try_from(config).ok()?;
+        let client = crate::emulated_registration::client_from(std::str::from_utf8(&text).ok()?).await.ok()?;
         let mut cache = self.kubeconfig_clients.lock().expect("kubeconfig clients lock");
         cache.insert(key, (text, client.clone()));
         Some(client)

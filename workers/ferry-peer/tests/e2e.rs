@@ -61,6 +61,19 @@ fn end(evs: &[ProgressEvent]) -> EventType {
     evs.last().unwrap().event
 }
 
+/// Submits `p`, which must end Reverted after `step` failed with `code` and a message
+/// containing each of `says`.
+async fn reverted_at(client: &Client, p: &PeerClusters, step: &str, code: &str, says: &[&str]) {
+    let (_, evs) = submit(client, p).await;
+    assert_eq!(end(&evs), EventType::Reverted, "{}", last(&evs));
+    let failed = evs.iter().find(|e| e.event == EventType::StepFailed).unwrap_or_else(|| panic!("{evs:#?}"));
+    assert_eq!((failed.step_name.as_deref(), failed.code.as_deref()), (Some(step), Some(code)), "{failed:?}");
+    let message = failed.message.as_deref().unwrap_or_default();
+    for s in says {
+        assert!(message.contains(s), "{s:?} is not in {failed:?}");
+    }
+}
+
 fn peer(a: &str, b: &str) -> PeerClusters {
     PeerClusters { a: a.into(), b: b.into(), timeout_seconds: Some(60), ..PeerClusters::default() }
 }
@@ -253,11 +266,7 @@ async fn unready_components_fail_at_the_deadline_and_commands_of_a_pair_never_in
     // Liqo never comes up on member-3: the check fails at its deadline, nothing created.
     let mut p = peer("member-1", "member-3");
     p.timeout_seconds = Some(3);
-    let (_, evs) = submit(&client, &p).await;
-    assert_eq!(end(&evs), EventType::Reverted, "{}", last(&evs));
-    let failed = evs.iter().find(|e| e.event == EventType::StepFailed).unwrap();
-    assert_eq!((failed.step_name.as_deref(), failed.code.as_deref()), (Some("check"), Some("DEADLINE_EXCEEDED")));
-    assert!(failed.message.as_deref().unwrap_or("").contains("LIQO_NOT_READY") && failed.message.as_deref().unwrap_or("").contains("member-3"), "{failed:?}");
+    reverted_at(&client, &p, "check", "DEADLINE_EXCEEDED", &["LIQO_NOT_READY", "member-3"]).await;
     assert_eq!(peering_objects(&m1).await, Vec::<String>::new());
 
     // member-2's Liqo lacks the ClusterRole its tenant controller binds for a consumer (a
@@ -270,11 +279,7 @@ async fn unready_components_fail_at_the_deadline_and_commands_of_a_pair_never_in
     // (10 s: the waits before it, on member-2's first watches, pass on a loaded machine.)
     let mut p = peer("member-1", "member-2");
     p.timeout_seconds = Some(10);
-    let (_, evs) = submit(&client, &p).await;
-    assert_eq!(end(&evs), EventType::Reverted, "{}", last(&evs));
-    let failed = evs.iter().find(|e| e.event == EventType::StepFailed).unwrap();
-    assert_eq!((failed.step_name.as_deref(), failed.code.as_deref()), (Some("check"), Some("DEADLINE_EXCEEDED")), "{failed:?}");
-    assert!(failed.message.as_deref().unwrap_or("").contains("app.kubernetes.io/name=remote-controlplane"), "{failed:?}");
+    reverted_at(&client, &p, "check", "DEADLINE_EXCEEDED", &["app.kubernetes.io/name=remote-controlplane"]).await;
     assert_eq!((peering_objects(&m1).await, peering_objects(&m2).await), (vec![], vec![]));
     role.metadata = kube::api::ObjectMeta { name: role.metadata.name.take(), labels: role.metadata.labels.take(), ..Default::default() };
     roles.create(&Default::default(), &role).await.unwrap();
@@ -285,11 +290,8 @@ async fn unready_components_fail_at_the_deadline_and_commands_of_a_pair_never_in
     bed.liqo.as_ref().unwrap().set("member-2", |k| k.gateway_never_connects = true);
     let mut p = peer("member-1", "member-2");
     p.timeout_seconds = Some(30);
-    let (_, evs) = submit(&client, &p).await;
-    assert_eq!(end(&evs), EventType::Reverted, "{}", last(&evs));
-    let failed = evs.iter().find(|e| e.event == EventType::StepFailed).unwrap();
-    assert_eq!((failed.step_name.as_deref(), failed.code.as_deref()), (Some("network"), Some("DEADLINE_EXCEEDED")), "{failed:?}");
-    assert!(failed.message.as_deref().unwrap_or("").contains("Connecting"), "the last state seen is in the error: {failed:?}");
+    // The last state seen is in the error.
+    reverted_at(&client, &p, "network", "DEADLINE_EXCEEDED", &["Connecting"]).await;
     assert_eq!(peering_objects(&m1).await, Vec::<String>::new());
     assert_eq!(peering_objects(&m2).await, Vec::<String>::new());
     // Liqo's controller made a ForeignCluster on each side for the objects naming the other
@@ -350,12 +352,7 @@ async fn a_forged_or_missing_handshake_is_refused_by_the_provider_and_says_why()
     // controller refuses the Tenant, and the task fails at `authentication` with Liqo's
     // reason, then removes what it made.
     bed.liqo.as_ref().unwrap().set("member-1", |k| k.forged_signatures = true);
-    let (_, evs) = submit(&client, &peer("member-1", "member-2")).await;
-    assert_eq!(end(&evs), EventType::Reverted, "{}", last(&evs));
-    let failed = evs.iter().find(|e| e.event == EventType::StepFailed).unwrap();
-    assert_eq!((failed.step_name.as_deref(), failed.code.as_deref()), (Some("authentication"), Some("AUTHENTICATION")), "{failed:?}");
-    let why = failed.message.clone().unwrap_or_default();
-    assert!(why.contains("SignatureVerificationFailed") && why.contains("member-2 refused the Tenant of member-1"), "{why}");
+    reverted_at(&client, &peer("member-1", "member-2"), "authentication", "AUTHENTICATION", &["SignatureVerificationFailed", "member-2 refused the Tenant of member-1"]).await;
     assert_eq!(peering_objects(&m1).await, Vec::<String>::new());
     assert_eq!(peering_objects(&m2).await, Vec::<String>::new());
     bed.liqo.as_ref().unwrap().set("member-1", |k| k.forged_signatures = false);
@@ -449,12 +446,8 @@ async fn objects_that_were_there_before_are_never_taken_over_nor_deleted() {
         "spec": {"remote": {"cidr": {"pod": ["10.244.0.0/16"], "external": ["10.70.0.0/16"]}}}});
     let cfgs = Api::<DynamicObject>::namespaced_with(m1.clone(), BY_HAND, &cfg);
     cfgs.patch("member-2", &pp, &Patch::Apply(&theirs)).await.unwrap();
-    let (_, evs) = submit(&client, &peer("member-1", "member-2")).await;
-    assert_eq!(end(&evs), EventType::Reverted, "{}", last(&evs));
-    let failed = evs.iter().find(|e| e.event == EventType::StepFailed).unwrap();
-    assert_eq!((failed.step_name.as_deref(), failed.code.as_deref()), (Some("check"), Some("OBJECT_NOT_FERRYS")), "{failed:?}");
-    let why = failed.message.clone().unwrap_or_default();
-    assert!(why.contains("already peered outside Ferry") && why.contains(&format!("Configuration {BY_HAND}/member-2 on member-1")), "{why}");
+    let theirs = format!("Configuration {BY_HAND}/member-2 on member-1");
+    reverted_at(&client, &peer("member-1", "member-2"), "check", "OBJECT_NOT_FERRYS", &["already peered outside Ferry", &theirs]).await;
     assert!(!cfgs.get("member-2").await.unwrap().metadata.labels.unwrap_or_default().contains_key(PEERING_LABEL));
     cfgs.delete("member-2", &Default::default()).await.unwrap();
 
@@ -476,11 +469,7 @@ async fn objects_that_were_there_before_are_never_taken_over_nor_deleted() {
     // A namespace of that name that is not a Liqo tenant namespace: refused, left alone.
     let plain = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "liqo-tenant-member-1"}});
     Api::<Namespace>::all(m2.clone()).patch("liqo-tenant-member-1", &pp, &Patch::Apply(&plain)).await.unwrap();
-    let (_, evs) = submit(&client, &peer("member-1", "member-2")).await;
-    assert_eq!(end(&evs), EventType::Reverted, "{}", last(&evs));
-    let failed = evs.iter().find(|e| e.event == EventType::StepFailed).unwrap();
-    assert_eq!((failed.step_name.as_deref(), failed.code.as_deref()), (Some("check"), Some("OBJECT_NOT_FERRYS")), "{failed:?}");
-    assert!(failed.message.as_deref().unwrap_or("").contains("Namespace liqo-tenant-member-1 on member-2"), "{failed:?}");
+    reverted_at(&client, &peer("member-1", "member-2"), "check", "OBJECT_NOT_FERRYS", &["Namespace liqo-tenant-member-1 on member-2"]).await;
     let left = Api::<Namespace>::all(m2.clone()).get("liqo-tenant-member-1").await.unwrap();
     assert!(left.metadata.deletion_timestamp.is_none() && !left.metadata.labels.unwrap_or_default().contains_key(PEERING_LABEL));
 

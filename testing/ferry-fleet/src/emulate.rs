@@ -113,3 +113,55 @@ where
 pub fn now() -> String {
     k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
+
+/// A create's outcome with "already exists" (409) counted as done: the object is there.
+pub fn present<T>(r: Result<T, kube::Error>) -> Result<(), kube::Error> {
+    match r {
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        r => r.map(drop),
+    }
+}
+
+/// A delete's outcome with "not found" (404) counted as done: the object is gone.
+pub fn absent<T>(r: Result<T, kube::Error>) -> Result<(), kube::Error> {
+    match r {
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        r => r.map(drop),
+    }
+}
+
+/// A merge patch (RFC 7386) that turns `old` into `new`: keys `new` lacks are nulled, so
+/// a status copied back loses what its source lost (a NamespaceMap's mapping removed).
+pub fn merge_patch(old: &serde_json::Value, new: &serde_json::Value) -> serde_json::Value {
+    match (old, new) {
+        (serde_json::Value::Object(o), serde_json::Value::Object(n)) => {
+            let mut patch = serde_json::Map::new();
+            for (k, v) in n.iter().filter(|(k, v)| o.get(*k) != Some(*v)) {
+                patch.insert(k.clone(), merge_patch(o.get(k).unwrap_or(&serde_json::Value::Null), v));
+            }
+            for k in o.keys().filter(|k| !n.contains_key(*k)) {
+                patch.insert(k.clone(), serde_json::Value::Null);
+            }
+            serde_json::Value::Object(patch)
+        }
+        _ => new.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    /// Applying the patch to `old` (RFC 7386) gives `new`: changed keys set, lost keys nulled.
+    #[test]
+    fn a_merge_patch_turns_old_into_new() {
+        let old = json!({"currentMapping": {"web": {"remoteNamespace": "web-a", "phase": "Accepted"}, "api": {"phase": "Terminating"}}, "kept": 1});
+        let new = json!({"currentMapping": {"web": {"remoteNamespace": "web-a", "phase": "Terminating"}}, "kept": 1});
+        let patch = super::merge_patch(&old, &new);
+        assert_eq!(patch, json!({"currentMapping": {"web": {"phase": "Terminating"}, "api": null}}));
+        let mut applied = old.clone();
+        json_patch::merge(&mut applied, &patch);
+        assert_eq!(applied, new);
+        assert_eq!(super::merge_patch(&json!(null), &json!({"a": {}})), json!({"a": {}}));
+    }
+}

@@ -36,12 +36,8 @@ pub async fn tick(hub: &kube::Client) -> Result<(), kube::Error> {
     for name in [DEFAULT, GLOBAL] {
         let Some(mut set) = api.get_opt(name).await? else {
             let made = DynamicObject::new(name, &ar).data(json!({"spec": {"clusterSelector": selector(name)}}));
-            match api.create(&PostParams::default(), &made).await {
-                // Made by someone else since the read: the next pass looks at it.
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 409 => {}
-                Err(e) => return Err(e),
-            }
+            // Made by someone else since the read: the next pass looks at it.
+            crate::emulate::present(api.create(&PostParams::default(), &made).await)?;
             continue;
         };
         if set.metadata.annotations.as_ref().and_then(|a| a.get(AUTO_UPDATE)).is_some_and(|v| v == "false") {

@@ -897,11 +897,7 @@ impl WorkAgent {
                         let patch = json!({"status": {"conditions": conds}, "metadata": {"resourceVersion": w.metadata.resource_version}});
                         api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
                     }
-                    match amws.delete(amw.metadata.name.as_deref().unwrap_or_default(), &DeleteParams::default()).await {
-                        Ok(_) => {}
-                        Err(kube::Error::Api(s)) if s.code == 404 => {}
-                        Err(e) => return Err(e),
-                    }
+                    crate::emulate::absent(amws.delete(amw.metadata.name.as_deref().unwrap_or_default(), &DeleteParams::default()).await)?;
                 }
                 Some(amw) => self.finalize_applied(&amw).await?,
                 None => {

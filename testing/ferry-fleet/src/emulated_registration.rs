@@ -130,11 +130,7 @@ async fn delete(client: &kube::Client, api_version: &str, kind: &str, ns: Option
         Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
         None => Api::all_with(client.clone(), &ar),
     };
-    match api.delete(name, &DeleteParams::default()).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(e),
-    }
+    crate::emulate::absent(api.delete(name, &DeleteParams::default()).await)
 }
 
 /// The Klusterlet CRD as the klusterlet chart installs it on a managed cluster
@@ -393,11 +389,7 @@ async fn gc(hub: &kube::Client, api: &Api<DynamicObject>, mc: &DynamicObject, wa
 
 /// Deletes `name` through `api`; gone already is fine.
 async fn delete_named(api: &Api<DynamicObject>, name: &str) -> Result<(), kube::Error> {
-    match api.delete(name, &DeleteParams::default()).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(e),
-    }
+    crate::emulate::absent(api.delete(name, &DeleteParams::default()).await)
 }
 
 /// Whether ManifestWorks are left in cluster namespace `name` (the kind not served: none).
@@ -632,11 +624,7 @@ impl Klusterlet {
             let mc = json!({"apiVersion": "cluster.open-cluster-management.io/v1", "kind": "ManagedCluster", "metadata": {"name": name},
                 "spec": {"hubAcceptsClient": false, "leaseDurationSeconds": DEFAULT_LEASE_SECONDS}});
             let obj: DynamicObject = serde_json::from_value(mc).expect("a ManagedCluster");
-            match mcs.create(&PostParams::default(), &obj).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 409 => {}
-                Err(e) => return Err(err("creating its ManagedCluster")(e)),
-            }
+            crate::emulate::present(mcs.create(&PostParams::default(), &obj).await).map_err(err("creating its ManagedCluster"))?;
         }
         let csrs: Api<CertificateSigningRequest> = Api::all(boot.clone());
         let Some((csr_name, key)) = state.csr.clone() else {

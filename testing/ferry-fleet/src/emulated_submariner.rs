@@ -240,9 +240,5 @@ pub(crate) async fn ssa(client: &kube::Client, ar: &ApiResource, obj: &Value) ->
 
 /// Deletes `name` (404 is success).
 pub(crate) async fn delete(api: &Api<DynamicObject>, name: &str) -> Result<(), kube::Error> {
-    match api.delete(name, &Default::default()).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(e),
-    }
+    crate::emulate::absent(api.delete(name, &Default::default()).await)
 }

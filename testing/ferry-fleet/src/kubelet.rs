@@ -182,11 +182,7 @@ impl Kubelet {
                 "metadata": {"name": name, "labels": labels},
             }))
             .expect("valid node");
-            match api.create(&PostParams::default(), &node).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 409 => {}
-                Err(e) => return Err(self.err(format!("creating node {name}"))(e)),
-            }
+            crate::emulate::present(api.create(&PostParams::default(), &node).await).map_err(self.err(format!("creating node {name}")))?;
             let now = chrono_now();
             let up = {
                 let mut net = self.network.lock().expect("network lock");

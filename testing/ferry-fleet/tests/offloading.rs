@@ -13,8 +13,12 @@ use std::time::Duration;
 
 use ferry_fleet::NodeFlavor;
 use ferry_fleet::emulated_liqo::NOT_ALLOWED_TAINT;
+use ferry_fleet::emulated_liqo::authentication::VK_REMOTE_ROLE;
+use ferry_fleet::emulated_liqo::resources::namespace_map_resource;
+use ferry_fleet::emulated_offloading::namespace_maps::{self, MANAGED_BY_ANNOTATION, ORIGINAL_NAME_ANNOTATION};
 use ferry_fleet::emulated_offloading::{
-    FINALIZER, ORIGIN_CLUSTER_LABEL, ORIGIN_NAMESPACE_LABEL, OffloadingKnobs, REMOTE_ID_LABEL, SCHEDULING_LABEL, VIRTUAL_NODE_SELECTOR, namespace_offloading_resource,
+    FINALIZER, OffloadingKnobs, REFLECTION_DESTINATION_LABEL, REFLECTION_ORIGIN_LABEL, REMOTE_ID_LABEL, SCHEDULING_LABEL, VIRTUAL_NODE_SELECTOR,
+    namespace_offloading_resource,
 };
 use ferry_peer::spec::PeerClusters;
 use ferry_peer::{PeerConfig, PeerHandler};
@@ -118,9 +122,26 @@ fn ready_condition(o: &DynamicObject, provider: &str) -> (String, String, String
     (s("status"), s("reason"), s("message"))
 }
 
+/// The remote namespaces on `client`'s cluster: those a NamespaceMap manages (by Liqo's annotation).
 async fn twins(client: &kube::Client) -> Vec<String> {
-    let lp = ListParams::default().labels(ORIGIN_NAMESPACE_LABEL);
-    Api::<Namespace>::all(client.clone()).list(&lp).await.unwrap().items.into_iter().filter_map(|n| n.metadata.name).collect()
+    let all = Api::<Namespace>::all(client.clone()).list(&ListParams::default()).await.unwrap().items;
+    let managed = |n: &Namespace| n.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(MANAGED_BY_ANNOTATION));
+    all.into_iter().filter(|n| managed(n)).filter_map(|n| n.metadata.name).collect()
+}
+
+/// A condition of `provider` in an offloading's status: (status, reason), if there is one.
+fn remote_condition(o: &DynamicObject, provider: &str, type_: &str) -> Option<(String, String)> {
+    let cs = o.data.pointer(&format!("/status/remoteNamespacesConditions/{provider}"))?.as_array()?.clone();
+    let c = cs.into_iter().find(|c| c["type"] == type_)?;
+    Some((c["status"].as_str()?.to_owned(), c["reason"].as_str()?.to_owned()))
+}
+
+/// The consumer's NamespaceMap toward `provider` (in any namespace, by Liqo's labels).
+async fn namespace_map(client: &kube::Client, provider: &str) -> DynamicObject {
+    let lp = ListParams::default().labels(&format!("{REMOTE_ID_LABEL}={provider},liqo.io/replication=true"));
+    let mut maps = Api::<DynamicObject>::all_with(client.clone(), &namespace_map_resource()).list(&lp).await.unwrap().items;
+    assert_eq!(maps.len(), 1, "one NamespaceMap toward {provider}");
+    maps.remove(0)
 }
 
 /// The value of Liqo's scheduling label on namespace `ns`, if any.
@@ -178,11 +199,28 @@ async fn namespaces_offload_pods_overflow_to_the_provider_and_deletion_takes_the
     let nso = phase(&m1, "web", "Ready").await;
     assert!(nso.metadata.finalizers.iter().flatten().any(|f| f == FINALIZER), "Liqo's finalizer: {:?}", nso.metadata.finalizers);
     assert_eq!(nso.data.pointer("/status/remoteNamespaceName"), Some(&json!("web-member-1")));
-    assert_eq!(ready_condition(&nso, "member-2").0, "True");
-    assert!(nso.data.pointer("/status/remoteNamespacesConditions/member-3").is_none(), "member-3 is not selected: {:?}", nso.data["status"]);
+    assert_eq!(ready_condition(&nso, "member-2"), ("True".into(), "NamespaceCreated".into(), "Namespace correctly offloaded to the remote cluster".into()));
+    // Upstream keeps a condition per peered provider, selected or not.
+    assert_eq!(remote_condition(&nso, "member-3", "OffloadingRequired"), Some(("False".into(), "ClusterNotSelected".into())), "{:?}", nso.data["status"]);
+    assert_eq!(remote_condition(&nso, "member-3", "Ready"), None, "member-3 is not selected: {:?}", nso.data["status"]);
+    // The mapping went through member-1's NamespaceMap toward member-2, replicated there.
+    let nm = namespace_map(&m1, "member-2").await;
+    assert_eq!(namespace_maps::desired(&nm).get("web").map(String::as_str), Some("web-member-1"));
+    assert_eq!(namespace_maps::current(&nm)["web"], json!({"remoteNamespace": "web-member-1", "phase": "Accepted"}));
+    assert!(namespace_maps::desired(&namespace_map(&m1, "member-3").await).is_empty(), "member-3's map asks for nothing");
+    let copies = Api::<DynamicObject>::all_with(m2.clone(), &namespace_map_resource()).list(&ListParams::default().labels("liqo.io/replicated=true")).await.unwrap().items;
+    let [copy] = copies.as_slice() else { panic!("one replicated NamespaceMap on member-2: {copies:?}") };
+    assert!(copy.metadata.finalizers.iter().flatten().any(|f| f == namespace_maps::FINALIZER), "the provider's NamespaceMap controller finalizes it");
+    let map_id = format!("{}/{}", copy.metadata.namespace.as_deref().unwrap(), copy.metadata.name.as_deref().unwrap());
     let twin = Api::<Namespace>::all(m2.clone()).get("web-member-1").await.expect("the twin namespace on member-2");
-    let labels = twin.metadata.labels.unwrap();
-    assert_eq!((labels[REMOTE_ID_LABEL].as_str(), labels[ORIGIN_NAMESPACE_LABEL].as_str()), (CONSUMER, "web"));
+    assert_eq!(twin.metadata.labels.unwrap()[REMOTE_ID_LABEL], CONSUMER);
+    let annotations = twin.metadata.annotations.unwrap();
+    assert_eq!((annotations[MANAGED_BY_ANNOTATION].as_str(), annotations[ORIGINAL_NAME_ANNOTATION].as_str()), (map_id.as_str(), "web"));
+    // The consumer's virtual kubelet may work there: the chart's role, bound to its group.
+    let binding = Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(m2.clone(), "web-member-1").get(copy.metadata.namespace.as_deref().unwrap()).await.unwrap();
+    assert_eq!((binding.role_ref.kind.as_str(), binding.role_ref.name.as_str()), ("ClusterRole", VK_REMOTE_ROLE));
+    let subjects: Vec<(String, String)> = binding.subjects.unwrap_or_default().into_iter().map(|s| (s.kind, s.name)).collect();
+    assert_eq!(subjects, [("Group".to_owned(), CONSUMER.to_owned())]);
     assert_eq!(twins(&m3).await, Vec::<String>::new(), "nothing on member-3");
     assert_eq!(scheduling_label(&m1, "web").await.as_deref(), Some("true"), "Liqo labels the offloaded namespace for scheduling");
 
@@ -214,7 +252,8 @@ async fn namespaces_offload_pods_overflow_to_the_provider_and_deletion_takes_the
     for r in &reflections {
         assert!(node_of(r).starts_with("member-2-node-"), "{:?} runs on member-2's nodes", r.metadata.name);
         assert_eq!(r.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Running"));
-        assert_eq!(r.metadata.labels.as_ref().unwrap()[ORIGIN_CLUSTER_LABEL], CONSUMER);
+        let labels = r.metadata.labels.as_ref().unwrap();
+        assert_eq!((labels[REFLECTION_ORIGIN_LABEL].as_str(), labels[REFLECTION_DESTINATION_LABEL].as_str()), (CONSUMER, "member-2"));
     }
 
     // Deleting the offloading takes everything back.
@@ -249,16 +288,25 @@ async fn namespaces_offload_pods_overflow_to_the_provider_and_deletion_takes_the
     assert_eq!(scheduling_label(&m1, "api").await, None, "pods of a Local offloading stay home: no scheduling label");
     assert_eq!(ready_condition(&some, "member-2").0, "True");
     let (status, reason, message) = ready_condition(&some, "member-3");
-    assert_eq!((status.as_str(), reason.as_str()), ("False", "CreationFailed"), "{message}");
-    assert!(message.contains("member-3"), "{message}");
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "CreationLoopBackOff"), "{message}");
     let all = phase(&m1, "batch", "AllFailed").await;
-    assert_eq!(ready_condition(&all, "member-3").1, "CreationFailed");
+    assert_eq!(ready_condition(&all, "member-3").1, "CreationLoopBackOff");
     assert!(Api::<Namespace>::all(m2.clone()).get_opt("api-remote").await.unwrap().is_some(), "member-2's twin exists meanwhile");
     assert_eq!(twins(&m3).await, Vec::<String>::new(), "nothing created on the failing member-3");
     bed.offloading.as_ref().unwrap().set("member-3", |k| k.fails = false);
     phase(&m1, "batch", "Ready").await;
     phase(&m1, "api", "Ready").await;
     assert_eq!(twins(&m3).await, ["api-remote", "batch"], "twins on member-3 once it recovers");
+
+    // A namespace of the remote name that Liqo did not make is refused, and left alone.
+    namespace(&m2, "taken").await;
+    namespace(&m1, "clash").await;
+    let clash = json!({"clusterSelector": only("member-2"), "namespaceMappingStrategy": "SelectedName", "remoteNamespaceName": "taken", "podOffloadingStrategy": "Local"});
+    apply(&m1, &namespace_offloading_resource(), offloading("clash", clash)).await;
+    let refused = phase(&m1, "clash", "AllFailed").await;
+    assert_eq!(ready_condition(&refused, "member-2").1, "CreationLoopBackOff");
+    let taken = Api::<Namespace>::all(m2.clone()).get("taken").await.unwrap();
+    assert!(!taken.metadata.annotations.unwrap_or_default().contains_key(MANAGED_BY_ANNOTATION), "the foreign namespace is not taken over");
     println!("done in {:?}", started.elapsed());
     bed.stop().await;
 }

@@ -182,11 +182,17 @@ mod tests {
         assert!(matches(&labels, &[r("zone", "In", &["eu", "us"]), r("gpu", "DoesNotExist", &[])]));
         assert!(!matches(&labels, &[r("zone", "NotIn", &["eu"])]));
         let ids = ["member-2".to_owned()];
+        // As upstream writes them (`namespaceoffloading-controller/status.go`): a condition
+        // per peered provider, an unselected one among them.
         let ok = json!({"offloadingPhase": "Ready", "remoteNamespaceName": "web-member-1", "observedGeneration": 1,
-            "remoteNamespacesConditions": {"member-2": [{"type": "Ready", "status": "True", "reason": "Created"}]}});
+            "remoteNamespacesConditions": {
+                "member-2": [{"type": "OffloadingRequired", "status": "True", "reason": "ClusterSelected"},
+                             {"type": "Ready", "status": "True", "reason": "NamespaceCreated"}],
+                "member-3": [{"type": "OffloadingRequired", "status": "False", "reason": "ClusterNotSelected"}]}});
         assert_eq!(progress(&ok, Some(1), &ids), Progress::Ready("web-member-1".into()));
         assert!(matches!(progress(&ok, Some(2), &ids), Progress::Pending(_)));
-        let bad = json!({"offloadingPhase": "AllFailed", "remoteNamespacesConditions": {"member-2": [{"type": "Ready", "status": "False", "reason": "CreationFailed", "message": "denied"}]}});
-        assert_eq!(progress(&bad, None, &ids), Progress::Failed("offloading phase AllFailed: member-2: CreationFailed denied".into()));
+        let bad = json!({"offloadingPhase": "AllFailed", "remoteNamespacesConditions": {"member-2": [{"type": "Ready", "status": "False",
+            "reason": "CreationLoopBackOff", "message": "Some problems occurred during remote namespace creation"}]}});
+        assert_eq!(progress(&bad, None, &ids), Progress::Failed("offloading phase AllFailed: member-2: CreationLoopBackOff Some problems occurred during remote namespace creation".into()));
     }
 }

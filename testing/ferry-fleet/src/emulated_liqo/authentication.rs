@@ -197,18 +197,21 @@ pub(super) async fn issue(m: &Member, csr_pem: &[u8]) -> Result<Option<Vec<u8>>,
 
 /// The tenant controller.
 pub(super) async fn tenants(m: &Member) -> Result<(), kube::Error> {
-    // `ensureSetup`: no Tenant is reconciled until the chart's tenant ClusterRoles are there.
+    // `ensureSetup`: no Tenant is reconciled until the chart's tenant ClusterRoles are
+    // there; each list is looked up until found, then kept for the controller's life.
     let roles: Api<ClusterRole> = Api::all(m.client.clone());
-    let mut bound = Vec::new();
-    for app in TENANT_ROLE_APPS {
-        let found = roles.list(&ListParams::default().labels(&format!("{APP_NAME_LABEL}={app}"))).await?.items;
-        if found.is_empty() {
+    let mut bound = m.tenant_roles.lock().expect("tenant roles lock").clone();
+    for (app, names) in TENANT_ROLE_APPS.iter().zip(bound.iter_mut()) {
+        if names.is_empty() {
+            *names = roles.list(&ListParams::default().labels(&format!("{APP_NAME_LABEL}={app}"))).await?.items.into_iter().filter_map(|r| r.metadata.name).collect();
+        }
+        if names.is_empty() {
             tracing::debug!(cluster = %m.name, app, "emulated Liqo: required ClusterRoles not found; no Tenant reconciled");
             return Ok(());
         }
-        bound.push(found.into_iter().filter_map(|r| r.metadata.name).collect::<Vec<_>>());
     }
-    let (namespaced, cluster_wide) = (&bound[0], &bound[1]);
+    m.tenant_roles.lock().expect("tenant roles lock").clone_from(&bound);
+    let [namespaced, cluster_wide] = &bound;
     let all: Api<DynamicObject> = Api::all_with(m.client.clone(), &auth("Tenant", "tenants"));
     for t in all.list(&ListParams::default()).await?.items {
         let consumer = t.data.pointer("/spec/clusterID").and_then(Value::as_str).map(str::to_owned);
@@ -218,7 +221,7 @@ pub(super) async fn tenants(m: &Member) -> Result<(), kube::Error> {
             if finalizers.iter().any(|f| f == TENANT_FINALIZER) {
                 for role in cluster_wide.iter().filter(|_| consumer.is_some()) {
                     let name = cluster_binding_name(role, consumer.as_deref().unwrap_or_default());
-                    delete_ignoring_absent(Api::<ClusterRoleBinding>::all(m.client.clone()).delete(&name, &DeleteParams::default()).await)?;
+                    crate::emulate::absent(Api::<ClusterRoleBinding>::all(m.client.clone()).delete(&name, &DeleteParams::default()).await)?;
                 }
                 let rest: Vec<&String> = finalizers.iter().filter(|f| *f != TENANT_FINALIZER).collect();
                 let patch = json!({"metadata": {"finalizers": rest, "resourceVersion": t.metadata.resource_version}});
@@ -299,7 +302,7 @@ async fn bind(m: &Member, t: &DynamicObject, consumer: &str, ns: &str, namespace
                 "ownerReferences": [{"apiVersion": "authentication.liqo.io/v1beta1", "kind": "Tenant", "name": name_of(t), "uid": t.metadata.uid.clone().unwrap_or_default(), "controller": true, "blockOwnerDeletion": true}]},
             "subjects": [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": consumer}], "roleRef": role_ref(role)}))
         .expect("a RoleBinding");
-        create_ignoring_present(bindings.create(&PostParams::default(), &rb).await)?;
+        crate::emulate::present(bindings.create(&PostParams::default(), &rb).await)?;
     }
     let cluster_bindings: Api<ClusterRoleBinding> = Api::all(m.client.clone());
     for role in cluster_wide {
@@ -308,7 +311,7 @@ async fn bind(m: &Member, t: &DynamicObject, consumer: &str, ns: &str, namespace
             "metadata": {"name": name, "labels": labels},
             "subjects": [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": consumer}], "roleRef": role_ref(role)}))
         .expect("a ClusterRoleBinding");
-        create_ignoring_present(cluster_bindings.create(&PostParams::default(), &crb).await)?;
+        crate::emulate::present(cluster_bindings.create(&PostParams::default(), &crb).await)?;
     }
     Ok(())
 }
@@ -316,22 +319,6 @@ async fn bind(m: &Member, t: &DynamicObject, consumer: &str, ns: &str, namespace
 /// `getClusterRoleBindingName`: the cluster-wide binding of `role` for `consumer`.
 fn cluster_binding_name(role: &str, consumer: &str) -> String {
     format!("{BINDING_ROOT}-{role}-{consumer}")
-}
-
-fn create_ignoring_present<T>(r: Result<T, kube::Error>) -> Result<(), kube::Error> {
-    match r {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-fn delete_ignoring_absent<T>(r: Result<T, kube::Error>) -> Result<(), kube::Error> {
-    match r {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        Err(e) => Err(e),
-    }
 }
 
 /// The ClusterRoles Liqo's chart installs for tenants (`deployments/liqo/templates/
@@ -355,6 +342,28 @@ pub(super) fn tenant_cluster_roles() -> Vec<ClusterRole> {
     .map(|r| serde_json::from_value(r).expect("a ClusterRole"))
     .collect()
 }
+
+/// The ClusterRole Liqo's NamespaceMap controller binds in each remote namespace it makes
+/// for a consumer's virtual kubelet (`pkg/consts/namespace_mapping.go`,
+/// `RemoteNamespaceClusterRoleName`; the chart's `liqo-virtual-kubelet-remote`,
+/// `deployments/liqo/files/liqo-virtual-kubelet-remote-ClusterRole.yaml`: the kinds a
+/// virtual kubelet reflects, and ShadowPods rather than Pods).
+pub(super) fn virtual_kubelet_remote_role() -> ClusterRole {
+    let all = ["create", "delete", "get", "list", "patch", "update", "watch"];
+    serde_json::from_value(json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": VK_REMOTE_ROLE, "labels": {APP_NAME_LABEL: "virtual-kubelet-remote", "app.kubernetes.io/component": "virtualkubelet", "app.kubernetes.io/part-of": "liqo"}},
+        "rules": [{"apiGroups": [""], "resources": ["configmaps", "events", "persistentvolumeclaims", "secrets", "services"], "verbs": all},
+                  {"apiGroups": [""], "resources": ["pods/attach", "pods/exec"], "verbs": ["create"]},
+                  {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get", "list"]},
+                  {"apiGroups": [""], "resources": ["pods/portforward"], "verbs": ["create", "get"]},
+                  {"apiGroups": ["", "metrics.k8s.io"], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+                  {"apiGroups": ["networking.k8s.io"], "resources": ["ingresses"], "verbs": all},
+                  {"apiGroups": ["offloading.liqo.io"], "resources": ["shadowendpointslices", "shadowpods"], "verbs": all}]}))
+    .expect("a ClusterRole")
+}
+
+/// See [`virtual_kubelet_remote_role`].
+pub const VK_REMOTE_ROLE: &str = "liqo-virtual-kubelet-remote";
 
 /// A kubeconfig for `server` (CA `ca`) with client certificate `cert` and key `key`.
 fn kubeconfig(server: &str, ca: &[u8], cert: &[u8], key: &[u8]) -> String {

@@ -14,7 +14,8 @@
 //!   with a Warning event), certificates issued by the provider's certificates API,
 //!   Identities turned into kubeconfigs;
 //! - [`resources`]: ResourceSlices completed, replicated, authorized and accepted, then
-//!   VirtualNodes and Nodes named after the slice;
+//!   VirtualNodes and Nodes named after the slice; the CRD replicator also carries the
+//!   NamespaceMaps of [`crate::emulated_offloading`] (spec out, status back);
 //! - ForeignCluster statuses report each module from what exists;
 //! - a tenant namespace is found by its labels, as upstream's tenant namespace manager
 //!   finds it (`tenant_namespace_of`; `pkg/tenantNamespace/namespaceManager.go`), never by
@@ -55,7 +56,7 @@ const MANAGER: &str = "ferry-emulated-liqo";
 /// The kinds whose changes start a pass: every kind a pass decides on. Events are only
 /// written here; nodes and pods (a slice's spare capacity) are read once per slice, when
 /// it arrives.
-const WATCHED: [(&str, &str, &str, &str); 14] = [
+const WATCHED: [(&str, &str, &str, &str); 15] = [
     ("networking.liqo.io", "v1beta1", "Configuration", "configurations"),
     ("networking.liqo.io", "v1beta1", "GatewayServer", "gatewayservers"),
     ("networking.liqo.io", "v1beta1", "GatewayClient", "gatewayclients"),
@@ -65,6 +66,8 @@ const WATCHED: [(&str, &str, &str, &str); 14] = [
     ("authentication.liqo.io", "v1beta1", "Identity", "identities"),
     ("authentication.liqo.io", "v1beta1", "ResourceSlice", "resourceslices"),
     ("offloading.liqo.io", "v1beta1", "VirtualNode", "virtualnodes"),
+    // Replicated (spec out, status back) by the CRD replicator.
+    ("offloading.liqo.io", "v1beta1", "NamespaceMap", "namespacemaps"),
     ("ipam.liqo.io", "v1alpha1", "Network", "networks"),
     ("", "v1", "Secret", "secrets"),
     // The ForeignClusters the passes keep, the CSRs the cluster's signer answers, and the
@@ -134,6 +137,9 @@ pub(crate) struct Member {
     /// Clients made from kubeconfig Secrets, by the Secret's namespace/name, with the
     /// content they were made from (a new certificate makes a new client).
     kubeconfig_clients: Mutex<HashMap<String, (Vec<u8>, kube::Client)>>,
+    /// The tenant ClusterRoles' names by `TENANT_ROLE_APPS`, once found (the tenant
+    /// controller's `ensureSetup` looks them up until then, and never again).
+    tenant_roles: Mutex<[Vec<String>; 2]>,
 }
 
 impl Member {
@@ -163,7 +169,7 @@ impl EmulatedLiqo {
             let client = c.client().await?;
             // The CRDs come with the cluster (Liqo's CRD chart), before anything else.
             crate::crds::install(&client, template_crds()).await.map_err(|e| FleetError::Client { cluster: c.name.clone(), source: Box::new(e) })?;
-            members.push(Member { name: c.name.clone(), client, server: c.server.clone(), ca_pem: c.ca_pem()?, installed: false, kubeconfig_clients: Mutex::default() });
+            members.push(Member { name: c.name.clone(), client, server: c.server.clone(), ca_pem: c.ca_pem()?, installed: false, kubeconfig_clients: Mutex::default(), tenant_roles: Mutex::default() });
         }
         // Liqo's components are there when the bed is handed over, as on a cluster Liqo was
         // installed on: a check run at once must not see a half-installed member (a loaded
@@ -267,11 +273,7 @@ pub(crate) async fn event(client: &kube::Client, obj: &DynamicObject, type_: &st
         "type": type_, "reason": reason, "message": message, "source": {"component": "liqo-controller-manager"},
         "firstTimestamp": now(), "lastTimestamp": now(), "count": 1}))
     .expect("an event");
-    match events.create(&PostParams::default(), &ev).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
-        Err(e) => Err(e),
-    }
+    crate::emulate::present(events.create(&PostParams::default(), &ev).await)
 }
 
 /// The gateway template kinds: install-time CRDs of Liqo's chart that `../shared/crds`
@@ -300,9 +302,10 @@ async fn install(m: &Member) -> Result<(), kube::Error> {
             "data": {"privateKey": b(&private), "publicKey": b(&public)}});
         secrets.patch(AUTH_KEYS_SECRET, &pp, &Patch::Apply(&s)).await?;
     }
-    // The tenant ClusterRoles the tenant controller binds (`authentication::tenant_cluster_roles`).
+    // The tenant ClusterRoles the tenant controller binds (`authentication::tenant_cluster_roles`)
+    // and the one the NamespaceMap controller binds in remote namespaces.
     let roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(m.client.clone());
-    for r in authentication::tenant_cluster_roles() {
+    for r in authentication::tenant_cluster_roles().into_iter().chain([authentication::virtual_kubelet_remote_role()]) {
         roles.patch(r.metadata.name.as_deref().unwrap_or_default(), &pp, &Patch::Apply(&r)).await?;
     }
     ipam::install(&m.client).await?;
@@ -343,6 +346,7 @@ async fn tick(members: &mut [Member], knobs: &Mutex<HashMap<String, LiqoKnobs>>,
             authentication::tenants(m).await?;
             authentication::identities(m).await?;
             resources::local_slices(m).await?;
+            resources::replicate(m).await?;
             resources::remote_slices(m).await?;
             resources::virtual_nodes(m).await?;
             foreign_clusters(m).await
@@ -465,11 +469,7 @@ async fn foreign_clusters(m: &Member) -> Result<(), kube::Error> {
         if fcs.get_opt(&id).await?.is_none() {
             let fc = json!({"apiVersion": "core.liqo.io/v1beta1", "kind": "ForeignCluster", "metadata": {"name": id, "labels": {REMOTE_ID_LABEL: id}},
                 "spec": {"clusterID": id}});
-            match fcs.create(&PostParams::default(), &serde_json::from_value(fc).expect("a ForeignCluster")).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(e)) if e.code == 409 => {}
-                Err(e) => return Err(e),
-            }
+            crate::emulate::present(fcs.create(&PostParams::default(), &serde_json::from_value(fc).expect("a ForeignCluster")).await)?;
         }
     }
     for fc in fcs.list(&ListParams::default()).await?.items {

@@ -6,7 +6,8 @@
 //!   remote-cluster-id label) and `spec.csr`: a CSR signed with the cluster's key for
 //!   common name `<slice>-<hash of the consumer id>`, organization the consumer id
 //!   (`csr.go`, `GenerateCSRForResourceSlice`).
-//! - **Replication** (the CRD replicator, `internal/crdReplicator`): once the consumer's
+//! - **Replication** (the CRD replicator, `internal/crdReplicator`; ResourceSlices here,
+//!   NamespaceMaps alike, [`replicate`]): once the consumer's
 //!   control-plane Identity toward the provider has its kubeconfig Secret (annotated with
 //!   the provider's tenant namespace, the Identity's `spec.namespace`), a slice in that
 //!   Secret's namespace labelled `liqo.io/replication=true` and `liqo.io/remoteID=<provider>`
@@ -32,7 +33,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use k8s_openapi::api::core::v1::{Node, Pod, Secret};
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 use super::authentication::{IDENTITY_TYPE_LABEL, REMOTE_TENANT_NAMESPACE_ANNOTATION, auth, authenticated_toward, issue, private_key};
@@ -43,9 +44,9 @@ use ferry_kube::vocab::liqo::{
 };
 
 /// Label on a replicated copy: the cluster it came from (`pkg/consts/replication.go`).
-const ORIGIN_LABEL: &str = "liqo.io/originID";
+pub(crate) const ORIGIN_LABEL: &str = "liqo.io/originID";
 /// Label on a replicated copy, `true` (`pkg/consts/replication.go`, `ReplicationStatusLabel`).
-const REPLICATED_LABEL: &str = "liqo.io/replicated";
+pub(crate) const REPLICATED_LABEL: &str = "liqo.io/replicated";
 /// Label the replicator drops from a copy (`pkg/consts/replication.go`, `LocalResourceOwnership`).
 const OWNERSHIP_LABEL: &str = "liqo.io/ownership";
 
@@ -146,32 +147,12 @@ async fn capacity(client: &kube::Client) -> Result<(String, String), kube::Error
     Ok((format!("{}m", cpu_m.max(0)), format!("{}Mi", mem.max(0) / (1024 * 1024))))
 }
 
-/// The consumer's side: the local slice controller and the replicator.
+/// The consumer's side: the local slice controller (what a slice's spec lacks).
 pub(super) async fn local_slices(m: &Member) -> Result<(), kube::Error> {
     let all = slices(&m.client, None).list(&ListParams::default()).await?.items;
     let private = private_key(&m.client).await?;
-    let kubeconfigs = Api::<Secret>::all(m.client.clone()).list(&ListParams::default().labels(&format!("{REMOTE_ID_LABEL},{IDENTITY_TYPE_LABEL}=ControlPlane"))).await?;
-    let reflections = reflections(&kubeconfigs.items);
-    // Each reflector writes to its provider as this cluster: with the control-plane
-    // Identity's kubeconfig, which the provider's tenant controller bound to its tenant
-    // namespace (`authentication.rs`), not with an administrator's credentials.
-    let mut clients = BTreeMap::new();
-    for (provider, r) in &reflections {
-        let secret = kubeconfigs.items.iter().find(|s| s.metadata.namespace.as_deref() == Some(r.local.as_str()) && s.metadata.name.as_deref() == Some(r.secret.as_str()));
-        if let Some(s) = secret
-            && let Some(c) = m.client_from(s).await
-        {
-            clients.insert(provider.clone(), c);
-        }
-    }
-    // What the replicator's local listers hold (`reflection/manager.go`, `localLabelSelector`).
-    let mut origins = HashSet::new();
     for s in all.iter().filter(|s| label(s, ORIGIN_LABEL).is_none() && s.metadata.deletion_timestamp.is_none()) {
         let (name, ns) = (name_of(s), ns_of(s));
-        if label(s, REPLICATION_LABEL).as_deref() == Some("true") && label(s, REPLICATION_DESTINATION_LABEL).is_some() {
-            origins.insert((ns.clone(), name.clone()));
-        }
-        let api = slices(&m.client, Some(&ns));
         let mut spec = serde_json::Map::new();
         if s.data.pointer("/spec/consumerClusterID").is_none() {
             spec.insert("consumerClusterID".into(), json!(m.name));
@@ -188,51 +169,94 @@ pub(super) async fn local_slices(m: &Member) -> Result<(), kube::Error> {
             spec.insert("csr".into(), json!(base64::Engine::encode(&base64::engine::general_purpose::STANDARD, csr)));
         }
         if !spec.is_empty() {
-            api.patch(&name, &PatchParams::apply(MANAGER), &Patch::Merge(&json!({"spec": spec}))).await?;
-            continue;
-        }
-        // Replication toward the provider, by the reflector its control-plane kubeconfig
-        // Secret starts: only slices of that Secret's namespace (`reflection/reflector.go`,
-        // `StartForResource`: the local lister is `ByNamespace(localNamespace)`), written
-        // to the annotated namespace (`reflection/handler.go`, `createRemoteObject`).
-        let (Some("true"), Some(provider)) = (label(s, REPLICATION_LABEL).as_deref(), label(s, REPLICATION_DESTINATION_LABEL)) else { continue };
-        let (Some(pc), Some(r)) = (clients.get(&provider), reflections.get(&provider).filter(|r| r.local == ns)) else { continue };
-        let there = slices(pc, Some(&r.remote));
-        let labels = labels_for_remote(s.metadata.labels.clone().unwrap_or_default(), &m.name);
-        let copy = json!({"apiVersion": "authentication.liqo.io/v1beta1", "kind": "ResourceSlice",
-            "metadata": {"name": name, "namespace": r.remote, "labels": labels}, "spec": s.data.get("spec").cloned().unwrap_or(json!({}))});
-        match there.get_opt(&name).await {
-            Ok(Some(remote)) => {
-                if remote.data.get("spec") != s.data.get("spec") {
-                    apply(&there, &copy).await?;
-                }
-                if let Some(st) = remote.data.get("status")
-                    && s.data.get("status") != Some(st)
-                {
-                    set_status(&api, &name, st.clone()).await?;
-                }
-            }
-            Ok(None) => {
-                if let Err(e) = apply(&there, &copy).await {
-                    // The provider's tenant namespace may not be there yet: retried.
-                    tracing::debug!(error = %e, "emulated Liqo: replicating a ResourceSlice");
-                }
-            }
-            Err(e) => tracing::debug!(error = %e, "emulated Liqo: reading a replicated ResourceSlice"),
+            slices(&m.client, Some(&ns)).patch(&name, &PatchParams::apply(MANAGER), &Patch::Merge(&json!({"spec": spec}))).await?;
         }
     }
-    // Copies on providers whose origin here is gone (`reflection/handler.go`, `handle`: no
-    // local object of that name in the reflector's local namespace), in the namespace each
-    // reflector writes to, among the copies its remote informer sees (`reflector.go`,
-    // `remoteLabelSelector`).
+    Ok(())
+}
+
+/// The kinds the CRD replicator copies to providers, the spec out and the status back
+/// (`internal/crdReplicator/resources/resources.go`, `GetResourcesToReplicate`: both
+/// `OwnershipShared`; Renews, the third, are not emulated).
+fn replicated_kinds() -> [ApiResource; 2] {
+    [auth("ResourceSlice", "resourceslices"), namespace_map_resource()]
+}
+
+/// The NamespaceMap kind (`offloading.liqo.io/v1beta1`).
+pub fn namespace_map_resource() -> ApiResource {
+    ar("offloading.liqo.io", "v1beta1", "NamespaceMap", "namespacemaps")
+}
+
+/// The CRD replicator of a consumer: each reflector its control-plane kubeconfig Secret
+/// starts copies the objects of [`replicated_kinds`] of that Secret's namespace labelled
+/// for replication toward its provider (`reflection/reflector.go`, `StartForResource`:
+/// the local lister is `ByNamespace(localNamespace)`) into the annotated namespace there
+/// (`reflection/handler.go`, `createRemoteObject`), as this cluster: with the
+/// control-plane Identity's kubeconfig, which the provider's tenant controller bound to
+/// its tenant namespace (`authentication.rs`), not with an administrator's credentials.
+pub(super) async fn replicate(m: &Member) -> Result<(), kube::Error> {
+    let kubeconfigs = Api::<Secret>::all(m.client.clone()).list(&ListParams::default().labels(&format!("{REMOTE_ID_LABEL},{IDENTITY_TYPE_LABEL}=ControlPlane"))).await?;
+    let reflections = reflections(&kubeconfigs.items);
+    let mut clients = BTreeMap::new();
     for (provider, r) in &reflections {
-        let Some(pc) = clients.get(provider).filter(|_| provider != &m.name) else { continue };
-        let there = slices(pc, Some(&r.remote));
-        let Ok(list) = there.list(&ListParams::default().labels(&format!("{ORIGIN_LABEL}={},{REPLICATED_LABEL}=true", m.name))).await else { continue };
-        for c in list.items {
-            let still = origins.contains(&(r.local.clone(), name_of(&c)));
-            if !still {
-                let _ = there.delete(&name_of(&c), &DeleteParams::default()).await;
+        let secret = kubeconfigs.items.iter().find(|s| s.metadata.namespace.as_deref() == Some(r.local.as_str()) && s.metadata.name.as_deref() == Some(r.secret.as_str()));
+        if let Some(s) = secret
+            && let Some(c) = m.client_from(s).await
+        {
+            clients.insert(provider.clone(), c);
+        }
+    }
+    for kind in replicated_kinds() {
+        let all = Api::<DynamicObject>::all_with(m.client.clone(), &kind).list(&ListParams::default()).await?.items;
+        // What the replicator's local listers hold (`reflection/manager.go`, `localLabelSelector`).
+        let mut origins = HashSet::new();
+        for s in all.iter().filter(|s| label(s, ORIGIN_LABEL).is_none() && s.metadata.deletion_timestamp.is_none()) {
+            let (Some("true"), Some(provider)) = (label(s, REPLICATION_LABEL).as_deref(), label(s, REPLICATION_DESTINATION_LABEL)) else { continue };
+            let (name, ns) = (name_of(s), ns_of(s));
+            origins.insert((ns.clone(), name.clone()));
+            let (Some(pc), Some(r)) = (clients.get(&provider), reflections.get(&provider).filter(|r| r.local == ns)) else { continue };
+            let there: Api<DynamicObject> = Api::namespaced_with(pc.clone(), &r.remote, &kind);
+            let labels = labels_for_remote(s.metadata.labels.clone().unwrap_or_default(), &m.name);
+            let copy = json!({"apiVersion": kind.api_version, "kind": kind.kind,
+                "metadata": {"name": name, "namespace": r.remote, "labels": labels}, "spec": s.data.get("spec").cloned().unwrap_or(json!({}))});
+            match there.get_opt(&name).await {
+                Ok(Some(remote)) => {
+                    // The spec as a merge patch, as upstream replaces it (`handler.go`,
+                    // `updateRemoteObjectSpec`): an applied map whose last key goes would be
+                    // null, which the NamespaceMap schema refuses.
+                    let (theirs, ours) = (remote.data.get("spec").unwrap_or(&Value::Null), s.data.get("spec").unwrap_or(&Value::Null));
+                    if theirs != ours {
+                        let patch = json!({"spec": crate::emulate::merge_patch(theirs, ours)});
+                        there.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                    }
+                    let (ours, theirs) = (s.data.get("status").unwrap_or(&Value::Null), remote.data.get("status").unwrap_or(&Value::Null));
+                    if !theirs.is_null() && ours != theirs {
+                        let here: Api<DynamicObject> = Api::namespaced_with(m.client.clone(), &ns, &kind);
+                        let patch = json!({"status": crate::emulate::merge_patch(ours, theirs)});
+                        here.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                    }
+                }
+                Ok(None) => {
+                    if let Err(e) = apply(&there, &copy).await {
+                        // The provider's tenant namespace may not be there yet: retried.
+                        tracing::debug!(error = %e, kind = %kind.kind, "emulated Liqo: replicating");
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, kind = %kind.kind, "emulated Liqo: reading a replicated copy"),
+            }
+        }
+        // Copies on providers whose origin here is gone (`reflection/handler.go`, `handle`:
+        // no local object of that name in the reflector's local namespace), in the namespace
+        // each reflector writes to, among the copies its remote informer sees (`reflector.go`,
+        // `remoteLabelSelector`).
+        for (provider, r) in &reflections {
+            let Some(pc) = clients.get(provider).filter(|_| provider != &m.name) else { continue };
+            let there: Api<DynamicObject> = Api::namespaced_with(pc.clone(), &r.remote, &kind);
+            let Ok(list) = there.list(&ListParams::default().labels(&format!("{ORIGIN_LABEL}={},{REPLICATED_LABEL}=true", m.name))).await else { continue };
+            for c in list.items.iter().filter(|c| c.metadata.deletion_timestamp.is_none()) {
+                if !origins.contains(&(r.local.clone(), name_of(c))) {
+                    let _ = there.delete(&name_of(c), &DeleteParams::default()).await;
+                }
             }
         }
     }
@@ -371,11 +395,7 @@ pub(super) async fn virtual_nodes(m: &Member) -> Result<(), kube::Error> {
                 "labels": {REMOTE_ID_LABEL: provider, TYPE_LABEL: TYPE_VIRTUAL_NODE, "kubernetes.io/hostname": name}},
                 "spec": {"taints": virtual_node_taints()}}))
             .expect("valid node");
-            match nodes.create(&PostParams::default(), &node).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 409 => {}
-                Err(e) => return Err(e),
-            }
+            crate::emulate::present(nodes.create(&PostParams::default(), &node).await)?;
         }
         // Admission adds the not-ready taint at creation: its own taints only, before it
         // reports Ready (so a Ready virtual node has its final taints).

@@ -3,71 +3,70 @@
 //! controllers' part; Liqo's admission webhooks (the NamespaceOffloading's immutable
 //! fields, pods mutated at creation) are the test bed's [`crate::webhooks_liqo_offloading`]:
 //!
-//! - **Namespace offloading** (liqotech/liqo `pkg/liqo-controller-manager/offloading/
-//!   namespaceoffloading-controller/`): a NamespaceOffloading named `offloading` gets
-//!   Liqo's finalizer (`lifecycle.go`); the consumer's virtual nodes matching its
-//!   `clusterSelector` select the providers (`clusterselector.go`); each gets a twin
-//!   namespace (named by the mapping strategy, `status.go`) labelled with the consumer and
-//!   the origin namespace; twins no longer selected are deleted; while the strategy is
+//! - **Namespace offloading** (liqotech/liqo `557c199`, `pkg/liqo-controller-manager/
+//!   offloading/namespaceoffloading-controller/`): a NamespaceOffloading named `offloading`
+//!   gets Liqo's finalizer (`lifecycle.go`); the consumer's VirtualNodes (their Node's
+//!   labels, else the cluster id) matching its `clusterSelector` select the providers
+//!   (`clusterselector.go`); each selected provider's NamespaceMap gets the namespace's
+//!   desired mapping to the remote name of the mapping strategy (`status.go`,
+//!   `remoteNamespaceName`), the others lose it (`mappings.go`); while a cluster with a
+//!   VirtualNode has no NamespaceMap yet, no mapping changes. While the strategy is
 //!   `LocalAndRemote` or `Remote` the namespace is labelled `liqo.io/scheduling-enabled=true`,
-//!   otherwise not (`labels.go`; set after the selection, before the status, as
-//!   `Reconcile` does); the status reports the phase and, per provider,
-//!   `OffloadingRequired` and `Ready` (`SomeFailed`/`AllFailed` only for lasting
-//!   failures: the [`OffloadingKnobs::fails`] knob, a foreign namespace of that name, a
-//!   refusal; `InProgress` while an old twin of that name still terminates or after a
-//!   transient error). On deletion (`deletionLogic`): the scheduling label goes first,
-//!   then `Terminating`, twins deleted, the consumer's pods on virtual nodes deleted, the
-//!   finalizer removed once no twin is left.
+//!   otherwise not (`labels.go`). The status is the NamespaceMaps' (`status.go`,
+//!   `enforceStatus`): per map (every peered provider, selected or not) `OffloadingRequired`
+//!   (`ClusterSelected` / `ClusterNotSelected`) and, once asked for or mapped, `Ready` from
+//!   the mapping's phase (`NamespaceCreated`, `CreationLoopBackOff`, `Terminating`,
+//!   `Creating`), each kept while its status and reason hold; the phase from how many are
+//!   required, ready and failed. On deletion (`deletionLogic`): the scheduling label goes
+//!   first, then the desired mappings, and the finalizer only once no remote condition is
+//!   left (every remote namespace gone).
+//! - **NamespaceMaps** ([`namespace_maps`]): made per peered provider on the consumer,
+//!   replicated by the emulated CRD replicator, enforced by the provider's NamespaceMap
+//!   controller (the remote namespaces, the virtual kubelet's RoleBinding, the phases).
 //! - **Scheduling**: not here. Liqo's pod webhook gives a pod *created* in a labelled
 //!   namespace the virtual nodes' toleration and a node affinity from the cluster selector
 //!   (`Remote` keeps it off local nodes); the real kube-scheduler then places it. A pod
 //!   created before the label keeps neither and stays where the scheduler left it.
-//! - **Virtual kubelet**: a pod bound to a virtual node (known by its labels
-//!   `liqo.io/type=virtual-node` and `liqo.io/remote-cluster-id`, never by its name) is
-//!   reflected into the twin namespace on the provider (its scheduler and emulated kubelet
-//!   run it); the remote status is mirrored onto the local pod; deletions propagate both
-//!   ways. While a selected provider's twin is not there (being made, or failing), the pod
-//!   waits, bound and Pending; a pod on a provider no longer selected, or in a namespace
-//!   no longer offloaded, is deleted (its controller re-creates it).
+//! - **Virtual kubelet** ([`virtual_kubelet`]): pods bound to a virtual node run in the
+//!   remote namespace on the provider.
 //!
-//! Not emulated: NamespaceMaps (twins are made directly); reflected pods keep only their
-//! containers' name, image and resources (no volumes, env, probes, owners: an offloaded
-//! Job's pod never completes); no Services, ConfigMaps or Secrets are reflected;
-//! `DefaultName` is `<namespace>-<consumer>` rather than Liqo's hashed id.
+//! Not emulated: reflected pods are Pods, not ShadowPods (see [`virtual_kubelet`]); no
+//! Services, ConfigMaps or Secrets are reflected; Events of an invalid cluster selector.
 //!
 //! Every member runs one loop every 250 ms over watch-fed caches of its
-//! NamespaceOffloadings, virtual nodes, pods, namespaces labelled for scheduling and twin
-//! namespaces; writes happen only on change; a failed write is logged at debug and
-//! retried on the next tick.
+//! NamespaceOffloadings, VirtualNodes, virtual nodes, NamespaceMaps, pods, namespaces
+//! labelled for scheduling, remote namespaces and their RoleBindings, as a provider (the
+//! NamespaceMap controller) and then as a consumer; writes happen only on change; a failed
+//! write is logged at debug and retried on the next tick.
+
+pub mod namespace_maps;
+pub mod virtual_kubelet;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::core::v1::{Container, Namespace, Node, Pod};
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::core::GroupVersionKind;
 use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
-use crate::emulate::now;
+use crate::emulate::{merge_patch, now};
 pub use crate::emulated_liqo::{NOT_ALLOWED_TAINT, REMOTE_ID_LABEL, VIRTUAL_NODE_SELECTOR};
+use crate::emulated_liqo::resources::namespace_map_resource;
 pub use crate::webhooks_liqo_offloading::SCHEDULING_LABEL;
 use crate::{Fleet, FleetError};
+pub use virtual_kubelet::{ORIGIN_POD_UID_ANNOTATION, REFLECTION_DESTINATION_LABEL, REFLECTION_ORIGIN_LABEL};
 
 /// The only NamespaceOffloading name Liqo acts on.
 pub const OFFLOADING_NAME: &str = "offloading";
 /// Liqo's finalizer on a NamespaceOffloading.
 pub const FINALIZER: &str = "namespaceoffloading-controller.liqo.io/finalizer";
-/// Label of a twin namespace (and of a reflected pod): the consumer's namespace.
-pub const ORIGIN_NAMESPACE_LABEL: &str = "offloading.liqo.io/origin-namespace";
-/// Label of a reflected pod: the consumer's cluster id.
-pub const ORIGIN_CLUSTER_LABEL: &str = "offloading.liqo.io/origin-cluster-id";
-/// Annotation of a reflected pod: the uid of the local pod it reflects.
-pub const ORIGIN_POD_UID_ANNOTATION: &str = "offloading.liqo.io/origin-pod-uid";
 const TICK: Duration = Duration::from_millis(250);
 
 /// The NamespaceOffloading kind (`offloading.liqo.io/v1beta1`).
@@ -75,8 +74,8 @@ pub fn namespace_offloading_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("offloading.liqo.io", "v1beta1", "NamespaceOffloading"), "namespaceoffloadings")
 }
 
-/// The twin namespace's name under `DefaultName` (Liqo appends a hash of the cluster id;
-/// the emulation appends the consumer's name).
+/// The remote namespace's name under `DefaultName`: the namespace and the consumer's
+/// cluster id (`status.go`, `remoteNamespaceName`, with `foreignclusterutils.UniqueName`).
 pub fn default_remote_namespace(namespace: &str, consumer: &str) -> String {
     format!("{namespace}-{consumer}")
 }
@@ -154,7 +153,7 @@ impl PodOffloadingStrategy {
 /// Knobs of one (provider) cluster.
 #[derive(Debug, Clone, Default)]
 pub struct OffloadingKnobs {
-    /// Creating a twin namespace on this cluster always fails (an existing one stays).
+    /// Creating a remote namespace on this cluster always fails (an existing one stays).
     pub fails: bool,
 }
 
@@ -176,15 +175,23 @@ impl Drop for EmulatedOffloading {
     }
 }
 
-/// One member with the caches its loop (as consumer) and the others' (as provider) read.
+/// One member with the caches its loop (as consumer and as provider) and the others' (as
+/// provider) read.
 struct Member {
     name: String,
     client: kube::Client,
     offloadings: Store<DynamicObject>,
+    /// VirtualNode objects (`offloading.liqo.io`): the clusters an offloading may select.
+    virtual_node_objects: Store<DynamicObject>,
+    /// Nodes labelled as virtual: their labels select, their pods are reflected.
     virtual_nodes: Store<Node>,
+    /// Every NamespaceMap: its own (as consumer) and replicated ones (as provider).
+    namespace_maps: Store<DynamicObject>,
     pods: Store<Pod>,
-    /// Namespaces labelled [`ORIGIN_NAMESPACE_LABEL`]: twins on this cluster as a provider.
-    twins: Store<Namespace>,
+    /// Namespaces labelled [`REMOTE_ID_LABEL`]: remote namespaces (and tenant namespaces).
+    remote_namespaces: Store<Namespace>,
+    /// RoleBindings labelled [`REMOTE_ID_LABEL`]: the virtual kubelets' in remote namespaces.
+    bindings: Store<RoleBinding>,
     /// Namespaces labelled [`SCHEDULING_LABEL`] (with any value) on this cluster as a consumer.
     scheduling: Store<Namespace>,
 }
@@ -192,12 +199,12 @@ struct Member {
 impl Member {
     /// Its own caches have listed everything once (a consumer's view).
     fn synced_as_consumer(&self) -> bool {
-        synced(&self.offloadings) && synced(&self.virtual_nodes) && synced(&self.scheduling) && self.synced_as_provider()
+        synced(&self.offloadings) && synced(&self.virtual_node_objects) && synced(&self.virtual_nodes) && synced(&self.scheduling) && self.synced_as_provider()
     }
 
-    /// The caches others read (a provider's view).
+    /// The caches others read, and its NamespaceMap controller's (a provider's view).
     fn synced_as_provider(&self) -> bool {
-        synced(&self.pods) && synced(&self.twins)
+        synced(&self.pods) && synced(&self.remote_namespaces) && synced(&self.namespace_maps) && synced(&self.bindings)
     }
 }
 
@@ -210,8 +217,8 @@ where
 }
 
 impl EmulatedOffloading {
-    /// Starts on `fleet`'s members (every cluster but the hub), each as a consumer;
-    /// `knobs` apply from the start.
+    /// Starts on `fleet`'s members (every cluster but the hub), each as a consumer and a
+    /// provider; `knobs` apply from the start.
     pub async fn start(fleet: &Fleet, knobs: HashMap<String, OffloadingKnobs>) -> Result<Self, FleetError> {
         // Built first so that an early return aborts the tasks already started.
         let mut this = Self { knobs: Arc::new(Mutex::new(knobs)), tasks: Vec::new() };
@@ -219,14 +226,18 @@ impl EmulatedOffloading {
         let mut members = Vec::new();
         for c in fleet.clusters.iter().skip(1) {
             let client = c.client().await?;
-            let ar = namespace_offloading_resource();
+            let (nso, vn, nm) = (namespace_offloading_resource(), virtual_node_resource(), namespace_map_resource());
+            let all = watcher::Config::default;
             members.push(Member {
                 name: c.name.clone(),
-                offloadings: mirror(tasks, &c.name, Api::all_with(client.clone(), &ar), ar, watcher::Config::default()),
-                virtual_nodes: mirror(tasks, &c.name, Api::all(client.clone()), (), watcher::Config::default().labels(VIRTUAL_NODE_SELECTOR)),
-                pods: mirror(tasks, &c.name, Api::all(client.clone()), (), watcher::Config::default()),
-                twins: mirror(tasks, &c.name, Api::all(client.clone()), (), watcher::Config::default().labels(ORIGIN_NAMESPACE_LABEL)),
-                scheduling: mirror(tasks, &c.name, Api::all(client.clone()), (), watcher::Config::default().labels(SCHEDULING_LABEL)),
+                offloadings: mirror(tasks, &c.name, Api::all_with(client.clone(), &nso), nso, all()),
+                virtual_node_objects: mirror(tasks, &c.name, Api::all_with(client.clone(), &vn), vn, all()),
+                virtual_nodes: mirror(tasks, &c.name, Api::all(client.clone()), (), all().labels(VIRTUAL_NODE_SELECTOR)),
+                namespace_maps: mirror(tasks, &c.name, Api::all_with(client.clone(), &nm), nm, all()),
+                pods: mirror(tasks, &c.name, Api::all(client.clone()), (), all()),
+                remote_namespaces: mirror(tasks, &c.name, Api::all(client.clone()), (), all().labels(REMOTE_ID_LABEL)),
+                bindings: mirror(tasks, &c.name, Api::all(client.clone()), (), all().labels(REMOTE_ID_LABEL)),
+                scheduling: mirror(tasks, &c.name, Api::all(client.clone()), (), all().labels(SCHEDULING_LABEL)),
                 client,
             });
         }
@@ -239,8 +250,9 @@ impl EmulatedOffloading {
                 let mut memory = Memory::default();
                 loop {
                     every.tick().await;
-                    // Knobs are read live, when each twin is decided.
-                    tick(&members, me, &knobs, &mut memory).await;
+                    // Knobs are read live, on each tick.
+                    let fails = knobs.lock().expect("knobs lock").get(&members[me].name).is_some_and(|k| k.fails);
+                    tick(&members, me, fails, &mut memory).await;
                 }
             }));
         }
@@ -251,6 +263,11 @@ impl EmulatedOffloading {
     pub fn set(&self, cluster: &str, f: impl FnOnce(&mut OffloadingKnobs)) {
         f(self.knobs.lock().expect("knobs lock").entry(cluster.to_owned()).or_default());
     }
+}
+
+/// The VirtualNode kind (`offloading.liqo.io/v1beta1`).
+fn virtual_node_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("offloading.liqo.io", "v1beta1", "VirtualNode"), "virtualnodes")
 }
 
 /// A cache of `api`'s objects, fed by a watch task pushed onto `tasks`.
@@ -325,25 +342,23 @@ pub fn cluster_selector_matches(selector: Option<&Value>, name: &str, labels: &B
     })
 }
 
-/// The twin namespace's name by `spec.namespaceMappingStrategy`, or why there is none.
-pub fn remote_namespace(spec: &Value, namespace: &str, consumer: &str) -> Result<String, String> {
+/// The remote namespace's name by `spec.namespaceMappingStrategy` (`status.go`,
+/// `remoteNamespaceName`: an unknown strategy falls back to `DefaultName`; `SelectedName`
+/// takes `spec.remoteNamespaceName` as it is, which Liqo's webhook requires).
+pub fn remote_namespace(spec: &Value, namespace: &str, consumer: &str) -> String {
     match spec["namespaceMappingStrategy"].as_str() {
-        None | Some("DefaultName") => Ok(default_remote_namespace(namespace, consumer)),
-        Some("EnforceSameName") => Ok(namespace.to_owned()),
-        Some("SelectedName") => match spec["remoteNamespaceName"].as_str() {
-            Some(n) if !n.is_empty() => Ok(n.to_owned()),
-            _ => Err("SelectedName needs spec.remoteNamespaceName".to_owned()),
-        },
-        Some(other) => Err(format!("unknown namespaceMappingStrategy {other}")),
+        Some("EnforceSameName") => namespace.to_owned(),
+        Some("SelectedName") => spec["remoteNamespaceName"].as_str().unwrap_or_default().to_owned(),
+        _ => default_remote_namespace(namespace, consumer),
     }
 }
 
 /// What one tick learnt about a namespace's offloading, for the pod loops.
 struct Offload {
     terminating: bool,
-    /// The providers its cluster selector selects.
+    /// The providers whose NamespaceMap asks for it.
     selected: BTreeSet<String>,
-    /// Provider → twin namespace, for the providers whose twin exists.
+    /// Provider → remote namespace, for the providers whose mapping is Accepted.
     ready: BTreeMap<String, String>,
 }
 
@@ -357,44 +372,29 @@ struct Memory {
     virtual_nodes: HashMap<String, String>,
 }
 
-async fn tick(members: &[Member], me: usize, knobs: &Mutex<HashMap<String, OffloadingKnobs>>, memory: &mut Memory) {
-    let consumer = &members[me];
-    if !consumer.synced_as_consumer() || !members.iter().all(Member::synced_as_provider) {
-        tracing::debug!(cluster = %consumer.name, "emulated offloading: caches not synced yet");
+async fn tick(members: &[Member], me: usize, fails: bool, memory: &mut Memory) {
+    let this = &members[me];
+    if !this.synced_as_consumer() || !members.iter().all(Member::synced_as_provider) {
+        tracing::debug!(cluster = %this.name, "emulated offloading: caches not synced yet");
         return;
     }
-    // This consumer's twins on every other member.
-    let twins: Vec<(&Member, Arc<Namespace>)> = members
-        .iter()
-        .filter(|p| p.name != consumer.name)
-        .flat_map(|p| p.twins.state().into_iter().filter(|t| label(&t.metadata, REMOTE_ID_LABEL) == Some(&consumer.name)).map(move |t| (p, t)))
-        .collect();
-    let virtual_nodes = consumer.virtual_nodes.state();
+    namespace_maps::reconcile_as_provider(this, fails).await;
+    namespace_maps::ensure_presence(this).await;
     let mut offloads = BTreeMap::new();
-    for nso in consumer.offloadings.state() {
+    for nso in this.offloadings.state() {
         if nso.metadata.name.as_deref() != Some(OFFLOADING_NAME) {
             continue;
         }
         let ns = nso.metadata.namespace.clone().unwrap_or_default();
-        let o = offloading(consumer, members, &nso, &ns, &virtual_nodes, &twins, knobs).await;
+        let o = offloading(this, &nso, &ns).await;
         offloads.insert(ns, o);
     }
-    // Twins nobody wants any more.
-    for (p, t) in &twins {
-        let name = t.metadata.name.clone().unwrap_or_default();
-        let origin = label(&t.metadata, ORIGIN_NAMESPACE_LABEL).unwrap_or_default();
-        let wanted = offloads.get(origin).is_some_and(|o| !o.terminating && o.ready.get(&p.name) == Some(&name));
-        if !wanted && t.metadata.deletion_timestamp.is_none() {
-            let api: Api<Namespace> = Api::all(p.client.clone());
-            logged(&p.name, || format!("deleting twin namespace {name}"), api.delete(&name, &DeleteParams::default()).await);
-        }
-    }
-    for n in &virtual_nodes {
+    for n in &this.virtual_nodes.state() {
         if let (Some(name), Some(provider)) = (n.metadata.name.clone(), label(&n.metadata, REMOTE_ID_LABEL)) {
             memory.virtual_nodes.insert(name, provider.to_owned());
         }
     }
-    pods(consumer, members, &offloads, memory).await;
+    virtual_kubelet::pods(this, members, &offloads, memory).await;
 }
 
 /// Liqo's scheduling label on `ns`, present or not as `wanted` (`labels.go`:
@@ -412,308 +412,191 @@ async fn scheduling_label(consumer: &Member, ns: &str, wanted: bool) {
     logged(&consumer.name, || format!("{what} the scheduling label of namespace {ns}"), api.patch(ns, &PatchParams::default(), &Patch::Merge(&patch)).await);
 }
 
-/// One NamespaceOffloading: finalizer, twins, status; or, when deleted, its cleanup.
-async fn offloading(
-    consumer: &Member,
-    members: &[Member],
-    nso: &DynamicObject,
-    ns: &str,
-    virtual_nodes: &[Arc<Node>],
-    twins: &[(&Member, Arc<Namespace>)],
-    knobs: &Mutex<HashMap<String, OffloadingKnobs>>,
-) -> Offload {
+/// Sets (`Some`) or removes (`None`) the desired mapping of `ns` on NamespaceMap `nm`, if
+/// it differs (`mappings.go`, `addDesiredMapping` / `removeDesiredMapping`); the mappings
+/// as they are now.
+async fn desire(consumer: &Member, nm: &DynamicObject, ns: &str, remote: Option<&str>) -> BTreeMap<String, String> {
+    let mut desired = namespace_maps::desired(nm);
+    if desired.get(ns).map(String::as_str) == remote {
+        return desired;
+    }
+    let api: Api<DynamicObject> = Api::namespaced_with(consumer.client.clone(), nm.metadata.namespace.as_deref().unwrap_or_default(), &namespace_map_resource());
+    let patch = json!({"spec": {"desiredMapping": {ns: remote}}});
+    let name = nm.metadata.name.clone().unwrap_or_default();
+    if logged(&consumer.name, || format!("changing the desired mapping of {ns} on NamespaceMap {name}"), api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await).is_some() {
+        match remote {
+            Some(r) => drop(desired.insert(ns.to_owned(), r.to_owned())),
+            None => drop(desired.remove(ns)),
+        }
+    }
+    desired
+}
+
+/// The NamespaceOffloading controller on one offloading: finalizer, desired mappings,
+/// scheduling label, status; or, when deleted, its cleanup.
+async fn offloading(consumer: &Member, nso: &DynamicObject, ns: &str) -> Offload {
     let api: Api<DynamicObject> = Api::namespaced_with(consumer.client.clone(), ns, &namespace_offloading_resource());
     let what = |w: &str| format!("{w} NamespaceOffloading {ns}/{OFFLOADING_NAME}");
     let finalizers = nso.metadata.finalizers.clone().unwrap_or_default();
     let rv = nso.metadata.resource_version.clone();
     let spec = nso.data.get("spec").cloned().unwrap_or(Value::Null);
-    let pods = PodOffloadingStrategy::parse(spec["podOffloadingStrategy"].as_str());
     let old = nso.data.get("status").cloned().unwrap_or(Value::Null);
-
-    if nso.metadata.deletion_timestamp.is_some() {
-        // deletionLogic: the label first, so no pod created from now on is offloaded.
+    let terminating = nso.metadata.deletion_timestamp.is_some();
+    // `getClusterIDMap`: the consumer's own NamespaceMaps by their cluster id.
+    let maps: BTreeMap<String, Arc<DynamicObject>> = consumer
+        .namespace_maps
+        .state()
+        .into_iter()
+        .filter(|m| namespace_maps::is_local(m))
+        .filter_map(|m| Some((label(&m.metadata, REMOTE_ID_LABEL)?.to_owned(), m)))
+        .collect();
+    // Each map's desired mappings once this pass's changes are made.
+    let mut desired: BTreeMap<String, BTreeMap<String, String>> = maps.iter().map(|(id, m)| (id.clone(), namespace_maps::desired(m))).collect();
+    if terminating {
+        // `deletionLogic`: the label first, so no pod created from now on is offloaded; then
+        // the mappings; the finalizer once the last pass's status had no remote condition.
         scheduling_label(consumer, ns, false).await;
-        let phase = OffloadingPhase::Terminating;
-        if old["offloadingPhase"] != phase.as_str() {
-            let patch = json!({"status": {"offloadingPhase": phase.as_str()}});
-            logged(&consumer.name, || what("setting the status of"), api.patch_status(OFFLOADING_NAME, &PatchParams::default(), &Patch::Merge(&patch)).await);
+        for (id, m) in &maps {
+            desired.insert(id.clone(), desire(consumer, m, ns, None).await);
         }
-        // The twins are deleted by the caller; the pods on virtual nodes by the pod loop.
-        let left = twins.iter().any(|(_, t)| label(&t.metadata, ORIGIN_NAMESPACE_LABEL) == Some(ns));
-        if !left && finalizers.iter().any(|f| f == FINALIZER) {
+        let none_left = old["remoteNamespacesConditions"].as_object().is_none_or(serde_json::Map::is_empty);
+        if none_left && finalizers.iter().any(|f| f == FINALIZER) {
             let rest: Vec<&String> = finalizers.iter().filter(|f| *f != FINALIZER).collect();
             let patch = json!({"metadata": {"finalizers": rest, "resourceVersion": rv}});
             logged(&consumer.name, || what("removing the finalizer of"), api.patch(OFFLOADING_NAME, &PatchParams::default(), &Patch::Merge(&patch)).await);
         }
-        return Offload { terminating: true, selected: BTreeSet::new(), ready: BTreeMap::new() };
-    }
-
-    if !finalizers.iter().any(|f| f == FINALIZER) {
-        let mut all = finalizers.clone();
-        all.push(FINALIZER.to_owned());
-        let patch = json!({"metadata": {"finalizers": all, "resourceVersion": rv}});
-        logged(&consumer.name, || what("adding the finalizer to"), api.patch(OFFLOADING_NAME, &PatchParams::default(), &Patch::Merge(&patch)).await);
-    }
-    let selected: BTreeSet<String> = virtual_nodes
-        .iter()
-        .filter(|n| {
-            let labels = n.metadata.labels.clone().unwrap_or_default();
-            cluster_selector_matches(spec.get("clusterSelector"), n.metadata.name.as_deref().unwrap_or_default(), &labels)
-        })
-        .filter_map(|n| label(&n.metadata, REMOTE_ID_LABEL).map(str::to_owned))
-        .collect();
-    let remote = remote_namespace(&spec, ns, &consumer.name);
-    let mut ready = BTreeMap::new();
-    let mut failed = 0;
-    let mut conditions = serde_json::Map::new();
-    for p in &selected {
-        let fails = knobs.lock().expect("knobs lock").get(p).is_some_and(|k| k.fails);
-        let outcome = match &remote {
-            Ok(rns) => twin(consumer, members, ns, rns, p, twins, fails).await,
-            Err(why) => Err(NotReady::Failed(why.clone())),
-        };
-        let old_conds = old.pointer(&format!("/remoteNamespacesConditions/{p}"));
-        let required = condition(old_conds, "OffloadingRequired", true, "ClusterSelected", "the cluster matches the cluster selector");
-        let created = match &outcome {
-            Ok(rns) => condition(old_conds, "Ready", true, "Created", &format!("namespace {rns} exists on {p}")),
-            Err(NotReady::Failed(why)) => condition(old_conds, "Ready", false, "CreationFailed", why),
-            Err(NotReady::Pending(why)) => condition(old_conds, "Ready", false, "Creating", why),
-        };
-        conditions.insert(p.clone(), json!([required, created]));
-        match outcome {
-            Ok(rns) => drop(ready.insert(p.clone(), rns)),
-            Err(NotReady::Failed(_)) => failed += 1,
-            Err(NotReady::Pending(_)) => {}
+    } else {
+        if !finalizers.iter().any(|f| f == FINALIZER) {
+            let mut all = finalizers.clone();
+            all.push(FINALIZER.to_owned());
+            let patch = json!({"metadata": {"finalizers": all, "resourceVersion": rv}});
+            logged(&consumer.name, || what("adding the finalizer to"), api.patch(OFFLOADING_NAME, &PatchParams::default(), &Patch::Merge(&patch)).await);
         }
+        enforce_cluster_selector(consumer, &spec, ns, &maps, &mut desired).await;
+        let pods = PodOffloadingStrategy::parse(spec["podOffloadingStrategy"].as_str());
+        scheduling_label(consumer, ns, matches!(pods, PodOffloadingStrategy::LocalAndRemote | PodOffloadingStrategy::Remote)).await;
     }
-    // Reconcile: after the cluster selection, before the status.
-    scheduling_label(consumer, ns, matches!(pods, PodOffloadingStrategy::LocalAndRemote | PodOffloadingStrategy::Remote)).await;
-    let phase = OffloadingPhase::of(selected.len(), ready.len(), failed);
-    // Providers no longer selected leave the map (null removes a key in a merge patch).
-    if let Some(before) = old["remoteNamespacesConditions"].as_object() {
-        for p in before.keys().filter(|p| !conditions.contains_key(*p)).cloned().collect::<Vec<_>>() {
-            conditions.insert(p, Value::Null);
-        }
-    }
-    let status = json!({
-        "observedGeneration": nso.metadata.generation,
-        "remoteNamespaceName": remote.as_ref().ok(),
-        "offloadingPhase": phase.as_str(),
-        "remoteNamespacesConditions": conditions,
-    });
-    let same = status.as_object().expect("an object").iter().all(|(k, v)| match (k.as_str(), v) {
-        ("remoteNamespacesConditions", Value::Object(want)) => {
-            let have = old[k].as_object().cloned().unwrap_or_default();
-            want.iter().all(|(p, c)| have.get(p).unwrap_or(&Value::Null) == c) && have.keys().all(|p| want.contains_key(p))
-        }
-        _ => old.get(k).unwrap_or(&Value::Null) == v,
-    });
-    if !same {
+    let (status, offload) = status(&old, nso, &remote_namespace(&spec, ns, &consumer.name), &maps, &desired, terminating);
+    if status != old {
         logged(
             &consumer.name,
             || what("setting the status of"),
-            api.patch_status(OFFLOADING_NAME, &PatchParams::default(), &Patch::Merge(&json!({"status": status}))).await,
+            api.patch_status(OFFLOADING_NAME, &PatchParams::default(), &Patch::Merge(&json!({"status": merge_patch(&old, &status)}))).await,
         );
     }
-    Offload { terminating: false, selected, ready }
+    offload
 }
 
-/// A condition, keeping its transition time when its status did not change.
-fn condition(old: Option<&Value>, type_: &str, ok: bool, reason: &str, message: &str) -> Value {
-    let status = if ok { "True" } else { "False" };
-    let since = old
-        .and_then(Value::as_array)
-        .and_then(|cs| cs.iter().find(|c| c["type"] == type_ && c["status"] == status))
-        .and_then(|c| c["lastTransitionTime"].as_str().map(str::to_owned))
-        .unwrap_or_else(now);
-    json!({"type": type_, "status": status, "reason": reason, "message": message, "lastTransitionTime": since})
-}
-
-/// Why a provider's twin is not there.
-enum NotReady {
-    /// It will be (an old twin still terminating, a transient API error).
-    Pending(String),
-    /// It will not be until something changes (the knob, a foreign namespace, a refusal).
-    Failed(String),
-}
-
-/// Makes sure `provider` has the twin `rns` of `consumer`'s `ns`: its name, or why not.
-async fn twin(
+/// `enforceClusterSelector`: each VirtualNode's map asks for the namespace when the
+/// selector matches the VirtualNode (its Node's labels, else its cluster id:
+/// `virtualnode.GetLabelSelectors`), and no longer when it does not. Nothing changes while
+/// a cluster with a VirtualNode has no NamespaceMap yet.
+async fn enforce_cluster_selector(
     consumer: &Member,
-    members: &[Member],
+    spec: &Value,
     ns: &str,
-    rns: &str,
-    provider: &str,
-    twins: &[(&Member, Arc<Namespace>)],
-    fails: bool,
-) -> Result<String, NotReady> {
-    let Some(p) = members.iter().find(|m| m.name == provider && m.name != consumer.name) else {
-        return Err(NotReady::Failed(format!("{provider} is not a member cluster of the fleet")));
-    };
-    let ours = |n: &Namespace| label(&n.metadata, REMOTE_ID_LABEL) == Some(&consumer.name) && label(&n.metadata, ORIGIN_NAMESPACE_LABEL) == Some(ns);
-    let judge = |n: &Namespace| match (ours(n), n.metadata.deletion_timestamp.is_some()) {
-        (false, _) => Err(NotReady::Failed(format!("namespace {rns} exists on {provider} and is not the twin of {}/{ns}", consumer.name))),
-        (true, true) => Err(NotReady::Pending(format!("the previous namespace {rns} on {provider} is still terminating"))),
-        (true, false) => Ok(rns.to_owned()),
-    };
-    if let Some((_, t)) = twins.iter().find(|(m, t)| m.name == provider && t.metadata.name.as_deref() == Some(rns)) {
-        return judge(t);
-    }
-    if fails {
-        return Err(NotReady::Failed(format!("creating namespace {rns} on {provider} failed (emulated failure)")));
-    }
-    let api: Api<Namespace> = Api::all(p.client.clone());
-    let obj: Namespace = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Namespace",
-        "metadata": {"name": rns, "labels": {REMOTE_ID_LABEL: consumer.name, ORIGIN_NAMESPACE_LABEL: ns}}}))
-    .expect("a valid namespace");
-    match api.create(&PostParams::default(), &obj).await {
-        Ok(_) => Ok(rns.to_owned()),
-        // Not ours (the cache holds only labelled namespaces), or ours and not cached yet.
-        Err(kube::Error::Api(s)) if s.code == 409 => match api.get_opt(rns).await {
-            Ok(Some(n)) => judge(&n),
-            Ok(None) => Err(NotReady::Pending(format!("namespace {rns} on {provider} is being replaced"))),
-            Err(e) => Err(NotReady::Pending(format!("reading namespace {rns} on {provider}: {e}"))),
-        },
-        // Refused (forbidden, invalid): it stays so; anything else may pass next time.
-        Err(kube::Error::Api(s)) if (400..500).contains(&s.code) && s.code != 429 => {
-            Err(NotReady::Failed(format!("creating namespace {rns} on {provider}: {}", s.message)))
-        }
-        Err(e) => Err(NotReady::Pending(format!("creating namespace {rns} on {provider}: {e}"))),
-    }
-}
-
-/// The pods of the consumer: the virtual kubelet for those bound to virtual nodes, and
-/// removal of reflections nobody reflects any more.
-async fn pods(consumer: &Member, members: &[Member], offloads: &BTreeMap<String, Offload>, memory: &mut Memory) {
-    let Memory { reflected, virtual_nodes: provider_of_node } = memory;
-    let providers: HashMap<&str, &Member> = members.iter().filter(|m| m.name != consumer.name).map(|m| (m.name.as_str(), m)).collect();
-    // Reflections of this consumer's pods, by (provider, origin namespace, name).
-    let mut reflections: HashMap<(String, String, String), Vec<Arc<Pod>>> = HashMap::new();
-    for p in providers.values() {
-        for r in p.pods.state() {
-            if label(&r.metadata, ORIGIN_CLUSTER_LABEL) == Some(&consumer.name) {
-                let origin = label(&r.metadata, ORIGIN_NAMESPACE_LABEL).unwrap_or_default().to_owned();
-                reflections.entry((p.name.clone(), origin, r.metadata.name.clone().unwrap_or_default())).or_default().push(r);
-            }
-        }
-    }
-    let mut keep: HashSet<String> = HashSet::new();
-    let locals = consumer.pods.state();
-    for pod in &locals {
-        let (Some(ns), Some(name), Some(uid)) = (pod.metadata.namespace.clone(), pod.metadata.name.clone(), pod.metadata.uid.clone()) else { continue };
-        let api: Api<Pod> = Api::namespaced(consumer.client.clone(), &ns);
-        // Not scheduled yet: the scheduler's (and, at its creation, Liqo's webhook's).
-        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else { continue };
-        // A virtual node, or one that was (its pods stay bound to it after an unpeer).
-        let Some(provider) = provider_of_node.get(&node).cloned() else { continue };
-        let Some(p) = providers.get(provider.as_str()) else { continue };
-        let mine = reflections.get(&(provider.clone(), ns.clone(), name.clone())).map(Vec::as_slice).unwrap_or_default();
-        let by_uid = |grace: Option<u32>| DeleteParams {
-            grace_period_seconds: grace,
-            preconditions: Some(Preconditions { uid: Some(uid.clone()), resource_version: None }),
-            ..DeleteParams::default()
-        };
-        if pod.metadata.deletion_timestamp.is_some() {
-            // As a kubelet: once the containers (the reflection) are gone, confirm the deletion.
-            if mine.is_empty() {
-                logged(&consumer.name, || format!("removing terminated pod {ns}/{name}"), api.delete(&name, &by_uid(Some(0))).await);
-            }
-            continue;
-        }
-        let offload = offloads.get(&ns);
-        let Some(rns) = offload.filter(|o| !o.terminating).and_then(|o| o.ready.get(&provider)) else {
-            // Selected, its twin not there (yet): the virtual kubelet waits for it.
-            if offload.is_some_and(|o| !o.terminating && o.selected.contains(&provider)) {
-                continue;
-            }
-            // No twin to run in: the pod goes, its controller recreates it. Pods that got
-            // there on their own in a namespace never offloaded are left alone.
-            if offload.is_some() || tolerates_virtual_nodes(pod) {
-                logged(&consumer.name, || format!("deleting pod {ns}/{name} from {node}"), api.delete(&name, &by_uid(None)).await);
-            }
-            continue;
-        };
-        let current = mine.iter().find(|r| {
-            r.metadata.namespace.as_deref() == Some(rns)
-                && r.metadata.annotations.as_ref().and_then(|a| a.get(ORIGIN_POD_UID_ANNOTATION)) == Some(&uid)
-                && r.metadata.deletion_timestamp.is_none()
-        });
-        match current {
-            Some(r) => {
-                keep.insert(r.metadata.uid.clone().unwrap_or_default());
-                reflected.insert(uid.clone());
-                mirror_status(consumer, &api, pod, r).await;
-            }
-            None if reflected.contains(&uid) => {
-                // The reflection disappeared (deleted on the provider, or its namespace).
-                logged(&consumer.name, || format!("deleting pod {ns}/{name}, whose reflection is gone"), api.delete(&name, &by_uid(None)).await);
-            }
-            // A stale reflection of the same name is still being removed.
-            None if mine.iter().any(|r| r.metadata.namespace.as_deref() == Some(rns)) => {}
-            None => reflect(consumer, p, pod, rns, &ns, &uid).await,
-        }
-    }
-    let live: HashSet<&str> = locals.iter().filter_map(|p| p.metadata.uid.as_deref()).collect();
-    reflected.retain(|uid| live.contains(uid.as_str()));
-    // Reflections not kept: their pod is gone, terminating, elsewhere, or of another incarnation.
-    for ((provider, _, name), rs) in &reflections {
-        for r in rs.iter().filter(|r| r.metadata.deletion_timestamp.is_none() && !keep.contains(r.metadata.uid.as_deref().unwrap_or_default())) {
-            let rns = r.metadata.namespace.clone().unwrap_or_default();
-            let api: Api<Pod> = Api::namespaced(providers[provider.as_str()].client.clone(), &rns);
-            let dp = DeleteParams { preconditions: Some(Preconditions { uid: r.metadata.uid.clone(), resource_version: None }), ..DeleteParams::default() };
-            logged(provider, || format!("deleting reflected pod {rns}/{name}"), api.delete(name, &dp).await);
-        }
-    }
-}
-
-/// Whether `pod` tolerates the virtual nodes' taint: Liqo's pod webhook gave it that
-/// toleration (or its author did).
-fn tolerates_virtual_nodes(pod: &Pod) -> bool {
-    pod.spec.iter().flat_map(|s| s.tolerations.iter().flatten()).any(|t| t.key.as_deref() == Some(NOT_ALLOWED_TAINT))
-}
-
-/// Creates the reflection of `pod` in `rns` on `provider`.
-async fn reflect(consumer: &Member, provider: &Member, pod: &Pod, rns: &str, ns: &str, uid: &str) {
-    let name = pod.metadata.name.clone().unwrap_or_default();
-    let mut labels = pod.metadata.labels.clone().unwrap_or_default();
-    labels.insert(ORIGIN_CLUSTER_LABEL.into(), consumer.name.clone());
-    labels.insert(ORIGIN_NAMESPACE_LABEL.into(), ns.to_owned());
-    let containers: Vec<Container> = pod
-        .spec
-        .iter()
-        .flat_map(|s| s.containers.iter())
-        .map(|c| Container { name: c.name.clone(), image: c.image.clone(), resources: c.resources.clone(), ..Container::default() })
-        .collect();
-    let obj: Pod = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": rns, "labels": labels, "annotations": {ORIGIN_POD_UID_ANNOTATION: uid}},
-        "spec": {"containers": containers}}))
-    .expect("a valid pod");
-    let api: Api<Pod> = Api::namespaced(provider.client.clone(), rns);
-    match api.create(&PostParams::default(), &obj).await {
-        Err(kube::Error::Api(s)) if s.code == 409 => {}
-        r => drop(logged(&provider.name, || format!("reflecting pod {ns}/{name} into {rns}"), r)),
-    }
-}
-
-/// Copies the reflection's status onto the local pod when it differs.
-async fn mirror_status(consumer: &Member, api: &Api<Pod>, pod: &Pod, remote: &Pod) {
-    let theirs = serde_json::to_value(&remote.status).unwrap_or(Value::Null);
-    let ours = serde_json::to_value(&pod.status).unwrap_or(Value::Null);
-    let mut patch = serde_json::Map::new();
-    for key in ["phase", "conditions", "containerStatuses", "podIP", "podIPs", "hostIP", "startTime"] {
-        if let Some(v) = theirs.get(key).filter(|v| ours.get(key) != Some(*v)) {
-            patch.insert(key.to_owned(), v.clone());
-        }
-    }
-    if patch.is_empty() {
+    maps: &BTreeMap<String, Arc<DynamicObject>>,
+    desired: &mut BTreeMap<String, BTreeMap<String, String>>,
+) {
+    let vns = consumer.virtual_node_objects.state();
+    let id_of = |v: &DynamicObject| v.data.pointer("/spec/clusterID").and_then(Value::as_str).map(str::to_owned);
+    if let Some(missing) = vns.iter().filter_map(|v| id_of(v)).find(|id| !maps.contains_key(id)) {
+        tracing::debug!(cluster = %consumer.name, "emulated offloading: no NamespaceMap found for remote cluster ID: {missing}");
         return;
     }
-    let name = pod.metadata.name.clone().unwrap_or_default();
-    logged(
-        &consumer.name,
-        || format!("mirroring the status of pod {name}"),
-        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&json!({"status": patch}))).await,
-    );
+    let remote = remote_namespace(spec, ns, &consumer.name);
+    for vn in &vns {
+        let (Some(id), Some(name)) = (id_of(vn), vn.metadata.name.clone()) else { continue };
+        let labels = match consumer.virtual_nodes.get(&ObjectRef::new(&name)) {
+            Some(node) => node.metadata.labels.clone().unwrap_or_default(),
+            None => BTreeMap::from([(REMOTE_ID_LABEL.to_owned(), id.clone())]),
+        };
+        let wanted = cluster_selector_matches(spec.get("clusterSelector"), &name, &labels);
+        let now = desire(consumer, &maps[&id], ns, wanted.then_some(remote.as_str())).await;
+        desired.insert(id, now);
+    }
+}
+
+/// `enforceStatus`: the offloading's status from the NamespaceMaps (`desired` as this pass
+/// left them), and what the pod loop needs.
+fn status(
+    old: &Value,
+    nso: &DynamicObject,
+    remote: &str,
+    maps: &BTreeMap<String, Arc<DynamicObject>>,
+    desired: &BTreeMap<String, BTreeMap<String, String>>,
+    terminating: bool,
+) -> (Value, Offload) {
+    let ns = nso.metadata.namespace.as_deref().unwrap_or_default();
+    // Conditions of maps that are gone go (`ensureRemoteConditionsConsistence`).
+    let mut conditions: serde_json::Map<String, Value> =
+        old["remoteNamespacesConditions"].as_object().cloned().unwrap_or_default().into_iter().filter(|(id, _)| maps.contains_key(id)).collect();
+    let mut offload = Offload { terminating, selected: BTreeSet::new(), ready: BTreeMap::new() };
+    let (mut required, mut ready, mut failed) = (0, 0, 0);
+    for (id, nm) in maps {
+        let requested = desired.get(id).is_some_and(|d| d.contains_key(ns));
+        let mapping = namespace_maps::current(nm).get(ns).cloned().unwrap_or(Value::Null);
+        let phase = mapping["phase"].as_str().unwrap_or_default();
+        if requested {
+            required += 1;
+            offload.selected.insert(id.clone());
+        }
+        if phase == namespace_maps::ACCEPTED {
+            ready += 1;
+            offload.ready.insert(id.clone(), mapping["remoteNamespace"].as_str().unwrap_or_default().to_owned());
+        } else if phase == namespace_maps::CREATION_LOOP_BACK_OFF {
+            failed += 1;
+        }
+        if terminating && !requested && phase.is_empty() {
+            conditions.remove(id);
+            continue;
+        }
+        let mut cs = conditions.get(id).and_then(Value::as_array).cloned().unwrap_or_default();
+        set_condition(&mut cs, required_condition(requested));
+        if requested || !phase.is_empty() {
+            set_condition(&mut cs, ready_condition(phase));
+        }
+        conditions.insert(id.clone(), Value::Array(cs));
+    }
+    let phase = if terminating { OffloadingPhase::Terminating } else { OffloadingPhase::of(required, ready, failed) };
+    let status = json!({
+        "observedGeneration": nso.metadata.generation,
+        "remoteNamespaceName": remote,
+        "offloadingPhase": phase.as_str(),
+        "remoteNamespacesConditions": conditions,
+    });
+    (status, offload)
+}
+
+/// `setRemoteCondition`: a condition of the same type is kept while its status and reason
+/// hold, else replaced; a new type is appended.
+fn set_condition(conditions: &mut Vec<Value>, c: Value) {
+    match conditions.iter_mut().find(|o| o["type"] == c["type"]) {
+        Some(o) if o["status"] == c["status"] && o["reason"] == c["reason"] => {}
+        Some(o) => *o = c,
+        None => conditions.push(c),
+    }
+}
+
+/// `nsoffRequiredCondition`.
+fn required_condition(required: bool) -> Value {
+    let (status, reason, message) = if required {
+        ("True", "ClusterSelected", "The remote cluster has been selected through the ClusterSelector field")
+    } else {
+        ("False", "ClusterNotSelected", "The remote cluster has not been selected through the ClusterSelector field")
+    };
+    json!({"type": "OffloadingRequired", "status": status, "reason": reason, "message": message, "lastTransitionTime": now()})
+}
+
+/// `nsoffReadyCondition`, from the mapping's phase.
+fn ready_condition(phase: &str) -> Value {
+    let (status, reason, message) = match phase {
+        namespace_maps::ACCEPTED => ("True", "NamespaceCreated", "Namespace correctly offloaded to the remote cluster"),
+        namespace_maps::CREATION_LOOP_BACK_OFF => ("False", "CreationLoopBackOff", "Some problems occurred during remote namespace creation"),
+        namespace_maps::TERMINATING => ("False", "Terminating", "The remote namespace is being deleted"),
+        _ => ("False", "Creating", "The remote namespace is being created"),
+    };
+    json!({"type": "Ready", "status": status, "reason": reason, "message": message, "lastTransitionTime": now()})
 }
 
 #[cfg(test)]
@@ -744,11 +627,70 @@ mod tests {
 
     #[test]
     fn remote_namespace_follows_the_mapping_strategy() {
-        assert_eq!(remote_namespace(&json!({}), "web", "member-1"), Ok("web-member-1".to_owned()));
-        assert_eq!(remote_namespace(&json!({"namespaceMappingStrategy": "EnforceSameName"}), "web", "member-1"), Ok("web".to_owned()));
+        assert_eq!(remote_namespace(&json!({}), "web", "member-1"), "web-member-1");
+        assert_eq!(remote_namespace(&json!({"namespaceMappingStrategy": "EnforceSameName"}), "web", "member-1"), "web");
         let selected = json!({"namespaceMappingStrategy": "SelectedName", "remoteNamespaceName": "elsewhere"});
-        assert_eq!(remote_namespace(&selected, "web", "member-1"), Ok("elsewhere".to_owned()));
-        assert!(remote_namespace(&json!({"namespaceMappingStrategy": "SelectedName"}), "web", "member-1").is_err());
+        assert_eq!(remote_namespace(&selected, "web", "member-1"), "elsewhere");
+        assert_eq!(remote_namespace(&json!({"namespaceMappingStrategy": "Unknown"}), "web", "member-1"), "web-member-1", "upstream's fallback");
+    }
+
+    fn map(id: &str, desired: Value, current: Value) -> Arc<DynamicObject> {
+        let mut o: DynamicObject = serde_json::from_value(json!({"apiVersion": "offloading.liqo.io/v1beta1", "kind": "NamespaceMap",
+            "metadata": {"name": id, "namespace": format!("liqo-tenant-{id}"), "labels": {REMOTE_ID_LABEL: id}},
+            "spec": {"desiredMapping": desired}, "status": {"currentMapping": current}}))
+        .expect("a NamespaceMap");
+        o.metadata.namespace = Some(format!("liqo-tenant-{id}"));
+        Arc::new(o)
+    }
+
+    fn nso(deleting: bool) -> DynamicObject {
+        let mut o: DynamicObject = serde_json::from_value(json!({"apiVersion": "offloading.liqo.io/v1beta1", "kind": "NamespaceOffloading",
+            "metadata": {"name": "offloading", "namespace": "web", "generation": 2}}))
+        .expect("a NamespaceOffloading");
+        if deleting {
+            o.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
+        }
+        o
+    }
+
+    /// `enforceStatus`: a condition per map, selected or not; Ready from the mapping's phase
+    /// with upstream's reasons; the phase from required, ready and failed; while deleting, a
+    /// map that neither asks for nor maps the namespace loses its conditions.
+    #[test]
+    fn status_follows_the_namespace_maps() {
+        let maps: BTreeMap<String, Arc<DynamicObject>> = [
+            ("member-2".to_owned(), map("member-2", json!({"web": "web-member-1"}), json!({"web": {"remoteNamespace": "web-member-1", "phase": "Accepted"}}))),
+            ("member-3".to_owned(), map("member-3", json!({"web": "web-member-1"}), json!({"web": {"remoteNamespace": "web-member-1", "phase": "CreationLoopBackOff"}}))),
+            ("member-4".to_owned(), map("member-4", json!({}), json!({}))),
+        ]
+        .into_iter()
+        .collect();
+        let desired = maps.iter().map(|(id, m)| (id.clone(), namespace_maps::desired(m))).collect();
+        let (status, offload) = status(&Value::Null, &nso(false), "web-member-1", &maps, &desired, false);
+        assert_eq!(status["offloadingPhase"], "SomeFailed");
+        assert_eq!(status["observedGeneration"], 2);
+        let cond = |id: &str, t: &str| {
+            status["remoteNamespacesConditions"][id].as_array().and_then(|cs| cs.iter().find(|c| c["type"] == t)).map(|c| (c["status"].clone(), c["reason"].clone()))
+        };
+        assert_eq!(cond("member-2", "Ready"), Some((json!("True"), json!("NamespaceCreated"))));
+        assert_eq!(cond("member-3", "Ready"), Some((json!("False"), json!("CreationLoopBackOff"))));
+        assert_eq!(cond("member-4", "OffloadingRequired"), Some((json!("False"), json!("ClusterNotSelected"))));
+        assert_eq!(cond("member-4", "Ready"), None, "not asked for, not mapped: no Ready condition");
+        assert_eq!(offload.ready, BTreeMap::from([("member-2".to_owned(), "web-member-1".to_owned())]));
+        assert_eq!(offload.selected, BTreeSet::from(["member-2".to_owned(), "member-3".to_owned()]));
+        // The same status again keeps the conditions (and their times) as they were.
+        let (again, _) = status_again(&status, &maps, &desired);
+        assert_eq!(again, status);
+        // Deleting, mappings withdrawn: member-4's conditions go, the others' stay while mapped.
+        let withdrawn: BTreeMap<String, BTreeMap<String, String>> = maps.keys().map(|id| (id.clone(), BTreeMap::new())).collect();
+        let (deleting, _) = super::status(&status, &nso(true), "web-member-1", &maps, &withdrawn, true);
+        assert_eq!(deleting["offloadingPhase"], "Terminating");
+        let left: Vec<&String> = deleting["remoteNamespacesConditions"].as_object().unwrap().keys().collect();
+        assert_eq!(left, ["member-2", "member-3"]);
+    }
+
+    fn status_again(old: &Value, maps: &BTreeMap<String, Arc<DynamicObject>>, desired: &BTreeMap<String, BTreeMap<String, String>>) -> (Value, Offload) {
+        status(old, &nso(false), "web-member-1", maps, desired, false)
     }
 
     #[test]

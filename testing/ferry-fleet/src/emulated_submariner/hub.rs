@@ -244,11 +244,7 @@ impl Hub {
             let obj: DynamicObject = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": PSK_SECRET, "namespace": ns},
                 "data": {"psk": base64::engine::general_purpose::STANDARD.encode(psk)}}))
             .map_err(Error::Object)?;
-            match secrets.create(&PostParams::default(), &obj).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 409 => {}
-                Err(e) => return Err(e.into()),
-            }
+            crate::emulate::present(secrets.create(&PostParams::default(), &obj).await)?;
         }
         Ok(())
     }
@@ -400,11 +396,7 @@ impl Hub {
             let cm: DynamicObject = serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": GLOBALNET_CONFIGMAP, "namespace": ns, "labels": {BACKUP_LABEL: ADDON}},
                 "data": {"globalnetEnabled": enabled.to_string(), "globalnetCidrRange": cidr, "globalnetClusterSize": size.to_string(), "clusterinfo": "[]"}}))
             .map_err(Error::Object)?;
-            match cms.create(&PostParams::default(), &cm).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 409 => {}
-                Err(e) => return Err(e.into()),
-            }
+            crate::emulate::present(cms.create(&PostParams::default(), &cm).await)?;
         }
         let broker = broker_api.get(BROKER).await?;
         if !broker.metadata.labels.as_ref().is_some_and(|l| l.contains_key(BACKUP_LABEL)) {

@@ -1,0 +1,256 @@
+//! Emulated Liqo NamespaceMaps: how an offloading reaches a provider (liqotech/liqo
+//! `557c199`, `pkg/liqo-controller-manager/offloading/`).
+//!
+//! - **On the consumer** (`virtualnode-controller/namespacemap.go`): each remote cluster
+//!   with a VirtualNode gets a NamespaceMap named after its id in its tenant namespace
+//!   (found by labels, as upstream's tenant namespace manager finds it), labelled
+//!   `liqo.io/remote-cluster-id`, `liqo.io/replication=true` and `liqo.io/remoteID`, so
+//!   the CRD replicator ([`crate::emulated_liqo::resources::replicate`]) copies it to the
+//!   provider and copies the provider's status back; it goes once the cluster has no
+//!   VirtualNode left (`ensureNamespaceMapAbsence`). The NamespaceOffloading controller
+//!   ([`super`]) writes `spec.desiredMapping` (local namespace → remote name) and reads
+//!   `status.currentMapping`.
+//! - **On the provider** (`namespacemap-controller/`): a replicated NamespaceMap
+//!   (`liqo.io/replicated=true`) gets `namespacemap-controller.liqo.io/finalizer`; each
+//!   desired mapping gets its namespace, annotated `liqo.io/managed-by-namespace-map:
+//!   <namespace>/<name>` of the map and `liqo.io/original-name`, labelled with the
+//!   consumer's id, and a RoleBinding named after the map's namespace binding the chart's
+//!   `liqo-virtual-kubelet-remote` ClusterRole to the consumer's group (`enforcement.go`,
+//!   `createNamespace`). A namespace of that name managed by anything else is refused, as
+//!   is a failed creation: phase `CreationLoopBackOff`; a RoleBinding that cannot be
+//!   written keeps an `Accepted` mapping and fails a new one. Mappings no longer desired
+//!   have their namespace deleted (`Terminating` until it is gone, then dropped;
+//!   `ensureNamespacesDeletion`); a deleted map deletes all of them before its finalizer
+//!   goes (`NamespaceMapDeletionProcess`). [`super::OffloadingKnobs::fails`] makes every
+//!   creation on a provider fail.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::ObjectRef;
+use serde_json::{Value, json};
+
+use super::{Member, REMOTE_ID_LABEL, label, logged};
+use crate::emulate::merge_patch;
+use crate::emulated_liqo::authentication::VK_REMOTE_ROLE;
+use crate::emulated_liqo::resources::{ORIGIN_LABEL, REPLICATED_LABEL, namespace_map_resource};
+use crate::emulated_liqo::{name_of, ns_of, tenant_namespace_of};
+use ferry_kube::vocab::liqo::{REPLICATION_DESTINATION_LABEL, REPLICATION_LABEL};
+
+/// The finalizer of a replicated NamespaceMap (`namespacemap-controller/finalizer.go`).
+pub const FINALIZER: &str = "namespacemap-controller.liqo.io/finalizer";
+/// Annotation of a remote namespace: the NamespaceMap (`<namespace>/<name>`) that made it
+/// (`pkg/consts/namespace_mapping.go`, `RemoteNamespaceManagedByAnnotationKey`).
+pub const MANAGED_BY_ANNOTATION: &str = "liqo.io/managed-by-namespace-map";
+/// Annotation of a remote namespace: the consumer's namespace it mirrors
+/// (`RemoteNamespaceOriginalNameAnnotationKey`).
+pub const ORIGINAL_NAME_ANNOTATION: &str = "liqo.io/original-name";
+/// `status.currentMapping.*.phase` (`apis/offloading/v1beta1/namespacemap_types.go`).
+pub const ACCEPTED: &str = "Accepted";
+/// See [`ACCEPTED`].
+pub const CREATION_LOOP_BACK_OFF: &str = "CreationLoopBackOff";
+/// See [`ACCEPTED`].
+pub const TERMINATING: &str = "Terminating";
+
+/// A consumer's own NamespaceMap (not a copy replicated from another cluster).
+pub(super) fn is_local(nm: &DynamicObject) -> bool {
+    nm.metadata.labels.as_ref().is_none_or(|l| !l.contains_key(ORIGIN_LABEL))
+}
+
+/// `spec.desiredMapping`: local namespace → remote name.
+pub fn desired(nm: &DynamicObject) -> BTreeMap<String, String> {
+    let m = nm.data.pointer("/spec/desiredMapping").and_then(Value::as_object);
+    m.iter().flat_map(|m| m.iter()).filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned()))).collect()
+}
+
+/// `status.currentMapping`: local namespace → {remoteNamespace, phase}.
+pub fn current(nm: &DynamicObject) -> serde_json::Map<String, Value> {
+    nm.data.pointer("/status/currentMapping").and_then(Value::as_object).cloned().unwrap_or_default()
+}
+
+/// The virtual node controller's part on `consumer`: a NamespaceMap per remote cluster
+/// with a VirtualNode, none for a cluster without.
+pub(super) async fn ensure_presence(consumer: &Member) {
+    let ids: BTreeSet<String> = consumer
+        .virtual_node_objects
+        .state()
+        .iter()
+        .filter(|v| v.metadata.deletion_timestamp.is_none())
+        .filter_map(|v| v.data.pointer("/spec/clusterID").and_then(Value::as_str).map(str::to_owned))
+        .collect();
+    let maps = consumer.namespace_maps.state();
+    let local: Vec<_> = maps.iter().filter(|m| is_local(m)).collect();
+    let r = namespace_map_resource();
+    for id in &ids {
+        // `getters.GetNamespaceMapByLabel` over every namespace, by the three labels.
+        let labelled = |m: &DynamicObject| {
+            label(&m.metadata, REMOTE_ID_LABEL) == Some(id)
+                && label(&m.metadata, REPLICATION_LABEL) == Some("true")
+                && label(&m.metadata, REPLICATION_DESTINATION_LABEL) == Some(id)
+        };
+        if local.iter().any(|m| labelled(m)) {
+            continue;
+        }
+        let tenant = match tenant_namespace_of(&consumer.client, id).await {
+            Ok(Ok(Some(ns))) => ns,
+            other => {
+                tracing::debug!(cluster = %consumer.name, remote = %id, outcome = ?other.map(|o| o.map(|_| ())), "emulated offloading: no tenant namespace for a NamespaceMap yet");
+                continue;
+            }
+        };
+        let api: Api<DynamicObject> = Api::namespaced_with(consumer.client.clone(), &tenant, &r);
+        let labels = json!({REMOTE_ID_LABEL: id, REPLICATION_LABEL: "true", REPLICATION_DESTINATION_LABEL: id});
+        let nm: DynamicObject = serde_json::from_value(json!({"apiVersion": r.api_version, "kind": r.kind, "metadata": {"name": id, "namespace": tenant, "labels": labels}}))
+            .expect("a NamespaceMap");
+        match api.create(&PostParams::default(), &nm).await {
+            // `CreateOrUpdate`: one of that name already there gets the labels.
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                let patch = json!({"metadata": {"labels": labels}});
+                logged(&consumer.name, || format!("labelling NamespaceMap {tenant}/{id}"), api.patch(id, &PatchParams::default(), &Patch::Merge(&patch)).await);
+            }
+            r => drop(logged(&consumer.name, || format!("creating NamespaceMap {tenant}/{id}"), r)),
+        }
+    }
+    for m in local.iter().filter(|m| m.metadata.deletion_timestamp.is_none()) {
+        let Some(dest) = label(&m.metadata, REPLICATION_DESTINATION_LABEL) else { continue };
+        if !ids.contains(dest) {
+            let api: Api<DynamicObject> = Api::namespaced_with(consumer.client.clone(), &ns_of(m), &r);
+            logged(&consumer.name, || format!("deleting NamespaceMap {}/{}", ns_of(m), name_of(m)), api.delete(&name_of(m), &DeleteParams::default()).await);
+        }
+    }
+}
+
+/// The NamespaceMap controller on `provider`: every replicated map's namespaces, status
+/// and finalizer. `fails`: every namespace creation fails.
+pub(super) async fn reconcile_as_provider(provider: &Member, fails: bool) {
+    for nm in provider.namespace_maps.state() {
+        if label(&nm.metadata, REPLICATED_LABEL) != Some("true") {
+            continue;
+        }
+        let Some(origin) = label(&nm.metadata, ORIGIN_LABEL).map(str::to_owned) else { continue };
+        let (ns, name) = (ns_of(&nm), name_of(&nm));
+        let id = format!("{ns}/{name}");
+        let api: Api<DynamicObject> = Api::namespaced_with(provider.client.clone(), &ns, &namespace_map_resource());
+        let finalizers = nm.metadata.finalizers.clone().unwrap_or_default();
+        let mut now = current(&nm);
+        let deleting = nm.metadata.deletion_timestamp.is_some();
+        if !deleting && !finalizers.iter().any(|f| f == FINALIZER) {
+            let mut all = finalizers.clone();
+            all.push(FINALIZER.to_owned());
+            let patch = json!({"metadata": {"finalizers": all, "resourceVersion": nm.metadata.resource_version}});
+            if logged(&provider.name, || format!("adding the finalizer to NamespaceMap {id}"), api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await).is_none() {
+                continue;
+            }
+        }
+        let wanted = if deleting { BTreeMap::new() } else { desired(&nm) };
+        for (local, remote) in &wanted {
+            let (ignorable, outcome) = create_namespace(provider, remote, local, &id, &origin, &ns, fails).await;
+            let accepted_before = now.get(local).is_some_and(|m| m["phase"] == ACCEPTED);
+            let phase = match outcome {
+                Ok(()) => ACCEPTED,
+                Err(why) => {
+                    tracing::debug!(cluster = %provider.name, namespace_map = %id, "emulated offloading: namespace enforcement failure: {why}");
+                    if ignorable && accepted_before { ACCEPTED } else { CREATION_LOOP_BACK_OFF }
+                }
+            };
+            now.insert(local.clone(), json!({"remoteNamespace": remote, "phase": phase}));
+        }
+        for (local, mapping) in current(&nm) {
+            if wanted.contains_key(&local) {
+                continue;
+            }
+            let remote = mapping["remoteNamespace"].as_str().unwrap_or_default().to_owned();
+            match delete_namespace(provider, &remote, &id).await {
+                Ok(true) => drop(now.insert(local, json!({"remoteNamespace": remote, "phase": TERMINATING}))),
+                Ok(false) => drop(now.remove(&local)),
+                Err(why) => tracing::debug!(cluster = %provider.name, namespace_map = %id, "emulated offloading: namespace deletion failure: {why}"),
+            }
+        }
+        let old = nm.data.get("status").cloned().unwrap_or(json!({}));
+        let new = json!({"currentMapping": now});
+        if old != new
+            && logged(
+                &provider.name,
+                || format!("setting the status of NamespaceMap {id}"),
+                api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&json!({"status": merge_patch(&old, &new)}))).await,
+            )
+            .is_none()
+        {
+            continue;
+        }
+        if deleting && now.is_empty() && finalizers.iter().any(|f| f == FINALIZER) {
+            let rest: Vec<&String> = finalizers.iter().filter(|f| *f != FINALIZER).collect();
+            let patch = json!({"metadata": {"finalizers": rest, "resourceVersion": nm.metadata.resource_version}});
+            logged(&provider.name, || format!("removing the finalizer of NamespaceMap {id}"), api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await);
+        }
+    }
+}
+
+/// `createNamespace`: the remote namespace `name` for the consumer's `local` one, with its
+/// RoleBinding. Whether a failure may keep an accepted mapping (`ignorable`), and the
+/// failure.
+async fn create_namespace(provider: &Member, name: &str, local: &str, map_id: &str, origin: &str, map_ns: &str, fails: bool) -> (bool, Result<(), String>) {
+    let api: Api<Namespace> = Api::all(provider.client.clone());
+    let existing = match provider.remote_namespaces.get(&ObjectRef::new(name)) {
+        Some(n) => (*n).clone(),
+        None if fails => return (false, Err(format!("failed to create namespace {name:?}: emulated failure"))),
+        None => {
+            let obj: Namespace = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name,
+                "annotations": {MANAGED_BY_ANNOTATION: map_id, ORIGINAL_NAME_ANNOTATION: local}, "labels": {REMOTE_ID_LABEL: origin}}}))
+            .expect("a namespace");
+            match api.create(&PostParams::default(), &obj).await {
+                Ok(n) => n,
+                // Not labelled (so not cached), or not cached yet: read it.
+                Err(kube::Error::Api(s)) if s.code == 409 => match api.get_opt(name).await {
+                    Ok(Some(n)) => n,
+                    Ok(None) => return (true, Err(format!("namespace {name:?} is being replaced"))),
+                    Err(e) => return (true, Err(format!("failed to retrieve namespace {name:?}: {e}"))),
+                },
+                Err(e) => return (false, Err(format!("failed to create namespace {name:?}: {e}"))),
+            }
+        }
+    };
+    if existing.metadata.annotations.as_ref().and_then(|a| a.get(MANAGED_BY_ANNOTATION)).map(String::as_str) != Some(map_id) {
+        return (false, Err(format!("namespace {name:?} already exists and it is not managed by NamespaceMap {map_id:?}")));
+    }
+    // The virtual kubelet's permissions there, named after the map's namespace.
+    if provider.bindings.get(&ObjectRef::new(map_ns).within(name)).is_none() {
+        let binding: RoleBinding = serde_json::from_value(json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": map_ns, "namespace": name, "annotations": {MANAGED_BY_ANNOTATION: map_id},
+                         "labels": {"app.kubernetes.io/managed-by": "liqo", REMOTE_ID_LABEL: origin}},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": origin}],
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": VK_REMOTE_ROLE}}))
+        .expect("a RoleBinding");
+        match Api::<RoleBinding>::namespaced(provider.client.clone(), name).create(&PostParams::default(), &binding).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            // E.g. the namespace is terminating.
+            Err(e) => return (true, Err(format!("failed to enforce role binding {name}/{map_ns}: {e}"))),
+        }
+    }
+    (true, Ok(()))
+}
+
+/// `deleteNamespace`: whether the remote namespace `name` still exists (deleted now or
+/// terminating); one the map does not manage counts as gone.
+async fn delete_namespace(provider: &Member, name: &str, map_id: &str) -> Result<bool, String> {
+    let api: Api<Namespace> = Api::all(provider.client.clone());
+    let n = match api.get_opt(name).await {
+        Ok(None) => return Ok(false),
+        Ok(Some(n)) => n,
+        Err(e) => return Err(format!("failed to retrieve namespace {name:?}: {e}")),
+    };
+    if n.metadata.annotations.as_ref().and_then(|a| a.get(MANAGED_BY_ANNOTATION)).map(String::as_str) != Some(map_id) {
+        return Ok(false);
+    }
+    if n.metadata.deletion_timestamp.is_some() {
+        return Ok(true);
+    }
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(format!("failed to delete namespace {name:?}: {e}")),
+    }
+}

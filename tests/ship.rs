@@ -883,6 +883,16 @@ fn chart_names_follow_the_overrides_and_carry_the_standard_labels() {
     let latency = template_chart(&helm, "ferry", &["--set", "workers.offload.latency.a.b=5"]).unwrap();
     let cm = latency.iter().find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "ferry-offload-latency").expect("the latency ConfigMap");
     assert_eq!(cm["metadata"]["labels"]["app.kubernetes.io/instance"], "ferry");
+    // The offload worker's failure grace reaches it under the flag's environment name.
+    let grace = |docs: &[Value]| {
+        let dep = docs.iter().find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "ferry-offload").expect("the offload worker");
+        let env = dep["spec"]["template"]["spec"]["containers"][0]["env"].as_array().unwrap().clone();
+        env.into_iter().find(|e| e["name"] == "FERRY_OFFLOAD_FAILURE_GRACE").map(|e| e["value"].clone())
+    };
+    assert_eq!(grace(&latency), Some(serde_json::json!("60s")));
+    let at_once = template_chart(&helm, "ferry", &["--set", "workers.offload.failureGrace=0s"]).unwrap();
+    assert_eq!(grace(&at_once), Some(serde_json::json!("0s")));
+    assert!(template_chart(&helm, "ferry", &["--set", "workers.offload.failureGrace=a minute"]).is_err(), "the schema refuses a duration the worker cannot read");
 }
 
 /// The ServiceMonitor and the alerts exist only where the cluster serves their kinds (an

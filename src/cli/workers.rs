@@ -44,6 +44,11 @@ pub struct WorkerArgs {
     /// offload: the latency matrix bursts rank peers by (YAML `from: {to: milliseconds}`).
     #[arg(long, env = "FERRY_LATENCY")]
     pub latency: Option<PathBuf>,
+    /// offload: how long an offloading may report a failed twin namespace (Liqo's
+    /// CreationLoopBackOff, which its retries may mend) before the offload fails; 0s fails
+    /// at once, as liqoctl does.
+    #[arg(long, env = "FERRY_OFFLOAD_FAILURE_GRACE", value_parser = common::parse_duration, default_value = "60s")]
+    pub failure_grace: std::time::Duration,
     /// The tenants and what each may target (YAML; see examples/tenants.yaml): the worker
     /// takes its tenants' commands from their own topics and refuses what the policy does
     /// not allow.
@@ -155,6 +160,7 @@ pub async fn run(conn: &common::Conn, a: WorkerArgs) -> anyhow::Result<ExitCode>
         }
         TaskKind::OFFLOAD => {
             let mut cfg = ferry_offload::OffloadConfig::new(hub(a.kubeconfig.as_deref()).await?);
+            cfg.failure_grace = a.failure_grace;
             if let Some(p) = &a.latency {
                 cfg.latency = ferry_offload::latency::LatencyMatrix::load(p)?;
             }

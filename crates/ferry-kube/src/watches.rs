@@ -28,6 +28,9 @@ pub enum Check<T> {
     Pending(String),
     /// Never will be (e.g. a failed condition): stop waiting.
     Failed(String),
+    /// Not yet (why), and look again after this long though the watch shows no change:
+    /// a condition that turns with time alone, e.g. a failure tolerated for a grace period.
+    Recheck(String, Duration),
 }
 
 /// Why a wait ended without its condition.
@@ -248,8 +251,8 @@ impl Confirm<'_> {
 /// How soon a wait asks the API server again after it could not confirm a decision.
 const RECONFIRM: Duration = Duration::from_secs(1);
 
-/// The wait loop of every shared watch: look whenever the watch changes, until `look`
-/// says done or failed (confirmed, for one object, by the API server) or the deadline.
+/// The wait loop of every shared watch: look whenever the watch changes (and when a
+/// [`Check::Recheck`] asked to), until `look` says done or failed (confirmed, for one object, by the API server) or the deadline.
 async fn wait_on<K, T>(
     shared: &Shared<K>,
     cluster: &str,
@@ -272,11 +275,15 @@ where
         if shared.store.wait_until_ready().now_or_never_ready() {
             let (check, seen) = look(&shared.store);
             let stands = match (&check, &confirm) {
-                (Check::Pending(_), _) | (_, None) => Ok(()),
+                (Check::Pending(_) | Check::Recheck(..), _) | (_, None) => Ok(()),
                 (_, Some(c)) => c.stands(&seen).await,
             };
             match (check, stands) {
                 (Check::Pending(why), _) => last = why,
+                (Check::Recheck(why, after), _) => {
+                    last = why;
+                    until = deadline.min(tokio::time::Instant::now() + after);
+                }
                 (_, Err((why, soon))) => {
                     last = why;
                     if soon {

@@ -98,6 +98,22 @@ async fn clients_apply_and_shared_waits() {
         .wait_object::<ConfigMap, ()>("member-1", &member, Some("default"), "probe", Duration::from_secs(30), |_| Check::Failed("no hope".into()))
         .await;
     assert!(matches!(r, Err(WaitError::Failed { ref reason, .. }) if reason == "no hope"), "{r:?}");
+    // Recheck looks again though nothing changes: without it this wait would time out.
+    let mut looks = 0;
+    let r = watches
+        .wait_object::<ConfigMap, u32>("member-1", &member, Some("default"), "probe", Duration::from_secs(60), |_| {
+            looks += 1;
+            if looks < 3 { Check::Recheck(format!("look {looks}"), Duration::from_millis(20)) } else { Check::Done(looks) }
+        })
+        .await;
+    assert_eq!(r, Ok(3));
+    // ... and no later than the deadline, which names the last reason.
+    let r = watches
+        .wait_object::<ConfigMap, ()>("member-1", &member, Some("default"), "probe", Duration::from_millis(300), |_| {
+            Check::Recheck("failing, tolerated a while".into(), Duration::from_secs(3600))
+        })
+        .await;
+    assert!(matches!(r, Err(WaitError::Timeout { ref last, .. }) if last == "failing, tolerated a while"), "{r:?}");
     assert!(clusters.delete("member-1", &cm).await.unwrap());
     watches.wait_deleted::<ConfigMap>("member-1", &member, Some("default"), "probe", Duration::from_secs(30)).await.unwrap();
     assert!(!clusters.delete("member-1", &cm).await.unwrap(), "second delete finds nothing");

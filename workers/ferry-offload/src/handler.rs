@@ -30,6 +30,11 @@ use crate::steps::respawn::RespawnStep;
 use crate::steps::scale::ScaleStep;
 use crate::steps::twins::TwinsStep;
 
+/// How long a failed twin is waited out by default: a minute covers a dozen of the
+/// NamespaceMap controller's retries once controller-runtime's per-item backoff (5 ms
+/// doubling) has grown to seconds, and is short beside an offload's 10-minute deadline.
+pub const DEFAULT_FAILURE_GRACE: Duration = Duration::from_secs(60);
+
 /// What the offload worker needs.
 #[derive(Clone)]
 pub struct OffloadConfig {
@@ -41,12 +46,23 @@ pub struct OffloadConfig {
     pub latency: LatencyMatrix,
     /// How long removals (the offloading, its twin namespaces) have to finish.
     pub removal_timeout: Duration,
+    /// How long an offloading may report a failed twin (Liqo's `CreationLoopBackOff`,
+    /// which its NamespaceMap controller also reports for a failure its next retry mends)
+    /// before the offload fails; zero fails at once, as liqoctl's wait does.
+    pub failure_grace: Duration,
 }
 
 impl OffloadConfig {
-    /// A config reaching clusters through `clusters`, no latency known, 300 s removals.
+    /// A config reaching clusters through `clusters`, no latency known, 300 s removals,
+    /// failed twins waited out for [`DEFAULT_FAILURE_GRACE`].
     pub fn new(clusters: Arc<Clusters>) -> Self {
-        Self { clusters, watches: Arc::new(Watches::new()), latency: LatencyMatrix::default(), removal_timeout: Duration::from_secs(300) }
+        Self {
+            clusters,
+            watches: Arc::new(Watches::new()),
+            latency: LatencyMatrix::default(),
+            removal_timeout: Duration::from_secs(300),
+            failure_grace: DEFAULT_FAILURE_GRACE,
+        }
     }
 }
 

@@ -117,10 +117,12 @@ pub enum Progress {
 }
 
 /// Reads `status` (and whether the controller saw the latest `generation`). `SomeFailed` and
-/// `AllFailed` fail at once, as liqoctl's own wait does (`pkg/liqoctl/wait/wait.go`,
-/// `ForOffloading`), though Liqo's NamespaceMap controller also reports a transient
-/// failure (an API error, a RoleBinding refused in a terminating namespace) as
-/// `CreationLoopBackOff` until a retry succeeds (`namespacemap-controller/enforcement.go`).
+/// `AllFailed` are failures, as liqoctl's own wait reads them (`pkg/liqoctl/wait/wait.go`,
+/// `ForOffloading`, which stops at once); but Liqo's NamespaceMap controller also reports a
+/// transient failure (an API error, a RoleBinding refused in a terminating namespace) as
+/// `CreationLoopBackOff` until a retry succeeds (`namespacemap-controller/enforcement.go`),
+/// so the offload step fails only once one has lasted its grace period
+/// (`OffloadConfig::failure_grace`).
 pub fn progress(status: &Value, generation: Option<i64>, ids: &[String]) -> Progress {
     let observed = status.get("observedGeneration").and_then(Value::as_i64);
     if let (Some(g), Some(o)) = (generation, observed)

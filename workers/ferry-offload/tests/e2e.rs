@@ -34,8 +34,9 @@ fn cpus(n: &str) -> NodeFlavor {
 }
 
 /// member-1: one node of 4 CPUs; member-2: two of 4; member-3: one of 2. member-1
-/// consumes; `peers` are peered with it (Liqo, through the peer worker).
-async fn start(peers: &[&str]) -> Option<Bed> {
+/// consumes; `peers` are peered with it (Liqo, through the peer worker). The offload
+/// worker waits a failed twin out for `grace`.
+async fn start(peers: &[&str], grace: Duration) -> Option<Bed> {
     let mut bed = Bed::builder()
         .member(1, cpus("4"))
         .member(2, cpus("4"))
@@ -47,6 +48,7 @@ async fn start(peers: &[&str]) -> Option<Bed> {
         .await?;
     let mut cfg = OffloadConfig::new(bed.clusters.clone());
     cfg.latency = LatencyMatrix::parse("member-1: {member-2: 40, member-3: 5}", "test").unwrap();
+    cfg.failure_grace = grace;
     bed.run_worker(OffloadHandler::new(cfg));
     bed.run_worker(PeerHandler::new(PeerConfig::new(bed.clusters.clone())));
     let client = bed.client();
@@ -70,6 +72,11 @@ async fn submit<T: serde::Serialize + apache_avro::AvroSchema + 'static>(
 }
 
 async fn follow(mut events: ferry_runtime::EventStream, id: TaskId) -> Vec<ProgressEvent> {
+    follow_until(&mut events, id, |_| false).await
+}
+
+/// `id`'s events until one `stop` picks or the final one.
+async fn follow_until(events: &mut ferry_runtime::EventStream, id: TaskId, stop: impl Fn(&ProgressEvent) -> bool) -> Vec<ProgressEvent> {
     let mut evs = Vec::new();
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
@@ -82,7 +89,7 @@ async fn follow(mut events: ferry_runtime::EventStream, id: TaskId) -> Vec<Progr
         };
         if e.task_id == id.to_string() {
             println!("{id}: {:?} {} {}", e.event, e.step_name.as_deref().unwrap_or(""), e.message.as_deref().unwrap_or(""));
-            let fin = e.event.is_final();
+            let fin = e.event.is_final() || stop(&e);
             evs.push(e);
             if fin {
                 return evs;
@@ -134,6 +141,10 @@ async fn preview(bed: &Bed, c: &OffloadCommand) -> Preview {
     ferry_offload::preview::preview(&OffloadConfig::new(bed.clusters.clone()), &c.subject(), c).await.expect("the clusters answer")
 }
 
+/// The grace of the tests that want a failed twin to fail the offload: short, so a lasting
+/// failure ends the task soon after it has been waited out.
+const LASTING: Duration = Duration::from_secs(2);
+
 fn cmd(ns: &str, targets: &[&str]) -> OffloadCommand {
     OffloadCommand {
         cluster: "member-1".into(),
@@ -146,7 +157,7 @@ fn cmd(ns: &str, targets: &[&str]) -> OffloadCommand {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn offload_unoffload_revert_and_refusals() {
-    let Some(bed) = start(&["member-2"]).await else { return };
+    let Some(bed) = start(&["member-2"], LASTING).await else { return };
     let client = bed.client();
     let (m1, m2, m3) = (bed.cluster("member-1").await, bed.cluster("member-2").await, bed.cluster("member-3").await);
     for ns in ["web", "batch", "flaky"] {
@@ -232,15 +243,46 @@ async fn offload_unoffload_revert_and_refusals() {
     assert!(offloadings(&m1, "web").get_opt("offloading").await.unwrap().is_none());
     assert!(!exists(&m2, "web-member-1").await);
 
-    // A provider that cannot create the twin: the offload fails with its reason and the
-    // automatic revert leaves no offloading behind.
+    // A provider that cannot create the twin for longer than the grace: the offload says it
+    // waits, then fails with its reason, and the automatic revert leaves no offloading behind.
     bed.offloading.as_ref().unwrap().set("member-2", |k: &mut OffloadingKnobs| k.fails = true);
     let (_, evs) = offload(&client, &cmd("flaky", &["member-2"])).await;
     assert_eq!(end(&evs), EventType::Reverted, "{}", last(&evs));
+    assert!(evs.iter().any(|e| e.event == EventType::StepProgress && e.message.as_deref().unwrap_or("").contains("Liqo retries")), "{}", last(&evs));
     let failed = evs.iter().find(|e| e.event == EventType::StepFailed).unwrap();
     assert_eq!((failed.step_name.as_deref(), failed.code.as_deref()), (Some("offload"), Some("OFFLOADING_FAILED")), "{failed:?}");
-    assert!(failed.message.as_deref().unwrap_or("").contains("member-2"), "{failed:?}");
+    let message = failed.message.as_deref().unwrap_or("");
+    assert!(message.contains("member-2: CreationLoopBackOff") && message.contains("(for "), "{failed:?}");
     assert!(offloadings(&m1, "flaky").get_opt("offloading").await.unwrap().is_none());
+    bed.stop().await;
+}
+
+/// A provider that fails to create the twin for a while (Liqo's `CreationLoopBackOff`, which
+/// its NamespaceMap controller retries) does not fail the offload: the worker says it waits,
+/// and the offload succeeds once the provider creates the twin. With a grace of zero (the
+/// worker before it, and liqoctl's wait) this offload would end Reverted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_twin_that_fails_for_a_while_is_waited_out() {
+    let Some(bed) = start(&["member-2"], ferry_offload::handler::DEFAULT_FAILURE_GRACE).await else { return };
+    let client = bed.client();
+    let (m1, m2) = (bed.cluster("member-1").await, bed.cluster("member-2").await);
+    namespace(&m1, "mended").await;
+    bed.offloading.as_ref().unwrap().set("member-2", |k: &mut OffloadingKnobs| k.fails = true);
+    let c = cmd("mended", &["member-2"]);
+    let mut events = client.events(false).await.unwrap();
+    let id = client.submit(TaskKind::OFFLOAD, &c.subject(), &c, SubmitOptions::default()).await.unwrap();
+    let waiting = |e: &ProgressEvent| e.event == EventType::StepProgress && e.message.as_deref().unwrap_or("").contains("Liqo retries");
+    let evs = follow_until(&mut events, id, waiting).await;
+    let said = evs.last().unwrap();
+    assert!(waiting(said), "the worker did not say it waits the failure out: {}", last(&evs));
+    assert!(said.message.as_deref().unwrap().contains("member-2: CreationLoopBackOff"), "{said:?}");
+    assert!(!exists(&m2, "mended-member-1").await, "the provider made the twin while told to fail");
+    // Liqo's retry succeeds now.
+    bed.offloading.as_ref().unwrap().set("member-2", |k: &mut OffloadingKnobs| k.fails = false);
+    let evs = follow(events, id).await;
+    assert_eq!(end(&evs), EventType::Succeeded, "{}", last(&evs));
+    assert!(!evs.iter().any(|e| e.event == EventType::StepFailed), "{}", last(&evs));
+    assert!(exists(&m2, "mended-member-1").await);
     bed.stop().await;
 }
 
@@ -270,7 +312,7 @@ async fn placement(c: &kube::Client, ns: &str, app: &str) -> HashMap<String, usi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn burst_sends_the_overflow_to_the_nearest_peers_with_room_and_revert_takes_it_back() {
-    let Some(bed) = start(&["member-2", "member-3"]).await else { return };
+    let Some(bed) = start(&["member-2", "member-3"], LASTING).await else { return };
     let client = bed.client();
     let (m1, m3) = (bed.cluster("member-1").await, bed.cluster("member-3").await);
     namespace(&m1, "shop").await;

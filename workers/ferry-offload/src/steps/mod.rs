@@ -117,6 +117,9 @@ impl Inner {
             e => kube_err(codes::APPLY_FAILED, e),
         })?;
         let client = self.client(&c.cluster).await?;
+        let grace = self.cfg.failure_grace;
+        // Since when the offloading has reported a failure without a break.
+        let mut failing: Option<tokio::time::Instant> = None;
         self.cfg
             .watches
             .wait_object::<NamespaceOffloading, String>(&c.cluster, &client, Some(&c.namespace), liqo::NAME, c.timeout(), |o| match o {
@@ -125,8 +128,26 @@ impl Inner {
                 Some(o) if o.metadata.uid != applied.metadata.uid => Check::Pending("the watch has not seen the applied object yet".into()),
                 Some(o) => match liqo::progress(&o.status, o.metadata.generation, ids) {
                     Progress::Ready(n) => Check::Done(n),
-                    Progress::Pending(why) => Check::Pending(why),
-                    Progress::Failed(why) => Check::Failed(why),
+                    Progress::Pending(why) => {
+                        failing = None;
+                        Check::Pending(why)
+                    }
+                    // Liqo retries a failed twin (`namespacemap-controller/enforcement.go`
+                    // requeues with backoff): a failure fails the step only once it has
+                    // lasted the grace period.
+                    Progress::Failed(why) => {
+                        let since = *failing.get_or_insert_with(|| {
+                            if !grace.is_zero() {
+                                cx.progress(30, format!("{why}; Liqo retries, the step fails if it lasts {} s", grace.as_secs_f32()));
+                            }
+                            tokio::time::Instant::now()
+                        });
+                        match grace.checked_sub(since.elapsed()) {
+                            Some(left) if !left.is_zero() => Check::Recheck(why, left),
+                            _ if grace.is_zero() => Check::Failed(why),
+                            _ => Check::Failed(format!("{why} (for {} s)", since.elapsed().as_secs())),
+                        }
+                    }
                 },
             })
             .await

@@ -130,6 +130,23 @@ pub fn absent<T>(r: Result<T, kube::Error>) -> Result<(), kube::Error> {
     }
 }
 
+/// The merge patch that gives `meta`'s object finalizer `name` (`wanted`) or takes it
+/// away, at the read resourceVersion, so a write racing another fails (409, retried on the
+/// next pass) instead of losing the other's finalizer: what upstream's controllers do with
+/// `controllerutil.AddFinalizer`/`RemoveFinalizer` and an Update. None: already so.
+pub fn finalizer_patch(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta, name: &str, wanted: bool) -> Option<serde_json::Value> {
+    let mut finalizers = meta.finalizers.clone().unwrap_or_default();
+    if finalizers.iter().any(|f| f == name) == wanted {
+        return None;
+    }
+    if wanted {
+        finalizers.push(name.to_owned());
+    } else {
+        finalizers.retain(|f| f != name);
+    }
+    Some(serde_json::json!({"metadata": {"finalizers": finalizers, "resourceVersion": meta.resource_version}}))
+}
+
 /// A merge patch (RFC 7386) that turns `old` into `new`: keys `new` lacks are nulled, so
 /// a status copied back loses what its source lost (a NamespaceMap's mapping removed).
 pub fn merge_patch(old: &serde_json::Value, new: &serde_json::Value) -> serde_json::Value {
@@ -163,5 +180,22 @@ mod tests {
         json_patch::merge(&mut applied, &patch);
         assert_eq!(applied, new);
         assert_eq!(super::merge_patch(&json!(null), &json!({"a": {}})), json!({"a": {}}));
+    }
+
+    /// A finalizer is added after the others or removed from among them, at the read
+    /// version; nothing is written when the object is already as wanted.
+    #[test]
+    fn a_finalizer_patch_keeps_the_others_and_the_version() {
+        let meta = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            finalizers: Some(vec!["a".into(), "mine".into(), "b".into()]),
+            resource_version: Some("42".into()),
+            ..Default::default()
+        };
+        assert_eq!(super::finalizer_patch(&meta, "mine", true), None);
+        assert_eq!(super::finalizer_patch(&meta, "mine", false), Some(json!({"metadata": {"finalizers": ["a", "b"], "resourceVersion": "42"}})));
+        assert_eq!(super::finalizer_patch(&meta, "new", true), Some(json!({"metadata": {"finalizers": ["a", "mine", "b", "new"], "resourceVersion": "42"}})));
+        assert_eq!(super::finalizer_patch(&meta, "new", false), None);
+        let bare = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta::default();
+        assert_eq!(super::finalizer_patch(&bare, "mine", true), Some(json!({"metadata": {"finalizers": ["mine"], "resourceVersion": null}})));
     }
 }

@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio::task::JoinHandle;
 
-use crate::emulate::now;
+use crate::emulate::{finalizer_patch, now};
 use crate::emulated_registration::Klusterlet;
 use crate::wake::Wake;
 use crate::work_apply_sync::{ApplySync, Outcome, Refusal, WorkSpec};
@@ -814,9 +814,9 @@ impl WorkAgent {
             return Ok(());
         }
         self.finalizing.lock().expect("finalizing lock").remove(&name);
-        let rest: Vec<&String> = finalizers.iter().filter(|f| *f != APPLIED_FINALIZER).collect();
-        let patch = json!({"metadata": {"finalizers": rest, "resourceVersion": amw.metadata.resource_version}});
-        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        if let Some(patch) = finalizer_patch(&amw.metadata, APPLIED_FINALIZER, false) {
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        }
         Ok(())
     }
 
@@ -901,17 +901,14 @@ impl WorkAgent {
                 }
                 Some(amw) => self.finalize_applied(&amw).await?,
                 None => {
-                    let rest: Vec<&String> = finalizers.iter().filter(|f| *f != WORK_FINALIZER).collect();
-                    let patch = json!({"metadata": {"finalizers": rest, "resourceVersion": w.metadata.resource_version}});
-                    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                    if let Some(patch) = finalizer_patch(&w.metadata, WORK_FINALIZER, false) {
+                        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                    }
                 }
             }
             return Ok(());
         }
-        if !finalizers.iter().any(|f| f == WORK_FINALIZER) {
-            let mut all = finalizers.clone();
-            all.push(WORK_FINALIZER.to_owned());
-            let patch = json!({"metadata": {"finalizers": all, "resourceVersion": w.metadata.resource_version}});
+        if let Some(patch) = finalizer_patch(&w.metadata, WORK_FINALIZER, true) {
             api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
             return Ok(());
         }

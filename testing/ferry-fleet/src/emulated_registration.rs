@@ -50,7 +50,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 
 use crate::applied_cache::AppliedCache;
-use crate::emulate::now;
+use crate::emulate::{finalizer_patch, now};
 use crate::emulated_ocm::OcmKnobs;
 use crate::wake::Wake;
 
@@ -336,14 +336,9 @@ pub async fn hub_tick(hub: &kube::Client, wake: &Wake, rbac: &HubRbac) -> Result
 /// `Deleting` True and the finalizer removed. True when it wrote the cluster.
 async fn gc(hub: &kube::Client, api: &Api<DynamicObject>, mc: &DynamicObject, wake: &Wake) -> Result<bool, kube::Error> {
     let Some(name) = mc.metadata.name.as_deref() else { return Ok(false) };
-    let finalizers = mc.metadata.finalizers.clone().unwrap_or_default();
     if mc.metadata.deletion_timestamp.is_none() {
-        if finalizers.iter().any(|f| f == GC_FINALIZER) {
-            return Ok(false);
-        }
-        let mut all = finalizers;
-        all.push(GC_FINALIZER.into());
-        api.patch(name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": all, "resourceVersion": mc.metadata.resource_version}}))).await?;
+        let Some(patch) = finalizer_patch(&mc.metadata, GC_FINALIZER, true) else { return Ok(false) };
+        api.patch(name, &PatchParams::default(), &Patch::Merge(patch)).await?;
         return Ok(true);
     }
     let mut conds = conditions(mc);
@@ -379,11 +374,8 @@ async fn gc(hub: &kube::Client, api: &Api<DynamicObject>, mc: &DynamicObject, wa
         write_conditions(api, mc, conds, Vec::new()).await?;
         return Ok(true);
     }
-    if !finalizers.iter().any(|f| f == GC_FINALIZER) {
-        return Ok(false);
-    }
-    let rest: Vec<_> = finalizers.into_iter().filter(|f| f != GC_FINALIZER).collect();
-    api.patch(name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": rest, "resourceVersion": mc.metadata.resource_version}}))).await?;
+    let Some(patch) = finalizer_patch(&mc.metadata, GC_FINALIZER, false) else { return Ok(false) };
+    api.patch(name, &PatchParams::default(), &Patch::Merge(patch)).await?;
     Ok(true)
 }
 
@@ -430,9 +422,9 @@ async fn reconcile(hub: &kube::Client, api: &Api<DynamicObject>, mc: DynamicObje
                     wake.after(GC_REQUEUE);
                     return Ok(());
                 }
-                let rest: Vec<_> = finalizers.into_iter().filter(|f| f != CLEANUP_FINALIZER).collect();
-                api.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": rest, "resourceVersion": mc.metadata.resource_version}})))
-                    .await?;
+                if let Some(patch) = finalizer_patch(&mc.metadata, CLEANUP_FINALIZER, false) {
+                    api.patch(&name, &PatchParams::default(), &Patch::Merge(patch)).await?;
+                }
             }
             return Ok(());
         }
@@ -451,11 +443,8 @@ async fn reconcile(hub: &kube::Client, api: &Api<DynamicObject>, mc: DynamicObje
             return Ok(());
         }
         ssa(hub, &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {CLUSTER_NAME_LABEL: name}}})).await?;
-        if !finalizers.iter().any(|f| f == CLEANUP_FINALIZER) {
-            let mut all = finalizers.clone();
-            all.push(CLEANUP_FINALIZER.into());
-            api.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": all, "resourceVersion": mc.metadata.resource_version}})))
-                .await?;
+        if let Some(patch) = finalizer_patch(&mc.metadata, CLEANUP_FINALIZER, true) {
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(patch)).await?;
             return Ok(()); // the status write below would conflict; next tick
         }
         for obj in cluster_rbac(&name, true).into_iter().chain(registration_rbac(&name)) {

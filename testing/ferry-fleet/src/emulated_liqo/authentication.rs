@@ -50,6 +50,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams
 use serde_json::{Value, json};
 use sha2::Digest;
 
+use crate::emulate::finalizer_patch;
 use super::{MANAGER, Member, ar, event, keys, name_of, ns_of, set_status, tenant_namespace_of};
 use ferry_kube::vocab::liqo::{
     APP_NAME_LABEL, AUTH_KEYS_SECRET, CONTROL_PLANE_ORGANIZATION, REMOTE_CONTROLPLANE_APP, TENANT_ROLE_APPS, VK_REMOTE_CLUSTERWIDE_APP, LIQO_NAMESPACE, NONCE_FIELD, NONCE_LABEL, POD_SECURITY_LABELS, REMOTE_ID_LABEL, SIGNED_NONCE_FIELD,
@@ -223,17 +224,14 @@ pub(super) async fn tenants(m: &Member) -> Result<(), kube::Error> {
                     let name = cluster_binding_name(role, consumer.as_deref().unwrap_or_default());
                     crate::emulate::absent(Api::<ClusterRoleBinding>::all(m.client.clone()).delete(&name, &DeleteParams::default()).await)?;
                 }
-                let rest: Vec<&String> = finalizers.iter().filter(|f| *f != TENANT_FINALIZER).collect();
-                let patch = json!({"metadata": {"finalizers": rest, "resourceVersion": t.metadata.resource_version}});
-                api.patch(&name_of(&t), &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                if let Some(patch) = finalizer_patch(&t.metadata, TENANT_FINALIZER, false) {
+                    api.patch(&name_of(&t), &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                }
             }
             continue;
         }
         let Some(consumer) = consumer else { continue };
-        if !finalizers.iter().any(|f| f == TENANT_FINALIZER) {
-            let mut with = finalizers.clone();
-            with.push(TENANT_FINALIZER.to_owned());
-            let patch = json!({"metadata": {"finalizers": with, "resourceVersion": t.metadata.resource_version}});
+        if let Some(patch) = finalizer_patch(&t.metadata, TENANT_FINALIZER, true) {
             api.patch(&name_of(&t), &PatchParams::default(), &Patch::Merge(&patch)).await?;
         }
         let tolerate = t.data.pointer("/spec/authzPolicy").and_then(Value::as_str) == Some("TolerateNoHandshake");

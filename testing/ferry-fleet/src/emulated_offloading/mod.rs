@@ -56,7 +56,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
-use crate::emulate::{merge_patch, now};
+use crate::emulate::{finalizer_patch, merge_patch, now};
 pub use crate::emulated_liqo::{NOT_ALLOWED_TAINT, REMOTE_ID_LABEL, VIRTUAL_NODE_SELECTOR};
 use crate::emulated_liqo::resources::namespace_map_resource;
 pub use crate::webhooks_liqo_offloading::SCHEDULING_LABEL;
@@ -437,8 +437,6 @@ async fn desire(consumer: &Member, nm: &DynamicObject, ns: &str, remote: Option<
 async fn offloading(consumer: &Member, nso: &DynamicObject, ns: &str) -> Offload {
     let api: Api<DynamicObject> = Api::namespaced_with(consumer.client.clone(), ns, &namespace_offloading_resource());
     let what = |w: &str| format!("{w} NamespaceOffloading {ns}/{OFFLOADING_NAME}");
-    let finalizers = nso.metadata.finalizers.clone().unwrap_or_default();
-    let rv = nso.metadata.resource_version.clone();
     let spec = nso.data.get("spec").cloned().unwrap_or(Value::Null);
     let old = nso.data.get("status").cloned().unwrap_or(Value::Null);
     let terminating = nso.metadata.deletion_timestamp.is_some();
@@ -460,16 +458,11 @@ async fn offloading(consumer: &Member, nso: &DynamicObject, ns: &str) -> Offload
             desired.insert(id.clone(), desire(consumer, m, ns, None).await);
         }
         let none_left = old["remoteNamespacesConditions"].as_object().is_none_or(serde_json::Map::is_empty);
-        if none_left && finalizers.iter().any(|f| f == FINALIZER) {
-            let rest: Vec<&String> = finalizers.iter().filter(|f| *f != FINALIZER).collect();
-            let patch = json!({"metadata": {"finalizers": rest, "resourceVersion": rv}});
+        if none_left && let Some(patch) = finalizer_patch(&nso.metadata, FINALIZER, false) {
             logged(&consumer.name, || what("removing the finalizer of"), api.patch(OFFLOADING_NAME, &PatchParams::default(), &Patch::Merge(&patch)).await);
         }
     } else {
-        if !finalizers.iter().any(|f| f == FINALIZER) {
-            let mut all = finalizers.clone();
-            all.push(FINALIZER.to_owned());
-            let patch = json!({"metadata": {"finalizers": all, "resourceVersion": rv}});
+        if let Some(patch) = finalizer_patch(&nso.metadata, FINALIZER, true) {
             logged(&consumer.name, || what("adding the finalizer to"), api.patch(OFFLOADING_NAME, &PatchParams::default(), &Patch::Merge(&patch)).await);
         }
         enforce_cluster_selector(consumer, &spec, ns, &maps, &mut desired).await;

@@ -33,7 +33,7 @@ use kube::runtime::reflector::ObjectRef;
 use serde_json::{Value, json};
 
 use super::{Member, REMOTE_ID_LABEL, label, logged};
-use crate::emulate::merge_patch;
+use crate::emulate::{finalizer_patch, merge_patch};
 use crate::emulated_liqo::authentication::VK_REMOTE_ROLE;
 use crate::emulated_liqo::resources::{ORIGIN_LABEL, REPLICATED_LABEL, namespace_map_resource};
 use crate::emulated_liqo::{name_of, ns_of, tenant_namespace_of};
@@ -133,16 +133,13 @@ pub(super) async fn reconcile_as_provider(provider: &Member, fails: bool) {
         let (ns, name) = (ns_of(&nm), name_of(&nm));
         let id = format!("{ns}/{name}");
         let api: Api<DynamicObject> = Api::namespaced_with(provider.client.clone(), &ns, &namespace_map_resource());
-        let finalizers = nm.metadata.finalizers.clone().unwrap_or_default();
         let mut now = current(&nm);
         let deleting = nm.metadata.deletion_timestamp.is_some();
-        if !deleting && !finalizers.iter().any(|f| f == FINALIZER) {
-            let mut all = finalizers.clone();
-            all.push(FINALIZER.to_owned());
-            let patch = json!({"metadata": {"finalizers": all, "resourceVersion": nm.metadata.resource_version}});
-            if logged(&provider.name, || format!("adding the finalizer to NamespaceMap {id}"), api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await).is_none() {
-                continue;
-            }
+        if !deleting
+            && let Some(patch) = finalizer_patch(&nm.metadata, FINALIZER, true)
+            && logged(&provider.name, || format!("adding the finalizer to NamespaceMap {id}"), api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await).is_none()
+        {
+            continue;
         }
         let wanted = if deleting { BTreeMap::new() } else { desired(&nm) };
         for (local, remote) in &wanted {
@@ -180,9 +177,10 @@ pub(super) async fn reconcile_as_provider(provider: &Member, fails: bool) {
         {
             continue;
         }
-        if deleting && now.is_empty() && finalizers.iter().any(|f| f == FINALIZER) {
-            let rest: Vec<&String> = finalizers.iter().filter(|f| *f != FINALIZER).collect();
-            let patch = json!({"metadata": {"finalizers": rest, "resourceVersion": nm.metadata.resource_version}});
+        if deleting
+            && now.is_empty()
+            && let Some(patch) = finalizer_patch(&nm.metadata, FINALIZER, false)
+        {
             logged(&provider.name, || format!("removing the finalizer of NamespaceMap {id}"), api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await);
         }
     }

@@ -11,6 +11,7 @@ use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 use crate::applied_cache::AppliedCache;
+use crate::emulate::finalizer_patch;
 
 use super::{ADDON, BROKER, Error, addons, ar, cond, delete, managed_clusters, name_of, own_crd, set_addon_conditions, ssa, works};
 
@@ -212,9 +213,9 @@ impl Hub {
             delete(&Api::namespaced_with(hub.clone(), &annotated, &rbac("Role", "roles")), "submariner-k8s-broker-cluster").await?;
             delete(&Api::all_with(hub.clone(), &core("Namespace", "namespaces")), &annotated).await?;
             self.forget(&annotated);
-            let rest: Vec<&String> = finalizers.iter().filter(|f| *f != SET_FINALIZER).collect();
-            let patch = json!({"metadata": {"finalizers": rest, "resourceVersion": set.metadata.resource_version}});
-            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+            if let Some(patch) = finalizer_patch(&set.metadata, SET_FINALIZER, false) {
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+            }
             return Ok(());
         }
         if !finalizers.iter().any(|f| f == SET_FINALIZER) || annotated != ns {
@@ -267,11 +268,7 @@ impl Hub {
         if set.is_empty() || Api::<DynamicObject>::all_with(hub.clone(), &sets()).get_opt(&set).await?.is_none() {
             return self.cleanup(hub, &cluster, "").await;
         }
-        let finalizers = addon.metadata.finalizers.clone().unwrap_or_default();
-        if !finalizers.iter().any(|f| f == ADDON_FINALIZER) {
-            let mut all = finalizers;
-            all.push(ADDON_FINALIZER.to_owned());
-            let patch = json!({"metadata": {"finalizers": all, "resourceVersion": addon.metadata.resource_version}});
+        if let Some(patch) = finalizer_patch(&addon.metadata, ADDON_FINALIZER, true) {
             Api::<DynamicObject>::namespaced_with(hub.clone(), &cluster, &addons()).patch(ADDON, &PatchParams::default(), &Patch::Merge(&patch)).await?;
             return Ok(());
         }
@@ -345,13 +342,10 @@ impl Hub {
             }
         }
         let api: Api<DynamicObject> = Api::namespaced_with(hub.clone(), cluster, &addons());
-        if let Some(a) = api.get_opt(ADDON).await? {
-            let finalizers = a.metadata.finalizers.clone().unwrap_or_default();
-            if finalizers.iter().any(|f| f == ADDON_FINALIZER) {
-                let rest: Vec<&String> = finalizers.iter().filter(|f| *f != ADDON_FINALIZER).collect();
-                let patch = json!({"metadata": {"finalizers": rest, "resourceVersion": a.metadata.resource_version}});
-                api.patch(ADDON, &PatchParams::default(), &Patch::Merge(&patch)).await?;
-            }
+        if let Some(a) = api.get_opt(ADDON).await?
+            && let Some(patch) = finalizer_patch(&a.metadata, ADDON_FINALIZER, false)
+        {
+            api.patch(ADDON, &PatchParams::default(), &Patch::Merge(&patch)).await?;
         }
         Ok(())
     }

@@ -5,7 +5,7 @@
 //! Liqo's pod webhook mutates so that the real scheduler sends the overflow to that
 //! provider's virtual node only, where the emulated virtual kubelet runs it; deletion
 //! taking everything back (the label first); a provider whose twin namespaces cannot be
-//! created.
+//! created; an unpeering that waits for Liqo's teardown through its finalizers.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -14,7 +14,8 @@ use std::time::Duration;
 use ferry_fleet::NodeFlavor;
 use ferry_fleet::emulated_liqo::NOT_ALLOWED_TAINT;
 use ferry_fleet::emulated_liqo::authentication::VK_REMOTE_ROLE;
-use ferry_fleet::emulated_liqo::resources::namespace_map_resource;
+use ferry_fleet::emulated_liqo::resources::{REPLICATOR_FINALIZER, VIRTUAL_NODE_FINALIZER, namespace_map_resource};
+use ferry_kube::vocab::liqo::REPLICATION_DESTINATION_LABEL;
 use ferry_fleet::emulated_offloading::namespace_maps::{self, MANAGED_BY_ANNOTATION, ORIGINAL_NAME_ANNOTATION};
 use ferry_fleet::emulated_offloading::{
     FINALIZER, OffloadingKnobs, REFLECTION_DESTINATION_LABEL, REFLECTION_ORIGIN_LABEL, REMOTE_ID_LABEL, SCHEDULING_LABEL, VIRTUAL_NODE_SELECTOR,
@@ -22,7 +23,7 @@ use ferry_fleet::emulated_offloading::{
 };
 use ferry_peer::spec::PeerClusters;
 use ferry_peer::{PeerConfig, PeerHandler};
-use ferry_runtime::{EventType, SubmitOptions, TaskKind};
+use ferry_runtime::{EventType, SubmitOptions, TaskId, TaskKind};
 use ferry_testkit::Bed;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -92,11 +93,12 @@ async fn namespace(client: &kube::Client, name: &str) {
 
 /// Peers `provider` with the consumer through the peer worker (a real `liqoctl peer`'s
 /// objects, which the emulated Liqo reacts to).
-async fn peer(bed: &Bed, provider: &str) {
+async fn peer(bed: &Bed, provider: &str) -> TaskId {
     let cmd = PeerClusters { a: CONSUMER.into(), b: provider.into(), timeout_seconds: Some(60), ..PeerClusters::default() };
     let (id, evs) = bed.client().submit_and_wait(TaskKind::PEER, &cmd.subject(), &cmd, SubmitOptions::default(), WAIT).await.expect("the peering's events");
     let summary = ferry_runtime::report::summary(&evs);
     assert_eq!(evs.last().map(|e| e.event), Some(EventType::Succeeded), "peering {CONSUMER} with {provider} ({id}): {summary}");
+    id
 }
 
 fn offloading(ns: &str, spec: Value) -> Value {
@@ -172,7 +174,7 @@ async fn namespaces_offload_pods_overflow_to_the_provider_and_deletion_takes_the
     };
     bed.run_worker(PeerHandler::new(PeerConfig::new(bed.clusters.clone())));
     let (m1, m2, m3) = (bed.cluster("member-1").await, bed.cluster("member-2").await, bed.cluster("member-3").await);
-    peer(&bed, "member-2").await;
+    let to_member_2 = peer(&bed, "member-2").await;
     peer(&bed, "member-3").await;
     let ready = |l: &[Arc<Node>]| {
         l.len() == 2
@@ -307,6 +309,45 @@ async fn namespaces_offload_pods_overflow_to_the_provider_and_deletion_takes_the
     assert_eq!(ready_condition(&refused, "member-2").1, "CreationLoopBackOff");
     let taken = Api::<Namespace>::all(m2.clone()).get("taken").await.unwrap();
     assert!(!taken.metadata.annotations.unwrap_or_default().contains_key(MANAGED_BY_ANNOTATION), "the foreign namespace is not taken over");
+
+    // Unpeering member-2 follows Liqo's teardown. The consumer's slice and map toward it
+    // carry the CRD replicator's finalizer, its VirtualNode the VirtualNode controller's.
+    let slices = dynamic("authentication.liqo.io", "v1beta1", "ResourceSlice", "resourceslices");
+    let virtual_nodes = dynamic("offloading.liqo.io", "v1beta1", "VirtualNode", "virtualnodes");
+    let toward_2 = ListParams::default().labels(&format!("{REPLICATION_DESTINATION_LABEL}=member-2"));
+    let has = |o: &DynamicObject, f: &str| o.metadata.finalizers.iter().flatten().any(|x| x == f);
+    let slice = Api::<DynamicObject>::all_with(m1.clone(), &slices).list(&toward_2).await.unwrap().items.remove(0);
+    assert!(has(&slice, REPLICATOR_FINALIZER), "{:?}", slice.metadata.finalizers);
+    assert!(has(&namespace_map(&m1, "member-2").await, REPLICATOR_FINALIZER));
+    let (slice_ns, slice_name) = (slice.metadata.namespace.clone().unwrap(), slice.metadata.name.clone().unwrap());
+    let vn_api: Api<DynamicObject> = Api::namespaced_with(m1.clone(), &slice_ns, &virtual_nodes);
+    assert!(has(&vn_api.get(&slice_name).await.unwrap(), VIRTUAL_NODE_FINALIZER), "the VirtualNode is named after its slice and finalized");
+    // A hold on the provider's copy of the slice: the consumer's slice, being deleted, must
+    // wait for the copy, and its VirtualNode (owned by it) with it.
+    let copy = Api::<DynamicObject>::all_with(m2.clone(), &slices).list(&ListParams::default().labels("liqo.io/originID=member-1")).await.unwrap().items.remove(0);
+    let copies: Api<DynamicObject> = Api::namespaced_with(m2.clone(), copy.metadata.namespace.as_deref().unwrap(), &slices);
+    let hold = |f: Value| json!({"metadata": {"finalizers": f}});
+    copies.patch(&slice_name, &PatchParams::default(), &Patch::Merge(&hold(json!(["ferry.test/hold"])))).await.unwrap();
+    let mut events = bed.client().events(false).await.unwrap();
+    bed.client().revert(to_member_2).await.unwrap();
+    wait_for("the provider's copy of the slice deleted, held", copies.clone(), slices.clone(), by_name(&slice_name), |l| {
+        l.iter().any(|c| c.metadata.deletion_timestamp.is_some())
+    })
+    .await;
+    let held = Api::<DynamicObject>::namespaced_with(m1.clone(), &slice_ns, &slices).get(&slice_name).await.unwrap();
+    assert!(held.metadata.deletion_timestamp.is_some() && has(&held, REPLICATOR_FINALIZER), "the consumer's slice waits for its copy: {:?}", held.metadata);
+    assert!(vn_api.get_opt(&slice_name).await.unwrap().is_some(), "the VirtualNode stays while its slice does");
+    copies.patch(&slice_name, &PatchParams::default(), &Patch::Merge(&hold(json!([])))).await.unwrap();
+    let evs = events.until(to_member_2, WAIT, |e| e.event.is_final()).await.expect("the unpeering ends");
+    assert_eq!(evs.last().map(|e| e.event), Some(EventType::Reverted), "{}", ferry_runtime::report::summary(&evs));
+    // Once the revert ends the teardown is done: no slice, VirtualNode, Node or map toward
+    // member-2, and no twin namespace left on it.
+    assert!(Api::<DynamicObject>::all_with(m1.clone(), &slices).list(&toward_2).await.unwrap().items.is_empty());
+    assert!(vn_api.get_opt(&slice_name).await.unwrap().is_none());
+    assert!(Api::<Node>::all(m1.clone()).get_opt(&vnode["member-2"]).await.unwrap().is_none());
+    let maps = Api::<DynamicObject>::all_with(m1.clone(), &namespace_map_resource()).list(&toward_2).await.unwrap().items;
+    assert!(maps.is_empty(), "{maps:?}");
+    assert_eq!(twins(&m2).await, Vec::<String>::new(), "twin namespaces left on member-2");
     println!("done in {:?}", started.elapsed());
     bed.stop().await;
 }

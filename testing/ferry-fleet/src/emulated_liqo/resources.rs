@@ -11,9 +11,10 @@
 //!   control-plane Identity toward the provider has its kubeconfig Secret (annotated with
 //!   the provider's tenant namespace, the Identity's `spec.namespace`), a slice in that
 //!   Secret's namespace labelled `liqo.io/replication=true` and `liqo.io/remoteID=<provider>`
-//!   is copied into the annotated namespace on the provider (labels `liqo.io/originID`,
-//!   `liqo.io/replicated=true`, `liqo.io/replication=false`); the provider's status is
-//!   copied back; the copy goes with its origin. Without the labels, or in another
+//!   gets the finalizer `crdreplicator.liqo.io/resource` and is copied into the annotated
+//!   namespace on the provider (labels `liqo.io/originID`, `liqo.io/replicated=true`,
+//!   `liqo.io/replication=false`); the provider's status is copied back; the copy goes
+//!   with its origin, which keeps its finalizer until the copy has vanished. Without the labels, or in another
 //!   namespace, nothing reaches the provider. Neither namespace is derived from a cluster
 //!   id: tenant namespaces may have any name.
 //! - **Remote ResourceSlice controller** (`remoteresourceslice-controller`): on the
@@ -28,7 +29,10 @@
 //!   the slice's name, owned by it; the virtual kubelet (`pkg/vkMachinery/forge/forge.go`)
 //!   registers a Node of the VirtualNode's name, labelled `liqo.io/type=virtual-node` and
 //!   with the provider's id, tainted `virtual-node.liqo.io/not-allowed=true:NoExecute`,
-//!   Ready with the slice's resources. Nodes whose VirtualNode is gone go.
+//!   Ready with the slice's resources. Nodes whose VirtualNode is gone go. A VirtualNode
+//!   gets `virtualnode-controller.liqo.io/finalizer` (`virtualnode-controller/`); being
+//!   deleted, its Node goes, then the NamespaceMaps toward its cluster when it was the
+//!   cluster's last, then the finalizer (`deletion-routine.go`).
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -38,6 +42,7 @@ use serde_json::{Value, json};
 
 use super::authentication::{IDENTITY_TYPE_LABEL, REMOTE_TENANT_NAMESPACE_ANNOTATION, auth, authenticated_toward, issue, private_key};
 use super::{MANAGER, Member, apply, ar, event, keys, name_of, now, ns_of, set_status, tenant_namespace_of};
+use crate::emulate::finalizer_patch;
 use ferry_kube::quantity::{millicores, units};
 use ferry_kube::vocab::liqo::{
     CREATE_VIRTUAL_NODE_ANNOTATION, REMOTE_ID_LABEL, REPLICATION_DESTINATION_LABEL, REPLICATION_LABEL, TYPE_LABEL, TYPE_VIRTUAL_NODE,
@@ -210,11 +215,25 @@ pub(super) async fn replicate(m: &Member) -> Result<(), kube::Error> {
         let all = Api::<DynamicObject>::all_with(m.client.clone(), &kind).list(&ListParams::default()).await?.items;
         // What the replicator's local listers hold (`reflection/manager.go`, `localLabelSelector`).
         let mut origins = HashSet::new();
-        for s in all.iter().filter(|s| label(s, ORIGIN_LABEL).is_none() && s.metadata.deletion_timestamp.is_none()) {
+        for s in all.iter().filter(|s| label(s, ORIGIN_LABEL).is_none()) {
             let (Some("true"), Some(provider)) = (label(s, REPLICATION_LABEL).as_deref(), label(s, REPLICATION_DESTINATION_LABEL)) else { continue };
             let (name, ns) = (name_of(s), ns_of(s));
             origins.insert((ns.clone(), name.clone()));
-            let (Some(pc), Some(r)) = (clients.get(&provider), reflections.get(&provider).filter(|r| r.local == ns)) else { continue };
+            let here: Api<DynamicObject> = Api::namespaced_with(m.client.clone(), &ns, &kind);
+            let reflection = clients.get(&provider).zip(reflections.get(&provider).filter(|r| r.local == ns));
+            if s.metadata.deletion_timestamp.is_some() {
+                if let Some(patch) = finalizer_patch(&s.metadata, REPLICATOR_FINALIZER, false)
+                    && copy_vanished(reflection, &kind, &name).await
+                {
+                    here.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+                }
+                continue;
+            }
+            let Some((pc, r)) = reflection else { continue };
+            // `handle`: the local object holds the finalizer before its copy exists.
+            if let Some(patch) = finalizer_patch(&s.metadata, REPLICATOR_FINALIZER, true) {
+                here.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+            }
             let there: Api<DynamicObject> = Api::namespaced_with(pc.clone(), &r.remote, &kind);
             let labels = labels_for_remote(s.metadata.labels.clone().unwrap_or_default(), &m.name);
             let copy = json!({"apiVersion": kind.api_version, "kind": kind.kind,
@@ -231,7 +250,6 @@ pub(super) async fn replicate(m: &Member) -> Result<(), kube::Error> {
                     }
                     let (ours, theirs) = (s.data.get("status").unwrap_or(&Value::Null), remote.data.get("status").unwrap_or(&Value::Null));
                     if !theirs.is_null() && ours != theirs {
-                        let here: Api<DynamicObject> = Api::namespaced_with(m.client.clone(), &ns, &kind);
                         let patch = json!({"status": crate::emulate::merge_patch(ours, theirs)});
                         here.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
                     }
@@ -261,6 +279,67 @@ pub(super) async fn replicate(m: &Member) -> Result<(), kube::Error> {
         }
     }
     Ok(())
+}
+
+/// The VirtualNode controller's finalizer (`virtualnode_controller.go`).
+pub const VIRTUAL_NODE_FINALIZER: &str = "virtualnode-controller.liqo.io/finalizer";
+
+/// The VirtualNode controller's deletion routine on a VirtualNode being deleted
+/// (`deletion-routine.go`, `handle`): its Node goes, then, when it is the last
+/// VirtualNode of its cluster, the NamespaceMaps toward that cluster are deleted (not
+/// awaited: `namespacemap.go`, `ensureNamespaceMapAbsence`), then the finalizer. The
+/// Node's cordon and drain are not emulated: its pods are the virtual kubelet's to reflect.
+async fn virtual_node_deletion(m: &Member, here: &Api<DynamicObject>, nodes: &Api<Node>, vn: &DynamicObject, all: &[DynamicObject]) -> Result<(), kube::Error> {
+    let Some(patch) = finalizer_patch(&vn.metadata, VIRTUAL_NODE_FINALIZER, false) else { return Ok(()) };
+    crate::emulate::absent(nodes.delete(&name_of(vn), &DeleteParams::default()).await)?;
+    let cluster = vn.data.pointer("/spec/clusterID").and_then(Value::as_str).unwrap_or_default();
+    if all.iter().filter(|v| v.data.pointer("/spec/clusterID").and_then(Value::as_str) == Some(cluster)).count() == 1 {
+        let maps: Api<DynamicObject> = Api::all_with(m.client.clone(), &namespace_map_resource());
+        let listed = match maps.list(&ListParams::default().labels(&format!("{REPLICATION_DESTINATION_LABEL}={cluster}"))).await {
+            Ok(l) => l.items,
+            // No NamespaceMap kind served: none to delete.
+            Err(kube::Error::Api(e)) if e.code == 404 => Vec::new(),
+            Err(e) => return Err(e),
+        };
+        for nm in listed.iter().filter(|nm| nm.metadata.deletion_timestamp.is_none()) {
+            let api: Api<DynamicObject> = Api::namespaced_with(m.client.clone(), &ns_of(nm), &namespace_map_resource());
+            crate::emulate::absent(api.delete(&name_of(nm), &DeleteParams::default()).await)?;
+        }
+    }
+    here.patch(&name_of(vn), &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    Ok(())
+}
+
+/// The CRD replicator's finalizer on the local objects it copies (`reflection/handler.go`):
+/// a local object being deleted keeps it until its copy on the provider has vanished.
+pub const REPLICATOR_FINALIZER: &str = "crdreplicator.liqo.io/resource";
+
+/// Whether the provider's copy of a local object being deleted has vanished, deleting it
+/// when it is still there (`handler.go`, `deleteRemoteObject`): gone, or not readable
+/// (Forbidden: the provider removed the permission), counts as vanished; a copy deleted
+/// now or still finalizing does not. Without a reflection toward the provider (its
+/// control-plane identity gone) the copy counts as vanished too, as upstream counts an
+/// unreachable remote (the emulation has no `crdreplicator.liqo.io/operator` finalizer
+/// keeping the identity's Secret, and so the reflection, while objects remain).
+async fn copy_vanished(reflection: Option<(&kube::Client, &Reflection)>, kind: &ApiResource, name: &str) -> bool {
+    let Some((pc, r)) = reflection else { return true };
+    let there: Api<DynamicObject> = Api::namespaced_with(pc.clone(), &r.remote, kind);
+    match there.get_opt(name).await {
+        Ok(None) => true,
+        Err(kube::Error::Api(e)) if e.code == 403 => true,
+        Ok(Some(c)) => {
+            if c.metadata.deletion_timestamp.is_none()
+                && let Err(e) = crate::emulate::absent(there.delete(name, &DeleteParams::default()).await)
+            {
+                tracing::debug!(error = %e, kind = %kind.kind, "emulated Liqo: deleting a replicated copy");
+            }
+            false
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, kind = %kind.kind, "emulated Liqo: reading a replicated copy being deleted");
+            false
+        }
+    }
 }
 
 fn cond(type_: &str, status: &str, reason: &str, message: &str) -> Value {
@@ -380,13 +459,22 @@ pub(super) async fn virtual_nodes(m: &Member) -> Result<(), kube::Error> {
     }
     // The virtual kubelets: a Node per VirtualNode asking for one; Nodes without one go.
     let nodes: Api<Node> = Api::all(m.client.clone());
-    let all_vns: Api<DynamicObject> = Api::all_with(m.client.clone(), &vn_res);
+    let all_vns = Api::<DynamicObject>::all_with(m.client.clone(), &vn_res).list(&ListParams::default()).await?.items;
     let mut wanted = HashSet::new();
-    for vn in all_vns.list(&ListParams::default()).await?.items {
-        if vn.metadata.deletion_timestamp.is_some() || vn.data.pointer("/spec/createNode") == Some(&json!(false)) {
+    for vn in &all_vns {
+        let here: Api<DynamicObject> = Api::namespaced_with(m.client.clone(), &ns_of(vn), &vn_res);
+        if vn.metadata.deletion_timestamp.is_some() {
+            virtual_node_deletion(m, &here, &nodes, vn, &all_vns).await?;
             continue;
         }
-        let name = name_of(&vn);
+        // `virtualnode_controller.go`, `Reconcile`: the finalizer first.
+        if let Some(patch) = finalizer_patch(&vn.metadata, VIRTUAL_NODE_FINALIZER, true) {
+            here.patch(&name_of(vn), &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        }
+        if vn.data.pointer("/spec/createNode") == Some(&json!(false)) {
+            continue;
+        }
+        let name = name_of(vn);
         let provider = vn.data.pointer("/spec/clusterID").and_then(Value::as_str).unwrap_or_default().to_owned();
         wanted.insert(name.clone());
         let existing = nodes.get_opt(&name).await?;

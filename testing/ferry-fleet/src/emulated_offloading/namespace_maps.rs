@@ -6,8 +6,11 @@
 //!   (found by labels, as upstream's tenant namespace manager finds it), labelled
 //!   `liqo.io/remote-cluster-id`, `liqo.io/replication=true` and `liqo.io/remoteID`, so
 //!   the CRD replicator ([`crate::emulated_liqo::resources::replicate`]) copies it to the
-//!   provider and copies the provider's status back; it goes once the cluster has no
-//!   VirtualNode left (`ensureNamespaceMapAbsence`). The NamespaceOffloading controller
+//!   provider and copies the provider's status back; the VirtualNode's deletion routine
+//!   deletes it when the cluster's last VirtualNode goes
+//!   ([`crate::emulated_liqo::resources`], `ensureNamespaceMapAbsence`), and the
+//!   replicator's finalizer keeps it until its copy on the provider is gone. The
+//!   NamespaceOffloading controller
 //!   ([`super`]) writes `spec.desiredMapping` (local namespace → remote name) and reads
 //!   `status.currentMapping`.
 //! - **On the provider** (`namespacemap-controller/`): a replicated NamespaceMap
@@ -71,7 +74,8 @@ pub fn current(nm: &DynamicObject) -> serde_json::Map<String, Value> {
 }
 
 /// The virtual node controller's part on `consumer`: a NamespaceMap per remote cluster
-/// with a VirtualNode, none for a cluster without.
+/// with a VirtualNode (`ensureNamespaceMapPresence`; the deletion is the VirtualNode's
+/// deletion routine's).
 pub(super) async fn ensure_presence(consumer: &Member) {
     let ids: BTreeSet<String> = consumer
         .virtual_node_objects
@@ -111,13 +115,6 @@ pub(super) async fn ensure_presence(consumer: &Member) {
                 logged(&consumer.name, || format!("labelling NamespaceMap {tenant}/{id}"), api.patch(id, &PatchParams::default(), &Patch::Merge(&patch)).await);
             }
             r => drop(logged(&consumer.name, || format!("creating NamespaceMap {tenant}/{id}"), r)),
-        }
-    }
-    for m in local.iter().filter(|m| m.metadata.deletion_timestamp.is_none()) {
-        let Some(dest) = label(&m.metadata, REPLICATION_DESTINATION_LABEL) else { continue };
-        if !ids.contains(dest) {
-            let api: Api<DynamicObject> = Api::namespaced_with(consumer.client.clone(), &ns_of(m), &r);
-            logged(&consumer.name, || format!("deleting NamespaceMap {}/{}", ns_of(m), name_of(m)), api.delete(&name_of(m), &DeleteParams::default()).await);
         }
     }
 }

@@ -68,6 +68,14 @@ ferry_kube::resource!(
     LiqoNetwork, "Network", "ipam.liqo.io", "v1alpha1", "networks", Namespaced
 );
 ferry_kube::resource!(
+    /// Liqo VirtualNode (made by Liqo for an accepted ResourceSlice, named after it).
+    LiqoVirtualNode, "VirtualNode", "offloading.liqo.io", "v1beta1", "virtualnodes", Namespaced
+);
+ferry_kube::resource!(
+    /// Liqo NamespaceMap (made by Liqo per provider with a VirtualNode; replicated to it).
+    LiqoNamespaceMap, "NamespaceMap", "offloading.liqo.io", "v1beta1", "namespacemaps", Namespaced
+);
+ferry_kube::resource!(
     /// Liqo's default gateway server template kind.
     LiqoServerTemplate, "WgGatewayServerTemplate", "networking.liqo.io", "v1beta1", "wggatewayservertemplates", Namespaced
 );

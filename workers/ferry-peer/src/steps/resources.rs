@@ -3,11 +3,13 @@
 //! labelled for replication to the provider, annotated for a virtual node); waits until
 //! the provider authorized and accepted it (`ForResourceSliceAuthentication`; a denial
 //! fails the step with Liqo's reason) and the virtual node, named after the slice (the
-//! provider's id), is Ready. Undo waits until the virtual node is gone.
+//! provider's id), is Ready. Undo waits until the slice, the VirtualNode, its Node and
+//! the NamespaceMaps toward the provider are gone ([`Resources::gone`]).
 
 use ferry_kube::Check;
 use ferry_kube::kinds::node_ready;
 use ferry_kube::step_errors::wait_err;
+use ferry_kube::vocab::liqo::REPLICATION_DESTINATION_LABEL;
 use ferry_task::{Output, StepError, codes};
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -17,7 +19,7 @@ use serde_json::Value;
 
 use super::liqo_check::Ids;
 use super::objects::ObjectSet;
-use super::{LiqoResourceSlice, roles};
+use super::{LiqoNamespaceMap, LiqoResourceSlice, LiqoVirtualNode, roles};
 use crate::handler::Inner;
 use crate::liqo;
 use crate::spec::PeerClusters;
@@ -104,16 +106,35 @@ impl ObjectSet for Resources {
         .boxed()
     }
 
+    /// What liqoctl unpeer's `disableOffloading` awaits (`pkg/liqoctl/unpeer/utils.go`): the
+    /// ResourceSlice absent (the CRD replicator lets it go once its copy on the provider
+    /// has: `internal/crdReplicator/reflection/handler.go`), then the VirtualNode (its
+    /// controller lets it go once its Node is deleted and its NamespaceMaps are asked to
+    /// go: `virtualnode-controller/deletion-routine.go`) and its Node. Then, beyond
+    /// liqoctl, the NamespaceMaps toward the provider absent: each goes once the provider
+    /// deleted the twin namespaces it made, which needs the replication the next undo
+    /// (authentication) removes, so an unpeer leaves no twin namespace behind.
     fn gone<'a>(&'a self, inner: &'a Inner, p: &'a PeerClusters, ids: &'a Ids) -> BoxFuture<'a, Result<(), StepError>> {
         async move {
             let r = roles(p, ids, self.reverse);
             let Ok(client) = inner.cfg.clusters.client(&r.consumer).await else { return Ok(()) };
-            inner
-                .cfg
-                .watches
-                .wait_deleted::<Node>(&r.consumer, &client, None, &liqo::virtual_node_name(&r.provider_id), inner.cfg.removal_timeout)
-                .await
-                .map_err(|e| wait_err(codes::REMOVAL, e))
+            let (w, ns, timeout) = (&inner.cfg.watches, Some(r.at_consumer.namespace.as_str()), inner.cfg.removal_timeout);
+            let removal = |e| wait_err(codes::REMOVAL, e);
+            w.wait_deleted::<LiqoResourceSlice>(&r.consumer, &client, ns, &r.provider_id, timeout).await.map_err(removal)?;
+            w.wait_deleted::<LiqoVirtualNode>(&r.consumer, &client, ns, &r.provider_id, timeout).await.map_err(removal)?;
+            w.wait_deleted::<Node>(&r.consumer, &client, None, &liqo::virtual_node_name(&r.provider_id), timeout).await.map_err(removal)?;
+            let what = format!("the NamespaceMaps toward {}", r.provider_id);
+            w.wait_store::<LiqoNamespaceMap, ()>(&r.consumer, &client, ns, &what, timeout, |maps| {
+                let left: Vec<String> = maps
+                    .state()
+                    .iter()
+                    .filter(|m| m.metadata.labels.as_ref().and_then(|l| l.get(REPLICATION_DESTINATION_LABEL)) == Some(&r.provider_id))
+                    .map(|m| m.metadata.name.clone().unwrap_or_default())
+                    .collect();
+                if left.is_empty() { Check::Done(()) } else { Check::Pending(format!("{left:?} still there (Liqo deletes them once the provider removed their twin namespaces)")) }
+            })
+            .await
+            .map_err(removal)
         }
         .boxed()
     }

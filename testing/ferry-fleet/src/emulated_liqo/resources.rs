@@ -317,10 +317,12 @@ pub const REPLICATOR_FINALIZER: &str = "crdreplicator.liqo.io/resource";
 /// Whether the provider's copy of a local object being deleted has vanished, deleting it
 /// when it is still there (`handler.go`, `deleteRemoteObject`): gone, or not readable
 /// (Forbidden: the provider removed the permission), counts as vanished; a copy deleted
-/// now or still finalizing does not. Without a reflection toward the provider (its
-/// control-plane identity gone) the copy counts as vanished too, as upstream counts an
-/// unreachable remote (the emulation has no `crdreplicator.liqo.io/operator` finalizer
-/// keeping the identity's Secret, and so the reflection, while objects remain).
+/// now or still finalizing does not. A provider that does not answer counts as vanished,
+/// as upstream skips the deletion toward a remote it marked unreachable
+/// (`RemoteReachable`, from the ForeignCluster's API server check; here at once). Without a
+/// reflection toward the provider (its control-plane identity gone) the copy counts as
+/// vanished too (the emulation has no `crdreplicator.liqo.io/operator` finalizer keeping
+/// the identity's Secret, and so the reflection, while objects remain).
 async fn copy_vanished(reflection: Option<(&kube::Client, &Reflection)>, kind: &ApiResource, name: &str) -> bool {
     let Some((pc, r)) = reflection else { return true };
     let there: Api<DynamicObject> = Api::namespaced_with(pc.clone(), &r.remote, kind);
@@ -335,9 +337,13 @@ async fn copy_vanished(reflection: Option<(&kube::Client, &Reflection)>, kind: &
             }
             false
         }
-        Err(e) => {
+        Err(e @ kube::Error::Api(_)) => {
             tracing::debug!(error = %e, kind = %kind.kind, "emulated Liqo: reading a replicated copy being deleted");
             false
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, kind = %kind.kind, "emulated Liqo: the provider does not answer; its copy counts as vanished");
+            true
         }
     }
 }

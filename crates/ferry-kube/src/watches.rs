@@ -252,7 +252,8 @@ impl Confirm<'_> {
 const RECONFIRM: Duration = Duration::from_secs(1);
 
 /// The wait loop of every shared watch: look whenever the watch changes (and when a
-/// [`Check::Recheck`] asked to), until `look` says done or failed (confirmed, for one object, by the API server) or the deadline.
+/// [`Check::Recheck`] asked to), until `look` says done or failed (confirmed, for one
+/// object, by the API server) or the deadline.
 async fn wait_on<K, T>(
     shared: &Shared<K>,
     cluster: &str,

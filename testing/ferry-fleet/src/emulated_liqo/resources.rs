@@ -14,9 +14,9 @@
 //!   gets the finalizer `crdreplicator.liqo.io/resource` and is copied into the annotated
 //!   namespace on the provider (labels `liqo.io/originID`, `liqo.io/replicated=true`,
 //!   `liqo.io/replication=false`); the provider's status is copied back; the copy goes
-//!   with its origin, which keeps its finalizer until the copy has vanished. Without the labels, or in another
-//!   namespace, nothing reaches the provider. Neither namespace is derived from a cluster
-//!   id: tenant namespaces may have any name.
+//!   with its origin, which keeps its finalizer until the copy has vanished. Without the
+//!   labels, or in another namespace, nothing reaches the provider. Neither namespace is
+//!   derived from a cluster id: tenant namespaces may have any name.
 //! - **Remote ResourceSlice controller** (`remoteresourceslice-controller`): on the
 //!   provider, the copy must sit in the consumer's tenant namespace (found by labels,
 //!   `GetNamespace`) next to its Tenant (found by label, `GetTenantByClusterID`);

@@ -211,6 +211,7 @@ pub(super) async fn replicate(m: &Member) -> Result<(), kube::Error> {
             clients.insert(provider.clone(), c);
         }
     }
+    let dead = dead_providers(m).await?;
     for kind in replicated_kinds() {
         let all = Api::<DynamicObject>::all_with(m.client.clone(), &kind).list(&ListParams::default()).await?.items;
         // What the replicator's local listers hold (`reflection/manager.go`, `localLabelSelector`).
@@ -223,7 +224,7 @@ pub(super) async fn replicate(m: &Member) -> Result<(), kube::Error> {
             let reflection = clients.get(&provider).zip(reflections.get(&provider).filter(|r| r.local == ns));
             if s.metadata.deletion_timestamp.is_some() {
                 if let Some(patch) = finalizer_patch(&s.metadata, REPLICATOR_FINALIZER, false)
-                    && copy_vanished(reflection, &kind, &name).await
+                    && copy_vanished(reflection, dead.contains(&provider), &kind, &name).await
                 {
                     here.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
                 }
@@ -317,14 +318,13 @@ pub const REPLICATOR_FINALIZER: &str = "crdreplicator.liqo.io/resource";
 /// Whether the provider's copy of a local object being deleted has vanished, deleting it
 /// when it is still there (`handler.go`, `deleteRemoteObject`): gone, or not readable
 /// (Forbidden: the provider removed the permission), counts as vanished; a copy deleted
-/// now or still finalizing does not. A provider that does not answer counts as vanished,
-/// as upstream skips the deletion toward a remote it marked unreachable
-/// (`RemoteReachable`, from the ForeignCluster's API server check; here at once). Without a
-/// reflection toward the provider (its control-plane identity gone) the copy counts as
-/// vanished too (the emulation has no `crdreplicator.liqo.io/operator` finalizer keeping
-/// the identity's Secret, and so the reflection, while objects remain).
-async fn copy_vanished(reflection: Option<(&kube::Client, &Reflection)>, kind: &ApiResource, name: &str) -> bool {
-    let Some((pc, r)) = reflection else { return true };
+/// now or still finalizing does not, nor does a provider that does not answer (retried).
+/// A provider declared dead ([`dead_providers`]) counts as vanished without being asked.
+/// Without a reflection toward the provider (its control-plane identity gone) the copy
+/// counts as vanished too (the emulation has no `crdreplicator.liqo.io/operator` finalizer
+/// keeping the identity's Secret, and so the reflection, while objects remain).
+async fn copy_vanished(reflection: Option<(&kube::Client, &Reflection)>, dead: bool, kind: &ApiResource, name: &str) -> bool {
+    let Some((pc, r)) = reflection.filter(|_| !dead) else { return true };
     let there: Api<DynamicObject> = Api::namespaced_with(pc.clone(), &r.remote, kind);
     match there.get_opt(name).await {
         Ok(None) => true,
@@ -337,15 +337,38 @@ async fn copy_vanished(reflection: Option<(&kube::Client, &Reflection)>, kind: &
             }
             false
         }
-        Err(e @ kube::Error::Api(_)) => {
+        Err(e) => {
             tracing::debug!(error = %e, kind = %kind.kind, "emulated Liqo: reading a replicated copy being deleted");
             false
         }
-        Err(e) => {
-            tracing::debug!(error = %e, kind = %kind.kind, "emulated Liqo: the provider does not answer; its copy counts as vanished");
-            true
-        }
     }
+}
+
+/// The annotation `liqoctl force unpeer` puts on a ForeignCluster (`pkg/consts/annotations.go`).
+pub const PERMANENTLY_UNREACHABLE_ANNOTATION: &str = "liqo.io/foreign-cluster-permanently-unreachable";
+
+/// The providers the replicator counts unreachable (`foreignclusterstate_controller.go`,
+/// `RemoteReachable` from `foreigncluster.IsDead`): a ForeignCluster annotated
+/// [`PERMANENTLY_UNREACHABLE_ANNOTATION`]`: "true"` whose `APIServerStatus` condition, if
+/// any, is not `Established`; one whose role is still `Unknown` is not judged. A provider
+/// that merely does not answer is not dead: its copies wait.
+async fn dead_providers(m: &Member) -> Result<HashSet<String>, kube::Error> {
+    let fcs: Api<DynamicObject> = Api::all_with(m.client.clone(), &ar("core.liqo.io", "v1beta1", "ForeignCluster", "foreignclusters"));
+    Ok(fcs.list(&ListParams::default()).await?.items.iter().filter(|fc| is_dead(fc)).filter_map(|fc| fc.data.pointer("/spec/clusterID")?.as_str().map(str::to_owned)).collect())
+}
+
+/// `foreigncluster.IsDead` (`pkg/utils/foreigncluster/conditions.go`), with the state
+/// controller's skip of a ForeignCluster whose role is `Unknown`.
+fn is_dead(fc: &DynamicObject) -> bool {
+    let annotated = fc.metadata.annotations.as_ref().and_then(|a| a.get(PERMANENTLY_UNREACHABLE_ANNOTATION)).is_some_and(|v| v == "true");
+    let api_server_up = fc
+        .data
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "APIServerStatus"))
+        .is_some_and(|c| c["status"] == "Established");
+    let judged = fc.data.pointer("/status/role").and_then(Value::as_str) != Some("Unknown");
+    annotated && judged && !api_server_up
 }
 
 fn cond(type_: &str, status: &str, reason: &str, message: &str) -> Value {
@@ -529,6 +552,26 @@ mod tests {
     /// A reflector per control-plane kubeconfig Secret: from its namespace to the annotated
     /// one, whatever their names; none without the annotation, none when two Secrets name
     /// the same cluster, none for other identity types.
+    /// Dead only when declared so (`liqoctl force unpeer`'s annotation) and its API server
+    /// is not known to answer; a ForeignCluster of role Unknown is not judged.
+    #[test]
+    fn a_provider_is_dead_only_when_declared_permanently_unreachable() {
+        let fc = |annotated: bool, status: Value| {
+            let mut meta = json!({"name": "b"});
+            if annotated {
+                meta["annotations"] = json!({PERMANENTLY_UNREACHABLE_ANNOTATION: "true"});
+            }
+            serde_json::from_value::<DynamicObject>(json!({"apiVersion": "core.liqo.io/v1beta1", "kind": "ForeignCluster", "metadata": meta, "spec": {"clusterID": "b"}, "status": status}))
+                .unwrap()
+        };
+        let api_server = |s: &str| json!({"role": "Provider", "conditions": [{"type": "APIServerStatus", "status": s}]});
+        assert!(!is_dead(&fc(false, json!({"role": "Provider"}))), "not answering is not dead");
+        assert!(is_dead(&fc(true, json!({"role": "Provider"}))));
+        assert!(is_dead(&fc(true, api_server("NotReady"))));
+        assert!(!is_dead(&fc(true, api_server("Established"))), "an API server that answers keeps it alive");
+        assert!(!is_dead(&fc(true, json!({"role": "Unknown"}))), "not judged");
+    }
+
     #[test]
     fn reflections_follow_the_control_plane_kubeconfig() {
         let r = reflections(&[

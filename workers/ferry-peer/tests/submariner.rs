@@ -234,9 +234,12 @@ async fn submariner_through_ocm_its_broker_and_its_revert() {
     until(&brokers(&hub, "tunnels"), BROKER, "the add-on removes the Broker after the set's last add-on", |b| b.is_none()).await;
 
     // A gateway that never connects: the add-on never says the tunnel is up; the task
-    // fails at the deadline with the agent's reason, and nothing is left.
+    // fails at the deadline with the agent's reason, and nothing is left. The deadline
+    // must leave the add-on's agents time to come up and report the gateway on a loaded
+    // machine (15 s did not in session 45's CI: member-1's lease was not there yet), so
+    // the same 60 s as the tunnels that succeed.
     bed.submariner.as_ref().unwrap().set("member-2", |k| k.never_connects = true);
-    let (_, evs) = submit(&client, &tunnel("member-1", "member-2", 15)).await;
+    let (_, evs) = submit(&client, &tunnel("member-1", "member-2", 60)).await;
     assert_eq!(end(&evs), EventType::Reverted, "{}", last(&evs));
     let f = failed(&evs);
     assert_eq!(f.step_name.as_deref(), Some("addon"), "{}", last(&evs));

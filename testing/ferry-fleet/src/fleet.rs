@@ -306,6 +306,11 @@ impl Fleet {
         self.clusters.iter().find(|c| c.name == name)
     }
 
+    /// A cluster by name, to stop it ([`Cluster::stop`]).
+    pub fn cluster_mut(&mut self, name: &str) -> Option<&mut Cluster> {
+        self.clusters.iter_mut().find(|c| c.name == name)
+    }
+
     /// Writes each managed cluster's kubeconfig into the hub as Cluster API does: Secret
     /// `<name>-kubeconfig` (key `value`, label `cluster.x-k8s.io/cluster-name`, type
     /// `cluster.x-k8s.io/secret`) in [`KUBECONFIG_NAMESPACE`], so workers reach clusters the
@@ -753,6 +758,14 @@ impl Cluster {
     /// True while every process of the cluster runs.
     pub fn healthy(&mut self) -> bool {
         self.processes.iter_mut().all(Managed::running)
+    }
+
+    /// Stops the cluster for good, as a cluster that is gone: its API server and
+    /// controllers are killed (and reaped) and every request to it fails to connect. Its
+    /// store stays in etcd; nothing restarts it.
+    pub fn stop(&mut self) {
+        self.processes.iter_mut().for_each(Managed::begin_stop);
+        self.processes.clear();
     }
 }
 

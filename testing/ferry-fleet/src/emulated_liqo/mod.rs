@@ -112,6 +112,8 @@ pub struct EmulatedLiqo {
     knobs: Arc<Mutex<HashMap<String, LiqoKnobs>>>,
     wake: Arc<Wake>,
     task: JoinHandle<()>,
+    /// The members' ForeignCluster state controllers.
+    judges: Vec<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for EmulatedLiqo {
@@ -123,6 +125,7 @@ impl std::fmt::Debug for EmulatedLiqo {
 impl Drop for EmulatedLiqo {
     fn drop(&mut self) {
         self.task.abort();
+        self.judges.iter().for_each(JoinHandle::abort);
     }
 }
 
@@ -140,6 +143,9 @@ pub(crate) struct Member {
     /// The tenant ClusterRoles' names by `TENANT_ROLE_APPS`, once found (the tenant
     /// controller's `ensureSetup` looks them up until then, and never again).
     tenant_roles: Mutex<[Vec<String>; 2]>,
+    /// The remote clusters the CRD replicator's state controller judged dead
+    /// ([`resources::judge`], fed by a watch of the member's ForeignClusters).
+    pub(crate) unreachable: Arc<Mutex<std::collections::HashSet<String>>>,
 }
 
 impl Member {
@@ -169,7 +175,7 @@ impl EmulatedLiqo {
             let client = c.client().await?;
             // The CRDs come with the cluster (Liqo's CRD chart), before anything else.
             crate::crds::install(&client, template_crds()).await.map_err(|e| FleetError::Client { cluster: c.name.clone(), source: Box::new(e) })?;
-            members.push(Member { name: c.name.clone(), client, server: c.server.clone(), ca_pem: c.ca_pem()?, installed: false, kubeconfig_clients: Mutex::default(), tenant_roles: Mutex::default() });
+            members.push(Member { name: c.name.clone(), client, server: c.server.clone(), ca_pem: c.ca_pem()?, installed: false, kubeconfig_clients: Mutex::default(), tenant_roles: Mutex::default(), unreachable: Arc::default() });
         }
         // Liqo's components are there when the bed is handed over, as on a cluster Liqo was
         // installed on: a check run at once must not see a half-installed member (a loaded
@@ -180,6 +186,25 @@ impl EmulatedLiqo {
             (|| install(member)).retry(retry).await.map_err(|e| FleetError::Client { cluster: member.name.clone(), source: Box::new(e) })?;
             m.installed = true;
         }
+        // Each member's ForeignCluster state controller reacts to every change at once, as
+        // upstream's does: a force unpeer annotates, then deletes the tenant namespace, and
+        // the verdict must be in before the ForeignCluster's role turns Unknown.
+        let judges = members
+            .iter()
+            .map(|m| {
+                let (api, unreachable) = (Api::<DynamicObject>::all_with(m.client.clone(), &resources::foreign_cluster_resource()), m.unreachable.clone());
+                tokio::spawn(async move {
+                    use futures::StreamExt;
+                    use kube::runtime::WatchStreamExt;
+                    let mut changes = kube::runtime::watcher(api, kube::runtime::watcher::Config::default()).default_backoff().applied_objects().boxed();
+                    while let Some(change) = changes.next().await {
+                        if let Ok(fc) = change {
+                            resources::judge(&unreachable, &fc);
+                        }
+                    }
+                })
+            })
+            .collect();
         let knobs = Arc::new(Mutex::new(knobs));
         let mut wake = Wake::with_fallback(FALLBACK);
         for m in &members {
@@ -199,7 +224,7 @@ impl EmulatedLiqo {
                 }
             }
         });
-        Ok(Self { knobs, wake, task })
+        Ok(Self { knobs, wake, task, judges })
     }
 
     /// Changes the knobs of `cluster`.
@@ -338,23 +363,25 @@ async fn tick(members: &mut [Member], knobs: &Mutex<HashMap<String, LiqoKnobs>>,
     }
     let clients: BTreeMap<String, kube::Client> = members.iter().filter(|m| m.installed).map(|m| (m.name.clone(), m.client.clone())).collect();
     for m in members.iter().filter(|m| m.installed) {
-        let passes = async {
-            network::configurations(m).await?;
-            network::gateways(m).await?;
-            network::connections(m, &clients, &knob, wake).await?;
-            authentication::nonces(m, knob(&m.name).forged_signatures).await?;
-            authentication::tenants(m).await?;
-            authentication::identities(m).await?;
-            resources::local_slices(m).await?;
-            resources::replicate(m).await?;
-            resources::remote_slices(m).await?;
-            resources::virtual_nodes(m).await?;
-            foreign_clusters(m).await
-        };
-        // One member's failure does not stall the others.
-        if let Err(e) = passes.await {
+        // Upstream's controllers are independent: one that fails (a remote cluster that
+        // does not answer the gateway's or the replicator's requests) stalls neither the
+        // others on this member nor any other member.
+        let passes = [
+            ("configurations", network::configurations(m).await),
+            ("gateways", network::gateways(m).await),
+            ("connections", network::connections(m, &clients, &knob, wake).await),
+            ("nonces", authentication::nonces(m, knob(&m.name).forged_signatures).await),
+            ("tenants", authentication::tenants(m).await),
+            ("identities", authentication::identities(m).await),
+            ("local slices", resources::local_slices(m).await),
+            ("replicator", resources::replicate(m).await),
+            ("remote slices", resources::remote_slices(m).await),
+            ("virtual nodes", resources::virtual_nodes(m).await),
+            ("foreign clusters", foreign_clusters(m).await),
+        ];
+        for (pass, e) in passes.into_iter().filter_map(|(pass, r)| r.err().map(|e| (pass, e))) {
             wake.after(crate::wake::RETRY);
-            tracing::debug!(cluster = %m.name, error = %e, "emulated Liqo: retrying");
+            tracing::debug!(cluster = %m.name, pass, error = %e, "emulated Liqo: retrying");
         }
     }
     Ok(())
@@ -447,7 +474,7 @@ pub(super) fn at_most_one(mut items: Vec<DynamicObject>, kind: &str, remote: &st
 /// `foreignclusterEnqueuer`: it watches these kinds and creates the missing one; it never
 /// deletes one), and its status: each module established or not, from what exists.
 async fn foreign_clusters(m: &Member) -> Result<(), kube::Error> {
-    let fcs: Api<DynamicObject> = Api::all_with(m.client.clone(), &ar("core.liqo.io", "v1beta1", "ForeignCluster", "foreignclusters"));
+    let fcs: Api<DynamicObject> = Api::all_with(m.client.clone(), &resources::foreign_cluster_resource());
     let mut remotes = std::collections::BTreeSet::new();
     for (group, kind, plural) in [
         ("networking.liqo.io", "Configuration", "configurations"),

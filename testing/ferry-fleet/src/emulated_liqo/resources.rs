@@ -72,10 +72,12 @@ struct Reflection {
 /// without the `liqo.io/remote-tenant-namespace` annotation is refused, `validateSecret`;
 /// more than one for a cluster is an error, `getters.GetControlPlaneKubeconfigSecretByClusterID`,
 /// and nothing is reflected; local = the Secret's namespace, remote = the annotation).
-/// Secrets being deleted are left out (the emulator puts no finalizer on them).
+/// A Secret being deleted keeps its reflector while it holds [`OPERATOR_FINALIZER`]
+/// ([`stop_reflections`]).
 fn reflections(secrets: &[Secret]) -> BTreeMap<String, Reflection> {
     let mut by_id: BTreeMap<String, Vec<&Secret>> = BTreeMap::new();
-    for s in secrets.iter().filter(|s| s.metadata.deletion_timestamp.is_none()) {
+    let holds = |s: &Secret| s.metadata.finalizers.as_ref().is_some_and(|f| f.iter().any(|f| f == OPERATOR_FINALIZER));
+    for s in secrets.iter().filter(|s| s.metadata.deletion_timestamp.is_none() || holds(s)) {
         let labels = s.metadata.labels.as_ref();
         if labels.and_then(|l| l.get(IDENTITY_TYPE_LABEL)).map(String::as_str) != Some("ControlPlane") {
             continue;
@@ -192,6 +194,11 @@ pub fn namespace_map_resource() -> ApiResource {
     ar("offloading.liqo.io", "v1beta1", "NamespaceMap", "namespacemaps")
 }
 
+/// The ForeignCluster kind (`core.liqo.io/v1beta1`, cluster-scoped).
+pub fn foreign_cluster_resource() -> ApiResource {
+    ar("core.liqo.io", "v1beta1", "ForeignCluster", "foreignclusters")
+}
+
 /// The CRD replicator of a consumer: each reflector its control-plane kubeconfig Secret
 /// starts copies the objects of [`replicated_kinds`] of that Secret's namespace labelled
 /// for replication toward its provider (`reflection/reflector.go`, `StartForResource`:
@@ -211,7 +218,8 @@ pub(super) async fn replicate(m: &Member) -> Result<(), kube::Error> {
             clients.insert(provider.clone(), c);
         }
     }
-    let dead = dead_providers(m).await?;
+    // The state controller's verdicts ([`judge`]), as they stand at this pass.
+    let dead = m.unreachable.lock().expect("unreachable lock").clone();
     for kind in replicated_kinds() {
         let all = Api::<DynamicObject>::all_with(m.client.clone(), &kind).list(&ListParams::default()).await?.items;
         // What the replicator's local listers hold (`reflection/manager.go`, `localLabelSelector`).
@@ -223,9 +231,8 @@ pub(super) async fn replicate(m: &Member) -> Result<(), kube::Error> {
             let here: Api<DynamicObject> = Api::namespaced_with(m.client.clone(), &ns, &kind);
             let reflection = clients.get(&provider).zip(reflections.get(&provider).filter(|r| r.local == ns));
             if s.metadata.deletion_timestamp.is_some() {
-                if let Some(patch) = finalizer_patch(&s.metadata, REPLICATOR_FINALIZER, false)
-                    && copy_vanished(reflection, dead.contains(&provider), &kind, &name).await
-                {
+                let Some(patch) = finalizer_patch(&s.metadata, REPLICATOR_FINALIZER, false) else { continue };
+                if copy_vanished(reflection, dead.contains(&provider), &kind, &name).await {
                     here.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
                 }
                 continue;
@@ -279,6 +286,70 @@ pub(super) async fn replicate(m: &Member) -> Result<(), kube::Error> {
             }
         }
     }
+    stop_reflections(m, &kubeconfigs.items, &reflections, &clients, &dead).await
+}
+
+/// The CRD replicator's finalizer on a control-plane kubeconfig Secret
+/// (`internal/crdReplicator/crdReplicator-operator.go`, `finalizer`).
+pub const OPERATOR_FINALIZER: &str = "crdreplicator.liqo.io/operator";
+
+/// The replicator's operator on its kubeconfig Secrets (`crdReplicator-operator.go`,
+/// `Reconcile`): a valid one gets [`OPERATOR_FINALIZER`]; one being deleted keeps it, and
+/// its reflector keeps working, until the reflector stops, which it does only once no
+/// object to replicate is left in the local namespace and no copy in the remote one
+/// (`reflection/reflector.go`, `stop`/`stopForResource`: the remote check is skipped when
+/// the provider is declared dead, `RemoteReachable`, or forbids the listing; any other
+/// error keeps it). So a tenant namespace being deleted waits for its objects' copies to
+/// go from a provider that answers, and for ever for one that never does, unless declared
+/// dead.
+async fn stop_reflections(
+    m: &Member,
+    secrets: &[Secret],
+    reflections: &BTreeMap<String, Reflection>,
+    clients: &BTreeMap<String, kube::Client>,
+    dead: &HashSet<String>,
+) -> Result<(), kube::Error> {
+    for s in secrets {
+        let (ns, name) = (s.metadata.namespace.clone().unwrap_or_default(), s.metadata.name.clone().unwrap_or_default());
+        let here: Api<Secret> = Api::namespaced(m.client.clone(), &ns);
+        let Some(provider) = s.metadata.labels.as_ref().and_then(|l| l.get(REMOTE_ID_LABEL)).cloned() else { continue };
+        // `validateSecret`: without the remote tenant namespace nothing is done with it.
+        if s.metadata.annotations.as_ref().and_then(|a| a.get(REMOTE_TENANT_NAMESPACE_ANNOTATION)).is_none() {
+            continue;
+        }
+        if s.metadata.deletion_timestamp.is_none() {
+            if let Some(patch) = finalizer_patch(&s.metadata, OPERATOR_FINALIZER, true) {
+                here.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+            }
+            continue;
+        }
+        let Some(patch) = finalizer_patch(&s.metadata, OPERATOR_FINALIZER, false) else { continue };
+        let reachable = !dead.contains(&provider);
+        let reflection = reflections.get(&provider).filter(|r| r.secret == name && r.local == ns);
+        let mut drained = true;
+        for kind in replicated_kinds() {
+            let local = Api::<DynamicObject>::namespaced_with(m.client.clone(), &ns, &kind)
+                .list(&ListParams::default().labels(&format!("{REPLICATION_LABEL}=true,{REPLICATION_DESTINATION_LABEL}")))
+                .await?;
+            if !local.items.is_empty() {
+                drained = false;
+                break;
+            }
+            let (Some(r), Some(pc), true) = (reflection, clients.get(&provider), reachable) else { continue };
+            let there: Api<DynamicObject> = Api::namespaced_with(pc.clone(), &r.remote, &kind);
+            match there.list(&ListParams::default().labels(&format!("{ORIGIN_LABEL}={},{REPLICATED_LABEL}=true", m.name))).await {
+                Ok(l) if l.items.is_empty() => {}
+                Err(kube::Error::Api(e)) if e.code == 403 => {}
+                Ok(_) | Err(_) => {
+                    drained = false;
+                    break;
+                }
+            }
+        }
+        if drained {
+            here.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        }
+    }
     Ok(())
 }
 
@@ -319,10 +390,10 @@ pub const REPLICATOR_FINALIZER: &str = "crdreplicator.liqo.io/resource";
 /// when it is still there (`handler.go`, `deleteRemoteObject`): gone, or not readable
 /// (Forbidden: the provider removed the permission), counts as vanished; a copy deleted
 /// now or still finalizing does not, nor does a provider that does not answer (retried).
-/// A provider declared dead ([`dead_providers`]) counts as vanished without being asked.
-/// Without a reflection toward the provider (its control-plane identity gone) the copy
-/// counts as vanished too (the emulation has no `crdreplicator.liqo.io/operator` finalizer
-/// keeping the identity's Secret, and so the reflection, while objects remain).
+/// A provider judged dead ([`judge`]) counts as vanished without being asked.
+/// Without a reflection toward the provider (no control-plane kubeconfig: its Secret,
+/// kept by [`OPERATOR_FINALIZER`] while objects remain, is gone) the copy counts as
+/// vanished too.
 async fn copy_vanished(reflection: Option<(&kube::Client, &Reflection)>, dead: bool, kind: &ApiResource, name: &str) -> bool {
     let Some((pc, r)) = reflection.filter(|_| !dead) else { return true };
     let there: Api<DynamicObject> = Api::namespaced_with(pc.clone(), &r.remote, kind);
@@ -347,18 +418,30 @@ async fn copy_vanished(reflection: Option<(&kube::Client, &Reflection)>, dead: b
 /// The annotation `liqoctl force unpeer` puts on a ForeignCluster (`pkg/consts/annotations.go`).
 pub const PERMANENTLY_UNREACHABLE_ANNOTATION: &str = "liqo.io/foreign-cluster-permanently-unreachable";
 
-/// The providers the replicator counts unreachable (`foreignclusterstate_controller.go`,
-/// `RemoteReachable` from `foreigncluster.IsDead`): a ForeignCluster annotated
-/// [`PERMANENTLY_UNREACHABLE_ANNOTATION`]`: "true"` whose `APIServerStatus` condition, if
-/// any, is not `Established`; one whose role is still `Unknown` is not judged. A provider
-/// that merely does not answer is not dead: its copies wait.
-async fn dead_providers(m: &Member) -> Result<HashSet<String>, kube::Error> {
-    let fcs: Api<DynamicObject> = Api::all_with(m.client.clone(), &ar("core.liqo.io", "v1beta1", "ForeignCluster", "foreignclusters"));
-    Ok(fcs.list(&ListParams::default()).await?.items.iter().filter(|fc| is_dead(fc)).filter_map(|fc| fc.data.pointer("/spec/clusterID")?.as_str().map(str::to_owned)).collect())
+/// The CRD replicator's ForeignCluster state controller
+/// (`internal/crdReplicator/foreignclusterstate_controller.go`), on each change of a
+/// ForeignCluster seen by a watch (`EmulatedLiqo::start`): one whose role is `Unknown` is
+/// skipped and its cluster keeps the last verdict (a peering being torn down loses its
+/// Tenant and Identity, so its role, while its copies still wait); any other sets its
+/// reflector's `RemoteReachable` to `!IsDead` ([`is_dead`]). `unreachable` holds the
+/// cluster ids judged dead: their copies count as vanished, and their reflectors stop
+/// without asking them. A provider that merely does not answer is not dead.
+pub(super) fn judge(unreachable: &std::sync::Mutex<HashSet<String>>, fc: &DynamicObject) {
+    if fc.data.pointer("/status/role").and_then(Value::as_str) == Some("Unknown") {
+        return;
+    }
+    let Some(id) = fc.data.pointer("/spec/clusterID").and_then(Value::as_str) else { return };
+    let mut dead = unreachable.lock().expect("unreachable lock");
+    if is_dead(fc) {
+        dead.insert(id.to_owned());
+    } else {
+        dead.remove(id);
+    }
 }
 
-/// `foreigncluster.IsDead` (`pkg/utils/foreigncluster/conditions.go`), with the state
-/// controller's skip of a ForeignCluster whose role is `Unknown`.
+/// `foreigncluster.IsDead` (`pkg/utils/foreigncluster/conditions.go`): annotated
+/// [`PERMANENTLY_UNREACHABLE_ANNOTATION`]`: "true"` with no `Established` `APIServerStatus`
+/// condition.
 fn is_dead(fc: &DynamicObject) -> bool {
     let annotated = fc.metadata.annotations.as_ref().and_then(|a| a.get(PERMANENTLY_UNREACHABLE_ANNOTATION)).is_some_and(|v| v == "true");
     let api_server_up = fc
@@ -367,8 +450,7 @@ fn is_dead(fc: &DynamicObject) -> bool {
         .and_then(Value::as_array)
         .and_then(|cs| cs.iter().find(|c| c["type"] == "APIServerStatus"))
         .is_some_and(|c| c["status"] == "Established");
-    let judged = fc.data.pointer("/status/role").and_then(Value::as_str) != Some("Unknown");
-    annotated && judged && !api_server_up
+    annotated && !api_server_up
 }
 
 fn cond(type_: &str, status: &str, reason: &str, message: &str) -> Value {
@@ -569,7 +651,15 @@ mod tests {
         assert!(is_dead(&fc(true, json!({"role": "Provider"}))));
         assert!(is_dead(&fc(true, api_server("NotReady"))));
         assert!(!is_dead(&fc(true, api_server("Established"))), "an API server that answers keeps it alive");
-        assert!(!is_dead(&fc(true, json!({"role": "Unknown"}))), "not judged");
+        // The state controller skips a ForeignCluster of role Unknown: its last verdict stays.
+        let unreachable = std::sync::Mutex::new(HashSet::new());
+        judge(&unreachable, &fc(true, json!({"role": "Unknown"})));
+        assert!(unreachable.lock().unwrap().is_empty(), "not judged");
+        judge(&unreachable, &fc(true, json!({"role": "Provider"})));
+        judge(&unreachable, &fc(true, json!({"role": "Unknown"})));
+        assert!(unreachable.lock().unwrap().contains("b"), "still dead once its Tenant and Identity are gone");
+        judge(&unreachable, &fc(false, json!({"role": "Provider"})));
+        assert!(unreachable.lock().unwrap().is_empty(), "alive again");
     }
 
     #[test]

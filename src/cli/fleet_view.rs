@@ -115,7 +115,7 @@ pub fn peerings(registry: &Registry, snapshots: &[TaskSnapshot]) -> Vec<PeeringV
                     PeeringView { a: p.a, b: p.b, method: method.into(), bidirectional: p.bidirectional, task_id: s.task_id.clone() },
                 );
             }
-            PeerOperation::Unpeer => {
+            PeerOperation::Unpeer | PeerOperation::ForceUnpeer => {
                 live.remove(&s.subject);
             }
         }

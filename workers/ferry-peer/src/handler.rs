@@ -1,7 +1,8 @@
 //! The `peer` tasks' handler: the configuration, what every step shares (applies,
 //! deletes of the pair's own objects, readiness waits), and [`PeerHandler::plan`], the
 //! table of contents. Liqo: check → prepare → network → authentication → resources (→ the
-//! reverse pair when bidirectional) → established. Submariner: check → cluster-set →
+//! reverse pair when bidirectional) → established; a force unpeer: check → force-unpeer
+//! (`a` alone, `b` never contacted). Submariner: check → cluster-set →
 //! broker → config → addon. Unpeer runs the same steps inverted, in reverse order. Each step is a
 //! module of [`crate::steps`].
 
@@ -21,6 +22,7 @@ use crate::spec::{PeerClusters, PeerMethod, PeerOperation};
 use crate::steps::authentication::Authentication;
 use crate::steps::cluster_set::ClusterSet;
 use crate::steps::established::EstablishedCheck;
+use crate::steps::force_unpeer::{ForceCheck, ForceUnpeer};
 use crate::steps::LiqoForeignCluster;
 use crate::steps::liqo_check::LiqoCheck;
 use crate::steps::network::Network;
@@ -344,6 +346,8 @@ impl TaskHandler for PeerHandler {
                 }
             }
             PeerOperation::Unpeer => plan.extend(steps.into_iter().rev().map(|s| Arc::new(Inverse::new(s)) as PeerStep)),
+            // `a` alone: none of the steps above, which ask both clusters.
+            PeerOperation::ForceUnpeer => plan = vec![Arc::new(ForceCheck(i.clone(), policy(p))), Arc::new(ForceUnpeer(i.clone(), policy(p)))],
         }
         plan
     }

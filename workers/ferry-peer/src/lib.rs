@@ -5,7 +5,7 @@
 //! sides first with bounded waits, and removes exactly what it created, in reverse order,
 //! on unpeer or revert. Commands for one pair share a subject, so they never interleave.
 //!
-//! - [`spec`]: the command (`PeerClusters`: peer, unpeer).
+//! - [`spec`]: the command (`PeerClusters`: peer, unpeer, force-unpeer).
 //! - [`liqo`]: the Liqo objects (pure).
 //! - [`handshake`]: the consumer's CSR and Tenant proof from its keys (liqoctl authenticate).
 //! - [`submariner`]: the OCM objects of a Submariner peering (pure).
@@ -30,8 +30,9 @@ ferry_task::register_kind!(ferry_task::kind::KindInfo {
     order: 20,
     schemas: &[
         (20, "PeerClusters.avsc", include_str!("../../../schemas/PeerClusters.avsc")),
+        (21, "PeerClusters.v2.avsc", include_str!("../../../schemas/PeerClusters.v2.avsc")),
     ],
-    spec: "PeerClusters.avsc",
+    spec: "PeerClusters.v2.avsc",
     access: ferry_task::kind::Access::NONE,
     not_for_tenants: None,
     encode: ferry_task::kind::encode_json::<spec::PeerClusters>,

@@ -14,7 +14,7 @@
 //! exchange as it runs (keys, nonces, endpoints): named, not previewed. A tenant namespace
 //! that exists and is not Ferry's is shown unchanged, saying so (the run reuses it and never
 //! deletes it); Liqo objects of a peering made outside Ferry fail the check, naming them.
-//! Unpeer: what would go.
+//! Unpeer: what would go. Force unpeer: what would go on `a` ([`crate::steps::force_unpeer`]).
 
 use ferry_kube::dry_run::{self, Change, ObjectPreview, Preview};
 use ferry_kube::{ClusterError, HUB};
@@ -23,6 +23,7 @@ use serde_json::Value;
 
 use crate::handler::{MANAGER, PeerConfig, PeerHandler};
 use crate::spec::{PeerClusters, PeerMethod, PeerOperation};
+use crate::steps::force_unpeer::{self, FORCE_CHECK};
 use crate::steps::liqo_check::{IDS, Ids};
 use crate::steps::objects::ObjectSet;
 use crate::steps::prepare::Prepare;
@@ -73,6 +74,31 @@ pub async fn preview(cfg: &PeerConfig, subject: &str, p: &PeerClusters) -> Resul
             for (cluster, o) in &objects {
                 out.objects.push(dry_run::apply(&cfg.clusters, cluster, o, MANAGER).await?);
             }
+        }
+        (PeerMethod::Liqo, PeerOperation::ForceUnpeer) => {
+            let found = FORCE_CHECK.from_outputs(&out.checked.outputs).unwrap_or_default();
+            let Some(remote) = found.remote else {
+                out.notes.push(format!("{} holds nothing of a Ferry peering with {}: nothing would change", p.a, p.b));
+                return Ok(out);
+            };
+            let kube = |source| ClusterError::Kube { cluster: p.a.clone(), source };
+            let client = cfg.clusters.client(&p.a).await?;
+            let (namespaces, objects) = force_unpeer::labelled(&client, &pair).await.map_err(kube)?;
+            for ns in namespaces.iter().filter(|n| n.metadata.name == found.namespace) {
+                out.objects.push(ObjectPreview::deleted(&p.a, &serde_json::to_value(ns).unwrap_or_default(), "Ferry's tenant namespace, with everything in it"));
+            }
+            for (kind, o) in objects.iter().filter(|(_, o)| o.metadata.namespace != found.namespace) {
+                let mut v = serde_json::to_value(o).unwrap_or_default();
+                v["kind"] = Value::from(kind.kind.clone());
+                out.objects.push(ObjectPreview::deleted(&p.a, &v, "the pair's, in a tenant namespace Ferry reused (the namespace stays)"));
+            }
+            out.notes.push(format!(
+                "ForeignCluster {remote} on {} annotated {} first (Liqo there stops waiting for {}), deleted last; {} is never contacted and keeps what it holds",
+                p.a,
+                force_unpeer::PERMANENTLY_UNREACHABLE,
+                p.b,
+                p.b
+            ));
         }
         (PeerMethod::Liqo, op) => {
             let ids = IDS.from_outputs(&out.checked.outputs).unwrap_or_default();

@@ -20,6 +20,13 @@ pub enum PeerOperation {
     #[serde(alias = "unpeer")]
     #[schemars(extend("x-aliases" = ["unpeer"]))]
     Unpeer,
+    /// Liqo only, for a provider `b` that is gone for good: clean `a`'s side of the
+    /// peering without ever contacting `b` (`liqoctl force unpeer`): `a`'s ForeignCluster
+    /// of `b` declared permanently unreachable, then what the peering made on `a` deleted
+    /// and awaited. `b` keeps whatever it held. Cannot be reverted.
+    #[serde(alias = "force-unpeer")]
+    #[schemars(extend("x-aliases" = ["force-unpeer"]))]
+    ForceUnpeer,
 }
 
 /// How the clusters connect.
@@ -41,7 +48,7 @@ pub enum PeerMethod {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, AvroSchema, schemars::JsonSchema)]
 #[avro(namespace = "io.ferry.v1")]
 pub struct PeerClusters {
-    /// Peer (default) or unpeer.
+    /// Peer (default), unpeer, or force-unpeer (`a` cleaned alone, `b` gone).
     #[serde(default)]
     pub operation: PeerOperation,
     /// The consumer (Liqo: gets a virtual node of `b`).
@@ -97,6 +104,11 @@ pub fn validate(subject: &str, p: &PeerClusters) -> Result<(), Rejection> {
     {
         return Err(Rejection::new(format!("timeout_seconds must be at least 1, got {t}")));
     }
+    if p.operation == PeerOperation::ForceUnpeer && p.method != PeerMethod::Liqo {
+        return Err(Rejection::new(
+            "operation ForceUnpeer is Liqo's (`liqoctl force unpeer`); a Submariner peering lives on the hub: undo it with operation Unpeer",
+        ));
+    }
     match (p.method, &p.cluster_set) {
         (PeerMethod::Liqo, Some(_)) => Err(Rejection::new("cluster_set is a Submariner setting; Liqo peers clusters directly")),
         (PeerMethod::Liqo, None) | (PeerMethod::Submariner, None) => Ok(()),
@@ -147,6 +159,13 @@ mod tests {
             "cluster_set \"Edge\"",
         );
         check(&|x| x.timeout_seconds = Some(0), "timeout_seconds must be at least 1");
+        check(
+            &|x| {
+                x.method = PeerMethod::Submariner;
+                x.operation = PeerOperation::ForceUnpeer;
+            },
+            "operation ForceUnpeer is Liqo's",
+        );
         let x = p();
         assert!(validate("member-2+member-1", &x).unwrap_err().reason.contains("member-1+member-2"));
         validate(&x.subject(), &x).unwrap();

@@ -485,3 +485,54 @@ async fn objects_that_were_there_before_are_never_taken_over_nor_deleted() {
     assert!(why.contains(BY_HAND) && why.contains("liqo-tenant-member-2") && why.contains("member-1"), "{why}");
     bed.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_that_is_gone_is_force_unpeered_from_the_consumer_alone() {
+    let Some(mut bed) = start().await else { return };
+    let client = bed.client();
+    let m1 = bed.cluster("member-1").await;
+
+    // Peered both ways, so member-1's tenant namespace for member-2 holds both roles
+    // (a ResourceSlice and its virtual node, a Tenant), then member-2 is gone for good.
+    let mut both = peer("member-1", "member-2");
+    both.bidirectional = true;
+    let (_, evs) = submit(&client, &both).await;
+    assert_eq!(end(&evs), EventType::Succeeded, "{}", last(&evs));
+    assert!(virtual_node_ready(&m1, "member-2").await);
+    bed.fleet.cluster_mut("member-2").expect("member-2").stop();
+
+    // The dry run: only member-1 is asked; its tenant namespace would go.
+    let mut force = peer("member-1", "member-2");
+    force.operation = PeerOperation::ForceUnpeer;
+    let dry = ferry_peer::preview::preview(&PeerConfig::new(bed.clusters.clone()), &force.subject(), &force).await.unwrap();
+    assert_eq!(dry.checked.verdict, ferry_runtime::dry_run::Verdict::Passes, "{dry:?}");
+    let judged: Vec<(&str, &str, Change)> = dry.objects.iter().map(|o| (o.cluster.as_str(), o.object.as_str(), o.change)).collect();
+    assert_eq!(judged, [("member-1", "Namespace liqo-tenant-member-2", Change::Delete)], "{dry:?}");
+    assert!(dry.notes.iter().any(|n| n.contains("never contacted")), "{dry:?}");
+
+    // The force unpeer: Liqo on member-1 lets go of the slice's copy and the NamespaceMaps'
+    // on the dead provider only because their ForeignCluster is declared unreachable; without
+    // that the tenant namespace would wait on their finalizers and the step would time out.
+    let (id, evs) = submit(&client, &force).await;
+    assert_eq!(end(&evs), EventType::Succeeded, "{}", last(&evs));
+    let steps: Vec<String> = evs.iter().filter(|e| e.event == EventType::StepSucceeded).filter_map(|e| e.step_name.clone()).collect();
+    assert_eq!(steps, ["check", "force-unpeer"]);
+    assert!(evs.iter().any(|e| e.message.as_deref().is_some_and(|m| m.contains("declared permanently unreachable"))), "{evs:#?}");
+    assert_eq!(peering_objects(&m1).await, Vec::<String>::new(), "member-1 holds nothing of the peering");
+    assert!(Api::<Namespace>::all(m1.clone()).get_opt("liqo-tenant-member-2").await.unwrap().is_none());
+    assert_eq!(foreign_clusters(&m1).await, Vec::<String>::new(), "the annotated ForeignCluster goes last");
+    let snap = client.snapshot(id).await.unwrap().unwrap();
+    let out = snap.journal.iter().find(|j| j.name == "force-unpeer").and_then(|j| j.output.clone()).unwrap();
+    assert!(out.contains("Namespace/liqo-tenant-member-2"), "{out}");
+
+    // It cannot be undone, and says so; asked again, there is nothing left to do.
+    let mut events = client.events(false).await.unwrap();
+    client.revert(id).await.unwrap();
+    let evs = events.until(id, WAIT, |e| e.event.is_final()).await.unwrap();
+    assert_eq!(end(&evs), EventType::RevertFailed, "{}", last(&evs));
+    assert!(last(&evs).contains("cannot be undone"), "{}", last(&evs));
+    let (_, evs) = submit(&client, &force).await;
+    assert_eq!(end(&evs), EventType::Succeeded, "{}", last(&evs));
+    assert!(evs.iter().any(|e| e.message.as_deref().is_some_and(|m| m.contains("holds nothing of a Ferry peering"))), "{evs:#?}");
+    bed.stop().await;
+}

@@ -2,7 +2,7 @@
 //! [`prepare`], [`network`], [`authentication`] and [`resources`] (each once more,
 //! `-reverse`, when bidirectional), [`established`]. Submariner: [`submariner_check`]
 //! (`check`), [`cluster_set`], [`submariner_broker`] (`broker`), [`submariner_addon`]
-//! (`config`, `addon`). Steps that apply
+//! (`config`, `addon`). A force unpeer: [`force_unpeer`] (`check`, `force-unpeer`). Steps that apply
 //! a set of objects and wait are [`objects::ObjectSet`]s run by [`objects::Applies`];
 //! unpeer runs each step [`objects::Inverse`]d. What the steps share is here: the Liqo
 //! kinds they watch, the step policy, a direction's roles and the tenant-namespace waits.
@@ -10,6 +10,7 @@
 pub mod authentication;
 pub mod cluster_set;
 pub mod established;
+pub mod force_unpeer;
 pub mod liqo_check;
 pub mod network;
 pub mod objects;

@@ -143,6 +143,8 @@ pub(crate) struct Member {
     /// The tenant ClusterRoles' names by `TENANT_ROLE_APPS`, once found (the tenant
     /// controller's `ensureSetup` looks them up until then, and never again).
     tenant_roles: Mutex<[Vec<String>; 2]>,
+    /// When the API server checker last pinged each remote cluster ([`api_server_check`]).
+    api_checks: Mutex<HashMap<String, std::time::Instant>>,
     /// The remote clusters the CRD replicator's state controller judged dead
     /// ([`resources::judge`], fed by a watch of the member's ForeignClusters).
     pub(crate) unreachable: Arc<Mutex<std::collections::HashSet<String>>>,
@@ -175,7 +177,7 @@ impl EmulatedLiqo {
             let client = c.client().await?;
             // The CRDs come with the cluster (Liqo's CRD chart), before anything else.
             crate::crds::install(&client, template_crds()).await.map_err(|e| FleetError::Client { cluster: c.name.clone(), source: Box::new(e) })?;
-            members.push(Member { name: c.name.clone(), client, server: c.server.clone(), ca_pem: c.ca_pem()?, installed: false, kubeconfig_clients: Mutex::default(), tenant_roles: Mutex::default(), unreachable: Arc::default() });
+            members.push(Member { name: c.name.clone(), client, server: c.server.clone(), ca_pem: c.ca_pem()?, installed: false, kubeconfig_clients: Mutex::default(), tenant_roles: Mutex::default(), api_checks: Mutex::default(), unreachable: Arc::default() });
         }
         // Liqo's components are there when the bed is handed over, as on a cluster Liqo was
         // installed on: a check run at once must not see a half-installed member (a loaded
@@ -377,7 +379,7 @@ async fn tick(members: &mut [Member], knobs: &Mutex<HashMap<String, LiqoKnobs>>,
             ("replicator", resources::replicate(m).await),
             ("remote slices", resources::remote_slices(m).await),
             ("virtual nodes", resources::virtual_nodes(m).await),
-            ("foreign clusters", foreign_clusters(m).await),
+            ("foreign clusters", foreign_clusters(m, wake).await),
         ];
         for (pass, e) in passes.into_iter().filter_map(|(pass, r)| r.err().map(|e| (pass, e))) {
             wake.after(crate::wake::RETRY);
@@ -473,7 +475,7 @@ pub(super) fn at_most_one(mut items: Vec<DynamicObject>, kind: &str, remote: &st
 /// object is labelled with (`core/foreigncluster-controller/foreigncluster_controller.go`,
 /// `foreignclusterEnqueuer`: it watches these kinds and creates the missing one; it never
 /// deletes one), and its status: each module established or not, from what exists.
-async fn foreign_clusters(m: &Member) -> Result<(), kube::Error> {
+async fn foreign_clusters(m: &Member, wake: &Wake) -> Result<(), kube::Error> {
     let fcs: Api<DynamicObject> = Api::all_with(m.client.clone(), &resources::foreign_cluster_resource());
     let mut remotes = std::collections::BTreeSet::new();
     for (group, kind, plural) in [
@@ -536,7 +538,12 @@ async fn foreign_clusters(m: &Member) -> Result<(), kube::Error> {
             identity: identity.as_ref().map(|i| i.data.pointer("/status/kubeconfigSecretRef/name").and_then(Value::as_str).is_some_and(|n| !n.is_empty())),
             virtual_node: !list("VirtualNode", "virtualnodes", "offloading.liqo.io").await?.is_empty(),
         };
-        let status = foreign_cluster_status(tenant_namespaces(tenant.as_ref(), identity.as_ref()), &seen);
+        let mut status = foreign_cluster_status(tenant_namespaces(tenant.as_ref(), identity.as_ref()), &seen);
+        // `handleAuthenticationModuleStatus`: the control-plane Identity's API server, which
+        // turns the API server checker on ([`api_server_check`]).
+        if let Some(url) = identity.as_ref().and_then(|i| i.data.pointer("/spec/authParams/apiServer")?.as_str()).filter(|u| !u.is_empty()) {
+            status["apiServerUrl"] = json!(url);
+        }
         let strip = |v: &Value| {
             let mut v = v.clone();
             for module in ["networking", "authentication", "offloading"] {
@@ -557,8 +564,78 @@ async fn foreign_clusters(m: &Member) -> Result<(), kube::Error> {
                     patch["tenantNamespace"][key] = Value::Null;
                 }
             }
+            if patch.get("apiServerUrl").is_none() {
+                patch["apiServerUrl"] = Value::Null;
+            }
             fcs.patch_status(&name_of(&fc), &PatchParams::default(), &Patch::Merge(&json!({"status": patch}))).await?;
         }
+        api_server_check(m, wake, &fcs, &fc, &remote, identity.as_ref(), status.get("apiServerUrl").is_some()).await?;
+    }
+    Ok(())
+}
+
+/// How often the API server checker pings (the controller manager's
+/// `--foreign-cluster-ping-interval` default, `pkg/liqo-controller-manager/flags.go`).
+pub const API_SERVER_PING_INTERVAL: Duration = Duration::from_secs(15);
+/// How long a ping may take (`--foreign-cluster-ping-timeout`).
+const API_SERVER_PING_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The ForeignCluster controller's API server checker
+/// (`core/foreigncluster-controller/apiserverchecker.go`), run by [`foreign_clusters`] on
+/// each ForeignCluster it reads: one with a `status.apiServerUrl` (the consumer's side of
+/// a provider) gets an `APIServerStatus` condition, `Established` (`APIServerReady`) while
+/// `GET /livez` with the control-plane identity's kubeconfig answers within the ping
+/// timeout, else `Error` (`APIServerNotReady`), checked every [`API_SERVER_PING_INTERVAL`];
+/// without the URL the condition goes. It is what `foreigncluster.IsDead` reads: an
+/// annotated provider whose API server still answers is not dead. (Upstream waits 2 s
+/// before its first ping; the emulation pings at once.) Reads nothing until a ping is due.
+async fn api_server_check(m: &Member, wake: &Wake, fcs: &Api<DynamicObject>, fc: &DynamicObject, remote: &str, identity: Option<&DynamicObject>, url: bool) -> Result<(), kube::Error> {
+    let conditions: Vec<Value> = fc.data.pointer("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
+    let current = conditions.iter().find(|c| c["type"] == "APIServerStatus");
+    let wanted = if !url || fc.metadata.deletion_timestamp.is_some() {
+        m.api_checks.lock().expect("api checks lock").remove(remote);
+        None
+    } else {
+        let last = m.api_checks.lock().expect("api checks lock").get(remote).copied();
+        if let Some(at) = last.filter(|at| at.elapsed() < API_SERVER_PING_INTERVAL) {
+            wake.after(API_SERVER_PING_INTERVAL.saturating_sub(at.elapsed()));
+            return Ok(());
+        }
+        m.api_checks.lock().expect("api checks lock").insert(remote.to_owned(), std::time::Instant::now());
+        wake.after(API_SERVER_PING_INTERVAL);
+        // The identity manager's config (`GetConfig`): the Identity's kubeconfig Secret.
+        let secret = match identity.and_then(|i| Some((ns_of(i), i.data.pointer("/status/kubeconfigSecretRef/name")?.as_str()?.to_owned()))) {
+            Some((ns, name)) => Api::<Secret>::namespaced(m.client.clone(), &ns).get_opt(&name).await?,
+            None => None,
+        };
+        let client = match &secret {
+            Some(s) => m.client_from(s).await,
+            None => None,
+        };
+        let answers = match client {
+            Some(c) => {
+                let req = http::Request::get("/livez").body(Vec::new()).expect("a request");
+                matches!(tokio::time::timeout(API_SERVER_PING_TIMEOUT, c.request_text(req)).await, Ok(Ok(_)))
+            }
+            None => false,
+        };
+        Some(if answers {
+            ("Established", "APIServerReady", "The foreign cluster API Server is ready")
+        } else {
+            ("Error", "APIServerNotReady", "The foreign cluster API Server is not ready")
+        })
+    };
+    let unchanged = match (current, wanted) {
+        (None, None) => true,
+        (Some(c), Some((status, ..))) => c["status"] == status,
+        _ => false,
+    };
+    if !unchanged {
+        let mut next: Vec<Value> = conditions.iter().filter(|c| c["type"] != "APIServerStatus").cloned().collect();
+        if let Some((status, reason, message)) = wanted {
+            next.push(json!({"type": "APIServerStatus", "status": status, "reason": reason, "message": message, "lastTransitionTime": now()}));
+        }
+        fcs.patch_status(&name_of(fc), &PatchParams::default(), &Patch::Merge(&json!({"status": {"conditions": next}}))).await?;
     }
     Ok(())
 }

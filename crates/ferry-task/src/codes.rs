@@ -147,6 +147,9 @@ pub const LIQO_MISSING: &str = "LIQO_MISSING";
 pub const LIQO_NOT_READY: &str = "LIQO_NOT_READY";
 /// A peer cluster is not ready (no Ready node).
 pub const PEER_NOT_READY: &str = "PEER_NOT_READY";
+/// A force unpeer's provider still answers: Liqo's API server checker on the consumer
+/// reports it `Established`, so Liqo would not count it dead (unpeer it instead).
+pub const PEER_ANSWERS: &str = "PEER_ANSWERS";
 /// The Liqo gateways never connected.
 pub const GATEWAY_NOT_CONNECTED: &str = "GATEWAY_NOT_CONNECTED";
 /// Liqo authentication did not complete.

@@ -499,7 +499,40 @@ async fn a_provider_that_is_gone_is_force_unpeered_from_the_consumer_alone() {
     let (_, evs) = submit(&client, &both).await;
     assert_eq!(end(&evs), EventType::Succeeded, "{}", last(&evs));
     assert!(virtual_node_ready(&m1, "member-2").await);
+
+    // While member-2 answers, Liqo's API server checker on member-1 says so, and Liqo would
+    // never count it dead: a force unpeer waits for that to change, then fails, saying to
+    // unpeer instead, and changes nothing.
+    let fc = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("core.liqo.io", "v1beta1", "ForeignCluster"), "foreignclusters");
+    let established = |fc: Option<&DynamicObject>| {
+        fc.and_then(|fc| fc.data.pointer("/status/conditions")?.as_array().cloned())
+            .is_some_and(|cs| cs.iter().any(|c| c["type"] == "APIServerStatus" && c["status"] == "Established"))
+    };
+    let fcs = Api::<DynamicObject>::all_with(m1.clone(), &fc);
+    tokio::time::timeout(WAIT, kube::runtime::wait::await_condition(fcs.clone(), "member-2", established)).await.expect("member-2's API server found answering").unwrap();
+    let mut early = peer("member-1", "member-2");
+    early.operation = PeerOperation::ForceUnpeer;
+    early.timeout_seconds = Some(3);
+    let before = peering_objects(&m1).await;
+    let (_, evs) = submit(&client, &early).await;
+    let failed = evs.iter().find(|e| e.event == EventType::StepFailed).unwrap_or_else(|| panic!("{evs:#?}"));
+    assert_eq!(failed.step_name.as_deref(), Some("check"), "{failed:?}");
+    assert!(failed.message.as_deref().unwrap_or_default().contains("PEER_ANSWERS"), "{failed:?}");
+    assert!(failed.message.as_deref().unwrap_or_default().contains("unpeer the pair instead"), "{failed:?}");
+    assert_eq!(peering_objects(&m1).await, before, "a refused force unpeer changed member-1");
+    assert!(virtual_node_ready(&m1, "member-2").await);
+
     bed.fleet.cluster_mut("member-2").expect("member-2").stop();
+
+    // A plain unpeer needs both clusters: its check fails at its deadline and names the
+    // way out.
+    let mut un = peer("member-1", "member-2");
+    un.operation = PeerOperation::Unpeer;
+    un.timeout_seconds = Some(5);
+    let (_, evs) = submit(&client, &un).await;
+    let failed = evs.iter().find(|e| e.event == EventType::StepFailed).unwrap_or_else(|| panic!("{evs:#?}"));
+    assert_eq!(failed.step_name.as_deref(), Some("check"), "{failed:?}");
+    assert!(failed.message.as_deref().unwrap_or_default().contains("If member-2 is gone for good, operation ForceUnpeer with a: member-1, b: member-2"), "{failed:?}");
 
     // The dry run: only member-1 is asked; its tenant namespace would go.
     let mut force = peer("member-1", "member-2");

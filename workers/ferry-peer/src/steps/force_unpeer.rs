@@ -21,6 +21,12 @@
 //! names `b`): left annotated, it would declare a later peering with a cluster of that id
 //! dead whenever its API server checker had not reported it `Established`.
 //!
+//! `check` also waits (within the command's timeout) until Liqo on `a` no longer finds
+//! `b`'s API server answering (`APIServerStatus` not `Established`,
+//! `core/foreigncluster-controller/apiserverchecker.go`): `IsDead` needs both, so a force
+//! unpeer of a provider that still answers would wait on Liqo's finalizers for ever; it
+//! fails `PEER_ANSWERS` instead, saying to unpeer.
+//!
 //! `check` changes nothing; `force-unpeer` cannot be undone (`IRREVERSIBLE` once it began):
 //! a peering needs `b`; peer again once it is back.
 
@@ -108,6 +114,41 @@ pub(crate) async fn labelled(client: &kube::Client, pair: &str) -> Result<(Vec<N
 /// the pair's peering it holds. `b` is never contacted.
 pub(crate) struct ForceCheck(pub std::sync::Arc<Inner>, pub StepPolicy);
 
+/// Whether a ForeignCluster's `APIServerStatus` condition says its API server answers.
+fn api_server_answers(fc: &LiqoForeignCluster) -> bool {
+    fc.status_at("/conditions").and_then(Value::as_array).is_some_and(|cs| cs.iter().any(|c| c["type"] == "APIServerStatus" && c["status"] == "Established"))
+}
+
+impl ForceCheck {
+    /// Waits, within the command's timeout, until Liqo on `a` no longer finds `b`'s API
+    /// server answering: `foreigncluster.IsDead` needs the annotation *and* no
+    /// `Established` `APIServerStatus` (its checker pings every 15 s by default,
+    /// `apiserverchecker.go`), so a force unpeer of a provider that answers would wait on
+    /// Liqo's finalizers for ever. A ForeignCluster without the condition (no API server
+    /// checker) or none at all does not hold it up.
+    async fn provider_silent(&self, cx: &StepContext<'_, PeerClusters>, client: &kube::Client, remote: &str) -> Result<(), StepError> {
+        let p = cx.spec;
+        let current = Api::<LiqoForeignCluster>::all(client.clone()).get_opt(remote).await.map_err(api_err(&p.a))?;
+        if !current.as_ref().is_some_and(api_server_answers) {
+            return Ok(());
+        }
+        cx.progress(50, format!("Liqo on {} still finds {}'s API server answering (ForeignCluster {remote}, APIServerStatus Established): waiting until its checker finds it down", p.a, p.b));
+        let why = format!(
+            "ForeignCluster {remote} on {} says {}'s API server answers (APIServerStatus Established), so Liqo would not count it dead; if {} is up, unpeer the pair instead",
+            p.a, p.b, p.b
+        );
+        self.0
+            .cfg
+            .watches
+            .wait_object::<LiqoForeignCluster, ()>(&p.a, client, None, remote, p.timeout(), |fc| match fc {
+                Some(fc) if api_server_answers(fc) => Check::Pending(why.clone()),
+                _ => Check::Done(()),
+            })
+            .await
+            .map_err(|e| wait_err(codes::PEER_ANSWERS, e))
+    }
+}
+
 impl CheckStep<PeerClusters> for ForceCheck {
     fn name(&self) -> &str {
         FORCE_CHECK.step()
@@ -138,6 +179,9 @@ impl CheckStep<PeerClusters> for ForceCheck {
                 .find(|n| n.metadata.labels.as_ref().is_some_and(|l| l.get(TENANT_NAMESPACE_LABEL).is_some_and(|v| v == "true")))
                 .and_then(|n| n.metadata.name.clone());
             let found = ForceChecked { remote: remotes.into_iter().next(), namespace, objects: namespaces.len() + objects.len() };
+            if let Some(remote) = &found.remote {
+                self.provider_silent(cx, &client, remote).await?;
+            }
             match &found.remote {
                 Some(r) => cx.progress(100, format!("{} holds {} objects of its peering with {} (Liqo id {r}); {} is not contacted", p.a, found.objects, p.b, p.b)),
                 None => cx.progress(100, format!("{} holds nothing of a Ferry peering with {}", p.a, p.b)),

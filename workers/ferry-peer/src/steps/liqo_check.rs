@@ -260,6 +260,18 @@ impl Default for Ids {
     }
 }
 
+/// An unpeer's check that found `down` not ready (gone, or Liqo not running there) names
+/// the way out when it is gone for good: a force unpeer cleans `up` alone.
+fn way_out(p: &PeerClusters, mut e: StepError, down: &str, up: &str) -> StepError {
+    if p.operation == PeerOperation::Unpeer {
+        e.message = format!(
+            "{}; an unpeer needs both clusters. If {down} is gone for good, operation ForceUnpeer with a: {up}, b: {down} cleans {up}'s side alone (liqoctl force unpeer)",
+            e.message
+        );
+    }
+    e
+}
+
 /// The `check` step of a Liqo peering.
 pub(crate) struct LiqoCheck(pub(crate) Arc<Inner>, pub(crate) StepPolicy);
 
@@ -278,9 +290,9 @@ impl CheckStep<PeerClusters> for LiqoCheck {
             // Both are known before either is waited on: an unknown cluster is a rejection.
             self.0.client(&p.a).await?;
             self.0.client(&p.b).await?;
-            let a = self.0.liqo_ready(&p.a, p.timeout()).await?;
+            let a = self.0.liqo_ready(&p.a, p.timeout()).await.map_err(|e| way_out(p, e, &p.a, &p.b))?;
             cx.progress(50, format!("Liqo runs on {} (cluster id {a})", p.a));
-            let b = self.0.liqo_ready(&p.b, p.timeout()).await?;
+            let b = self.0.liqo_ready(&p.b, p.timeout()).await.map_err(|e| way_out(p, e, &p.b, &p.a))?;
             cx.progress(80, format!("Liqo runs on {} (cluster id {b})", p.b));
             for c in [&p.a, &p.b] {
                 self.0.ipam_cidrs(c, p.timeout()).await?;

@@ -488,7 +488,11 @@ async fn objects_that_were_there_before_are_never_taken_over_nor_deleted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_provider_that_is_gone_is_force_unpeered_from_the_consumer_alone() {
-    let Some(mut bed) = start().await else { return };
+    // Removals bounded at 30 s (300 s by default), so a removal held up ends the task here.
+    let knobs = HashMap::from([("member-3".to_owned(), LiqoKnobs { not_installed: true, ..LiqoKnobs::default() })]);
+    let Some(mut bed) = Bed::builder().members(3, 2).kubeconfigs().liqo(knobs).start().await else { return };
+    let cfg = PeerConfig { removal_timeout: Duration::from_secs(30), ..PeerConfig::new(bed.clusters.clone()) };
+    bed.run_worker(PeerHandler::new(cfg));
     let client = bed.client();
     let m1 = bed.cluster("member-1").await;
 
@@ -542,6 +546,20 @@ async fn a_provider_that_is_gone_is_force_unpeered_from_the_consumer_alone() {
     let judged: Vec<(&str, &str, Change)> = dry.objects.iter().map(|o| (o.cluster.as_str(), o.object.as_str(), o.change)).collect();
     assert_eq!(judged, [("member-1", "Namespace liqo-tenant-member-2", Change::Delete)], "{dry:?}");
     assert!(dry.notes.iter().any(|n| n.contains("never contacted")), "{dry:?}");
+
+    // Something else holds the tenant namespace up: the force unpeer fails once its removal
+    // bound is out, and ends Failed, not reverted (nothing can be put back); once the hold
+    // is gone the same command goes on from there.
+    let holds = Api::<ConfigMap>::namespaced(m1.clone(), "liqo-tenant-member-2");
+    let hold: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "hold", "finalizers": ["ferry.test/hold"]}})).unwrap();
+    holds.create(&Default::default(), &hold).await.unwrap();
+    let (_, evs) = submit(&client, &force).await;
+    assert_eq!(end(&evs), EventType::Failed, "{}", last(&evs));
+    let failed = evs.iter().find(|e| e.event == EventType::StepFailed).unwrap_or_else(|| panic!("{evs:#?}"));
+    assert_eq!(failed.step_name.as_deref(), Some("force-unpeer"), "{failed:?}");
+    let why = failed.message.as_deref().unwrap_or_default();
+    assert!(why.contains("REMOVAL") && why.contains("ferry.test/hold"), "the namespace controller's reason is passed on: {failed:?}");
+    holds.patch("hold", &PatchParams::default(), &Patch::Merge(&json!({"metadata": {"finalizers": null}}))).await.unwrap();
 
     // The force unpeer: Liqo on member-1 lets go of the slice's copy and the NamespaceMaps'
     // on the dead provider only because their ForeignCluster is declared unreachable; without

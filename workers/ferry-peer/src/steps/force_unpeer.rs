@@ -28,7 +28,9 @@
 //! fails `PEER_ANSWERS` instead, saying to unpeer.
 //!
 //! `check` changes nothing; `force-unpeer` cannot be undone (`IRREVERSIBLE` once it began):
-//! a peering needs `b`; peer again once it is back.
+//! a peering needs `b`; peer again once it is back. Its failure after the annotation (a
+//! removal that does not end within the worker's bound) ends the task Failed, not
+//! reverted: the same command again goes on from there.
 
 use std::collections::BTreeSet;
 
@@ -110,6 +112,22 @@ pub(crate) async fn labelled(client: &kube::Client, pair: &str) -> Result<(Vec<N
     Ok((namespaces, objects))
 }
 
+/// What a namespace being deleted still waits for, as the namespace controller says it
+/// (its `NamespaceContentRemaining` and `NamespaceFinalizersRemaining` conditions name the
+/// objects and finalizers left).
+fn terminating(ns: &Namespace) -> String {
+    let left: Vec<String> = ns
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|c| c.status == "True" && matches!(c.type_.as_str(), "NamespaceContentRemaining" | "NamespaceFinalizersRemaining"))
+        .filter_map(|c| c.message.clone())
+        .collect();
+    if left.is_empty() { "terminating".to_owned() } else { format!("terminating: {}", left.join("; ")) }
+}
+
 /// `check` of a force unpeer: `a` runs Liqo (its controllers do the teardown), and what of
 /// the pair's peering it holds. `b` is never contacted.
 pub(crate) struct ForceCheck(pub std::sync::Arc<Inner>, pub StepPolicy);
@@ -166,8 +184,16 @@ impl CheckStep<PeerClusters> for ForceCheck {
             let pair = liqo::pair_label(&p.a, &p.b);
             let (namespaces, objects) = labelled(&client, &pair).await.map_err(api_err(&p.a))?;
             let remote_of = |labels: Option<&std::collections::BTreeMap<String, String>>| labels.and_then(|l| l.get(REMOTE_ID_LABEL)).cloned();
-            let remotes: BTreeSet<String> =
+            let mut remotes: BTreeSet<String> =
                 namespaces.iter().filter_map(|n| remote_of(n.metadata.labels.as_ref())).chain(objects.iter().filter_map(|(_, o)| remote_of(o.metadata.labels.as_ref()))).collect();
+            // A ForeignCluster an earlier force unpeer of the pair declared dead, then failed
+            // to see gone ([`ForceUnpeer::declare_dead`] labels it).
+            let declared = Api::<LiqoForeignCluster>::all(client.clone()).list(&ListParams::default().labels(&format!("{PEERING_LABEL}={pair}"))).await;
+            match declared {
+                Ok(l) => remotes.extend(l.items.iter().filter_map(|fc| fc.spec.get("clusterID")?.as_str().map(str::to_owned))),
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(api_err(&p.a)(e)),
+            }
             if remotes.len() > 1 {
                 return Err(StepError::permanent(
                     codes::OBJECT_NOT_FERRYS,
@@ -197,10 +223,12 @@ impl CheckStep<PeerClusters> for ForceCheck {
 pub(crate) struct ForceUnpeer(pub std::sync::Arc<Inner>, pub StepPolicy);
 
 impl ForceUnpeer {
-    /// Annotates `cluster`'s ForeignCluster of `remote`; false when it has none.
-    async fn declare_dead(&self, cluster: &str, remote: &str) -> Result<bool, StepError> {
+    /// Annotates `cluster`'s ForeignCluster of `remote`, labelled for `pair` so that the
+    /// same command sent again after a failure finds `remote` there once the pair's other
+    /// objects are gone; false when it has none.
+    async fn declare_dead(&self, cluster: &str, remote: &str, pair: &str) -> Result<bool, StepError> {
         let api: Api<LiqoForeignCluster> = Api::all(self.0.client(cluster).await?);
-        let patch = json!({"metadata": {"annotations": {PERMANENTLY_UNREACHABLE: "true"}}});
+        let patch = json!({"metadata": {"annotations": {PERMANENTLY_UNREACHABLE: "true"}, "labels": {PEERING_LABEL: pair}}});
         match api.patch(remote, &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(_) => Ok(true),
             Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
@@ -241,18 +269,22 @@ impl Step<PeerClusters> for ForceUnpeer {
             let found: ForceChecked = cx.required(FORCE_CHECK.step())?;
             let Some(remote) = found.remote else { return FORCE_UNPEER.value(&ForceUnpeered::default()) };
             let (a, pair) = (&p.a, liqo::pair_label(&p.a, &p.b));
-            if self.declare_dead(a, &remote).await? {
+            if self.declare_dead(a, &remote, &pair).await? {
                 cx.progress(10, format!("ForeignCluster {remote} on {a} declared permanently unreachable ({PERMANENTLY_UNREACHABLE}): Liqo there stops waiting for {}", p.b));
             } else {
                 cx.progress(10, format!("{a} has no ForeignCluster {remote}: nothing to declare unreachable"));
             }
+            // From here on nothing can be put back: a failure ends the task Failed (not
+            // reverted); the same command again goes on from where this one stopped.
+            let keep = |e: StepError| if e.transient { e } else { e.keeping_done() };
             let client = self.0.client(a).await?;
             let (_, objects) = labelled(&client, &pair).await.map_err(api_err(a))?;
             let mut deleted = Vec::new();
             if let Some(ns) = &found.namespace {
                 match Api::<Namespace>::all(client.clone()).delete(ns, &Default::default()).await {
                     Ok(_) => {}
-                    Err(kube::Error::Api(e)) if e.code == 404 => {}
+                    // Gone, or terminating already (the API server answers 409 then).
+                    Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
                     Err(e) => return Err(api_err(a)(e)),
                 }
                 deleted.push(format!("Namespace/{ns}"));
@@ -270,19 +302,31 @@ impl Step<PeerClusters> for ForceUnpeer {
                 deleted.push(format!("{}/{ns}/{name}", kind.kind));
                 reused.insert(ns);
             }
-            cx.progress(30, format!("deleting {} on {a}; waiting until Liqo there has let go", deleted.join(", ")));
+            if deleted.is_empty() {
+                cx.progress(30, format!("nothing of the peering is left on {a} but its ForeignCluster {remote}"));
+            } else {
+                cx.progress(30, format!("deleting {} on {a}; waiting until Liqo there has let go", deleted.join(", ")));
+            }
             if let Some(ns) = &found.namespace {
-                self.0.cfg.watches.wait_deleted::<Namespace>(a, &client, None, ns, self.0.cfg.removal_timeout).await.map_err(|e| wait_err(codes::REMOVAL, e))?;
+                self.0
+                    .cfg
+                    .watches
+                    .wait_object::<Namespace, ()>(a, &client, None, ns, self.0.cfg.removal_timeout, |n| match n {
+                        None => Check::Done(()),
+                        Some(n) => Check::Pending(terminating(n)),
+                    })
+                    .await
+                    .map_err(|e| keep(wait_err(codes::REMOVAL, e)))?;
             }
             for ns in &reused {
-                self.none_of::<LiqoResourceSlice>(a, &client, ns, &pair).await?;
-                self.none_of::<LiqoIdentity>(a, &client, ns, &pair).await?;
-                self.none_of::<LiqoTenant>(a, &client, ns, &pair).await?;
-                self.none_of::<LiqoGatewayClient>(a, &client, ns, &pair).await?;
-                self.none_of::<LiqoGatewayServer>(a, &client, ns, &pair).await?;
-                self.none_of::<LiqoConfiguration>(a, &client, ns, &pair).await?;
+                self.none_of::<LiqoResourceSlice>(a, &client, ns, &pair).await.map_err(keep)?;
+                self.none_of::<LiqoIdentity>(a, &client, ns, &pair).await.map_err(keep)?;
+                self.none_of::<LiqoTenant>(a, &client, ns, &pair).await.map_err(keep)?;
+                self.none_of::<LiqoGatewayClient>(a, &client, ns, &pair).await.map_err(keep)?;
+                self.none_of::<LiqoGatewayServer>(a, &client, ns, &pair).await.map_err(keep)?;
+                self.none_of::<LiqoConfiguration>(a, &client, ns, &pair).await.map_err(keep)?;
             }
-            self.0.forget_foreign_cluster(a, &remote).await?;
+            self.0.forget_foreign_cluster(a, &remote).await.map_err(keep)?;
             cx.progress(100, format!("{a} holds nothing of its peering with {} any more; ForeignCluster {remote} deleted", p.b));
             FORCE_UNPEER.value(&ForceUnpeered { remote: Some(remote), deleted })
         }

@@ -57,6 +57,26 @@ macro_rules! __scope {
 #[doc(hidden)]
 pub use __scope as scope;
 
+/// What a namespace being deleted still waits for, as the namespace controller says it
+/// (its `NamespaceContentRemaining` and `NamespaceFinalizersRemaining` conditions name the
+/// kinds and finalizers left); `still exists` while it is not being deleted.
+pub fn namespace_terminating(ns: &k8s_openapi::api::core::v1::Namespace) -> String {
+    let left: Vec<String> = ns
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|c| c.status == "True" && matches!(c.type_.as_str(), "NamespaceContentRemaining" | "NamespaceFinalizersRemaining"))
+        .filter_map(|c| c.message.clone())
+        .collect();
+    match (ns.metadata.deletion_timestamp.is_some(), left.is_empty()) {
+        (false, _) => "still exists".to_owned(),
+        (true, true) => "terminating".to_owned(),
+        (true, false) => format!("terminating: {}", left.join("; ")),
+    }
+}
+
 /// True when the Node reports `Ready=True`.
 pub fn node_ready(n: &k8s_openapi::api::core::v1::Node) -> bool {
     n.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
@@ -155,4 +175,26 @@ pub fn feedback_text(f: &Value) -> Option<String> {
 /// Metadata with a name and optional namespace (for building objects).
 pub fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
     ObjectMeta { name: Some(name.to_owned()), namespace: namespace.map(str::to_owned), ..ObjectMeta::default() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_terminating_namespace_says_what_is_left_in_it() {
+        let ns = |v: Value| serde_json::from_value::<k8s_openapi::api::core::v1::Namespace>(v).unwrap();
+        assert_eq!(namespace_terminating(&ns(serde_json::json!({"metadata": {"name": "a"}}))), "still exists");
+        let deleting = serde_json::json!({"name": "a", "deletionTimestamp": "2026-11-30T12:00:00Z"});
+        assert_eq!(namespace_terminating(&ns(serde_json::json!({"metadata": deleting}))), "terminating");
+        let status = serde_json::json!({"phase": "Terminating", "conditions": [
+            {"type": "NamespaceDeletionDiscoveryFailure", "status": "False", "message": "All resources successfully discovered"},
+            {"type": "NamespaceContentRemaining", "status": "True", "message": "Some resources are remaining: configmaps. has 1 resource instances"},
+            {"type": "NamespaceFinalizersRemaining", "status": "True", "message": "Some content in the namespace has finalizers remaining: ferry.test/hold in 1 resource instances"},
+        ]});
+        assert_eq!(
+            namespace_terminating(&ns(serde_json::json!({"metadata": deleting, "status": status}))),
+            "terminating: Some resources are remaining: configmaps. has 1 resource instances; Some content in the namespace has finalizers remaining: ferry.test/hold in 1 resource instances"
+        );
+    }
 }

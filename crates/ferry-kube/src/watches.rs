@@ -223,6 +223,16 @@ impl Watches {
         })
         .await
     }
+
+    /// Waits until namespace `name` is gone; while it terminates, the reason of a timeout is
+    /// what the namespace controller says is left in it ([`crate::kinds::namespace_terminating`]).
+    pub async fn wait_namespace_deleted(&self, cluster: &str, client: &Client, name: &str, timeout: Duration) -> Result<(), WaitError> {
+        self.wait_object::<k8s_openapi::api::core::v1::Namespace, ()>(cluster, client, None, name, timeout, |o| match o {
+            None => Check::Done(()),
+            Some(ns) => Check::Pending(crate::kinds::namespace_terminating(ns)),
+        })
+        .await
+    }
 }
 
 /// An object's identity and version (uid, resourceVersion); None: there is none.

@@ -80,7 +80,7 @@ impl ApplyStep {
                     Err(kube::Error::Api(s)) if s.code == 404 => {}
                     Err(e) => return Err(hub_err(e)),
                 }
-                inner.cfg.watches.wait_deleted::<Namespace>(HUB, &hub, None, ns, inner.cfg.removal_timeout).await.map_err(wait_err)?;
+                inner.cfg.watches.wait_namespace_deleted(HUB, &hub, ns, inner.cfg.removal_timeout).await.map_err(wait_err)?;
             }
         }
         Ok(())

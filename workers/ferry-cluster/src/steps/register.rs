@@ -142,7 +142,7 @@ async fn forget_cluster_namespace(inner: &Inner, cluster: &str) -> Result<(), St
         Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
         Err(e) => return Err(hub_err(e)),
     }
-    inner.cfg.watches.wait_deleted::<Namespace>(HUB, &hub, None, cluster, inner.cfg.removal_timeout).await.map_err(wait_err)
+    inner.cfg.watches.wait_namespace_deleted(HUB, &hub, cluster, inner.cfg.removal_timeout).await.map_err(wait_err)
 }
 
 /// Removes the Klusterlet and the bootstrap Secret from the workload cluster (its

@@ -112,22 +112,6 @@ pub(crate) async fn labelled(client: &kube::Client, pair: &str) -> Result<(Vec<N
     Ok((namespaces, objects))
 }
 
-/// What a namespace being deleted still waits for, as the namespace controller says it
-/// (its `NamespaceContentRemaining` and `NamespaceFinalizersRemaining` conditions name the
-/// objects and finalizers left).
-fn terminating(ns: &Namespace) -> String {
-    let left: Vec<String> = ns
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .into_iter()
-        .flatten()
-        .filter(|c| c.status == "True" && matches!(c.type_.as_str(), "NamespaceContentRemaining" | "NamespaceFinalizersRemaining"))
-        .filter_map(|c| c.message.clone())
-        .collect();
-    if left.is_empty() { "terminating".to_owned() } else { format!("terminating: {}", left.join("; ")) }
-}
-
 /// `check` of a force unpeer: `a` runs Liqo (its controllers do the teardown), and what of
 /// the pair's peering it holds. `b` is never contacted.
 pub(crate) struct ForceCheck(pub std::sync::Arc<Inner>, pub StepPolicy);
@@ -308,15 +292,7 @@ impl Step<PeerClusters> for ForceUnpeer {
                 cx.progress(30, format!("deleting {} on {a}; waiting until Liqo there has let go", deleted.join(", ")));
             }
             if let Some(ns) = &found.namespace {
-                self.0
-                    .cfg
-                    .watches
-                    .wait_object::<Namespace, ()>(a, &client, None, ns, self.0.cfg.removal_timeout, |n| match n {
-                        None => Check::Done(()),
-                        Some(n) => Check::Pending(terminating(n)),
-                    })
-                    .await
-                    .map_err(|e| keep(wait_err(codes::REMOVAL, e)))?;
+                self.0.cfg.watches.wait_namespace_deleted(a, &client, ns, self.0.cfg.removal_timeout).await.map_err(|e| keep(wait_err(codes::REMOVAL, e)))?;
             }
             for ns in &reused {
                 self.none_of::<LiqoResourceSlice>(a, &client, ns, &pair).await.map_err(keep)?;

@@ -12,7 +12,6 @@ use ferry_kube::step_errors::wait_err;
 use ferry_task::{StepError, codes};
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::Namespace;
 use serde_json::Value;
 
 use super::liqo_check::Ids;
@@ -48,7 +47,7 @@ impl ObjectSet for Prepare {
                 inner
                     .cfg
                     .watches
-                    .wait_deleted::<Namespace>(cluster, &client, None, &to.namespace, inner.cfg.removal_timeout)
+                    .wait_namespace_deleted(cluster, &client, &to.namespace, inner.cfg.removal_timeout)
                     .await
                     .map_err(|e| wait_err(codes::REMOVAL, e))?;
             }

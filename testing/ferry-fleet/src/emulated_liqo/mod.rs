@@ -633,7 +633,7 @@ async fn api_server_check(m: &Member, wake: &Wake, fcs: &Api<DynamicObject>, fc:
     if !unchanged {
         let mut next: Vec<Value> = conditions.iter().filter(|c| c["type"] != "APIServerStatus").cloned().collect();
         if let Some((status, reason, message)) = wanted {
-            next.push(json!({"type": "APIServerStatus", "status": status, "reason": reason, "message": message, "lastTransitionTime": now()}));
+            next.push(resources::cond("APIServerStatus", status, reason, message));
         }
         fcs.patch_status(&name_of(fc), &PatchParams::default(), &Patch::Merge(&json!({"status": {"conditions": next}}))).await?;
     }

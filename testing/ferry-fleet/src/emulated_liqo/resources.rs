@@ -453,7 +453,8 @@ fn is_dead(fc: &DynamicObject) -> bool {
     annotated && !api_server_up
 }
 
-fn cond(type_: &str, status: &str, reason: &str, message: &str) -> Value {
+/// A status condition as Liqo's controllers write one, changed now.
+pub(super) fn cond(type_: &str, status: &str, reason: &str, message: &str) -> Value {
     json!({"type": type_, "status": status, "reason": reason, "message": message, "lastTransitionTime": now()})
 }
 

@@ -40,12 +40,12 @@ use ferry_kube::vocab::liqo::{REMOTE_ID_LABEL, TENANT_NAMESPACE_LABEL};
 use ferry_task::{CheckStep, Output, Step, StepContext, StepError, StepPolicy, codes};
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::{LiqoConfiguration, LiqoForeignCluster, LiqoGatewayClient, LiqoGatewayServer, LiqoIdentity, LiqoResourceSlice, LiqoTenant};
+use super::{LiqoConfiguration, LiqoForeignCluster, LiqoGatewayClient, LiqoGatewayServer, LiqoIdentity, LiqoPublicKey, LiqoResourceSlice, LiqoTenant};
 use crate::handler::Inner;
 use crate::liqo::{self, PEERING_LABEL};
 use crate::spec::PeerClusters;
@@ -83,17 +83,25 @@ pub struct ForceUnpeered {
 
 /// The Liqo kinds a peering puts on a side, besides its tenant namespace and Secrets.
 fn peering_kinds() -> Vec<ApiResource> {
-    let ar = |g: &str, v: &str, k: &str, p: &str| ApiResource { group: g.into(), version: v.into(), api_version: format!("{g}/{v}"), kind: k.into(), plural: p.into() };
     vec![
-        ar("authentication.liqo.io", "v1beta1", "ResourceSlice", "resourceslices"),
-        ar("authentication.liqo.io", "v1beta1", "Identity", "identities"),
-        ar("authentication.liqo.io", "v1beta1", "Tenant", "tenants"),
-        ar("networking.liqo.io", "v1beta1", "PublicKey", "publickeys"),
-        ar("networking.liqo.io", "v1beta1", "GatewayClient", "gatewayclients"),
-        ar("networking.liqo.io", "v1beta1", "GatewayServer", "gatewayservers"),
-        ar("networking.liqo.io", "v1beta1", "Configuration", "configurations"),
-        ApiResource { group: String::new(), version: "v1".into(), api_version: "v1".into(), kind: "Secret".into(), plural: "secrets".into() },
+        ApiResource::erase::<LiqoResourceSlice>(&()),
+        ApiResource::erase::<LiqoIdentity>(&()),
+        ApiResource::erase::<LiqoTenant>(&()),
+        ApiResource::erase::<LiqoPublicKey>(&()),
+        ApiResource::erase::<LiqoGatewayClient>(&()),
+        ApiResource::erase::<LiqoGatewayServer>(&()),
+        ApiResource::erase::<LiqoConfiguration>(&()),
+        ApiResource::erase::<Secret>(&()),
     ]
+}
+
+/// A deletion's answer, with "not found" (and any of `also`) counted done: what is gone,
+/// or already going, needs no second deletion.
+fn gone_ok<T>(answer: Result<T, kube::Error>, also: &[u16]) -> Result<(), kube::Error> {
+    match answer {
+        Err(kube::Error::Api(e)) if e.code == 404 || also.contains(&e.code) => Ok(()),
+        other => other.map(drop),
+    }
 }
 
 /// Everything a cluster holds labelled for `pair`: its tenant namespaces, then the
@@ -265,12 +273,8 @@ impl Step<PeerClusters> for ForceUnpeer {
             let (_, objects) = labelled(&client, &pair).await.map_err(api_err(a))?;
             let mut deleted = Vec::new();
             if let Some(ns) = &found.namespace {
-                match Api::<Namespace>::all(client.clone()).delete(ns, &Default::default()).await {
-                    Ok(_) => {}
-                    // Gone, or terminating already (the API server answers 409 then).
-                    Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
-                    Err(e) => return Err(api_err(a)(e)),
-                }
+                // Gone, or terminating already (the API server answers 409 then).
+                gone_ok(Api::<Namespace>::all(client.clone()).delete(ns, &Default::default()).await, &[409]).map_err(api_err(a))?;
                 deleted.push(format!("Namespace/{ns}"));
             }
             // The pair's objects outside a namespace being deleted (in a tenant namespace
@@ -278,11 +282,7 @@ impl Step<PeerClusters> for ForceUnpeer {
             let mut reused = BTreeSet::new();
             for (kind, o) in objects.iter().filter(|(_, o)| o.metadata.namespace != found.namespace) {
                 let (ns, name) = (o.metadata.namespace.clone().unwrap_or_default(), o.metadata.name.clone().unwrap_or_default());
-                match Api::<DynamicObject>::namespaced_with(client.clone(), &ns, kind).delete(&name, &Default::default()).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(e)) if e.code == 404 => {}
-                    Err(e) => return Err(api_err(a)(e)),
-                }
+                gone_ok(Api::<DynamicObject>::namespaced_with(client.clone(), &ns, kind).delete(&name, &Default::default()).await, &[]).map_err(api_err(a))?;
                 deleted.push(format!("{}/{ns}/{name}", kind.kind));
                 reused.insert(ns);
             }

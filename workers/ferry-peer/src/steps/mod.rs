@@ -65,6 +65,10 @@ ferry_kube::resource!(
     LiqoTenant, "Tenant", "authentication.liqo.io", "v1beta1", "tenants", Namespaced
 );
 ferry_kube::resource!(
+    /// Liqo PublicKey (a gateway's WireGuard key toward a peer).
+    LiqoPublicKey, "PublicKey", "networking.liqo.io", "v1beta1", "publickeys", Namespaced
+);
+ferry_kube::resource!(
     /// Liqo IPAM Network (`status.cidr` once allocated).
     LiqoNetwork, "Network", "ipam.liqo.io", "v1alpha1", "networks", Namespaced
 );

@@ -1,7 +1,9 @@
 //! Shared watches with deadlines. One reflector per (cluster, kind, namespace) feeds a
 //! store that every waiting task reads; a change wakes the waiters, which re-check their
 //! condition. So 10,000 tasks waiting on clusters cost one watch per kind and cluster,
-//! not one per task, and a wait ends at its deadline with the last reason it saw.
+//! not one per task, and a wait ends at its deadline with the last reason it saw. While a
+//! watch fails (a cluster that went away and came back), its waiters read the API server
+//! themselves instead of trusting its stale store.
 
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
@@ -71,6 +73,9 @@ struct Shared<K: Resource<DynamicType = ()> + 'static> {
     store: Store<K>,
     changed: Arc<Notify>,
     last_error: Arc<Mutex<Option<String>>>,
+    /// The last error said the cluster does not serve the kind (its CRD not installed):
+    /// reading one object would be refused the same way, so waits do not try.
+    not_served: Arc<std::sync::atomic::AtomicBool>,
     task: JoinHandle<()>,
 }
 
@@ -128,7 +133,8 @@ impl Watches {
         let (store, writer) = reflector::store();
         let changed = Arc::new(Notify::new());
         let last_error = Arc::new(Mutex::new(None));
-        let (n, e) = (changed.clone(), last_error.clone());
+        let not_served = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (n, e, unserved) = (changed.clone(), last_error.clone(), not_served.clone());
         let task = tokio::spawn(async move {
             // The backoff goes after the reflector and past the `Init` events: kube's
             // `StreamBackoff` starts over on any Ok item (kube-runtime 5.0.0
@@ -141,12 +147,16 @@ impl Watches {
             while let Some(ev) = stream.next().await {
                 match ev {
                     Ok(_) => *e.lock().expect("error lock") = None,
-                    Err(err) => *e.lock().expect("error lock") = Some(format!("watch error: {err}")),
+                    Err(err) => {
+                        let missing = matches!(&err, watcher::Error::InitialListFailed(kube::Error::Api(a)) if a.code == 404);
+                        unserved.store(missing, std::sync::atomic::Ordering::Relaxed);
+                        *e.lock().expect("error lock") = Some(format!("watch error: {err}"));
+                    }
                 }
                 n.notify_waiters();
             }
         });
-        let shared = Arc::new(Shared { store, changed, last_error, task });
+        let shared = Arc::new(Shared { store, changed, last_error, not_served, task });
         open.insert(key, shared.clone());
         shared
     }
@@ -154,7 +164,9 @@ impl Watches {
     /// Waits until `check` of the store of `K` on `cluster` (in `namespace`, or all) is
     /// [`Check::Done`], failing at [`Check::Failed`] or after `timeout`. The store can lag
     /// the API server: a condition over the whole store (a count, any of) is decided on
-    /// what the watch has seen; [`Watches::wait_object`] confirms its object first.
+    /// what the watch has seen; [`Watches::wait_object`] confirms its object first. While
+    /// the watch is failing, the wait also lists the scope itself (see
+    /// [`Watches::wait_object`]).
     pub async fn wait_store<K, T>(
         &self,
         cluster: &str,
@@ -168,7 +180,8 @@ impl Watches {
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     {
         let shared = self.shared::<K>(cluster, client, namespace);
-        wait_on(&shared, cluster, what, timeout, None, |s: &Store<K>| (check(s), None)).await
+        let direct = Direct { api: untyped::<K>(client, namespace), name: None, what };
+        wait_on(&shared, cluster, what, timeout, direct, None, |s: &Store<K>| (check(s), None)).await
     }
 
     /// Waits until `check` of object `name` (None while it does not exist) is done.
@@ -179,6 +192,13 @@ impl Watches {
     /// (compared for equality only, as the API conventions allow), or absent from both, read
     /// by a quorum list of that one name (the watch's own `list` permission). Otherwise the
     /// wait goes on until the watch catches up.
+    ///
+    /// While the watch is failing (its last attempt ended in an error: the cluster was
+    /// unreachable, or came back with a new watch cache that no longer has the watch's
+    /// resourceVersion), its cache may stay stale for as long as its backoff (up to 30 s)
+    /// and a relist take: the wait then also reads the object itself, by the same quorum
+    /// list, every [`POLL_WHILE_FAILING`], and decides on what the API server has. Not
+    /// for a kind the cluster does not serve (the list would be refused alike).
     pub async fn wait_object<K, T>(
         &self,
         cluster: &str,
@@ -202,7 +222,8 @@ impl Watches {
         }
         let shared = self.shared::<K>(cluster, client, namespace);
         let confirm = Confirm { api: untyped::<K>(client, namespace), name, what: &what };
-        wait_on(&shared, cluster, &what, timeout, Some(confirm), |s: &Store<K>| {
+        let direct = Direct { api: untyped::<K>(client, namespace), name: Some(name), what: &what };
+        wait_on(&shared, cluster, &what, timeout, direct, Some(confirm), |s: &Store<K>| {
             let seen = s.get(&r);
             (check(seen.as_deref()), seen.as_deref().map(version))
         })
@@ -261,6 +282,40 @@ impl Confirm<'_> {
 /// How soon a wait asks the API server again after it could not confirm a decision.
 const RECONFIRM: Duration = Duration::from_secs(1);
 
+/// How often a wait on one object reads it itself while its watch is failing.
+pub const POLL_WHILE_FAILING: Duration = Duration::from_secs(5);
+
+/// How a wait reads what it waits on from the API server itself, while its watch is
+/// failing: a quorum list of its scope (or of its one object), the watch's own `list`
+/// permission, made into a store as the watch's would be.
+struct Direct<'a> {
+    api: Api<DynamicObject>,
+    name: Option<&'a str>,
+    what: &'a str,
+}
+
+impl Direct<'_> {
+    async fn read<K>(&self) -> Result<Store<K>, String>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + 'static,
+    {
+        let lp = match self.name {
+            Some(name) => ListParams::default().fields(&format!("metadata.name={name}")),
+            None => ListParams::default(),
+        };
+        let failed = |e: &dyn std::fmt::Display| format!("could not read {} from the API server: {e}", self.what);
+        let listed = self.api.list(&lp).await.map_err(|e| failed(&e))?;
+        let (store, mut writer) = reflector::store::<K>();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        for o in listed.items {
+            let o = serde_json::to_value(o).and_then(serde_json::from_value::<K>).map_err(|e| failed(&e))?;
+            writer.apply_watcher_event(&watcher::Event::InitApply(o));
+        }
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        Ok(store)
+    }
+}
+
 /// The wait loop of every shared watch: look whenever the watch changes (and when a
 /// [`Check::Recheck`] asked to), until `look` says done or failed (confirmed, for one
 /// object, by the API server) or the deadline.
@@ -269,11 +324,12 @@ async fn wait_on<K, T>(
     cluster: &str,
     what: &str,
     timeout: Duration,
+    direct: Direct<'_>,
     confirm: Option<Confirm<'_>>,
     mut look: impl FnMut(&Store<K>) -> (Check<T>, Version),
 ) -> Result<T, WaitError>
 where
-    K: Resource<DynamicType = ()> + Clone + 'static,
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + 'static,
 {
     let deadline = tokio::time::Instant::now() + timeout;
     let mut last = "the watch has not listed yet".to_owned();
@@ -308,6 +364,20 @@ where
             }
         } else if let Some(e) = shared.last_error.lock().expect("error lock").clone() {
             last = e;
+        }
+        // Not decided on the watch's store, and the watch is failing: its store may be
+        // stale until its backoff ends and it lists again, so ask the API server itself.
+        let failing = shared.last_error.lock().expect("error lock").clone().filter(|_| !shared.not_served.load(std::sync::atomic::Ordering::Relaxed));
+        if let Some(e) = failing {
+            match direct.read::<K>().await {
+                Ok(fresh) => match look(&fresh).0 {
+                    Check::Done(t) => return Ok(t),
+                    Check::Failed(reason) => return Err(WaitError::Failed { cluster: cluster.to_owned(), what: what.to_owned(), reason }),
+                    Check::Pending(why) | Check::Recheck(why, _) => last = format!("{why} (read from the API server: the {e})"),
+                },
+                Err(why) => last = format!("{why} (the {e})"),
+            }
+            until = until.min(tokio::time::Instant::now() + POLL_WHILE_FAILING);
         }
         if tokio::time::timeout_at(until, notified).await.is_err() && until == deadline {
             if let Some(e) = shared.last_error.lock().expect("error lock").clone() {

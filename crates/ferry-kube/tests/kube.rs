@@ -374,3 +374,44 @@ async fn a_wait_on_a_kind_not_served_backs_off_and_ends_at_its_deadline() {
     assert!(matches!(r, Err(WaitError::Timeout { .. })), "{r:?}");
     assert!(lists <= 7, "{lists} requests in {waited:?} for a kind the cluster does not serve: the watch's backoff does not grow");
 }
+
+/// A wait on one object whose watch keeps failing reads the object from the API server
+/// itself. A cluster that went away and came back leaves its watches failing for their
+/// backoff (up to 30 s) and then expired ("too old resource version"), their stores
+/// stale; a peer's unpeer after its provider came back waited out its removal bound on
+/// such a store. Here the watch fails for good: its user may list ConfigMaps but not
+/// watch them. Before, the wait never saw the deletion and timed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_whose_watch_fails_reads_the_object_itself() {
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+    let Some(fleet) = fleet().await else { return };
+    let hub = fleet.hub();
+    let admin = hub.client().await.unwrap();
+    let pp = PatchParams::apply("ferry-test");
+    let role = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "list-only", "namespace": "default"},
+        "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list"]}]});
+    let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "list-only", "namespace": "default"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "list-only"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "lister"}]});
+    Api::<k8s_openapi::api::rbac::v1::Role>::namespaced(admin.clone(), "default").patch("list-only", &pp, &Patch::Apply(&role)).await.unwrap();
+    Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(admin.clone(), "default").patch("list-only", &pp, &Patch::Apply(&binding)).await.unwrap();
+    let mut config = kube::Config::from_custom_kubeconfig(Kubeconfig::read_from(&hub.kubeconfig).unwrap(), &KubeConfigOptions::default()).await.unwrap();
+    config.auth_info.impersonate = Some("lister".to_owned());
+    let lister = kube::Client::try_from(config).unwrap();
+
+    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "default");
+    cms.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "going"}})).unwrap()).await.unwrap();
+    let watches = Watches::new();
+    let there = |o: Option<&ConfigMap>| if o.is_some() { Check::Done(()) } else { Check::Pending("absent".into()) };
+    // The shared watch lists (its store holds "going"), then fails to watch.
+    assert_eq!(watches.wait_object::<ConfigMap, ()>("hub", &lister, Some("default"), "going", Duration::from_secs(60), there).await, Ok(()));
+    cms.delete("going", &kube::api::DeleteParams::default()).await.unwrap();
+    let r = watches.wait_deleted::<ConfigMap>("hub", &lister, Some("default"), "going", Duration::from_secs(60)).await;
+    assert_eq!(r, Ok(()), "the wait trusted its failing watch's stale store");
+    // A condition over the whole store: the wait lists the namespace itself.
+    let none_left = |s: &kube::runtime::reflector::Store<ConfigMap>| {
+        if s.state().iter().any(|c| c.metadata.name.as_deref() == Some("going")) { Check::Pending("going is left".into()) } else { Check::Done(()) }
+    };
+    let r = watches.wait_store::<ConfigMap, ()>("hub", &lister, Some("default"), "no ConfigMap going", Duration::from_secs(60), none_left).await;
+    assert_eq!(r, Ok(()), "the store wait trusted its failing watch's stale store");
+}

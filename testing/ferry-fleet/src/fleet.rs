@@ -50,6 +50,9 @@ pub enum FleetError {
         /// nothing told why).
         tail: String,
     },
+    /// The fleet has no cluster of that name.
+    #[error("the fleet has no cluster {0}")]
+    NoCluster(String),
     /// The fleet's etcd did not answer within the bound, or exited first.
     #[error("etcd ({url}) not ready after {waited:?}{} (log: {log}); the log's last lines:\n{tail}", if *exited { ": it exited" } else { "" })]
     EtcdNotReady {
@@ -128,6 +131,13 @@ pub struct Cluster {
     sa_key: PathBuf,
     ca: PathBuf,
     dir: PathBuf,
+    /// The API server's arguments, to start it again ([`Fleet::revive`]).
+    apiserver_args: Vec<String>,
+    /// Whether its controllers run (started again with it).
+    controllers: bool,
+    /// While stopped: its port, bound (not listening) so that no other socket takes it
+    /// before it comes back, and every connection to it is refused as to a gone cluster.
+    held_port: Option<socket2::Socket>,
 }
 
 impl Cluster {
@@ -311,6 +321,24 @@ impl Fleet {
         self.clusters.iter_mut().find(|c| c.name == name)
     }
 
+    /// Starts a cluster [`Cluster::stop`]ped earlier again, as a cluster that comes back:
+    /// the same address, store, certificates and credentials, its controllers if it had
+    /// them. Returns once its API server is ready.
+    pub async fn revive(&mut self, name: &str) -> Result<(), FleetError> {
+        let bins = self.bins.clone();
+        let c = self.clusters.iter_mut().find(|c| c.name == name).ok_or_else(|| FleetError::NoCluster(name.to_owned()))?;
+        if !c.processes.is_empty() {
+            return Ok(());
+        }
+        c.held_port.take();
+        c.processes.push(Managed::spawn(&format!("{name}/kube-apiserver"), &bins.apiserver, &c.apiserver_args, &c.log).map_err(io(format!("starting {name}'s kube-apiserver again")))?);
+        wait_ready(c).await?;
+        if c.controllers {
+            c.start_controllers(&bins)?;
+        }
+        Ok(())
+    }
+
     /// Writes each managed cluster's kubeconfig into the hub as Cluster API does: Secret
     /// `<name>-kubeconfig` (key `value`, label `cluster.x-k8s.io/cluster-name`, type
     /// `cluster.x-k8s.io/secret`) in [`KUBECONFIG_NAMESPACE`], so workers reach clusters the
@@ -444,6 +472,7 @@ pub fn kubeconfig_secret(cluster: &str, kubeconfig: &str) -> serde_json::Value {
 
 impl Cluster {
     fn start_controllers(&mut self, bins: &Binaries) -> Result<(), FleetError> {
+        self.controllers = true;
         let (name, dir, sa_key, ca, kubeconfig) = (&self.name, &self.dir, &self.sa_key, &self.ca, &self.kubeconfig);
         let d = |p: &Path| p.display().to_string();
         let processes = &mut self.processes;
@@ -532,10 +561,7 @@ fn start_cluster_on(bins: &Binaries, root: &Path, name: &str, instance: &str, et
         .map_err(io("writing the token file"))?;
     let log = dir.join("apiserver.log");
     let d = |p: &Path| p.display().to_string();
-    let processes = vec![Managed::spawn(
-        &format!("{name}/kube-apiserver"),
-        &bins.apiserver,
-        &[
+    let apiserver_args = vec![
             format!("--etcd-servers={etcd}"),
             format!("--etcd-prefix={}", etcd_prefix(instance)),
             "--bind-address=127.0.0.1".into(),
@@ -551,10 +577,8 @@ fn start_cluster_on(bins: &Binaries, root: &Path, name: &str, instance: &str, et
             format!("--service-account-signing-key-file={}", d(&sa_key)),
             "--service-cluster-ip-range=10.96.0.0/16".into(),
             "--allow-privileged=true".into(),
-        ],
-        &log,
-    )
-    .map_err(io(format!("starting {name}'s kube-apiserver")))?];
+    ];
+    let processes = vec![Managed::spawn(&format!("{name}/kube-apiserver"), &bins.apiserver, &apiserver_args, &log).map_err(io(format!("starting {name}'s kube-apiserver")))?];
     let kubeconfig = dir.join("kubeconfig");
     let server = format!("https://127.0.0.1:{port}");
     let ca = certs.join("apiserver.crt");
@@ -563,7 +587,7 @@ fn start_cluster_on(bins: &Binaries, root: &Path, name: &str, instance: &str, et
         d(&ca)
     );
     std::fs::write(&kubeconfig, kc).map_err(io("writing the kubeconfig"))?;
-    Ok(Cluster { name: name.to_owned(), server, kubeconfig, log, processes, sa_key, ca, dir })
+    Ok(Cluster { name: name.to_owned(), server, kubeconfig, log, processes, sa_key, ca, dir, apiserver_args, controllers: false, held_port: None })
 }
 
 fn rand_u128() -> u128 {
@@ -735,6 +759,18 @@ impl StartUp {
     }
 }
 
+/// Binds (without listening) the port of a stopped API server at `server`
+/// (`https://127.0.0.1:PORT`), so that no other socket takes it meanwhile (an outgoing
+/// connection's ephemeral port could) and connections to it are refused. None if it
+/// cannot (the cluster then comes back only if the port is still free).
+fn hold_port(server: &str) -> Option<socket2::Socket> {
+    let addr: std::net::SocketAddr = server.strip_prefix("https://")?.parse().ok()?;
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).ok()?;
+    socket.set_reuse_address(true).ok()?;
+    socket.bind(&addr.into()).ok()?;
+    Some(socket)
+}
+
 /// The last `n` lines of the log at `path` (or why there are none).
 fn log_tail(path: &Path, n: usize) -> String {
     match std::fs::read_to_string(path) {
@@ -760,12 +796,15 @@ impl Cluster {
         self.processes.iter_mut().all(Managed::running)
     }
 
-    /// Stops the cluster for good, as a cluster that is gone: its API server and
-    /// controllers are killed (and reaped) and every request to it fails to connect. Its
-    /// store stays in etcd; nothing restarts it.
+    /// Stops the cluster, as a cluster that is gone: its API server and controllers are
+    /// killed (and reaped) and every connection to it is refused. Its store stays in etcd
+    /// and its port stays its own: [`Fleet::revive`] brings it back as it was.
     pub fn stop(&mut self) {
         self.processes.iter_mut().for_each(Managed::begin_stop);
+        // Dropping waits for each guard, which kills and reaps its program: the port is
+        // free once this returns.
         self.processes.clear();
+        self.held_port = hold_port(&self.server);
     }
 }
 

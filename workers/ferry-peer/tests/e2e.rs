@@ -585,5 +585,19 @@ async fn a_provider_that_is_gone_is_force_unpeered_from_the_consumer_alone() {
     let (_, evs) = submit(&client, &force).await;
     assert_eq!(end(&evs), EventType::Succeeded, "{}", last(&evs));
     assert!(evs.iter().any(|e| e.message.as_deref().is_some_and(|m| m.contains("holds nothing of a Ferry peering"))), "{evs:#?}");
+
+    // member-2 comes back after all, holding its side of the peering (member-1's Tenant,
+    // its own slice toward member-1 and that slice's virtual node, its tenant namespace):
+    // a plain unpeer of the pair removes it, with member-1's side already gone.
+    bed.fleet.revive("member-2").await.expect("member-2 back");
+    let m2 = bed.cluster("member-2").await;
+    assert!(peering_objects(&m2).await.contains(&"Namespace liqo-tenant-member-1".to_owned()), "member-2 kept its side: {:?}", peering_objects(&m2).await);
+    let mut un = peer("member-1", "member-2");
+    un.operation = PeerOperation::Unpeer;
+    let (_, evs) = submit(&client, &un).await;
+    assert_eq!(end(&evs), EventType::Succeeded, "{}", last(&evs));
+    assert_eq!(peering_objects(&m2).await, Vec::<String>::new(), "member-2 holds nothing of the peering");
+    assert_eq!(peering_objects(&m1).await, Vec::<String>::new(), "member-1 holds nothing of the peering");
+    assert!(Api::<Namespace>::all(m2.clone()).get_opt("liqo-tenant-member-1").await.unwrap().is_none());
     bed.stop().await;
 }

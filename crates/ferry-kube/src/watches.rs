@@ -165,8 +165,8 @@ impl Watches {
     /// [`Check::Done`], failing at [`Check::Failed`] or after `timeout`. The store can lag
     /// the API server: a condition over the whole store (a count, any of) is decided on
     /// what the watch has seen; [`Watches::wait_object`] confirms its object first. While
-    /// the watch is failing, the wait also lists the scope itself (see
-    /// [`Watches::wait_object`]).
+    /// the watch is failing, the wait lists the scope itself instead and decides on that
+    /// (see [`Watches::wait_object`]).
     pub async fn wait_store<K, T>(
         &self,
         cluster: &str,
@@ -196,9 +196,10 @@ impl Watches {
     /// While the watch is failing (its last attempt ended in an error: the cluster was
     /// unreachable, or came back with a new watch cache that no longer has the watch's
     /// resourceVersion), its cache may stay stale for as long as its backoff (up to 30 s)
-    /// and a relist take: the wait then also reads the object itself, by the same quorum
-    /// list, every [`POLL_WHILE_FAILING`], and decides on what the API server has. Not
-    /// for a kind the cluster does not serve (the list would be refused alike).
+    /// and a relist take: the wait then reads the object itself instead, by the same quorum
+    /// list, every [`POLL_WHILE_FAILING`], and decides on what the API server has, never
+    /// on the store. Not for a kind the cluster does not serve (the list would be refused
+    /// alike).
     pub async fn wait_object<K, T>(
         &self,
         cluster: &str,
@@ -282,12 +283,13 @@ impl Confirm<'_> {
 /// How soon a wait asks the API server again after it could not confirm a decision.
 const RECONFIRM: Duration = Duration::from_secs(1);
 
-/// How often a wait on one object reads it itself while its watch is failing.
+/// How often a wait reads what it waits on itself while its watch is failing.
 pub const POLL_WHILE_FAILING: Duration = Duration::from_secs(5);
 
 /// How a wait reads what it waits on from the API server itself, while its watch is
 /// failing: a quorum list of its scope (or of its one object), the watch's own `list`
-/// permission, made into a store as the watch's would be.
+/// permission, made into a store as the watch's would be. Its client is the waiter's,
+/// so a cluster made again under its name (another address or CA) is read where it is.
 struct Direct<'a> {
     api: Api<DynamicObject>,
     name: Option<&'a str>,
@@ -339,7 +341,21 @@ where
         futures::pin_mut!(notified);
         notified.as_mut().enable();
         let mut until = deadline;
-        if shared.store.wait_until_ready().now_or_never_ready() {
+        let failing = shared.last_error.lock().expect("error lock").clone().filter(|_| !shared.not_served.load(std::sync::atomic::Ordering::Relaxed));
+        if let Some(e) = failing {
+            // The watch is failing: its store may be stale (a cluster that went away and
+            // came back, or was made again under its name) until its backoff ends and it
+            // lists again. Decide on what the API server has now, never on the store.
+            match direct.read::<K>().await {
+                Ok(fresh) => match look(&fresh).0 {
+                    Check::Done(t) => return Ok(t),
+                    Check::Failed(reason) => return Err(WaitError::Failed { cluster: cluster.to_owned(), what: what.to_owned(), reason }),
+                    Check::Pending(why) | Check::Recheck(why, _) => last = format!("{why} (read from the API server: the {e})"),
+                },
+                Err(why) => last = format!("{why} (the {e})"),
+            }
+            until = deadline.min(tokio::time::Instant::now() + POLL_WHILE_FAILING);
+        } else if shared.store.wait_until_ready().now_or_never_ready() {
             let (check, seen) = look(&shared.store);
             let stands = match (&check, &confirm) {
                 (Check::Pending(_) | Check::Recheck(..), _) | (_, None) => Ok(()),
@@ -363,24 +379,11 @@ where
                 }
             }
         } else if let Some(e) = shared.last_error.lock().expect("error lock").clone() {
+            // A kind the cluster does not serve: the watch backs off; nothing to read.
             last = e;
         }
-        // Not decided on the watch's store, and the watch is failing: its store may be
-        // stale until its backoff ends and it lists again, so ask the API server itself.
-        let failing = shared.last_error.lock().expect("error lock").clone().filter(|_| !shared.not_served.load(std::sync::atomic::Ordering::Relaxed));
-        if let Some(e) = failing {
-            match direct.read::<K>().await {
-                Ok(fresh) => match look(&fresh).0 {
-                    Check::Done(t) => return Ok(t),
-                    Check::Failed(reason) => return Err(WaitError::Failed { cluster: cluster.to_owned(), what: what.to_owned(), reason }),
-                    Check::Pending(why) | Check::Recheck(why, _) => last = format!("{why} (read from the API server: the {e})"),
-                },
-                Err(why) => last = format!("{why} (the {e})"),
-            }
-            until = until.min(tokio::time::Instant::now() + POLL_WHILE_FAILING);
-        }
         if tokio::time::timeout_at(until, notified).await.is_err() && until == deadline {
-            if let Some(e) = shared.last_error.lock().expect("error lock").clone() {
+            if let Some(e) = shared.last_error.lock().expect("error lock").clone().filter(|e| !last.contains(e.as_str())) {
                 last = format!("{last} ({e})");
             }
             return Err(WaitError::Timeout { cluster: cluster.to_owned(), what: what.to_owned(), waited: timeout, last });

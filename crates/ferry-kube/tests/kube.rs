@@ -414,4 +414,13 @@ async fn a_wait_whose_watch_fails_reads_the_object_itself() {
     };
     let r = watches.wait_store::<ConfigMap, ()>("hub", &lister, Some("default"), "no ConfigMap going", Duration::from_secs(60), none_left).await;
     assert_eq!(r, Ok(()), "the store wait trusted its failing watch's stale store");
+    // Nor does a wait end on what only the stale store still shows: "going" is gone.
+    let still_there = |s: &kube::runtime::reflector::Store<ConfigMap>| {
+        if s.state().iter().any(|c| c.metadata.name.as_deref() == Some("going")) { Check::Done(()) } else { Check::Pending("going is gone".into()) }
+    };
+    let r = watches.wait_store::<ConfigMap, ()>("hub", &lister, Some("default"), "ConfigMap going", Duration::from_secs(8), still_there).await;
+    match r {
+        Err(WaitError::Timeout { last, .. }) => assert!(last.contains("going is gone") && last.contains("read from the API server"), "{last}"),
+        other => panic!("the wait ended on its failing watch's stale store: {other:?}"),
+    }
 }

@@ -76,7 +76,51 @@ struct Shared<K: Resource<DynamicType = ()> + 'static> {
     /// The last error said the cluster does not serve the kind (its CRD not installed):
     /// reading one object would be refused the same way, so waits do not try.
     not_served: Arc<std::sync::atomic::AtomicBool>,
+    /// The last read of the watch's scope from the API server while it failed, and when:
+    /// one read per [`POLL_WHILE_FAILING`] serves every waiter of the watch.
+    read: tokio::sync::Mutex<Option<Read<K>>>,
     task: JoinHandle<()>,
+}
+
+/// A read of a watch's scope from the API server (or why it failed), and when it was made.
+type Read<K> = (tokio::time::Instant, Result<Store<K>, String>);
+
+impl<K> Shared<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + 'static,
+{
+    /// What the watch's scope holds on the API server now, by a quorum list (the watch's
+    /// own `list` right) through `api` (the waiter's client: a cluster made again under
+    /// its name, at another address or with another CA, is read where it is now), made
+    /// into a store as the watch's would be. A read younger than [`POLL_WHILE_FAILING`] is
+    /// shared: however many tasks wait on a failing watch, its cluster gets one LIST per
+    /// interval, not one per waiter (a cluster that has just come back is not stormed).
+    async fn read_while_failing(&self, api: &Api<DynamicObject>) -> Result<Store<K>, String> {
+        let mut read = self.read.lock().await;
+        if let Some((_, r)) = read.as_ref().filter(|(at, _)| at.elapsed() < POLL_WHILE_FAILING) {
+            return r.clone();
+        }
+        let r = list_into_store::<K>(api).await;
+        *read = Some((tokio::time::Instant::now(), r.clone()));
+        r
+    }
+}
+
+/// Every object of `api`'s scope, read by a quorum list, in a store as a watch makes one.
+async fn list_into_store<K>(api: &Api<DynamicObject>) -> Result<Store<K>, String>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + 'static,
+{
+    let failed = |e: &dyn std::fmt::Display| format!("could not list {} from the API server: {e}", K::kind(&()));
+    let listed = api.list(&ListParams::default()).await.map_err(|e| failed(&e))?;
+    let (store, mut writer) = reflector::store::<K>();
+    writer.apply_watcher_event(&watcher::Event::Init);
+    for o in listed.items {
+        let o = serde_json::to_value(o).and_then(serde_json::from_value::<K>).map_err(|e| failed(&e))?;
+        writer.apply_watcher_event(&watcher::Event::InitApply(o));
+    }
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    Ok(store)
 }
 
 impl<K: Resource<DynamicType = ()>> Drop for Shared<K> {
@@ -156,7 +200,7 @@ impl Watches {
                 n.notify_waiters();
             }
         });
-        let shared = Arc::new(Shared { store, changed, last_error, not_served, task });
+        let shared = Arc::new(Shared { store, changed, last_error, not_served, read: tokio::sync::Mutex::new(None), task });
         open.insert(key, shared.clone());
         shared
     }
@@ -180,8 +224,7 @@ impl Watches {
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     {
         let shared = self.shared::<K>(cluster, client, namespace);
-        let direct = Direct { api: untyped::<K>(client, namespace), name: None, what };
-        wait_on(&shared, cluster, what, timeout, direct, None, |s: &Store<K>| (check(s), None)).await
+        wait_on(&shared, cluster, what, timeout, untyped::<K>(client, namespace), None, |s: &Store<K>| (check(s), None)).await
     }
 
     /// Waits until `check` of object `name` (None while it does not exist) is done.
@@ -196,10 +239,10 @@ impl Watches {
     /// While the watch is failing (its last attempt ended in an error: the cluster was
     /// unreachable, or came back with a new watch cache that no longer has the watch's
     /// resourceVersion), its cache may stay stale for as long as its backoff (up to 30 s)
-    /// and a relist take: the wait then reads the object itself instead, by the same quorum
-    /// list, every [`POLL_WHILE_FAILING`], and decides on what the API server has, never
-    /// on the store. Not for a kind the cluster does not serve (the list would be refused
-    /// alike).
+    /// and a relist take: the wait then reads the watch's scope itself instead, by a quorum
+    /// list shared with the watch's other waiters, every [`POLL_WHILE_FAILING`], and
+    /// decides on what the API server has, never on the store. Not for a kind the cluster
+    /// does not serve (the list would be refused alike).
     pub async fn wait_object<K, T>(
         &self,
         cluster: &str,
@@ -223,8 +266,7 @@ impl Watches {
         }
         let shared = self.shared::<K>(cluster, client, namespace);
         let confirm = Confirm { api: untyped::<K>(client, namespace), name, what: &what };
-        let direct = Direct { api: untyped::<K>(client, namespace), name: Some(name), what: &what };
-        wait_on(&shared, cluster, &what, timeout, direct, Some(confirm), |s: &Store<K>| {
+        wait_on(&shared, cluster, &what, timeout, untyped::<K>(client, namespace), Some(confirm), |s: &Store<K>| {
             let seen = s.get(&r);
             (check(seen.as_deref()), seen.as_deref().map(version))
         })
@@ -286,38 +328,6 @@ const RECONFIRM: Duration = Duration::from_secs(1);
 /// How often a wait reads what it waits on itself while its watch is failing.
 pub const POLL_WHILE_FAILING: Duration = Duration::from_secs(5);
 
-/// How a wait reads what it waits on from the API server itself, while its watch is
-/// failing: a quorum list of its scope (or of its one object), the watch's own `list`
-/// permission, made into a store as the watch's would be. Its client is the waiter's,
-/// so a cluster made again under its name (another address or CA) is read where it is.
-struct Direct<'a> {
-    api: Api<DynamicObject>,
-    name: Option<&'a str>,
-    what: &'a str,
-}
-
-impl Direct<'_> {
-    async fn read<K>(&self) -> Result<Store<K>, String>
-    where
-        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + 'static,
-    {
-        let lp = match self.name {
-            Some(name) => ListParams::default().fields(&format!("metadata.name={name}")),
-            None => ListParams::default(),
-        };
-        let failed = |e: &dyn std::fmt::Display| format!("could not read {} from the API server: {e}", self.what);
-        let listed = self.api.list(&lp).await.map_err(|e| failed(&e))?;
-        let (store, mut writer) = reflector::store::<K>();
-        writer.apply_watcher_event(&watcher::Event::Init);
-        for o in listed.items {
-            let o = serde_json::to_value(o).and_then(serde_json::from_value::<K>).map_err(|e| failed(&e))?;
-            writer.apply_watcher_event(&watcher::Event::InitApply(o));
-        }
-        writer.apply_watcher_event(&watcher::Event::InitDone);
-        Ok(store)
-    }
-}
-
 /// The wait loop of every shared watch: look whenever the watch changes (and when a
 /// [`Check::Recheck`] asked to), until `look` says done or failed (confirmed, for one
 /// object, by the API server) or the deadline.
@@ -326,7 +336,7 @@ async fn wait_on<K, T>(
     cluster: &str,
     what: &str,
     timeout: Duration,
-    direct: Direct<'_>,
+    scope: Api<DynamicObject>,
     confirm: Option<Confirm<'_>>,
     mut look: impl FnMut(&Store<K>) -> (Check<T>, Version),
 ) -> Result<T, WaitError>
@@ -346,13 +356,14 @@ where
             // The watch is failing: its store may be stale (a cluster that went away and
             // came back, or was made again under its name) until its backoff ends and it
             // lists again. Decide on what the API server has now, never on the store.
-            match direct.read::<K>().await {
-                Ok(fresh) => match look(&fresh).0 {
+            match tokio::time::timeout_at(deadline, shared.read_while_failing(&scope)).await {
+                Ok(Ok(fresh)) => match look(&fresh).0 {
                     Check::Done(t) => return Ok(t),
                     Check::Failed(reason) => return Err(WaitError::Failed { cluster: cluster.to_owned(), what: what.to_owned(), reason }),
                     Check::Pending(why) | Check::Recheck(why, _) => last = format!("{why} (read from the API server: the {e})"),
                 },
-                Err(why) => last = format!("{why} (the {e})"),
+                Ok(Err(why)) => last = format!("{why} (the {e})"),
+                Err(_) => last = format!("no answer from the API server to a list of {what}'s kind (the {e})"),
             }
             until = deadline.min(tokio::time::Instant::now() + POLL_WHILE_FAILING);
         } else if shared.store.wait_until_ready().now_or_never_ready() {

@@ -423,4 +423,26 @@ async fn a_wait_whose_watch_fails_reads_the_object_itself() {
         Err(WaitError::Timeout { last, .. }) => assert!(last.contains("going is gone") && last.contains("read from the API server"), "{last}"),
         other => panic!("the wait ended on its failing watch's stale store: {other:?}"),
     }
+
+    // Many waiters on one failing watch share its reads: one LIST per interval reaches
+    // the cluster, not one per waiter (a cluster that has just come back is not stormed).
+    let proxy = ferry_fleet::FaultProxy::start(admin.clone()).await.unwrap();
+    let mut through = kube::Config::new(proxy.url().parse().unwrap());
+    through.auth_info.impersonate = Some("lister".to_owned());
+    let through = kube::Client::try_from(through).unwrap();
+    let waiters = 40;
+    for i in 0..waiters {
+        cms.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": format!("held-{i}")}})).unwrap()).await.unwrap();
+    }
+    let watches = Watches::new();
+    let before = proxy.handle().counts().0;
+    let waited = Duration::from_secs(12);
+    let waits = (0..waiters).map(|i| {
+        let (watches, through) = (&watches, through.clone());
+        async move { watches.wait_deleted::<ConfigMap>("hub", &through, Some("default"), &format!("held-{i}"), waited).await }
+    });
+    let ends = futures::future::join_all(waits).await;
+    let requests = proxy.handle().counts().0 - before;
+    assert!(ends.iter().all(|r| matches!(r, Err(WaitError::Timeout { last, .. }) if last.contains("read from the API server"))), "{:?}", ends.first());
+    assert!(requests <= 20, "{requests} requests in {waited:?} from {waiters} waiters on one failing watch: its reads are not shared");
 }

@@ -3,7 +3,8 @@
 //! condition. So 10,000 tasks waiting on clusters cost one watch per kind and cluster,
 //! not one per task, and a wait ends at its deadline with the last reason it saw. While a
 //! watch fails (a cluster that went away and came back), its waiters read the API server
-//! themselves instead of trusting its stale store.
+//! themselves instead of trusting its stale store, and one failing for a minute is made
+//! again with the next waiter's client (a cluster made again under its name).
 
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
@@ -69,13 +70,51 @@ struct Key {
     namespace: Option<String>,
 }
 
+/// How a watch fares, as its stream reports it: shared by the watch's task, its waiters
+/// and the registry (which replaces a watch that has failed too long).
+#[derive(Default)]
+struct Health {
+    /// Its last attempt's error; None once an attempt went well.
+    last_error: Mutex<Option<String>>,
+    /// Since when it has been failing without a good attempt in between.
+    failing_since: Mutex<Option<tokio::time::Instant>>,
+    /// The last error said the cluster does not serve the kind (its CRD not installed):
+    /// reading its scope would be refused the same way, so waits do not try.
+    not_served: std::sync::atomic::AtomicBool,
+}
+
+impl Health {
+    fn ok(&self) {
+        *self.last_error.lock().expect("health lock") = None;
+        *self.failing_since.lock().expect("health lock") = None;
+    }
+
+    fn failed(&self, err: &watcher::Error) {
+        let missing = matches!(err, watcher::Error::InitialListFailed(kube::Error::Api(a)) if a.code == 404);
+        self.not_served.store(missing, std::sync::atomic::Ordering::Relaxed);
+        *self.last_error.lock().expect("health lock") = Some(format!("watch error: {err}"));
+        self.failing_since.lock().expect("health lock").get_or_insert_with(tokio::time::Instant::now);
+    }
+
+    /// Its last error, unless the kind is not served (then there is nothing to read).
+    fn failing(&self) -> Option<String> {
+        self.last_error.lock().expect("health lock").clone().filter(|_| !self.not_served.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    fn last_error(&self) -> Option<String> {
+        self.last_error.lock().expect("health lock").clone()
+    }
+
+    /// Failing (a served kind) for at least `bound`.
+    fn failing_for(&self, bound: Duration) -> bool {
+        self.failing().is_some() && self.failing_since.lock().expect("health lock").is_some_and(|t| t.elapsed() >= bound)
+    }
+}
+
 struct Shared<K: Resource<DynamicType = ()> + 'static> {
     store: Store<K>,
     changed: Arc<Notify>,
-    last_error: Arc<Mutex<Option<String>>>,
-    /// The last error said the cluster does not serve the kind (its CRD not installed):
-    /// reading one object would be refused the same way, so waits do not try.
-    not_served: Arc<std::sync::atomic::AtomicBool>,
+    health: Arc<Health>,
     /// The last read of the watch's scope from the API server while it failed, and when:
     /// one read per [`POLL_WHILE_FAILING`] serves every waiter of the watch.
     read: tokio::sync::Mutex<Option<Read<K>>>,
@@ -129,11 +168,28 @@ impl<K: Resource<DynamicType = ()>> Drop for Shared<K> {
     }
 }
 
+/// A watch in the registry: its [`Shared`] (of its kind, erased) and its health.
+type Open = (Arc<dyn Any + Send + Sync>, Arc<Health>);
+
 /// The registry of shared watches of one worker process.
-#[derive(Default)]
 pub struct Watches {
-    open: Mutex<HashMap<Key, Arc<dyn Any + Send + Sync>>>,
+    open: Mutex<HashMap<Key, Open>>,
+    /// How long a watch may fail before the next wait starts it afresh ([`REPLACE_AFTER`]).
+    replace_after: Duration,
 }
+
+impl Default for Watches {
+    fn default() -> Self {
+        Self { open: Mutex::default(), replace_after: REPLACE_AFTER }
+    }
+}
+
+/// How long a watch may fail (a served kind) before the next wait on it starts a new one
+/// with that wait's client. kube's watcher keeps the client it was made with and backs off
+/// to 30 s: a cluster made again under its name (another address or CA, a new kubeconfig
+/// Secret) would leave the old watch failing for good, and one back from a long outage
+/// waits out the backoff. Twice the longest backoff.
+pub const REPLACE_AFTER: Duration = Duration::from_secs(60);
 
 impl Debug for Watches {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -145,6 +201,17 @@ impl Watches {
     /// An empty registry.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty registry whose failing watches are started afresh after `bound` (tests).
+    pub fn replacing_after(bound: Duration) -> Self {
+        Self { replace_after: bound, ..Self::default() }
+    }
+
+    /// How many of `cluster`'s watches are failing now (a served kind; their waiters read
+    /// the API server themselves meanwhile).
+    pub fn failing(&self, cluster: &str) -> usize {
+        self.open.lock().expect("watches lock").iter().filter(|(k, (_, h))| k.cluster == cluster && h.failing().is_some()).count()
     }
 
     /// How many watches are open (one per cluster, kind and namespace ever waited on).
@@ -163,7 +230,12 @@ impl Watches {
     {
         let key = Key { cluster: cluster.to_owned(), kind: TypeId::of::<K>(), namespace: namespace.map(str::to_owned) };
         let mut open = self.open.lock().expect("watches lock");
-        if let Some(s) = open.get(&key).and_then(|a| a.clone().downcast::<Shared<K>>().ok()) {
+        // A watch failing for long is left to its current waiters and replaced by one made
+        // with this waiter's client ([`REPLACE_AFTER`]).
+        if let Some((a, health)) = open.get(&key)
+            && !health.failing_for(self.replace_after)
+            && let Ok(s) = a.clone().downcast::<Shared<K>>()
+        {
             return s;
         }
         let events = match namespace {
@@ -176,9 +248,8 @@ impl Watches {
         };
         let (store, writer) = reflector::store();
         let changed = Arc::new(Notify::new());
-        let last_error = Arc::new(Mutex::new(None));
-        let not_served = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (n, e, unserved) = (changed.clone(), last_error.clone(), not_served.clone());
+        let health = Arc::new(Health::default());
+        let (n, h) = (changed.clone(), health.clone());
         let task = tokio::spawn(async move {
             // The backoff goes after the reflector and past the `Init` events: kube's
             // `StreamBackoff` starts over on any Ok item (kube-runtime 5.0.0
@@ -190,18 +261,14 @@ impl Watches {
             futures::pin_mut!(stream);
             while let Some(ev) = stream.next().await {
                 match ev {
-                    Ok(_) => *e.lock().expect("error lock") = None,
-                    Err(err) => {
-                        let missing = matches!(&err, watcher::Error::InitialListFailed(kube::Error::Api(a)) if a.code == 404);
-                        unserved.store(missing, std::sync::atomic::Ordering::Relaxed);
-                        *e.lock().expect("error lock") = Some(format!("watch error: {err}"));
-                    }
+                    Ok(_) => h.ok(),
+                    Err(err) => h.failed(&err),
                 }
                 n.notify_waiters();
             }
         });
-        let shared = Arc::new(Shared { store, changed, last_error, not_served, read: tokio::sync::Mutex::new(None), task });
-        open.insert(key, shared.clone());
+        let shared = Arc::new(Shared { store, changed, health: health.clone(), read: tokio::sync::Mutex::new(None), task });
+        open.insert(key, (shared.clone(), health));
         shared
     }
 
@@ -351,7 +418,7 @@ where
         futures::pin_mut!(notified);
         notified.as_mut().enable();
         let mut until = deadline;
-        let failing = shared.last_error.lock().expect("error lock").clone().filter(|_| !shared.not_served.load(std::sync::atomic::Ordering::Relaxed));
+        let failing = shared.health.failing();
         if let Some(e) = failing {
             // The watch is failing: its store may be stale (a cluster that went away and
             // came back, or was made again under its name) until its backoff ends and it
@@ -389,12 +456,12 @@ where
                     return Err(WaitError::Failed { cluster: cluster.to_owned(), what: what.to_owned(), reason });
                 }
             }
-        } else if let Some(e) = shared.last_error.lock().expect("error lock").clone() {
+        } else if let Some(e) = shared.health.last_error() {
             // A kind the cluster does not serve: the watch backs off; nothing to read.
             last = e;
         }
         if tokio::time::timeout_at(until, notified).await.is_err() && until == deadline {
-            if let Some(e) = shared.last_error.lock().expect("error lock").clone().filter(|e| !last.contains(e.as_str())) {
+            if let Some(e) = shared.health.last_error().filter(|e| !last.contains(e.as_str())) {
                 last = format!("{last} ({e})");
             }
             return Err(WaitError::Timeout { cluster: cluster.to_owned(), what: what.to_owned(), waited: timeout, last });

@@ -446,3 +446,37 @@ async fn a_wait_whose_watch_fails_reads_the_object_itself() {
     assert!(ends.iter().all(|r| matches!(r, Err(WaitError::Timeout { last, .. }) if last.contains("read from the API server"))), "{:?}", ends.first());
     assert!(requests <= 20, "{requests} requests in {waited:?} from {waiters} waiters on one failing watch: its reads are not shared");
 }
+
+/// A watch that keeps failing is made again, with the next waiter's client, once it has
+/// failed for [`ferry_kube::watches::REPLACE_AFTER`] (zero here). kube's watcher keeps the
+/// client it was made with: a cluster made again under its name (another address or CA)
+/// left the old watch failing for good, its store stale, every wait reading around it.
+/// Here the first client reaches the hub through a proxy that then blacks out for good
+/// (the old address gone); the waiters come with a direct client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_failing_for_long_is_made_again_with_the_waiters_client() {
+    let Some(fleet) = fleet().await else { return };
+    let admin = fleet.hub().client().await.unwrap();
+    let proxy = ferry_fleet::FaultProxy::start(admin.clone()).await.unwrap();
+    let old = proxy.client().unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "default");
+    for name in ["moved", "kept"] {
+        cms.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap()).await.unwrap();
+    }
+    let watches = Watches::replacing_after(Duration::ZERO);
+    let there = |o: Option<&ConfigMap>| if o.is_some() { Check::Done(()) } else { Check::Pending("absent".into()) };
+    assert_eq!(watches.wait_object::<ConfigMap, ()>("hub", &old, Some("default"), "moved", Duration::from_secs(60), there).await, Ok(()));
+
+    // The old address is gone; "moved" is deleted meanwhile. The wait, with the new
+    // client, sees the deletion: by reading around the failing watch, or through a new
+    // watch when the old one had failed already as it began. Either way the old one has
+    // failed by the time it ends (its stream was cut).
+    proxy.handle().blackout(Duration::from_secs(3600));
+    cms.delete("moved", &kube::api::DeleteParams::default()).await.unwrap();
+    assert_eq!(watches.wait_deleted::<ConfigMap>("hub", &admin, Some("default"), "moved", Duration::from_secs(60)).await, Ok(()));
+
+    // The next wait starts a failing watch afresh with its client: it lists, and follows.
+    assert_eq!(watches.wait_object::<ConfigMap, ()>("hub", &admin, Some("default"), "kept", Duration::from_secs(60), there).await, Ok(()));
+    assert_eq!(watches.failing("hub"), 0, "the failing watch was kept, with the client of a gone address");
+    assert_eq!(watches.open_count(), 1);
+}

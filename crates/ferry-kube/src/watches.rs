@@ -71,43 +71,46 @@ struct Key {
 }
 
 /// How a watch fares, as its stream reports it: shared by the watch's task, its waiters
-/// and the registry (which replaces a watch that has failed too long).
+/// and the registry (which replaces a watch that has failed too long). None once an
+/// attempt went well.
 #[derive(Default)]
-struct Health {
-    /// Its last attempt's error; None once an attempt went well.
-    last_error: Mutex<Option<String>>,
+struct Health(Mutex<Option<Failure>>);
+
+/// A watch's current failure.
+struct Failure {
+    /// Its last attempt's error.
+    error: String,
     /// Since when it has been failing without a good attempt in between.
-    failing_since: Mutex<Option<tokio::time::Instant>>,
+    since: tokio::time::Instant,
     /// The last error said the cluster does not serve the kind (its CRD not installed):
     /// reading its scope would be refused the same way, so waits do not try.
-    not_served: std::sync::atomic::AtomicBool,
+    not_served: bool,
 }
 
 impl Health {
     fn ok(&self) {
-        *self.last_error.lock().expect("health lock") = None;
-        *self.failing_since.lock().expect("health lock") = None;
+        *self.0.lock().expect("health lock") = None;
     }
 
     fn failed(&self, err: &watcher::Error) {
-        let missing = matches!(err, watcher::Error::InitialListFailed(kube::Error::Api(a)) if a.code == 404);
-        self.not_served.store(missing, std::sync::atomic::Ordering::Relaxed);
-        *self.last_error.lock().expect("health lock") = Some(format!("watch error: {err}"));
-        self.failing_since.lock().expect("health lock").get_or_insert_with(tokio::time::Instant::now);
+        let not_served = matches!(err, watcher::Error::InitialListFailed(kube::Error::Api(a)) if a.code == 404);
+        let mut f = self.0.lock().expect("health lock");
+        let since = f.as_ref().map_or_else(tokio::time::Instant::now, |f| f.since);
+        *f = Some(Failure { error: format!("watch error: {err}"), since, not_served });
     }
 
     /// Its last error, unless the kind is not served (then there is nothing to read).
     fn failing(&self) -> Option<String> {
-        self.last_error.lock().expect("health lock").clone().filter(|_| !self.not_served.load(std::sync::atomic::Ordering::Relaxed))
+        self.0.lock().expect("health lock").as_ref().filter(|f| !f.not_served).map(|f| f.error.clone())
     }
 
     fn last_error(&self) -> Option<String> {
-        self.last_error.lock().expect("health lock").clone()
+        self.0.lock().expect("health lock").as_ref().map(|f| f.error.clone())
     }
 
     /// Failing (a served kind) for at least `bound`.
     fn failing_for(&self, bound: Duration) -> bool {
-        self.failing().is_some() && self.failing_since.lock().expect("health lock").is_some_and(|t| t.elapsed() >= bound)
+        self.0.lock().expect("health lock").as_ref().is_some_and(|f| !f.not_served && f.since.elapsed() >= bound)
     }
 }
 

@@ -496,7 +496,10 @@ fn compose_runs_kafka_the_topics_every_worker_and_the_dashboard() {
 
 /// Metric names as a worker's /metrics exposes them (TYPE lines; samples add suffixes).
 fn exported_metrics() -> Vec<String> {
-    let exposition = ferry_runtime::metrics::Metrics::with_one_sample_each().encode();
+    let metrics = ferry_runtime::metrics::Metrics::with_one_sample_each();
+    // What the workers that wait on clusters add (their handlers' gauges).
+    metrics.report_gauges(Box::new(|| ferry_kube::Watches::new().gauges()));
+    let exposition = metrics.encode();
     let exported: Vec<String> = exposition.lines().filter_map(|l| l.strip_prefix("# TYPE ")).filter_map(|l| l.split_whitespace().next()).map(str::to_owned).collect();
     assert!(exported.len() >= 5, "{exposition}");
     exported
@@ -924,7 +927,7 @@ fn chart_monitoring_needs_the_prometheus_operator() {
     let exported = exported_metrics();
     let rules: Vec<&Value> = rule["spec"]["groups"].as_array().unwrap().iter().flat_map(|g| g["rules"].as_array().unwrap()).collect();
     let alerts: Vec<&str> = rules.iter().filter_map(|r| r["alert"].as_str()).collect();
-    for want in ["FerryDeadLetters", "FerryRevertFailed", "FerryConsumerLagHigh", "FerryTasksStuck", "FerryTasksOvertaken", "FerryStateWritesFailing"] {
+    for want in ["FerryDeadLetters", "FerryRevertFailed", "FerryConsumerLagHigh", "FerryTasksStuck", "FerryTasksOvertaken", "FerryStateWritesFailing", "FerryClusterWatchesFailing"] {
         assert!(alerts.contains(&want), "alert {want} missing: {alerts:?}");
     }
     for r in &rules {
@@ -942,6 +945,8 @@ fn chart_monitoring_needs_the_prometheus_operator() {
     }
     let revert_failed = rules.iter().find(|r| r["alert"] == "FerryRevertFailed").unwrap();
     assert!(revert_failed["expr"].as_str().unwrap().contains(r#"event="RevertFailed""#));
+    let watches = rules.iter().find(|r| r["alert"] == "FerryClusterWatchesFailing").unwrap();
+    assert!(watches["expr"].as_str().unwrap().contains("cluster)") && watches["for"] == "10m", "{watches}");
     let tuned = render_chart(&helm, &[&PROMETHEUS_OPERATOR[..], &["--set", "prometheusRule.consumerLagRecords=50", "--set", "prometheusRule.stuckAfter=3h"]].concat());
     let text = serde_json::to_string(tuned.iter().find(|d| d["kind"] == "PrometheusRule").unwrap()).unwrap();
     assert!(text.contains("ferry_consumer_lag_records{namespace=\\\"ferry\\\", job=~\\\"ferry-.+-metrics\\\"}) > 50") && text.contains("[3h]"), "{text}");

@@ -7,12 +7,13 @@
 //! again with the next waiter's client (a cluster made again under its name).
 
 use std::any::{Any, TypeId};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use ferry_task::gauges::GaugeFamily;
 use futures::StreamExt;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -194,6 +195,10 @@ impl Default for Watches {
 /// waits out the backoff. Twice the longest backoff.
 pub const REPLACE_AFTER: Duration = Duration::from_secs(60);
 
+/// Name of the gauge of failing watches by cluster, without the `ferry_` prefix
+/// ([`Watches::gauges`]).
+pub const WATCHES_FAILING: &str = "cluster_watches_failing";
+
 impl Debug for Watches {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Watches").field("open", &self.open_count()).finish()
@@ -215,6 +220,23 @@ impl Watches {
     /// the API server themselves meanwhile).
     pub fn failing(&self, cluster: &str) -> usize {
         self.open.lock().expect("watches lock").iter().filter(|(k, (_, h))| k.cluster == cluster && h.failing().is_some()).count()
+    }
+
+    /// The gauge `ferry_cluster_watches_failing{cluster}` ([`WATCHES_FAILING`]): for each
+    /// cluster with an open watch, how many of its watches are failing ([`Self::failing`];
+    /// 0 included, so an alert sees the cluster come back). A handler that waits on
+    /// clusters reports it ([`TaskHandler::gauges`](ferry_task::TaskHandler::gauges)).
+    pub fn gauges(&self) -> Vec<GaugeFamily> {
+        let mut by_cluster: BTreeMap<String, i64> = BTreeMap::new();
+        for (k, (_, h)) in self.open.lock().expect("watches lock").iter() {
+            *by_cluster.entry(k.cluster.clone()).or_default() += i64::from(h.failing().is_some());
+        }
+        let samples = by_cluster.into_iter().map(|(cluster, n)| (vec![("cluster", cluster)], n)).collect();
+        vec![GaugeFamily {
+            name: WATCHES_FAILING,
+            help: "Watches of a cluster whose last attempt failed (a served kind): its API server does not answer them, and waits on it read the API server directly meanwhile",
+            samples,
+        }]
     }
 
     /// How many watches are open (one per cluster, kind and namespace ever waited on).

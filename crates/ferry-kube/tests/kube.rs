@@ -447,6 +447,38 @@ async fn a_wait_whose_watch_fails_reads_the_object_itself() {
     assert!(requests <= 20, "{requests} requests in {waited:?} from {waiters} waiters on one failing watch: its reads are not shared");
 }
 
+/// `ferry_cluster_watches_failing{cluster}` ([`Watches::gauges`]): 0 for a cluster whose
+/// watches answer, and the number failing once its API server stops answering them (here
+/// the only address the watch knows goes dark; a waiter with another client reads around
+/// it, which it does only while the watch fails).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clusters_failing_watches_are_counted_for_the_metrics() {
+    let Some(fleet) = fleet().await else { return };
+    let admin = fleet.hub().client().await.unwrap();
+    let proxy = ferry_fleet::FaultProxy::start(admin.clone()).await.unwrap();
+    let old = proxy.client().unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "default");
+    cms.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "gauged"}})).unwrap()).await.unwrap();
+    let watches = Watches::new();
+    let samples = |w: &Watches| {
+        let families = w.gauges();
+        assert_eq!(families.len(), 1);
+        assert_eq!(families[0].name, ferry_kube::watches::WATCHES_FAILING);
+        families[0].samples.clone()
+    };
+    assert_eq!(samples(&watches), vec![], "no watch, no cluster");
+    let there = |o: Option<&ConfigMap>| if o.is_some() { Check::Done(()) } else { Check::Pending("absent".into()) };
+    assert_eq!(watches.wait_object::<ConfigMap, ()>("hub", &old, Some("default"), "gauged", Duration::from_secs(60), there).await, Ok(()));
+    assert_eq!(samples(&watches), vec![(vec![("cluster", "hub".to_owned())], 0)]);
+
+    proxy.handle().blackout(Duration::from_secs(3600));
+    cms.delete("gauged", &kube::api::DeleteParams::default()).await.unwrap();
+    // The watch cannot see the deletion; the wait ends only by reading around it.
+    assert_eq!(watches.wait_deleted::<ConfigMap>("hub", &admin, Some("default"), "gauged", Duration::from_secs(60)).await, Ok(()));
+    assert_eq!(samples(&watches), vec![(vec![("cluster", "hub".to_owned())], 1)], "the dark watch is not counted");
+    assert_eq!(watches.failing("hub"), 1);
+}
+
 /// A watch that keeps failing is made again, with the next waiter's client, once it has
 /// failed for [`ferry_kube::watches::REPLACE_AFTER`] (zero here). kube's watcher keeps the
 /// client it was made with: a cluster made again under its name (another address or CA)

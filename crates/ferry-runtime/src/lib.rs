@@ -19,7 +19,7 @@
 //!
 //! docs/ARCHITECTURE.md has the protocol and the reasoning behind it.
 
-pub use ferry_task::{children, codes, dry_run, ids, kind, limits, output, protocol, report, step, targets, wire};
+pub use ferry_task::{children, codes, dry_run, gauges, ids, kind, limits, output, protocol, report, step, targets, wire};
 
 pub mod asyncapi;
 pub mod client;

@@ -14,12 +14,16 @@
 //! - `ferry_step_retries_total{kind,step}`, `ferry_dead_letters_total{topic}`.
 //! - `ferry_consumer_lag_records{topic}`: command records not yet read.
 //! - `ferry_build_info{version}`: always 1.
+//! - The handler's own gauges ([`TaskHandler::gauges`](crate::TaskHandler::gauges)), e.g.
+//!   `ferry_cluster_watches_failing{cluster}` of the workers that wait on clusters.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -27,6 +31,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
+use crate::gauges::GaugeFamily;
 use crate::kind::TaskKind;
 use crate::protocol::{EventType, ProgressEvent, TaskSnapshot, TaskState};
 
@@ -89,6 +94,33 @@ struct Held {
     runners: i64,
 }
 
+/// What reads a handler's gauges at a scrape.
+pub type GaugeSource = Box<dyn Fn() -> Vec<GaugeFamily> + Send + Sync>;
+
+/// The handler's gauges, as a collector the registry calls at each scrape; empty until
+/// [`Metrics::report_gauges`].
+#[derive(Default)]
+struct HandlerGauges(Arc<OnceLock<GaugeSource>>);
+
+impl std::fmt::Debug for HandlerGauges {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HandlerGauges")
+    }
+}
+
+impl Collector for HandlerGauges {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(read) = self.0.get() else { return Ok(()) };
+        for family in read() {
+            let mut metric = encoder.encode_descriptor(family.name, family.help, None, prometheus_client::metrics::MetricType::Gauge)?;
+            for (labels, value) in &family.samples {
+                ConstGauge::new(*value).encode(metric.encode_family(labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The metrics of one worker process.
 pub struct Metrics {
     registry: Registry,
@@ -112,6 +144,8 @@ pub struct Metrics {
     held_total: watch::Sender<i64>,
     /// The number of tasks queued (`state="queued"`), for whoever waits on it.
     queued_total: watch::Sender<i64>,
+    /// Where the handler's gauges are read from, once set.
+    handler_gauges: Arc<OnceLock<GaugeSource>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -169,6 +203,9 @@ impl Metrics {
             command_batch_failures.clone(),
         );
         registry.register("build_info", "The worker's version (always 1)", build);
+        let handler_gauges = HandlerGauges::default();
+        let gauges_source = handler_gauges.0.clone();
+        registry.register_collector(Box::new(handler_gauges));
         Self {
             registry,
             events,
@@ -186,6 +223,15 @@ impl Metrics {
             held: Mutex::default(),
             held_total: watch::Sender::new(0),
             queued_total: watch::Sender::new(0),
+            handler_gauges: gauges_source,
+        }
+    }
+
+    /// Exports the gauges `read` returns at each scrape (the handler's,
+    /// [`TaskHandler::gauges`](crate::TaskHandler::gauges)); only the first source counts.
+    pub fn report_gauges(&self, read: GaugeSource) {
+        if self.handler_gauges.set(read).is_err() {
+            tracing::warn!("a second source of handler gauges ignored");
         }
     }
 
@@ -496,5 +542,26 @@ mod tests {
         let other = snapshot("t2", TaskState::Running, 0);
         m.written(&other, &event(&other, EventType::StepStarted, 1));
         assert!(m.encode().contains(r#"ferry_tasks_in_flight{kind="test",state="running"} 0"#));
+    }
+
+    /// A handler's gauges are read at each scrape: a family without samples still has
+    /// its `# TYPE` line (alerts may name it), and each sample its labels.
+    #[test]
+    fn a_handlers_gauges_are_read_at_each_scrape() {
+        let m = Metrics::new();
+        assert!(!m.encode().contains("cluster_watches_failing"), "no source yet");
+        let failing = Arc::new(std::sync::atomic::AtomicI64::new(0));
+        let read = failing.clone();
+        m.report_gauges(Box::new(move || {
+            let n = read.load(std::sync::atomic::Ordering::SeqCst);
+            let samples = if n == 0 { Vec::new() } else { vec![(vec![("cluster", "member-1".to_owned())], n)] };
+            vec![GaugeFamily { name: "cluster_watches_failing", help: "Failing watches", samples }]
+        }));
+        let text = m.encode();
+        assert!(text.contains("# TYPE ferry_cluster_watches_failing gauge\n") && !text.contains("ferry_cluster_watches_failing{"), "{text}");
+        failing.store(2, std::sync::atomic::Ordering::SeqCst);
+        let text = m.encode();
+        assert!(text.contains("ferry_cluster_watches_failing{cluster=\"member-1\"} 2\n"), "{text}");
+        assert!(text.trim_end().ends_with("# EOF"), "{text}");
     }
 }

@@ -180,6 +180,8 @@ impl<H: TaskHandler> Worker<H> {
             .collect();
         crate::preflight::check(&opts.kafka, &needed, opts.preflight_limit).await?;
         let metrics = Arc::new(Metrics::new());
+        let gauges_of = handler.clone();
+        metrics.report_gauges(Box::new(move || gauges_of.gauges()));
         let ready = Arc::new(AtomicBool::new(false));
         let (view, view_thread) =
             StateView::start(&opts.kafka, &opts.topics.task_state(kind).name, Some(kind), registry.clone())?;

@@ -1,6 +1,7 @@
 //! A worker's metrics against the embedded broker: `ferry_tasks_in_flight` counts the tasks
 //! its runners hold, moves a task from `running` to `reverting`, and comes back to zero
-//! once they end; `ferry_task_duration_seconds` times each task by its outcome.
+//! once they end; `ferry_task_duration_seconds` times each task by its outcome; a
+//! handler's own gauges are exported beside them.
 
 mod support;
 
@@ -67,6 +68,56 @@ async fn tasks_in_flight_come_back_to_zero_when_their_runners_end() {
     assert!(text.contains(r#"ferry_task_duration_seconds_count{kind="test",outcome="Reverted"} 1"#), "{text}");
     assert!(text.contains(r#"ferry_task_duration_seconds_count{kind="test",outcome="Cancelled"} 1"#), "{text}");
     assert!(text.contains(&format!("ferry_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"))), "{text}");
+    token.cancel();
+    worker.await.unwrap();
+}
+
+/// A handler whose own gauge the worker exports: the test kind's, with one gauge.
+struct Gauged(TestHandler);
+
+impl ferry_runtime::TaskHandler for Gauged {
+    type Spec = TestTaskSpec;
+
+    fn kind(&self) -> ferry_runtime::TaskKind {
+        self.0.kind()
+    }
+
+    fn validate(&self, subject: &str, spec: &TestTaskSpec) -> Result<(), ferry_runtime::Rejection> {
+        self.0.validate(subject, spec)
+    }
+
+    fn targets(&self, subject: &str, spec: &TestTaskSpec) -> ferry_runtime::targets::Targets {
+        self.0.targets(subject, spec)
+    }
+
+    fn plan(&self, spec: &TestTaskSpec) -> Vec<std::sync::Arc<dyn ferry_runtime::Step<TestTaskSpec>>> {
+        self.0.plan(spec)
+    }
+
+    fn gauges(&self) -> Vec<ferry_runtime::gauges::GaugeFamily> {
+        vec![ferry_runtime::gauges::GaugeFamily { name: "cluster_watches_failing", help: "Failing watches", samples: vec![(vec![("cluster", "member-1".to_owned())], 1)] }]
+    }
+}
+
+/// The worker's `/metrics` carries its handler's gauges (the kube workers'
+/// `ferry_cluster_watches_failing{cluster}`) beside the runtime's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_exports_its_handlers_gauges() {
+    let broker = TestBroker::embedded();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let token = CancellationToken::new();
+    let (opts, t) = (broker.worker_options(), token.clone());
+    let worker = tokio::spawn(async move {
+        Worker::new(opts, Gauged(TestHandler::default()))
+            .run_with(t, move |h| {
+                let _ = tx.send(h);
+            })
+            .await
+            .expect("worker failed")
+    });
+    let text = rx.await.unwrap().metrics.encode();
+    assert!(text.contains(r#"ferry_cluster_watches_failing{cluster="member-1"} 1"#), "{text}");
+    assert!(text.contains("ferry_build_info"), "{text}");
     token.cancel();
     worker.await.unwrap();
 }

@@ -17,6 +17,7 @@
 pub mod children;
 pub mod codes;
 pub mod dry_run;
+pub mod gauges;
 pub mod ids;
 pub mod kind;
 pub mod limits;

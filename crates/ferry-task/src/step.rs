@@ -369,4 +369,10 @@ pub trait TaskHandler: Send + Sync + 'static {
 
     /// The steps of the task, in order. Same spec, same steps.
     fn plan(&self, spec: &Self::Spec) -> Vec<Arc<dyn Step<Self::Spec>>>;
+
+    /// This handler's own gauges, read at each scrape of the worker's `/metrics` (none by
+    /// default).
+    fn gauges(&self) -> Vec<crate::gauges::GaugeFamily> {
+        Vec::new()
+    }
 }

@@ -147,4 +147,10 @@ impl TaskHandler for ClusterHandler {
             ],
         }
     }
+
+    /// `ferry_cluster_watches_failing{cluster}`: the clusters this worker waits on whose
+    /// API servers do not answer its watches.
+    fn gauges(&self) -> Vec<ferry_task::gauges::GaugeFamily> {
+        self.inner.cfg.watches.gauges()
+    }
 }

@@ -106,4 +106,10 @@ impl TaskHandler for DeployHandler {
             Arc::new(Wait::new(i.clone(), ready)), // every component rolled out, the removed ones gone
         ]
     }
+
+    /// `ferry_cluster_watches_failing{cluster}`: the clusters this worker waits on whose
+    /// API servers do not answer its watches.
+    fn gauges(&self) -> Vec<ferry_task::gauges::GaugeFamily> {
+        self.inner.cfg.watches.gauges()
+    }
 }

@@ -351,6 +351,12 @@ impl TaskHandler for PeerHandler {
         }
         plan
     }
+
+    /// `ferry_cluster_watches_failing{cluster}`: the clusters this worker waits on whose
+    /// API servers do not answer its watches.
+    fn gauges(&self) -> Vec<ferry_task::gauges::GaugeFamily> {
+        self.inner.cfg.watches.gauges()
+    }
 }
 
 #[cfg(test)]

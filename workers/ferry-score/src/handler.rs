@@ -109,4 +109,10 @@ impl TaskHandler for ScoreHandler {
             Arc::new(Publish::new(i.clone())), // AddOnPlacementScores and the scores topic
         ]
     }
+
+    /// `ferry_cluster_watches_failing{cluster}`: the clusters this worker waits on whose
+    /// API servers do not answer its watches.
+    fn gauges(&self) -> Vec<ferry_task::gauges::GaugeFamily> {
+        self.inner.cfg.watches.gauges()
+    }
 }

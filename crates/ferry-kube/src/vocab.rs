@@ -50,6 +50,10 @@ pub mod liqo {
     pub const TYPE_LABEL: &str = "liqo.io/type";
     /// See [`TYPE_LABEL`].
     pub const TYPE_VIRTUAL_NODE: &str = "virtual-node";
+    /// Label (value `true`) the virtual kubelet puts on a local pod it offloaded
+    /// (`pkg/consts/replication.go`, `LocalPodLabelKey`; `pkg/virtualKubelet/forge/pods.go`,
+    /// `LocalPodOffloadedLabel`): the pods a VirtualNode's deletion drains (`drain.go`).
+    pub const SHADOW_POD_LABEL: &str = "liqo.io/shadowPod";
     /// The Secret in Liqo's namespace with the cluster's authentication keys, fields
     /// `privateKey` (PKCS #8 PEM) and `publicKey` (PKIX PEM) (`pkg/consts/authentication.go`,
     /// `pkg/liqo-controller-manager/authentication/keys.go`).

@@ -455,7 +455,7 @@ where
                     Check::Pending(why) | Check::Recheck(why, _) => last = format!("{why} (read from the API server: the {e})"),
                 },
                 Ok(Err(why)) => last = format!("{why} (the {e})"),
-                Err(_) => last = format!("no answer from the API server to a list of {what}'s kind (the {e})"),
+                Err(_) => last = format!("the API server did not answer a list of {} before the deadline (the {e})", scope.resource_url()),
             }
             until = deadline.min(tokio::time::Instant::now() + POLL_WHILE_FAILING);
         } else if shared.store.wait_until_ready().now_or_never_ready() {

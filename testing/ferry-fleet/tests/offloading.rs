@@ -5,7 +5,9 @@
 //! Liqo's pod webhook mutates so that the real scheduler sends the overflow to that
 //! provider's virtual node only, where the emulated virtual kubelet runs it; deletion
 //! taking everything back (the label first); a provider whose twin namespaces cannot be
-//! created; an unpeering that waits for Liqo's teardown through its finalizers.
+//! created; an unpeering that waits for Liqo's teardown through its finalizers, and for
+//! the drain of the provider's virtual node, which a PodDisruptionBudget holds (the
+//! unpeer says so) until it goes.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -15,7 +17,7 @@ use ferry_fleet::NodeFlavor;
 use ferry_fleet::emulated_liqo::NOT_ALLOWED_TAINT;
 use ferry_fleet::emulated_liqo::authentication::VK_REMOTE_ROLE;
 use ferry_fleet::emulated_liqo::resources::{REPLICATOR_FINALIZER, VIRTUAL_NODE_FINALIZER, namespace_map_resource};
-use ferry_kube::vocab::liqo::REPLICATION_DESTINATION_LABEL;
+use ferry_kube::vocab::liqo::{REPLICATION_DESTINATION_LABEL, SHADOW_POD_LABEL};
 use ferry_fleet::emulated_offloading::namespace_maps::{self, MANAGED_BY_ANNOTATION, ORIGINAL_NAME_ANNOTATION};
 use ferry_fleet::emulated_offloading::{
     FINALIZER, OffloadingKnobs, REFLECTION_DESTINATION_LABEL, REFLECTION_ORIGIN_LABEL, REMOTE_ID_LABEL, SCHEDULING_LABEL, VIRTUAL_NODE_SELECTOR,
@@ -35,6 +37,9 @@ use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(120);
 const CONSUMER: &str = "member-1";
+/// How long the peer worker waits for Liqo's objects to go: the drain a budget holds
+/// fails the unpeer after this.
+const REMOVAL_BOUND: Duration = Duration::from_secs(45);
 
 /// Watches `api` until `done` holds for what it lists, within [`WAIT`]; what it listed last.
 async fn wait_for<K>(what: &str, api: Api<K>, dyntype: K::DynamicType, config: watcher::Config, done: impl Fn(&[Arc<K>]) -> bool) -> Vec<Arc<K>>
@@ -172,7 +177,7 @@ async fn namespaces_offload_pods_overflow_to_the_provider_and_deletion_takes_the
     else {
         return;
     };
-    bed.run_worker(PeerHandler::new(PeerConfig::new(bed.clusters.clone())));
+    bed.run_worker(PeerHandler::new(PeerConfig { removal_timeout: REMOVAL_BOUND, ..PeerConfig::new(bed.clusters.clone()) }));
     let (m1, m2, m3) = (bed.cluster("member-1").await, bed.cluster("member-2").await, bed.cluster("member-3").await);
     let to_member_2 = peer(&bed, "member-2").await;
     peer(&bed, "member-3").await;
@@ -310,6 +315,31 @@ async fn namespaces_offload_pods_overflow_to_the_provider_and_deletion_takes_the
     let taken = Api::<Namespace>::all(m2.clone()).get("taken").await.unwrap();
     assert!(!taken.metadata.annotations.unwrap_or_default().contains_key(MANAGED_BY_ANNOTATION), "the foreign namespace is not taken over");
 
+    // Pods offloaded to member-2 under a PodDisruptionBudget that allows no eviction: Liqo
+    // drains member-2's virtual node before it deletes it, and the budget holds the drain.
+    namespace(&m1, "shop").await;
+    let shop_spec = json!({"clusterSelector": only("member-2"), "namespaceMappingStrategy": "DefaultName", "podOffloadingStrategy": "Remote"});
+    apply(&m1, &namespace_offloading_resource(), offloading("shop", shop_spec)).await;
+    phase(&m1, "shop", "Ready").await;
+    let shop = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "shop", "namespace": "shop"},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "shop"}},
+                 "template": {"metadata": {"labels": {"app": "shop"}},
+                              "spec": {"containers": [{"name": "shop", "image": "nginx:1.25", "resources": {"requests": {"cpu": "100m"}}}]}}}});
+    apply(&m1, &dynamic("apps", "v1", "Deployment", "deployments"), shop).await;
+    let two_ready = |l: &[Arc<Deployment>]| l.iter().any(|d| d.status.as_ref().and_then(|s| s.ready_replicas) == Some(2));
+    wait_for("2 ready shop replicas", Api::namespaced(m1.clone(), "shop"), (), by_name("shop"), two_ready).await;
+    let shop_pods = Api::<Pod>::namespaced(m1.clone(), "shop").list(&ListParams::default()).await.unwrap().items;
+    for p in &shop_pods {
+        assert_eq!(node_of(p), vnode["member-2"], "{:?} is offloaded (Remote)", p.metadata.name);
+        let labels = p.metadata.labels.clone().unwrap_or_default();
+        assert_eq!(labels.get(SHADOW_POD_LABEL).map(String::as_str), Some("true"), "the virtual kubelet marks what it offloads: {labels:?}");
+    }
+    // The test bed's Kubernetes (1.20) serves budgets as policy/v1beta1 only.
+    let budgets = dynamic("policy", "v1beta1", "PodDisruptionBudget", "poddisruptionbudgets");
+    let budget = json!({"apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget", "metadata": {"name": "hold", "namespace": "shop"},
+        "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "shop"}}}});
+    apply(&m1, &budgets, budget).await;
+
     // Unpeering member-2 follows Liqo's teardown. The consumer's slice and map toward it
     // carry the CRD replicator's finalizer, its VirtualNode the VirtualNode controller's.
     let slices = dynamic("authentication.liqo.io", "v1beta1", "ResourceSlice", "resourceslices");
@@ -338,7 +368,29 @@ async fn namespaces_offload_pods_overflow_to_the_provider_and_deletion_takes_the
     assert!(held.metadata.deletion_timestamp.is_some() && has(&held, REPLICATOR_FINALIZER), "the consumer's slice waits for its copy: {:?}", held.metadata);
     assert!(vn_api.get_opt(&slice_name).await.unwrap().is_some(), "the VirtualNode stays while its slice does");
     copies.patch(&slice_name, &PatchParams::default(), &Patch::Merge(&hold(json!([])))).await.unwrap();
+    // The budget holds the drain: the unpeer's wait for the VirtualNode runs out
+    // (`REMOVAL_BOUND`) and says which pods are left and which budget holds them.
     let evs = events.until(to_member_2, WAIT, |e| e.event.is_final()).await.expect("the unpeering ends");
+    let summary = ferry_runtime::report::summary(&evs);
+    assert_eq!(evs.last().map(|e| e.event), Some(EventType::RevertFailed), "{summary}");
+    assert!(
+        summary.contains("Liqo is draining virtual node member-2: 2 offloaded pod(s) left on it (shop/shop-")
+            && summary.contains("PodDisruptionBudget shop/hold allows no disruption"),
+        "{summary}"
+    );
+    // Liqo's drain as upstream's: the Node cordoned, the VirtualNode `Draining`, the pods there.
+    let cordoned = Api::<Node>::all(m1.clone()).get(&vnode["member-2"]).await.unwrap();
+    assert_eq!(cordoned.spec.and_then(|s| s.unschedulable), Some(true), "member-2's virtual node is cordoned");
+    let draining = vn_api.get(&slice_name).await.unwrap();
+    let conditions = draining.data.pointer("/status/conditions").cloned().unwrap_or_default();
+    assert!(conditions.as_array().is_some_and(|cs| cs.iter().any(|c| c["type"] == "Node" && c["status"] == "Draining")), "{conditions}");
+    let left = Api::<Pod>::namespaced(m1.clone(), "shop").list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(left.iter().filter(|p| node_of(p) == vnode["member-2"] && p.metadata.deletion_timestamp.is_none()).count(), 2, "no pod evicted under the budget");
+    // Without the budget the drain goes on by itself; a second revert completes the unpeer.
+    Api::<DynamicObject>::namespaced_with(m1.clone(), "shop", &budgets).delete("hold", &DeleteParams::default()).await.unwrap();
+    let failed_at = evs.last().map_or(0, |e| e.seq);
+    bed.client().revert(to_member_2).await.unwrap();
+    let evs = events.until(to_member_2, WAIT, |e| e.event.is_final() && e.seq > failed_at).await.expect("the unpeering ends");
     assert_eq!(evs.last().map(|e| e.event), Some(EventType::Reverted), "{}", ferry_runtime::report::summary(&evs));
     // Once the revert ends the teardown is done: no slice, VirtualNode, Node or map toward
     // member-2, and no twin namespace left on it.

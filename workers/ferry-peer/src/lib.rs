@@ -7,12 +7,14 @@
 //!
 //! - [`spec`]: the command (`PeerClusters`: peer, unpeer, force-unpeer).
 //! - [`liqo`]: the Liqo objects (pure).
+//! - [`drain`]: what holds a virtual node's drain (an unpeer's wait says it).
 //! - [`handshake`]: the consumer's CSR and Tenant proof from its keys (liqoctl authenticate).
 //! - [`submariner`]: the OCM objects of a Submariner peering (pure).
 //! - [`handler`]: the handler, what steps share, and the plan.
 //! - [`steps`]: the steps, one module each, with their typed outputs.
 //! - [`preview`]: a command's dry run (its checks; a Submariner peering's hub objects judged).
 
+mod drain;
 pub mod handler;
 pub mod handshake;
 pub mod liqo;

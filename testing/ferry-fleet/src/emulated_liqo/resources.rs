@@ -31,13 +31,16 @@
 //!   with the provider's id, tainted `virtual-node.liqo.io/not-allowed=true:NoExecute`,
 //!   Ready with the slice's resources. Nodes whose VirtualNode is gone go. A VirtualNode
 //!   gets `virtualnode-controller.liqo.io/finalizer` (`virtualnode-controller/`); being
-//!   deleted, its Node goes, then the NamespaceMaps toward its cluster when it was the
-//!   cluster's last, then the finalizer (`deletion-routine.go`).
+//!   deleted (`deletion-routine.go`), its Node is cordoned and drained: the pods the
+//!   virtual kubelet offloaded onto it are evicted (PodDisruptionBudgets hold them), or
+//!   deleted at once when the provider is dead (`drain.go`); once they are gone the Node
+//!   goes, then the NamespaceMaps toward its cluster when it was the cluster's last, then
+//!   the finalizer.
 
 use std::collections::{BTreeMap, HashSet};
 
 use k8s_openapi::api::core::v1::{Node, Pod, Secret};
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, EvictParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 use super::authentication::{IDENTITY_TYPE_LABEL, REMOTE_TENANT_NAMESPACE_ANNOTATION, auth, authenticated_toward, issue, private_key};
@@ -45,7 +48,7 @@ use super::{MANAGER, Member, apply, ar, event, keys, name_of, now, ns_of, set_st
 use crate::emulate::finalizer_patch;
 use ferry_kube::quantity::{millicores, units};
 use ferry_kube::vocab::liqo::{
-    CREATE_VIRTUAL_NODE_ANNOTATION, REMOTE_ID_LABEL, REPLICATION_DESTINATION_LABEL, REPLICATION_LABEL, TYPE_LABEL, TYPE_VIRTUAL_NODE,
+    CREATE_VIRTUAL_NODE_ANNOTATION, REMOTE_ID_LABEL, REPLICATION_DESTINATION_LABEL, REPLICATION_LABEL, SHADOW_POD_LABEL, TYPE_LABEL, TYPE_VIRTUAL_NODE,
 };
 
 /// Label on a replicated copy: the cluster it came from (`pkg/consts/replication.go`).
@@ -357,13 +360,26 @@ async fn stop_reflections(
 pub const VIRTUAL_NODE_FINALIZER: &str = "virtualnode-controller.liqo.io/finalizer";
 
 /// The VirtualNode controller's deletion routine on a VirtualNode being deleted
-/// (`deletion-routine.go`, `handle`): its Node goes, then, when it is the last
-/// VirtualNode of its cluster, the NamespaceMaps toward that cluster are deleted (not
-/// awaited: `namespacemap.go`, `ensureNamespaceMapAbsence`), then the finalizer. The
-/// Node's cordon and drain are not emulated: its pods are the virtual kubelet's to reflect.
-async fn virtual_node_deletion(m: &Member, here: &Api<DynamicObject>, nodes: &Api<Node>, vn: &DynamicObject, all: &[DynamicObject]) -> Result<(), kube::Error> {
-    let Some(patch) = finalizer_patch(&vn.metadata, VIRTUAL_NODE_FINALIZER, false) else { return Ok(()) };
-    crate::emulate::absent(nodes.delete(&name_of(vn), &DeleteParams::default()).await)?;
+/// (`deletion-routine.go`, `handle`): the VirtualNode's `Node` condition says `Draining`,
+/// its Node is cordoned and drained ([`drain`]) and, once no pod is left on it, deleted;
+/// then, when it is the last VirtualNode of its cluster, the NamespaceMaps toward that
+/// cluster are deleted (not awaited: `namespacemap.go`, `ensureNamespaceMapAbsence`),
+/// then the finalizer. Returns whether the Node is to be kept (still draining).
+async fn virtual_node_deletion(m: &Member, here: &Api<DynamicObject>, nodes: &Api<Node>, vn: &DynamicObject, all: &[DynamicObject]) -> Result<bool, kube::Error> {
+    let Some(patch) = finalizer_patch(&vn.metadata, VIRTUAL_NODE_FINALIZER, false) else { return Ok(false) };
+    let node = name_of(vn);
+    if nodes.get_opt(&node).await?.is_some() {
+        let draining = json!({"status": {"conditions": [{"type": "Node", "status": "Draining", "lastTransitionTime": now()}]}});
+        let already = vn.data.pointer("/status/conditions").and_then(Value::as_array).is_some_and(|cs| cs.iter().any(|c| c["type"] == "Node" && c["status"] == "Draining"));
+        if !already {
+            here.patch_status(&node, &PatchParams::default(), &Patch::Merge(&draining)).await?;
+        }
+        let provider = vn.data.pointer("/spec/clusterID").and_then(Value::as_str).unwrap_or_default();
+        if !drain(m, nodes, &node, provider).await? {
+            return Ok(true);
+        }
+    }
+    crate::emulate::absent(nodes.delete(&node, &DeleteParams::default()).await)?;
     let cluster = vn.data.pointer("/spec/clusterID").and_then(Value::as_str).unwrap_or_default();
     if all.iter().filter(|v| v.data.pointer("/spec/clusterID").and_then(Value::as_str) == Some(cluster)).count() == 1 {
         let maps: Api<DynamicObject> = Api::all_with(m.client.clone(), &namespace_map_resource());
@@ -379,7 +395,54 @@ async fn virtual_node_deletion(m: &Member, here: &Api<DynamicObject>, nodes: &Ap
         }
     }
     here.patch(&name_of(vn), &PatchParams::default(), &Patch::Merge(&patch)).await?;
-    Ok(())
+    Ok(false)
+}
+
+/// The deletion routine's cordon and drain of a virtual node (`cordon.go`, `cordonNode`;
+/// `drain.go`, `drainNode`): the Node is made unschedulable; the pods on it that the
+/// virtual kubelet offloaded ([`SHADOW_POD_LABEL`]), but those of a DaemonSet and mirror
+/// pods, are evicted through the Eviction API, so a PodDisruptionBudget holds them (its
+/// refusal, 429, fails the pass, retried as upstream's rate-limited requeue), or deleted
+/// at once without grace when the provider is dead (`foreigncluster.IsDead`; no
+/// ForeignCluster counts as dead). Returns whether none is left: upstream waits for each
+/// evicted pod to be deleted (the virtual kubelet's part) before it deletes the Node.
+async fn drain(m: &Member, nodes: &Api<Node>, node: &str, provider: &str) -> Result<bool, kube::Error> {
+    if nodes.get(node).await?.spec.and_then(|s| s.unschedulable) != Some(true) {
+        nodes.patch(node, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"unschedulable": true}}))).await?;
+    }
+    let lp = ListParams::default().fields(&format!("spec.nodeName={node}")).labels(&format!("{SHADOW_POD_LABEL}=true"));
+    let pods: Vec<Pod> = Api::<Pod>::all(m.client.clone())
+        .list(&lp)
+        .await?
+        .items
+        .into_iter()
+        .filter(|p| !p.metadata.owner_references.iter().flatten().any(|o| o.kind == "DaemonSet"))
+        .filter(|p| !p.metadata.annotations.as_ref().is_some_and(|a| a.contains_key("kubernetes.io/config.mirror")))
+        .collect();
+    if pods.is_empty() {
+        return Ok(true);
+    }
+    let fcs = Api::<DynamicObject>::all_with(m.client.clone(), &foreign_cluster_resource());
+    let fc = fcs.list(&ListParams::default().labels(&format!("{REMOTE_ID_LABEL}={provider}"))).await?.items.into_iter().next();
+    let dead = fc.as_ref().is_none_or(is_dead);
+    for p in pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none() || dead) {
+        let (ns, name) = (p.metadata.namespace.clone().unwrap_or_default(), p.metadata.name.clone().unwrap_or_default());
+        let api: Api<Pod> = Api::namespaced(m.client.clone(), &ns);
+        if dead {
+            crate::emulate::absent(api.delete(&name, &DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() }).await)?;
+            continue;
+        }
+        match api.evict(&name, &EvictParams::default()).await {
+            // A PodDisruptionBudget refuses it: upstream's `evictPods` stops at the first
+            // refusal and the routine is requeued; the other VirtualNodes go on meanwhile.
+            Err(kube::Error::Api(e)) if e.code == 429 => {
+                tracing::debug!(member = %m.name, pod = %format!("{ns}/{name}"), reason = %e.message, "emulated Liqo: eviction refused");
+                break;
+            }
+            r => crate::emulate::absent(r)?,
+        }
+    }
+    Ok(false)
 }
 
 /// The CRD replicator's finalizer on the local objects it copies (`reflection/handler.go`):
@@ -576,7 +639,9 @@ pub(super) async fn virtual_nodes(m: &Member) -> Result<(), kube::Error> {
     for vn in &all_vns {
         let here: Api<DynamicObject> = Api::namespaced_with(m.client.clone(), &ns_of(vn), &vn_res);
         if vn.metadata.deletion_timestamp.is_some() {
-            virtual_node_deletion(m, &here, &nodes, vn, &all_vns).await?;
+            if virtual_node_deletion(m, &here, &nodes, vn, &all_vns).await? {
+                wanted.insert(name_of(vn));
+            }
             continue;
         }
         // `virtualnode_controller.go`, `Reconcile`: the finalizer first.

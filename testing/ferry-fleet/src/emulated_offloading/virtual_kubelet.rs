@@ -3,7 +3,8 @@
 //! name) is reflected into its namespace's remote namespace on the provider, once the
 //! provider's NamespaceMap controller has made it (the mapping `Accepted`); the provider's
 //! scheduler and emulated kubelet run it; the remote status is mirrored onto the local pod;
-//! deletions propagate both ways. While a selected provider's remote namespace is not
+//! deletions propagate both ways; a pod it offloads is labelled `liqo.io/shadowPod=true`
+//! (`podns.go`, `HandleLabels`), what a VirtualNode's drain selects. While a selected provider's remote namespace is not
 //! there (being made, or failing), the pod waits, bound and Pending; a pod on a provider no
 //! longer selected, or in a namespace no longer offloaded, is deleted (its controller
 //! re-creates it).
@@ -30,6 +31,7 @@ use serde_json::{Value, json};
 
 use super::{Member, Memory, NOT_ALLOWED_TAINT, Offload, label, logged};
 use super::namespace_maps::ORIGINAL_NAME_ANNOTATION;
+use ferry_kube::vocab::liqo::SHADOW_POD_LABEL;
 
 /// Label of a reflected object: the cluster it comes from (`forge/meta.go`, `LiqoOriginClusterIDKey`).
 pub const REFLECTION_ORIGIN_LABEL: &str = "offloading.liqo.io/origin";
@@ -97,6 +99,12 @@ pub(super) async fn pods(consumer: &Member, members: &[Member], offloads: &BTree
             }
             continue;
         };
+        // `podns.go`, `HandleLabels`: a pod the virtual kubelet offloads is labelled so
+        // before it is reflected (a VirtualNode's drain selects these).
+        if label(&pod.metadata, SHADOW_POD_LABEL) != Some("true") {
+            let labelled = json!({"metadata": {"labels": {SHADOW_POD_LABEL: "true"}}});
+            logged(&consumer.name, || format!("labelling pod {ns}/{name} offloaded"), api.patch(&name, &PatchParams::default(), &Patch::Merge(&labelled)).await);
+        }
         let current = mine.iter().find(|r| {
             r.metadata.namespace.as_deref() == Some(rns)
                 && r.metadata.annotations.as_ref().and_then(|a| a.get(ORIGIN_POD_UID_ANNOTATION)) == Some(&uid)

@@ -109,8 +109,9 @@ impl ObjectSet for Resources {
     /// What liqoctl unpeer's `disableOffloading` awaits (`pkg/liqoctl/unpeer/utils.go`): the
     /// ResourceSlice absent (the CRD replicator lets it go once its copy on the provider
     /// has: `internal/crdReplicator/reflection/handler.go`), then the VirtualNode (its
-    /// controller lets it go once its Node is deleted and its NamespaceMaps are asked to
-    /// go: `virtualnode-controller/deletion-routine.go`) and its Node. Then, beyond
+    /// controller lets it go once its Node is drained and deleted and its NamespaceMaps
+    /// are asked to go: `virtualnode-controller/deletion-routine.go`; a wait that runs out
+    /// says what holds the drain, [`crate::drain`]) and its Node. Then, beyond
     /// liqoctl, the NamespaceMaps toward the provider absent: each goes once the provider
     /// deleted the twin namespaces it made, which needs the replication the next undo
     /// (authentication) removes, so an unpeer leaves no twin namespace behind.
@@ -121,7 +122,16 @@ impl ObjectSet for Resources {
             let (w, ns, timeout) = (&inner.cfg.watches, Some(r.at_consumer.namespace.as_str()), inner.cfg.removal_timeout);
             let removal = |e| wait_err(codes::REMOVAL, e);
             w.wait_deleted::<LiqoResourceSlice>(&r.consumer, &client, ns, &r.provider_id, timeout).await.map_err(removal)?;
-            w.wait_deleted::<LiqoVirtualNode>(&r.consumer, &client, ns, &r.provider_id, timeout).await.map_err(removal)?;
+            if let Err(e) = w.wait_deleted::<LiqoVirtualNode>(&r.consumer, &client, ns, &r.provider_id, timeout).await {
+                // Liqo drains the virtual node first: say what holds the drain, if anything.
+                let mut err = removal(e);
+                match crate::drain::held_by(&client, &liqo::virtual_node_name(&r.provider_id)).await {
+                    Ok(Some(why)) => err.message = format!("{}; {why}", err.message),
+                    Ok(None) => {}
+                    Err(e) => tracing::debug!(error = %e, "reading what holds the virtual node's drain"),
+                }
+                return Err(err);
+            }
             w.wait_deleted::<Node>(&r.consumer, &client, None, &liqo::virtual_node_name(&r.provider_id), timeout).await.map_err(removal)?;
             let what = format!("the NamespaceMaps toward {}", r.provider_id);
             w.wait_store::<LiqoNamespaceMap, ()>(&r.consumer, &client, ns, &what, timeout, |maps| {

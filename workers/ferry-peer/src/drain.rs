@@ -7,9 +7,11 @@
 //! not of a DaemonSet; `pkg/liqo-controller-manager/offloading/virtualnode-controller/
 //! drain.go`), waiting for each to be deleted. An eviction a PodDisruptionBudget refuses
 //! is retried for ever, so an unpeer of a consumer running such a workload on the provider
-//! waits until the budget allows it; only the controller's log says why.
+//! waits until the budget allows it; only the controller's log says why. The unpeer
+//! says it: in a StepProgress while it waits ([`saying_what_holds`]) and in its failure.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use ferry_kube::vocab::liqo::SHADOW_POD_LABEL;
 use k8s_openapi::api::core::v1::Pod;
@@ -19,6 +21,34 @@ use kube::core::{Selector, SelectorExt};
 
 /// How many pods a message names before it says how many more there are.
 const NAMED: usize = 5;
+
+/// How often a wait for a draining virtual node looks at what holds it.
+pub(crate) const LOOK_EVERY: Duration = Duration::from_secs(20);
+
+/// Runs `wait` (for the VirtualNode of `node` to go) and, every [`LOOK_EVERY`] while it
+/// lasts, says through `progress` what holds the node's drain when that changed: a user
+/// following the unpeer learns of a budget holding it long before the wait's bound.
+pub(crate) async fn saying_what_holds<T>(client: &kube::Client, node: &str, wait: impl Future<Output = T>, progress: &(dyn Fn(String) + Send + Sync)) -> T {
+    let look = async {
+        let mut said = None;
+        let mut every = tokio::time::interval_at(tokio::time::Instant::now() + LOOK_EVERY, LOOK_EVERY);
+        loop {
+            every.tick().await;
+            match held_by(client, node).await {
+                Ok(Some(why)) if said.as_ref() != Some(&why) => {
+                    progress(why.clone());
+                    said = Some(why);
+                }
+                Ok(_) => {}
+                Err(e) => tracing::debug!(error = %e, node, "reading what holds a virtual node's drain"),
+            }
+        }
+    };
+    tokio::select! {
+        done = wait => done,
+        never = look => never,
+    }
+}
 
 /// Why virtual node `node` on the consumer (`client`) is not gone, when pods are left on
 /// it: those pods, and the budgets in their namespaces that allow no disruption of any of

@@ -29,6 +29,9 @@ use crate::spec::PeerClusters;
 
 use super::liqo_check::Ids;
 
+/// Where an undo's wait says what holds it: a StepProgress message.
+pub(crate) type Progress<'a> = &'a (dyn Fn(String) + Send + Sync);
+
 /// Objects a step applies, with the waits that follow applying and deleting them.
 pub(crate) trait ObjectSet: Send + Sync {
     /// The step's name.
@@ -43,8 +46,9 @@ pub(crate) trait ObjectSet: Send + Sync {
         async { Ok(json!({})) }.boxed()
     }
 
-    /// Waits until what the objects made is gone.
-    fn gone<'a>(&'a self, _inner: &'a Inner, _p: &'a PeerClusters, _ids: &'a Ids) -> BoxFuture<'a, Result<(), StepError>> {
+    /// Waits until what the objects made is gone, saying through `progress` what holds a
+    /// long wait.
+    fn gone<'a>(&'a self, _inner: &'a Inner, _p: &'a PeerClusters, _ids: &'a Ids, _progress: Progress<'a>) -> BoxFuture<'a, Result<(), StepError>> {
         async { Ok(()) }.boxed()
     }
 }
@@ -96,7 +100,8 @@ impl<T: ObjectSet> Step<PeerClusters> for Applies<T> {
             for (cluster, o) in self.set.objects(cx.spec, &ids).iter().rev() {
                 self.inner.delete_own(cluster, o, &pair).await?;
             }
-            self.set.gone(&self.inner, cx.spec, &ids).await?;
+            let report = |message: String| cx.progress(90, message);
+            self.set.gone(&self.inner, cx.spec, &ids, &report).await?;
             cx.progress(100, format!("{} removed", self.set.name()));
             Ok(())
         }

@@ -15,7 +15,7 @@ use futures::future::BoxFuture;
 use serde_json::Value;
 
 use super::liqo_check::Ids;
-use super::objects::ObjectSet;
+use super::objects::{ObjectSet, Progress};
 use crate::handler::Inner;
 use crate::liqo;
 use crate::spec::PeerClusters;
@@ -37,7 +37,7 @@ impl ObjectSet for Prepare {
             .collect()
     }
 
-    fn gone<'a>(&'a self, inner: &'a Inner, p: &'a PeerClusters, ids: &'a Ids) -> BoxFuture<'a, Result<(), StepError>> {
+    fn gone<'a>(&'a self, inner: &'a Inner, p: &'a PeerClusters, ids: &'a Ids, _: Progress<'a>) -> BoxFuture<'a, Result<(), StepError>> {
         async move {
             for (cluster, to) in ids.sides(p) {
                 if ids.namespace_kept(p, cluster) {

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::liqo_check::Ids;
-use super::objects::ObjectSet;
+use super::objects::{ObjectSet, Progress};
 use super::{LiqoNamespaceMap, LiqoResourceSlice, LiqoVirtualNode, roles};
 use crate::handler::Inner;
 use crate::liqo;
@@ -115,17 +115,20 @@ impl ObjectSet for Resources {
     /// liqoctl, the NamespaceMaps toward the provider absent: each goes once the provider
     /// deleted the twin namespaces it made, which needs the replication the next undo
     /// (authentication) removes, so an unpeer leaves no twin namespace behind.
-    fn gone<'a>(&'a self, inner: &'a Inner, p: &'a PeerClusters, ids: &'a Ids) -> BoxFuture<'a, Result<(), StepError>> {
+    fn gone<'a>(&'a self, inner: &'a Inner, p: &'a PeerClusters, ids: &'a Ids, progress: Progress<'a>) -> BoxFuture<'a, Result<(), StepError>> {
         async move {
             let r = roles(p, ids, self.reverse);
             let Ok(client) = inner.cfg.clusters.client(&r.consumer).await else { return Ok(()) };
             let (w, ns, timeout) = (&inner.cfg.watches, Some(r.at_consumer.namespace.as_str()), inner.cfg.removal_timeout);
             let removal = |e| wait_err(codes::REMOVAL, e);
             w.wait_deleted::<LiqoResourceSlice>(&r.consumer, &client, ns, &r.provider_id, timeout).await.map_err(removal)?;
-            if let Err(e) = w.wait_deleted::<LiqoVirtualNode>(&r.consumer, &client, ns, &r.provider_id, timeout).await {
-                // Liqo drains the virtual node first: say what holds the drain, if anything.
+            // Liqo drains the virtual node first: what holds the drain is said while the
+            // wait lasts, and in its failure.
+            let node = liqo::virtual_node_name(&r.provider_id);
+            let vn_gone = w.wait_deleted::<LiqoVirtualNode>(&r.consumer, &client, ns, &r.provider_id, timeout);
+            if let Err(e) = crate::drain::saying_what_holds(&client, &node, vn_gone, progress).await {
                 let mut err = removal(e);
-                match crate::drain::held_by(&client, &liqo::virtual_node_name(&r.provider_id)).await {
+                match crate::drain::held_by(&client, &node).await {
                     Ok(Some(why)) => err.message = format!("{}; {why}", err.message),
                     Ok(None) => {}
                     Err(e) => tracing::debug!(error = %e, "reading what holds the virtual node's drain"),

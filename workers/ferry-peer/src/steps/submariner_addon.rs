@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::liqo_check::Ids;
-use super::objects::ObjectSet;
+use super::objects::{ObjectSet, Progress};
 use crate::handler::Inner;
 use crate::spec::PeerClusters;
 use crate::{liqo, submariner};
@@ -71,7 +71,7 @@ impl ObjectSet for Addon {
         .boxed()
     }
 
-    fn gone<'a>(&'a self, inner: &'a Inner, p: &'a PeerClusters, _: &'a Ids) -> BoxFuture<'a, Result<(), StepError>> {
+    fn gone<'a>(&'a self, inner: &'a Inner, p: &'a PeerClusters, _: &'a Ids, _: Progress<'a>) -> BoxFuture<'a, Result<(), StepError>> {
         async move {
             let hub = inner.cfg.clusters.hub().clone();
             for c in [&p.a, &p.b] {

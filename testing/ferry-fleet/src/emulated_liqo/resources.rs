@@ -402,7 +402,8 @@ async fn virtual_node_deletion(m: &Member, here: &Api<DynamicObject>, nodes: &Ap
 /// `drain.go`, `drainNode`): the Node is made unschedulable; the pods on it that the
 /// virtual kubelet offloaded ([`SHADOW_POD_LABEL`]), but those of a DaemonSet and mirror
 /// pods, are evicted through the Eviction API, so a PodDisruptionBudget holds them (its
-/// refusal, 429, fails the pass, retried as upstream's rate-limited requeue), or deleted
+/// refusal, 429, ends this node's drain for the pass; the next pass tries again, as
+/// upstream's rate-limited requeue does), or deleted
 /// at once without grace when the provider is dead (`foreigncluster.IsDead`; no
 /// ForeignCluster counts as dead). Returns whether none is left: upstream waits for each
 /// evicted pod to be deleted (the virtual kubelet's part) before it deletes the Node.

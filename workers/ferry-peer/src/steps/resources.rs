@@ -110,8 +110,9 @@ impl ObjectSet for Resources {
     /// ResourceSlice absent (the CRD replicator lets it go once its copy on the provider
     /// has: `internal/crdReplicator/reflection/handler.go`), then the VirtualNode (its
     /// controller lets it go once its Node is drained and deleted and its NamespaceMaps
-    /// are asked to go: `virtualnode-controller/deletion-routine.go`; a wait that runs out
-    /// says what holds the drain, [`crate::drain`]) and its Node. Then, beyond
+    /// are asked to go: `virtualnode-controller/deletion-routine.go`; while the wait lasts,
+    /// and in its failure, it says what holds the drain, [`crate::drain`]) and its Node.
+    /// Then, beyond
     /// liqoctl, the NamespaceMaps toward the provider absent: each goes once the provider
     /// deleted the twin namespaces it made, which needs the replication the next undo
     /// (authentication) removes, so an unpeer leaves no twin namespace behind.

@@ -370,6 +370,8 @@ struct Memory {
     /// Every virtual node seen (by its labels) → its provider, so pods still bound to one
     /// that is gone (an unpeer) are known as offloaded.
     virtual_nodes: HashMap<String, String>,
+    /// As a provider: the NamespaceMaps whose last reconcile failed, and when to try again.
+    requeues: namespace_maps::Requeues,
 }
 
 async fn tick(members: &[Member], me: usize, fails: bool, memory: &mut Memory) {
@@ -378,7 +380,7 @@ async fn tick(members: &[Member], me: usize, fails: bool, memory: &mut Memory) {
         tracing::debug!(cluster = %this.name, "emulated offloading: caches not synced yet");
         return;
     }
-    namespace_maps::reconcile_as_provider(this, fails).await;
+    namespace_maps::reconcile_as_provider(this, fails, &mut memory.requeues).await;
     namespace_maps::ensure_presence(this).await;
     let mut offloads = BTreeMap::new();
     for nso in this.offloadings.state() {

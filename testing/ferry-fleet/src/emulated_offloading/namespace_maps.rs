@@ -24,10 +24,15 @@
 //!   written keeps an `Accepted` mapping and fails a new one. Mappings no longer desired
 //!   have their namespace deleted (`Terminating` until it is gone, then dropped;
 //!   `ensureNamespacesDeletion`); a deleted map deletes all of them before its finalizer
-//!   goes (`NamespaceMapDeletionProcess`). [`super::OffloadingKnobs::fails`] makes every
-//!   creation on a provider fail.
+//!   goes (`NamespaceMapDeletionProcess`). A map whose namespaces could not all be
+//!   enforced is reconciled again as controller-runtime requeues a failed key
+//!   ([`Requeues`]): with per-item exponential backoff, or at once when the map changes.
+//!   [`super::OffloadingKnobs::fails`] makes every creation on a provider fail.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
+
+use backon::BackoffBuilder;
 
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::rbac::v1::RoleBinding;
@@ -119,9 +124,50 @@ pub(super) async fn ensure_presence(consumer: &Member) {
     }
 }
 
+/// A NamespaceMap whose last reconcile failed, and when it is reconciled again.
+/// `NamespaceMapReconciler.Reconcile` returns the enforcement's error, so controller-runtime
+/// requeues the key through the default controller rate limiter (client-go
+/// `util/workqueue/default_rate_limiters.go`, `DefaultTypedControllerRateLimiter`: per
+/// item 5 ms doubling to 1,000 s, forgotten on success), while a change of the map (its
+/// watch: `namespacemap_controller.go`, `SetupWithManager`; the reconcile's own status
+/// write included) enqueues it at once. A foreign namespace in the way, which no watch
+/// maps to the map, is tried again only as the backoff allows.
+pub(super) struct Requeue {
+    delays: backon::ExponentialBackoff,
+    at: tokio::time::Instant,
+    version: Option<String>,
+}
+
+/// The failed NamespaceMaps of one provider, by `<namespace>/<name>`.
+pub(super) type Requeues = HashMap<String, Requeue>;
+
+/// The rate limiter's per-item delays: 5 ms, 10 ms, ... up to 1,000 s.
+fn delays() -> backon::ExponentialBackoff {
+    backon::ExponentialBuilder::new().with_min_delay(Duration::from_millis(5)).with_factor(2.0).with_max_delay(Duration::from_secs(1000)).without_max_times().build()
+}
+
+/// Whether map `id` (at `version`) waits for its requeue at `now`: it failed, has not
+/// changed since, and its time has not come.
+fn waits(requeues: &Requeues, id: &str, version: &Option<String>, now: tokio::time::Instant) -> bool {
+    requeues.get(id).is_some_and(|r| r.version == *version && now < r.at)
+}
+
+/// Records the outcome of a reconcile of `id` (at `version`) that ended at `now`: a
+/// failure requeues it after the next delay, a success forgets it.
+fn reconciled(requeues: &mut Requeues, id: &str, version: Option<String>, failed: bool, now: tokio::time::Instant) {
+    if !failed {
+        requeues.remove(id);
+        return;
+    }
+    let r = requeues.entry(id.to_owned()).or_insert_with(|| Requeue { delays: delays(), at: now, version: None });
+    r.at = now + r.delays.next().unwrap_or(Duration::from_secs(1000));
+    r.version = version;
+}
+
 /// The NamespaceMap controller on `provider`: every replicated map's namespaces, status
-/// and finalizer. `fails`: every namespace creation fails.
-pub(super) async fn reconcile_as_provider(provider: &Member, fails: bool) {
+/// and finalizer, but the maps that wait for their requeue. `fails`: every namespace
+/// creation fails.
+pub(super) async fn reconcile_as_provider(provider: &Member, fails: bool, requeues: &mut Requeues) {
     for nm in provider.namespace_maps.state() {
         if label(&nm.metadata, REPLICATED_LABEL) != Some("true") {
             continue;
@@ -129,6 +175,11 @@ pub(super) async fn reconcile_as_provider(provider: &Member, fails: bool) {
         let Some(origin) = label(&nm.metadata, ORIGIN_LABEL).map(str::to_owned) else { continue };
         let (ns, name) = (ns_of(&nm), name_of(&nm));
         let id = format!("{ns}/{name}");
+        let version = nm.metadata.resource_version.clone();
+        if waits(requeues, &id, &version, tokio::time::Instant::now()) {
+            continue;
+        }
+        let mut failed = false;
         let api: Api<DynamicObject> = Api::namespaced_with(provider.client.clone(), &ns, &namespace_map_resource());
         let mut now = current(&nm);
         let deleting = nm.metadata.deletion_timestamp.is_some();
@@ -146,6 +197,7 @@ pub(super) async fn reconcile_as_provider(provider: &Member, fails: bool) {
                 Ok(()) => ACCEPTED,
                 Err(why) => {
                     tracing::debug!(cluster = %provider.name, namespace_map = %id, "emulated offloading: namespace enforcement failure: {why}");
+                    failed = true;
                     if ignorable && accepted_before { ACCEPTED } else { CREATION_LOOP_BACK_OFF }
                 }
             };
@@ -159,9 +211,13 @@ pub(super) async fn reconcile_as_provider(provider: &Member, fails: bool) {
             match delete_namespace(provider, &remote, &id).await {
                 Ok(true) => drop(now.insert(local, json!({"remoteNamespace": remote, "phase": TERMINATING}))),
                 Ok(false) => drop(now.remove(&local)),
-                Err(why) => tracing::debug!(cluster = %provider.name, namespace_map = %id, "emulated offloading: namespace deletion failure: {why}"),
+                Err(why) => {
+                    tracing::debug!(cluster = %provider.name, namespace_map = %id, "emulated offloading: namespace deletion failure: {why}");
+                    failed = true;
+                }
             }
         }
+        reconciled(requeues, &id, version, failed, tokio::time::Instant::now());
         let old = nm.data.get("status").cloned().unwrap_or(json!({}));
         let new = json!({"currentMapping": now});
         if old != new
@@ -247,5 +303,39 @@ async fn delete_namespace(provider: &Member, name: &str, map_id: &str) -> Result
         Ok(_) => Ok(true),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
         Err(e) => Err(format!("failed to delete namespace {name:?}: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A failed map waits 5 ms, then 10, 20, ... up to 1,000 s, unless it changes (then at
+    /// once); a success forgets its failures.
+    #[test]
+    fn a_failed_map_is_requeued_with_the_rate_limiters_backoff() {
+        let mut requeues = Requeues::new();
+        let t0 = tokio::time::Instant::now();
+        let v = |s: &str| Some(s.to_owned());
+        assert!(!waits(&requeues, "t/m", &v("1"), t0), "never failed: reconciled");
+        let mut now = t0;
+        let mut waited = Vec::new();
+        for _ in 0..20 {
+            reconciled(&mut requeues, "t/m", v("2"), true, now);
+            let at = requeues["t/m"].at;
+            assert!(waits(&requeues, "t/m", &v("2"), at - Duration::from_nanos(1)), "waits until its time");
+            assert!(!waits(&requeues, "t/m", &v("2"), at), "then is reconciled");
+            assert!(!waits(&requeues, "t/m", &v("3"), now), "a changed map is reconciled at once");
+            waited.push(at - now);
+            now = at;
+        }
+        // To the millisecond (backon's factor is an f32).
+        let ms: Vec<u128> = waited.iter().map(|d| (d.as_micros() + 500) / 1000).collect();
+        assert_eq!(&ms[..5], &[5, 10, 20, 40, 80], "{waited:?}");
+        assert_eq!(ms[19], 1_000_000, "capped: {waited:?}");
+        reconciled(&mut requeues, "t/m", v("4"), false, now);
+        assert!(requeues.is_empty(), "forgotten on success");
+        reconciled(&mut requeues, "t/m", v("4"), true, now);
+        assert_eq!(requeues["t/m"].at - now, Duration::from_millis(5), "the backoff starts over");
     }
 }

@@ -43,7 +43,7 @@ pub const ORIGIN_POD_UID_ANNOTATION: &str = "offloading.liqo.io/origin-pod-uid";
 /// The pods of the consumer: the virtual kubelet for those bound to virtual nodes, and
 /// removal of reflections nobody reflects any more.
 pub(super) async fn pods(consumer: &Member, members: &[Member], offloads: &BTreeMap<String, Offload>, memory: &mut Memory) {
-    let Memory { reflected, virtual_nodes: provider_of_node } = memory;
+    let Memory { reflected, virtual_nodes: provider_of_node, .. } = memory;
     let providers: HashMap<&str, &Member> = members.iter().filter(|m| m.name != consumer.name).map(|m| (m.name.as_str(), m)).collect();
     // Reflections of this consumer's pods, by (provider, local namespace, name).
     let mut reflections: HashMap<(String, String, String), Vec<Arc<Pod>>> = HashMap::new();

@@ -376,11 +376,12 @@ async fn namespaces_offload_pods_overflow_to_the_provider_and_deletion_takes_the
         "{said}"
     );
     // Liqo's drain as upstream's: the Node cordoned, the VirtualNode `Draining`, the pods there.
-    let cordoned = Api::<Node>::all(m1.clone()).get(&vnode["member-2"]).await.unwrap();
-    assert_eq!(cordoned.spec.and_then(|s| s.unschedulable), Some(true), "member-2's virtual node is cordoned");
-    let draining = vn_api.get(&slice_name).await.unwrap();
-    let conditions = draining.data.pointer("/status/conditions").cloned().unwrap_or_default();
-    assert!(conditions.as_array().is_some_and(|cs| cs.iter().any(|c| c["type"] == "Node" && c["status"] == "Draining")), "{conditions}");
+    let cordoned = |l: &[Arc<Node>]| l.iter().any(|n| n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true));
+    wait_for("member-2's virtual node cordoned", Api::all(m1.clone()), (), by_name(&vnode["member-2"]), cordoned).await;
+    let draining = |l: &[Arc<DynamicObject>]| {
+        l.iter().any(|v| v.data.pointer("/status/conditions").and_then(Value::as_array).is_some_and(|cs| cs.iter().any(|c| c["type"] == "Node" && c["status"] == "Draining")))
+    };
+    wait_for("the VirtualNode Draining", vn_api.clone(), virtual_nodes.clone(), by_name(&slice_name), draining).await;
     let left = Api::<Pod>::namespaced(m1.clone(), "shop").list(&ListParams::default()).await.unwrap().items;
     assert_eq!(left.iter().filter(|p| node_of(p) == vnode["member-2"] && p.metadata.deletion_timestamp.is_none()).count(), 2, "no pod evicted under the budget");
     // Without the budget the drain goes on by itself, and the unpeer with it.

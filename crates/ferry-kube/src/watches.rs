@@ -223,18 +223,23 @@ impl Watches {
     }
 
     /// The gauge `ferry_cluster_watches_failing{cluster}` ([`WATCHES_FAILING`]): for each
-    /// cluster with an open watch, how many of its watches are failing ([`Self::failing`];
-    /// 0 included, so an alert sees the cluster come back). A handler that waits on
-    /// clusters reports it ([`TaskHandler::gauges`](ferry_task::TaskHandler::gauges)).
+    /// cluster with an open watch, how many of its watches are failing ([`Self::failing`])
+    /// while a wait uses them (0 included, so an alert sees the cluster come back). A watch
+    /// nobody waits on is not counted: a cluster deleted since (by another worker, which
+    /// [`Self::forget`]s only its own watches) leaves this worker's watches of it failing,
+    /// and no task is held by them. A handler that waits on clusters reports it
+    /// ([`TaskHandler::gauges`](ferry_task::TaskHandler::gauges)).
     pub fn gauges(&self) -> Vec<GaugeFamily> {
         let mut by_cluster: BTreeMap<String, i64> = BTreeMap::new();
-        for (k, (_, h)) in self.open.lock().expect("watches lock").iter() {
-            *by_cluster.entry(k.cluster.clone()).or_default() += i64::from(h.failing().is_some());
+        for (k, (shared, h)) in self.open.lock().expect("watches lock").iter() {
+            // The registry holds one reference; each wait on the watch holds another.
+            let waited_on = Arc::strong_count(shared) > 1;
+            *by_cluster.entry(k.cluster.clone()).or_default() += i64::from(waited_on && h.failing().is_some());
         }
         let samples = by_cluster.into_iter().map(|(cluster, n)| (vec![("cluster", cluster)], n)).collect();
         vec![GaugeFamily {
             name: WATCHES_FAILING,
-            help: "Watches of a cluster whose last attempt failed (a served kind): its API server does not answer them, and waits on it read the API server directly meanwhile",
+            help: "Watches of a cluster that tasks wait on whose last attempt failed (a served kind): its API server does not answer them, and the waits read the API server directly meanwhile",
             samples,
         }]
     }

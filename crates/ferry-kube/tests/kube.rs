@@ -448,15 +448,16 @@ async fn a_wait_whose_watch_fails_reads_the_object_itself() {
 }
 
 /// `ferry_cluster_watches_failing{cluster}` ([`Watches::gauges`]): 0 for a cluster whose
-/// watches answer, and the number failing once its API server stops answering them (here
-/// the only address the watch knows goes dark; a waiter with another client reads around
-/// it, which it does only while the watch fails).
+/// watches answer; for one whose watch fails, 1 while a wait uses it and 0 once none does
+/// (a cluster deleted by another worker holds no task). The failing one is the hub under
+/// another name, "dark", whose watch was made through a proxy that has gone dark: a waiter
+/// with a working client ends only by reading around it, so only once it is failing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clusters_failing_watches_are_counted_for_the_metrics() {
     let Some(fleet) = fleet().await else { return };
     let admin = fleet.hub().client().await.unwrap();
     let proxy = ferry_fleet::FaultProxy::start(admin.clone()).await.unwrap();
-    let old = proxy.client().unwrap();
+    let dark = proxy.client().unwrap();
     let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "default");
     cms.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "gauged"}})).unwrap()).await.unwrap();
     let watches = Watches::new();
@@ -464,19 +465,22 @@ async fn a_clusters_failing_watches_are_counted_for_the_metrics() {
         let families = w.gauges();
         assert_eq!(families.len(), 1);
         assert_eq!(families[0].name, ferry_kube::watches::WATCHES_FAILING);
-        families[0].samples.clone()
+        families[0].samples.iter().map(|(labels, n)| (labels[0].1.clone(), *n)).collect::<Vec<_>>()
     };
     assert_eq!(samples(&watches), vec![], "no watch, no cluster");
     let there = |o: Option<&ConfigMap>| if o.is_some() { Check::Done(()) } else { Check::Pending("absent".into()) };
-    assert_eq!(watches.wait_object::<ConfigMap, ()>("hub", &old, Some("default"), "gauged", Duration::from_secs(60), there).await, Ok(()));
-    assert_eq!(samples(&watches), vec![(vec![("cluster", "hub".to_owned())], 0)]);
+    assert_eq!(watches.wait_object::<ConfigMap, ()>("hub", &admin, Some("default"), "gauged", Duration::from_secs(60), there).await, Ok(()));
+    assert_eq!(samples(&watches), vec![("hub".to_owned(), 0)]);
 
     proxy.handle().blackout(Duration::from_secs(3600));
-    cms.delete("gauged", &kube::api::DeleteParams::default()).await.unwrap();
-    // The watch cannot see the deletion; the wait ends only by reading around it.
-    assert_eq!(watches.wait_deleted::<ConfigMap>("hub", &admin, Some("default"), "gauged", Duration::from_secs(60)).await, Ok(()));
-    assert_eq!(samples(&watches), vec![(vec![("cluster", "hub".to_owned())], 1)], "the dark watch is not counted");
-    assert_eq!(watches.failing("hub"), 1);
+    // The first waiter on "dark" makes its watch, through the dark proxy: it never lists.
+    let mut first = Box::pin(watches.wait_object::<ConfigMap, ()>("dark", &dark, Some("default"), "gauged", Duration::from_secs(60), there));
+    assert!(futures::poll!(first.as_mut()).is_pending());
+    assert_eq!(watches.wait_object::<ConfigMap, ()>("dark", &admin, Some("default"), "gauged", Duration::from_secs(60), there).await, Ok(()));
+    assert_eq!(samples(&watches), vec![("dark".to_owned(), 1), ("hub".to_owned(), 0)], "the failing watch a wait uses is not counted");
+    assert_eq!(watches.failing("dark"), 1);
+    drop(first);
+    assert_eq!(samples(&watches), vec![("dark".to_owned(), 0), ("hub".to_owned(), 0)], "a failing watch nobody waits on is counted");
 }
 
 /// A watch that keeps failing is made again, with the next waiter's client, once it has

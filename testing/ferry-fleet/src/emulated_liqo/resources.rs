@@ -368,14 +368,14 @@ pub const VIRTUAL_NODE_FINALIZER: &str = "virtualnode-controller.liqo.io/finaliz
 async fn virtual_node_deletion(m: &Member, here: &Api<DynamicObject>, nodes: &Api<Node>, vn: &DynamicObject, all: &[DynamicObject]) -> Result<bool, kube::Error> {
     let Some(patch) = finalizer_patch(&vn.metadata, VIRTUAL_NODE_FINALIZER, false) else { return Ok(false) };
     let node = name_of(vn);
-    if nodes.get_opt(&node).await?.is_some() {
+    if let Some(n) = nodes.get_opt(&node).await? {
         let draining = json!({"status": {"conditions": [{"type": "Node", "status": "Draining", "lastTransitionTime": now()}]}});
         let already = vn.data.pointer("/status/conditions").and_then(Value::as_array).is_some_and(|cs| cs.iter().any(|c| c["type"] == "Node" && c["status"] == "Draining"));
         if !already {
             here.patch_status(&node, &PatchParams::default(), &Patch::Merge(&draining)).await?;
         }
         let provider = vn.data.pointer("/spec/clusterID").and_then(Value::as_str).unwrap_or_default();
-        if !drain(m, nodes, &node, provider).await? {
+        if !drain(m, nodes, &n, provider).await? {
             return Ok(true);
         }
     }
@@ -407,8 +407,9 @@ async fn virtual_node_deletion(m: &Member, here: &Api<DynamicObject>, nodes: &Ap
 /// at once without grace when the provider is dead (`foreigncluster.IsDead`; no
 /// ForeignCluster counts as dead). Returns whether none is left: upstream waits for each
 /// evicted pod to be deleted (the virtual kubelet's part) before it deletes the Node.
-async fn drain(m: &Member, nodes: &Api<Node>, node: &str, provider: &str) -> Result<bool, kube::Error> {
-    if nodes.get(node).await?.spec.and_then(|s| s.unschedulable) != Some(true) {
+async fn drain(m: &Member, nodes: &Api<Node>, n: &Node, provider: &str) -> Result<bool, kube::Error> {
+    let node = n.metadata.name.as_deref().unwrap_or_default();
+    if n.spec.as_ref().and_then(|s| s.unschedulable) != Some(true) {
         nodes.patch(node, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"unschedulable": true}}))).await?;
     }
     let lp = ListParams::default().fields(&format!("spec.nodeName={node}")).labels(&format!("{SHADOW_POD_LABEL}=true"));

@@ -4,7 +4,8 @@
 //! not one per task, and a wait ends at its deadline with the last reason it saw. While a
 //! watch fails (a cluster that went away and came back), its waiters read the API server
 //! themselves instead of trusting its stale store, and one failing for a minute is made
-//! again with the next waiter's client (a cluster made again under its name).
+//! again with the next waiter's client (a cluster made again under its name). One that no
+//! wait holds and that has failed for five minutes is closed (a cluster deleted elsewhere).
 
 use std::any::{Any, TypeId};
 use std::collections::{BTreeMap, HashMap};
@@ -113,6 +114,11 @@ impl Health {
     fn failing_for(&self, bound: Duration) -> bool {
         self.0.lock().expect("health lock").as_ref().is_some_and(|f| !f.not_served && f.since.elapsed() >= bound)
     }
+
+    /// Failing, whatever the error (a kind not served too), for at least `bound`.
+    fn down_for(&self, bound: Duration) -> bool {
+        self.0.lock().expect("health lock").as_ref().is_some_and(|f| f.since.elapsed() >= bound)
+    }
 }
 
 struct Shared<K: Resource<DynamicType = ()> + 'static> {
@@ -180,11 +186,14 @@ pub struct Watches {
     open: Mutex<HashMap<Key, Open>>,
     /// How long a watch may fail before the next wait starts it afresh ([`REPLACE_AFTER`]).
     replace_after: Duration,
+    /// How long a watch no wait holds may fail before the next wait closes it
+    /// ([`CLOSE_UNUSED_AFTER`]).
+    close_unused_after: Duration,
 }
 
 impl Default for Watches {
     fn default() -> Self {
-        Self { open: Mutex::default(), replace_after: REPLACE_AFTER }
+        Self { open: Mutex::default(), replace_after: REPLACE_AFTER, close_unused_after: CLOSE_UNUSED_AFTER }
     }
 }
 
@@ -194,6 +203,14 @@ impl Default for Watches {
 /// Secret) would leave the old watch failing for good, and one back from a long outage
 /// waits out the backoff. Twice the longest backoff.
 pub const REPLACE_AFTER: Duration = Duration::from_secs(60);
+
+/// How long a watch that no wait holds may fail before the next wait on any watch of the
+/// registry closes it. A cluster deleted by another worker (which [`Watches::forget`]s only
+/// its own watches) left this worker's watches of it retrying every 30 s for the process's
+/// life, and a watch of a kind the cluster does not serve the same. A wait that comes for
+/// it later makes it again. Healthy watches stay open, waited on or not: their stores are
+/// what the next wait reads.
+pub const CLOSE_UNUSED_AFTER: Duration = Duration::from_secs(300);
 
 /// Name of the gauge of failing watches by cluster, without the `ferry_` prefix
 /// ([`Watches::gauges`]).
@@ -216,6 +233,12 @@ impl Watches {
         Self { replace_after: bound, ..Self::default() }
     }
 
+    /// An empty registry that closes a watch no wait holds once it has failed for `bound`
+    /// (tests; [`CLOSE_UNUSED_AFTER`]).
+    pub fn closing_unused_after(bound: Duration) -> Self {
+        Self { close_unused_after: bound, ..Self::default() }
+    }
+
     /// How many of `cluster`'s watches are failing now (a served kind; their waiters read
     /// the API server themselves meanwhile).
     pub fn failing(&self, cluster: &str) -> usize {
@@ -227,12 +250,13 @@ impl Watches {
     /// while a wait uses them (0 included, so an alert sees the cluster come back). A watch
     /// nobody waits on is not counted: a cluster deleted since (by another worker, which
     /// [`Self::forget`]s only its own watches) leaves this worker's watches of it failing,
-    /// and no task is held by them. A handler that waits on clusters reports it
+    /// and no task is held by them (a later wait closes them, [`CLOSE_UNUSED_AFTER`]). A
+    /// handler that waits on clusters reports it
     /// ([`TaskHandler::gauges`](ferry_task::TaskHandler::gauges)).
     pub fn gauges(&self) -> Vec<GaugeFamily> {
         let mut by_cluster: BTreeMap<String, i64> = BTreeMap::new();
         for (k, (shared, h)) in self.open.lock().expect("watches lock").iter() {
-            // The registry holds one reference; each wait on the watch holds another.
+            // One reference is the registry's; each wait on the watch holds another.
             let waited_on = Arc::strong_count(shared) > 1;
             *by_cluster.entry(k.cluster.clone()).or_default() += i64::from(waited_on && h.failing().is_some());
         }
@@ -260,6 +284,8 @@ impl Watches {
     {
         let key = Key { cluster: cluster.to_owned(), kind: TypeId::of::<K>(), namespace: namespace.map(str::to_owned) };
         let mut open = self.open.lock().expect("watches lock");
+        // The registry holds one reference; each wait on the watch holds another.
+        open.retain(|_, (a, health)| Arc::strong_count(a) > 1 || !health.down_for(self.close_unused_after));
         // A watch failing for long is left to its current waiters and replaced by one made
         // with this waiter's client ([`REPLACE_AFTER`]).
         if let Some((a, health)) = open.get(&key)

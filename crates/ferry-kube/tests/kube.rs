@@ -483,6 +483,37 @@ async fn a_clusters_failing_watches_are_counted_for_the_metrics() {
     assert_eq!(samples(&watches), vec![("dark".to_owned(), 0), ("hub".to_owned(), 0)], "a failing watch nobody waits on is counted");
 }
 
+/// A failing watch that no wait holds is closed by the next wait on any watch, once it has
+/// failed for [`ferry_kube::watches::CLOSE_UNUSED_AFTER`] (zero here); a failing watch a
+/// wait holds, and a healthy one nobody waits on, stay. Before, the watches of a cluster
+/// another worker had deleted retried every 30 s for the process's life. "dark" is the hub
+/// under another name, its watch made through a proxy gone dark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_watch_nobody_waits_on_is_closed() {
+    let Some(fleet) = fleet().await else { return };
+    let admin = fleet.hub().client().await.unwrap();
+    let proxy = ferry_fleet::FaultProxy::start(admin.clone()).await.unwrap();
+    let dark = proxy.client().unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "default");
+    cms.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "unused"}})).unwrap()).await.unwrap();
+    let watches = Watches::closing_unused_after(Duration::ZERO);
+    let there = |o: Option<&ConfigMap>| if o.is_some() { Check::Done(()) } else { Check::Pending("absent".into()) };
+
+    proxy.handle().blackout(Duration::from_secs(3600));
+    let mut first = Box::pin(watches.wait_object::<ConfigMap, ()>("dark", &dark, Some("default"), "unused", Duration::from_secs(60), there));
+    assert!(futures::poll!(first.as_mut()).is_pending());
+    // Ends only by reading around the dark watch: it has failed by then.
+    assert_eq!(watches.wait_object::<ConfigMap, ()>("dark", &admin, Some("default"), "unused", Duration::from_secs(60), there).await, Ok(()));
+    assert_eq!(watches.failing("dark"), 1);
+    assert_eq!(watches.wait_object::<ConfigMap, ()>("hub", &admin, Some("default"), "unused", Duration::from_secs(60), there).await, Ok(()));
+    assert_eq!(watches.open_count(), 2, "a failing watch a wait holds was closed under it");
+
+    drop(first);
+    assert_eq!(watches.wait_object::<ConfigMap, ()>("hub", &admin, Some("default"), "unused", Duration::from_secs(60), there).await, Ok(()));
+    assert_eq!(watches.failing("dark"), 0, "the failing watch nobody waits on is still open");
+    assert_eq!(watches.open_count(), 1, "the hub's healthy watch, unused between waits, was closed");
+}
+
 /// A watch that keeps failing is made again, with the next waiter's client, once it has
 /// failed for [`ferry_kube::watches::REPLACE_AFTER`] (zero here). kube's watcher keeps the
 /// client it was made with: a cluster made again under its name (another address or CA)

@@ -20,6 +20,8 @@
 //! - [`cluster_sets`]: a ManagedClusterSet's members as OCM resolves them (by its label or
 //!   its label selector, `global` included): deploy's candidates, score's set, a plan's
 //!   fanned-out step, the test bed's placement.
+//! - [`deletes`]: deleting the very object read (a UID precondition), never another of
+//!   its name; gone or replaced counts as done.
 //! - [`orphans`]: the namespaces a ManifestWork ships but must not own (there before it):
 //!   `CreateOnly` and orphaned, so that deleting the work never deletes them.
 
@@ -27,6 +29,7 @@ pub mod capacity;
 pub mod cluster_sets;
 pub mod clusters;
 pub mod conditions;
+pub mod deletes;
 pub mod dry_run;
 pub mod kinds;
 pub mod names;

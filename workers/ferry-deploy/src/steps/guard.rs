@@ -13,7 +13,7 @@ use ferry_kube::{ClusterError, HUB};
 use ferry_task::{StepError, codes};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -101,13 +101,8 @@ impl Inner {
         if live.metadata.deletion_timestamp.is_some() {
             return Ok(());
         }
-        let dp = DeleteParams { preconditions: Some(Preconditions { uid: live.metadata.uid.clone(), resource_version: None }), ..DeleteParams::background() };
-        match t.api.delete(&t.name, &dp).await {
-            Ok(_) => Ok(()),
-            // Gone, or replaced by another object of the name (the UID precondition failed).
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
-            Err(e) => Err(api_err(cluster, e)),
-        }
+        // Gone, or replaced by another object of the name, is done.
+        ferry_kube::deletes::delete_if_unchanged(&t.api, &t.name, &live.metadata, DeleteParams::background()).await.map(drop).map_err(|e| api_err(cluster, e))
     }
 
     async fn namespaces_api(&self, cluster: &str) -> Result<(kube::Client, Api<Namespace>), StepError> {
@@ -175,11 +170,6 @@ impl Inner {
             tracing::info!(cluster, namespace = name, deployments = ?others, "namespace holds others' Deployments: kept");
             return Ok(());
         }
-        let dp = DeleteParams { preconditions: Some(Preconditions { uid: live.metadata.uid.clone(), resource_version: None }), ..DeleteParams::background() };
-        match api.delete(name, &dp).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
-            Err(e) => Err(api_err(cluster, e)),
-        }
+        ferry_kube::deletes::delete_if_unchanged(&api, name, &live.metadata, DeleteParams::background()).await.map(drop).map_err(|e| api_err(cluster, e))
     }
 }

@@ -38,7 +38,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
-use kube::api::{Api, DeleteParams, ListParams, Preconditions};
+use kube::api::{Api, DeleteParams, ListParams};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -130,13 +130,8 @@ impl Step<OffloadCommand> for RespawnStep {
                 let before = respawned.len();
                 for p in stale(&pods) {
                     let pod = p.metadata.name.clone().unwrap_or_default();
-                    let dp = DeleteParams { preconditions: Some(Preconditions { uid: p.metadata.uid.clone(), resource_version: None }), ..DeleteParams::default() };
-                    match api.delete(&pod, &dp).await {
-                        Ok(_) => {}
-                        // Gone already, or replaced by one of the same name: nothing stale left.
-                        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-                        Err(e) => return Err(api_err(&c.cluster)(e)),
-                    }
+                    // Gone already, or replaced by one of the same name: nothing stale left.
+                    ferry_kube::deletes::delete_if_unchanged(&api, &pod, &p.metadata, DeleteParams::default()).await.map_err(api_err(&c.cluster))?;
                     gone.insert(p.metadata.uid.clone().unwrap_or_default());
                     respawned.push(pod);
                 }

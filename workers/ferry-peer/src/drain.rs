@@ -92,11 +92,11 @@ async fn budgets(client: &kube::Client, ns: &str) -> Result<Vec<PodDisruptionBud
         .filter_map(|o| {
             let mut v = serde_json::to_value(o).ok()?;
             v["apiVersion"] = "policy/v1".into();
-            let selects = v.pointer("/spec/selector").is_some_and(|s| s.as_object().is_some_and(|m| m.values().any(|x| !x.is_null() && x != &serde_json::json!({}) && x != &serde_json::json!([]))));
-            if !selects {
-                return None;
-            }
-            serde_json::from_value(v).ok()
+            serde_json::from_value::<PodDisruptionBudget>(v).ok()
+        })
+        .filter(|pdb| {
+            let selector = pdb.spec.as_ref().and_then(|s| s.selector.as_ref());
+            selector.is_some_and(|s| s.match_labels.as_ref().is_some_and(|m| !m.is_empty()) || s.match_expressions.as_ref().is_some_and(|e| !e.is_empty()))
         })
         .collect())
 }

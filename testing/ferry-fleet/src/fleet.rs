@@ -160,6 +160,21 @@ impl Cluster {
         client_for(&self.name, &self.kubeconfig).await
     }
 
+    /// A client for the Eviction API, whose 429 it gets at once. kube's clients retry 429,
+    /// 503 and 504 by default (`Config::default_retry`: up to 15 times, 5 ms doubling,
+    /// about 164 s), and a PodDisruptionBudget's refusal of an eviction is a 429 without a
+    /// Retry-After (`pkg/registry/core/pod/storage/eviction.go`), which client-go does not
+    /// retry: an upstream controller's drain sees the refusal at once and requeues, where
+    /// an emulator's pass would hang in the retries.
+    pub async fn evicting_client(&self) -> Result<Client, FleetError> {
+        use kube::config::{KubeConfigOptions, Kubeconfig};
+        let err = |e: Box<dyn std::error::Error + Send + Sync>| FleetError::Client { cluster: self.name.clone(), source: e };
+        let kc = Kubeconfig::read_from(&self.kubeconfig).map_err(|e| err(Box::new(e)))?;
+        let mut config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await.map_err(|e| err(Box::new(e)))?;
+        config.default_retry = false;
+        Client::try_from(config).map_err(|e| err(Box::new(e)))
+    }
+
     /// A client that acts as `user` in `groups` (the admin impersonating them), so RBAC
     /// and admission webhooks see that identity, as they would a worker's service account.
     pub async fn client_as(&self, user: &str, groups: &[&str]) -> Result<Client, FleetError> {
@@ -484,7 +499,10 @@ impl Cluster {
                     format!("--kubeconfig={}", d(kubeconfig)),
                     // csrsigning: the signer of `kubernetes.io/kube-apiserver-client` CSRs
                     // (OCM's registration agents get their hub certificates through it).
-                    "--controllers=namespace,garbagecollector,deployment,replicaset,daemonset,job,serviceaccount,serviceaccount-token,csrsigning".into(),
+                    // disruption: computes PodDisruptionBudgets' status, without which the
+                    // API server refuses every eviction a budget covers (Liqo's drain of a
+                    // virtual node evicts).
+                    "--controllers=namespace,garbagecollector,deployment,replicaset,daemonset,job,serviceaccount,serviceaccount-token,csrsigning,disruption".into(),
                     format!("--service-account-private-key-file={}", d(sa_key)),
                     format!("--cluster-signing-cert-file={}", d(&dir.join(CLIENT_CA_CERT))),
                     format!("--cluster-signing-key-file={}", d(&dir.join(CLIENT_CA_KEY))),

@@ -7,7 +7,7 @@
 //! taking everything back (the label first); a provider whose twin namespaces cannot be
 //! created; an unpeering that waits for Liqo's teardown through its finalizers, and for
 //! the drain of the provider's virtual node, which a PodDisruptionBudget holds (the
-//! unpeer says so while it waits) until it goes.
+//! unpeer says so while it waits) until it is relaxed and lets the evictions through.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -367,12 +367,14 @@ async fn namespaces_offload_pods_overflow_to_the_provider_and_deletion_takes_the
     copies.patch(&slice_name, &PatchParams::default(), &Patch::Merge(&hold(json!([])))).await.unwrap();
     // The budget holds the drain; the unpeer's wait for the VirtualNode says so while it
     // lasts (and would in its failure at its bound): which pods are left, which budget.
-    let holding = |e: &ferry_runtime::ProgressEvent| e.event == EventType::StepProgress && e.message.as_deref().is_some_and(|m| m.contains("PodDisruptionBudget"));
+    // (The budget's status is computed by the test bed's disruption controller: a look
+    // before it was would say so, and the next look, when it changed, says this.)
+    let holding = |e: &ferry_runtime::ProgressEvent| e.event == EventType::StepProgress && e.message.as_deref().is_some_and(|m| m.contains("wanted pods healthy"));
     let evs = events.until(to_member_2, WAIT, holding).await.expect("the unpeer says what holds the drain");
     let said = evs.last().and_then(|e| e.message.clone()).unwrap_or_default();
     assert!(
         said.starts_with("Liqo is draining virtual node member-2: 2 offloaded pod(s) left on it (shop/shop-")
-            && said.contains("PodDisruptionBudget shop/hold allows no disruption"),
+            && said.contains("PodDisruptionBudget shop/hold allows no disruption (2 of 2 wanted pods healthy)"),
         "{said}"
     );
     // Liqo's drain as upstream's: the Node cordoned, the VirtualNode `Draining`, the pods there.
@@ -384,8 +386,10 @@ async fn namespaces_offload_pods_overflow_to_the_provider_and_deletion_takes_the
     wait_for("the VirtualNode Draining", vn_api.clone(), virtual_nodes.clone(), by_name(&slice_name), draining).await;
     let left = Api::<Pod>::namespaced(m1.clone(), "shop").list(&ListParams::default()).await.unwrap().items;
     assert_eq!(left.iter().filter(|p| node_of(p) == vnode["member-2"] && p.metadata.deletion_timestamp.is_none()).count(), 2, "no pod evicted under the budget");
-    // Without the budget the drain goes on by itself, and the unpeer with it.
-    Api::<DynamicObject>::namespaced_with(m1.clone(), "shop", &budgets).delete("hold", &DeleteParams::default()).await.unwrap();
+    // Relaxed to allow both pods' eviction, the budget lets the drain go on by itself (its
+    // status computed again by the disruption controller), and the unpeer with it.
+    let relaxed = json!({"spec": {"minAvailable": 0}});
+    Api::<DynamicObject>::namespaced_with(m1.clone(), "shop", &budgets).patch("hold", &PatchParams::default(), &Patch::Merge(&relaxed)).await.unwrap();
     let evs = events.until(to_member_2, WAIT, |e| e.event.is_final()).await.expect("the unpeering ends");
     assert_eq!(evs.last().map(|e| e.event), Some(EventType::Reverted), "{}", ferry_runtime::report::summary(&evs));
     // Once the revert ends the teardown is done: no slice, VirtualNode, Node or map toward

@@ -133,6 +133,9 @@ impl Drop for EmulatedLiqo {
 pub(crate) struct Member {
     pub(crate) name: String,
     pub(crate) client: kube::Client,
+    /// Its client for evictions, whose refusals (429) it gets at once
+    /// ([`Cluster::evicting_client`](crate::Cluster::evicting_client)).
+    pub(crate) evictor: kube::Client,
     /// Its API server's address and CA (what `status.authParams` hands to a consumer).
     pub(crate) server: String,
     pub(crate) ca_pem: Vec<u8>,
@@ -177,7 +180,7 @@ impl EmulatedLiqo {
             let client = c.client().await?;
             // The CRDs come with the cluster (Liqo's CRD chart), before anything else.
             crate::crds::install(&client, template_crds()).await.map_err(|e| FleetError::Client { cluster: c.name.clone(), source: Box::new(e) })?;
-            members.push(Member { name: c.name.clone(), client, server: c.server.clone(), ca_pem: c.ca_pem()?, installed: false, kubeconfig_clients: Mutex::default(), tenant_roles: Mutex::default(), api_checks: Mutex::default(), unreachable: Arc::default() });
+            members.push(Member { name: c.name.clone(), client, evictor: c.evicting_client().await?, server: c.server.clone(), ca_pem: c.ca_pem()?, installed: false, kubeconfig_clients: Mutex::default(), tenant_roles: Mutex::default(), api_checks: Mutex::default(), unreachable: Arc::default() });
         }
         // Liqo's components are there when the bed is handed over, as on a cluster Liqo was
         // installed on: a check run at once must not see a half-installed member (a loaded

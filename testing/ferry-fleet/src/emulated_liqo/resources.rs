@@ -434,7 +434,8 @@ async fn drain(m: &Member, nodes: &Api<Node>, n: &Node, provider: &str) -> Resul
             crate::emulate::absent(api.delete(&name, &DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() }).await)?;
             continue;
         }
-        match api.evict(&name, &EvictParams::default()).await {
+        let evictions: Api<Pod> = Api::namespaced(m.evictor.clone(), &ns);
+        match evictions.evict(&name, &EvictParams::default()).await {
             // A PodDisruptionBudget refuses it: upstream's `evictPods` stops at the first
             // refusal and the routine is requeued; the other VirtualNodes go on meanwhile.
             Err(kube::Error::Api(e)) if e.code == 429 => {

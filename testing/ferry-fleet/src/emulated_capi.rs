@@ -6,11 +6,12 @@
 //! [`CapiOptions::real_api_servers`], a lightweight virtual one sharing a backing API
 //! server), its `<name>-kubeconfig` Secret is written, and emulated nodes of the requested
 //! count and flavor register, each with its `Machine` on the hub. Replica changes of the
-//! control plane or a MachineDeployment add or remove nodes; deleting a Cluster removes
-//! its workload cluster, Machines and Secret after a delay. [`CapiKnobs`] set delays, a
+//! control plane or a MachineDeployment add nodes, or delete Machines, whose nodes are
+//! drained first as upstream's machine controller does ([`drain_machines`]); deleting a
+//! Cluster removes its workload cluster, Machines and Secret after a delay (no drain). [`CapiKnobs`] set delays, a
 //! cluster that never becomes ready and crash-looping images (a failing add-on).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,6 +31,9 @@ pub const FINALIZER: &str = "cluster.cluster.x-k8s.io";
 const MANAGER: &str = "ferry-emulated-capi";
 /// Label of a Cluster's objects (Machines, Secrets).
 pub const CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
+/// The machine controller's finalizer on every Machine (`api/core/v1beta2/machine_types.go`
+/// `MachineFinalizer`): a deleted Machine stays until its node is drained and deleted.
+pub const MACHINE_FINALIZER: &str = "machine.cluster.x-k8s.io";
 
 /// Behaviour of the emulated providers for one cluster.
 #[derive(Debug, Clone)]
@@ -42,11 +46,20 @@ pub struct CapiKnobs {
     pub deletion_delay: Duration,
     /// Images (prefixes) whose containers crash-loop in the workload cluster.
     pub crashing_images: Vec<String>,
+    /// How long a Machine whose node's drain is not done waits for the next try (upstream:
+    /// 20 s, `drainRetryInterval`; shortened as the other delays are).
+    pub drain_retry: Duration,
 }
 
 impl Default for CapiKnobs {
     fn default() -> Self {
-        Self { provision_delay: Duration::from_millis(500), never_ready: false, deletion_delay: Duration::from_millis(300), crashing_images: Vec::new() }
+        Self {
+            provision_delay: Duration::from_millis(500),
+            never_ready: false,
+            deletion_delay: Duration::from_millis(300),
+            crashing_images: Vec::new(),
+            drain_retry: Duration::from_secs(1),
+        }
     }
 }
 
@@ -78,6 +91,8 @@ impl Default for CapiOptions {
 struct Workload {
     _server: Option<Cluster>,
     kubelet: Kubelet,
+    /// Its client for evictions ([`Cluster::evicting_client`]).
+    evictor: kube::Client,
     /// Node pool → node count.
     pools: HashMap<String, usize>,
     uid: String,
@@ -280,6 +295,12 @@ async fn remove(cx: &Ctx, s: &mut State, api: &Api<DynamicObject>, c: &DynamicOb
     let lp = ListParams::default().labels(&format!("{CLUSTER_NAME_LABEL}={name}"));
     let machines = cx.api(ns, "cluster.x-k8s.io", "Machine");
     machines.delete_collection(&DeleteParams::default(), &lp).await?;
+    // No drain while the Cluster is being deleted (`machine_controller.go`
+    // `isDeleteNodeAllowed`: `errClusterIsBeingDeleted`): the finalizers go at once.
+    for m in machines.list(&lp).await?.items {
+        let rest: Vec<&String> = m.metadata.finalizers.iter().flatten().filter(|f| *f != MACHINE_FINALIZER).collect();
+        crate::emulate::absent(machines.patch(m.metadata.name.as_deref().unwrap_or_default(), &PatchParams::default(), &Patch::Merge(&json!({"metadata": {"finalizers": rest}}))).await)?;
+    }
     let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(cx.hub.clone(), ns);
     match secrets.delete(&format!("{name}-kubeconfig"), &DeleteParams::default()).await {
         Ok(_) | Err(kube::Error::Api(_)) => {}
@@ -375,22 +396,26 @@ async fn provision(cx: &Ctx, s: &mut State, api: &Api<DynamicObject>, c: &Dynami
     }
     let w = s.workloads.get_mut(key).expect("workload just ensured");
     let machines = cx.api(ns, "cluster.x-k8s.io", "Machine");
+    let draining = drain_machines(cx, w, &machines, name, &knobs).await?;
     for (pool, want, f, _) in &pools {
         let have = w.pools.get(pool).copied().unwrap_or(0);
         if *want > have {
+            // Machines are named by index here (upstream's get random names): one of the
+            // names still draining is made again once it is gone.
+            if (have..*want).any(|i| draining.contains(&format!("{name}-{pool}-{i}"))) {
+                continue;
+            }
             let added = w.kubelet.add_nodes(pool, *want, f).await.map_err(|e| kube::Error::Service(Box::new(e)))?;
             for node in added.iter().skip(have) {
                 machine(&machines, name, pool, node).await?;
             }
         } else if *want < have {
-            let gone: Vec<String> = (*want..have).map(|i| format!("{name}-{pool}-{i}")).collect();
-            w.kubelet.remove_nodes(&gone).await.map_err(|e| kube::Error::Service(Box::new(e)))?;
-            for m in &gone {
-                match machines.delete(m, &DeleteParams::default()).await {
-                    Ok(_) | Err(kube::Error::Api(_)) => {}
-                    Err(e) => return Err(e),
-                }
+            // Deleted, each Machine's finalizer keeps it until its node is drained and
+            // gone ([`drain_machines`], from this pass on).
+            for m in (*want..have).map(|i| format!("{name}-{pool}-{i}")) {
+                crate::emulate::absent(machines.delete(&m, &DeleteParams::default()).await)?;
             }
+            cx.wake.after(Duration::ZERO);
         }
         w.pools.insert(pool.clone(), *want);
     }
@@ -421,6 +446,111 @@ async fn provision(cx: &Ctx, s: &mut State, api: &Api<DynamicObject>, c: &Dynami
     set_status(api, c, st).await
 }
 
+/// Drains and deletes the nodes of `cluster`'s deleted Machines, as upstream's machine
+/// controller does before it lifts [`MACHINE_FINALIZER`] (cluster-api
+/// `core/reconcilers/machine/machine_controller.go` `reconcileDelete`, `drainNode`;
+/// `core/reconcilers/machine/drain/drain.go` `EvictPods`, `ConditionMessage`;
+/// `drain/filters.go`): the node cordoned; its pods, but DaemonSets' and mirror pods,
+/// evicted through the Eviction API (a PodDisruptionBudget refuses with 429, kept with the
+/// API server's causes); while pods are left, the Machine's `status.deletion.
+/// nodeDrainStartTime` and its v1beta2 `Deleting` condition, reason `DrainingNode`, saying
+/// which pods and why, and another try after [`CapiKnobs::drain_retry`]; once none is
+/// left, the node deleted, then the finalizer lifted. Returns the Machines still draining.
+async fn drain_machines(cx: &Ctx, w: &Workload, machines: &Api<DynamicObject>, cluster: &str, knobs: &CapiKnobs) -> Result<HashSet<String>, kube::Error> {
+    let lp = ListParams::default().labels(&format!("{CLUSTER_NAME_LABEL}={cluster}"));
+    let mut left = HashSet::new();
+    let deleted = machines.list(&lp).await?.items.into_iter().filter(|m| m.metadata.deletion_timestamp.is_some());
+    for m in deleted.filter(|m| m.metadata.finalizers.iter().flatten().any(|f| f == MACHINE_FINALIZER)) {
+        let name = m.metadata.name.clone().unwrap_or_default();
+        let node = str_at(&m.data, "/status/nodeRef/name").map(str::to_owned);
+        let holding = match &node {
+            Some(n) => drain_node(w.kubelet.client(), &w.evictor, n).await?,
+            None => None,
+        };
+        if let Some(holding) = holding {
+            let started = str_at(&m.data, "/status/deletion/nodeDrainStartTime").map_or_else(now, str::to_owned);
+            let message = format!("Drain not completed yet (started at {started}):{holding}");
+            let old = m.data.pointer("/status/conditions").and_then(Value::as_array).and_then(|cs| cs.iter().find(|c| c["type"] == "Deleting" && c["status"] == "True"));
+            let since = old.map_or_else(|| Value::String(now()), |c| c["lastTransitionTime"].clone());
+            let deleting = json!({"type": "Deleting", "status": "True", "reason": "DrainingNode", "message": message, "lastTransitionTime": since});
+            set_status(machines, &m, json!({"deletion": {"nodeDrainStartTime": started}, "conditions": [deleting]})).await?;
+            cx.wake.after(knobs.drain_retry);
+            left.insert(name);
+            continue;
+        }
+        if let Some(n) = node {
+            w.kubelet.remove_nodes(&[n]).await.map_err(|e| kube::Error::Service(Box::new(e)))?;
+        }
+        let rest: Vec<&String> = m.metadata.finalizers.iter().flatten().filter(|f| *f != MACHINE_FINALIZER).collect();
+        crate::emulate::absent(machines.patch(&name, &PatchParams::default(), &Patch::Merge(&json!({"metadata": {"finalizers": rest}}))).await)?;
+    }
+    Ok(left)
+}
+
+/// One pass of upstream's drain of `node` (`drainNode`): cordons it, evicts its pods but
+/// DaemonSets' and mirror pods, and says, as `EvictionResult::ConditionMessage` words it
+/// (the lines after its "Drain not completed yet" head), what is left; None once no such
+/// pod is left, or when the node is gone (an admin deleted it: no drain).
+async fn drain_node(client: &kube::Client, evictor: &kube::Client, node: &str) -> Result<Option<String>, kube::Error> {
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    let nodes: Api<Node> = Api::all(client.clone());
+    let Some(n) = nodes.get_opt(node).await? else { return Ok(None) };
+    if n.spec.as_ref().and_then(|s| s.unschedulable) != Some(true) {
+        nodes.patch(node, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"unschedulable": true}}))).await?;
+    }
+    let on_node = ListParams::default().fields(&format!("spec.nodeName={node}"));
+    let pods: Vec<Pod> = Api::<Pod>::all(client.clone())
+        .list(&on_node)
+        .await?
+        .items
+        .into_iter()
+        .filter(|p| !p.metadata.owner_references.iter().flatten().any(|o| o.controller == Some(true) && o.kind == "DaemonSet"))
+        .filter(|p| !p.metadata.annotations.as_ref().is_some_and(|a| a.contains_key("kubernetes.io/config.mirror")))
+        .collect();
+    if pods.is_empty() {
+        return Ok(None);
+    }
+    let key = |p: &Pod| format!("{}/{}", p.metadata.namespace.as_deref().unwrap_or_default(), p.metadata.name.as_deref().unwrap_or_default());
+    let mut deleting = Vec::new();
+    let mut failed: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for p in &pods {
+        if p.metadata.deletion_timestamp.is_some() {
+            deleting.push(key(p));
+            continue;
+        }
+        let api: Api<Pod> = Api::namespaced(evictor.clone(), p.metadata.namespace.as_deref().unwrap_or_default());
+        match api.evict(p.metadata.name.as_deref().unwrap_or_default(), &kube::api::EvictParams::default()).await {
+            Ok(_) => deleting.push(key(p)),
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            // The API server's message with its causes (`EvictPods`: "Cannot evict pod as
+            // it would violate the pod's disruption budget. The disruption budget web needs
+            // 1 healthy pods and has 1 currently").
+            Err(kube::Error::Api(e)) => {
+                let causes: Vec<String> = e.details.iter().flat_map(|d| d.causes.iter().map(|c| c.message.clone())).collect();
+                let why = if causes.is_empty() { e.message.clone() } else { format!("{} {}", e.message, causes.join(",")) };
+                failed.entry(why).or_default().push(key(p));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    // `PodListToString(pods, 3)`: the first three, then how many more.
+    let listed = |ps: &[String]| {
+        let (kind, more) = (if ps.len() > 1 { "Pods" } else { "Pod" }, ps.len().saturating_sub(3));
+        let names = ps.iter().take(3).cloned().collect::<Vec<_>>().join(", ");
+        if more > 0 { format!("{kind} {names}, ... ({more} more)") } else { format!("{kind} {names}") }
+    };
+    let mut message = String::new();
+    if !deleting.is_empty() {
+        message += &format!("\n* {}: deletionTimestamp set, but still not removed from the Node", listed(&deleting));
+    }
+    for (why, ps) in &failed {
+        let why = why.replace("Cannot evict pod as it would violate the pod's disruption budget.", "cannot evict pod as it would violate the pod's disruption budget.");
+        let why = if why.starts_with("cannot evict pod as it would violate the pod's disruption budget.") { why } else { format!("failed to evict Pod, {why}") };
+        message += &format!("\n* {}: {why}", listed(ps));
+    }
+    Ok(Some(message))
+}
+
 /// A Machine for an emulated node, with its nodeRef.
 async fn machine(api: &Api<DynamicObject>, cluster: &str, pool: &str, node: &str) -> Result<(), kube::Error> {
     let mut labels = json!({CLUSTER_NAME_LABEL: cluster});
@@ -430,7 +560,7 @@ async fn machine(api: &Api<DynamicObject>, cluster: &str, pool: &str, node: &str
         labels["cluster.x-k8s.io/deployment-name"] = json!(format!("{cluster}-{pool}"));
     }
     let m = json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
-        "metadata": {"name": node, "labels": labels},
+        "metadata": {"name": node, "labels": labels, "finalizers": [MACHINE_FINALIZER]},
         "spec": {"clusterName": cluster, "bootstrap": {"dataSecretName": format!("{node}-bootstrap")},
                  "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "EmulatedMachine", "name": node}}});
     api.patch(node, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&m)).await?;
@@ -460,19 +590,19 @@ async fn kubeconfig_owner(cx: &Ctx, ns: &str, c: &DynamicObject) -> Result<Value
 async fn workload(cx: &Ctx, s: &mut State, ns: &str, c: &DynamicObject, knobs: &CapiKnobs, kubeadm: bool) -> Result<Workload, FleetError> {
     let (name, uid) = (c.metadata.name.as_deref().unwrap_or_default(), c.metadata.uid.as_deref().unwrap_or_default());
     let real = s.real_started < cx.opts.real_api_servers;
-    let (server, kubeconfig, client) = if real {
+    let (server, kubeconfig, client, evictor) = if real {
         let server = cx.spawner.spawn(name, true).await?;
         s.real_started += 1;
         let kc = server.kubeconfig_inline()?;
-        let client = server.client().await?;
-        (Some(server), kc, client)
+        let (client, evictor) = (server.client().await?, server.evicting_client().await?);
+        (Some(server), kc, client, evictor)
     } else {
         if s.virtual_backing.is_none() {
             s.virtual_backing = Some(Arc::new(cx.spawner.spawn("virtual-backing", true).await?));
         }
         let b = s.virtual_backing.clone().expect("backing just started");
         let kc = b.kubeconfig_inline()?;
-        (None, kc, b.client().await?)
+        (None, kc, b.client().await?, b.evicting_client().await?)
     };
     let kubelet = Kubelet::start(name, client, Duration::from_millis(100));
     kubelet.crash_images(knobs.crashing_images.clone());
@@ -483,5 +613,5 @@ async fn workload(cx: &Ctx, s: &mut State, ns: &str, c: &DynamicObject, knobs: &
     let secret = kubeconfig_secret_owned(name, &kubeconfig, kubeconfig_owner(cx, ns, c).await.map_err(err)?);
     let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(cx.hub.clone(), ns);
     secrets.patch(&format!("{name}-kubeconfig"), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&secret)).await.map_err(err)?;
-    Ok(Workload { _server: server, kubelet, pools: HashMap::new(), uid: uid.to_owned() })
+    Ok(Workload { _server: server, kubelet, evictor, pools: HashMap::new(), uid: uid.to_owned() })
 }

@@ -168,6 +168,11 @@ impl Kubelet {
         move |source| KubeletError { cluster: self.cluster.clone(), what, source }
     }
 
+    /// The client of the API server its nodes register with.
+    pub fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
     /// Registers `count` Ready nodes of `flavor` named `<cluster>-<prefix>-<i>`.
     pub async fn add_nodes(&self, prefix: &str, count: usize, flavor: &NodeFlavor) -> Result<Vec<String>, KubeletError> {
         let api: Api<Node> = Api::all(self.client.clone());

@@ -151,11 +151,43 @@ async fn create_with_addons_and_ocm_then_scale_revert_and_delete() {
     let (id, evs) = demo::submit(&client, &demo::scale(&cmd, 3), WAIT).await.unwrap();
     assert_eq!(last(&evs).event, EventType::Succeeded, "{:?}", last(&evs));
     assert_eq!(nodes_of(&hub, "scaled").await, 4);
+    // A pod on the last worker under a PodDisruptionBudget that allows no disruption
+    // (policy/v1beta1: the test bed is Kubernetes 1.20): Cluster API drains that node
+    // before it deletes its Machine, and the budget holds the drain.
+    let workload = Clusters::new(hub.clone()).client("scaled").await.unwrap();
+    let held = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "held", "namespace": "default", "labels": {"app": "held"}},
+        "spec": {"nodeName": "scaled-md-0-2", "containers": [{"name": "held", "image": "nginx:1.25"}]}});
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(workload.clone(), "default");
+    pods.create(&Default::default(), &serde_json::from_value(held).unwrap()).await.unwrap();
+    let budgets = kube::api::ApiResource::from_gvk_with_plural(&kube::api::GroupVersionKind::gvk("policy", "v1beta1", "PodDisruptionBudget"), "poddisruptionbudgets");
+    let budgets: Api<kube::api::DynamicObject> = Api::namespaced_with(workload.clone(), "default", &budgets);
+    let budget = json!({"apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget", "metadata": {"name": "held"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "held"}}}});
+    budgets.create(&Default::default(), &serde_json::from_value(budget).unwrap()).await.unwrap();
     let mut events = client.events(false).await.unwrap();
     client.revert(id).await.unwrap();
+    // The revert's wait says what Cluster API says holds the Machine (its `Deleting`
+    // condition), while it lasts.
+    let holding = |e: &ProgressEvent| e.event == EventType::StepProgress && e.message.as_deref().is_some_and(|m| m.contains("disruption budget"));
+    let evs = events.until(id, WAIT, holding).await.expect("the revert says what holds the scale down");
+    let said = last(&evs).message.clone().unwrap_or_default();
+    assert!(
+        said.starts_with("Machine scaled-md-0-2 is being deleted (DrainingNode): Drain not completed yet (started at ")
+            && said.contains("* Pod default/held: cannot evict pod as it would violate the pod's disruption budget."),
+        "{said}"
+    );
+    let machines: Api<ferry_kube::kinds::CapiMachine> = Api::namespaced(hub.clone(), "fleet");
+    let draining = machines.get("scaled-md-0-2").await.unwrap();
+    assert!(draining.metadata.deletion_timestamp.is_some(), "{:?}", draining.metadata);
+    let node = Api::<Node>::all(workload.clone()).get("scaled-md-0-2").await.unwrap();
+    assert_eq!(node.spec.and_then(|s| s.unschedulable), Some(true), "the draining node is cordoned");
+    assert_eq!(pods.get("held").await.unwrap().metadata.deletion_timestamp, None, "the budget let no eviction through");
+    // Relaxed, the budget lets the eviction through: the drain ends, the Machine goes.
+    budgets.patch("held", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"minAvailable": 0}}))).await.unwrap();
     let evs = events.until(id, WAIT, |e| e.event.is_final()).await.unwrap();
     assert_eq!(last(&evs).event, EventType::Reverted, "{:?}", last(&evs));
     assert_eq!(nodes_of(&hub, "scaled").await, 2, "the revert restored 1 control-plane and 1 worker node");
+    assert!(machines.get_opt("scaled-md-0-2").await.unwrap().is_none(), "the drained Machine is gone");
 
     // A revert of the create deletes what it created.
     let mut events = client.events(false).await.unwrap();

@@ -2,7 +2,8 @@
 //! command is rejected), and its replica counts now. `scale`: the counts the command asks
 //! for, by a merge patch of replicas (of the control plane and the MachineDeployment, or of
 //! the topology); its undo restores the counts before and waits for their nodes. `wait`:
-//! as many Ready nodes as asked for. The check and the wait change nothing, so their undo
+//! as many Ready nodes as asked for and, scaling down, the removed Machines gone (Cluster
+//! API drains their nodes first; what holds a drain is said as it says it). The check and the wait change nothing, so their undo
 //! has nothing to put back.
 
 use std::sync::Arc;
@@ -47,6 +48,13 @@ pub struct Counts {
 enum Replicas {
     Objects { control_plane: Value, workers: Value },
     Topology,
+}
+
+impl Counts {
+    /// Whether going from these counts to `to` removes machines (of either kind).
+    pub fn shrunk_to(&self, to: &Counts) -> bool {
+        to.control_plane < self.control_plane || to.workers < self.workers
+    }
 }
 
 fn replicas_of(cluster: &CapiCluster, cmd: &ClusterCommand) -> Replicas {
@@ -152,9 +160,10 @@ impl Step<ClusterCommand> for ScaleStep {
     fn undo<'a>(&'a self, cx: &'a StepContext<'a, ClusterCommand>, _: Option<&'a Value>) -> BoxFuture<'a, Result<(), StepError>> {
         async move {
             let b = before(cx)?;
+            let asked = target(cx.spec, &b);
             set_counts(&self.0, cx.spec, &b).await?;
             cx.progress(50, format!("restoring {} control-plane and {} worker machines", b.control_plane, b.workers));
-            wait_nodes(&self.0, cx.spec, (b.control_plane + b.workers) as usize, ready_timeout(cx.spec), cx).await?;
+            wait_nodes(&self.0, cx.spec, (b.control_plane + b.workers) as usize, asked.shrunk_to(&b), ready_timeout(cx.spec), cx).await?;
             Ok(())
         }
         .boxed()
@@ -175,8 +184,9 @@ impl CheckStep<ClusterCommand> for ScaleWait {
 
     fn run<'a>(&'a self, cx: &'a StepContext<'a, ClusterCommand>) -> BoxFuture<'a, Result<Value, StepError>> {
         async move {
-            let to = target(cx.spec, &before(cx)?);
-            let nodes = wait_nodes(&self.0, cx.spec, (to.control_plane + to.workers) as usize, ready_timeout(cx.spec), cx).await?;
+            let b = before(cx)?;
+            let to = target(cx.spec, &b);
+            let nodes = wait_nodes(&self.0, cx.spec, (to.control_plane + to.workers) as usize, b.shrunk_to(&to), ready_timeout(cx.spec), cx).await?;
             cx.progress(100, format!("{} nodes Ready", nodes.len()));
             WAIT.value(&ReadyNodes { nodes })
         }

@@ -8,8 +8,9 @@
 //! count and flavor register, each with its `Machine` on the hub. Replica changes of the
 //! control plane or a MachineDeployment add nodes, or delete Machines, whose nodes are
 //! drained first as upstream's machine controller does ([`drain_machines`]); deleting a
-//! Cluster removes its workload cluster, Machines and Secret after a delay (no drain). [`CapiKnobs`] set delays, a
-//! cluster that never becomes ready and crash-looping images (a failing add-on).
+//! Cluster removes its workload cluster, Machines and Secret after a delay (no drain).
+//! [`CapiKnobs`] set delays, a cluster that never becomes ready and crash-looping images
+//! (a failing add-on).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};

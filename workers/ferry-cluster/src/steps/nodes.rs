@@ -1,8 +1,8 @@
 //! `nodes`: as many Machines of the cluster as it has control-plane and worker replicas
 //! have nodes, none is being deleted (a scale down's Machines drained and gone, what holds
 //! them said as Cluster API says it), and each such Node is Ready through the workload
-//! kubeconfig ([`wait_nodes`], which a scale's `wait` and the undo of `scale` use too). It changes nothing, so its undo
-//! has nothing to put back.
+//! kubeconfig ([`wait_nodes`], which a scale's `wait` and the undo of `scale` use too). It
+//! changes nothing, so its undo has nothing to put back.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,20 +45,21 @@ pub(super) async fn wait_nodes(
     let hub = inner.hub();
     let name = cmd.name.clone();
     let mut said = None;
+    let what = format!("{want} Machines of {name} with nodes{}", if shrinking { ", none being deleted" } else { "" });
     let nodes = inner
         .cfg
         .watches
-        .wait_store::<CapiMachine, Vec<String>>(HUB, &hub, Some(cmd.namespace()), &format!("{want} Machines of {name} with nodes, none being deleted"), timeout, |store| {
+        .wait_store::<CapiMachine, Vec<String>>(HUB, &hub, Some(cmd.namespace()), &what, timeout, |store| {
             let all: Vec<_> = store.state().into_iter().filter(|m| m.metadata.labels.as_ref().and_then(|l| l.get(render::CAPI_CLUSTER_LABEL)) == Some(&name)).collect();
             let (deleted, ms): (Vec<_>, Vec<_>) = all.into_iter().partition(|m| m.metadata.deletion_timestamp.is_some());
             let with_node: Vec<String> = ms.iter().filter_map(|m| m.status_at("/nodeRef/name").and_then(Value::as_str).map(str::to_owned)).collect();
             if ms.len() != want || with_node.len() != want {
                 return Check::Pending(format!("{} Machines, {} with a node, want {want}", ms.len(), with_node.len()));
             }
-            // A scale down (`shrinking`) is done once the Machines it removes are gone: Cluster API
-            // drains each one's node first, and a PodDisruptionBudget can hold that for
-            // ever (no drain timeout by default); the Machine's `Deleting` condition says
-            // what holds it, and the wait says it when that changed.
+            // A scale down (`shrinking`) is done once the Machines it removes are gone:
+            // Cluster API drains each one's node first, and a PodDisruptionBudget can hold
+            // that for ever (no drain timeout by default); the Machine's `Deleting`
+            // condition says what holds it, and the wait says it when that changed.
             let Some(why) = being_deleted(&deleted).filter(|_| shrinking) else { return Check::Done(with_node) };
             if said.as_ref() != Some(&why) {
                 cx.progress(25, why.clone());

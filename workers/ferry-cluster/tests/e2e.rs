@@ -159,6 +159,10 @@ async fn create_with_addons_and_ocm_then_scale_revert_and_delete() {
         "spec": {"nodeName": "scaled-md-0-2", "containers": [{"name": "held", "image": "nginx:1.25"}]}});
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(workload.clone(), "default");
     pods.create(&Default::default(), &serde_json::from_value(held).unwrap()).await.unwrap();
+    // Running first: the API server evicts a Pending pod without asking its budget
+    // (`eviction.go` `canIgnorePDB`).
+    let running = |p: Option<&k8s_openapi::api::core::v1::Pod>| p.and_then(|p| p.status.as_ref()).and_then(|s| s.phase.as_deref()) == Some("Running");
+    tokio::time::timeout(WAIT, await_condition(pods.clone(), "held", running)).await.expect("the held pod runs").unwrap();
     let budgets = kube::api::ApiResource::from_gvk_with_plural(&kube::api::GroupVersionKind::gvk("policy", "v1beta1", "PodDisruptionBudget"), "poddisruptionbudgets");
     let budgets: Api<kube::api::DynamicObject> = Api::namespaced_with(workload.clone(), "default", &budgets);
     let budget = json!({"apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget", "metadata": {"name": "held"},

@@ -51,7 +51,7 @@ fn event_headers(trace: &Value) -> Value {
         TRACEPARENT: trace,
         TASK_HEADER: header("the task id"),
         CE_SPECVERSION: {"type": "string", "const": CLOUDEVENTS_VERSION, "description": "CloudEvents spec version"},
-        CE_ID: header("CloudEvents id: `<task_id>:<seq>`, the event's dedupe key (a re-sent event keeps it); a seq 0 event (a refused Cancel or Revert) is `<task_id>:0:<uuid>`"),
+        CE_ID: header("CloudEvents id: `<task_id>:<seq>`, the event's dedupe key (a re-sent event keeps it); a seq 0 event (a refused command) is `<task_id>:0:<uuid>`, a UUID v5 of the command record it answers, the same when the command is read again"),
         CE_TYPE: {"type": "string", "enum": EVENT_TYPES.iter().map(|e| cloudevent_type(*e)).collect::<Vec<_>>(), "description": "CloudEvents type: the event's `event`, `io.ferry.task.<snake_case>`"},
         CE_SOURCE: {"type": "string", "enum": sources, "description": "CloudEvents source: the kind's workers, `/ferry/workers/<kind>` (the instance is the record's `worker`)"},
         CE_SUBJECT: header("CloudEvents subject: the task's subject"),

@@ -219,12 +219,59 @@ pub fn cloudevent_source(kind: TaskKind) -> String {
     format!("/ferry/workers/{kind}")
 }
 
-/// The CloudEvents headers of `ev`, in order (binary content mode). `ce_id` is
-/// `<task id>:<seq>`; an event with seq 0 (a refused Cancel or Revert, which leaves its task
-/// as it was) is not the task's n-th event and several may exist, so its id also gets a
-/// fresh UUID v7: `<task id>:0:<uuid>`. `ce_time` is left out only if `at_ms` is not a time.
-pub fn cloudevent_headers(ev: &ProgressEvent) -> Vec<(&'static str, String)> {
-    let id = if ev.seq == 0 { format!("{}:0:{}", ev.task_id, uuid::Uuid::now_v7().simple()) } else { format!("{}:{}", ev.task_id, ev.seq) };
+/// The command record an event with seq 0 answers: where it sits on its kind's command
+/// topic, and the producer's `created_at_ms` in it (offsets start again on a topic made
+/// anew). The same on every reading of the record, by any worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Answered {
+    /// The command topic's partition.
+    pub partition: i32,
+    /// The record's offset there.
+    pub offset: i64,
+    /// The envelope's `created_at_ms`.
+    pub created_at_ms: i64,
+}
+
+/// The UUID namespace of seq-0 events' ids (a UUID v5 of the command's place, [`Answered`]).
+const ANSWER_ID_NAMESPACE: uuid::Uuid = uuid::uuid!("4a1c2f0e-8d6b-5e3a-9c71-0f2b6d8e4a13");
+
+/// An event to write and, when its seq is 0, the command it answers: what its CloudEvents
+/// id is made of ([`cloudevent_headers`]), kept with it while it may be written again.
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    /// The event.
+    pub event: ProgressEvent,
+    /// The command a seq-0 event answers.
+    pub answers: Option<Answered>,
+}
+
+impl From<ProgressEvent> for Outgoing {
+    fn from(event: ProgressEvent) -> Self {
+        Self { event, answers: None }
+    }
+}
+
+/// An event's CloudEvents id: `<task id>:<seq>`. An event with seq 0 (a refused command,
+/// which leaves its task as it was) is not the task's n-th event and several may exist, so
+/// its id is `<task id>:0:<uuid>`, the UUID (v5) made of the command it answers
+/// ([`Answered`]): a worker that reads the command again after a crash, or writes its
+/// answer again after a failed write, gives the answer the same id, and a consumer sees
+/// the duplicate it is. Without the command (none of Ferry's own writes) a fresh UUID v7.
+pub fn cloudevent_id(ev: &ProgressEvent, answers: Option<&Answered>) -> String {
+    match (ev.seq, answers) {
+        (0, Some(a)) => {
+            let name = format!("{}/{}/{}", a.partition, a.offset, a.created_at_ms);
+            format!("{}:0:{}", ev.task_id, uuid::Uuid::new_v5(&ANSWER_ID_NAMESPACE, name.as_bytes()).simple())
+        }
+        (0, None) => format!("{}:0:{}", ev.task_id, uuid::Uuid::now_v7().simple()),
+        (seq, _) => format!("{}:{seq}", ev.task_id),
+    }
+}
+
+/// The CloudEvents headers of `ev`, in order (binary content mode); `ce_id` is
+/// [`cloudevent_id`]. `ce_time` is left out only if `at_ms` is not a time.
+pub fn cloudevent_headers(ev: &ProgressEvent, answers: Option<&Answered>) -> Vec<(&'static str, String)> {
+    let id = cloudevent_id(ev, answers);
     let mut h = vec![
         (CE_SPECVERSION, CLOUDEVENTS_VERSION.to_owned()),
         (CE_ID, id),
@@ -327,7 +374,7 @@ pub struct Pending {
     view: Option<Arc<StateView>>,
     /// The events among the records, in order: what a caller makes again with the task's
     /// newest snapshot when these writes fail ([`Self::events`]).
-    events: Vec<ProgressEvent>,
+    events: Vec<Outgoing>,
 }
 
 /// Hands a record to the producer, waiting while its local queue is full.
@@ -390,7 +437,7 @@ impl Pending {
     }
 
     /// The events among these records, in the order they were handed over.
-    pub(crate) fn events(&self) -> &[ProgressEvent] {
+    pub(crate) fn events(&self) -> &[Outgoing] {
         &self.events
     }
 
@@ -483,9 +530,9 @@ impl Publisher {
 
     /// A progress event's headers: [`Self::headers`] and the CloudEvents attributes
     /// ([`cloudevent_headers`]). Every event Ferry writes goes through here.
-    fn event_headers(ev: &ProgressEvent) -> OwnedHeaders {
+    fn event_headers(ev: &ProgressEvent, answers: Option<&Answered>) -> OwnedHeaders {
         let mut h = Self::headers(&ev.task_id, ev.trace_parent.as_deref());
-        for (key, value) in cloudevent_headers(ev) {
+        for (key, value) in cloudevent_headers(ev, answers) {
             h = h.insert(Header { key, value: Some(&value) });
         }
         h
@@ -520,11 +567,17 @@ impl Publisher {
         Ok(p)
     }
 
-    /// Hands one event to the producer without touching any snapshot (for commands that
-    /// name no known task, and final events published again): to `ferry.progress`, and to
-    /// the tenant's progress topic when `requested_by` is a tenant's principal.
-    pub fn enqueue_event(&self, ev: &ProgressEvent, requested_by: &str) -> Result<Pending, PublishError> {
-        Ok(Pending { events: vec![ev.clone()], ..self.send_event(ev, requested_by)? })
+    /// Hands one event to the producer without touching any snapshot (the answer to a
+    /// command that leaves its task as it was, with seq 0 and the command it answers; a
+    /// final event published again): to `ferry.progress`, and to the tenant's progress
+    /// topic when `requested_by` is a tenant's principal.
+    pub fn enqueue_event(&self, ev: Outgoing, requested_by: &str) -> Result<Pending, PublishError> {
+        let mut futures = Vec::with_capacity(2);
+        for d in self.deferred_event(&ev.event, ev.answers.as_ref(), requested_by)? {
+            let f = self.send(&d.topic, &d.key, &d.payload, d.headers)?;
+            futures.push((d.topic, f));
+        }
+        Ok(Pending { futures, events: vec![ev], ..Pending::none() })
     }
 
     /// [`Self::enqueue_event`] without keeping a copy of the event in the [`Pending`]: for
@@ -532,7 +585,7 @@ impl Publisher {
     /// from a `Pending` (its command is read again instead).
     fn send_event(&self, ev: &ProgressEvent, requested_by: &str) -> Result<Pending, PublishError> {
         let mut futures = Vec::with_capacity(2);
-        for d in self.deferred_event(ev, requested_by)? {
+        for d in self.deferred_event(ev, None, requested_by)? {
             let f = self.send(&d.topic, &d.key, &d.payload, d.headers)?;
             futures.push((d.topic, f));
         }
@@ -551,25 +604,29 @@ impl Publisher {
 
     /// Hands the snapshot to the producer, and its event to produce once the snapshot is
     /// durable ([`Pending::durable`]).
-    pub fn enqueue_write(&self, snap: &TaskSnapshot, ev: &ProgressEvent) -> Result<Pending, PublishError> {
-        self.enqueue_write_all(snap, std::slice::from_ref(ev))
+    pub fn enqueue_write(&self, snap: &TaskSnapshot, ev: ProgressEvent) -> Result<Pending, PublishError> {
+        self.write_all(snap, vec![ev.into()])
     }
 
     /// [`Self::enqueue_write`] with several events of the snapshot's task, produced in
     /// order once the snapshot is durable (a paused write whose previous event was not
     /// acknowledged either).
-    pub fn enqueue_write_all(&self, snap: &TaskSnapshot, evs: &[ProgressEvent]) -> Result<Pending, PublishError> {
+    pub fn enqueue_write_all(&self, snap: &TaskSnapshot, evs: &[Outgoing]) -> Result<Pending, PublishError> {
+        self.write_all(snap, evs.to_vec())
+    }
+
+    fn write_all(&self, snap: &TaskSnapshot, evs: Vec<Outgoing>) -> Result<Pending, PublishError> {
         let mut deferred = Vec::with_capacity(evs.len());
-        for ev in evs {
-            deferred.extend(self.deferred_event(ev, &snap.requested_by)?);
+        for ev in &evs {
+            deferred.extend(self.deferred_event(&ev.event, ev.answers.as_ref(), &snap.requested_by)?);
         }
         let mut p = self.enqueue_snapshot(snap)?;
         p.deferred = deferred;
         p.producer = Some(self.producer.clone());
-        p.events = evs.to_vec();
-        for ev in evs {
-            self.metrics.written(snap, ev);
+        for ev in &evs {
+            self.metrics.written(snap, &ev.event);
         }
+        p.events = evs;
         Ok(p)
     }
 
@@ -577,9 +634,9 @@ impl Publisher {
     /// when the task is a tenant's (`requested_by`, the principal the intake set), so that
     /// a tenant reads its own tasks' events and no one else's. Every event goes through
     /// here, deferred or not.
-    fn deferred_event(&self, ev: &ProgressEvent, requested_by: &str) -> Result<Vec<Deferred>, PublishError> {
+    fn deferred_event(&self, ev: &ProgressEvent, answers: Option<&Answered>, requested_by: &str) -> Result<Vec<Deferred>, PublishError> {
         let bytes = self.registry.encode(ev).map_err(|source| PublishError::Encode { record: "ProgressEvent", task: ev.task_id.clone(), source })?;
-        let record = |topic: String, payload: Vec<u8>| Deferred { topic, key: ev.task_id.as_bytes().to_vec(), payload, headers: Self::event_headers(ev) };
+        let record = |topic: String, payload: Vec<u8>| Deferred { topic, key: ev.task_id.as_bytes().to_vec(), payload, headers: Self::event_headers(ev, answers) };
         Ok(match crate::tenants::tenant_of(requested_by) {
             Some(tenant) => vec![record(self.topics.progress().name.clone(), bytes.clone()), record(self.topics.tenant_progress_name(tenant), bytes)],
             None => vec![record(self.topics.progress().name.clone(), bytes)],
@@ -606,7 +663,7 @@ impl Publisher {
     /// durable.
     pub fn enqueue_transition(&self, snap: &mut TaskSnapshot, event: EventType, d: Detail) -> Result<Pending, PublishError> {
         let ev = self.advance(snap, event, d);
-        self.enqueue_write(snap, &ev)
+        self.enqueue_write(snap, ev)
     }
 
     /// A task's transition, pipelined: the snapshot is produced and acknowledged together
@@ -642,7 +699,7 @@ impl Publisher {
             before.extend(held);
             PublishError::Transition { event: Box::new(ev), before, source: Box::new(source) }
         };
-        let encoded = held.iter().chain(Some(&last)).map(|e| self.deferred_event(e, &snap.requested_by)).collect::<Result<Vec<_>, _>>();
+        let encoded = held.iter().chain(Some(&last)).map(|e| self.deferred_event(e, None, &snap.requested_by)).collect::<Result<Vec<_>, _>>();
         let snapshot = encoded.and_then(|enc| self.enqueue_snapshot(snap).map(|p| (enc, p)));
         let (encoded, snapshot) = match snapshot {
             Ok(x) => x,
@@ -772,7 +829,7 @@ mod tests {
 
     #[test]
     fn an_event_carries_the_cloudevents_attributes_as_headers() {
-        let h = cloudevent_headers(&event(5, EventType::StepSucceeded));
+        let h = cloudevent_headers(&event(5, EventType::StepSucceeded), None);
         let expected = [
             (CE_SPECVERSION, "1.0"),
             (CE_ID, "tsk_0190f1a2b3c4d5e6f708192a3b4c5d6e:5"),
@@ -784,7 +841,7 @@ mod tests {
         ];
         assert_eq!(h.iter().map(|(k, v)| (*k, v.as_str())).collect::<Vec<_>>(), expected);
         // Whole seconds keep their three digits: one shape for every event.
-        let whole = cloudevent_headers(&Detail::default().into_event(("t", TaskKind::TEST, "s"), 1, EventType::Accepted, "w", 0, None));
+        let whole = cloudevent_headers(&Detail::default().into_event(("t", TaskKind::TEST, "s"), 1, EventType::Accepted, "w", 0, None), None);
         assert_eq!(whole.iter().find(|(k, _)| *k == CE_TIME).map(|(_, v)| v.as_str()), Some("1970-01-01T00:00:00.000Z"));
     }
 
@@ -800,12 +857,22 @@ mod tests {
     }
 
     #[test]
-    fn events_with_seq_0_get_distinct_ids() {
-        let id = |ev: &ProgressEvent| cloudevent_headers(ev).into_iter().find(|(k, _)| *k == CE_ID).unwrap().1;
-        let (a, b) = (id(&event(0, EventType::Rejected)), id(&event(0, EventType::Rejected)));
+    fn an_event_with_seq_0_is_named_by_the_command_it_answers() {
+        let id = |ev: &ProgressEvent, a: Option<&Answered>| cloudevent_headers(ev, a).into_iter().find(|(k, _)| *k == CE_ID).unwrap().1;
+        let cancel = Answered { partition: 2, offset: 41, created_at_ms: 1_767_323_045_000 };
+        let (a, b) = (id(&event(0, EventType::Rejected), Some(&cancel)), id(&event(0, EventType::Rejected), Some(&Answered { offset: 42, ..cancel })));
         assert_ne!(a, b, "two refused Cancels of one task are two events");
-        assert!(a.starts_with("tsk_0190f1a2b3c4d5e6f708192a3b4c5d6e:0:"), "{a}");
-        assert_eq!(id(&event(3, EventType::Rejected)), id(&event(3, EventType::Rejected)), "a re-sent event keeps its id");
+        let uuid = a.strip_prefix("tsk_0190f1a2b3c4d5e6f708192a3b4c5d6e:0:").unwrap_or_else(|| panic!("{a}"));
+        assert_eq!(uuid::Uuid::parse_str(uuid).map(|u| u.get_version_num()).ok(), Some(5), "{a}");
+        // The same command answered again, by another worker, later: the same event.
+        let mut again = event(0, EventType::Rejected);
+        (again.worker, again.at_ms) = ("ferry-deploy-1".into(), again.at_ms + 60_000);
+        assert_eq!(id(&again, Some(&cancel)), a, "a command answered again keeps its answer's id");
+        // A topic made anew starts its offsets again; its commands are other commands.
+        assert_ne!(id(&event(0, EventType::Rejected), Some(&Answered { created_at_ms: 1_767_400_000_000, ..cancel })), a);
+        assert_ne!(id(&event(0, EventType::Rejected), None), id(&event(0, EventType::Rejected), None), "no command: a fresh id each time");
+        assert_eq!(id(&event(3, EventType::Rejected), None), id(&event(3, EventType::Rejected), Some(&cancel)), "a seq names a task's event by itself");
+        assert_eq!(id(&event(3, EventType::Rejected), None), "tsk_0190f1a2b3c4d5e6f708192a3b4c5d6e:3", "a re-sent event keeps its id");
     }
 
     #[test]

@@ -69,8 +69,9 @@ pub(crate) struct Done {
 #[derive(Debug, Clone)]
 pub(crate) struct Unwritten {
     /// The events to write after that snapshot, in order (none: the snapshot alone): the
-    /// transition's event, after every earlier one not acknowledged or held for it.
-    pub events: Vec<crate::protocol::ProgressEvent>,
+    /// transition's event, after every earlier one not acknowledged or held for it; or a
+    /// batch's deferred controls' events, a seq-0 answer with the command it answers.
+    pub events: Vec<crate::publisher::Outgoing>,
 }
 
 /// What a runner shares with every other runner of its worker.
@@ -272,7 +273,7 @@ impl<H: TaskHandler> Runner<H> {
                     }
                     _ => Vec::new(),
                 };
-                (true, Some(Unwritten { events }))
+                (true, Some(Unwritten { events: events.into_iter().map(Into::into).collect() }))
             }
         };
         let _ = self.done.send(Done { task_id: self.id, run: self.run, snapshot: self.snap.clone(), stopped, overtaken, unwritten });

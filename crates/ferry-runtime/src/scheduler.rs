@@ -13,7 +13,7 @@ use crate::fences::Fences;
 use crate::holds::CommitHolds;
 use crate::ids::TaskId;
 use crate::protocol::{Bytes, CommandAction, CommandEnvelope, EventType, ProgressEvent, Signal, TaskSnapshot, TaskState, now_ms};
-use crate::publisher::{DeadLetter, Detail, Pending, PublishError};
+use crate::publisher::{Answered, DeadLetter, Detail, Outgoing, Pending, PublishError};
 use crate::runner::{Control, ControlReply, Done, Env, Runner, Unwritten};
 use crate::state_view::StateView;
 use crate::step::TaskHandler;
@@ -596,7 +596,7 @@ impl<H: TaskHandler> Scheduler<H> {
                 Ok(ControlReply::Handled) => continue,
                 Ok(ControlReply::Refused(why)) => {
                     let mut refused = crate::publisher::Publisher::nothing();
-                    refused.extend(self.event_only(&env, EventType::Rejected, trace, why)?);
+                    refused.extend(self.event_only(&env, at, EventType::Rejected, trace, why)?);
                     refused.durable().await?;
                     continue;
                 }
@@ -659,7 +659,7 @@ impl<H: TaskHandler> Scheduler<H> {
         if env.action != CommandAction::Start || !owns_id || self.view.get(&id).is_some() || self.slots.contains_key(&id) {
             // A bad Cancel/Revert, a Start that reuses a live task's id or takes another's:
             // tell the tracker without touching that task's snapshot.
-            return self.event_only(env, EventType::Rejected, trace, reason);
+            return self.event_only(env, (partition, offset), EventType::Rejected, trace, reason);
         }
         let mut snap = self.new_snapshot(env, id, partition, offset, trace);
         snap.state = TaskState::Rejected;
@@ -683,10 +683,14 @@ impl<H: TaskHandler> Scheduler<H> {
         self.env.publisher.enqueue_snapshot(snap)
     }
 
-    fn event_only(&self, env: &CommandEnvelope, event: EventType, trace: Option<String>, message: String) -> Result<Pending, PublishError> {
+    /// An event that answers the command at `at` and leaves its task as it was: seq 0, its
+    /// id made of the command ([`crate::publisher::cloudevent_id`]), so that the command
+    /// read again answers with the same event.
+    fn event_only(&self, env: &CommandEnvelope, at: (i32, i64), event: EventType, trace: Option<String>, message: String) -> Result<Pending, PublishError> {
         let d = Detail { code: Some("REJECTED".into()), ..Detail::default() }.message(message);
         let ev = d.into_event((&env.task_id, env.kind, &env.subject), 0, event, self.env.publisher.worker(), now_ms(), trace);
-        self.env.publisher.enqueue_event(&ev, &env.requested_by)
+        let answers = Answered { partition: at.0, offset: at.1, created_at_ms: env.created_at_ms };
+        self.env.publisher.enqueue_event(Outgoing { event: ev, answers: Some(answers) }, &env.requested_by)
     }
 
     fn start(&mut self, env: CommandEnvelope, id: TaskId, partition: i32, offset: i64, trace: Option<String>) -> Result<Pending, PublishError> {
@@ -844,7 +848,7 @@ impl<H: TaskHandler> Scheduler<H> {
     ) -> Result<Option<oneshot::Receiver<ControlReply>>, PublishError> {
         let revert = env.action == CommandAction::Revert;
         if let Some(reason) = self.control_refusal(env, id) {
-            pending.extend(self.event_only(env, EventType::Rejected, trace, reason)?);
+            pending.extend(self.event_only(env, at, EventType::Rejected, trace, reason)?);
             return Ok(None);
         }
         if let Some(slot) = self.slots.get(&id)
@@ -934,7 +938,7 @@ impl<H: TaskHandler> Scheduler<H> {
                     Err(why) => Some(why),
                 };
                 if let Some(why) = refused {
-                    pending.extend(self.event_only(env, EventType::Rejected, trace, why)?);
+                    pending.extend(self.event_only(env, at, EventType::Rejected, trace, why)?);
                 }
                 return Ok(None);
             }
@@ -958,10 +962,10 @@ impl<H: TaskHandler> Scheduler<H> {
         }
         match self.view.get(&id) {
             Some(snap) if snap.kind != self.env.handler.kind() => {
-                pending.extend(self.event_only(env, EventType::Rejected, trace, format!("task {id} is a {} task, not {}", snap.kind, env.kind))?);
+                pending.extend(self.event_only(env, at, EventType::Rejected, trace, format!("task {id} is a {} task, not {}", snap.kind, env.kind))?);
             }
             Some(snap) if env.action == CommandAction::Signal => {
-                pending.extend(self.event_only(env, EventType::Rejected, trace, ended(&snap))?);
+                pending.extend(self.event_only(env, at, EventType::Rejected, trace, ended(&snap))?);
             }
             Some(mut snap) => {
                 if revert && snap.state.is_revertible() {
@@ -980,7 +984,7 @@ impl<H: TaskHandler> Scheduler<H> {
                     Some(tenant) => format!("tenant {tenant:?} has no {} task {id}", env.kind),
                     None => format!("no {} task {id} is known", env.kind),
                 };
-                pending.extend(self.event_only(env, EventType::Rejected, trace, reason)?);
+                pending.extend(self.event_only(env, at, EventType::Rejected, trace, reason)?);
             }
         }
         Ok(None)
@@ -1002,7 +1006,7 @@ impl<H: TaskHandler> Scheduler<H> {
         let mut pending = crate::publisher::Publisher::nothing();
         for snap in self.view.settled_since(&fresh, now_ms() - REPUBLISH_WINDOW_MS) {
             let ev = final_event(&snap, self.env.publisher.worker());
-            match self.env.publisher.enqueue_event(&ev, &snap.requested_by) {
+            match self.env.publisher.enqueue_event(ev.into(), &snap.requested_by) {
                 Ok(p) => pending.extend(p),
                 Err(e) => tracing::warn!(task = %snap.task_id, error = %e, "final event not republished"),
             }

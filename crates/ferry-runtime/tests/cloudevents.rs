@@ -79,3 +79,41 @@ async fn every_record_carries_the_headers(broker: TestBroker) {
     assert_eq!(rejected.len(), 2, "{rejected:?}");
     assert!(rejected.iter().all(|(ev, _)| ev.seq == 0 && ev.event == EventType::Rejected));
 }
+
+/// A refused command read again (here by a worker of another group, as after a crash
+/// before its offset was committed) is answered with the same event: its seq-0 Rejected
+/// has the same `ce_id`, so a consumer that dedupes by id sees one answer. Another command
+/// of the same task is another answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_command_read_again_is_answered_with_the_same_id() {
+    let broker = TestBroker::embedded();
+    let client = broker.client();
+    let mut events = client.events(true).await.unwrap();
+    let unknown = TaskId::new();
+    let (stop, worker) = broker.spawn_worker(broker.worker_options());
+    for _ in 0..2 {
+        client.control(TaskKind::TEST, "nowhere", unknown, CommandAction::Cancel, None).await.unwrap();
+        until_event(&mut events, unknown, EventType::Rejected).await;
+    }
+    stop.cancel();
+    worker.await.unwrap();
+    // The same two records, read by a worker that never committed them.
+    let mut again = broker.worker_options();
+    again.group_id = Some("ferry-test-again".into());
+    again.worker_id = "ferry-test-again-0".into();
+    let (stop, worker) = broker.spawn_worker(again);
+    let records = progress_records(&broker, 4);
+    stop.cancel();
+    worker.await.unwrap();
+
+    let ids: Vec<(&str, &str)> = records.iter().map(|(ev, h)| (ev.worker.as_str(), h.get(CE_ID).map(String::as_str).unwrap_or_default())).collect();
+    assert!(records.iter().all(|(ev, _)| ev.task_id == unknown.to_string() && ev.seq == 0 && ev.event == EventType::Rejected), "{records:?}");
+    let (first, second): (Vec<&(&str, &str)>, Vec<_>) = ids.iter().partition(|(w, _)| *w != "ferry-test-again-0");
+    assert_eq!((first.len(), second.len()), (2, 2), "each worker answers both commands: {ids:?}");
+    let uuid = first[0].1.strip_prefix(&format!("{unknown}:0:")).unwrap_or_else(|| panic!("{ids:?}"));
+    assert_eq!(uuid::Uuid::parse_str(uuid).map(|u| u.get_version_num()).ok(), Some(5), "{ids:?}");
+    assert_ne!(first[0].1, first[1].1, "two commands, two answers: {ids:?}");
+    let answered: Vec<&str> = first.iter().map(|(_, id)| *id).collect();
+    let again: Vec<&str> = second.iter().map(|(_, id)| *id).collect();
+    assert_eq!(again, answered, "each command read again is answered with its first answer's id");
+}

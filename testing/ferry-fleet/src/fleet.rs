@@ -167,28 +167,33 @@ impl Cluster {
     /// retry: an upstream controller's drain sees the refusal at once and requeues, where
     /// an emulator's pass would hang in the retries.
     pub async fn evicting_client(&self) -> Result<Client, FleetError> {
-        use kube::config::{KubeConfigOptions, Kubeconfig};
-        let err = |e: Box<dyn std::error::Error + Send + Sync>| FleetError::Client { cluster: self.name.clone(), source: e };
-        let kc = Kubeconfig::read_from(&self.kubeconfig).map_err(|e| err(Box::new(e)))?;
-        let mut config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await.map_err(|e| err(Box::new(e)))?;
-        config.default_retry = false;
-        Client::try_from(config).map_err(|e| err(Box::new(e)))
+        self.client_with(|_| {}, |config| config.default_retry = false).await
     }
 
     /// A client that acts as `user` in `groups` (the admin impersonating them), so RBAC
     /// and admission webhooks see that identity, as they would a worker's service account.
     pub async fn client_as(&self, user: &str, groups: &[&str]) -> Result<Client, FleetError> {
+        let impersonate = |kc: &mut kube::config::Kubeconfig| {
+            for named in &mut kc.auth_infos {
+                if let Some(a) = named.auth_info.as_mut() {
+                    a.impersonate = Some(user.to_owned());
+                    a.impersonate_groups = Some(groups.iter().map(|g| (*g).to_owned()).collect());
+                }
+            }
+        };
+        self.client_with(impersonate, |_| {}).await
+    }
+
+    /// A client from the admin kubeconfig, edited by `kubeconfig`, its `kube::Config` then
+    /// edited by `config`.
+    async fn client_with(&self, kubeconfig: impl FnOnce(&mut kube::config::Kubeconfig), config: impl FnOnce(&mut kube::Config)) -> Result<Client, FleetError> {
         use kube::config::{KubeConfigOptions, Kubeconfig};
         let err = |e: Box<dyn std::error::Error + Send + Sync>| FleetError::Client { cluster: self.name.clone(), source: e };
         let mut kc = Kubeconfig::read_from(&self.kubeconfig).map_err(|e| err(Box::new(e)))?;
-        for named in &mut kc.auth_infos {
-            if let Some(a) = named.auth_info.as_mut() {
-                a.impersonate = Some(user.to_owned());
-                a.impersonate_groups = Some(groups.iter().map(|g| (*g).to_owned()).collect());
-            }
-        }
-        let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await.map_err(|e| err(Box::new(e)))?;
-        Client::try_from(config).map_err(|e| err(Box::new(e)))
+        kubeconfig(&mut kc);
+        let mut c = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await.map_err(|e| err(Box::new(e)))?;
+        config(&mut c);
+        Client::try_from(c).map_err(|e| err(Box::new(e)))
     }
 }
 

@@ -102,7 +102,7 @@ impl Inner {
             return Ok(());
         }
         // Gone, or replaced by another object of the name, is done.
-        ferry_kube::deletes::delete_if_unchanged(&t.api, &t.name, &live.metadata, DeleteParams::background()).await.map(drop).map_err(|e| api_err(cluster, e))
+        ferry_kube::deletes::delete_if_unchanged(&t.api, &t.name, &live.metadata, DeleteParams::background()).await.map_err(|e| api_err(cluster, e))
     }
 
     async fn namespaces_api(&self, cluster: &str) -> Result<(kube::Client, Api<Namespace>), StepError> {
@@ -170,6 +170,6 @@ impl Inner {
             tracing::info!(cluster, namespace = name, deployments = ?others, "namespace holds others' Deployments: kept");
             return Ok(());
         }
-        ferry_kube::deletes::delete_if_unchanged(&api, name, &live.metadata, DeleteParams::background()).await.map(drop).map_err(|e| api_err(cluster, e))
+        ferry_kube::deletes::delete_if_unchanged(&api, name, &live.metadata, DeleteParams::background()).await.map_err(|e| api_err(cluster, e))
     }
 }

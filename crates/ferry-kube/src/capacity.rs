@@ -181,8 +181,8 @@ pub async fn measure(clusters: &crate::Clusters, cluster: &str) -> Result<Cluste
     use k8s_openapi::api::core::v1::{Node, Pod};
     use kube::api::{Api, ListParams};
     let client = clusters.client(cluster).await.map_err(|e| e.to_string())?;
-    let nodes = Api::<Node>::all(client.clone()).list(&ListParams::default()).await.map_err(|e| format!("listing nodes: {e}"))?;
-    let pods = Api::<Pod>::all(client).list(&ListParams::default()).await.map_err(|e| format!("listing pods: {e}"))?;
+    let nodes = Api::<Node>::all(client.clone()).list(&ListParams::default()).await.map_err(|e| format!("listing nodes: {}", crate::said::said(&e)))?;
+    let pods = Api::<Pod>::all(client).list(&ListParams::default()).await.map_err(|e| format!("listing pods: {}", crate::said::said(&e)))?;
     load(cluster, &nodes.items, &pods.items).map_err(|e| e.to_string())
 }
 

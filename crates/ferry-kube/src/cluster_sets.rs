@@ -66,7 +66,7 @@ pub enum ClusterSetError {
         source: ParseExpressionError,
     },
     /// Reading the hub failed.
-    #[error("reading ManagedClusterSets or ManagedClusters on the hub: {source}")]
+    #[error("reading ManagedClusterSets or ManagedClusters on the hub: {}", crate::said::said(source))]
     Hub {
         /// The API's error.
         #[source]

@@ -118,7 +118,7 @@ pub enum ClusterError {
     #[error("object is malformed: {0}")]
     Malformed(String),
     /// The API server refused.
-    #[error("cluster {cluster:?}: {source}")]
+    #[error("cluster {cluster:?}: {}", crate::said::said(source))]
     Kube {
         /// The cluster.
         cluster: String,

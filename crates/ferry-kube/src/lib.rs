@@ -24,6 +24,8 @@
 //!   its name; gone or replaced counts as done.
 //! - [`orphans`]: the namespaces a ManifestWork ships but must not own (there before it):
 //!   `CreateOnly` and orphaned, so that deleting the work never deletes them.
+//! - [`said`]: Kubernetes errors in an operator's words (no `Status` in Rust's debug
+//!   notation in any user-facing line).
 
 pub mod capacity;
 pub mod cluster_sets;
@@ -36,6 +38,7 @@ pub mod names;
 pub mod ocm_join;
 pub mod orphans;
 pub mod quantity;
+pub mod said;
 pub mod step_errors;
 pub mod vocab;
 pub mod watches;

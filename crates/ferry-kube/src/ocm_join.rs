@@ -55,7 +55,7 @@ const TOKEN_SECONDS: i64 = 3600;
 #[derive(Debug, thiserror::Error)]
 pub enum JoinError {
     /// The hub refused or failed a call.
-    #[error("{what} on the hub: {source}")]
+    #[error("{what} on the hub: {}", crate::said::said(source))]
     Hub {
         /// What was being done.
         what: &'static str,

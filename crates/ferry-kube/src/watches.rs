@@ -98,7 +98,7 @@ impl Health {
         let not_served = matches!(err, watcher::Error::InitialListFailed(kube::Error::Api(a)) if a.code == 404);
         let mut f = self.0.lock().expect("health lock");
         let since = f.as_ref().map_or_else(tokio::time::Instant::now, |f| f.since);
-        *f = Some(Failure { error: format!("watch error: {err}"), since, not_served });
+        *f = Some(Failure { error: format!("watch error: {}", crate::said::watch_said(err)), since, not_served });
     }
 
     /// Its last error, unless the kind is not served (then there is nothing to read).
@@ -161,7 +161,7 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + 'static,
 {
     let failed = |e: &dyn std::fmt::Display| format!("could not list {} from the API server: {e}", K::kind(&()));
-    let listed = api.list(&ListParams::default()).await.map_err(|e| failed(&e))?;
+    let listed = api.list(&ListParams::default()).await.map_err(|e| failed(&crate::said::said(&e)))?;
     let (store, mut writer) = reflector::store::<K>();
     writer.apply_watcher_event(&watcher::Event::Init);
     for o in listed.items {
@@ -440,7 +440,7 @@ impl Confirm<'_> {
         match current_version(&self.api, self.name).await {
             Ok(now) if now == *seen => Ok(()),
             Ok(_) => Err((format!("the watch has not caught up with the API server's {} yet", self.what), false)),
-            Err(e) => Err((format!("could not read {} to confirm the watch: {e}", self.what), true)),
+            Err(e) => Err((format!("could not read {} to confirm the watch: {}", self.what, crate::said::said(&e)), true)),
         }
     }
 }

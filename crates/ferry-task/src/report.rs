@@ -3,6 +3,12 @@
 
 use crate::{EventType, ProgressEvent, TaskId};
 
+/// Names in a line for a person: `a, b, c`, or `none` (not Rust's `["a", "b"]`).
+pub fn listed<I: IntoIterator<Item = S>, S: AsRef<str>>(items: I) -> String {
+    let names: Vec<String> = items.into_iter().map(|s| s.as_ref().to_owned()).collect();
+    if names.is_empty() { "none".to_owned() } else { names.join(", ") }
+}
+
 /// How a task ended, for a person: its final event's name, or that none came.
 pub fn ended(last: Option<EventType>) -> &'static str {
     last.map_or("without a final event", EventType::name)

@@ -81,7 +81,7 @@ impl Step<DeployApp> for Apply {
             let applied: Vec<String> = to.as_ref().map(|t| t.clusters().into_iter().collect()).unwrap_or_default();
             let removed: Vec<String> = previous.as_ref().map(|p| p.clusters().into_iter().filter(|c| !applied.contains(c)).collect()).unwrap_or_default();
             let how = if cx.spec.delivery == Delivery::ManifestWork { "ManifestWork" } else { "direct apply" };
-            cx.progress(100, format!("{how}: applied to {applied:?}, removing from {removed:?}"));
+            cx.progress(100, format!("{how}: applied to {}, removing from {}", ferry_task::report::listed(&applied), ferry_task::report::listed(&removed)));
             APPLY.value(&Applied { applied, removed, namespaces: Some(namespaces) })
         }
         .boxed()

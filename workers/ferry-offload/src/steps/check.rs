@@ -131,7 +131,7 @@ impl CheckStep<OffloadCommand> for OffloadCheck {
                 OffloadOperation::Offload => {
                     out.targets = self.inner.targets(c).await?;
                     self.inner.targets_ready(c, &out.targets).await?;
-                    cx.progress(100, format!("peered and ready: {:?}", out.targets.iter().map(|t| &t.id).collect::<Vec<_>>()));
+                    cx.progress(100, format!("peered and ready: {}", ferry_task::report::listed(out.targets.iter().map(|t| &t.id))));
                 }
                 OffloadOperation::Burst => {
                     let name = c.deployment.clone().unwrap_or_default();

@@ -83,14 +83,15 @@ impl Step<OffloadCommand> for OffloadStep {
                     let status = current.map(|o| o.status).unwrap_or_default();
                     return match liqo::progress(&status, None, &ids) {
                         Progress::Ready(n) => {
-                            cx.progress(100, format!("{} is already offloaded to {ids:?}; the overflow goes there", c.namespace));
+                            cx.progress(100, format!("{} is already offloaded to {}; the overflow goes there", c.namespace, ferry_task::report::listed(&ids)));
                             OFFLOAD.value(&Offloaded { remote_namespace: Some(n), targets, reused: true })
                         }
                         _ => Err(StepError::permanent(
                             codes::ALREADY_OFFLOADED,
                             format!(
-                                "{} is already offloaded ({prev}) and not to all of {ids:?} the overflow needs: unoffload it or burst within its clusters",
-                                c.namespace
+                                "{} is already offloaded ({prev}) and not to all of {} the overflow needs: unoffload it or burst within its clusters",
+                                c.namespace,
+                                ferry_task::report::listed(&ids)
                             ),
                         )),
                     };
@@ -98,9 +99,9 @@ impl Step<OffloadCommand> for OffloadStep {
             }
             let strategy = if burst { PodOffloadingStrategy::LocalAndRemote } else { c.pod_offloading_strategy };
             let selector = if c.clusters.is_empty() && !burst { None } else { Some(ids.as_slice()) };
-            cx.progress(20, format!("NamespaceOffloading {}/offloading toward {ids:?}", c.namespace));
+            cx.progress(20, format!("NamespaceOffloading {}/offloading toward {}", c.namespace, ferry_task::report::listed(&ids)));
             let remote = self.inner.offload(cx, &liqo::spec(c, strategy, selector), &ids, Some(&cx.task_id.to_string())).await?;
-            cx.progress(100, format!("offloading Ready; twin namespace {remote} on {ids:?}"));
+            cx.progress(100, format!("offloading Ready; twin namespace {remote} on {}", ferry_task::report::listed(&ids)));
             OFFLOAD.value(&Offloaded { remote_namespace: Some(remote), targets, reused: false })
         }
         .boxed()

@@ -154,7 +154,7 @@ impl Step<OffloadCommand> for RespawnStep {
                     .await
                     .map_err(|e| wait_err(codes::SCHEDULING, e))?;
             }
-            cx.progress(100, format!("{} Pending pods created again under Liqo's webhook: {respawned:?}", respawned.len()));
+            cx.progress(100, format!("{} Pending pods created again under Liqo's webhook: {}", respawned.len(), ferry_task::report::listed(&respawned)));
             RESPAWN.value(&Respawned { pods: respawned })
         }
         .boxed()

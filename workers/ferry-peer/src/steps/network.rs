@@ -123,7 +123,7 @@ impl Network {
         let s = kube::Api::<Secret>::namespaced(client, &secret.0)
             .get(&secret.1)
             .await
-            .map_err(|e| StepError::transient(codes::CLUSTER_API, format!("reading the gateway key Secret {}/{} on {cluster}: {e}", secret.0, secret.1)))?;
+            .map_err(|e| StepError::transient(codes::CLUSTER_API, format!("reading the gateway key Secret {}/{} on {cluster}: {}", secret.0, secret.1, ferry_kube::said::said(&e))))?;
         s.data.and_then(|d| d.get("publicKey").map(|k| k.0.clone())).filter(|k| !k.is_empty()).ok_or_else(|| {
             StepError::transient(codes::GATEWAY_NOT_CONNECTED, format!("the gateway key Secret {}/{} on {cluster} has no publicKey yet", secret.0, secret.1))
         })
@@ -172,10 +172,10 @@ impl Step<PeerClusters> for Network {
             self.0.apply(&p.b, &liqo::gateway_server(&on_b, &pair)).await?;
             let server = self.deployed::<LiqoGatewayServer>(&p.b, &on_b, true, p.timeout()).await?;
             let (addresses, port) = server.endpoint.clone().unwrap_or_default();
-            cx.progress(40, format!("GatewayServer on {} at {addresses:?}:{port}", p.b));
+            cx.progress(40, format!("GatewayServer on {} at {} port {port}", p.b, ferry_task::report::listed(&addresses)));
             self.0.apply(&p.a, &liqo::gateway_client(&on_a, &addresses, port, &pair)).await?;
             let client = self.deployed::<LiqoGatewayClient>(&p.a, &on_a, false, p.timeout()).await?;
-            cx.progress(60, format!("GatewayClient on {} toward {addresses:?}", p.a));
+            cx.progress(60, format!("GatewayClient on {} toward {}", p.a, ferry_task::report::listed(&addresses)));
             // The key exchange: each side gets the other gateway's key.
             let server_key = self.key(&p.b, &server.secret).await?;
             let client_key = self.key(&p.a, &client.secret).await?;

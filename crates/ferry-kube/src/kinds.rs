@@ -83,12 +83,18 @@ pub fn node_ready(n: &k8s_openapi::api::core::v1::Node) -> bool {
 }
 
 impl ManagedCluster {
+    /// Whether the hub accepted the cluster: then its namespace on the hub exists
+    /// ([`crate::vocab::ocm::CONDITION_HUB_ACCEPTED`]).
+    pub fn accepted(&self) -> bool {
+        self.condition(crate::vocab::ocm::CONDITION_HUB_ACCEPTED) == Some("True")
+    }
+
     /// Why no Placement selects the cluster yet although it may be joined: not Available,
     /// or Available with an availability taint the hub has not taken off yet
     /// ([`crate::vocab::ocm::AVAILABILITY_TAINTS`]). `None` once it is placeable.
     pub fn not_placeable(&self) -> Option<String> {
-        if self.condition("ManagedClusterConditionAvailable") != Some("True") {
-            return Some(condition_message(&self.status, "ManagedClusterConditionAvailable").unwrap_or_else(|| "not joined yet".into()));
+        if self.condition(crate::vocab::ocm::CONDITION_AVAILABLE) != Some("True") {
+            return Some(condition_message(&self.status, crate::vocab::ocm::CONDITION_AVAILABLE).unwrap_or_else(|| "not joined yet".into()));
         }
         let taints = self.spec["taints"].as_array().into_iter().flatten();
         taints

@@ -19,6 +19,18 @@ pub mod ocm {
     pub const TAINT_UNAVAILABLE: &str = "cluster.open-cluster-management.io/unavailable";
     /// Both: no Placement without a toleration selects a cluster while one is there.
     pub const AVAILABILITY_TAINTS: [&str; 2] = [TAINT_UNREACHABLE, TAINT_UNAVAILABLE];
+    /// A ManagedCluster's condition once the hub accepted it (`cluster/v1/types.go`,
+    /// `ManagedClusterConditionHubAccepted`). The hub's ManagedCluster controller makes the
+    /// cluster's namespace on the hub (where its ManifestWorks and AddOnPlacementScores
+    /// live) only for an accepted cluster, and keeps it after the cluster is deleted (ocm
+    /// `pkg/registration/hub/managedcluster/controller.go`, `sync`).
+    pub const CONDITION_HUB_ACCEPTED: &str = "HubAcceptedManagedCluster";
+    /// The condition its registration agent sets once it joined with its own identity
+    /// (`ManagedClusterConditionJoined`; ocm `pkg/registration/spoke/managedcluster/joining_reconcile.go`).
+    pub const CONDITION_JOINED: &str = "ManagedClusterJoined";
+    /// The condition the agent keeps while the cluster's API server is healthy
+    /// (`ManagedClusterConditionAvailable`).
+    pub const CONDITION_AVAILABLE: &str = "ManagedClusterConditionAvailable";
 }
 
 /// Liqo v1 (liqotech/liqo).

@@ -298,6 +298,11 @@ async fn placements_follow_scores_deadlines_revert_and_bad_input_is_rejected() {
             a.components[0].placement = None;
             a.components[0].cluster = Some("nowhere".into());
         }), "cluster \"nowhere\" is not registered with OCM"),
+        // Registered by its klusterlet, not accepted: the hub has made no namespace for it.
+        (rejected(placed_app(None), "unaccepted", |a| {
+            a.components[0].placement = None;
+            a.components[0].cluster = Some("pending-1".into());
+        }), "cluster \"pending-1\" is registered with OCM but not accepted by the hub yet"),
         (rejected(placed_app(None), "noroom", |a| a.components[0].cpu = Some("6".into())), "0 of the 1 cluster(s) needed can run 1 replica(s) of 6 CPU"),
         (rejected(placed_app(None), "nosecret", |a| a.components[0].image_pull_secret = Some("registry-creds".into())), "Secret placed/registry-creds, which does not exist on the hub"),
         (rejected(placed_app(None), "unbound", |a| a.components[0].placement.as_mut().unwrap().cluster_sets = vec!["other".into()]), "not bound to ManagedClusterSet \"other\""),
@@ -319,6 +324,9 @@ async fn placements_follow_scores_deadlines_revert_and_bad_input_is_rejected() {
         .patch("plain", &kube::api::PatchParams::apply("test"), &kube::api::Patch::Apply(&plain))
         .await
         .unwrap();
+    let pending = serde_json::json!({"apiVersion": "cluster.open-cluster-management.io/v1", "kind": "ManagedCluster", "metadata": {"name": "pending-1"}, "spec": {"hubAcceptsClient": false}});
+    let mcs: Api<kube::api::DynamicObject> = Api::all_with(hub.clone(), &kube::api::ApiResource::erase::<ferry_kube::kinds::ManagedCluster>(&()));
+    mcs.create(&kube::api::PostParams::default(), &serde_json::from_value(pending).unwrap()).await.unwrap();
     for (app, want) in cases {
         let (_, evs) = demo::submit(&client, &app).await.unwrap();
         let e = last(&evs);

@@ -1,8 +1,10 @@
-//! The onboarding watcher: when a ManagedCluster appears on the hub, or becomes
-//! available, submit a `ScoreClusters` command for it (as the OCM onboarding flow reacted
-//! to new clusters through an API-server event source). Idempotency keys derived from the
+//! The onboarding watcher: when a ManagedCluster joins the hub, or becomes available,
+//! submit a `ScoreClusters` command for it (as the OCM onboarding flow reacted to new
+//! clusters through an API-server event source). Idempotency keys derived from the
 //! cluster's uid and the transition make restarts and several replicas submit each
-//! scoring once.
+//! scoring once. A cluster that only appeared (its klusterlet created it, the hub has not
+//! accepted it) is not scored yet: it has no namespace on the hub for its placement score
+//! and no work agent for a benchmark.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::spec::ScoreClusters;
 
 /// The condition OCM sets when a managed cluster is available.
-pub const AVAILABLE: &str = "ManagedClusterConditionAvailable";
+pub const AVAILABLE: &str = ferry_kube::vocab::ocm::CONDITION_AVAILABLE;
 
 /// Why the watcher stopped.
 #[derive(Debug, thiserror::Error)]
@@ -33,7 +35,9 @@ pub enum OnboardingError {
     },
 }
 
-/// What happened to a cluster that deserves a scoring, as an idempotency key.
+/// What happened to a cluster that deserves a scoring, as an idempotency key: it turned
+/// Available (each transition a key), or, the first time it is seen and not Available, it
+/// has joined (`ManagedClusterJoined`, which its agent sets only once the hub accepted it).
 pub fn trigger_key(mc: &ManagedCluster, seen_before: bool) -> Option<String> {
     let name = mc.metadata.name.as_deref()?;
     let uid = mc.metadata.uid.as_deref().unwrap_or("-");
@@ -48,7 +52,8 @@ pub fn trigger_key(mc: &ManagedCluster, seen_before: bool) -> Option<String> {
             .unwrap_or("-");
         return Some(format!("onboarding/{name}/{uid}/available/{since}"));
     }
-    (!seen_before).then(|| format!("onboarding/{name}/{uid}/joined"))
+    let joined = mc.condition(ferry_kube::vocab::ocm::CONDITION_JOINED) == Some("True");
+    (joined && !seen_before).then(|| format!("onboarding/{name}/{uid}/joined"))
 }
 
 /// Watches ManagedClusters until `shutdown`, submitting `template` (with `clusters` set to
@@ -95,12 +100,15 @@ mod tests {
     use serde_json::json;
 
     fn mc(available: Option<&str>, since: &str) -> ManagedCluster {
-        let conditions: Vec<_> = available.map(|s| json!({"type": AVAILABLE, "status": s, "lastTransitionTime": since})).into_iter().collect();
+        let joined = json!({"type": "ManagedClusterJoined", "status": "True", "lastTransitionTime": since});
+        let conditions: Vec<_> = available.map(|s| json!({"type": AVAILABLE, "status": s, "lastTransitionTime": since})).into_iter().chain(Some(joined)).collect();
         serde_json::from_value(json!({"metadata": {"name": "edge-1", "uid": "u1"}, "spec": {}, "status": {"conditions": conditions}})).unwrap()
     }
 
     #[test]
     fn triggers_on_join_and_on_each_transition_to_available() {
+        let appeared: ManagedCluster = serde_json::from_value(json!({"metadata": {"name": "edge-1", "uid": "u1"}, "spec": {}, "status": {}})).unwrap();
+        assert_eq!(trigger_key(&appeared, false), None, "made by its klusterlet, not accepted: no namespace on the hub to score into");
         assert_eq!(trigger_key(&mc(None, ""), false).as_deref(), Some("onboarding/edge-1/u1/joined"));
         assert_eq!(trigger_key(&mc(None, ""), true), None, "an update of a known, unavailable cluster");
         assert_eq!(trigger_key(&mc(Some("False"), "t1"), true), None);

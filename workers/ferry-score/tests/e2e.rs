@@ -88,8 +88,8 @@ async fn clusters_are_ranked_published_and_scored_on_joining() {
     assert_eq!(failed.code.as_deref(), Some("UNKNOWN_CLUSTER"));
     assert!(failed.message.as_deref().unwrap_or("").contains("nowhere-kubeconfig"), "{failed:?}");
 
-    // The onboarding watcher scores each cluster it finds, then one created by hand, then
-    // one that becomes available.
+    // The onboarding watcher scores each cluster it finds, then one created by hand once its
+    // agent reports it joined, then one that becomes available again.
     let hub = bed.fleet.hub().client().await.unwrap();
     let watcher_stop = CancellationToken::new();
     let onboarding = tokio::spawn(ferry_score::onboarding::run(hub.clone(), Arc::new(bed.client()), ScoreClusters::default(), watcher_stop.clone()));
@@ -104,22 +104,32 @@ async fn clusters_are_ranked_published_and_scored_on_joining() {
     let old = mcs.get("member-2").await.unwrap();
     mcs.delete("member-2", &DeleteParams::default()).await.unwrap();
     tokio::time::timeout(WAIT, kube::runtime::wait::await_condition(mcs.clone(), "member-2", |m: Option<&ManagedCluster>| m.is_none())).await.expect("deleted").unwrap();
+    // Made anew but not accepted yet: not scored by the watcher, and a scoring asked by hand
+    // ranks it without a placement score (upstream's hub makes a cluster's namespace only
+    // on acceptance; this one's is still there, kept after the old one's deletion).
+    let mut spec = old.spec.clone();
+    spec["hubAcceptsClient"] = serde_json::json!(false);
     let anew: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
         "apiVersion": "cluster.open-cluster-management.io/v1", "kind": "ManagedCluster",
         "metadata": {"name": "member-2", "labels": old.metadata.labels},
-        "spec": old.spec,
+        "spec": spec,
     }))
     .unwrap();
     let dynamic: Api<kube::api::DynamicObject> = Api::all_with(hub.clone(), &kube::api::ApiResource::erase::<ManagedCluster>(&()));
     dynamic.create(&kube::api::PostParams::default(), &anew).await.unwrap();
-    let ev = next_final(&mut events, "cluster/member-2").await;
-    assert_eq!(ev.event, EventType::Succeeded, "a ManagedCluster created anew is scored: {ev:?}");
-    // Its klusterlet goes on reporting: the new cluster turns available, a trigger of its
-    // own. Awaited, so the count below does not depend on how soon that happens.
+    let by_hand = ScoreClusters { clusters: vec!["member-2".into()], ..ScoreClusters::default() };
+    let (_, evs) = final_event(&client, &mut events, &by_hand, "demo/unaccepted").await;
+    assert_eq!(evs.last().map(|e| e.event), Some(EventType::Succeeded), "{evs:?}");
+    let said: Vec<&str> = evs.iter().filter_map(|e| e.message.as_deref()).collect();
+    assert!(said.contains(&"1 cluster(s), 0 accepted by the OCM hub; not accepted by the hub yet (no placement score): member-2"), "{said:?}");
+    assert!(said.contains(&"0 placement score(s), 1 record(s) on the scores topic"), "{said:?}");
+    // Accepted (`clusteradm accept`): its klusterlet goes on reporting, so it joins and
+    // turns available, and that is scored (once: it was never seen joined and unavailable).
+    dynamic.patch("member-2", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(serde_json::json!({"spec": {"hubAcceptsClient": true}}))).await.unwrap();
     let is = |status: &'static str| move |m: Option<&ManagedCluster>| m.is_some_and(|m| m.condition("ManagedClusterConditionAvailable") == Some(status));
     tokio::time::timeout(WAIT, kube::runtime::wait::await_condition(mcs.clone(), "member-2", is("True"))).await.expect("member-2 available again").unwrap();
     let ev = next_final(&mut events, "cluster/member-2").await;
-    assert_eq!(ev.event, EventType::Succeeded, "the new cluster's turning available is scored: {ev:?}");
+    assert_eq!(ev.event, EventType::Succeeded, "a ManagedCluster created anew is scored once it joined: {ev:?}");
     // member-3's API server fails its klusterlet's health check, then recovers.
     let ocm = bed.ocm.as_ref().expect("the bed's OCM");
     ocm.set("member-3", |k| k.unavailable = true);
@@ -128,7 +138,7 @@ async fn clusters_are_ranked_published_and_scored_on_joining() {
     let ev = next_final(&mut events, "cluster/member-3").await;
     assert_eq!(ev.event, EventType::Succeeded, "a cluster that becomes available is scored: {ev:?}");
     watcher_stop.cancel();
-    assert_eq!(onboarding.await.unwrap().unwrap(), 6, "three found, one created and then available, one available again");
+    assert_eq!(onboarding.await.unwrap().unwrap(), 5, "three found, one created anew, one available again");
 
     // No topic holds secret material: no kubeconfig, token or key, and none of the fleet's
     // actual admin tokens (the workers read them from Secrets on the hub all along).

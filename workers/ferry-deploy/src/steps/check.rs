@@ -82,10 +82,18 @@ impl Check {
         match app.delivery {
             Delivery::ManifestWork => {
                 let mc = Api::<ManagedCluster>::all(self.inner.hub()).get_opt(cluster).await.map_err(hub_err)?;
-                if mc.is_none() {
+                let Some(mc) = mc else {
                     return Err(StepError::rejected(
                         codes::UNKNOWN_CLUSTER,
                         format!("component {:?}: cluster {cluster:?} is not registered with OCM (no ManagedCluster {cluster:?} on the hub)", c.name),
+                    ));
+                };
+                // Its namespace on the hub, where the ManifestWork goes, exists only once the
+                // hub accepted it (ocm `pkg/registration/hub/managedcluster/controller.go`).
+                if !mc.accepted() {
+                    return Err(StepError::rejected(
+                        codes::UNKNOWN_CLUSTER,
+                        format!("component {:?}: cluster {cluster:?} is registered with OCM but not accepted by the hub yet, so it has no namespace on the hub for a ManifestWork (`clusteradm accept --clusters {cluster}`)", c.name),
                     ));
                 }
             }

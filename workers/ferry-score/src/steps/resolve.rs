@@ -1,6 +1,8 @@
 //! `resolve-clusters`: the clusters to score (the command's list, or the members of its
-//! ManagedClusterSet, by the set's label or label selector as OCM resolves them) and which of them OCM knows; a cluster the policy cannot reach fails
-//! with UNKNOWN_CLUSTER. It changes nothing, so its undo has nothing to put back.
+//! ManagedClusterSet, by the set's label or label selector as OCM resolves them) and which
+//! of them the OCM hub accepted (only those have a namespace on the hub for their
+//! AddOnPlacementScore and the benchmark's ManifestWork); a cluster the policy cannot reach
+//! fails with UNKNOWN_CLUSTER. It changes nothing, so its undo has nothing to put back.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,7 +28,9 @@ pub const RESOLVE: Output<Resolved> = Output::new("resolve-clusters");
 pub struct Resolved {
     /// The clusters to score.
     pub clusters: Vec<String>,
-    /// Those registered with OCM (they get an AddOnPlacementScore).
+    /// Those the OCM hub accepted (they get an AddOnPlacementScore): a ManagedCluster
+    /// not accepted yet has no namespace on the hub (ocm
+    /// `pkg/registration/hub/managedcluster/controller.go` makes it on acceptance).
     pub ocm: Vec<String>,
 }
 
@@ -73,14 +77,17 @@ impl CheckStep<ScoreClusters> for Resolve {
                 }
                 _ => spec.clusters.clone(),
             };
-            let mut ocm = Vec::new();
+            let (mut ocm, mut waiting) = (Vec::new(), Vec::new());
             for c in &clusters {
-                let registered = mcs.get_opt(c).await.map_err(hub_err)?.is_some();
-                if registered {
-                    ocm.push(c.clone());
+                let mc = mcs.get_opt(c).await.map_err(hub_err)?;
+                match &mc {
+                    Some(mc) if mc.accepted() => ocm.push(c.clone()),
+                    Some(_) => waiting.push(c.as_str()),
+                    None => {}
                 }
-                if spec.policy == ScorePolicy::Benchmark && !registered {
-                    return Err(StepError::permanent(codes::UNKNOWN_CLUSTER, format!("cluster {c:?} is not registered with OCM: the benchmark runs through a ManifestWork")));
+                if spec.policy == ScorePolicy::Benchmark && !ocm.contains(c) {
+                    let why = if mc.is_some() { "registered with OCM but not accepted by the hub yet" } else { "not registered with OCM" };
+                    return Err(StepError::permanent(codes::UNKNOWN_CLUSTER, format!("cluster {c:?} is {why}: the benchmark runs through a ManifestWork in its namespace on the hub")));
                 }
                 if matches!(spec.policy, ScorePolicy::ResourceUsage | ScorePolicy::WorstFit | ScorePolicy::BestFit) {
                     match self.inner.cfg.clusters.kubeconfig_secret(c).await {
@@ -92,7 +99,8 @@ impl CheckStep<ScoreClusters> for Resolve {
                     }
                 }
             }
-            cx.progress(100, format!("{} cluster(s), {} registered with OCM", clusters.len(), ocm.len()));
+            let waiting = if waiting.is_empty() { String::new() } else { format!("; not accepted by the hub yet (no placement score): {}", waiting.join(", ")) };
+            cx.progress(100, format!("{} cluster(s), {} accepted by the OCM hub{waiting}", clusters.len(), ocm.len()));
             RESOLVE.value(&Resolved { clusters, ocm })
         }
         .boxed()

@@ -165,16 +165,22 @@ fn wait_line(rx: &std::sync::mpsc::Receiver<String>, secs: u64, want: impl Fn(&s
     }
 }
 
-/// The README's command lines: its "Using the CLI" block, and each per-kind example of
-/// "Running against a real Kafka" as `ferry submit <kind> -f FILE --wait`.
+/// The README's command lines: its "Using the CLI" block (with the other files a submit
+/// line's comment names, [`alternatives`]), and each per-kind example of "Running against
+/// a real Kafka" as `ferry submit <kind> -f FILE --wait`.
 fn readme_lines() -> Vec<String> {
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
     let block = readme.split("## Using the CLI").nth(1).and_then(|s| s.split("```sh\n").nth(1)).and_then(|s| s.split("```").next()).expect("the README's CLI block");
-    let mut lines: Vec<String> = block
-        .lines()
-        .map(|l| l.split(" # ").next().unwrap_or_default().trim().to_owned())
-        .filter(|l| !l.is_empty())
-        .collect();
+    let mut lines: Vec<String> = Vec::new();
+    for l in block.lines() {
+        let (command, comment) = l.split_once(" # ").unwrap_or((l, ""));
+        let command = command.trim();
+        if command.is_empty() {
+            continue;
+        }
+        lines.push(command.to_owned());
+        lines.extend(alternatives(command, comment));
+    }
     let kinds = readme.split("4. Commands, one example per kind").nth(1).and_then(|s| s.split("\n5.").next()).expect("the README's per-kind commands");
     for l in kinds.lines() {
         let l = l.trim_start();
@@ -189,6 +195,35 @@ fn readme_lines() -> Vec<String> {
         }
     }
     lines
+}
+
+/// The commands a submit line's comment names beside it, as a reader runs them next:
+/// `# or burst.yaml`, `# also scale-cluster.yaml, delete-cluster.yaml` (the same kind, those
+/// files), `# or --tosca FILE --cluster C` (the same kind, those arguments).
+fn alternatives(command: &str, comment: &str) -> Vec<String> {
+    let Some(kind) = command.strip_prefix("ferry submit ").and_then(|c| c.split(' ').next()) else { return Vec::new() };
+    let Some(named) = comment.trim().strip_prefix("or ").or_else(|| comment.trim().strip_prefix("also ")) else { return Vec::new() };
+    if named.starts_with("--") {
+        return vec![format!("ferry submit {kind} {named} --wait")];
+    }
+    named.split(", ").map(|f| format!("ferry submit {kind} -f examples/{} --wait", f.trim())).collect()
+}
+
+#[test]
+fn the_readmes_alternatives_are_read_as_a_reader_runs_them() {
+    let or = alternatives("ferry submit offload -f examples/offload-namespace.yaml --wait", " or burst.yaml");
+    assert_eq!(or, ["ferry submit offload -f examples/burst.yaml --wait"]);
+    let also = alternatives("ferry submit create-cluster -f examples/create-cluster.yaml --wait", " also scale-cluster.yaml, delete-cluster.yaml");
+    assert_eq!(also, ["ferry submit create-cluster -f examples/scale-cluster.yaml --wait", "ferry submit create-cluster -f examples/delete-cluster.yaml --wait"]);
+    let tosca = alternatives("ferry submit deploy -f examples/deploy.yaml --wait", " or --tosca examples/blog.tosca.yaml --cluster member-1");
+    assert_eq!(tosca, ["ferry submit deploy --tosca examples/blog.tosca.yaml --cluster member-1 --wait"]);
+    assert!(alternatives("ferry tasks list --state Running", "").is_empty());
+    assert!(alternatives("ferry submit test -f examples/test-task.yaml --wait", " exit 0 only if the task succeeds").is_empty());
+    // Every alternative the README names is a file there.
+    for l in readme_lines().iter().filter(|l| l.contains(" -f examples/")) {
+        let file = l.split(" -f ").nth(1).and_then(|r| r.split(' ').next()).unwrap();
+        assert!(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(file).is_file(), "{l}: no such file");
+    }
 }
 
 /// Every README command line, verbatim (`tsk_...` stands for a task the test made for

@@ -148,10 +148,13 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
                 let members: Vec<&str> = bed.fleet.clusters.iter().skip(1).map(|c| c.name.as_str()).collect();
                 eprintln!("ferry dev: joining {} to OCM (ManagedClusterSet demo, bound to namespace hello)", members.join(", "));
                 ferry_testkit::deploy::prepare(&bed.fleet, &members, "hello").await?;
-                // The README's offload example offloads namespace `web` of member-1.
+                // The README's offload example offloads namespace `web` of member-1; its burst
+                // example scales `web/api` there beyond what member-1 fits.
                 if let Some(m) = bed.fleet.cluster(ferry_testkit::offload::CONSUMER) {
-                    eprintln!("ferry dev: namespace web on {} (the README's offload example)", m.name);
-                    ferry_testkit::offload::namespace(&m.client().await?, "web").await?;
+                    eprintln!("ferry dev: namespace web with Deployment api on {} (the README's offload and burst examples)", m.name);
+                    let client = m.client().await?;
+                    ferry_testkit::offload::namespace(&client, "web").await?;
+                    ferry_testkit::offload::deployment(&client, "web", "api").await?;
                 }
             }
             eprintln!("ferry dev: ready. In another terminal: ferry submit test -f examples/test-task.yaml --wait");
@@ -175,7 +178,7 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// The simulated fleet (a hub and managed clusters with emulated nodes, OCM, Cluster API,
-/// Liqo and offloading) and the broker, as the tests' bed; installs the control plane
+/// Liqo, offloading and the Submariner add-on) and the broker, as the tests' bed; installs the control plane
 /// first if it is not cached yet (minutes, once).
 async fn start_bed(a: &DevArgs, state: &std::path::Path) -> anyhow::Result<Bed> {
     if !ferry_fleet::binaries::Binaries::installed() {
@@ -194,6 +197,7 @@ async fn start_bed(a: &DevArgs, state: &std::path::Path) -> anyhow::Result<Bed> 
         .capi(ferry_fleet::emulated_capi::CapiOptions::default())
         .liqo(Default::default())
         .offloading(Default::default())
+        .submariner(Default::default())
         .brokers(a.mock_brokers)
         .dir(state.join("fleet"))
         .pod_start_delay(Duration::from_millis(500))

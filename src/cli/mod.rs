@@ -181,15 +181,21 @@ async fn fleet(output: common::Output) -> anyhow::Result<ExitCode> {
         }
     }
     clusters.sort();
-    let views = ferry_fleet::describe::describe(&clusters).await?;
+    let views = ferry_fleet::describe::describe(&clusters).await;
     match output {
         common::Output::Json => println!("{}", serde_json::to_string_pretty(&views)?),
         common::Output::Yaml => print!("{}", serde_yaml_ng::to_string(&views)?),
         common::Output::Table => {
             // The clusters, then their nodes (kubectl's columns: upper-case, no borders).
             let mut clusters = table::table(["CLUSTER", "NODES", "PENDING PODS", "KUBECONFIG"]);
+            let mut unreachable = Vec::new();
             let mut nodes = table::table(["CLUSTER", "NODE", "READY", "PODS", "ALLOCATABLE"]);
             for c in &views {
+                if let Some(why) = &c.unreachable {
+                    unreachable.push(format!("{}: unreachable: {why}", c.name));
+                    clusters.add_row([c.name.clone(), "?".into(), "?".into(), c.kubeconfig.clone()]);
+                    continue;
+                }
                 clusters.add_row([c.name.clone(), c.nodes.len().to_string(), c.pending_pods.to_string(), c.kubeconfig.clone()]);
                 for n in &c.nodes {
                     let alloc = n.allocatable.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ");
@@ -199,6 +205,9 @@ async fn fleet(output: common::Output) -> anyhow::Result<ExitCode> {
             table::print(clusters);
             println!();
             table::print(nodes);
+            for u in unreachable {
+                eprintln!("{u}");
+            }
         }
     }
     Ok(ExitCode::SUCCESS)

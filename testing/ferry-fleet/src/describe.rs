@@ -33,15 +33,35 @@ pub struct ClusterView {
     pub nodes: Vec<NodeView>,
     /// Pods not yet bound to a node.
     pub pending_pods: usize,
+    /// Why its API server could not be read (it stopped, say); nothing else is known then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unreachable: Option<String>,
 }
 
-/// Reads nodes and pods of each `(name, kubeconfig)`.
-pub async fn describe(clusters: &[(String, std::path::PathBuf)]) -> Result<Vec<ClusterView>, FleetError> {
+/// Reads nodes and pods of each `(name, kubeconfig)`; a cluster that cannot be read is
+/// listed with why, and the others still are.
+pub async fn describe(clusters: &[(String, std::path::PathBuf)]) -> Vec<ClusterView> {
     let mut out = Vec::new();
     for (name, kc) in clusters {
-        out.push(describe_one(name, kc).await?);
+        out.push(describe_one(name, kc).await.unwrap_or_else(|e| ClusterView {
+            name: name.clone(),
+            kubeconfig: kc.display().to_string(),
+            nodes: Vec::new(),
+            pending_pods: 0,
+            unreachable: Some(with_root_cause(&e)),
+        }));
     }
-    Ok(out)
+    out
+}
+
+/// `e` and, when it has sources, the deepest one (a refused connection, say), which kube's
+/// outer layers do not repeat.
+fn with_root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut root = e;
+    while let Some(s) = root.source() {
+        root = s;
+    }
+    if std::ptr::addr_eq(root, e) { e.to_string() } else { format!("{e} ({root})") }
 }
 
 async fn describe_one(name: &str, kubeconfig: &Path) -> Result<ClusterView, FleetError> {
@@ -67,5 +87,24 @@ async fn describe_one(name: &str, kubeconfig: &Path) -> Result<ClusterView, Flee
         })
         .collect();
     let pending_pods = pods.items.iter().filter(live).filter(|p| node_of(p).is_none()).count();
-    Ok(ClusterView { name: name.to_owned(), kubeconfig: kubeconfig.display().to_string(), nodes: views, pending_pods })
+    Ok(ClusterView { name: name.to_owned(), kubeconfig: kubeconfig.display().to_string(), nodes: views, pending_pods, unreachable: None })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_cluster_that_cannot_be_read_is_listed_with_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let kc = dir.path().join("kubeconfig");
+        // Nothing listens on port 1: the API server of a cluster that stopped.
+        let text = "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'http://127.0.0.1:1'}}]\nusers: [{name: u, user: {}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n";
+        std::fs::write(&kc, text).unwrap();
+        let views = describe(&[("gone".to_owned(), kc)]).await;
+        assert_eq!(views.len(), 1);
+        assert_eq!(views[0].name, "gone");
+        let why = views[0].unreachable.as_deref().unwrap_or_default();
+        assert!(why.contains("gone") && why.contains("Connection refused"), "{why}");
+    }
 }

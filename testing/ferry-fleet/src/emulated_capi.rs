@@ -99,6 +99,16 @@ struct Workload {
     uid: String,
 }
 
+impl Drop for Workload {
+    /// Its API server stops with it: its kubeconfig goes too, so that `ferry fleet` (which
+    /// lists the fleet folders that have one) no longer shows it; its logs stay.
+    fn drop(&mut self) {
+        if let Some(server) = &self._server {
+            let _ = std::fs::remove_file(&server.kubeconfig);
+        }
+    }
+}
+
 #[derive(Default)]
 struct State {
     first_seen: HashMap<String, Instant>,

@@ -53,6 +53,17 @@ pub async fn namespace(cluster: &kube::Client, name: &str) -> anyhow::Result<()>
     Ok(())
 }
 
+/// Deployment `name` in namespace `ns` of a cluster: 2 replicas of 1 CPU and 256 MiB each
+/// (the README's burst example scales `web/api` of member-1 to 8, more than it fits).
+pub async fn deployment(cluster: &kube::Client, ns: &str, name: &str) -> anyhow::Result<()> {
+    let d = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": ns},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": [{"name": name, "image": "registry.k8s.io/pause:3.9",
+                "resources": {"requests": {"cpu": "1", "memory": "256Mi"}}}]}}}});
+    Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(cluster.clone(), ns).patch(name, &PatchParams::apply("ferry-demo"), &Patch::Apply(d)).await?;
+    Ok(())
+}
+
 /// Runs the demo: `consumer` and `provider` are the two clusters' clients; true when every
 /// check passed.
 pub async fn run(client: &Client, consumer: &kube::Client, provider: &kube::Client) -> anyhow::Result<bool> {

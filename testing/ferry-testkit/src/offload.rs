@@ -53,13 +53,15 @@ pub async fn namespace(cluster: &kube::Client, name: &str) -> anyhow::Result<()>
     Ok(())
 }
 
-/// Deployment `name` in namespace `ns` of a cluster: 2 replicas of 1 CPU and 256 MiB each
-/// (the README's burst example scales `web/api` of member-1 to 8, more than it fits).
+/// Deployment `name` in namespace `ns` of a cluster: 2 replicas of 1.5 CPU and 256 MiB each
+/// (the README's burst example scales `web/api` of member-1 to 8: `ferry dev`'s member-1,
+/// two nodes of 4 CPUs, fits 4, the other 4 go to member-2 once the two are peered, and
+/// both keep a CPU per node for the other examples).
 pub async fn deployment(cluster: &kube::Client, ns: &str, name: &str) -> anyhow::Result<()> {
     let d = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": ns},
         "spec": {"replicas": 2, "selector": {"matchLabels": {"app": name}},
             "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": [{"name": name, "image": "registry.k8s.io/pause:3.9",
-                "resources": {"requests": {"cpu": "1", "memory": "256Mi"}}}]}}}});
+                "resources": {"requests": {"cpu": "1500m", "memory": "256Mi"}}}]}}}});
     Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(cluster.clone(), ns).patch(name, &PatchParams::apply("ferry-demo"), &Patch::Apply(d)).await?;
     Ok(())
 }

@@ -69,7 +69,7 @@ impl Check {
                     if !keys.contains(&e.key) {
                         return Err(StepError::rejected(
                             SECRET_KEY_MISSING,
-                            format!("component {:?} references key {:?} of Secret {}/{name}, which has keys {keys:?}", c.name, e.key, app.namespace()),
+                            format!("component {:?} references key {:?} of Secret {}/{name}, which has keys {}", c.name, e.key, app.namespace(), ferry_task::report::listed(&keys)),
                         ));
                     }
                 }
@@ -188,7 +188,11 @@ pub(super) async fn candidates(inner: &Inner, app: &DeployApp, c: &Component) ->
     if out.is_empty() {
         return Err(StepError::rejected(
             NO_CANDIDATES,
-            format!("component {:?}: no cluster of ManagedClusterSet(s) {sets:?} has the labels {:?}", c.name, p.labels),
+            {
+                let mut labels: Vec<String> = p.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                labels.sort();
+                format!("component {:?}: no cluster of ManagedClusterSet(s) {} has the labels {}", c.name, ferry_task::report::listed(&sets), ferry_task::report::listed(&labels))
+            },
         ));
     }
     Ok(out)

@@ -117,9 +117,9 @@ impl Place {
                 clusters.sort();
                 clusters.dedup();
                 if let Some(a) = allowed.filter(|a| clusters.len() != want || clusters.iter().any(|c| !a.contains(c))) {
-                    return Check::Pending(format!("decisions {clusters:?} are not yet of the changed Placement ({want} of {a:?})"));
+                    return Check::Pending(format!("decisions {} are not yet of the changed Placement ({want} of {})", ferry_task::report::listed(&clusters), ferry_task::report::listed(a)));
                 }
-                if clusters.len() >= want { Check::Done(clusters) } else { Check::Pending(format!("{} of {want} cluster(s) decided: {clusters:?}", clusters.len())) }
+                if clusters.len() >= want { Check::Done(clusters) } else { Check::Pending(format!("{} of {want} cluster(s) decided: {}", clusters.len(), ferry_task::report::listed(&clusters))) }
             })
             .await;
         match r {

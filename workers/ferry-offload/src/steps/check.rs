@@ -145,9 +145,9 @@ impl CheckStep<OffloadCommand> for OffloadCheck {
                     cx.progress(
                         100,
                         format!(
-                            "Deployment {name}: {} replicas now; candidates {:?}",
+                            "Deployment {name}: {} replicas now; candidates {}",
                             spec.replicas.unwrap_or(1),
-                            out.targets.iter().map(|t| &t.id).collect::<Vec<_>>()
+                            ferry_task::report::listed(out.targets.iter().map(|t| &t.id))
                         ),
                     );
                 }

@@ -40,7 +40,7 @@ pub(crate) async fn saying_what_holds<T>(client: &kube::Client, node: &str, wait
                     said = Some(why);
                 }
                 Ok(_) => {}
-                Err(e) => tracing::debug!(error = %e, node, "reading what holds a virtual node's drain"),
+                Err(e) => tracing::debug!(error = %ferry_kube::said::said(&e), node, "reading what holds a virtual node's drain"),
             }
         }
     };

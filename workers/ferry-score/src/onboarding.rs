@@ -70,7 +70,7 @@ pub async fn run(hub: kube::Client, client: Arc<Client>, template: ScoreClusters
             next = stream.next() => match next {
                 None => return Ok(submitted),
                 Some(Err(e)) => {
-                    tracing::warn!(error = %e, "watching ManagedClusters; retrying");
+                    tracing::warn!(error = %ferry_kube::said::watch_said(&e), "watching ManagedClusters; retrying");
                     continue;
                 }
                 Some(Ok(mc)) => mc,

@@ -132,7 +132,7 @@ impl ObjectSet for Resources {
                 match crate::drain::held_by(&client, &node).await {
                     Ok(Some(why)) => err.message = format!("{}; {why}", err.message),
                     Ok(None) => {}
-                    Err(e) => tracing::debug!(error = %e, "reading what holds the virtual node's drain"),
+                    Err(e) => tracing::debug!(error = %ferry_kube::said::said(&e), "reading what holds the virtual node's drain"),
                 }
                 return Err(err);
             }

@@ -572,20 +572,16 @@ impl Publisher {
     /// final event published again): to `ferry.progress`, and to the tenant's progress
     /// topic when `requested_by` is a tenant's principal.
     pub fn enqueue_event(&self, ev: Outgoing, requested_by: &str) -> Result<Pending, PublishError> {
-        let mut futures = Vec::with_capacity(2);
-        for d in self.deferred_event(&ev.event, ev.answers.as_ref(), requested_by)? {
-            let f = self.send(&d.topic, &d.key, &d.payload, d.headers)?;
-            futures.push((d.topic, f));
-        }
-        Ok(Pending { futures, events: vec![ev], ..Pending::none() })
+        let sent = self.send_event(&ev.event, ev.answers.as_ref(), requested_by)?;
+        Ok(Pending { events: vec![ev], ..sent })
     }
 
     /// [`Self::enqueue_event`] without keeping a copy of the event in the [`Pending`]: for
     /// a new task's Accepted (every task's, on the hot path), which is never written again
     /// from a `Pending` (its command is read again instead).
-    fn send_event(&self, ev: &ProgressEvent, requested_by: &str) -> Result<Pending, PublishError> {
+    fn send_event(&self, ev: &ProgressEvent, answers: Option<&Answered>, requested_by: &str) -> Result<Pending, PublishError> {
         let mut futures = Vec::with_capacity(2);
-        for d in self.deferred_event(ev, None, requested_by)? {
+        for d in self.deferred_event(ev, answers, requested_by)? {
             let f = self.send(&d.topic, &d.key, &d.payload, d.headers)?;
             futures.push((d.topic, f));
         }
@@ -653,7 +649,7 @@ impl Publisher {
     pub fn enqueue_accepted(&self, snap: &TaskSnapshot, ev: &ProgressEvent) -> Result<Pending, PublishError> {
         debug_assert!(ev.seq == 1 && ev.event == EventType::Accepted, "only a task's opening Accepted goes with its snapshot");
         let mut p = self.enqueue_snapshot(snap)?;
-        p.extend(self.send_event(ev, &snap.requested_by)?);
+        p.extend(self.send_event(ev, None, &snap.requested_by)?);
         self.metrics.written(snap, ev);
         Ok(p)
     }

@@ -309,8 +309,7 @@ async fn remove(cx: &Ctx, s: &mut State, api: &Api<DynamicObject>, c: &DynamicOb
     // No drain while the Cluster is being deleted (`machine_controller.go`
     // `isDeleteNodeAllowed`: `errClusterIsBeingDeleted`): the finalizers go at once.
     for m in machines.list(&lp).await?.items {
-        let rest: Vec<&String> = m.metadata.finalizers.iter().flatten().filter(|f| *f != MACHINE_FINALIZER).collect();
-        crate::emulate::absent(machines.patch(m.metadata.name.as_deref().unwrap_or_default(), &PatchParams::default(), &Patch::Merge(&json!({"metadata": {"finalizers": rest}}))).await)?;
+        lift_machine_finalizer(&machines, &m).await?;
     }
     let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(cx.hub.clone(), ns);
     match secrets.delete(&format!("{name}-kubeconfig"), &DeleteParams::default()).await {
@@ -492,10 +491,17 @@ async fn drain_machines(cx: &Ctx, w: &Workload, machines: &Api<DynamicObject>, c
         if let Some(n) = node {
             w.kubelet.remove_nodes(&[n]).await.map_err(|e| kube::Error::Service(Box::new(e)))?;
         }
-        let rest: Vec<&String> = m.metadata.finalizers.iter().flatten().filter(|f| *f != MACHINE_FINALIZER).collect();
-        crate::emulate::absent(machines.patch(&name, &PatchParams::default(), &Patch::Merge(&json!({"metadata": {"finalizers": rest}}))).await)?;
+        lift_machine_finalizer(machines, &m).await?;
     }
     Ok(left)
+}
+
+/// Takes [`MACHINE_FINALIZER`] off Machine `m` as upstream's machine controller does
+/// ([`crate::emulate::finalizer_patch`]: at the read version, the others kept); a Machine
+/// gone already is done.
+async fn lift_machine_finalizer(machines: &Api<DynamicObject>, m: &DynamicObject) -> Result<(), kube::Error> {
+    let Some(patch) = crate::emulate::finalizer_patch(&m.metadata, MACHINE_FINALIZER, false) else { return Ok(()) };
+    crate::emulate::absent(machines.patch(m.metadata.name.as_deref().unwrap_or_default(), &PatchParams::default(), &Patch::Merge(&patch)).await)
 }
 
 /// One pass of upstream's drain of `node` (`drainNode`): cordons it, evicts its pods but

@@ -178,7 +178,7 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// The simulated fleet (a hub and managed clusters with emulated nodes, OCM, Cluster API,
-/// Liqo, offloading and the Submariner add-on) and the broker, as the tests' bed; installs the control plane
+/// Liqo, offloading and, without a demo, the Submariner add-on) and the broker, as the tests' bed; installs the control plane
 /// first if it is not cached yet (minutes, once).
 async fn start_bed(a: &DevArgs, state: &std::path::Path) -> anyhow::Result<Bed> {
     if !ferry_fleet::binaries::Binaries::installed() {
@@ -190,19 +190,24 @@ async fn start_bed(a: &DevArgs, state: &std::path::Path) -> anyhow::Result<Bed> 
     // The score demo compares three clusters.
     let n = if matches!(a.demo, Some(Demo::Score)) { a.clusters.max(3) } else { a.clusters };
     eprintln!("ferry dev: starting the simulated fleet (hub + {n} managed clusters) and the embedded Kafka-protocol broker ({})", brokers(a.mock_brokers));
-    let bed = Bed::builder()
+    let mut bed = Bed::builder()
         .members(n, a.nodes)
         .kubeconfigs()
         .ocm()
         .capi(ferry_fleet::emulated_capi::CapiOptions::default())
         .liqo(Default::default())
         .offloading(Default::default())
-        .submariner(Default::default())
         .brokers(a.mock_brokers)
         .dir(state.join("fleet"))
-        .pod_start_delay(Duration::from_millis(500))
-        .try_start()
-        .await?;
+        .pod_start_delay(Duration::from_millis(500));
+    // The Submariner add-on for the README's peer-submariner example, on the plain `ferry
+    // dev` only: like upstream's submariner-addon it makes a `<set>-broker` namespace for
+    // every ManagedClusterSet, and the demos, which compare the fleet before and after,
+    // would find the namespace of a set a plan made (and reverted) still being deleted.
+    if a.demo.is_none() {
+        bed = bed.submariner(Default::default());
+    }
+    let bed = bed.try_start().await?;
     match bed.crds {
         ferry_fleet::CrdSource::Upstream => eprintln!("ferry dev: upstream CRDs from ../shared/crds: the API servers validate what is written"),
         ferry_fleet::CrdSource::ProjectSubset => {

@@ -288,6 +288,7 @@ async fn a_tenant_submits_on_its_own_topic_and_is_held_to_its_policy() {
     let out = env.ferry(&["tasks", "list", "--tenant", "web", "--state", "reverted", "--output", "json"]).await;
     let listed: Vec<serde_json::Value> = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(listed.iter().map(|t| t["task_id"].as_str().unwrap()).collect::<Vec<_>>(), [id.as_str()], "{}", out.stdout);
+
     env.shutdown().await;
 }
 
@@ -541,6 +542,17 @@ fn an_unreachable_broker_is_a_clear_failure() {
     assert!(out.stderr.contains("error: cannot reach Kafka at 127.0.0.1:1: "), "{}", out.stderr);
     assert!(out.stderr.contains("Connection refused"), "librdkafka's reason is kept: {}", out.stderr);
     assert_eq!(out.stderr.lines().count(), 1, "one line, not librdkafka's retries: {}", out.stderr);
+    // A spec file of the wrong kind, or with a field its kind does not have, is refused
+    // before any broker is needed: no `ferry dev` runs here.
+    let root = env!("CARGO_MANIFEST_DIR");
+    let out = ferry_offline(home.path(), &["submit", "deploy", "-f", &format!("{root}/examples/score.yaml")], &[]);
+    assert_ne!(out.code, 0, "{}", out.stdout);
+    assert!(out.stderr.contains("deploy: the spec does not match the fields of DeployApp: "), "{}", out.stderr);
+    let file = home.path().join("typo.yaml");
+    std::fs::write(&file, "subject: s\nspec: {steps: 2, step_ms: 0, fail_transeint: 1}\n").unwrap();
+    let out = ferry_offline(home.path(), &["submit", "test", "-f", file.to_str().unwrap()], &[]);
+    assert_ne!(out.code, 0, "{}", out.stdout);
+    assert!(out.stderr.contains("unknown field `fail_transeint`"), "{}", out.stderr);
 }
 
 /// Contexts in the config file, as kubectl has them: `--context`/`FERRY_CONTEXT` over

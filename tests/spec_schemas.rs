@@ -5,9 +5,10 @@
 //! test --test spec_schemas` rewrites them); every example spec validates against its schema
 //! and decodes into its kind's type, and a wrong field is refused.
 //!
-//! The schemas are a little stricter than the CLI: a field the spec type does not have is
-//! refused (serde would drop it without a word), so a misspelt optional field shows in the
-//! editor instead of silently taking its default.
+//! A field the spec type does not have is refused by both: the schemas say so to the
+//! editor, and `ferry submit` (through the kind's `encode`, `ferry_task::kind::encode_json`)
+//! names its path, so a misspelt or misplaced optional field never silently takes its
+//! default.
 
 // Each kind registers itself in its worker crate (ferry_task::kind): link every one Ferry
 // ships, as the `ferry` binary does, so that topics and schemas cover them all.
@@ -202,6 +203,12 @@ fn a_wrong_field_is_refused() {
     };
     let misspelt = wrong(&|f| f["spec"]["components"][0]["replica"] = json!(3));
     assert!(misspelt.iter().any(|e| e.contains("/spec/components/0") && e.contains("replica")), "{misspelt:?}");
+    // `ferry submit` refuses it too, by its path, instead of dropping it.
+    let mut spec = good["spec"].clone();
+    spec["components"][0]["replica"] = json!(3);
+    spec["components"][0]["placement"] = json!({"cluster": "member-1"});
+    let refused = decodes(TaskKind::DEPLOY, &spec).unwrap_err();
+    assert!(refused.contains("unknown fields `components[0].placement.cluster`, `components[0].replica`"), "{refused}");
     let typed = wrong(&|f| f["spec"]["components"][0]["replicas"] = json!("two"));
     assert!(typed.iter().any(|e| e.starts_with("/spec/components/0/replicas")), "{typed:?}");
     let unknown_operation = wrong(&|f| f["spec"]["operation"] = json!("destroy"));

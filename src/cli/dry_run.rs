@@ -45,9 +45,9 @@ enum Checked {
 pub async fn run(conn: &Conn, a: &SubmitArgs, subject: Option<String>, spec: Value) -> anyhow::Result<ExitCode> {
     // The spec read once as its kind's record.
     let parsed = if a.kind == TaskKind::DEPLOY {
-        serde_json::from_value(spec.clone()).map(Checked::Deploy).map_err(|e| format!("spec does not match the deploy kind's fields (DeployApp): {e}"))
+        ferry_runtime::kind::strict_json(spec.clone()).map(Checked::Deploy).map_err(|e| format!("spec does not match the deploy kind's fields (DeployApp): {e}"))
     } else if a.kind == TaskKind::PLAN {
-        serde_json::from_value(spec.clone()).map(Checked::Plan).map_err(|e| format!("spec does not match the plan kind's fields (PlanSpec): {e}"))
+        ferry_runtime::kind::strict_json(spec.clone()).map(Checked::Plan).map_err(|e| format!("spec does not match the plan kind's fields (PlanSpec): {e}"))
     } else {
         let info = ferry_runtime::kind::info(a.kind).with_context(|| format!("no worker crate in this program registers the {} kind", a.kind))?;
         (info.encode)(&ferry_runtime::wire::Registry::embedded(), spec.clone()).map(|_| Checked::Other).map_err(|e| e.to_string())
@@ -120,19 +120,19 @@ const PREVIEWED: &[&str] = &["deploy", "plan", "create-cluster", "offload", "pee
 async fn kind_preview(conn: &Conn, kind: TaskKind, subject: &str, spec: Value, clusters: &Arc<Clusters>) -> anyhow::Result<Option<Preview>> {
     let decode = |what: &str| format!("spec does not match the {kind} kind's fields ({what})");
     if kind == TaskKind::DEPLOY {
-        let app = serde_json::from_value(spec).with_context(|| decode("DeployApp"))?;
+        let app = ferry_runtime::kind::strict_json(spec).with_context(|| decode("DeployApp"))?;
         Ok(Some(ferry_deploy::preview::preview(&ferry_deploy::DeployConfig::new(clusters.clone()), &app).await?))
     } else if kind == TaskKind::CREATE_CLUSTER {
-        let cmd = serde_json::from_value(spec).with_context(|| decode("ClusterCommand"))?;
+        let cmd = ferry_runtime::kind::strict_json(spec).with_context(|| decode("ClusterCommand"))?;
         Ok(Some(ferry_cluster::preview::preview(&ferry_cluster::ClusterConfig::new(clusters.clone()), subject, &cmd).await?))
     } else if kind == TaskKind::OFFLOAD {
-        let cmd = serde_json::from_value(spec).with_context(|| decode("OffloadCommand"))?;
+        let cmd = ferry_runtime::kind::strict_json(spec).with_context(|| decode("OffloadCommand"))?;
         Ok(Some(ferry_offload::preview::preview(&ferry_offload::OffloadConfig::new(clusters.clone()), subject, &cmd).await?))
     } else if kind == TaskKind::PEER {
-        let cmd = serde_json::from_value(spec).with_context(|| decode("PeerClusters"))?;
+        let cmd = ferry_runtime::kind::strict_json(spec).with_context(|| decode("PeerClusters"))?;
         Ok(Some(ferry_peer::preview::preview(&ferry_peer::PeerConfig::new(clusters.clone()), subject, &cmd).await?))
     } else if kind == TaskKind::SCORE {
-        let cmd = serde_json::from_value(spec).with_context(|| decode("ScoreClusters"))?;
+        let cmd = ferry_runtime::kind::strict_json(spec).with_context(|| decode("ScoreClusters"))?;
         let cfg = ferry_score::ScoreConfig::new(clusters.clone(), conn.kafka()?, conn.topics());
         Ok(Some(ferry_score::preview::preview(&cfg, subject, &cmd).await?))
     } else {

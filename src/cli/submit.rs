@@ -101,9 +101,10 @@ pub async fn run(conn: &Conn, a: SubmitArgs) -> anyhow::Result<ExitCode> {
         return super::dry_run::run(conn, &a, file.subject, file.spec).await;
     }
     let info = ferry_runtime::kind::info(a.kind).with_context(|| format!("no worker crate in this program registers the {} kind", a.kind))?;
+    // A spec the kind cannot read says so first: before it says it lacks a subject, and
+    // before anything needs a broker.
+    (info.encode)(&ferry_runtime::wire::Registry::embedded(), file.spec.clone()).map_err(|e| anyhow::anyhow!("{}: {e}", a.kind))?;
     let Some(subject) = file.subject.or_else(|| (info.subject_of)(&file.spec)) else {
-        // A spec the kind cannot read says so before it says it lacks a subject.
-        (info.encode)(&ferry_runtime::wire::Registry::embedded(), file.spec).map_err(|e| anyhow::anyhow!("{}: {e}", a.kind))?;
         anyhow::bail!("the spec file has no subject: (required for {} tasks)", a.kind);
     };
     let client = conn.command_client().await?;

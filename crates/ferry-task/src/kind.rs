@@ -268,14 +268,49 @@ impl KindInfo {
 }
 
 /// [`KindInfo::encode`] of a spec type: the JSON read as `T`, written with its record's
-/// newest schema.
+/// newest schema. A field `T` does not have is refused, named by its path, as kubectl's
+/// strict field validation does: serde alone would drop it without a word, and a misspelt
+/// or misplaced optional field (`placement: {cluster: x}` for `cluster: x`) would silently
+/// take its default.
 pub fn encode_json<T>(registry: &crate::wire::Registry, spec: serde_json::Value) -> Result<Vec<u8>, String>
 where
     T: Serialize + serde::de::DeserializeOwned + apache_avro::AvroSchema + 'static,
 {
     let record = std::any::type_name::<T>().rsplit("::").next().unwrap_or("spec");
-    let spec: T = serde_json::from_value(spec).map_err(|e| format!("the spec does not match the fields of {record}: {e}"))?;
+    let spec: T = strict_json(spec).map_err(|e| format!("the spec does not match the fields of {record}: {e}"))?;
     registry.encode(&spec).map_err(|e| e.to_string())
+}
+
+/// Why [`strict_json`] refused a value.
+#[derive(Debug, thiserror::Error)]
+pub enum StrictError {
+    /// The value does not fit the type (serde's own words).
+    #[error("{0}")]
+    Shape(#[from] serde_json::Error),
+    /// The value fits, but has fields the type does not (their paths, in reading order).
+    #[error("unknown field{} {}: no such field at that place (the kind's JSON Schema, schemas/json, lists the fields)", if .0.len() == 1 { "" } else { "s" }, .0.iter().map(|p| format!("`{p}`")).collect::<Vec<_>>().join(", "))]
+    Unknown(Vec<String>),
+}
+
+/// Reads `value` as `T`, refusing fields `T` does not have (a spec file's, a plan child's).
+pub fn strict_json<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<T, StrictError> {
+    let mut unknown = Vec::new();
+    let out = serde_ignored::deserialize(value, |path| unknown.push(field_path(&path)))?;
+    if unknown.is_empty() { Ok(out) } else { Err(StrictError::Unknown(unknown)) }
+}
+
+/// `components[0].placement.cluster`: a path as a spec file's author writes it.
+fn field_path(path: &serde_ignored::Path<'_>) -> String {
+    use serde_ignored::Path;
+    match path {
+        Path::Root => String::new(),
+        Path::Seq { parent, index } => format!("{}[{index}]", field_path(parent)),
+        Path::Map { parent, key } => match field_path(parent) {
+            p if p.is_empty() => key.clone(),
+            p => format!("{p}.{key}"),
+        },
+        Path::Some { parent } | Path::NewtypeStruct { parent } | Path::NewtypeVariant { parent } => field_path(parent),
+    }
 }
 
 /// [`KindInfo::subject_of`] of a kind whose commands name their subject.
@@ -356,6 +391,41 @@ mod tests {
         assert!(matches!(e, UnknownKind::Unregistered { .. }), "{e}");
         assert!(TaskKind::name("brand-new").is_ok());
         assert_eq!(TaskKind::name("brand-new").unwrap().describe(), "");
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    struct Spec {
+        name: String,
+        #[serde(default)]
+        parts: Vec<Part>,
+        #[serde(default)]
+        place: Option<Place>,
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    struct Part {
+        #[allow(dead_code)]
+        image: String,
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    struct Place {
+        #[serde(default)]
+        sets: Vec<String>,
+    }
+
+    #[test]
+    fn a_field_the_spec_does_not_have_is_refused_by_its_path() {
+        let ok: Spec = strict_json(serde_json::json!({"name": "a", "parts": [{"image": "x"}], "place": {"sets": ["demo"]}})).unwrap();
+        assert_eq!((ok.name.as_str(), ok.parts.len(), ok.place.map(|p| p.sets)), ("a", 1, Some(vec!["demo".to_owned()])));
+        // Misplaced (a field of another level) and misspelt fields, each named where it is.
+        let e = strict_json::<Spec>(serde_json::json!({"name": "a", "parts": [{"image": "x"}, {"image": "y", "imgae": "z"}], "place": {"cluster": "m1"}, "replica": 3}))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("unknown fields `parts[1].imgae`, `place.cluster`, `replica`: "), "{e}");
+        // A value of the wrong shape is serde's error, as before.
+        let e = strict_json::<Spec>(serde_json::json!({"name": 3})).unwrap_err();
+        assert!(matches!(e, StrictError::Shape(_)), "{e}");
     }
 
     #[test]

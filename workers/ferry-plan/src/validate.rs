@@ -14,6 +14,10 @@ use crate::steps::select::MAX_CLUSTERS;
 /// snapshot with the children's outputs.
 pub const MAX_STEPS: usize = 50;
 
+/// The schemas a child's spec is checked against (this program's, as the child's worker
+/// has them).
+static REGISTRY: std::sync::LazyLock<ferry_task::wire::Registry> = std::sync::LazyLock::new(ferry_task::wire::Registry::embedded);
+
 /// Longest step name (a Kubernetes label value's limit: names may end up in ones).
 const NAME_LEN: usize = 63;
 
@@ -62,6 +66,14 @@ pub fn validate(spec: &PlanSpec) -> Result<(), Rejection> {
         if let Some(subject) = &s.subject {
             let in_subject = refs::in_text(subject).map_err(|e| Rejection::new(format!("{at}.subject: {e}")))?;
             found.extend(in_subject.into_iter().map(|(_, r)| ("subject".to_owned(), r)));
+        }
+        // A child whose spec refers to nothing earlier is what it will be: its kind reads it
+        // now (unknown fields too, [`ferry_task::kind::encode_json`]), so a plan never runs
+        // its first children and reverts them for a later child that could not be sent.
+        if found.is_empty() && s.for_each.is_none()
+            && let Some(info) = ferry_task::kind::info(kind)
+        {
+            (info.encode)(&REGISTRY, value.clone()).map_err(|e| Rejection::new(format!("{at}.spec: {e}")))?;
         }
         for (field, r) in found {
             match index.get(r.step.as_str()) {
@@ -176,7 +188,7 @@ mod tests {
     // The kinds these tests name, registered as stand-ins (the plan crate links no other
     // worker crate): whether a kind derives its subject is what the rules read.
     const fn stand_in(kind: TaskKind, derived_subject: Option<&'static str>) -> KindInfo {
-        KindInfo { derived_subject, ..KindInfo::bare(kind) }
+        KindInfo { derived_subject, encode: |_, spec| if spec.get("unknown").is_some() { Err("unknown field `unknown`".to_owned()) } else { Ok(Vec::new()) }, ..KindInfo::bare(kind) }
     }
     ferry_task::register_kind!(stand_in(TaskKind::TEST, None));
     ferry_task::register_kind!(stand_in(TaskKind::CREATE_CLUSTER, Some("<namespace>/<name>")));
@@ -228,6 +240,14 @@ mod tests {
         assert_eq!(one(json!({"name": "a", "kind": "plan", "subject": "s", "spec": {}})), "steps[0] (a).kind: a plan does not run plans (put their steps in this one)");
         assert_eq!(one(json!({"name": "a", "kind": "test", "spec": {}})), "steps[0] (a).subject: required for a test child (its spec names no subject)");
         assert_eq!(one(json!({"name": "a", "kind": "test", "subject": "s", "spec": [1]})), "steps[0] (a).spec: the test kind's fields, an object; got [1]");
+        // A child's spec its kind cannot read is refused before anything runs; one that
+        // refers to an earlier step is read when it is sent (the references filled in).
+        assert_eq!(one(json!({"name": "a", "kind": "test", "subject": "s", "spec": {"steps": 1, "unknown": 1}})), "steps[0] (a).spec: unknown field `unknown`");
+        validate(&plan(json!([
+            {"name": "a", "kind": "test", "subject": "s", "spec": {}},
+            {"name": "b", "kind": "test", "subject": "s", "spec": {"unknown": "${steps.a.task_id}"}},
+        ])))
+        .unwrap();
         let twice = reason(json!([
             {"name": "a", "kind": "test", "subject": "s", "spec": {}},
             {"name": "a", "kind": "test", "subject": "s", "spec": {}},

@@ -289,6 +289,19 @@ async fn a_tenant_submits_on_its_own_topic_and_is_held_to_its_policy() {
     let listed: Vec<serde_json::Value> = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(listed.iter().map(|t| t["task_id"].as_str().unwrap()).collect::<Vec<_>>(), [id.as_str()], "{}", out.stdout);
 
+    // Another's task is not the tenant's to find, and says so.
+    let theirs = env.client.submit(TaskKind::TEST, "web-2", &ferry_runtime::testkind::TestTaskSpec::steps(1), ferry_runtime::SubmitOptions::default()).await.unwrap().to_string();
+    let out = env.ferry(&["tasks", "cancel", &theirs, "--tenant", "web"]).await;
+    assert_eq!(out.code, 2, "{}{}", out.stdout, out.stderr);
+    assert!(out.stderr.contains(&format!("no task {theirs} among tenant \"web\"'s tasks")), "{}", out.stderr);
+    // A tenant (or a kind) no policy gives topics fails at once, naming what is missing,
+    // instead of waiting for an answer no worker would send.
+    let out = env.ferry(&["submit", "test", "-f", &ok, "--tenant", "nobody", "--wait"]).await;
+    assert_eq!(out.code, 2, "{}{}", out.stdout, out.stderr);
+    assert!(out.stderr.contains("tenant \"nobody\" has no topics at") && out.stderr.contains("(no ferry.tenant-progress.nobody)"), "{}", out.stderr);
+    let out = env.ferry(&["submit", "deploy", "-f", &env.spec("app.yaml", "spec: {name: web-1, components: []}\n"), "--tenant", "web"]).await;
+    assert_eq!(out.code, 2, "{}{}", out.stdout, out.stderr);
+    assert!(out.stderr.contains("tenant \"web\" may not submit deploy tasks at") && out.stderr.contains("no topic ferry.tenants.web.deploy"), "{}", out.stderr);
     env.shutdown().await;
 }
 

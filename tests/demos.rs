@@ -65,12 +65,20 @@ struct Dev {
 }
 
 impl Dev {
-    fn start() -> Dev {
+    /// `ferry dev ARGS` in the project's root, once ready.
+    fn start(args: &[&str]) -> Dev {
         use std::io::{BufRead, BufReader};
         use std::process::Stdio;
         let state = tempfile::tempdir().unwrap();
-        let mut process =
-            Command::new(env!("CARGO_BIN_EXE_ferry")).arg("dev").env("FERRY_STATE", state.path()).stderr(Stdio::piped()).stdout(Stdio::null()).spawn().unwrap();
+        let mut process = Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .arg("dev")
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .env("FERRY_STATE", state.path())
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         let stderr = process.stderr.take().unwrap();
         std::thread::spawn(move || {
@@ -238,7 +246,9 @@ fn readme_examples_run_verbatim_on_ferry_dev() {
     }
     let lines = readme_lines();
     assert!(lines.len() >= 15, "the README's examples: {lines:#?}");
-    let dev = Dev::start();
+    // With the example policy, as the README's tenants section says to try it: an
+    // operator's commands are not held to it.
+    let dev = Dev::start(&["--policy", "examples/tenants.yaml"]);
     // The test task the first example submits: `tasks get` and `tasks revert` act on it.
     let mut submitted: Option<String> = None;
     for line in &lines {
@@ -311,4 +321,23 @@ fn readme_examples_run_verbatim_on_ferry_dev() {
             panic!("a README example no rule of this test runs: {line}");
         }
     }
+    // The tenants section's commands on this `ferry dev --policy examples/tenants.yaml`: a
+    // tenant's task runs as the tenant's; what its policy does not give it is refused.
+    let tenants = readme_tenant_lines();
+    assert_eq!(tenants.len(), 2, "{tenants:?}");
+    println!("README: {}", tenants[0]);
+    let out = dev.ok(&tenants[0]);
+    let id = task_id(&out).unwrap_or_else(|| panic!("no task id in {out}"));
+    let got = dev.ok(&format!("ferry tasks get {id}"));
+    assert!(got.contains("tenant:web"), "{}: not the tenant's: {got}", tenants[0]);
+    println!("README: {}", tenants[1]);
+    let (ok, out) = dev.run(&tenants[1]);
+    assert!(!ok && out.contains("may not submit create-cluster tasks"), "{}: {out}", tenants[1]);
+}
+
+/// The commands the README's tenants section gives to try on `ferry dev`.
+fn readme_tenant_lines() -> Vec<String> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let section = readme.split("5. Tenants (optional)").nth(1).and_then(|s| s.split("\n## ").next()).expect("the README's tenants section");
+    section.split('`').filter(|s| s.starts_with("ferry submit ")).map(str::to_owned).collect()
 }

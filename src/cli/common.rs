@@ -110,6 +110,36 @@ pub struct Unreachable {
     pub waited: String,
 }
 
+/// A tenant's client would write or read a topic the broker does not have: no worker takes
+/// those commands, so a submit would wait for an answer that never comes.
+#[derive(Debug, thiserror::Error)]
+pub enum NoTenantTopic {
+    /// None of the tenant's topics: the workers were given no policy naming it.
+    #[error(
+        "tenant {tenant:?} has no topics at {bootstrap} (no {topic}): a tenant's commands reach the workers only through its own topics, which `ferry topics apply --policy FILE` makes (`ferry dev --policy FILE` on the embedded broker), and only workers given that policy read them (`ferry worker KIND --policy FILE`)"
+    )]
+    Tenant {
+        /// The tenant (`--tenant`).
+        tenant: String,
+        /// Its progress topic, missing.
+        topic: String,
+        /// The bootstrap servers asked.
+        bootstrap: String,
+    },
+    /// The tenant's topics, but not this kind's: its policy gives it no rule for the kind.
+    #[error("tenant {tenant:?} may not submit {kind} tasks at {bootstrap}: it has no topic {topic} (the policy gives it no {kind} rule; `ferry topics apply --policy FILE` makes the topics of the kinds it does)")]
+    Kind {
+        /// The tenant (`--tenant`).
+        tenant: String,
+        /// The kind submitted.
+        kind: TaskKind,
+        /// Its command topic for the kind, missing.
+        topic: String,
+        /// The bootstrap servers asked.
+        bootstrap: String,
+    },
+}
+
 /// The probe's client context: keeps librdkafka's last error log line (connection
 /// refused, TLS handshake, SASL authentication) instead of logging each retry (an
 /// unreachable broker would print dozens of lines before the one that matters).
@@ -172,18 +202,19 @@ impl Conn {
 
     /// Fails fast, with the address, when no broker answers a metadata request within the
     /// connect timeout (instead of each later read waiting out its own long timeout).
-    pub async fn check_reachable(&self) -> anyhow::Result<()> {
+    /// Answers the topics the broker has (None: `--connect-timeout 0` skips the probe).
+    pub async fn check_reachable(&self) -> anyhow::Result<Option<Vec<String>>> {
         let kafka = self.kafka()?;
         let timeout = self.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT);
         if timeout.is_zero() {
-            return Ok(());
+            return Ok(None);
         }
         let bootstrap = kafka.bootstrap.clone();
-        let probe = tokio::task::spawn_blocking(move || -> Result<(), String> {
+        let probe = tokio::task::spawn_blocking(move || -> Result<Vec<String>, String> {
             // A bare producer handle that sends nothing: a consumer's group machinery made
             // the probe's own shutdown cost about 100 ms.
             let c: BaseProducer<Probe> = kafka.client().create_with_context(Probe::default()).map_err(|e| e.to_string())?;
-            c.client().fetch_metadata(None, timeout).map(|_| ()).map_err(|e| {
+            c.client().fetch_metadata(None, timeout).map(|md| md.topics().iter().map(|t| t.name().to_owned()).collect()).map_err(|e| {
                 // Logs and errors wait on the client's queue (`log.queue`) until a poll serves them.
                 c.poll(Duration::ZERO);
                 let last = c.context().last_error.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
@@ -191,27 +222,49 @@ impl Conn {
             })
         });
         match probe.await.context("the Kafka probe panicked")? {
-            Ok(()) => Ok(()),
+            Ok(topics) => Ok(Some(topics)),
             Err(detail) => Err(Unreachable { bootstrap, detail, waited: humantime::format_duration(timeout).to_string() }.into()),
         }
     }
 
     /// A client for a process that runs on (a worker's onboarding, the dashboard).
     pub async fn client(&self) -> anyhow::Result<ferry_runtime::Client> {
-        self.make_client(ferry_runtime::Client::with_registry).await
+        self.make_client(ferry_runtime::Client::with_registry, None).await
     }
 
     /// The client of a command that prints and exits (submit, tasks, apps, watch): its
     /// producer sends at once ([`ferry_runtime::Client::short_lived`]).
     pub async fn command_client(&self) -> anyhow::Result<ferry_runtime::Client> {
-        self.make_client(ferry_runtime::Client::short_lived).await
+        self.make_client(ferry_runtime::Client::short_lived, None).await
+    }
+
+    /// [`Self::command_client`] of a command that submits a `kind` task: as a tenant, its
+    /// command topic for `kind` must exist too.
+    pub async fn submit_client(&self, kind: TaskKind) -> anyhow::Result<ferry_runtime::Client> {
+        self.make_client(ferry_runtime::Client::short_lived, Some(kind)).await
     }
 
     async fn make_client(
         &self,
         make: fn(KafkaConfig, Topics, ferry_runtime::wire::Registry) -> Result<ferry_runtime::Client, ferry_runtime::ClientError>,
+        submits: Option<TaskKind>,
     ) -> anyhow::Result<ferry_runtime::Client> {
-        self.check_reachable().await?;
+        let present = self.check_reachable().await?;
+        // A tenant reads its own progress topic and writes its own command topics: without
+        // them no worker answers it (the workers were given no policy naming it).
+        if let (Some(tenant), Some(present)) = (&self.tenant, &present) {
+            let (topics, tenant, bootstrap) = (self.topics(), tenant.clone(), self.kafka()?.bootstrap);
+            let topic = topics.tenant_progress(&tenant).name;
+            if !present.contains(&topic) {
+                return Err(NoTenantTopic::Tenant { tenant, topic, bootstrap }.into());
+            }
+            if let Some(kind) = submits
+                && let topic = topics.tenant_command(&tenant, kind).name
+                && !present.contains(&topic)
+            {
+                return Err(NoTenantTopic::Kind { tenant, kind, topic, bootstrap }.into());
+            }
+        }
         let registry = match &self.schema_registry {
             Some(url) => ferry_runtime::schema_registry::confluent(url).await?,
             None => ferry_runtime::wire::Registry::embedded(),

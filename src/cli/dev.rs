@@ -32,6 +32,11 @@ pub struct DevArgs {
     /// Do not start the Kubernetes test bed.
     #[arg(long)]
     pub no_fleet: bool,
+    /// The tenants and what each may target (YAML; see examples/tenants.yaml): their
+    /// topics are made on the embedded broker and every worker holds their commands to it,
+    /// so `ferry submit ... --tenant NAME` can be tried here.
+    #[arg(long, env = "FERRY_POLICY")]
+    pub policy: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -57,6 +62,11 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
     std::fs::create_dir_all(&state).with_context(|| format!("creating {}", state.display()))?;
     // The smoke demo exercises the runtime only; it needs no clusters. With clusters, the
     // test bed starts the broker beside them; without, it runs alone.
+    // A policy that does not load fails before anything starts.
+    let policy = match &a.policy {
+        Some(p) => Some(Arc::new(ferry_runtime::tenants::Policy::load(p)?)),
+        None => None,
+    };
     let needs_fleet = !a.no_fleet && !matches!(a.demo, Some(Demo::Smoke));
     let (bed, lone_broker) = if needs_fleet {
         (Some(start_bed(&a, &state).await?), None)
@@ -69,6 +79,14 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
         (None, Some(broker)) => broker.bootstrap(),
         (None, None) => unreachable!("a bed or a broker was started"),
     };
+    if let Some(policy) = &policy {
+        let broker = bed.as_ref().map(|b| b.broker()).or(lone_broker.as_ref()).expect("a bed or a broker was started");
+        let tenants: Vec<&str> = policy.tenants().collect();
+        for def in topics.tenant_topics(policy) {
+            broker.create_topic(&def.name, def.partitions, a.mock_brokers.min(def.replication_factor).max(1))?;
+        }
+        eprintln!("ferry dev: tenants {}: their topics made; the workers hold their commands to the policy", tenants.join(", "));
+    }
     std::fs::write(state.join("bootstrap"), &bootstrap)?;
     println!("bootstrap: {bootstrap}");
     println!("state: {}", state.display());
@@ -78,6 +96,7 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
     let mut opts = WorkerOptions::new(kafka.clone());
     opts.topics = topics.clone();
     opts.shutdown_grace = Duration::from_secs(5);
+    opts.policy = policy;
     let hub = bed.as_ref().map(|b| b.clusters.hub().clone());
     let plans = super::workers::plan_handler(Client::new(kafka.clone(), topics.clone())?, Duration::from_secs(3600), hub).await?;
     let mut workers = vec![

@@ -107,7 +107,7 @@ pub async fn run(conn: &Conn, a: SubmitArgs) -> anyhow::Result<ExitCode> {
     let Some(subject) = file.subject.or_else(|| (info.subject_of)(&file.spec)) else {
         anyhow::bail!("the spec file has no subject: (required for {} tasks)", a.kind);
     };
-    let client = conn.command_client().await?;
+    let client = conn.submit_client(a.kind).await?;
     let spec = encode_spec(&client, a.kind, file.spec)?;
     // Follow from the current end before sending, so no event is missed.
     let mut events = if a.wait { Some(client.events(false).await?) } else { None };

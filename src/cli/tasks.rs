@@ -466,7 +466,7 @@ pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
             if client.tenant().is_some() {
                 // A tenant's: from its events (the journal without outputs).
                 let own: Vec<ProgressEvent> = client.history(id).await?.into_iter().filter(|e| e.seq > 0).collect();
-                let first = own.first().ok_or(ClientError::UnknownTask(id))?;
+                let first = own.first().ok_or_else(|| client.not_found(id))?;
                 let (kind, journal) = (first.kind.to_string(), JournalEntry::from_events(&own));
                 let undoable = Undoable { task_id: &first.task_id, kind: &kind, subject: &first.subject, state: state_from_events(&own), journal: &journal, outputs_known: false };
                 print_undo_plan(undoable, output)?;

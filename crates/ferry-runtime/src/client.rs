@@ -49,6 +49,17 @@ pub enum ClientError {
     /// No snapshot of the task exists.
     #[error("no task {0} on the task-state topic")]
     UnknownTask(TaskId),
+    /// A tenant's client found no event of the task on the tenant's own progress topic: the
+    /// task is another's (a tenant sees only its own), or there is none.
+    #[error("no task {id} among tenant {tenant:?}'s tasks (no event of it on {topic}; a tenant sees only its own tasks)")]
+    NotTenants {
+        /// The task asked for.
+        id: TaskId,
+        /// The client's tenant.
+        tenant: String,
+        /// The tenant's progress topic, where it was looked for.
+        topic: String,
+    },
     /// The request itself is malformed (e.g. a signal's name); nothing was sent.
     #[error("{0}")]
     Invalid(String),
@@ -410,8 +421,16 @@ impl Client {
     /// that named it), on this client's progress topic.
     async fn locate_by_events(&self, id: TaskId) -> Result<Target, ClientError> {
         let events: Vec<ProgressEvent> = self.history(id).await?.into_iter().filter(|e| e.seq > 0).collect();
-        let (Some(first), Some(last)) = (events.first(), events.last()) else { return Err(ClientError::UnknownTask(id)) };
+        let (Some(first), Some(last)) = (events.first(), events.last()) else { return Err(self.not_found(id)) };
         Ok(Target { task_id: id.to_string(), kind: first.kind, subject: first.subject.clone(), state: None, last_event: Some(last.event) })
+    }
+
+    /// The error for a task this client cannot find: a tenant's looks only among its own.
+    pub fn not_found(&self, id: TaskId) -> ClientError {
+        match &self.tenant {
+            Some(t) => ClientError::NotTenants { id, tenant: t.clone(), topic: self.progress_topic() },
+            None => ClientError::UnknownTask(id),
+        }
     }
 
     /// The topic this client follows events on: `ferry.progress`, or a tenant's own

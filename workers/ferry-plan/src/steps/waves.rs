@@ -367,6 +367,11 @@ fn percent(w: usize, n: usize) -> u8 {
     (w * 100 / n.max(1)).min(99) as u8
 }
 
+/// `1 child`, `3 children`.
+fn children(n: usize) -> String {
+    if n == 1 { "1 child".to_owned() } else { format!("{n} children") }
+}
+
 impl Step<PlanSpec> for WaveStep {
     fn name(&self) -> &str {
         &self.step.name
@@ -409,7 +414,7 @@ impl Step<PlanSpec> for WaveStep {
                         tokio::time::sleep(self.pause()).await;
                     }
                 }
-                cx.progress(percent(w, n), format!("wave {}/{n}: {} children: {}", w + 1, wave.len(), wave.join(", ")));
+                cx.progress(percent(w, n), format!("wave {}/{n}: {}: {}", w + 1, children(wave.len()), wave.join(", ")));
                 let outcomes: Vec<(String, Result<Outcome, StepError>)> = stream::iter(wave.iter().cloned())
                     .map(|c| {
                         let snap = known.remove(&c).flatten();
@@ -510,7 +515,7 @@ impl Step<PlanSpec> for WaveStep {
             let started = self.started_waves(cx, &waves, output).await?;
             for w in (0..started).rev() {
                 let count = self.revert_all(cx, waves[w], "reverts its step").await?;
-                cx.progress(percent(started - w, started), format!("wave {}/{}: {count} children reverted", w + 1, waves.len()));
+                cx.progress(percent(started - w, started), format!("wave {}/{}: {} reverted", w + 1, waves.len(), children(count)));
             }
             Ok(())
         }

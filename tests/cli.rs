@@ -157,6 +157,37 @@ async fn cancel_and_revert_through_the_cli() {
     assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
     assert!(out.stdout.contains("Reverted"));
     assert_eq!(out.stdout.lines().filter(|l| l.contains("StepReverted")).count(), 2);
+
+    // What would do nothing is not sent, and says why: a cancel or a signal of a task that
+    // has ended (each refused, exit 1), a revert of one Reverted or Rejected (exit 0: nothing
+    // of it is in effect; before, `--wait` waited out its whole timeout for a Rejected one).
+    let before = env.client.read_to_end(&commands).await.unwrap().len();
+    let out = env.ferry(&["tasks", "cancel", &id.to_string()]).await;
+    assert_eq!(out.code, 1, "{}{}", out.stdout, out.stderr);
+    assert!(out.stderr.contains(&format!("task {id} has ended (Reverted): there is nothing to cancel; nothing sent")), "{}", out.stderr);
+    let out = env.ferry(&["tasks", "signal", &id.to_string(), "approve"]).await;
+    assert_eq!(out.code, 1, "{}{}", out.stdout, out.stderr);
+    assert!(out.stderr.contains("a signal reaches only a queued or running task; nothing sent"), "{}", out.stderr);
+    let out = env.ferry(&["tasks", "revert", &id.to_string(), "--wait"]).await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains(&format!("task {id} is Reverted: there is nothing to revert; nothing sent")), "{}", out.stdout);
+    let rejected = env.spec("rejected.yaml", "subject: d\nspec: {steps: 0}\n");
+    let out = env.ferry(&["submit", "test", "-f", &rejected, "--wait"]).await;
+    assert_eq!(out.code, 1, "{}{}", out.stdout, out.stderr);
+    let rejected = out.stderr.split_whitespace().find(|w| w.starts_with("tsk_")).unwrap().to_owned();
+    let out = env.ferry(&["tasks", "revert", &rejected, "--wait", "--timeout", "10m"]).await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains(&format!("task {rejected} is Rejected: there is nothing to revert; nothing sent")), "{}", out.stdout);
+    // The rejected submit is the only command written since.
+    assert_eq!(env.client.read_to_end(&commands).await.unwrap().len(), before + 1, "a pointless control was sent");
+    // One another client sends anyway is listed as asked, not as done.
+    env.client.cancel(id).await.unwrap();
+    let out = env.ferry(&["tasks", "get", &id.to_string(), "-o", "json"]).await;
+    let got: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let controls: Vec<(&str, bool)> = got["controls"].as_array().unwrap().iter().map(|c| (c["action"].as_str().unwrap(), c["after_end"].as_bool().unwrap_or(false))).collect();
+    assert_eq!(controls, [("Cancel", false), ("Revert", false), ("Cancel", true)], "{}", out.stdout);
+    let table = env.ferry(&["tasks", "get", &id.to_string()]).await.stdout;
+    assert!(table.contains("Cancelled by:") && table.contains("Cancel asked by:") && table.contains("(after it had ended: nothing done)"), "{table}");
     env.shutdown().await;
 }
 

@@ -127,6 +127,10 @@ pub struct ControlView {
     /// A Signal's name.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub signal: Option<String>,
+    /// A Cancel or Signal sent after the task had ended (by a client that did not check):
+    /// the worker did nothing with it.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub after_end: bool,
 }
 
 impl From<&TaskSnapshot> for TaskView {
@@ -303,12 +307,17 @@ fn print_view(v: &TaskView, controls: &[ControlView]) {
     }
     for c in controls {
         let reason = c.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
-        let (label, what) = match c.action {
-            CommandAction::Cancel => ("Cancelled by:", String::new()),
-            CommandAction::Signal => ("Signalled by:", format!(" ({})", c.signal.as_deref().unwrap_or_default())),
+        let signal = format!(" ({})", c.signal.as_deref().unwrap_or_default());
+        // One the worker did nothing with does not say it cancelled or signalled.
+        let (label, what) = match (c.action, c.after_end) {
+            (CommandAction::Cancel, false) => ("Cancelled by:", String::new()),
+            (CommandAction::Cancel, true) => ("Cancel asked by:", String::new()),
+            (CommandAction::Signal, false) => ("Signalled by:", signal),
+            (CommandAction::Signal, true) => ("Signal asked by:", signal),
             _ => ("Reverted by:", String::new()),
         };
-        fields.push((label, format!("{}{what} {} ago{reason}", c.requested_by, age(now, c.requested_at_ms))));
+        let ignored = if c.after_end { " (after it had ended: nothing done)" } else { "" };
+        fields.push((label, format!("{}{what} {} ago{reason}{ignored}", c.requested_by, age(now, c.requested_at_ms))));
     }
     if !v.revert_would_undo.is_empty() {
         fields.push(("Revert would undo:", v.revert_would_undo.join(", ")));
@@ -341,6 +350,9 @@ async fn controls(conn: &Conn, client: &ferry_runtime::Client, snap: &TaskSnapsh
             requested_by: c.requested_by,
             requested_at_ms: c.created_at_ms,
             requested_at: rfc3339(c.created_at_ms),
+            // The snapshot is not touched by a control that does nothing: one asked after
+            // its last change, of a task that has ended, found it ended.
+            after_end: matches!(c.action, CommandAction::Cancel | CommandAction::Signal) && snap.state.is_terminal() && c.created_at_ms > snap.updated_at_ms,
             reason: c.reason,
             signal: c.signal,
         })
@@ -349,16 +361,30 @@ async fn controls(conn: &Conn, client: &ferry_runtime::Client, snap: &TaskSnapsh
     Ok(out)
 }
 
-/// Sends a Cancel or Revert for `id`, looking up its kind and subject (in the task state;
-/// a tenant in its own progress topic), and says how far the task was.
-async fn control(client: &ferry_runtime::Client, id: TaskId, action: CommandAction, reason: Option<String>) -> anyhow::Result<(ferry_runtime::Target, String)> {
-    let target = client.control_by_id(id, action, reason).await?;
+/// What a Cancel, Revert or Signal to `id` would find: its target, how far the task was,
+/// and why the control would do nothing, if it would (the worker's own answer: a task that
+/// has ended has nothing to cancel and takes no signal; one Rejected or Reverted has
+/// nothing to revert). Such a control is not sent: `--wait` would wait for an end that has
+/// been, and `tasks get` would list a cancel that cancelled nothing.
+async fn locate_for(client: &ferry_runtime::Client, id: TaskId, action: CommandAction) -> anyhow::Result<(ferry_runtime::Target, String, Option<String>)> {
+    let target = client.locate(id).await?;
     let was = match (target.state, target.last_event) {
         (Some(state), _) => format!("task was {}", name(&state)),
         (None, Some(event)) => format!("its last event: {}", name(&event)),
         (None, None) => "task not seen yet".to_owned(),
     };
-    Ok((target, was))
+    // A tenant knows the state from its last event, when that event sets one.
+    let state = target.state.or_else(|| target.last_event.and_then(EventType::state_after));
+    let pointless = state.filter(|s| s.is_terminal()).and_then(|s| match action {
+        CommandAction::Cancel => {
+            let undo = if s.is_revertible() { format!("; `ferry tasks revert {id}` undoes what it did") } else { String::new() };
+            Some(format!("task {id} has ended ({}): there is nothing to cancel{undo}", name(&s)))
+        }
+        CommandAction::Signal => Some(format!("task {id} has ended ({}): a signal reaches only a queued or running task", name(&s))),
+        CommandAction::Revert if !s.is_revertible() => Some(format!("task {id} is {}: there is nothing to revert", name(&s))),
+        _ => None,
+    });
+    Ok((target, was, pointless))
 }
 
 pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
@@ -449,16 +475,22 @@ pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
         }
         TasksCommand::Watch { ids } => super::watch::run(conn, ids).await,
         TasksCommand::Signal { id, name: signal, reason } => {
-            let target = client.signal(id, &signal, reason).await?;
-            let was = match (target.state, target.last_event) {
-                (Some(state), _) => format!("task was {}", name(&state)),
-                _ => "task not seen yet".to_owned(),
-            };
+            let (target, was, pointless) = locate_for(&client, id, CommandAction::Signal).await?;
+            if let Some(why) = pointless {
+                eprintln!("error: {why}; nothing sent");
+                return Ok(ExitCode::from(1));
+            }
+            client.signal_target(&target, &signal, reason).await?;
             println!("signal {signal} to {id} sent ({was})");
             Ok(ExitCode::SUCCESS)
         }
         TasksCommand::Cancel { id, reason } => {
-            let (_, was) = control(&client, id, CommandAction::Cancel, reason).await?;
+            let (target, was, pointless) = locate_for(&client, id, CommandAction::Cancel).await?;
+            if let Some(why) = pointless {
+                eprintln!("error: {why}; nothing sent");
+                return Ok(ExitCode::from(1));
+            }
+            client.control(target.kind, &target.subject, id, CommandAction::Cancel, reason).await?;
             println!("cancel of {id} sent ({was})");
             Ok(ExitCode::SUCCESS)
         }
@@ -479,15 +511,18 @@ pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
         }
         TasksCommand::Revert { id, reason, wait, timeout, output, .. } => {
             let mut events = if wait { Some(client.events(false).await?) } else { None };
-            let (target, was) = control(&client, id, CommandAction::Revert, reason).await?;
+            let (target, was, pointless) = locate_for(&client, id, CommandAction::Revert).await?;
+            // Nothing of it is in effect (Reverted, or Rejected before any step ran): what a
+            // revert is for holds already.
+            if let Some(why) = pointless {
+                println!("{why}; nothing sent");
+                return Ok(ExitCode::SUCCESS);
+            }
+            client.control(target.kind, &target.subject, id, CommandAction::Revert, reason).await?;
             let Some(events) = events.as_mut() else {
                 println!("revert of {id} sent ({was})");
                 return Ok(ExitCode::SUCCESS);
             };
-            if target.state == Some(TaskState::Reverted) || target.last_event == Some(EventType::Reverted) {
-                println!("task {id} is already Reverted");
-                return Ok(ExitCode::SUCCESS);
-            }
             wait_for_end(&client, events, id, timeout, output, EventType::Reverted, |e| {
                 matches!(e, EventType::Reverted | EventType::RevertFailed | EventType::Rejected)
             })

@@ -363,13 +363,22 @@ impl Client {
             return Err(ClientError::Invalid(why));
         }
         let target = self.locate(id).await?;
+        self.signal_target(&target, name, reason).await?;
+        Ok(target)
+    }
+
+    /// Sends Signal `name` to a task already located ([`Self::locate`]).
+    pub async fn signal_target(&self, target: &Target, name: &str, reason: Option<String>) -> Result<(), ClientError> {
+        if let Some(why) = crate::protocol::Signal::invalid_name(name) {
+            return Err(ClientError::Invalid(why));
+        }
+        let id: TaskId = target.task_id.parse().map_err(|_| ClientError::Invalid(format!("{:?} is not a task id", target.task_id)))?;
         let env = CommandEnvelope {
             idempotency_key: Some(format!("sig/{}", uuid::Uuid::now_v7())),
             signal: Some(name.to_owned()),
             ..self.control_envelope(target.kind, &target.subject, id, CommandAction::Signal, reason)
         };
-        self.send(&env, None).await?;
-        Ok(target)
+        self.send(&env, None).await
     }
 
     /// Cancels a task, looking up its kind and subject ([`Self::locate`]; a service that

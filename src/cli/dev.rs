@@ -164,17 +164,21 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
             // The members join OCM through their klusterlets (clusteradm join + accept) into
             // ManagedClusterSet `demo`, bound to the README deploy example's namespace.
             if let Some(bed) = bed.as_ref() {
-                let members: Vec<&str> = bed.fleet.clusters.iter().skip(1).map(|c| c.name.as_str()).collect();
-                eprintln!("ferry dev: joining {} to OCM (ManagedClusterSet demo, bound to namespace hello)", members.join(", "));
-                ferry_testkit::deploy::prepare(&bed.fleet, &members, "hello").await?;
                 // The README's offload example offloads namespace `web` of member-1; its burst
-                // example scales `web/api` there beyond what member-1 fits.
+                // example scales `web/api` there beyond what member-1 fits. Running before
+                // the members join, so the scores taken as they join count it.
                 if let Some(m) = bed.fleet.cluster(ferry_testkit::offload::CONSUMER) {
                     eprintln!("ferry dev: namespace web with Deployment api on {} (the README's offload and burst examples)", m.name);
                     let client = m.client().await?;
                     ferry_testkit::offload::namespace(&client, "web").await?;
                     ferry_testkit::offload::deployment(&client, "web", "api").await?;
+                    if let Err(e) = ferry_testkit::offload::deployment_available(&client, "web", "api", Duration::from_secs(120)).await {
+                        eprintln!("ferry dev: {e}; the first scores may not count it");
+                    }
                 }
+                let members: Vec<&str> = bed.fleet.clusters.iter().skip(1).map(|c| c.name.as_str()).collect();
+                eprintln!("ferry dev: joining {} to OCM (ManagedClusterSet demo, bound to namespace hello)", members.join(", "));
+                ferry_testkit::deploy::prepare(&bed.fleet, &members, "hello").await?;
             }
             eprintln!("ferry dev: ready. In another terminal: ferry submit test -f examples/test-task.yaml --wait");
             eprintln!("ferry dev: Ctrl-C to stop");

@@ -66,6 +66,22 @@ pub async fn deployment(cluster: &kube::Client, ns: &str, name: &str) -> anyhow:
     Ok(())
 }
 
+/// Waits until Deployment `ns/name` has every replica available (its pods bound and
+/// running, so a score taken after counts their requests), at most `limit`.
+pub async fn deployment_available(cluster: &kube::Client, ns: &str, name: &str, limit: std::time::Duration) -> anyhow::Result<()> {
+    let api = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(cluster.clone(), ns);
+    let available = |d: Option<&k8s_openapi::api::apps::v1::Deployment>| {
+        d.is_some_and(|d| {
+            let want = d.spec.replicas.unwrap_or(1);
+            d.status.as_ref().and_then(|s| s.available_replicas).unwrap_or(0) >= want
+        })
+    };
+    tokio::time::timeout(limit, kube::runtime::wait::await_condition(api, name, available))
+        .await
+        .map_err(|_| anyhow::anyhow!("Deployment {ns}/{name} was not available within {limit:?}"))??;
+    Ok(())
+}
+
 /// Runs the demo: `consumer` and `provider` are the two clusters' clients; true when every
 /// check passed.
 pub async fn run(client: &Client, consumer: &kube::Client, provider: &kube::Client) -> anyhow::Result<bool> {

@@ -174,6 +174,7 @@ async fn create_with_addons_and_ocm_then_scale_revert_and_delete() {
     // condition), while it lasts.
     let holding = |e: &ProgressEvent| e.event == EventType::StepProgress && e.message.as_deref().is_some_and(|m| m.contains("disruption budget"));
     let evs = events.until(id, WAIT, holding).await.expect("the revert says what holds the scale down");
+    let held_evs = evs.clone();
     let said = last(&evs).message.clone().unwrap_or_default();
     assert!(
         said.starts_with("Machine scaled-md-0-2 is being deleted (DrainingNode): Drain not completed yet (started at ")
@@ -190,6 +191,15 @@ async fn create_with_addons_and_ocm_then_scale_revert_and_delete() {
     budgets.patch("held", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"minAvailable": 0}}))).await.unwrap();
     let evs = events.until(id, WAIT, |e| e.event.is_final()).await.unwrap();
     assert_eq!(last(&evs).event, EventType::Reverted, "{:?}", last(&evs));
+    // The scale's undo says how far it is, and that only rises (it said 50 %, then 25 %
+    // while machines went, then 50 % again).
+    let percents: Vec<(i32, String)> = held_evs
+        .iter()
+        .chain(&evs)
+        .filter(|e| e.event == EventType::StepProgress && e.step_name.as_deref() == Some("scale"))
+        .map(|e| (e.percent.unwrap_or_default(), e.message.clone().unwrap_or_default()))
+        .collect();
+    assert!(percents.windows(2).all(|w| w[0].0 <= w[1].0) && percents.last().is_some_and(|p| p.0 == 100), "{percents:#?}");
     assert_eq!(nodes_of(&hub, "scaled").await, 2, "the revert restored 1 control-plane and 1 worker node");
     assert!(machines.get_opt("scaled-md-0-2").await.unwrap().is_none(), "the drained Machine is gone");
 

@@ -162,8 +162,11 @@ impl Step<ClusterCommand> for ScaleStep {
             let b = before(cx)?;
             let asked = target(cx.spec, &b);
             set_counts(&self.0, cx.spec, &b).await?;
-            cx.progress(50, format!("restoring {} control-plane and {} worker machines", b.control_plane, b.workers));
-            wait_nodes(&self.0, cx.spec, (b.control_plane + b.workers) as usize, asked.shrunk_to(&b), ready_timeout(cx.spec), cx).await?;
+            // Below the wait's own marks (25 while machines go, 50 once they have nodes), so
+            // the undo's progress only rises.
+            cx.progress(10, format!("restoring {} control-plane and {} worker machines", b.control_plane, b.workers));
+            let nodes = wait_nodes(&self.0, cx.spec, (b.control_plane + b.workers) as usize, asked.shrunk_to(&b), ready_timeout(cx.spec), cx).await?;
+            cx.progress(100, format!("restored: {} nodes Ready", nodes.len()));
             Ok(())
         }
         .boxed()

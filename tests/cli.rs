@@ -599,6 +599,21 @@ fn an_unreachable_broker_is_a_clear_failure() {
     assert!(out.stderr.contains("unknown field `fail_transeint`"), "{}", out.stderr);
 }
 
+/// `ferry fleet` prints what it could read and fails when a cluster did not answer (as
+/// `kubectl get` does), naming the cluster and why.
+#[test]
+fn fleet_fails_when_a_cluster_does_not_answer() {
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path().join("state/dev/fleet/gone");
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubeconfig = "apiVersion: v1\nkind: Config\nclusters: [{name: gone, cluster: {server: 'https://127.0.0.1:1'}}]\n\
+        users: [{name: u, user: {token: t}}]\ncontexts: [{name: gone, context: {cluster: gone, user: u}}]\ncurrent-context: gone\n";
+    std::fs::write(dir.join("kubeconfig"), kubeconfig).unwrap();
+    let out = ferry_offline(home.path(), &["fleet"], &[]);
+    assert_eq!(out.code, 1, "{}{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("gone") && out.stderr.contains("gone: unreachable: "), "{}{}", out.stdout, out.stderr);
+}
+
 /// Contexts in the config file, as kubectl has them: `--context`/`FERRY_CONTEXT` over
 /// `current_context:`, flags and environment over both, `use-context` writes the file.
 #[test]

@@ -210,5 +210,7 @@ async fn fleet(output: common::Output) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    Ok(ExitCode::SUCCESS)
+    // Everything it could read is printed; a cluster it could not fails the command, as
+    // `kubectl get` does, so a script sees it.
+    Ok(if views.iter().any(|c| c.unreachable.is_some()) { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }

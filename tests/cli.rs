@@ -168,6 +168,10 @@ async fn cancel_and_revert_through_the_cli() {
     let out = env.ferry(&["tasks", "signal", &id.to_string(), "approve"]).await;
     assert_eq!(out.code, 1, "{}{}", out.stdout, out.stderr);
     assert!(out.stderr.contains("a signal reaches only a queued or running task; nothing sent"), "{}", out.stderr);
+    // A name no task takes is said first, whatever the task.
+    let out = env.ferry(&["tasks", "signal", &id.to_string(), "Approve!"]).await;
+    assert_ne!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert!(out.stderr.contains("signal \"Approve!\": 1 to 63 lowercase letters"), "{}", out.stderr);
     let out = env.ferry(&["tasks", "revert", &id.to_string(), "--wait"]).await;
     assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
     assert!(out.stdout.contains(&format!("task {id} is Reverted: there is nothing to revert; nothing sent")), "{}", out.stdout);

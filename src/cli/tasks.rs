@@ -475,6 +475,10 @@ pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
         }
         TasksCommand::Watch { ids } => super::watch::run(conn, ids).await,
         TasksCommand::Signal { id, name: signal, reason } => {
+            // A name no task could take is said before the task is looked for.
+            if let Some(why) = ferry_runtime::protocol::Signal::invalid_name(&signal) {
+                return Err(ClientError::Invalid(why).into());
+            }
             let (target, was, pointless) = locate_for(&client, id, CommandAction::Signal).await?;
             if let Some(why) = pointless {
                 eprintln!("error: {why}; nothing sent");

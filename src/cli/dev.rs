@@ -60,13 +60,13 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
     let topics = Topics::standard();
     let state = super::state_dir().join("dev");
     std::fs::create_dir_all(&state).with_context(|| format!("creating {}", state.display()))?;
-    // The smoke demo exercises the runtime only; it needs no clusters. With clusters, the
-    // test bed starts the broker beside them; without, it runs alone.
     // A policy that does not load fails before anything starts.
     let policy = match &a.policy {
         Some(p) => Some(Arc::new(ferry_runtime::tenants::Policy::load(p)?)),
         None => None,
     };
+    // The smoke demo exercises the runtime only; it needs no clusters. With clusters, the
+    // test bed starts the broker beside them; without, it runs alone.
     let needs_fleet = !a.no_fleet && !matches!(a.demo, Some(Demo::Smoke));
     let (bed, lone_broker) = if needs_fleet {
         (Some(start_bed(&a, &state).await?), None)

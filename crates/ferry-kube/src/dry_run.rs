@@ -138,7 +138,8 @@ pub async fn apply_guarded(
     }
     let would = match clusters.dry_run_apply_with(cluster, obj, pp).await {
         Ok(w) => w,
-        Err(ClusterError::Kube { source: kube::Error::Api(s), .. }) => return Ok(refused(format!("{} ({})", s.message, s.reason))),
+        // Worded as every refusal is ([`crate::said`]): message, reason and code.
+        Err(ClusterError::Kube { source: e @ kube::Error::Api(_), .. }) => return Ok(refused(crate::said::said(&e))),
         Err(e) => return Err(e),
     };
     let (change, operations) = match current {

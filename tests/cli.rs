@@ -195,6 +195,28 @@ async fn cancel_and_revert_through_the_cli() {
     env.shutdown().await;
 }
 
+/// `--wait` for a kind no worker takes says so once no worker has answered for a while,
+/// and keeps waiting to its timeout (the command stays on the topic for a later worker).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_no_worker_answers_says_why() {
+    let env = env().await;
+    let score = format!("{}/examples/score.yaml", env!("CARGO_MANIFEST_DIR"));
+    let out = env.ferry(&["submit", "score", "-f", &score, "--wait", "--timeout", "12s"]).await;
+    assert_eq!(out.code, 3, "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains("note: no worker has answered in 10s: is a score worker running? (`ferry worker score`; the command waits on ferry.commands.score until one takes it)"),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stderr.contains("did not end within 12s"), "the whole wait, not what was left of it: {}", out.stderr);
+    // A kind whose worker answers says nothing of the kind.
+    let ok = env.spec("ok.yaml", "subject: n\nspec: {steps: 1, fail_transient: 0, step_ms: 0}\n");
+    let out = env.ferry(&["submit", "test", "-f", &ok, "--wait"]).await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert!(!out.stderr.contains("note:"), "{}", out.stderr);
+    env.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_follows_tasks_to_their_end() {
     let env = env().await;

@@ -17,6 +17,9 @@ use serde::Deserialize;
 use super::common::{Conn, Output, kind_parser, parse_duration};
 use super::tasks::{print_event, print_snapshot};
 
+/// How long `--wait` waits for a worker's first answer before it says none may be running.
+const NO_ANSWER_NOTE: Duration = Duration::from_secs(10);
+
 #[derive(Debug, Args)]
 pub struct SubmitArgs {
     /// Task kind.
@@ -123,7 +126,7 @@ pub async fn run(conn: &Conn, a: SubmitArgs) -> anyhow::Result<ExitCode> {
     if a.output == Output::Table {
         eprintln!("task {id} submitted; following its progress");
     }
-    wait_for_end(&client, events, id, a.timeout, a.output, EventType::Succeeded, EventType::is_final).await
+    wait_for_end(&client, events, id, a.kind, a.timeout, a.output, EventType::Succeeded, EventType::is_final).await
 }
 
 /// The spec file, or the DeployApp converted from a TOSCA blueprint.
@@ -161,27 +164,47 @@ fn read_spec(a: &SubmitArgs) -> anyhow::Result<SpecFile> {
 
 /// Prints events of `id` until a final one, then (json/yaml) the snapshot; exit 0 only
 /// when that final event is `success`.
+#[allow(clippy::too_many_arguments)]
 pub async fn wait_for_end(
     client: &ferry_runtime::Client,
     events: &mut ferry_runtime::EventStream,
     id: TaskId,
+    kind: TaskKind,
     timeout: Duration,
     output: Output,
     success: EventType,
     ends: fn(EventType) -> bool,
 ) -> anyhow::Result<ExitCode> {
-    let r = events
-        .until(id, timeout, |e| {
-            if output == Output::Table {
-                print_event(e);
-            }
-            ends(e.event)
-        })
-        .await;
+    let show = |e: &ferry_runtime::ProgressEvent| {
+        if output == Output::Table {
+            print_event(e);
+        }
+        ends(e.event)
+    };
+    // A worker answers a command it takes at once (Accepted, or the control's first event),
+    // whatever the task then waits for. No answer for a while means no worker of the kind
+    // takes it: said once, while the wait goes on (the command keeps on the topic).
+    let started = std::time::Instant::now();
+    let first = events.until(id, NO_ANSWER_NOTE.min(timeout), |_| true).await;
+    let r = match first {
+        Ok(evs) => {
+            // The first answer (the only event here); the rest follow if it is not the end.
+            if evs.iter().fold(false, |_, e| show(e)) { Ok(evs) } else { events.until(id, timeout.saturating_sub(started.elapsed()), show).await }
+        }
+        Err(ferry_runtime::ClientError::Timeout { .. }) if timeout > NO_ANSWER_NOTE => {
+            eprintln!(
+                "note: no worker has answered in {}: is a {kind} worker running? (`ferry worker {kind}`; the command waits on {} until one takes it)",
+                humantime::format_duration(NO_ANSWER_NOTE),
+                client.command_topic(kind)
+            );
+            events.until(id, timeout.saturating_sub(started.elapsed()), show).await
+        }
+        Err(e) => Err(e),
+    };
     let last = match r {
         Ok(evs) => evs.last().map(|e| e.event),
-        Err(ferry_runtime::ClientError::Timeout { task, waited }) => {
-            eprintln!("error: task {task} did not end within {} (it goes on; follow it with `ferry tasks watch {task}`)", humantime::format_duration(waited));
+        Err(ferry_runtime::ClientError::Timeout { task, .. }) => {
+            eprintln!("error: task {task} did not end within {} (it goes on; follow it with `ferry tasks watch {task}`)", humantime::format_duration(timeout));
             return Ok(ExitCode::from(3));
         }
         Err(e) => {

@@ -56,7 +56,7 @@ pub enum Command {
     Worker(workers::WorkerArgs),
     /// Submit a command from a spec file; prints the task id.
     Submit(submit::SubmitArgs),
-    /// Track tasks: get, list, cancel, revert.
+    /// Track and steer tasks: get, list, watch, cancel, revert, signal.
     #[command(subcommand)]
     Tasks(tasks::TasksCommand),
     /// A live web page of the tasks and the fleet, with Revert and Cancel buttons.

@@ -195,6 +195,33 @@ async fn cancel_and_revert_through_the_cli() {
     env.shutdown().await;
 }
 
+/// A resubmission with a key already used names the same task; `--wait` answers it from
+/// what the task did (the worker republishes only its state, no event: it waited its whole
+/// timeout before), with the task's exit code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resubmission_with_a_used_key_is_answered_by_its_task() {
+    let env = env().await;
+    let ok = env.spec("ok.yaml", "subject: keyed\nspec: {steps: 2, fail_transient: 0, step_ms: 0}\n");
+    let first = env.ferry(&["submit", "test", "-f", &ok, "--idempotency-key", "k-1", "--wait", "-o", "json"]).await;
+    assert_eq!(first.code, 0, "{}{}", first.stdout, first.stderr);
+    let first: serde_json::Value = serde_json::from_str(&first.stdout).unwrap();
+    let again = env.ferry(&["submit", "test", "-f", &ok, "--idempotency-key", "k-1", "--wait", "--timeout", "5m"]).await;
+    assert_eq!(again.code, 0, "{}{}", again.stdout, again.stderr);
+    assert!(again.stderr.contains(&format!("task {} (idempotency key \"k-1\") had already ended: Succeeded", first["task_id"].as_str().unwrap())), "{}", again.stderr);
+    assert!(again.stdout.contains("Succeeded") && !again.stderr.contains("note:"), "{}{}", again.stdout, again.stderr);
+    let json = env.ferry(&["submit", "test", "-f", &ok, "--idempotency-key", "k-1", "--wait", "-o", "json"]).await;
+    let json: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!((&json["task_id"], &json["state"]), (&first["task_id"], &serde_json::json!("Succeeded")), "{json}");
+    // One that failed answers as it did.
+    let bad = env.spec("bad.yaml", "subject: keyed\nspec: {steps: 2, fail_at: 1, fail_transient: 0, step_ms: 0}\n");
+    let failed = env.ferry(&["submit", "test", "-f", &bad, "--idempotency-key", "k-2", "--wait"]).await;
+    assert_eq!(failed.code, 1, "{}{}", failed.stdout, failed.stderr);
+    let again = env.ferry(&["submit", "test", "-f", &bad, "--idempotency-key", "k-2", "--wait", "--timeout", "5m"]).await;
+    assert_eq!(again.code, 1, "{}{}", again.stdout, again.stderr);
+    assert!(again.stderr.contains("(idempotency key \"k-2\") had already ended: "), "{}", again.stderr);
+    env.shutdown().await;
+}
+
 /// `--wait` for a kind no worker takes says so once no worker has answered for a while,
 /// and keeps waiting to its timeout (the command stays on the topic for a later worker).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use ferry_runtime::{EventType, SubmitOptions, TaskId, TaskKind};
+use ferry_runtime::{EventType, SubmitOptions, TaskId, TaskKind, TaskState};
 use serde::Deserialize;
 
 use super::common::{Conn, Output, kind_parser, parse_duration};
@@ -114,6 +114,7 @@ pub async fn run(conn: &Conn, a: SubmitArgs) -> anyhow::Result<ExitCode> {
     let spec = encode_spec(&client, a.kind, file.spec)?;
     // Follow from the current end before sending, so no event is missed.
     let mut events = if a.wait { Some(client.events(false).await?) } else { None };
+    let key = a.idempotency_key.clone();
     let opts = SubmitOptions { idempotency_key: a.idempotency_key, deadline: a.deadline, keep_partial: a.keep_partial, ..SubmitOptions::default() };
     let id = client.submit_encoded(a.kind, &subject, spec, opts).await?;
     let Some(events) = events.as_mut() else {
@@ -123,10 +124,32 @@ pub async fn run(conn: &Conn, a: SubmitArgs) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     };
+    // A key used before names its task, and the worker answers a resubmission only by
+    // publishing its state again, with no event: an ended task is answered from what it
+    // did; a running one is followed, without the no-answer note (its next event may be a
+    // long step away).
+    let mut note = Some(a.kind);
+    if let Some(key) = &key
+        && let Ok(target) = client.locate(id).await
+    {
+        match target.state.or_else(|| target.last_event.and_then(EventType::state_after)) {
+            Some(state) if state.is_terminal() => {
+                if a.output == Output::Table {
+                    eprintln!("task {id} (idempotency key {key:?}) had already ended: {}", super::table::name(&state));
+                    client.history(id).await?.iter().filter(|e| e.seq > 0).for_each(print_event);
+                } else if let Some(s) = client.snapshot(id).await? {
+                    print_snapshot(&s, a.output)?;
+                }
+                return Ok(if state == TaskState::Succeeded { ExitCode::SUCCESS } else { ExitCode::from(1) });
+            }
+            Some(_) => note = None,
+            None => {}
+        }
+    }
     if a.output == Output::Table {
         eprintln!("task {id} submitted; following its progress");
     }
-    wait_for_end(&client, events, id, a.kind, a.timeout, a.output, EventType::Succeeded, EventType::is_final).await
+    wait_for_end(&client, events, id, note, a.timeout, a.output, EventType::Succeeded, EventType::is_final).await
 }
 
 /// The spec file, or the DeployApp converted from a TOSCA blueprint.
@@ -169,7 +192,8 @@ pub async fn wait_for_end(
     client: &ferry_runtime::Client,
     events: &mut ferry_runtime::EventStream,
     id: TaskId,
-    kind: TaskKind,
+    // The task's kind, for the note when no worker answers at first (None: no note).
+    note: Option<TaskKind>,
     timeout: Duration,
     output: Output,
     success: EventType,
@@ -192,11 +216,13 @@ pub async fn wait_for_end(
             if evs.iter().fold(false, |_, e| show(e)) { Ok(evs) } else { events.until(id, timeout.saturating_sub(started.elapsed()), show).await }
         }
         Err(ferry_runtime::ClientError::Timeout { .. }) if timeout > NO_ANSWER_NOTE => {
-            eprintln!(
+            if let Some(kind) = note {
+                eprintln!(
                 "note: no worker has answered in {}: is a {kind} worker running? (`ferry worker {kind}`; the command waits on {} until one takes it)",
-                humantime::format_duration(NO_ANSWER_NOTE),
-                client.command_topic(kind)
-            );
+                    humantime::format_duration(NO_ANSWER_NOTE),
+                    client.command_topic(kind)
+                );
+            }
             events.until(id, timeout.saturating_sub(started.elapsed()), show).await
         }
         Err(e) => Err(e),

@@ -527,7 +527,7 @@ pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
                 println!("revert of {id} sent ({was})");
                 return Ok(ExitCode::SUCCESS);
             };
-            wait_for_end(&client, events, id, target.kind, timeout, output, EventType::Reverted, |e| {
+            wait_for_end(&client, events, id, Some(target.kind), timeout, output, EventType::Reverted, |e| {
                 matches!(e, EventType::Reverted | EventType::RevertFailed | EventType::Rejected)
             })
             .await

@@ -286,7 +286,8 @@ async fn the_api_answers_every_task_written_before_it_started_and_none_deleted()
 }
 
 /// The API's Signal (a running plan's Approve, Pause and Resume buttons): guarded as
-/// Revert and Cancel are, it reaches the running task, which records it.
+/// Revert and Cancel are, it reaches the running task, which records it as the
+/// dashboard's; actions that would do nothing are refused with the reason, unsent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signal_through_the_api_is_guarded_and_reaches_the_running_task() {
     use ferry_runtime::testkind::TestTaskSpec;
@@ -317,13 +318,38 @@ async fn a_signal_through_the_api_is_guarded_and_reaches_the_running_task() {
     assert_eq!(status, 202, "{body}");
     let evs = events.until(id, WAIT, |e| e.event == EventType::Signalled).await.unwrap();
     let told = evs.last().unwrap().message.clone().unwrap_or_default();
-    assert!(told.starts_with("signal approve from ") && told.ends_with(": sent from the dashboard"), "{told}");
+    // Sent as the dashboard, not as whoever started it.
+    assert_eq!(told, "signal approve from ferry-dashboard");
     let snap = client.snapshot(id).await.unwrap().unwrap();
-    assert_eq!(snap.signals.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), ["approve"]);
+    assert_eq!(snap.signals.iter().map(|s| (s.name.as_str(), s.by.as_str())).collect::<Vec<_>>(), [("approve", "ferry-dashboard")]);
     assert_eq!(snap.state, TaskState::Running, "a Signal leaves the task running");
 
     client.cancel(id).await.unwrap();
     events.until(id, WAIT, |e| e.event.is_final()).await.unwrap();
+
+    // What would do nothing is answered 409 with the reason and not sent (as `ferry
+    // tasks` does): a cancel or a signal of the ended task, a revert of it once Reverted.
+    let commands = topics.command(TaskKind::TEST).name.clone();
+    let sent = || async { client.read_to_end(&commands).await.unwrap().len() };
+    let before = sent().await;
+    let (status, body) = post(&format!("{url}api/tasks/{id}/cancel"), &good).await;
+    assert_eq!((status, body.contains(&format!("task {id} has ended (Cancelled): there is nothing to cancel; nothing sent"))), (409, true), "{body}");
+    let (status, body) = post(&action, &good).await;
+    assert_eq!((status, body.contains("a signal reaches only a queued or running task")), (409, true), "{body}");
+    assert_eq!(sent().await, before, "a pointless action was sent");
+    // A revert of the Cancelled task is sent, as the dashboard; then it is pointless.
+    let (status, body) = post(&format!("{url}api/tasks/{id}/revert"), &good).await;
+    assert_eq!(status, 202, "{body}");
+    events.until(id, WAIT, |e| e.event == EventType::Reverted).await.unwrap();
+    let records = client.read_to_end(&commands).await.unwrap();
+    assert_eq!(records.len(), before + 1);
+    let revert: ferry_runtime::protocol::CommandEnvelope = client.registry().decode(&records.last().unwrap().1).unwrap();
+    assert_eq!((revert.action, revert.requested_by.as_str()), (ferry_runtime::CommandAction::Revert, "ferry-dashboard"));
+    let (status, body) = post(&format!("{url}api/tasks/{id}/revert"), &good).await;
+    assert_eq!((status, body.contains("is Reverted: there is nothing to revert")), (409, true), "{body}");
+    let (status, body) = post(&format!("{url}api/tasks/tsk_00000000000000000000000000000000/revert"), &good).await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(sent().await, before + 1, "a pointless action was sent");
     stop.cancel();
     worker.await.unwrap().unwrap();
 }

@@ -3,7 +3,8 @@
 //! `/api/events` (server-sent events: every progress event, from one shared consumer of
 //! the progress topic) and updates rows in place; its Revert and Cancel buttons POST to
 //! `/api/tasks/{id}/revert|cancel`, and a running plan's Approve, Pause and Resume to
-//! `/api/tasks/{id}/signal/{name}`, which send the commands through Kafka. `/api/fleet`
+//! `/api/tasks/{id}/signal/{name}`, which send the commands through Kafka as
+//! `ferry-dashboard` (an action that would do nothing is answered 409, unsent). `/api/fleet`
 //! has the latest score of each cluster, the apps the deploy worker runs, and the
 //! clusters, peerings and offloaded namespaces the other workers made (`fleet_view`).
 //! Tasks and scores are answered from live views (`ferry_runtime::live`): one reader of
@@ -24,7 +25,7 @@ use axum::{Json, Router};
 use clap::Args;
 use ferry_runtime::live::{Follower, LiveState};
 use ferry_runtime::protocol::TaskSnapshot;
-use ferry_runtime::{Client, TaskId, TaskKind};
+use ferry_runtime::{Client, CommandAction, TaskId, TaskKind};
 use ferry_score::spec::ClusterScore;
 use futures::Stream;
 use serde::Serialize;
@@ -76,6 +77,9 @@ struct App {
 }
 
 type Shared = Arc<App>;
+
+/// Who the dashboard's actions are from (`requested_by`; `tasks get`'s "Reverted by").
+pub const DASHBOARD: &str = "ferry-dashboard";
 
 fn error(status: StatusCode, e: impl std::fmt::Display) -> Response {
     (status, Json(serde_json::json!({ "error": e.to_string() }))).into_response()
@@ -165,38 +169,58 @@ async fn fleet(State(app): State<Shared>) -> Response {
     .into_response()
 }
 
-async fn control(app: Shared, id: String, revert: bool) -> Response {
+/// The answer to a client error: 404 for a task not found, 400 for a bad request, 502 when
+/// Kafka did not answer (the dashboard is a gateway to it).
+fn client_error(e: ferry_runtime::ClientError) -> Response {
+    use ferry_runtime::ClientError as E;
+    let status = match e {
+        E::UnknownTask(_) | E::NotTenants { .. } => StatusCode::NOT_FOUND,
+        E::Invalid(_) => StatusCode::BAD_REQUEST,
+        _ => StatusCode::BAD_GATEWAY,
+    };
+    error(status, e)
+}
+
+/// Cancel, Revert or Signal `name` of task `id`: the task is located first, and an action
+/// that would do nothing (a cancel or signal of an ended task, a revert of a Rejected or
+/// Reverted one) is answered 409 with the reason and not sent, as `ferry tasks` does.
+async fn act(app: Shared, id: String, action: CommandAction, signal: Option<&str>) -> Response {
     let id: TaskId = match id.parse() {
         Ok(id) => id,
         Err(e) => return error(StatusCode::BAD_REQUEST, e),
     };
-    let r = if revert { app.client.revert(id).await } else { app.client.cancel(id).await };
-    match r {
-        Ok(target) => (StatusCode::ACCEPTED, Json(target)).into_response(),
-        Err(e) => error(StatusCode::CONFLICT, e),
+    if let Some(why) = signal.and_then(ferry_runtime::protocol::Signal::invalid_name) {
+        return error(StatusCode::BAD_REQUEST, why);
+    }
+    let target = match app.client.locate(id).await {
+        Ok(target) => target,
+        Err(e) => return client_error(e),
+    };
+    if let Some(why) = target.pointless(action) {
+        return error(StatusCode::CONFLICT, format!("{why}; nothing sent"));
+    }
+    let sent = match signal {
+        Some(name) => app.client.signal_target(id, &target, name, None).await,
+        None => app.client.control(target.kind, &target.subject, id, action, None).await,
+    };
+    match sent {
+        Ok(()) => (StatusCode::ACCEPTED, Json(target)).into_response(),
+        Err(e) => client_error(e),
     }
 }
 
 async fn revert(State(app): State<Shared>, Path(id): Path<String>) -> Response {
-    control(app, id, true).await
+    act(app, id, CommandAction::Revert, None).await
 }
 
 async fn cancel(State(app): State<Shared>, Path(id): Path<String>) -> Response {
-    control(app, id, false).await
+    act(app, id, CommandAction::Cancel, None).await
 }
 
 /// A Signal (`approve`, `pause`, `resume` for a plan's waves) to a task, as
 /// `ferry tasks signal` sends it; guarded as Revert and Cancel are.
 async fn signal(State(app): State<Shared>, Path((id, name)): Path<(String, String)>) -> Response {
-    let id: TaskId = match id.parse() {
-        Ok(id) => id,
-        Err(e) => return error(StatusCode::BAD_REQUEST, e),
-    };
-    match app.client.signal(id, &name, Some("sent from the dashboard".into())).await {
-        Ok(target) => (StatusCode::ACCEPTED, Json(target)).into_response(),
-        Err(e @ ferry_runtime::ClientError::Invalid(_)) => error(StatusCode::BAD_REQUEST, e),
-        Err(e) => error(StatusCode::CONFLICT, e),
-    }
+    act(app, id, CommandAction::Signal, Some(&name)).await
 }
 
 async fn events(State(app): State<Shared>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
@@ -275,7 +299,9 @@ pub async fn router(client: Client, access: Arc<Access>) -> anyhow::Result<Route
 }
 
 pub async fn run(conn: &Conn, a: DashboardArgs) -> anyhow::Result<ExitCode> {
-    let client = conn.client().await?;
+    // Its Cancels, Reverts and Signals are the dashboard's (an operator token's holder's),
+    // not those of whoever started it.
+    let client = conn.client().await?.sent_by(DASHBOARD);
     let token = match &a.token_file {
         Some(p) => {
             let t = std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("reading the token file {}: {e}", p.display()))?.trim().to_owned();

@@ -132,7 +132,7 @@ pub async fn run(conn: &Conn, a: SubmitArgs) -> anyhow::Result<ExitCode> {
     if let Some(key) = &key
         && let Ok(target) = client.locate(id).await
     {
-        match target.state.or_else(|| target.last_event.and_then(EventType::state_after)) {
+        match target.known_state() {
             Some(state) if state.is_terminal() => {
                 if a.output == Output::Table {
                     eprintln!("task {id} (idempotency key {key:?}) had already ended: {}", super::table::name(&state));

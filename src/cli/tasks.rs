@@ -373,16 +373,11 @@ async fn locate_for(client: &ferry_runtime::Client, id: TaskId, action: CommandA
         (None, Some(event)) => format!("its last event: {}", name(&event)),
         (None, None) => "task not seen yet".to_owned(),
     };
-    // A tenant knows the state from its last event, when that event sets one.
-    let state = target.state.or_else(|| target.last_event.and_then(EventType::state_after));
-    let pointless = state.filter(|s| s.is_terminal()).and_then(|s| match action {
-        CommandAction::Cancel => {
-            let undo = if s.is_revertible() { format!("; `ferry tasks revert {id}` undoes what it did") } else { String::new() };
-            Some(format!("task {id} has ended ({}): there is nothing to cancel{undo}", name(&s)))
-        }
-        CommandAction::Signal => Some(format!("task {id} has ended ({}): a signal reaches only a queued or running task", name(&s))),
-        CommandAction::Revert if !s.is_revertible() => Some(format!("task {id} is {}: there is nothing to revert", name(&s))),
-        _ => None,
+    // The runtime's words, and the command that undoes what an ended task did.
+    let revertible = target.known_state().is_some_and(TaskState::is_revertible);
+    let pointless = target.pointless(action).map(|why| match action {
+        CommandAction::Cancel if revertible => format!("{why}; `ferry tasks revert {id}` undoes what it did"),
+        _ => why,
     });
     Ok((target, was, pointless))
 }
@@ -484,7 +479,7 @@ pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
                 eprintln!("error: {why}; nothing sent");
                 return Ok(ExitCode::from(1));
             }
-            client.signal_target(&target, &signal, reason).await?;
+            client.signal_target(id, &target, &signal, reason).await?;
             println!("signal {signal} to {id} sent ({was})");
             Ok(ExitCode::SUCCESS)
         }

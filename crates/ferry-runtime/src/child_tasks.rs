@@ -1,4 +1,4 @@
-//! [`Children`] over Kafka, for the `plan` kind: a child's Start goes to its kind's command
+//! [`Children`] over Kafka, for the `plan` kind: a child's Start, Cancel and Revert go to its kind's command
 //! topic through a [`Client`] (keyed, `requested_by` = `plan/<parent>`), and its snapshots
 //! are read and waited for in the client's live view of every task-state topic (one
 //! consumer for the process, whatever the number of plans waiting).
@@ -19,7 +19,7 @@ use crate::client::{Client, ClientError, SubmitOptions};
 use crate::ids::TaskId;
 use crate::kind::TaskKind;
 use crate::live::{LiveError, LiveState};
-use crate::protocol::{CommandAction, TaskSnapshot};
+use crate::protocol::{CommandAction, CommandEnvelope, TaskSnapshot};
 use crate::wire::Registry;
 
 /// A child's spec encoded as its kind's record, with the subject the kind derives from it.
@@ -135,23 +135,22 @@ impl Children for KafkaChildren {
         .boxed()
     }
 
-    fn cancel<'a>(&'a self, kind: TaskKind, subject: &'a str, id: TaskId, reason: String) -> BoxFuture<'a, Result<(), ChildError>> {
-        self.control(kind, subject, id, CommandAction::Cancel, reason)
+    fn cancel<'a>(&'a self, kind: TaskKind, subject: &'a str, id: TaskId, parent: TaskId, reason: String) -> BoxFuture<'a, Result<(), ChildError>> {
+        self.control(CommandAction::Cancel, kind, subject, id, parent, reason)
     }
 
-    fn revert<'a>(&'a self, kind: TaskKind, subject: &'a str, id: TaskId, reason: String) -> BoxFuture<'a, Result<(), ChildError>> {
-        self.control(kind, subject, id, CommandAction::Revert, reason)
+    fn revert<'a>(&'a self, kind: TaskKind, subject: &'a str, id: TaskId, parent: TaskId, reason: String) -> BoxFuture<'a, Result<(), ChildError>> {
+        self.control(CommandAction::Revert, kind, subject, id, parent, reason)
     }
 }
 
 impl KafkaChildren {
-    /// Sends a Cancel or Revert of a child.
-    fn control<'a>(&'a self, kind: TaskKind, subject: &'a str, id: TaskId, action: CommandAction, reason: String) -> BoxFuture<'a, Result<(), ChildError>> {
+    /// Sends a Cancel or Revert of a child, as its parent (`requested_by` `plan/<parent>`,
+    /// as its Start was), not as the user the worker runs as.
+    fn control<'a>(&'a self, action: CommandAction, kind: TaskKind, subject: &'a str, id: TaskId, parent: TaskId, reason: String) -> BoxFuture<'a, Result<(), ChildError>> {
         async move {
-            self.client
-                .control(kind, subject, id, action, Some(reason))
-                .await
-                .map_err(unreachable_by(format!("sending {action:?} of child {id}")))
+            let env = CommandEnvelope { requested_by: format!("plan/{parent}"), ..self.client.control_envelope(kind, subject, id, action, Some(reason)) };
+            self.client.send(&env, None).await.map_err(unreachable_by(format!("sending {action:?} of child {id}")))
         }
         .boxed()
     }

@@ -148,6 +148,30 @@ pub struct Target {
     pub last_event: Option<EventType>,
 }
 
+impl Target {
+    /// Its state: as read, or for a tenant (who reads events only) the one its last event
+    /// sets, where that event sets one.
+    pub fn known_state(&self) -> Option<TaskState> {
+        self.state.or_else(|| self.last_event.and_then(EventType::state_after))
+    }
+
+    /// Why `action` sent now would do nothing, if it would: a Cancel or Signal of a task
+    /// that has ended, a Revert of one Rejected or Reverted. The runtime answers these by
+    /// publishing the task's state again and nothing else (`scheduler.rs`, `control`), so
+    /// a caller that says this instead of sending tells the truth sooner (the CLI, the
+    /// dashboard). `None` when the state is not known or the action would act.
+    pub fn pointless(&self, action: CommandAction) -> Option<String> {
+        let s = self.known_state().filter(|s| s.is_terminal())?;
+        let id = &self.task_id;
+        match action {
+            CommandAction::Cancel => Some(format!("task {id} has ended ({s}): there is nothing to cancel")),
+            CommandAction::Signal => Some(format!("task {id} has ended ({s}): a signal reaches only a queued or running task")),
+            CommandAction::Revert if !s.is_revertible() => Some(format!("task {id} is {s}: there is nothing to revert")),
+            _ => None,
+        }
+    }
+}
+
 impl Client {
     /// A client of `topics` on the brokers of `kafka`, with the embedded schema registry.
     pub fn new(kafka: KafkaConfig, topics: Topics) -> Result<Self, ClientError> {
@@ -189,6 +213,15 @@ impl Client {
     #[must_use]
     pub fn as_tenant(mut self, tenant: impl Into<String>) -> Self {
         self.tenant = Some(tenant.into());
+        self
+    }
+
+    /// This client's commands name `who` as their sender (`requested_by`) instead of the
+    /// user running it: a service that acts for others names itself (the dashboard, a
+    /// plan). Tenants' commands are named by their gateway whatever this says.
+    #[must_use]
+    pub fn sent_by(mut self, who: impl Into<String>) -> Self {
+        self.requested_by = who.into();
         self
     }
 
@@ -338,7 +371,7 @@ impl Client {
     }
 
     /// The envelope of a Cancel, Revert or Signal of task `id` (no spec, no key).
-    fn control_envelope(&self, kind: TaskKind, subject: &str, id: TaskId, action: CommandAction, reason: Option<String>) -> CommandEnvelope {
+    pub(crate) fn control_envelope(&self, kind: TaskKind, subject: &str, id: TaskId, action: CommandAction, reason: Option<String>) -> CommandEnvelope {
         CommandEnvelope {
             task_id: id.to_string(),
             kind,
@@ -363,16 +396,15 @@ impl Client {
             return Err(ClientError::Invalid(why));
         }
         let target = self.locate(id).await?;
-        self.signal_target(&target, name, reason).await?;
+        self.signal_target(id, &target, name, reason).await?;
         Ok(target)
     }
 
-    /// Sends Signal `name` to a task already located ([`Self::locate`]).
-    pub async fn signal_target(&self, target: &Target, name: &str, reason: Option<String>) -> Result<(), ClientError> {
+    /// Sends Signal `name` to task `id`, already located as `target` ([`Self::locate`]).
+    pub async fn signal_target(&self, id: TaskId, target: &Target, name: &str, reason: Option<String>) -> Result<(), ClientError> {
         if let Some(why) = crate::protocol::Signal::invalid_name(name) {
             return Err(ClientError::Invalid(why));
         }
-        let id: TaskId = target.task_id.parse().map_err(|_| ClientError::Invalid(format!("{:?} is not a task id", target.task_id)))?;
         let env = CommandEnvelope {
             idempotency_key: Some(format!("sig/{}", uuid::Uuid::now_v7())),
             signal: Some(name.to_owned()),

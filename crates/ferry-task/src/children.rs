@@ -121,11 +121,13 @@ pub trait Children: Send + Sync + 'static {
         until: &'a mut (dyn FnMut(&TaskSnapshot) -> bool + Send),
     ) -> BoxFuture<'a, Result<TaskSnapshot, ChildError>>;
 
-    /// Sends a Revert of the child (of `kind` on `subject`); the child's worker undoes
-    /// its steps (cancelling it first if it runs).
-    fn revert<'a>(&'a self, kind: TaskKind, subject: &'a str, id: TaskId, reason: String) -> BoxFuture<'a, Result<(), ChildError>>;
+    /// Sends a Revert of the child (of `kind` on `subject`) as its parent (`requested_by`
+    /// `plan/<parent>`: "Reverted by" names the plan); the child's worker undoes its steps
+    /// (cancelling it first if it runs).
+    fn revert<'a>(&'a self, kind: TaskKind, subject: &'a str, id: TaskId, parent: TaskId, reason: String) -> BoxFuture<'a, Result<(), ChildError>>;
 
-    /// Sends a Cancel of the child (of `kind` on `subject`): its worker stops it at its
-    /// next safe point and it ends Cancelled (its finished steps stay until a Revert).
-    fn cancel<'a>(&'a self, kind: TaskKind, subject: &'a str, id: TaskId, reason: String) -> BoxFuture<'a, Result<(), ChildError>>;
+    /// Sends a Cancel of the child (of `kind` on `subject`) as its parent, as
+    /// [`Self::revert`] does: its worker stops it at its next safe point and it ends
+    /// Cancelled (its finished steps stay until a Revert).
+    fn cancel<'a>(&'a self, kind: TaskKind, subject: &'a str, id: TaskId, parent: TaskId, reason: String) -> BoxFuture<'a, Result<(), ChildError>>;
 }

@@ -118,6 +118,12 @@ pub enum EventType {
     Signalled,
 }
 
+impl std::fmt::Display for TaskState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.symbol())
+    }
+}
+
 impl std::fmt::Display for EventType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // `pad`: widths and alignment apply (`{:<10}` in a table).
@@ -269,6 +275,22 @@ impl TaskState {
             TaskState::Reverted => "reverted",
             TaskState::RevertFailed => "revert-failed",
             TaskState::Rejected => "rejected",
+        }
+    }
+
+    /// The state's name as the protocol spells it (the Avro symbol: `Succeeded`,
+    /// `RevertFailed`); also its `Display`.
+    pub fn symbol(self) -> &'static str {
+        match self {
+            TaskState::Accepted => "Accepted",
+            TaskState::Running => "Running",
+            TaskState::Succeeded => "Succeeded",
+            TaskState::Failed => "Failed",
+            TaskState::Cancelled => "Cancelled",
+            TaskState::Reverting => "Reverting",
+            TaskState::Reverted => "Reverted",
+            TaskState::RevertFailed => "RevertFailed",
+            TaskState::Rejected => "Rejected",
         }
     }
 

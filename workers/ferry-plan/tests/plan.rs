@@ -263,6 +263,22 @@ async fn cancelling_a_plan_cancels_its_running_child_and_a_revert_undoes_both() 
     for step in ["one", "two"] {
         assert_eq!(bed.snapshot(child(id, step)).await.state, TaskState::Reverted, "child {step}");
     }
+    // The children's Cancel and Reverts are the plan's (`tasks get`'s "Cancelled by" and
+    // "Reverted by" name it), not the user the plan worker runs as.
+    let mut controls = Vec::new();
+    for (_, payload) in bed.client.read_to_end(&bed.topics.command(TaskKind::TEST).name).await.unwrap() {
+        let env: CommandEnvelope = bed.client.registry().decode(&payload).unwrap();
+        if env.idempotency_key.is_none() {
+            controls.push((env.task_id, env.action, env.requested_by));
+        }
+    }
+    // (The two children's subjects may be on two partitions: compared in one order.)
+    controls.sort_by_key(|(task, action, _)| (task.clone(), *action as u8));
+    let by = format!("plan/{id}");
+    let mut want = [(two, ferry_runtime::CommandAction::Cancel), (two, ferry_runtime::CommandAction::Revert), (child(id, "one"), ferry_runtime::CommandAction::Revert)]
+        .map(|(c, a)| (c.to_string(), a, by.clone()));
+    want.sort_by_key(|(task, action, _)| (task.clone(), *action as u8));
+    assert_eq!(controls, want, "the children's controls");
     plans.stop().await;
     tests.stop().await;
 }

@@ -61,6 +61,8 @@ pub(crate) struct Child<'c> {
     pub key: String,
     /// How messages name it: the step's name, or `<step>/<cluster>`.
     pub label: String,
+    /// The plan: its controls of the child are sent as the plan's.
+    pub parent: TaskId,
     pub cfg: &'c PlanConfig,
 }
 
@@ -148,7 +150,7 @@ impl Child<'_> {
         if snap.state.is_terminal() {
             return Ok(Some(snap.state));
         }
-        self.children().cancel(self.kind, &snap.subject, id, reason).await.map_err(step_error)?;
+        self.children().cancel(self.kind, &snap.subject, id, self.parent, reason).await.map_err(step_error)?;
         let end = self.children().wait(id, self.cfg.child_timeout, &mut |s| s.state.is_terminal()).await.map_err(step_error)?;
         Ok(Some(end.state))
     }
@@ -162,7 +164,7 @@ impl Child<'_> {
             return Ok(false);
         }
         if snap.state != TaskState::Reverting {
-            self.children().revert(self.kind, &snap.subject, id, reason).await.map_err(step_error)?;
+            self.children().revert(self.kind, &snap.subject, id, self.parent, reason).await.map_err(step_error)?;
         }
         let from = snap.seq;
         let mut until = |s: &TaskSnapshot| s.seq > from && matches!(s.state, TaskState::Reverted | TaskState::RevertFailed);
@@ -192,7 +194,7 @@ impl ChildStep {
     }
 
     fn child(&self, plan: &TaskId) -> Child<'_> {
-        Child { kind: self.kind, key: child_key(plan, &self.step.name), label: self.step.name.clone(), cfg: &self.cfg }
+        Child { kind: self.kind, key: child_key(plan, &self.step.name), label: self.step.name.clone(), parent: *plan, cfg: &self.cfg }
     }
 
     /// Reports where the child is, once per new snapshot.

@@ -108,6 +108,7 @@ impl WaveStep {
             kind: self.kind,
             key: format!("{}/{cluster}", child_key(plan, &self.step.name)),
             label: format!("{}/{cluster}", self.step.name),
+            parent: *plan,
             cfg: &self.cfg,
         }
     }

@@ -195,6 +195,63 @@ async fn cancel_and_revert_through_the_cli() {
     env.shutdown().await;
 }
 
+/// A plan's child tasks: `tasks get` lists them with the step (and cluster) each runs for,
+/// and `tasks revert --dry-run` names those a revert would revert, in order (before, the
+/// dry run of a plan showed only its own steps, "no output", and not the tasks it undoes);
+/// a `keep: true` step's are named as kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plans_children_are_listed_and_its_revert_dry_run_names_them() {
+    let env = env().await;
+    let mut events = env.client.events(true).await.unwrap();
+    let mut plans = tokio::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(["worker", "plan", "--brokers", &env.bootstrap, "--kafka-property", "fetch.wait.max.ms=5", "--http", "127.0.0.1:0"])
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let plan = env.spec("plan.yaml", "subject: kids\nspec:\n  steps:\n    - {name: one, kind: test, subject: kids/one, keep: true, spec: {steps: 1, fail_transient: 0, step_ms: 0}}\n    - {name: two, kind: test, subject: kids/two, spec: {steps: 1, fail_transient: 0, step_ms: 0}}\n    - {name: three, kind: test, subject: kids/three, spec: {steps: 2, block_at: 1, fail_transient: 0, step_ms: 0}}\n");
+    let out = env.ferry(&["submit", "plan", "-f", &plan]).await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    let id: TaskId = out.stdout.trim().parse().unwrap();
+    let child = |step: &str| TaskId::for_idempotency_key(TaskKind::TEST, &format!("plan/{id}/{step}")).to_string();
+    // Child three blocks in its first step: the plan waits on it.
+    events.until(child("three").parse().unwrap(), Duration::from_secs(120), |e| e.event == EventType::StepProgress).await.unwrap();
+
+    let out = env.ferry(&["tasks", "get", &id.to_string(), "-o", "json"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let got: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let children: Vec<(&str, &str, &str)> = got["children"].as_array().unwrap().iter().map(|c| (c["task_id"].as_str().unwrap(), c["step"].as_str().unwrap(), c["state"].as_str().unwrap())).collect();
+    let (one, two, three) = (child("one"), child("two"), child("three"));
+    assert_eq!(children, [(one.as_str(), "one", "Succeeded"), (two.as_str(), "two", "Succeeded"), (three.as_str(), "three", "Running")], "{}", out.stdout);
+    let table = env.ferry(&["tasks", "get", &id.to_string()]).await.stdout;
+    assert!(table.lines().any(|l| l.starts_with(&three) && l.contains("kids/three") && l.contains("Running")), "{table}");
+
+    let out = env.ferry(&["tasks", "revert", &id.to_string(), "--dry-run", "-o", "json"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let undo: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let steps: Vec<(&str, Vec<&str>, bool)> = undo["would_undo"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| {
+            let reverts = u["reverts_children"].as_array().map(|c| c.iter().map(|c| c["task_id"].as_str().unwrap()).collect()).unwrap_or_default();
+            (u["name"].as_str().unwrap(), reverts, u["keeps_children"].as_bool().unwrap_or(false))
+        })
+        .collect();
+    assert_eq!(steps, [("three", vec![three.as_str()], false), ("two", vec![two.as_str()], false), ("one", vec![], true)], "{}", out.stdout);
+    let table = env.ferry(&["tasks", "revert", &id.to_string(), "--dry-run"]).await.stdout;
+    let listed = table.split_once("child tasks it reverts, in order:").map(|(_, t)| t).unwrap_or_else(|| panic!("{table}"));
+    assert!(listed.find(&three) < listed.find(&two) && !listed.contains(&one), "{table}");
+    assert!(table.contains("step one keeps its children (keep: true)"), "{table}");
+
+    let out = env.ferry(&["tasks", "cancel", &id.to_string()]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    events.until(id, Duration::from_secs(120), |e| e.event.is_final()).await.unwrap();
+    plans.kill().await.unwrap();
+    env.shutdown().await;
+}
+
 /// A resubmission with a key already used names the same task; `--wait` answers it from
 /// what the task did (the worker republishes only its state, no event: it waited its whole
 /// timeout before), with the task's exit code.

@@ -18,6 +18,7 @@ pub mod dry_run;
 pub mod fleet_view;
 pub mod logs;
 pub mod otlp;
+pub mod plan_children;
 pub mod submit;
 pub mod table;
 pub mod tasks;

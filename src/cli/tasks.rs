@@ -10,6 +10,7 @@ use ferry_runtime::{ClientError, CommandAction, EventType, ProgressEvent, TaskId
 use serde::Serialize;
 
 use super::common::{Conn, Output, kind_parser, parse_duration, state_parser};
+use super::plan_children::{self, ChildView, Undo};
 use super::submit::wait_for_end;
 use super::table::{age, name, rfc3339, table};
 
@@ -277,13 +278,13 @@ pub fn print_snapshot(s: &TaskSnapshot, output: Output) -> anyhow::Result<()> {
     match output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&v)?),
         Output::Yaml => print!("{}", serde_yaml_ng::to_string(&v)?),
-        Output::Table => print_view(&v, &[]),
+        Output::Table => print_view(&v, &[], &[]),
     }
     Ok(())
 }
 
 /// `tasks get`'s table: the task's fields, its steps, its error, and its cancels and reverts.
-fn print_view(v: &TaskView, controls: &[ControlView]) {
+fn print_view(v: &TaskView, controls: &[ControlView], children: &[ChildView]) {
     let now = now_ms();
     let mut fields = vec![
         ("Task:", v.task_id.clone()),
@@ -330,6 +331,16 @@ fn print_view(v: &TaskView, controls: &[ControlView]) {
         for st in &v.steps {
             let out = st.output.as_ref().map(|o| o.to_string()).unwrap_or_default();
             t.add_row([st.step.to_string(), st.name.clone(), name(&st.status), st.attempts.to_string(), out]);
+        }
+        println!();
+        super::table::print(t);
+    }
+    if !children.is_empty() {
+        // A plan's: each child task with the step (and cluster) it runs for.
+        let mut t = table(["CHILD", "STEP", "KIND", "SUBJECT", "STATE", "AGE"]);
+        for c in children {
+            let step = c.cluster.as_ref().map_or_else(|| c.step.clone(), |cl| format!("{}/{cl}", c.step));
+            t.add_row([c.task_id.clone(), step, c.kind.clone(), c.subject.clone(), name(&c.state), age(now, c.created_at_ms)]);
         }
         println!();
         super::table::print(t);
@@ -388,25 +399,28 @@ pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
         TasksCommand::Get { id, output } => {
             // A tenant knows its task from its events; an operator from the task state,
             // and the controls sent to it from the command topic.
-            let (view, controls, history) = if client.tenant().is_some() {
+            let (view, controls, children, history) = if client.tenant().is_some() {
                 let history = client.history(id).await?;
                 let own: Vec<ProgressEvent> = history.iter().filter(|e| e.seq > 0).cloned().collect();
-                (TaskView::from_events(&own), Vec::new(), history)
+                (TaskView::from_events(&own), Vec::new(), Vec::new(), history)
             } else {
                 // The events are read beside the state and the controls: each read sets up
                 // a reader of its own, and one after the other they took twice as long.
                 let state = async {
                     match client.snapshot(id).await? {
                         Some(snap) => {
-                            let controls = controls(conn, &client, &snap).await?;
-                            Ok::<_, anyhow::Error>((Some(TaskView::from(&snap)), controls))
+                            let children = async {
+                                if snap.kind == TaskKind::PLAN { plan_children::children(&client, &snap).await } else { Ok(Vec::new()) }
+                            };
+                            let (controls, children) = tokio::join!(controls(conn, &client, &snap), children);
+                            Ok::<_, anyhow::Error>((Some(TaskView::from(&snap)), controls?, children?))
                         }
-                        None => Ok((None, Vec::new())),
+                        None => Ok((None, Vec::new(), Vec::new())),
                     }
                 };
                 let (state, history) = tokio::join!(state, client.history(id));
-                let (view, controls) = state?;
-                (view, controls, history?)
+                let (view, controls, children) = state?;
+                (view, controls, children, history?)
             };
             let Some(view) = view else {
                 eprintln!("error: no task {id}");
@@ -414,7 +428,7 @@ pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
             };
             match output {
                 Output::Table => {
-                    print_view(&view, &controls);
+                    print_view(&view, &controls, &children);
                     let now = now_ms();
                     let mut t = table(["SEQ", "AGE", "EVENT"]);
                     for e in &history {
@@ -425,7 +439,10 @@ pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
                 }
                 Output::Json | Output::Yaml => {
                     let events = history.iter().map(event_json).collect::<anyhow::Result<Vec<_>>>()?;
-                    let v = serde_json::json!({ "task": view, "controls": controls, "events": events });
+                    let mut v = serde_json::json!({ "task": view, "controls": controls, "events": events });
+                    if view.kind == TaskKind::PLAN.as_str() && client.tenant().is_none() {
+                        v["children"] = serde_json::to_value(&children)?;
+                    }
                     if output == Output::Json {
                         println!("{}", serde_json::to_string_pretty(&v)?);
                     } else {
@@ -499,12 +516,16 @@ pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
                 let own: Vec<ProgressEvent> = client.history(id).await?.into_iter().filter(|e| e.seq > 0).collect();
                 let first = own.first().ok_or_else(|| client.not_found(id))?;
                 let (kind, journal) = (first.kind.to_string(), JournalEntry::from_events(&own));
-                let undoable = Undoable { task_id: &first.task_id, kind: &kind, subject: &first.subject, state: state_from_events(&own), journal: &journal, outputs_known: false };
+                let undoable = Undoable { task_id: &first.task_id, kind: &kind, subject: &first.subject, state: state_from_events(&own), journal: &journal, outputs_known: false, plan: None };
                 print_undo_plan(undoable, output)?;
             } else {
                 let snap = client.snapshot(id).await?.ok_or(ClientError::UnknownTask(id))?;
                 let kind = snap.kind.to_string();
-                print_undo_plan(Undoable { task_id: &snap.task_id, kind: &kind, subject: &snap.subject, state: snap.state, journal: &snap.journal, outputs_known: true }, output)?;
+                // A plan's undo reverts its steps' children: which, and in what order.
+                let children = if snap.kind == TaskKind::PLAN { plan_children::children(&client, &snap).await? } else { Vec::new() };
+                let spec = plan_children::plan_spec(&client, &snap);
+                let plan = (snap.kind == TaskKind::PLAN).then_some(PlanUndo { children: &children, spec: spec.as_ref() });
+                print_undo_plan(Undoable { task_id: &snap.task_id, kind: &kind, subject: &snap.subject, state: snap.state, journal: &snap.journal, outputs_known: true, plan }, output)?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -545,6 +566,14 @@ struct Undoable<'a> {
     state: TaskState,
     journal: &'a [JournalEntry],
     outputs_known: bool,
+    /// A plan's children and spec (an operator's read), whose steps' undos revert them.
+    plan: Option<PlanUndo<'a>>,
+}
+
+/// What a plan's undo plan is made from besides its journal.
+struct PlanUndo<'a> {
+    children: &'a [ChildView],
+    spec: Option<&'a ferry_plan::spec::PlanSpec>,
 }
 
 /// One step of an undo plan: what the runtime's revert does with it (`runner.rs`,
@@ -557,6 +586,12 @@ struct UndoStep {
     status: StepStatus,
     /// The output the undo gets (a finished step's), if any.
     output: Option<serde_json::Value>,
+    /// A plan's step: the children its undo reverts, in order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reverts_children: Option<Vec<ChildView>>,
+    /// A plan's step with `keep: true`: its undo leaves its children.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    keeps_children: bool,
 }
 
 /// `tasks revert --dry-run`: the steps a Revert sent now would undo, in order; nothing is
@@ -572,6 +607,11 @@ fn print_undo_plan(snap: Undoable<'_>, output: Output) -> anyhow::Result<()> {
                 // As `Runner::revert` gives it: a finished step's output, or what a failed
                 // step recorded of what it started (`StepError::with_output`).
                 output: e.output.as_deref().and_then(|o| serde_json::from_str(o).ok()),
+                reverts_children: snap.plan.as_ref().and_then(|p| match plan_children::reverted_by_undo(p.spec, p.children, &e.name) {
+                    Undo::Reverts(c) if !c.is_empty() => Some(c.into_iter().cloned().collect()),
+                    _ => None,
+                }),
+                keeps_children: snap.plan.as_ref().is_some_and(|p| matches!(plan_children::reverted_by_undo(p.spec, p.children, &e.name), Undo::Kept)),
             })
             .collect()
     } else {
@@ -608,6 +648,20 @@ fn print_undo_plan(snap: Undoable<'_>, output: Output) -> anyhow::Result<()> {
                     t.add_row([u.step.to_string(), u.name.clone(), name(&u.status), given]);
                 }
                 super::table::print(t);
+            }
+            // A plan's steps revert child tasks: which, in the order they would be.
+            let children: Vec<(&UndoStep, &ChildView)> = plan.iter().flat_map(|u| u.reverts_children.iter().flatten().map(move |c| (u, c))).collect();
+            if !children.is_empty() {
+                println!("\nchild tasks it reverts, in order:");
+                let mut t = table(["CHILD", "STEP", "KIND", "SUBJECT", "STATE"]);
+                for (u, c) in children {
+                    let step = c.cluster.as_ref().map_or_else(|| u.name.clone(), |cl| format!("{}/{cl}", u.name));
+                    t.add_row([c.task_id.clone(), step, c.kind.clone(), c.subject.clone(), name(&c.state)]);
+                }
+                super::table::print(t);
+            }
+            for u in plan.iter().filter(|u| u.keeps_children) {
+                println!("step {} keeps its children (keep: true)", u.name);
             }
         }
     }

@@ -48,6 +48,18 @@ pub fn child_key(plan: &TaskId, step: &str) -> String {
     format!("plan/{plan}/{step}")
 }
 
+/// Which step of `plan` (and which cluster, for a fanned-out step) the child with
+/// idempotency key `key` is for; `None` for a key that is not one of `plan`'s children's.
+/// The inverse of [`child_key`] (and of a fanned-out child's `<that>/<cluster>`): step
+/// names hold no `/` (`validate`).
+pub fn child_of<'k>(plan: &TaskId, key: &'k str) -> Option<(&'k str, Option<&'k str>)> {
+    let rest = key.strip_prefix("plan/")?.strip_prefix(plan.to_string().as_str())?.strip_prefix('/')?;
+    Some(match rest.split_once('/') {
+        Some((step, cluster)) => (step, Some(cluster)),
+        None => (rest, None),
+    })
+}
+
 /// The `requested_by` of every child of `plan`.
 pub fn parent_link(plan: &TaskId) -> String {
     format!("plan/{plan}")
@@ -318,5 +330,20 @@ impl Step<PlanSpec> for ChildStep {
             Ok(())
         }
         .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_childs_key_names_its_step_and_cluster() {
+        let plan: TaskId = "tsk_0123456789abcdef0123456789abcdef".parse().unwrap();
+        let other: TaskId = "tsk_fedcba9876543210fedcba9876543210".parse().unwrap();
+        assert_eq!(child_of(&plan, &child_key(&plan, "create")), Some(("create", None)));
+        assert_eq!(child_of(&plan, &format!("{}/member-1", child_key(&plan, "rollout"))), Some(("rollout", Some("member-1"))));
+        assert_eq!(child_of(&plan, &child_key(&other, "create")), None, "another plan's child");
+        assert_eq!(child_of(&plan, "deploy-42"), None, "a user's key");
     }
 }

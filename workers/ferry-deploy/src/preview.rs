@@ -15,7 +15,9 @@
 //!
 //! Secret values never appear: a Secret is rendered with its keys and a redacted value, and
 //! both sides of a comparison are redacted (a changed value is not shown). Components OCM
-//! places (a placement, not a cluster) are chosen at run time: named, not rendered.
+//! places (a placement, not a cluster) are rendered for the clusters their Placement's
+//! decisions name now when an update keeps that Placement as it is (`place` takes those);
+//! a new or changed Placement's are chosen at run time: named, not rendered.
 
 use std::collections::{BTreeMap, BTreeSet};
 use ferry_kube::dry_run::{self, ObjectPreview, Preview};
@@ -30,6 +32,8 @@ use crate::ownership::{self, NotFerrys};
 use crate::render::{self, AppState, MANAGER, Removal, SecretData};
 use crate::spec::{Component, Delivery, DeployApp, DeployOperation};
 use crate::steps::check::CHECK;
+use crate::steps::place::{PLACEMENT_LABEL, decided, same_placement};
+use ferry_kube::kinds::PlacementDecision;
 
 /// What a Secret's value shows as in a preview (base64 of `(redacted)`, so that the
 /// rendered Secret stays valid for the server's dry run).
@@ -48,18 +52,28 @@ pub async fn preview(cfg: &DeployConfig, app: &DeployApp) -> Result<Preview, Clu
     }
     let previous = CHECK.from_outputs(&p.checked.outputs).and_then(|c| c.previous);
     let mut placed = BTreeSet::new();
-    let to = (app.operation != DeployOperation::Delete).then(|| {
+    let to = if app.operation == DeployOperation::Delete {
+        None
+    } else {
         let mut targets = render::Targets::new();
         for c in &app.components {
             match &c.cluster {
                 Some(cluster) => targets.entry(c.name.clone()).or_default().push(cluster.clone()),
-                None => {
-                    placed.insert(c.name.clone());
-                }
+                // An update that keeps a component's Placement as it is: `place` takes the
+                // clusters its decisions name now, so they are rendered and compared.
+                None => match decided_now(cfg, previous.as_ref(), app, c).await? {
+                    Some(clusters) => {
+                        p.notes.push(format!("component {}: on {}, as Placement {}/{} decides now (its spec is unchanged)", c.name, ferry_task::report::listed(&clusters), app.namespace(), render::placement_name(app, &c.name)));
+                        targets.insert(c.name.clone(), clusters);
+                    }
+                    None => {
+                        placed.insert(c.name.clone());
+                    }
+                },
             }
         }
-        AppState { spec: app.clone(), targets }
-    });
+        Some(AppState { spec: app.clone(), targets })
+    };
     if let Some(to) = &to {
         for (cluster, comps) in to.by_cluster() {
             let secrets = match redacted_secrets(cfg, app, &comps).await? {
@@ -83,6 +97,25 @@ pub async fn preview(cfg: &DeployConfig, app: &DeployApp) -> Result<Preview, Clu
         p.notes.push(format!("component {c}: its clusters are chosen by OCM at run time (its Placement's decisions), then rendered as above"));
     }
     Ok(p)
+}
+
+/// The clusters placed component `c` is on after the run, where that is known now: its
+/// Placement is the one the app has (an update that leaves its spec as it is) and OCM has
+/// decided as many clusters as it asks for; `place` takes those decisions as they are
+/// (`steps::place`). `None`: a new or changed Placement, decided at run time.
+async fn decided_now(cfg: &DeployConfig, previous: Option<&AppState>, app: &DeployApp, c: &Component) -> Result<Option<Vec<String>>, ClusterError> {
+    if !same_placement(previous.map(|p| &p.spec), app, c) {
+        return Ok(None);
+    }
+    let name = render::placement_name(app, &c.name);
+    let lp = kube::api::ListParams::default().labels(&format!("{PLACEMENT_LABEL}={name}"));
+    let decisions = kube::Api::<PlacementDecision>::namespaced(cfg.clusters.hub().clone(), app.namespace())
+        .list(&lp)
+        .await
+        .map_err(|source| ClusterError::Kube { cluster: HUB.to_owned(), source })?;
+    let clusters = decided(decisions.items.iter(), &name);
+    let want = c.placement.as_ref().and_then(|p| p.clusters).unwrap_or(1) as usize;
+    Ok((clusters.len() >= want).then_some(clusters))
 }
 
 /// The hub's judgement of `cluster`'s ManifestWork.

@@ -242,6 +242,22 @@ async fn placements_follow_scores_deadlines_revert_and_bad_input_is_rejected() {
     let on: Vec<String> = demo::statuses(&client, id).await.unwrap().into_iter().map(|s| s.cluster).collect();
     assert_eq!(on, ["member-2"], "the placement follows the top score");
     assert!(Api::<ManifestWork>::namespaced(hub.clone(), "member-2").get_opt("placed-svc").await.unwrap().is_some());
+    // An update's dry run that keeps the Placement renders the component for the clusters
+    // its decisions name now, and shows the change there (before: "chosen by OCM at run
+    // time", nothing compared); one that changes the Placement cannot know them yet.
+    let cfg = DeployConfig::new(bed.clusters.clone());
+    let mut newer = DeployApp { operation: DeployOperation::Update, ..placed_app(Some("ferry-resource-usage")) };
+    newer.components[0].image = "nginx:1.28".into();
+    let p = ferry_deploy::preview::preview(&cfg, &newer).await.unwrap();
+    let shown = serde_json::to_string(&p).unwrap();
+    let changes: Vec<(String, Change)> = p.objects.iter().map(|o| (o.object.clone(), o.change)).collect();
+    assert_eq!(changes, [("ManifestWork member-2/placed-svc".to_owned(), Change::Update)], "{shown}");
+    let ops: Vec<(&str, &serde_json::Value)> = p.objects[0].operations.iter().map(|o| (o["op"].as_str().unwrap_or(""), &o["value"])).collect();
+    assert_eq!(ops, [("replace", &serde_json::json!("nginx:1.28"))], "only the image changes: {shown}");
+    assert!(p.notes.iter().any(|n| n.contains("on member-2, as Placement placed/svc-svc decides now")), "{shown}");
+    newer.components[0].placement.as_mut().unwrap().clusters = Some(2);
+    let p = ferry_deploy::preview::preview(&cfg, &newer).await.unwrap();
+    assert!(p.objects.is_empty() && p.notes.iter().any(|n| n.contains("chosen by OCM at run time")), "{p:?}");
     // Reverting the deploy removes its ManifestWork and its Placement.
     let mut events = client.events(false).await.unwrap();
     client.revert(id).await.unwrap();

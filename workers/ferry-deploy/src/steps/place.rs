@@ -106,16 +106,7 @@ impl Place {
             .cfg
             .watches
             .wait_store::<PlacementDecision, Vec<String>>(HUB, &hub, Some(app.namespace()), &format!("decisions of Placement {}/{name}", app.namespace()), self.inner.cfg.placement_timeout, |store| {
-                let mut clusters: Vec<String> = store
-                    .state()
-                    .iter()
-                    .filter(|d| d.metadata.labels.as_ref().and_then(|l| l.get(PLACEMENT_LABEL)) == Some(&name))
-                    .filter_map(|d| d.status_at("/decisions").and_then(Value::as_array).cloned())
-                    .flatten()
-                    .filter_map(|d| d.get("clusterName").and_then(Value::as_str).map(str::to_owned))
-                    .collect();
-                clusters.sort();
-                clusters.dedup();
+                let clusters = decided(store.state().iter().map(|d| &**d), &name);
                 if let Some(a) = allowed.filter(|a| clusters.len() != want || clusters.iter().any(|c| !a.contains(c))) {
                     return Check::Pending(format!("decisions {} are not yet of the changed Placement ({want} of {})", ferry_task::report::listed(&clusters), ferry_task::report::listed(a)));
                 }
@@ -135,13 +126,40 @@ impl Place {
     }
 }
 
+/// The clusters Placement `name`'s decisions (among `decisions`, OCM's PlacementDecisions
+/// of its namespace, labelled with the Placement's name) name, sorted, once each.
+pub(crate) fn decided<'d>(decisions: impl Iterator<Item = &'d PlacementDecision>, name: &str) -> Vec<String> {
+    let mut clusters: Vec<String> = decisions
+        .filter(|d| d.metadata.labels.as_ref().and_then(|l| l.get(PLACEMENT_LABEL)).is_some_and(|p| p == name))
+        .filter_map(|d| d.status_at("/decisions").and_then(Value::as_array).cloned())
+        .flatten()
+        .filter_map(|d| d.get("clusterName").and_then(Value::as_str).map(str::to_owned))
+        .collect();
+    clusters.sort();
+    clusters.dedup();
+    clusters
+}
+
+/// Whether component `c` keeps the Placement `previous` (the app before this task) has
+/// for it, spec unchanged: its decisions there are the ones `place` takes.
+pub(crate) fn same_placement(previous: Option<&DeployApp>, app: &DeployApp, c: &Component) -> bool {
+    let before = previous.and_then(|p| placement_spec(p, &c.name));
+    before.is_some() && before == placement_spec(app, &c.name)
+}
+
+/// The spec of component `name`'s Placement in `app` (`None`: it names its cluster, or
+/// `app` has no such component).
+fn placement_spec(app: &DeployApp, name: &str) -> Option<Value> {
+    let c = app.components.iter().find(|c| c.name == name)?;
+    render::placement(app, c, "").map(|p| p["spec"].clone())
+}
+
 /// Whether component `c`'s Placement differs from the one `previous` (the app before this
 /// task) had for it, so that the decisions there may be the old spec's. A Placement that is
 /// new has none of the app's.
 fn changed_placement(previous: Option<&DeployApp>, app: &DeployApp, c: &Component) -> bool {
-    let spec = |a: &DeployApp, c: &Component| render::placement(a, c, "").map(|p| p["spec"].clone());
-    let before = previous.and_then(|p| Some((p, p.components.iter().find(|pc| pc.name == c.name)?))).and_then(|(p, pc)| spec(p, pc));
-    before.is_some_and(|b| Some(b) != spec(app, c))
+    let before = previous.and_then(|p| placement_spec(p, &c.name));
+    before.is_some_and(|b| Some(b) != placement_spec(app, &c.name))
 }
 
 impl Step<DeployApp> for Place {

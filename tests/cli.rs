@@ -923,6 +923,30 @@ async fn a_plan_dry_run_on_the_hub_previews_each_child_of_a_fanned_out_deploy_an
     );
     let works: kube::Api<ferry_kube::kinds::ManifestWork> = kube::Api::all(bed.hub().await);
     assert!(works.list(&Default::default()).await.unwrap().items.is_empty(), "the dry run wrote a ManifestWork");
+    // Without --kubeconfig and --brokers, the running `ferry dev`'s hub (its state names it)
+    // is the one tried (before, only the command was printed); without one, nothing is.
+    let state = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(state.path().join("dev")).unwrap();
+    std::fs::write(state.path().join("dev/bootstrap"), "127.0.0.1:9").unwrap();
+    let on_dev = || async {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .args(["submit", "plan", "-f", file.path().to_str().unwrap(), "--dry-run", "-o", "json"])
+            .env("RUST_LOG", "error")
+            .env("FERRY_STATE", state.path())
+            .env_remove("FERRY_BROKERS")
+            .output()
+            .await
+            .unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (ok, stdout, stderr) = on_dev().await;
+    let printed: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}{stderr}"));
+    assert!(ok && printed.get("spec").is_some() && printed.get("steps").is_none(), "no dev hub: the command only: {stdout}{stderr}");
+    std::fs::write(state.path().join("dev/hub-kubeconfig"), hub.to_str().unwrap()).unwrap();
+    let (ok, stdout, stderr) = on_dev().await;
+    let dev_report: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}{stderr}"));
+    assert!(ok && stderr.contains("dry run on the running `ferry dev`'s clusters"), "{stdout}{stderr}");
+    assert_eq!(dev_report["steps"].as_array().map(Vec::len), Some(steps.len()), "{dev_report}");
 
     // One kind's dry run as a person reads it: the plan with what was checked, each object
     // with the hub's verdict; a set with no members fails the check (exit 2).

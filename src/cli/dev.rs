@@ -56,6 +56,20 @@ pub enum Demo {
     Plan,
 }
 
+/// The file in `ferry dev`'s state that names its hub's kubeconfig while its fleet runs.
+const HUB_FILE: &str = "hub-kubeconfig";
+
+/// The hub kubeconfig of the running `ferry dev`, if one runs with a fleet: what `ferry
+/// submit --dry-run` tries a command on when it goes to that `ferry dev`'s broker.
+pub fn running_hub() -> Option<std::path::PathBuf> {
+    let dev = super::state_dir().join("dev");
+    if !dev.join("bootstrap").exists() {
+        return None;
+    }
+    let path = std::path::PathBuf::from(std::fs::read_to_string(dev.join(HUB_FILE)).ok()?.trim());
+    path.is_file().then_some(path)
+}
+
 pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
     let topics = Topics::standard();
     let state = super::state_dir().join("dev");
@@ -88,6 +102,14 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
         eprintln!("ferry dev: tenants {}: their topics made; the workers hold their commands to the policy", tenants.join(", "));
     }
     std::fs::write(state.join("bootstrap"), &bootstrap)?;
+    // The hub a dry run on the clusters defaults to ([`running_hub`]): this fleet's, or
+    // none (a `--no-fleet` run leaves no older fleet's to find).
+    match &bed {
+        Some(bed) => std::fs::write(state.join(HUB_FILE), bed.fleet.hub().kubeconfig.display().to_string())?,
+        None => {
+            let _ = std::fs::remove_file(state.join(HUB_FILE));
+        }
+    }
     println!("bootstrap: {bootstrap}");
     println!("state: {}", state.display());
 
@@ -192,6 +214,7 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
         w.await??;
     }
     let _ = std::fs::remove_file(state.join("bootstrap"));
+    let _ = std::fs::remove_file(state.join(HUB_FILE));
     // The emulators before the API servers they watch, the broker after the workers.
     if let Some(bed) = bed {
         bed.stop().await;

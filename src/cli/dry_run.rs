@@ -1,5 +1,6 @@
 //! `ferry submit <kind> --dry-run [--kubeconfig HUB]`: the command printed as a spec file
-//! and checked as the worker checks it, sending nothing. With the hub's kubeconfig, every
+//! and checked as the worker checks it, sending nothing. With the hub's kubeconfig (by
+//! default the running `ferry dev`'s, for a command sent to its broker), every
 //! kind is tried on the clusters through its worker crate's own `preview` (the same
 //! checks and renderers a task runs, [`ferry_kube::dry_run::Preview`]): a deploy's
 //! ManifestWorks or objects, a create-cluster's Cluster API objects, an offload's
@@ -57,8 +58,11 @@ pub async fn run(conn: &Conn, a: &SubmitArgs, subject: Option<String>, spec: Val
         (None, Ok(Checked::Deploy(d))) => d.subject(),
         (None, _) => ferry_runtime::kind::info(a.kind).and_then(|i| (i.subject_of)(&spec)).unwrap_or_default(),
     };
-    let server_side = a.kubeconfig.is_some();
-    anyhow::ensure!(!server_side || PREVIEWED.contains(&a.kind.as_str()), "--kubeconfig: a dry run on the clusters covers {}; {} is checked locally", PREVIEWED.join(", "), a.kind);
+    anyhow::ensure!(a.kubeconfig.is_none() || PREVIEWED.contains(&a.kind.as_str()), "--kubeconfig: a dry run on the clusters covers {}; {} is checked locally", PREVIEWED.join(", "), a.kind);
+    // Without --kubeconfig, a command for the running `ferry dev` (no --brokers) is tried
+    // on its fleet, as the worker there would run it.
+    let kubeconfig = a.kubeconfig.clone().or_else(|| (conn.brokers.is_none() && PREVIEWED.contains(&a.kind.as_str())).then(super::dev::running_hub).flatten());
+    let server_side = kubeconfig.is_some();
     // On the clusters, JSON and YAML print one document: the preview.
     match a.output {
         _ if server_side && a.output != Output::Table => {}
@@ -80,10 +84,13 @@ pub async fn run(conn: &Conn, a: &SubmitArgs, subject: Option<String>, spec: Val
             return Ok(ExitCode::from(2));
         }
     };
-    let Some(path) = a.kubeconfig.as_deref() else {
+    let Some(path) = kubeconfig.as_deref() else {
         eprintln!("dry run: nothing sent");
         return Ok(ExitCode::SUCCESS);
     };
+    if a.kubeconfig.is_none() {
+        eprintln!("dry run on the running `ferry dev`'s clusters (hub kubeconfig {})", path.display());
+    }
     let clusters = super::workers::hub(Some(path)).await?;
     match checked {
         Checked::Plan(plan) => plan_dry_run(conn, &plan, &clusters, a.output).await,

@@ -57,7 +57,8 @@ pub struct SubmitArgs {
     /// worker would run it: its checks run, and the objects it would write are sent to the
     /// clusters that would hold them as a server-side dry run (their schemas and webhooks
     /// judge them; nothing is stored) and compared with those there now; exit 2 if it
-    /// would be rejected or a cluster refuses one, 1 if a check could not tell.
+    /// would be rejected or a cluster refuses one, 1 if a check could not tell. Default:
+    /// the running `ferry dev`'s hub, when no --brokers is given.
     #[arg(long, requires = "dry_run", value_name = "HUB_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
     /// Same key, same task: resubmitting is safe.

@@ -94,7 +94,7 @@ pub async fn preview(cfg: &DeployConfig, app: &DeployApp) -> Result<Preview, Clu
         removals(from, to.as_ref(), &placed, &mut p.objects);
     }
     for c in &placed {
-        p.notes.push(format!("component {c}: its clusters are chosen by OCM at run time (its Placement's decisions), then rendered as above"));
+        p.notes.push(format!("component {c}: its clusters are chosen by OCM at run time (a new or changed Placement's decisions), so its ManifestWorks are not rendered here"));
     }
     Ok(p)
 }

@@ -594,24 +594,34 @@ struct UndoStep {
     keeps_children: bool,
 }
 
+/// What the undo of a plan's step `step` does with its children, read once: those it
+/// reverts, in order (`None`: none, or another kind's step), and whether it keeps them.
+fn children_undo(plan: Option<&PlanUndo<'_>>, step: &str) -> (Option<Vec<ChildView>>, bool) {
+    match plan.map(|p| plan_children::reverted_by_undo(p.spec, p.children, step)) {
+        Some(Undo::Reverts(c)) if !c.is_empty() => (Some(c.into_iter().cloned().collect()), false),
+        Some(Undo::Kept) => (None, true),
+        _ => (None, false),
+    }
+}
+
 /// `tasks revert --dry-run`: the steps a Revert sent now would undo, in order; nothing is
 /// sent. A running task is cancelled first, so its plan can still grow by the step it runs.
 fn print_undo_plan(snap: Undoable<'_>, output: Output) -> anyhow::Result<()> {
     let running = matches!(snap.state, TaskState::Accepted | TaskState::Running | TaskState::Reverting);
     let plan: Vec<UndoStep> = if snap.state.is_revertible() || running {
         undo_order(snap.journal)
-            .map(|e| UndoStep {
-                step: e.step,
-                name: e.name.clone(),
-                status: e.status,
-                // As `Runner::revert` gives it: a finished step's output, or what a failed
-                // step recorded of what it started (`StepError::with_output`).
-                output: e.output.as_deref().and_then(|o| serde_json::from_str(o).ok()),
-                reverts_children: snap.plan.as_ref().and_then(|p| match plan_children::reverted_by_undo(p.spec, p.children, &e.name) {
-                    Undo::Reverts(c) if !c.is_empty() => Some(c.into_iter().cloned().collect()),
-                    _ => None,
-                }),
-                keeps_children: snap.plan.as_ref().is_some_and(|p| matches!(plan_children::reverted_by_undo(p.spec, p.children, &e.name), Undo::Kept)),
+            .map(|e| {
+                let (reverts_children, keeps_children) = children_undo(snap.plan.as_ref(), &e.name);
+                UndoStep {
+                    step: e.step,
+                    name: e.name.clone(),
+                    status: e.status,
+                    // As `Runner::revert` gives it: a finished step's output, or what a failed
+                    // step recorded of what it started (`StepError::with_output`).
+                    output: e.output.as_deref().and_then(|o| serde_json::from_str(o).ok()),
+                    reverts_children,
+                    keeps_children,
+                }
             })
             .collect()
     } else {

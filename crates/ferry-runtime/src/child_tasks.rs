@@ -66,6 +66,12 @@ impl KafkaChildren {
     }
 }
 
+/// Who a child's commands are from: its parent, `plan/<parent>` (its Start, Cancel and
+/// Revert alike).
+fn sent_by(parent: TaskId) -> String {
+    format!("plan/{parent}")
+}
+
 fn unreachable_by(what: impl Into<String>) -> impl FnOnce(ClientError) -> ChildError {
     let what = what.into();
     move |e| ChildError::Unreachable { what, reason: e.to_string() }
@@ -85,7 +91,7 @@ impl Children for KafkaChildren {
             // The parent's deadline as it is (one already past ends the child at once).
             let opts = SubmitOptions {
                 idempotency_key: Some(child.idempotency_key.clone()),
-                requested_by: Some(format!("plan/{}", child.parent)),
+                requested_by: Some(sent_by(child.parent)),
                 deadline_at_ms: child.deadline_ms,
                 keep_partial: child.keep_partial,
                 trace_parent: child.trace_parent.clone(),
@@ -149,7 +155,7 @@ impl KafkaChildren {
     /// as its Start was), not as the user the worker runs as.
     fn control<'a>(&'a self, action: CommandAction, kind: TaskKind, subject: &'a str, id: TaskId, parent: TaskId, reason: String) -> BoxFuture<'a, Result<(), ChildError>> {
         async move {
-            let env = CommandEnvelope { requested_by: format!("plan/{parent}"), ..self.client.control_envelope(kind, subject, id, action, Some(reason)) };
+            let env = CommandEnvelope { requested_by: sent_by(parent), ..self.client.control_envelope(kind, subject, id, action, Some(reason)) };
             self.client.send(&env, None).await.map_err(unreachable_by(format!("sending {action:?} of child {id}")))
         }
         .boxed()

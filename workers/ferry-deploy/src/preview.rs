@@ -114,7 +114,7 @@ async fn decided_now(cfg: &DeployConfig, previous: Option<&AppState>, app: &Depl
         .await
         .map_err(|source| ClusterError::Kube { cluster: HUB.to_owned(), source })?;
     let clusters = decided(decisions.items.iter(), &name);
-    let want = c.placement.as_ref().and_then(|p| p.clusters).unwrap_or(1) as usize;
+    let want = c.wanted_clusters();
     Ok((clusters.len() >= want).then_some(clusters))
 }
 

@@ -209,6 +209,12 @@ impl DeployApp {
 }
 
 impl Component {
+    /// How many clusters its Placement asks for (`numberOfClusters`; 1 when not given;
+    /// 1 for a component that names its cluster).
+    pub fn wanted_clusters(&self) -> usize {
+        self.placement.as_ref().and_then(|p| p.clusters).unwrap_or(1) as usize
+    }
+
     /// Replicas per cluster.
     pub fn replicas(&self) -> i32 {
         self.replicas.unwrap_or(1)

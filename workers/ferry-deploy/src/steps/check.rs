@@ -117,7 +117,7 @@ impl Check {
                 mem.as_deref().map(ferry_kube::quantity::units).transpose().map_err(|e| StepError::rejected(codes::BAD_SPEC, e.to_string()))?.unwrap_or(0),
             ),
         };
-        let want = c.placement.as_ref().and_then(|p| p.clusters).unwrap_or(1) as usize;
+        let want = c.wanted_clusters();
         let mut fits = 0;
         let mut seen = Vec::new();
         for cl in candidates {

@@ -99,7 +99,7 @@ impl Place {
     /// finds the candidates) before they are taken.
     async fn decisions(&self, app: &DeployApp, c: &Component, allowed: Option<&BTreeSet<String>>) -> Result<Vec<String>, StepError> {
         let name = render::placement_name(app, &c.name);
-        let want = c.placement.as_ref().and_then(|p| p.clusters).unwrap_or(1) as usize;
+        let want = c.wanted_clusters();
         let hub = self.inner.hub();
         let r = self
             .inner

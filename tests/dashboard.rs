@@ -114,7 +114,7 @@ async fn a_task_from_the_cli_appears_progresses_and_reverts_in_the_browser() {
     opts.shutdown_grace = Duration::from_secs(1);
     let stop = CancellationToken::new();
     let worker = tokio::spawn(Worker::new(opts, TestHandler::default()).run(stop.clone()));
-    let client = Client::new(kafka, topics).unwrap();
+    let client = Client::new(kafka, topics.clone()).unwrap();
 
     let token_file = tempfile::NamedTempFile::new().unwrap();
     let token = format!("{:032x}", std::process::id() as u128 * 7919 + 0x5eed);
@@ -183,7 +183,9 @@ async fn a_task_from_the_cli_appears_progresses_and_reverts_in_the_browser() {
     browser.switch_to_window(dashboard_tab).await.unwrap();
     assert_eq!(client.snapshot(id.parse().unwrap()).await.unwrap().unwrap().state, TaskState::Succeeded, "the cross-site post reverted the task");
 
-    // Without the operator token the page's own Revert is refused and says why.
+    // Without the operator token the page's own Revert is refused and says why (the
+    // reason typed for it stays for the next try).
+    browser.find(Locator::Css("#reason")).await.unwrap().send_keys("bad rollout").await.unwrap();
     click(&browser, &format!("{row} button.revert")).await;
     let said = format!("//tr[@id='task-{id}']//*[contains(., 'operator token')]");
     browser.wait().at_most(WAIT).for_element(Locator::XPath(&said)).await.expect("the refusal shows on the page");
@@ -198,6 +200,17 @@ async fn a_task_from_the_cli_appears_progresses_and_reverts_in_the_browser() {
     assert_eq!(marker, serde_json::json!(42), "the page was never reloaded");
     let snap = client.snapshot(id.parse().unwrap()).await.unwrap().expect("the task's snapshot");
     assert_eq!(snap.state, TaskState::Reverted, "the Revert button sent the Revert command through Kafka");
+    // Sent once, as the dashboard, with the reason the field held; the field is then empty.
+    let commands = client.read_to_end(&topics.command(ferry_runtime::TaskKind::TEST).name).await.unwrap();
+    let reverts: Vec<(String, Option<String>)> = commands
+        .iter()
+        .filter_map(|(_, p)| client.registry().decode::<ferry_runtime::protocol::CommandEnvelope>(p).ok())
+        .filter(|c| c.task_id == id && c.action == ferry_runtime::CommandAction::Revert)
+        .map(|c| (c.requested_by, c.reason))
+        .collect();
+    assert_eq!(reverts, [("ferry-dashboard".to_owned(), Some("bad rollout".to_owned()))]);
+    let left = browser.execute("return document.getElementById('reason').value;", vec![]).await.unwrap();
+    assert_eq!(left, serde_json::json!(""), "the reason goes with one action");
     println!("screenshots in {}", shots.display());
 
     browser.close().await.unwrap();
@@ -215,13 +228,22 @@ async fn post(url: &str, headers: &[(&str, &str)]) -> (u16, String) {
     request(axum::http::Method::POST, url, headers).await
 }
 
+/// POSTs `body` to `url` with `headers`.
+async fn post_body(url: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+    send(axum::http::Method::POST, url, headers, axum::body::Body::from(body.to_owned())).await
+}
+
 async fn request(method: axum::http::Method, url: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    send(method, url, headers, axum::body::Body::empty()).await
+}
+
+async fn send(method: axum::http::Method, url: &str, headers: &[(&str, &str)], body: axum::body::Body) -> (u16, String) {
     let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http::<axum::body::Body>();
     let mut req = axum::http::Request::builder().method(method).uri(url);
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
-    let resp = http.request(req.body(axum::body::Body::empty()).unwrap()).await.unwrap();
+    let resp = http.request(req.body(body).unwrap()).await.unwrap();
     let status = resp.status().as_u16();
     let body = axum::body::to_bytes(axum::body::Body::new(resp.into_body()), usize::MAX).await.unwrap();
     (status, String::from_utf8_lossy(&body).into_owned())
@@ -314,14 +336,22 @@ async fn a_signal_through_the_api_is_guarded_and_reaches_the_running_task() {
     assert_eq!(post(&action, &[good[0], ("origin", "http://evil.example")]).await.0, 403, "cross-site");
     let (status, body) = post(&format!("{url}api/tasks/{id}/signal/Not%20A%20Name"), &good).await;
     assert_eq!(status, 400, "{body}");
-    let (status, body) = post(&action, &good).await;
+    // A body that is not `{"reason": ...}`, or a reason over the worker's limit: 400, unsent.
+    let (status, body) = post_body(&action, &good, r#"{"why": "typo"}"#).await;
+    let said = serde_json::from_str::<serde_json::Value>(&body).unwrap()["error"].as_str().unwrap_or_default().to_owned();
+    assert_eq!((status, said.starts_with(r#"the body is not {"reason": "..."}: unknown field `why`"#)), (400, true), "{body}");
+    let long = format!(r#"{{"reason": "{}"}}"#, "x".repeat(ferry_runtime::limits::REASON_BYTES + 1));
+    let (status, body) = post_body(&action, &good, &long).await;
+    assert_eq!((status, body.contains(&format!("reason is {} bytes; the limit is {}", ferry_runtime::limits::REASON_BYTES + 1, ferry_runtime::limits::REASON_BYTES))), (400, true), "{body}");
+    let (status, body) = post_body(&action, &good, r#"{"reason": "canary looks good"}"#).await;
     assert_eq!(status, 202, "{body}");
     let evs = events.until(id, WAIT, |e| e.event == EventType::Signalled).await.unwrap();
     let told = evs.last().unwrap().message.clone().unwrap_or_default();
     // Sent as the dashboard, not as whoever started it.
-    assert_eq!(told, "signal approve from ferry-dashboard");
+    assert_eq!(told, "signal approve from ferry-dashboard: canary looks good");
     let snap = client.snapshot(id).await.unwrap().unwrap();
-    assert_eq!(snap.signals.iter().map(|s| (s.name.as_str(), s.by.as_str())).collect::<Vec<_>>(), [("approve", "ferry-dashboard")]);
+    let signals: Vec<_> = snap.signals.iter().map(|s| (s.name.as_str(), s.by.as_str(), s.reason.as_deref())).collect();
+    assert_eq!(signals, [("approve", "ferry-dashboard", Some("canary looks good"))], "one Signal, with the body's reason");
     assert_eq!(snap.state, TaskState::Running, "a Signal leaves the task running");
 
     client.cancel(id).await.unwrap();
@@ -337,14 +367,15 @@ async fn a_signal_through_the_api_is_guarded_and_reaches_the_running_task() {
     let (status, body) = post(&action, &good).await;
     assert_eq!((status, body.contains("a signal reaches only a queued or running task")), (409, true), "{body}");
     assert_eq!(sent().await, before, "a pointless action was sent");
-    // A revert of the Cancelled task is sent, as the dashboard; then it is pointless.
-    let (status, body) = post(&format!("{url}api/tasks/{id}/revert"), &good).await;
+    // A revert of the Cancelled task is sent, as the dashboard, with its reason; then it
+    // is pointless.
+    let (status, body) = post_body(&format!("{url}api/tasks/{id}/revert"), &good, r#"{"reason": "rolled back by the on-call"}"#).await;
     assert_eq!(status, 202, "{body}");
     events.until(id, WAIT, |e| e.event == EventType::Reverted).await.unwrap();
     let records = client.read_to_end(&commands).await.unwrap();
     assert_eq!(records.len(), before + 1);
     let revert: ferry_runtime::protocol::CommandEnvelope = client.registry().decode(&records.last().unwrap().1).unwrap();
-    assert_eq!((revert.action, revert.requested_by.as_str()), (ferry_runtime::CommandAction::Revert, "ferry-dashboard"));
+    assert_eq!((revert.action, revert.requested_by.as_str(), revert.reason.as_deref()), (ferry_runtime::CommandAction::Revert, "ferry-dashboard", Some("rolled back by the on-call")));
     let (status, body) = post(&format!("{url}api/tasks/{id}/revert"), &good).await;
     assert_eq!((status, body.contains("is Reverted: there is nothing to revert")), (409, true), "{body}");
     let (status, body) = post(&format!("{url}api/tasks/tsk_00000000000000000000000000000000/revert"), &good).await;

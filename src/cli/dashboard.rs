@@ -4,7 +4,8 @@
 //! the progress topic) and updates rows in place; its Revert and Cancel buttons POST to
 //! `/api/tasks/{id}/revert|cancel`, and a running plan's Approve, Pause and Resume to
 //! `/api/tasks/{id}/signal/{name}`, which send the commands through Kafka as
-//! `ferry-dashboard` (an action that would do nothing is answered 409, unsent). `/api/fleet`
+//! `ferry-dashboard`, with the reason a JSON body `{"reason": "..."}` gives (an action that
+//! would do nothing is answered 409, unsent). `/api/fleet`
 //! has the latest score of each cluster, the apps the deploy worker runs, and the
 //! clusters, peerings and offloaded namespaces the other workers made (`fleet_view`).
 //! Tasks and scores are answered from live views (`ferry_runtime::live`): one reader of
@@ -16,6 +17,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -28,7 +30,7 @@ use ferry_runtime::protocol::TaskSnapshot;
 use ferry_runtime::{Client, CommandAction, TaskId, TaskKind};
 use ferry_score::spec::ClusterScore;
 use futures::Stream;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -181,10 +183,35 @@ fn client_error(e: ferry_runtime::ClientError) -> Response {
     error(status, e)
 }
 
-/// Cancel, Revert or Signal `name` of task `id`: the task is located first, and an action
-/// that would do nothing (a cancel or signal of an ended task, a revert of a Rejected or
-/// Reverted one) is answered 409 with the reason and not sent, as `ferry tasks` does.
-async fn act(app: Shared, id: String, action: CommandAction, signal: Option<&str>) -> Response {
+/// What an action's POST may carry: why it is asked (`ferry tasks ... --reason`), kept
+/// with the command and shown by `ferry tasks get`. No body is no reason.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ActBody {
+    reason: Option<String>,
+}
+
+/// The reason in an action's `body`: `Ok(None)` for no body or an empty reason; a body
+/// that is not `{"reason": "..."}`, or a reason over the limit the worker takes
+/// (`limits::REASON_BYTES`), is refused with what is wrong (a 400, before anything is
+/// sent).
+fn reason_of(body: &[u8]) -> Result<Option<String>, String> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    let body: ActBody = serde_json::from_slice(body).map_err(|e| format!("the body is not {{\"reason\": \"...\"}}: {e}"))?;
+    let max = ferry_runtime::limits::REASON_BYTES;
+    match body.reason.filter(|r| !r.trim().is_empty()) {
+        Some(r) if r.len() > max => Err(format!("reason is {} bytes; the limit is {max}", r.len())),
+        r => Ok(r),
+    }
+}
+
+/// Cancel, Revert or Signal `name` of task `id`, with the reason `body` gives: the task is
+/// located first, and an action that would do nothing (a cancel or signal of an ended
+/// task, a revert of a Rejected or Reverted one) is answered 409 with the reason and not
+/// sent, as `ferry tasks` does.
+async fn act(app: Shared, id: String, action: CommandAction, signal: Option<&str>, body: &[u8]) -> Response {
     let id: TaskId = match id.parse() {
         Ok(id) => id,
         Err(e) => return error(StatusCode::BAD_REQUEST, e),
@@ -192,6 +219,10 @@ async fn act(app: Shared, id: String, action: CommandAction, signal: Option<&str
     if let Some(why) = signal.and_then(ferry_runtime::protocol::Signal::invalid_name) {
         return error(StatusCode::BAD_REQUEST, why);
     }
+    let reason = match reason_of(body) {
+        Ok(reason) => reason,
+        Err(why) => return error(StatusCode::BAD_REQUEST, why),
+    };
     let target = match app.client.locate(id).await {
         Ok(target) => target,
         Err(e) => return client_error(e),
@@ -200,8 +231,8 @@ async fn act(app: Shared, id: String, action: CommandAction, signal: Option<&str
         return error(StatusCode::CONFLICT, format!("{why}; nothing sent"));
     }
     let sent = match signal {
-        Some(name) => app.client.signal_target(id, &target, name, None).await,
-        None => app.client.control(target.kind, &target.subject, id, action, None).await,
+        Some(name) => app.client.signal_target(id, &target, name, reason).await,
+        None => app.client.control(target.kind, &target.subject, id, action, reason).await,
     };
     match sent {
         Ok(()) => (StatusCode::ACCEPTED, Json(target)).into_response(),
@@ -209,18 +240,18 @@ async fn act(app: Shared, id: String, action: CommandAction, signal: Option<&str
     }
 }
 
-async fn revert(State(app): State<Shared>, Path(id): Path<String>) -> Response {
-    act(app, id, CommandAction::Revert, None).await
+async fn revert(State(app): State<Shared>, Path(id): Path<String>, body: Bytes) -> Response {
+    act(app, id, CommandAction::Revert, None, &body).await
 }
 
-async fn cancel(State(app): State<Shared>, Path(id): Path<String>) -> Response {
-    act(app, id, CommandAction::Cancel, None).await
+async fn cancel(State(app): State<Shared>, Path(id): Path<String>, body: Bytes) -> Response {
+    act(app, id, CommandAction::Cancel, None, &body).await
 }
 
 /// A Signal (`approve`, `pause`, `resume` for a plan's waves) to a task, as
 /// `ferry tasks signal` sends it; guarded as Revert and Cancel are.
-async fn signal(State(app): State<Shared>, Path((id, name)): Path<(String, String)>) -> Response {
-    act(app, id, CommandAction::Signal, Some(&name)).await
+async fn signal(State(app): State<Shared>, Path((id, name)): Path<(String, String)>, body: Bytes) -> Response {
+    act(app, id, CommandAction::Signal, Some(&name), &body).await
 }
 
 async fn events(State(app): State<Shared>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {

@@ -48,10 +48,16 @@ pub fn child_key(plan: &TaskId, step: &str) -> String {
     format!("plan/{plan}/{step}")
 }
 
+/// The idempotency key of the child a fanned-out (waves) step runs on `cluster`:
+/// [`child_key`] of the step, then `/<cluster>`.
+pub fn wave_child_key(plan: &TaskId, step: &str, cluster: &str) -> String {
+    format!("{}/{cluster}", child_key(plan, step))
+}
+
 /// Which step of `plan` (and which cluster, for a fanned-out step) the child with
 /// idempotency key `key` is for; `None` for a key that is not one of `plan`'s children's.
-/// The inverse of [`child_key`] (and of a fanned-out child's `<that>/<cluster>`): step
-/// names hold no `/` (`validate`).
+/// The inverse of [`child_key`] and [`wave_child_key`]: step names hold no `/`
+/// (`validate`).
 pub fn child_of<'k>(plan: &TaskId, key: &'k str) -> Option<(&'k str, Option<&'k str>)> {
     let rest = key.strip_prefix("plan/")?.strip_prefix(plan.to_string().as_str())?.strip_prefix('/')?;
     Some(match rest.split_once('/') {
@@ -60,16 +66,11 @@ pub fn child_of<'k>(plan: &TaskId, key: &'k str) -> Option<(&'k str, Option<&'k 
     })
 }
 
-/// The `requested_by` of every child of `plan`.
-pub fn parent_link(plan: &TaskId) -> String {
-    format!("plan/{plan}")
-}
-
 /// One child task of a plan, found by its idempotency key: what a plan step (one child)
 /// and a fanned-out step (one child per cluster) both do with their children.
 pub(crate) struct Child<'c> {
     pub kind: TaskKind,
-    /// Its idempotency key ([`child_key`], or `<that>/<cluster>` for a fanned-out step).
+    /// Its idempotency key ([`child_key`], or [`wave_child_key`] for a fanned-out step).
     pub key: String,
     /// How messages name it: the step's name, or `<step>/<cluster>`.
     pub label: String,
@@ -342,7 +343,7 @@ mod tests {
         let plan: TaskId = "tsk_0123456789abcdef0123456789abcdef".parse().unwrap();
         let other: TaskId = "tsk_fedcba9876543210fedcba9876543210".parse().unwrap();
         assert_eq!(child_of(&plan, &child_key(&plan, "create")), Some(("create", None)));
-        assert_eq!(child_of(&plan, &format!("{}/member-1", child_key(&plan, "rollout"))), Some(("rollout", Some("member-1"))));
+        assert_eq!(child_of(&plan, &wave_child_key(&plan, "rollout", "member-1")), Some(("rollout", Some("member-1"))));
         assert_eq!(child_of(&plan, &child_key(&other, "create")), None, "another plan's child");
         assert_eq!(child_of(&plan, "deploy-42"), None, "a user's key");
     }

@@ -60,7 +60,7 @@ use serde_json::{Value, json};
 use crate::handler::PlanConfig;
 use crate::refs;
 use crate::spec::{ForEach, Gate, OnFailure, PlanSpec, PlanStep};
-use crate::steps::child::{Child, child_key, command};
+use crate::steps::child::{Child, command, wave_child_key};
 use crate::steps::select::{self, MAX_CLUSTERS};
 
 /// How many failed children a wave's failure names before "and N more".
@@ -106,7 +106,7 @@ impl WaveStep {
     fn child(&self, plan: &TaskId, cluster: &str) -> Child<'_> {
         Child {
             kind: self.kind,
-            key: format!("{}/{cluster}", child_key(plan, &self.step.name)),
+            key: wave_child_key(plan, &self.step.name, cluster),
             label: format!("{}/{cluster}", self.step.name),
             parent: *plan,
             cfg: &self.cfg,

@@ -128,7 +128,7 @@ async fn kind_preview(conn: &Conn, kind: TaskKind, subject: &str, spec: Value, c
     let decode = |what: &str| format!("spec does not match the {kind} kind's fields ({what})");
     if kind == TaskKind::DEPLOY {
         let app = ferry_runtime::kind::strict_json(spec).with_context(|| decode("DeployApp"))?;
-        Ok(Some(ferry_deploy::preview::preview(&ferry_deploy::DeployConfig::new(clusters.clone()), &app).await?))
+        Ok(Some(ferry_deploy::preview::preview(&ferry_deploy::DeployConfig::new(clusters.clone()), subject, &app).await?))
     } else if kind == TaskKind::CREATE_CLUSTER {
         let cmd = ferry_runtime::kind::strict_json(spec).with_context(|| decode("ClusterCommand"))?;
         Ok(Some(ferry_cluster::preview::preview(&ferry_cluster::ClusterConfig::new(clusters.clone()), subject, &cmd).await?))
@@ -222,12 +222,20 @@ async fn plan_dry_run(conn: &Conn, plan: &ferry_plan::spec::PlanSpec, clusters: 
             None => vec![(None, step.spec_value()?)],
         };
         for (cluster, spec) in specs {
+            // The subject the child is sent with: a fanned-out child's has its cluster put in.
+            let given = match &cluster {
+                Some(c) => ferry_plan::steps::waves::subject_for(step, c),
+                None => step.subject.clone(),
+            };
             let mut entry = StepPreview { step: step.name.clone(), cluster, preview: None, note: None };
-            if !ferry_plan::refs::in_value(&spec, "spec").map(|r| r.is_empty()).unwrap_or(false) {
+            let refers = |refs: Result<usize, _>| !matches!(refs, Ok(0));
+            if refers(ferry_plan::refs::in_value(&spec, "spec").map(|r| r.len()))
+                || given.as_deref().is_some_and(|s| refers(ferry_plan::refs::in_text(s).map(|r| r.len())))
+            {
                 entry.note = Some("uses an earlier step's outputs, known only at run time: not previewed".into());
             } else {
                 let kind: TaskKind = step.kind.parse().map_err(|e| anyhow::anyhow!("step {}: {e}", step.name))?;
-                let subject = step.subject.clone().or_else(|| ferry_runtime::kind::info(kind).and_then(|i| (i.subject_of)(&spec))).unwrap_or_default();
+                let subject = given.or_else(|| ferry_runtime::kind::info(kind).and_then(|i| (i.subject_of)(&spec))).unwrap_or_default();
                 match kind_preview(conn, kind, &subject, spec, clusters).await.with_context(|| format!("step {}", step.name))? {
                     Some(p) => {
                         if exit_of(&p) != ExitCode::SUCCESS && exit == ExitCode::SUCCESS {

@@ -42,11 +42,12 @@ const REDACTED: &str = "KHJlZGFjdGVkKQ==";
 /// The task id the dry run renders into the ManifestWorks' annotation.
 const DRY_RUN_TASK: &str = "dry-run";
 
-/// The dry run of `app` against the clusters of `cfg`; `Err` only when a cluster could not
-/// be asked about an object.
-pub async fn preview(cfg: &DeployConfig, app: &DeployApp) -> Result<Preview, ClusterError> {
+/// The dry run of `app`, sent with `subject`, against the clusters of `cfg` (the worker's
+/// validation first: a subject other than `<namespace>/<name>` is Rejected, as the worker
+/// rejects it); `Err` only when a cluster could not be asked about an object.
+pub async fn preview(cfg: &DeployConfig, subject: &str, app: &DeployApp) -> Result<Preview, ClusterError> {
     let handler = DeployHandler::new(cfg.clone());
-    let mut p = Preview::new(ferry_task::dry_run::checks(&handler, &app.subject(), app, ferry_task::dry_run::BOUND).await);
+    let mut p = Preview::new(ferry_task::dry_run::checks(&handler, subject, app, ferry_task::dry_run::BOUND).await);
     if p.checked.verdict != Verdict::Passes {
         return Ok(p);
     }

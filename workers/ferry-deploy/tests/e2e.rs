@@ -83,7 +83,7 @@ async fn apps_deploy_update_revert_and_delete_across_clusters() {
     };
     let before = versions().await;
     let cfg = DeployConfig::new(bed.clusters.clone());
-    let p = ferry_deploy::preview::preview(&cfg, &changed).await.unwrap();
+    let p = ferry_deploy::preview::preview(&cfg, &changed.subject(), &changed).await.unwrap();
     let shown = serde_json::to_string(&p).unwrap();
     assert!(!shown.contains("demo-only-password") && !shown.contains(&base64(b"demo-only-password")), "a Secret's value in the preview: {shown}");
     assert_eq!(p.checked.verdict, Verdict::Passes, "{shown}");
@@ -93,19 +93,19 @@ async fn apps_deploy_update_revert_and_delete_across_clusters() {
     let values = |c: usize| p.objects[c].operations.iter().map(|o| (o["op"].as_str().unwrap_or("").to_owned(), o["value"].clone())).collect::<Vec<_>>();
     assert_eq!(values(0), [("replace".to_owned(), serde_json::json!(3))], "only the web replicas change on member-1: {shown}");
     assert_eq!(values(1), [("replace".to_owned(), serde_json::json!("ghcr.io/acme/shop-api:2.2"))], "only the api image changes on member-2: {shown}");
-    let same = ferry_deploy::preview::preview(&cfg, &DeployApp { operation: DeployOperation::Update, ..app.clone() }).await.unwrap();
+    let same = ferry_deploy::preview::preview(&cfg, &app.subject(), &DeployApp { operation: DeployOperation::Update, ..app.clone() }).await.unwrap();
     assert!(same.objects.len() == 2 && same.objects.iter().all(|o| o.change == Change::Unchanged && o.operations.is_empty()), "{same:?}");
     // The checks run as a task's: a second deploy of the app would be rejected.
-    let again = ferry_deploy::preview::preview(&cfg, &app).await.unwrap();
+    let again = ferry_deploy::preview::preview(&cfg, &app.subject(), &app).await.unwrap();
     assert!(matches!(&again.checked.verdict, Verdict::Rejected { reason, .. } if reason.contains("already deployed")), "{again:?}");
     let mut blog = app.clone();
     blog.name = "blog".into();
     blog.components.truncate(1);
-    let new = ferry_deploy::preview::preview(&cfg, &blog).await.unwrap();
+    let new = ferry_deploy::preview::preview(&cfg, &blog.subject(), &blog).await.unwrap();
     assert_eq!(new.objects.iter().map(|o| (o.object.clone(), o.change)).collect::<Vec<_>>(), [(work("member-1", &blog), Change::Create)]);
     // A delete's: every ManifestWork of the app would go.
     let delete = DeployApp { operation: DeployOperation::Delete, name: "shop".into(), ..DeployApp::default() };
-    let gone = ferry_deploy::preview::preview(&cfg, &delete).await.unwrap();
+    let gone = ferry_deploy::preview::preview(&cfg, &delete.subject(), &delete).await.unwrap();
     assert_eq!(gone.objects.iter().map(|o| (o.object.clone(), o.change)).collect::<Vec<_>>(), [(work("member-1", &app), Change::Delete), (work("member-2", &app), Change::Delete)], "{gone:?}");
     assert_eq!(versions().await, before, "the dry runs wrote nothing");
 
@@ -171,7 +171,7 @@ topology_template:
     };
     // Its dry run: the namespace is judged by member-2 and what goes in it named; no
     // ManifestWork. Nothing is written.
-    let dry = ferry_deploy::preview::preview(&cfg, &direct).await.unwrap();
+    let dry = ferry_deploy::preview::preview(&cfg, &direct.subject(), &direct).await.unwrap();
     let judged: Vec<(&str, &str, Change)> = dry.objects.iter().map(|o| (o.cluster.as_str(), o.object.as_str(), o.change)).collect();
     assert_eq!(judged, [("member-2", "Namespace offloaded-ns", Change::Create), ("member-2", "Deployment offloaded-ns/worker", Change::NotSent)], "{dry:?}");
     assert!(Api::<k8s_openapi::api::core::v1::Namespace>::all(bed.fleet.cluster("member-2").unwrap().client().await.unwrap()).get_opt("offloaded-ns").await.unwrap().is_none());
@@ -194,7 +194,7 @@ topology_template:
     let theirs: Deployment = serde_json::from_value(serde_json::json!({"metadata": {"name": "worker", "namespace": "default"}, "spec": {
         "selector": {"matchLabels": {"app": "theirs"}}, "template": {"metadata": {"labels": {"app": "theirs"}}, "spec": {"containers": [{"name": "c", "image": "busybox:1.36"}]}}}})).unwrap();
     Api::<Deployment>::namespaced(m2, "default").create(&Default::default(), &theirs).await.unwrap();
-    let dry = ferry_deploy::preview::preview(&cfg, &direct).await.unwrap();
+    let dry = ferry_deploy::preview::preview(&cfg, &direct.subject(), &direct).await.unwrap();
     let worker = dry.objects.iter().find(|o| o.object == "Deployment default/worker").expect("the Deployment judged");
     assert_eq!(worker.change, Change::Refused, "{dry:?}");
     assert!(worker.refused.as_deref().unwrap_or("").contains("Ferry did not make it for app \"direct\""), "{dry:?}");
@@ -248,7 +248,7 @@ async fn placements_follow_scores_deadlines_revert_and_bad_input_is_rejected() {
     let cfg = DeployConfig::new(bed.clusters.clone());
     let mut newer = DeployApp { operation: DeployOperation::Update, ..placed_app(Some("ferry-resource-usage")) };
     newer.components[0].image = "nginx:1.28".into();
-    let p = ferry_deploy::preview::preview(&cfg, &newer).await.unwrap();
+    let p = ferry_deploy::preview::preview(&cfg, &newer.subject(), &newer).await.unwrap();
     let shown = serde_json::to_string(&p).unwrap();
     let changes: Vec<(String, Change)> = p.objects.iter().map(|o| (o.object.clone(), o.change)).collect();
     assert_eq!(changes, [("ManifestWork member-2/placed-svc".to_owned(), Change::Update)], "{shown}");
@@ -256,7 +256,7 @@ async fn placements_follow_scores_deadlines_revert_and_bad_input_is_rejected() {
     assert_eq!(ops, [("replace", &serde_json::json!("nginx:1.28"))], "only the image changes: {shown}");
     assert!(p.notes.iter().any(|n| n.contains("on member-2, as Placement placed/svc-svc decides now")), "{shown}");
     newer.components[0].placement.as_mut().unwrap().clusters = Some(2);
-    let p = ferry_deploy::preview::preview(&cfg, &newer).await.unwrap();
+    let p = ferry_deploy::preview::preview(&cfg, &newer.subject(), &newer).await.unwrap();
     assert!(p.objects.is_empty() && p.notes.iter().any(|n| n.contains("chosen by OCM at run time")), "{p:?}");
     // Reverting the deploy removes its ManifestWork and its Placement.
     let mut events = client.events(false).await.unwrap();

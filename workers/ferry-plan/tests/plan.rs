@@ -83,11 +83,16 @@ impl Bed {
     }
 
     async fn plan_worker(&self, name: &str) -> Running {
+        self.plan_worker_with(name, Duration::from_secs(5)).await
+    }
+
+    /// A plan worker that gives a child it has not seen `appear_grace` to appear.
+    async fn plan_worker_with(&self, name: &str, appear_grace: Duration) -> Running {
         let client = Client::new(self.kafka.clone(), self.topics.clone()).expect("client");
         let children = KafkaChildren::new(client, Arc::new(encode_registered)).await.expect("children over Kafka");
         let mut cfg = PlanConfig::new(Arc::new(children));
         cfg.child_timeout = WAIT;
-        cfg.appear_grace = Duration::from_secs(5);
+        cfg.appear_grace = appear_grace;
         let worker = Worker::new(self.options(name), PlanHandler::new(cfg));
         let stop = CancellationToken::new();
         let t = stop.clone();
@@ -675,6 +680,28 @@ async fn waves_wait_for_approval_and_a_pause_holds_the_next_wave_until_resumed()
     let refused = until(&mut events, id, |e| e.event == EventType::Rejected && e.seq == 0).await;
     let m = refused.last().unwrap().message.clone().unwrap_or_default();
     assert!(m.contains("has ended (succeeded): a signal reaches only a queued or running task"), "{m}");
+    plans.stop().await;
+    tests.stop().await;
+}
+
+/// A plan reverted while its next wave waits for an approval undoes the waves that ran
+/// and does not wait for children of the unapproved wave to appear: the recorded
+/// approvals say it never started (before, its revert waited out the appear grace, 30 s on
+/// a real worker; here an hour, past the wait's deadline).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_reverted_while_it_waits_for_an_approval_undoes_at_once() {
+    let bed = Bed::start();
+    let mut events = bed.client.events(true).await.unwrap();
+    let (tests, plans) = (bed.test_worker(), bed.plan_worker_with("plan-worker", Duration::from_secs(3600)).await);
+    let plan = roll(1, json!({"clusters": ["c1", "c2", "c3"], "waves": {"size": 1, "approve": true}}));
+    let id = bed.submit("rollout-r", plan, false).await;
+    progress_starting(&mut events, id, "wave 2/3 waits for approval").await;
+    bed.client.revert(id).await.unwrap();
+    let evs = until(&mut events, id, |e| matches!(e.event, EventType::Reverted | EventType::RevertFailed)).await;
+    assert_eq!(evs.last().unwrap().event, EventType::Reverted, "{evs:#?}");
+    let undone: Vec<&str> = evs.iter().filter(|e| e.event == EventType::StepProgress).filter_map(|e| e.message.as_deref()).filter(|m| m.contains("reverted")).collect();
+    assert_eq!(undone, ["wave 1/3: 1 child reverted"], "only the wave that ran is undone: {evs:#?}");
+    assert_eq!(states(&bed, id, &["c1", "c2", "c3"]).await, [Some(TaskState::Reverted), None, None]);
     plans.stop().await;
     tests.stop().await;
 }

@@ -43,7 +43,9 @@
 //! The started waves' children, last wave first, each wave's at most `max_in_flight` at
 //! once. Without a recorded output (the plan stopped inside the step, or was cancelled),
 //! the waves are scanned for children that have a snapshot, and the wave after the last
-//! such one is given the appear grace (its Starts may have been on their way).
+//! such one is given the appear grace (its Starts may have been on their way), unless it
+//! could not have started: under `approve`, a wave the recorded approvals never let
+//! through.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -84,6 +86,12 @@ pub fn spec_for(step: &PlanStep, each: &ForEach, cluster: &str) -> Result<Value,
         json_patch::merge(&mut spec, &serde_json::from_str(&o.spec).map_err(bad)?);
     }
     Ok(refs::put_cluster(&spec, cluster))
+}
+
+/// The subject `step` gives `cluster`'s child, `${cluster}` put in (`None`: the kind's
+/// own rule derives it from the spec): what the run sends, and what a dry run checks.
+pub fn subject_for(step: &PlanStep, cluster: &str) -> Option<String> {
+    step.subject.as_ref().map(|s| s.replace(refs::CLUSTER, cluster))
 }
 
 /// What became of one child of a wave.
@@ -148,7 +156,7 @@ impl WaveStep {
 
     async fn child_outcome(&self, cx: &StepContext<'_, PlanSpec>, cluster: &str, known: Option<TaskSnapshot>) -> Result<Outcome, StepError> {
         let child = self.child(cx.task_id, cluster);
-        let subject = self.step.subject.as_ref().map(|s| s.replace(refs::CLUSTER, cluster));
+        let subject = subject_for(&self.step, cluster);
         let started = match self.spec_for(cluster) {
             Ok(spec) => {
                 let key = child.key.clone();
@@ -324,21 +332,27 @@ impl WaveStep {
     }
 
     /// The children the undo reverts, by wave: those the run recorded, or (none recorded)
-    /// the waves up to the one after the last with a child that has a snapshot.
+    /// the waves up to the one after the last with a child that has a snapshot, among those
+    /// the approvals let start.
     async fn started_waves(&self, cx: &StepContext<'_, PlanSpec>, waves: &[&[String]], output: Option<&Value>) -> Result<usize, StepError> {
         if let Some(n) = output.and_then(|o| o.get("waves_started")).and_then(Value::as_u64) {
             return Ok((n as usize).min(waves.len()));
         }
+        // Under `approve`, wave w (from 0) starts only once the plan holds w approvals, and a
+        // Signal reaches a step only after the plan's snapshot has it (`Runner::on_control`):
+        // no wave past the approved ones can have started, so none waits the appear grace
+        // (a plan reverted while it waits for an approval undoes at once).
+        let could = if self.each.waves.approve { (1 + count(&cx.signals(), APPROVE)).min(waves.len()) } else { waves.len() };
         let mut last = None;
-        for (w, wave) in waves.iter().enumerate() {
+        for (w, wave) in waves.iter().take(could).enumerate() {
             if !self.started(cx, wave).await? {
                 break;
             }
             last = Some(w);
         }
         Ok(match last {
-            Some(w) => (w + 2).min(waves.len()),
-            None => 1.min(waves.len()),
+            Some(w) => (w + 2).min(could),
+            None => 1.min(could),
         })
     }
 }

@@ -125,14 +125,16 @@ struct Shared<K: Resource<DynamicType = ()> + 'static> {
     store: Store<K>,
     changed: Arc<Notify>,
     health: Arc<Health>,
-    /// The last read of the watch's scope from the API server while it failed, and when:
-    /// one read per [`POLL_WHILE_FAILING`] serves every waiter of the watch.
-    read: tokio::sync::Mutex<Option<Read<K>>>,
+    /// The last read of the watch's scope from the API server while it failed (running or
+    /// done), and when it began: one read per [`POLL_WHILE_FAILING`] serves every waiter.
+    read: Mutex<Option<(tokio::time::Instant, Read<K>)>>,
     task: JoinHandle<()>,
 }
 
-/// A read of a watch's scope from the API server (or why it failed), and when it was made.
-type Read<K> = (tokio::time::Instant, Result<Store<K>, String>);
+/// A read of a watch's scope from the API server (or why it failed), driven by whichever
+/// of its waiters polls it: a waiter that stops polling (a cancelled step, a dropped
+/// future) does not hold it up for the others.
+type Read<K> = futures::future::Shared<futures::future::BoxFuture<'static, Result<Store<K>, String>>>;
 
 impl<K> Shared<K>
 where
@@ -144,14 +146,35 @@ where
     /// into a store as the watch's would be. A read younger than [`POLL_WHILE_FAILING`] is
     /// shared: however many tasks wait on a failing watch, its cluster gets one LIST per
     /// interval, not one per waiter (a cluster that has just come back is not stormed).
-    async fn read_while_failing(&self, api: &Api<DynamicObject>) -> Result<Store<K>, String> {
-        let mut read = self.read.lock().await;
-        if let Some((_, r)) = read.as_ref().filter(|(at, _)| at.elapsed() < POLL_WHILE_FAILING) {
-            return r.clone();
+    ///
+    /// A waiter joins a read another began only while it is younger than
+    /// [`POLL_WHILE_FAILING`]; one still unanswered then (its client's address gone dark)
+    /// is left to its own waiters and this one reads with its own client.
+    async fn read_while_failing(&self, api: &Api<DynamicObject>) -> Result<Store<K>, String>
+    where
+        K: Send + Sync,
+    {
+        loop {
+            let (began, read, joined) = {
+                let mut slot = self.read.lock().expect("read lock");
+                match slot.as_ref().filter(|(began, _)| began.elapsed() < POLL_WHILE_FAILING) {
+                    Some((began, read)) => (*began, read.clone(), true),
+                    None => {
+                        let api = api.clone();
+                        let read = futures::FutureExt::shared(futures::FutureExt::boxed(async move { list_into_store::<K>(&api).await }));
+                        let began = tokio::time::Instant::now();
+                        *slot = Some((began, read.clone()));
+                        (began, read, false)
+                    }
+                }
+            };
+            if !joined {
+                return read.await;
+            }
+            if let Ok(r) = tokio::time::timeout_at(began + POLL_WHILE_FAILING, read).await {
+                return r;
+            }
         }
-        let r = list_into_store::<K>(api).await;
-        *read = Some((tokio::time::Instant::now(), r.clone()));
-        r
     }
 }
 
@@ -323,7 +346,7 @@ impl Watches {
                 n.notify_waiters();
             }
         });
-        let shared = Arc::new(Shared { store, changed, health: health.clone(), read: tokio::sync::Mutex::new(None), task });
+        let shared = Arc::new(Shared { store, changed, health: health.clone(), read: Mutex::new(None), task });
         open.insert(key, (shared.clone(), health));
         shared
     }
@@ -464,7 +487,7 @@ async fn wait_on<K, T>(
     mut look: impl FnMut(&Store<K>) -> (Check<T>, Version),
 ) -> Result<T, WaitError>
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + 'static,
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Send + Sync + 'static,
 {
     let deadline = tokio::time::Instant::now() + timeout;
     let mut last = "the watch has not listed yet".to_owned();

@@ -501,8 +501,28 @@ async fn a_failing_watch_nobody_waits_on_is_closed() {
 
     proxy.handle().blackout(Duration::from_secs(3600));
     let mut first = Box::pin(watches.wait_object::<ConfigMap, ()>("dark", &dark, Some("default"), "unused", Duration::from_secs(60), there));
+    // `first` makes the watch. Once it has failed, the proxy stops resetting and holds
+    // every request instead, and `first` is driven until its read of the scope (with its
+    // dark client) reaches the proxy, where it hangs; `first` is then never polled again,
+    // as a waiter that stalls. Before, that read held a lock every other waiter's read
+    // queued on: the wait below timed out after 60 s (CI of stop 65, where the watch had
+    // failed before `first`'s only poll ended and its reset read was never driven on).
     assert!(futures::poll!(first.as_mut()).is_pending());
-    // Ends only by reading around the dark watch: it has failed by then.
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while watches.failing("dark") == 0 {
+            tokio::task::yield_now().await;
+        }
+        proxy.handle().clear();
+        proxy.handle().set_latency(Duration::from_secs(3600));
+        let before = proxy.handle().counts().0;
+        while proxy.handle().counts().0 == before {
+            assert!(futures::poll!(first.as_mut()).is_pending());
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the dark watch fails, and the first waiter reads through the proxy, within 60 s");
+    // Ends only by reading around the dark watch (with its own client): it has failed.
     assert_eq!(watches.wait_object::<ConfigMap, ()>("dark", &admin, Some("default"), "unused", Duration::from_secs(60), there).await, Ok(()));
     assert_eq!(watches.failing("dark"), 1);
     assert_eq!(watches.wait_object::<ConfigMap, ()>("hub", &admin, Some("default"), "unused", Duration::from_secs(60), there).await, Ok(()));

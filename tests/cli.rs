@@ -924,11 +924,13 @@ async fn a_plan_dry_run_on_the_hub_previews_each_child_of_a_fanned_out_deploy_an
     // A fanned-out child's subject is the one the run sends (`${cluster}` put in), checked
     // as its worker checks it: a deploy's must be <namespace>/<name> (before, the literal
     // text went unchecked and the dry run passed a plan whose children were all Rejected).
-    let subject_plan = |subject: &str| {
+    // Of clusters a set chooses, by the preview of each child; of clusters the plan names,
+    // by the plan's own rules before anything else (as the plan worker refuses it).
+    let subject_plan = |subject: &str, for_each: serde_json::Value| {
         let plan = serde_json::json!({"subject": "demo/agents", "spec": {"steps": [
             {"name": "agents", "kind": "deploy", "subject": subject, "spec": {"name": "agent-${cluster}", "namespace": "shop", "owner": "team-demo",
                 "components": [{"name": "agent", "image": "ghcr.io/ferry/agent:1", "cluster": "${cluster}"}]},
-             "for_each": {"clusters": ["member-1"]}},
+             "for_each": for_each},
         ]}});
         let file = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(file.path(), serde_json::to_string(&plan).unwrap()).unwrap();
@@ -936,16 +938,25 @@ async fn a_plan_dry_run_on_the_hub_previews_each_child_of_a_fanned_out_deploy_an
         async move {
             let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_ferry")).args(args).env("RUST_LOG", "error").env("FERRY_BROKERS", "127.0.0.1:9").output().await.unwrap();
             drop(file);
-            let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
-            let p = &report["steps"][0]["preview"];
-            (out.status.code(), p["verdict"].clone(), p["reason"].clone())
+            (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
         }
     };
-    let (code, verdict, reason) = subject_plan("${cluster}/agent").await;
-    assert_eq!((code, verdict.as_str()), (Some(2), Some("rejected")), "{reason}");
-    assert_eq!(reason, r#"the subject of a deploy task must be <namespace>/<name> = "shop/agent-member-1", got "member-1/agent""#);
-    let (code, verdict, reason) = subject_plan("shop/agent-${cluster}").await;
-    assert_eq!((code, verdict.as_str()), (Some(0), Some("passes")), "{reason}");
+    let preview = |(code, stdout, stderr): (Option<i32>, String, String)| {
+        let report: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}{stderr}"));
+        let p = &report["steps"][0]["preview"];
+        (code, p["verdict"].as_str().map(str::to_owned), p["reason"].as_str().map(str::to_owned))
+    };
+    let (code, verdict, reason) = preview(subject_plan("${cluster}/agent", serde_json::json!({"cluster_set": "demo"})).await);
+    assert_eq!((code, verdict.as_deref()), (Some(2), Some("rejected")), "{reason:?}");
+    assert_eq!(reason.as_deref(), Some(r#"the subject of a deploy task must be <namespace>/<name> = "shop/agent-member-1", got "member-1/agent""#));
+    let (code, _, stderr) = subject_plan("${cluster}/agent", serde_json::json!({"clusters": ["member-1"]})).await;
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains(r#"steps[0] (agents) for member-1: the deploy kind refuses this child: the subject of a deploy task must be <namespace>/<name> = "shop/agent-member-1", got "member-1/agent""#),
+        "{stderr}"
+    );
+    let (code, verdict, reason) = preview(subject_plan("shop/agent-${cluster}", serde_json::json!({"clusters": ["member-1"]})).await);
+    assert_eq!((code, verdict.as_deref()), (Some(0), Some("passes")), "{reason:?}");
     let works: kube::Api<ferry_kube::kinds::ManifestWork> = kube::Api::all(bed.hub().await);
     assert!(works.list(&Default::default()).await.unwrap().items.is_empty(), "the dry run wrote a ManifestWork");
     // Without --kubeconfig and --brokers, the running `ferry dev`'s hub (its state names it)

@@ -26,6 +26,7 @@ crate::register_kind!(crate::kind::KindInfo {
     access: crate::kind::Access::NONE,
     not_for_tenants: None,
     encode: crate::kind::encode_json::<TestTaskSpec>,
+    check: |subject, spec| crate::kind::check_json::<TestTaskSpec>(subject, spec, TestTaskSpec::check),
     subject_of: crate::kind::no_subject,
     derived_subject: None,
 });
@@ -59,6 +60,29 @@ impl TestTaskSpec {
     /// `n` no-op steps.
     pub fn steps(n: i32) -> Self {
         Self { steps: n, ..Self::default() }
+    }
+
+    /// The kind's rules (any subject): steps, the steps a fault names, the step time.
+    pub fn check(_subject: &str, spec: &TestTaskSpec) -> Result<(), Rejection> {
+        if !(1..=100).contains(&spec.steps) {
+            return Err(Rejection::new(format!("steps must be 1 to 100, got {}", spec.steps)));
+        }
+        for (field, v) in [("fail_at", spec.fail_at), ("block_at", spec.block_at), ("undo_fail_at", spec.undo_fail_at)] {
+            if let Some(v) = v
+                && !(1..=spec.steps).contains(&v) {
+                    return Err(Rejection::new(format!("{field} must name a step from 1 to {}, got {v}", spec.steps)));
+                }
+        }
+        if !(0..=600_000).contains(&spec.step_ms) {
+            return Err(Rejection::new(format!("step_ms must be 0 to 600000, got {}", spec.step_ms)));
+        }
+        if spec.fail_transient < 0 {
+            return Err(Rejection::new("fail_transient must not be negative"));
+        }
+        if spec.undo_fail_transient < 0 {
+            return Err(Rejection::new("undo_fail_transient must not be negative"));
+        }
+        Ok(())
     }
 }
 
@@ -161,26 +185,8 @@ impl TaskHandler for TestHandler {
         TaskKind::TEST
     }
 
-    fn validate(&self, _subject: &str, spec: &TestTaskSpec) -> Result<(), Rejection> {
-        if !(1..=100).contains(&spec.steps) {
-            return Err(Rejection::new(format!("steps must be 1 to 100, got {}", spec.steps)));
-        }
-        for (field, v) in [("fail_at", spec.fail_at), ("block_at", spec.block_at), ("undo_fail_at", spec.undo_fail_at)] {
-            if let Some(v) = v
-                && !(1..=spec.steps).contains(&v) {
-                    return Err(Rejection::new(format!("{field} must name a step from 1 to {}, got {v}", spec.steps)));
-                }
-        }
-        if !(0..=600_000).contains(&spec.step_ms) {
-            return Err(Rejection::new(format!("step_ms must be 0 to 600000, got {}", spec.step_ms)));
-        }
-        if spec.fail_transient < 0 {
-            return Err(Rejection::new("fail_transient must not be negative"));
-        }
-        if spec.undo_fail_transient < 0 {
-            return Err(Rejection::new("undo_fail_transient must not be negative"));
-        }
-        Ok(())
+    fn validate(&self, subject: &str, spec: &TestTaskSpec) -> Result<(), Rejection> {
+        TestTaskSpec::check(subject, spec)
     }
 
     /// A test task acts on its subject, read as a cluster name.

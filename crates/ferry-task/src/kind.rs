@@ -239,6 +239,12 @@ pub struct KindInfo {
     /// Encodes a spec given as JSON (a spec file, a plan's child) as its record; the
     /// error names what does not fit. [`encode_json`] for a spec type.
     pub encode: fn(&crate::wire::Registry, serde_json::Value) -> Result<Vec<u8>, String>,
+    /// The kind's own rules for a command given as JSON (one [`KindInfo::encode`] reads)
+    /// with its subject: its worker's `validate`, less what needs the worker's
+    /// configuration. A plan runs them on every child it can read when it is submitted, so
+    /// a plan is refused whole instead of child by child once its first children ran.
+    /// [`check_json`] of the worker's rules.
+    pub check: fn(&str, &serde_json::Value) -> Result<(), crate::step::Rejection>,
     /// The subject the kind derives from a spec given as JSON, for kinds that derive one.
     pub subject_of: fn(&serde_json::Value) -> Option<String>,
     /// How the kind derives a command's subject from its spec, said for a person (`None`:
@@ -261,6 +267,7 @@ impl KindInfo {
             access: Access::NONE,
             not_for_tenants: None,
             encode: |_, _| Err("a stand-in kind encodes no spec".to_owned()),
+            check: |_, _| Ok(()),
             subject_of: no_subject,
             derived_subject: None,
         }
@@ -279,6 +286,17 @@ where
     let record = std::any::type_name::<T>().rsplit("::").next().unwrap_or("spec");
     let spec: T = strict_json(spec).map_err(|e| format!("the spec does not match the fields of {record}: {e}"))?;
     registry.encode(&spec).map_err(|e| e.to_string())
+}
+
+/// [`KindInfo::check`] of a spec type: `spec` read as `T` (strictly, as
+/// [`encode_json`] does) and given with `subject` to `rules`, the kind's worker's own.
+pub fn check_json<T>(subject: &str, spec: &serde_json::Value, rules: fn(&str, &T) -> Result<(), crate::step::Rejection>) -> Result<(), crate::step::Rejection>
+where
+    T: serde::de::DeserializeOwned,
+{
+    let record = std::any::type_name::<T>().rsplit("::").next().unwrap_or("spec");
+    let spec: T = strict_json(spec.clone()).map_err(|e| crate::step::Rejection::new(format!("the spec does not match the fields of {record}: {e}")))?;
+    rules(subject, &spec)
 }
 
 /// Why [`strict_json`] refused a value.
@@ -334,6 +352,7 @@ inventory::collect!(KindInfo);
 ///     access: ferry_task::kind::Access::NONE,
 ///     not_for_tenants: None,
 ///     encode: ferry_task::kind::encode_json::<BackupSpec>,
+///     check: |subject, spec| ferry_task::kind::check_json::<BackupSpec>(subject, spec, |_, _| Ok(())),
 ///     subject_of: |spec| spec["cluster"].as_str().map(str::to_owned),
 ///     derived_subject: Some("the cluster's name"),
 /// });

@@ -34,6 +34,7 @@ ferry_task::register_kind!(ferry_task::kind::KindInfo {
     access: ferry_task::kind::Access::NONE,
     not_for_tenants: None,
     encode: ferry_task::kind::encode_json::<spec::ClusterCommand>,
+    check: |subject, spec| ferry_task::kind::check_json::<spec::ClusterCommand>(subject, spec, validate::rules),
     subject_of: |spec| serde_json::from_value::<spec::ClusterCommand>(spec.clone()).ok().map(|c| c.subject()),
     derived_subject: Some("`<namespace>/<name>`"),
 });

@@ -53,6 +53,16 @@ fn is_uuid(s: &str) -> bool {
 
 /// Checks `cmd` against the rules that need no cluster; `catalog` knows the add-ons.
 pub fn validate(subject: &str, cmd: &ClusterCommand, catalog: &Catalog) -> Result<(), Rejection> {
+    checked(subject, cmd, Some(catalog))
+}
+
+/// [`validate`] but for the add-ons' settings, which only a worker's catalog knows: what a
+/// plan checks of a child it will send ([`ferry_task::kind::KindInfo::check`]).
+pub fn rules(subject: &str, cmd: &ClusterCommand) -> Result<(), Rejection> {
+    checked(subject, cmd, None)
+}
+
+fn checked(subject: &str, cmd: &ClusterCommand, catalog: Option<&Catalog>) -> Result<(), Rejection> {
     if !is_dns1123_label(&cmd.name) || cmd.name.len() > MAX_NAME {
         return Err(reject(format!("name {:?} is not a DNS-1123 label of at most {MAX_NAME} characters (lowercase letters, digits, '-')", cmd.name)));
     }
@@ -101,7 +111,7 @@ fn validate_scale(cmd: &ClusterCommand) -> Result<(), Rejection> {
     check_counts(cmd)
 }
 
-fn validate_create(cmd: &ClusterCommand, catalog: &Catalog) -> Result<(), Rejection> {
+fn validate_create(cmd: &ClusterCommand, catalog: Option<&Catalog>) -> Result<(), Rejection> {
     let infra = cmd.infrastructure.as_str();
     if !INFRASTRUCTURES.contains(&infra) {
         return Err(reject(format!("infrastructure provider {infra:?} is not supported: expected one of {}", INFRASTRUCTURES.join(", "))));
@@ -209,7 +219,9 @@ fn validate_create(cmd: &ClusterCommand, catalog: &Catalog) -> Result<(), Reject
         if !seen.insert(&a.name) {
             return Err(reject(format!("add-on {:?} is listed twice", a.name)));
         }
-        catalog.check(a)?;
+        if let Some(catalog) = catalog {
+            catalog.check(a)?;
+        }
     }
     for t in [cmd.ready_timeout_seconds, cmd.addon_timeout_seconds].into_iter().flatten() {
         if t < 1 {

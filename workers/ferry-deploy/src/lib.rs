@@ -49,6 +49,7 @@ ferry_task::register_kind!(ferry_task::kind::KindInfo {
     access: ferry_task::kind::Access { reads_scores: true, ..ferry_task::kind::Access::NONE },
     not_for_tenants: None,
     encode: ferry_task::kind::encode_json::<spec::DeployApp>,
+    check: |subject, spec| ferry_task::kind::check_json::<spec::DeployApp>(subject, spec, validate::validate),
     subject_of: |spec| serde_json::from_value::<spec::DeployApp>(spec.clone()).ok().map(|c| c.subject()),
     derived_subject: Some("`<namespace>/<name>`"),
 });

@@ -47,6 +47,7 @@ ferry_task::register_kind!(ferry_task::kind::KindInfo {
     access: ferry_task::kind::Access::NONE,
     not_for_tenants: None,
     encode: ferry_task::kind::encode_json::<spec::OffloadCommand>,
+    check: |subject, spec| ferry_task::kind::check_json::<spec::OffloadCommand>(subject, spec, spec::validate),
     subject_of: |spec| serde_json::from_value::<spec::OffloadCommand>(spec.clone()).ok().map(|c| c.subject()),
     derived_subject: Some("`<cluster>/<namespace>`"),
 });

@@ -4,11 +4,13 @@
 use std::collections::{HashMap, HashSet};
 
 use ferry_kube::names::{is_dns1123_label, is_dns1123_subdomain, is_label_key, is_label_value};
+use ferry_task::kind::KindInfo;
 use ferry_task::{Rejection, TaskKind};
 
 use crate::refs;
 use crate::spec::{ForEach, OnFailure, PlanSpec, PlanStep};
 use crate::steps::select::MAX_CLUSTERS;
+use crate::steps::waves;
 
 /// Children of one plan, at most: each is a step of the plan's journal, which rides in its
 /// snapshot with the children's outputs.
@@ -67,13 +69,21 @@ pub fn validate(spec: &PlanSpec) -> Result<(), Rejection> {
             let in_subject = refs::in_text(subject).map_err(|e| Rejection::new(format!("{at}.subject: {e}")))?;
             found.extend(in_subject.into_iter().map(|(_, r)| ("subject".to_owned(), r)));
         }
-        // A child whose spec refers to nothing earlier is what it will be: its kind reads it
-        // now (unknown fields too, [`ferry_task::kind::encode_json`]), so a plan never runs
-        // its first children and reverts them for a later child that could not be sent.
-        if found.is_empty() && s.for_each.is_none()
+        // A child that refers to nothing earlier is what it will be: its kind reads it now
+        // ([`child`]). A fanned-out step's children too, one per cluster it names (those
+        // chosen by labels or a set are known only when the step runs).
+        if found.is_empty()
             && let Some(info) = ferry_task::kind::info(kind)
         {
-            (info.encode)(&REGISTRY, value.clone()).map_err(|e| Rejection::new(format!("{at}.spec: {e}")))?;
+            match &s.for_each {
+                None => child(&at, info, s.subject.as_deref(), &value)?,
+                Some(each) => {
+                    for c in &each.clusters {
+                        let spec = waves::spec_for(s, each, c).map_err(|e| Rejection::new(format!("{at}: {}", e.message)))?;
+                        child(&format!("{at} for {c}"), info, waves::subject_for(s, c).as_deref(), &spec)?;
+                    }
+                }
+            }
         }
         for (field, r) in found {
             match index.get(r.step.as_str()) {
@@ -88,6 +98,19 @@ pub fn validate(spec: &PlanSpec) -> Result<(), Rejection> {
                 Some(_) => {}
             }
         }
+    }
+    Ok(())
+}
+
+/// A child the plan can read now, checked as its kind will check it: its fields (unknown
+/// ones too, [`ferry_task::kind::encode_json`]) and its kind's own rules with the subject it
+/// will be sent with ([`ferry_task::kind::KindInfo::check`]). So a plan never runs its
+/// first children and reverts them for a later one that could not be sent, or that its
+/// worker then Rejected.
+fn child(at: &str, info: &KindInfo, subject: Option<&str>, spec: &serde_json::Value) -> Result<(), Rejection> {
+    (info.encode)(&REGISTRY, spec.clone()).map_err(|e| Rejection::new(format!("{at}.spec: {e}")))?;
+    if let Some(subject) = subject.map(str::to_owned).or_else(|| (info.subject_of)(spec)) {
+        (info.check)(&subject, spec).map_err(|r| Rejection::new(format!("{at}: the {} kind refuses this child: {}", info.kind, r.reason)))?;
     }
     Ok(())
 }
@@ -180,15 +203,25 @@ fn for_each(at: &str, s: &PlanStep, each: &ForEach, spec: &serde_json::Value) ->
 
 #[cfg(test)]
 mod tests {
-    use ferry_task::kind::KindInfo;
     use serde_json::json;
 
     use super::*;
 
     // The kinds these tests name, registered as stand-ins (the plan crate links no other
-    // worker crate): whether a kind derives its subject is what the rules read.
+    // worker crate): whether a kind derives its subject is what the rules read. Each reads
+    // a field `unknown` as its worker would an unknown one, refuses `steps: 0` and a
+    // subject `hub`, as the kinds' own rules do.
     const fn stand_in(kind: TaskKind, derived_subject: Option<&'static str>) -> KindInfo {
-        KindInfo { derived_subject, encode: |_, spec| if spec.get("unknown").is_some() { Err("unknown field `unknown`".to_owned()) } else { Ok(Vec::new()) }, ..KindInfo::bare(kind) }
+        KindInfo {
+            derived_subject,
+            encode: |_, spec| if spec.get("unknown").is_some() { Err("unknown field `unknown`".to_owned()) } else { Ok(Vec::new()) },
+            check: |subject, spec| match (subject, spec.get("steps")) {
+                ("hub", _) => Err(Rejection::new("the subject hub is not a cluster")),
+                (_, Some(n)) if *n == 0 => Err(Rejection::new("steps must be 1 to 100, got 0")),
+                _ => Ok(()),
+            },
+            ..KindInfo::bare(kind)
+        }
     }
     ferry_task::register_kind!(stand_in(TaskKind::TEST, None));
     ferry_task::register_kind!(stand_in(TaskKind::CREATE_CLUSTER, Some("<namespace>/<name>")));
@@ -229,6 +262,40 @@ mod tests {
         );
         assert_eq!(reason(steps("${steps.two.task_id}")), "steps[1] (two).spec.note: ${steps.two.task_id} refers to itself; a step may refer only to earlier steps");
         assert!(reason(steps("${steps.one.output}")).starts_with("steps[1] (two).spec: ${steps.one.output}: a reference is"));
+    }
+
+    /// A child its kind's own rules refuse refuses the plan at submit, named, instead of
+    /// being Rejected by its worker once the children before it ran (they were reverted
+    /// then). So does each named cluster's child of a fanned-out step, with its overrides
+    /// and its subject; a child that refers to an earlier one is checked when it is sent.
+    #[test]
+    fn a_child_its_kind_would_refuse_refuses_the_plan() {
+        let first = json!({"name": "a", "kind": "test", "subject": "s", "spec": {"steps": 1}});
+        let with = |second: serde_json::Value| reason(json!([first, second]));
+        assert_eq!(with(json!({"name": "b", "kind": "test", "subject": "s", "spec": {"steps": 0}})), "steps[1] (b): the test kind refuses this child: steps must be 1 to 100, got 0");
+        assert_eq!(with(json!({"name": "b", "kind": "test", "subject": "hub", "spec": {}})), "steps[1] (b): the test kind refuses this child: the subject hub is not a cluster");
+        let fanned = |overrides: serde_json::Value, subject: &str| {
+            reason(json!([{"name": "roll", "kind": "test", "subject": subject, "spec": {"steps": 1},
+                "for_each": {"clusters": ["c1", "c2"], "overrides": overrides}}]))
+        };
+        assert_eq!(
+            fanned(json!([{"clusters": ["c2"], "spec": {"steps": 0}}]), "${cluster}"),
+            "steps[0] (roll) for c2: the test kind refuses this child: steps must be 1 to 100, got 0"
+        );
+        assert_eq!(
+            fanned(json!([{"clusters": ["c1"], "spec": {"unknown": 1}}]), "${cluster}"),
+            "steps[0] (roll) for c1.spec: unknown field `unknown`"
+        );
+        let hub = reason(json!([{"name": "roll", "kind": "test", "subject": "hub", "spec": {"note": "${cluster}"}, "for_each": {"clusters": ["c1"]}}]));
+        assert_eq!(hub, "steps[0] (roll) for c1: the test kind refuses this child: the subject hub is not a cluster");
+        // Not known yet: a child whose spec refers to an earlier one's outputs, and the
+        // children of clusters chosen by labels.
+        validate(&plan(json!([
+            first,
+            {"name": "b", "kind": "test", "subject": "s", "spec": {"steps": 0, "note": "${steps.a.task_id}"}},
+            {"name": "roll", "kind": "test", "subject": "${cluster}", "spec": {"steps": 0}, "for_each": {"labels": {"env": "prod"}}},
+        ])))
+        .unwrap();
     }
 
     #[test]

@@ -363,6 +363,15 @@ async fn a_reference_to_an_unknown_or_later_step_is_rejected_with_the_reason() {
         assert_eq!(last.message.as_deref(), Some(format!("invalid plan spec: {reason}").as_str()));
         assert!(bed.records::<CommandEnvelope>(&bed.topics.command(TaskKind::TEST).name).await.is_empty(), "no child was submitted");
     }
+    // A child the test kind's own rules refuse: before, step one ran, two was Rejected by
+    // the test worker, and one was reverted.
+    let bad = TestTaskSpec { fail_at: Some(3), ..TestTaskSpec::steps(2) };
+    let id = bed.submit("plan-e", json!({"steps": [test_step("one", "plan-e/one", TestTaskSpec::steps(1)), test_step("two", "plan-e/two", bad)]}), false).await;
+    let evs = until_final(&mut events, id).await;
+    let last = evs.last().unwrap();
+    assert_eq!(last.event, EventType::Rejected, "{evs:#?}");
+    assert_eq!(last.message.as_deref(), Some("invalid plan spec: steps[1] (two): the test kind refuses this child: fail_at must name a step from 1 to 2, got 3"));
+    assert!(bed.records::<CommandEnvelope>(&bed.topics.command(TaskKind::TEST).name).await.is_empty(), "no child was submitted");
     plans.stop().await;
 }
 

@@ -49,6 +49,7 @@ ferry_task::register_kind!(ferry_task::kind::KindInfo {
     access: ferry_task::kind::Access { writes_scores: true, writes_own_commands: true, ..ferry_task::kind::Access::NONE },
     not_for_tenants: None,
     encode: ferry_task::kind::encode_json::<spec::ScoreClusters>,
+    check: |subject, spec| ferry_task::kind::check_json::<spec::ScoreClusters>(subject, spec, |_, s| validate::validate(s)),
     subject_of: ferry_task::kind::no_subject,
     derived_subject: None,
 });

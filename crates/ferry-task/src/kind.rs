@@ -283,9 +283,15 @@ pub fn encode_json<T>(registry: &crate::wire::Registry, spec: serde_json::Value)
 where
     T: Serialize + serde::de::DeserializeOwned + apache_avro::AvroSchema + 'static,
 {
-    let record = std::any::type_name::<T>().rsplit("::").next().unwrap_or("spec");
-    let spec: T = strict_json(spec).map_err(|e| format!("the spec does not match the fields of {record}: {e}"))?;
+    let spec: T = read_spec(spec)?;
     registry.encode(&spec).map_err(|e| e.to_string())
+}
+
+/// A spec given as JSON read strictly as `T` ([`strict_json`]); the error names `T`'s
+/// record. What [`encode_json`] and [`check_json`] read.
+fn read_spec<T: serde::de::DeserializeOwned>(spec: serde_json::Value) -> Result<T, String> {
+    let record = std::any::type_name::<T>().rsplit("::").next().unwrap_or("spec");
+    strict_json(spec).map_err(|e| format!("the spec does not match the fields of {record}: {e}"))
 }
 
 /// [`KindInfo::check`] of a spec type: `spec` read as `T` (strictly, as
@@ -294,8 +300,7 @@ pub fn check_json<T>(subject: &str, spec: &serde_json::Value, rules: fn(&str, &T
 where
     T: serde::de::DeserializeOwned,
 {
-    let record = std::any::type_name::<T>().rsplit("::").next().unwrap_or("spec");
-    let spec: T = strict_json(spec.clone()).map_err(|e| crate::step::Rejection::new(format!("the spec does not match the fields of {record}: {e}")))?;
+    let spec: T = read_spec(spec.clone()).map_err(crate::step::Rejection::new)?;
     rules(subject, &spec)
 }
 

@@ -226,6 +226,14 @@ async fn a_plans_children_are_listed_and_its_revert_dry_run_names_them() {
     assert_eq!(children, [(one.as_str(), "one", "Succeeded"), (two.as_str(), "two", "Succeeded"), (three.as_str(), "three", "Running")], "{}", out.stdout);
     let table = env.ferry(&["tasks", "get", &id.to_string()]).await.stdout;
     assert!(table.lines().any(|l| l.starts_with(&three) && l.contains("kids/three") && l.contains("Running")), "{table}");
+    // A child names its plan and step.
+    let out = env.ferry(&["tasks", "get", &three, "-o", "json"]).await;
+    let got: serde_json::Value = serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}{}", out.stdout, out.stderr));
+    assert_eq!(got["task"]["plan"], serde_json::json!({"task_id": id.to_string(), "step": "three"}), "{}", out.stdout);
+    let table = env.ferry(&["tasks", "get", &three]).await.stdout;
+    assert!(table.lines().any(|l| l.starts_with("Plan:") && l.ends_with(&format!("{id} (step three)"))), "{table}");
+    let out = env.ferry(&["tasks", "get", &id.to_string(), "-o", "json"]).await;
+    assert!(serde_json::from_str::<serde_json::Value>(&out.stdout).unwrap()["task"].get("plan").is_none(), "a plan is no child: {}", out.stdout);
 
     let out = env.ferry(&["tasks", "revert", &id.to_string(), "--dry-run", "-o", "json"]).await;
     assert_eq!(out.code, 0, "{}", out.stderr);
@@ -248,6 +256,72 @@ async fn a_plans_children_are_listed_and_its_revert_dry_run_names_them() {
     let out = env.ferry(&["tasks", "cancel", &id.to_string()]).await;
     assert_eq!(out.code, 0, "{}", out.stderr);
     events.until(id, Duration::from_secs(120), |e| e.event.is_final()).await.unwrap();
+    plans.kill().await.unwrap();
+    env.shutdown().await;
+}
+
+/// `tasks watch` of a plan follows its children under it: each child's end, and a later
+/// revert of it by the plan's undo, is said on stderr as a `child` line naming its plan and
+/// step, whether the child came while the watch ran or was there when it started; the exit
+/// code stays the plan's (before, a plan's watch showed the plan's own bar only).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watching_a_plan_follows_its_children() {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+    let env = env().await;
+    let mut plans = tokio::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(["worker", "plan", "--brokers", &env.bootstrap, "--kafka-property", "fetch.wait.max.ms=5", "--http", "127.0.0.1:0"])
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // The plan's id follows from its key: the watch starts before the plan is sent.
+    let id = TaskId::for_idempotency_key(TaskKind::PLAN, "watched-kids");
+    let child = |step: &str| TaskId::for_idempotency_key(TaskKind::TEST, &format!("plan/{id}/{step}")).to_string();
+    let (one, two) = (child("one"), child("two"));
+    let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(["tasks", "watch", &id.to_string(), "--brokers", &env.bootstrap, "--kafka-property", "fetch.wait.max.ms=5"])
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = watch.stdout.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(watch.stderr.take().unwrap()).lines();
+    let mut stderr = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while !stderr.iter().any(|l: &String| l.starts_with("watching 1 task(s) until they end")) {
+        let line = tokio::time::timeout_at(deadline, lines.next_line()).await.expect("the watch starts").unwrap();
+        stderr.push(line.unwrap_or_else(|| panic!("the watch ended before it started: {stderr:?}")));
+    }
+    // Step two's child fails: the plan fails, and its undo reverts step one's child.
+    let plan = env.spec("plan.yaml", "subject: watched\nspec:\n  steps:\n    - {name: one, kind: test, subject: watched/one, spec: {steps: 1, fail_transient: 0, step_ms: 0}}\n    - {name: two, kind: test, subject: watched/two, spec: {steps: 2, fail_at: 2, fail_transient: 0, step_ms: 0}}\n");
+    let out = env.ferry(&["submit", "plan", "-f", &plan, "--idempotency-key", "watched-kids"]).await;
+    assert_eq!((out.code, out.stdout.trim()), (0, id.to_string().as_str()), "{}", out.stderr);
+    while let Some(line) = tokio::time::timeout_at(deadline, lines.next_line()).await.expect("the watch ends with its plan").unwrap() {
+        stderr.push(line);
+    }
+    let code = watch.wait().await.unwrap().code();
+    let mut out = String::new();
+    stdout.read_to_string(&mut out).await.unwrap();
+    assert_eq!(code, Some(1), "the plan failed: {out}{stderr:#?}");
+    assert!(out.contains(&format!("{id} plan watched Reverted")), "{out}");
+    let said = |stderr: &[String], child: &str, step: &str, state: &str| {
+        let head = format!("child {child} test watched/{step} {state} (plan {id}, step {step})");
+        stderr.iter().position(|l| l.starts_with(&head)).unwrap_or_else(|| panic!("no {head:?} in {stderr:#?}"))
+    };
+    let (ended, failed, undone) = (said(&stderr, &one, "one", "Succeeded"), said(&stderr, &two, "two", "Reverted"), said(&stderr, &one, "one", "Reverted"));
+    assert!(ended < failed && failed < undone, "{stderr:#?}");
+
+    // Watched once it is over: the plan's end, and each child's last.
+    let again = env.ferry(&["tasks", "watch", &id.to_string()]).await;
+    assert_eq!(again.code, 1, "{}{}", again.stdout, again.stderr);
+    assert!(again.stdout.contains(&format!("{id} plan watched Reverted")), "{}", again.stdout);
+    let stderr: Vec<String> = again.stderr.lines().map(str::to_owned).collect();
+    said(&stderr, &one, "one", "Reverted");
+    said(&stderr, &two, "two", "Reverted");
+    assert!(!again.stderr.contains("Succeeded"), "{}", again.stderr);
     plans.kill().await.unwrap();
     env.shutdown().await;
 }

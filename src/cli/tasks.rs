@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Subcommand;
+use ferry_plan::steps::child::plan_of;
 use ferry_runtime::protocol::{CommandEnvelope, JournalEntry, StepStatus, TaskSnapshot, now_ms};
 use ferry_runtime::{ClientError, CommandAction, EventType, ProgressEvent, TaskId, TaskKind, TaskState};
 use serde::Serialize;
@@ -39,7 +40,8 @@ pub enum TasksCommand {
         output: Output,
     },
     /// Live progress bars for these tasks (exit when they end; 0 if all succeeded), or for
-    /// every running task and each new one (until interrupted).
+    /// every running task and each new one (until interrupted). A plan's child tasks are
+    /// shown under it, each of their ends said on stderr (`child ID KIND SUBJECT STATE`).
     Watch { ids: Vec<TaskId> },
     /// Stop a running task; finished steps stay and can be reverted later.
     Cancel {
@@ -104,6 +106,18 @@ pub struct TaskView {
     pub revert_would_undo: Vec<String>,
     /// W3C traceparent of the command (find the task's trace with it).
     pub trace_parent: Option<String>,
+    /// The plan the task runs for, where it is a plan's child (by its idempotency key).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plan: Option<PlanRef>,
+}
+
+/// The plan a child task runs for, and its step (and cluster, for a fanned-out step).
+#[derive(Debug, Serialize)]
+pub struct PlanRef {
+    pub task_id: String,
+    pub step: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -161,6 +175,11 @@ impl From<&TaskSnapshot> for TaskView {
             steps,
             error: s.error.clone(),
             revert_would_undo,
+            plan: s.idempotency_key.as_deref().and_then(plan_of).map(|(plan, step, cluster)| PlanRef {
+                task_id: plan.to_string(),
+                step: step.to_owned(),
+                cluster: cluster.map(str::to_owned),
+            }),
         }
     }
 }
@@ -196,6 +215,7 @@ impl TaskView {
             steps: journal.iter().map(step_view).collect(),
             error,
             revert_would_undo,
+            plan: None,
         })
     }
 }
@@ -297,6 +317,9 @@ fn print_view(v: &TaskView, controls: &[ControlView], children: &[ChildView]) {
     ];
     if let Some(d) = &v.deadline_at {
         fields.push(("Deadline:", d.clone()));
+    }
+    if let Some(p) = &v.plan {
+        fields.push(("Plan:", format!("{} ({})", p.task_id, super::watch::runs_for(&p.step, p.cluster.as_deref()))));
     }
     if let Some(e) = &v.error {
         let mut notes: Vec<String> = e.step.map(|s| format!("step {s}")).into_iter().collect();

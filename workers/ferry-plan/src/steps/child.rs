@@ -59,11 +59,19 @@ pub fn wave_child_key(plan: &TaskId, step: &str, cluster: &str) -> String {
 /// The inverse of [`child_key`] and [`wave_child_key`]: step names hold no `/`
 /// (`validate`).
 pub fn child_of<'k>(plan: &TaskId, key: &'k str) -> Option<(&'k str, Option<&'k str>)> {
-    let rest = key.strip_prefix("plan/")?.strip_prefix(plan.to_string().as_str())?.strip_prefix('/')?;
-    Some(match rest.split_once('/') {
+    plan_of(key).filter(|(p, ..)| p == plan).map(|(_, step, cluster)| (step, cluster))
+}
+
+/// The plan, step (and cluster) a child with idempotency key `key` runs for, whichever
+/// the plan ([`child_of`] of every plan at once); `None` for a key no plan gives.
+pub fn plan_of(key: &str) -> Option<(TaskId, &str, Option<&str>)> {
+    let (plan, rest) = key.strip_prefix("plan/")?.split_once('/')?;
+    let plan: TaskId = plan.parse().ok()?;
+    let (step, cluster) = match rest.split_once('/') {
         Some((step, cluster)) => (step, Some(cluster)),
         None => (rest, None),
-    })
+    };
+    (!step.is_empty()).then_some((plan, step, cluster))
 }
 
 /// One child task of a plan, found by its idempotency key: what a plan step (one child)
@@ -346,5 +354,10 @@ mod tests {
         assert_eq!(child_of(&plan, &wave_child_key(&plan, "rollout", "member-1")), Some(("rollout", Some("member-1"))));
         assert_eq!(child_of(&plan, &child_key(&other, "create")), None, "another plan's child");
         assert_eq!(child_of(&plan, "deploy-42"), None, "a user's key");
+        assert_eq!(plan_of(&wave_child_key(&plan, "rollout", "member-1")), Some((plan, "rollout", Some("member-1"))));
+        assert_eq!(plan_of(&child_key(&other, "create")), Some((other, "create", None)));
+        for key in ["deploy-42", "plan/", "plan/tsk_nope/create", "plan/tsk_0123456789abcdef0123456789abcdef", "plan/tsk_0123456789abcdef0123456789abcdef/"] {
+            assert_eq!(plan_of(key), None, "{key}");
+        }
     }
 }

@@ -41,7 +41,8 @@ pub enum TasksCommand {
     },
     /// Live progress bars for these tasks (exit when they end; 0 if all succeeded), or for
     /// every running task and each new one (until interrupted). A plan's child tasks are
-    /// shown under it, each of their ends said on stderr (`child ID KIND SUBJECT STATE`).
+    /// shown under it (without a terminal, each of their ends as a `child ID KIND SUBJECT STATE`
+    /// line on stderr).
     Watch { ids: Vec<TaskId> },
     /// Stop a running task; finished steps stay and can be reverted later.
     Cancel {

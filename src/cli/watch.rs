@@ -2,8 +2,8 @@
 //! every running task and each new one. With IDs it exits when they have all ended: 0 when
 //! each Succeeded (or was Reverted on request, not after a failure), 1 otherwise. Each end is also
 //! printed as one plain line on stdout, so scripts and logs see it without a terminal. A
-//! watched plan's child tasks are followed under its bar, each of their ends printed as a
-//! `child ...` line on stderr (found by their idempotency keys, [`plan_of`], in a live view
+//! watched plan's child tasks are followed under its bar, and without a terminal each of
+//! their ends is printed as a `child ...` line on stderr (found by their idempotency keys, [`plan_of`], in a live view
 //! of the task state); they do not change the exit code, their plan's end does.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -79,12 +79,23 @@ impl Bars {
         self.bars.entry(id.to_owned()).or_insert(Bar { bar, step_failed: false, child, said: None })
     }
 
-    /// Says a child's state on stderr (a child may end more than once: Succeeded, then
-    /// Reverted by its plan's undo).
+    /// Leaves every bar on the screen as it is (a child's stays open while its plan runs).
+    fn leave(&self) {
+        for b in self.bars.values().filter(|b| !b.bar.is_finished()) {
+            b.bar.abandon();
+        }
+    }
+
+    /// Says a child's state on stderr where no bars are drawn (a child may end more than
+    /// once: Succeeded, then Reverted by its plan's undo).
     fn child_line(&mut self, id: &str, kind: TaskKind, subject: &str, state: TaskState, detail: Option<&str>) {
         let Some(b) = self.bars.get_mut(id) else { return };
         b.said = Some(state);
         let Some(c) = b.child.as_ref() else { return };
+        // On a terminal the child's bar says it.
+        if !self.multi.is_hidden() {
+            return;
+        }
         let state = name(&state);
         let detail = detail.map(|d| format!(": {d}")).unwrap_or_default();
         self.multi.suspend(|| eprintln!("child {id} {kind} {subject} {state} (plan {}, {}){detail}", c.plan, c.label));
@@ -170,15 +181,18 @@ pub async fn run(conn: &Conn, ids: Vec<TaskId>) -> anyhow::Result<ExitCode> {
     }
     plans.retain(|p| !ended_plans.contains(p));
     if !ids.is_empty() && waiting.is_empty() {
+        bars.leave();
         return Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS });
     }
     // Said once following has started (the bars are not drawn without a terminal): from
     // here on, every end is printed.
-    if ids.is_empty() {
-        eprintln!("watching {} running task(s) and every new one; Ctrl-C to stop", bars.bars.len());
+    // Through the bars, so that they are drawn again under it, not over it.
+    let said = if ids.is_empty() {
+        format!("watching {} running task(s) and every new one; Ctrl-C to stop", bars.bars.len())
     } else {
-        eprintln!("watching {} task(s) until they end", waiting.len());
-    }
+        format!("watching {} task(s) until they end", waiting.len())
+    };
+    bars.multi.suspend(|| eprintln!("{said}"));
     // A task just submitted may not be in the state yet: its events are awaited a while.
     let mut unknown: BTreeSet<String> = waiting.iter().filter(|w| !bars.bars.contains_key(*w)).cloned().collect();
     let unknown_until = tokio::time::Instant::now() + UNKNOWN_GRACE;
@@ -252,6 +266,7 @@ pub async fn run(conn: &Conn, ids: Vec<TaskId>) -> anyhow::Result<ExitCode> {
             }
         }
     }
+    bars.leave();
     Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
 

@@ -75,6 +75,27 @@ fn chromedriver() -> (Proc, u16) {
     (Proc(child), port)
 }
 
+/// A headless Chromium session through a chromedriver of its own (dropped last: the
+/// profile directory).
+async fn browser() -> (Proc, fantoccini::Client, tempfile::TempDir) {
+    let (driver, port) = chromedriver();
+    let profile = tempfile::tempdir().unwrap();
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".into(),
+        serde_json::json!({"binary": CHROMIUM, "args": [
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--window-size=1400,800", format!("--user-data-dir={}", profile.path().display()),
+        ]}),
+    );
+    let browser = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+        .capabilities(caps)
+        .connect(&format!("http://127.0.0.1:{port}"))
+        .await
+        .expect("a chromium session");
+    (driver, browser, profile)
+}
+
 /// Clicks the element `css` names as a person would: once it is shown and enabled, finding
 /// it again if the page replaced it between the find and the click (a stale handle is
 /// retried, never clicked), within `WAIT`.
@@ -120,21 +141,7 @@ async fn a_task_from_the_cli_appears_progresses_and_reverts_in_the_browser() {
     let token = format!("{:032x}", std::process::id() as u128 * 7919 + 0x5eed);
     std::fs::write(token_file.path(), &token).unwrap();
     let (_dash, url) = dashboard(&bootstrap, token_file.path());
-    let (_driver, port) = chromedriver();
-    let profile = tempfile::tempdir().unwrap();
-    let mut caps = serde_json::Map::new();
-    caps.insert(
-        "goog:chromeOptions".into(),
-        serde_json::json!({"binary": CHROMIUM, "args": [
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--window-size=1400,800", format!("--user-data-dir={}", profile.path().display()),
-        ]}),
-    );
-    let browser = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
-        .capabilities(caps)
-        .connect(&format!("http://127.0.0.1:{port}"))
-        .await
-        .expect("a chromium session");
+    let (_driver, browser, _profile) = browser().await;
     browser.goto(&url).await.unwrap();
     browser.wait().at_most(WAIT).for_element(Locator::Css("#live.on")).await.expect("the page follows the event stream");
     // Marks this page load: still there at the end means nothing reloaded the page.
@@ -212,6 +219,86 @@ async fn a_task_from_the_cli_appears_progresses_and_reverts_in_the_browser() {
     let left = browser.execute("return document.getElementById('reason').value;", vec![]).await.unwrap();
     assert_eq!(left, serde_json::json!(""), "the reason goes with one action");
     println!("screenshots in {}", shots.display());
+
+    browser.close().await.unwrap();
+    stop.cancel();
+    worker.await.unwrap().unwrap();
+}
+
+/// Rows are newest first, and a plan's children sit right under their plan, oldest first,
+/// marked as its children: for the tasks there when the page loaded, and for those that
+/// came while it was open (whose rows first appear from their events, before the task
+/// state says whose children they are). Before, a load put the oldest task on top and
+/// later tasks went on top, and a plan's children were rows like any other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_are_newest_first_with_a_plans_children_under_it() {
+    use ferry_runtime::{TaskId, TaskKind};
+    if !std::path::Path::new(CHROMEDRIVER).exists() || !std::path::Path::new(CHROMIUM).exists() {
+        ferry_runtime::report::missing_prerequisite(&format!("{CHROMIUM} or {CHROMEDRIVER} is missing (scripts/install-chromium.sh)"));
+        return;
+    }
+    let Bed { broker, stop, worker, .. } = bed();
+    let bootstrap = broker.bootstrap();
+    let _plans = Proc(
+        Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .args(["worker", "plan", "--brokers", &bootstrap, "--kafka-property", "fetch.wait.max.ms=5", "--http", "127.0.0.1:0"])
+            .env("RUST_LOG", "error")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    // Sends a spec with an idempotency key and waits for its end; its id follows from the key.
+    let submit = |kind: TaskKind, key: &str, spec: &str| {
+        let file = dir.path().join(format!("{key}.yaml"));
+        std::fs::write(&file, spec).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .args(["submit", kind.as_str(), "--idempotency-key", key, "--wait", "-f"])
+            .arg(&file)
+            .args(["--brokers", &bootstrap, "--kafka-property", "fetch.wait.max.ms=5"])
+            .env("RUST_LOG", "error")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        TaskId::for_idempotency_key(kind, key).to_string()
+    };
+    let test = |subject: &str| format!("subject: {subject}\nspec: {{steps: 1, fail_transient: 0, step_ms: 0}}\n");
+    let plan = |subject: &str| {
+        format!("subject: {subject}\nspec:\n  steps:\n    - {{name: one, kind: test, subject: {subject}/one, spec: {{steps: 1, fail_transient: 0, step_ms: 0}}}}\n    - {{name: two, kind: test, subject: {subject}/two, spec: {{steps: 1, fail_transient: 0, step_ms: 0}}}}\n")
+    };
+    let children = |plan: &str| ["one", "two"].map(|step| TaskId::for_idempotency_key(TaskKind::TEST, &format!("plan/{plan}/{step}")).to_string());
+    // The page shows `ids`, in this order, and nothing else.
+    let shows = |ids: &[&str]| {
+        let rows: Vec<String> = ids.iter().enumerate().map(|(i, id)| format!("tr[{}]/@id='task-{id}'", i + 1)).collect();
+        format!("//table[@id='tasks']/tbody[count(tr)={} and {}]", ids.len(), rows.join(" and "))
+    };
+
+    let old = tokio::task::block_in_place(|| submit(TaskKind::TEST, "old", &test("old")));
+    let first = tokio::task::block_in_place(|| submit(TaskKind::PLAN, "first", &plan("first")));
+    let [a1, a2] = children(&first);
+    let token_file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(token_file.path(), "an-operator-token-of-32-characters").unwrap();
+    let (_dash, url) = dashboard(&bootstrap, token_file.path());
+    let (_driver, browser, _profile) = browser().await;
+    browser.goto(&url).await.unwrap();
+    browser.wait().at_most(WAIT).for_element(Locator::Css("#live.on")).await.expect("the page follows the event stream");
+    let loaded = [first.as_str(), &a1, &a2, &old];
+    browser.wait().at_most(WAIT).for_element(Locator::XPath(&shows(&loaded))).await.unwrap_or_else(|e| panic!("the loaded rows in order {loaded:?}: {e}"));
+
+    // Tasks that come while the page is open.
+    let new = tokio::task::block_in_place(|| submit(TaskKind::TEST, "new", &test("new")));
+    let second = tokio::task::block_in_place(|| submit(TaskKind::PLAN, "second", &plan("second")));
+    let [b1, b2] = children(&second);
+    let all = [second.as_str(), &b1, &b2, &new, &first, &a1, &a2, &old];
+    browser.wait().at_most(WAIT).for_element(Locator::XPath(&shows(&all))).await.unwrap_or_else(|e| panic!("every row in order {all:?}: {e}"));
+    let child = browser.find(Locator::Css(&format!("#task-{b1}"))).await.unwrap();
+    assert_eq!(child.attr("class").await.unwrap().as_deref(), Some("child"));
+    assert_eq!(child.attr("title").await.unwrap(), Some(format!("plan {second}, step one")));
+    assert!(browser.find(Locator::Css(&format!("#task-{b1} td:nth-child(3)"))).await.unwrap().text().await.unwrap().starts_with("└ second/one"));
+    assert_eq!(browser.find(Locator::Css(&format!("#task-{second}"))).await.unwrap().attr("class").await.unwrap().unwrap_or_default(), "", "a plan is no child");
+    let shots = std::env::var_os("FERRY_SCREENSHOTS").map(std::path::PathBuf::from).unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")));
+    std::fs::create_dir_all(&shots).unwrap();
+    std::fs::write(shots.join("dashboard-plans.png"), browser.screenshot().await.unwrap()).unwrap();
 
     browser.close().await.unwrap();
     stop.cancel();

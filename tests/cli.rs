@@ -260,6 +260,43 @@ async fn a_plans_children_are_listed_and_its_revert_dry_run_names_them() {
     env.shutdown().await;
 }
 
+/// A running task reverted while watched: the watch follows its undo to Reverted, exit 0
+/// (before, it ended at the Cancelled that starts the revert of a running task, exit 1,
+/// while the undo went on unwatched).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_follows_a_running_tasks_revert_to_its_end() {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+    let env = env().await;
+    let mut events = env.client.events(true).await.unwrap();
+    let blocked = env.spec("blocked.yaml", "subject: undone\nspec: {steps: 2, block_at: 2, fail_transient: 0, step_ms: 0}\n");
+    let id = env.ferry(&["submit", "test", "-f", &blocked]).await.stdout.trim().to_owned();
+    events.until(id.parse().unwrap(), Duration::from_secs(120), |e| e.event == EventType::StepProgress).await.unwrap();
+    let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(["tasks", "watch", &id, "--brokers", &env.bootstrap, "--kafka-property", "fetch.wait.max.ms=5"])
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = watch.stdout.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(watch.stderr.take().unwrap()).lines();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let line = tokio::time::timeout_at(deadline, lines.next_line()).await.expect("the watch starts").unwrap().expect("the watch runs");
+        if line.starts_with("watching 1 task(s) until they end") {
+            break;
+        }
+    }
+    let out = env.ferry(&["tasks", "revert", &id]).await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    let code = tokio::time::timeout_at(deadline, watch.wait()).await.expect("the watch ends with the revert").unwrap().code();
+    let mut out = String::new();
+    stdout.read_to_string(&mut out).await.unwrap();
+    assert_eq!((code, out.trim()), (Some(0), format!("{id} test undone Reverted").as_str()));
+    env.shutdown().await;
+}
+
 /// `tasks watch` of a plan follows its children under it: each child's end, and a later
 /// revert of it by the plan's undo, is said on stderr as a `child` line naming its plan and
 /// step, whether the child came while the watch ran or was there when it started; the exit

@@ -117,6 +117,19 @@ pub fn runs_for(step: &str, cluster: Option<&str>) -> String {
     }
 }
 
+/// Whether a task is over: in a final state, and not cancelled for a Revert still to come.
+fn over(s: &TaskSnapshot) -> bool {
+    s.state.is_terminal() && !s.revert_requested
+}
+
+/// Whether a Cancelled is not the task's end: the cancel of a Revert (of a running task),
+/// whose undo follows, or a task gone on since. Its snapshot is acknowledged before the
+/// event is published: after a catch-up the view holds it or a later one.
+async fn reverted_next(live: &LiveState, e: &ProgressEvent) -> anyhow::Result<bool> {
+    live.caught_up(CHILD_LOOKUP_LIMIT).await?;
+    Ok(live.get(e.task_id.parse()?).is_some_and(|s| s.revert_requested || s.seq > e.seq))
+}
+
 /// The snapshot of the task an event is about, from the live view: an event other than
 /// Accepted is published only once its snapshot is acknowledged, so after a catch-up the
 /// view holds it; an Accepted leaves with its snapshot and may come first (`None`: ask again
@@ -137,9 +150,9 @@ pub async fn run(conn: &Conn, ids: Vec<TaskId>) -> anyhow::Result<ExitCode> {
     let client = conn.command_client().await?;
     // Follow from now before reading the state, so nothing between the two is missed.
     let mut events = client.events(false).await?;
-    // Watching given tasks: the state is read into a live view, where a plan's children
-    // are looked up as their events come.
-    let live = if ids.is_empty() { None } else { Some(client.live_view().await?) };
+    // The state is read into a live view, where a plan's children are looked up as their
+    // events come, and a Cancelled is told from the cancel of a Revert.
+    let live = client.live_view().await?;
     let mut bars = Bars { multi: MultiProgress::with_draw_target(ProgressDrawTarget::stderr()), bars: BTreeMap::new(), last_under: BTreeMap::new() };
     let mut waiting: BTreeSet<String> = ids.iter().map(ToString::to_string).collect();
     let mut failed = false;
@@ -148,11 +161,11 @@ pub async fn run(conn: &Conn, ids: Vec<TaskId>) -> anyhow::Result<ExitCode> {
     let mut plans: BTreeSet<String> = snapshots.iter().filter(|s| s.kind == TaskKind::PLAN && waiting.contains(&s.task_id)).map(|s| s.task_id.clone()).collect();
     let mut ended_plans = Vec::new();
     for s in &snapshots {
-        let watched = if ids.is_empty() { !s.state.is_terminal() } else { waiting.contains(&s.task_id) };
+        let watched = if ids.is_empty() { !over(s) } else { waiting.contains(&s.task_id) };
         if !watched {
             continue;
         }
-        if s.state.is_terminal() && !ids.is_empty() {
+        if over(s) && !ids.is_empty() {
             // Already over: report it and stop waiting for it.
             println!("{} {} {} {}", s.task_id, s.kind, s.subject, name(&s.state));
             failed |= !(s.state == TaskState::Succeeded || (s.state == TaskState::Reverted && s.error.is_none()));
@@ -222,13 +235,12 @@ pub async fn run(conn: &Conn, ids: Vec<TaskId>) -> anyhow::Result<ExitCode> {
             continue;
         }
         if !ids.is_empty() && !waiting.contains(&e.task_id) {
-            if let Some(live) = &live
-                && !plans.is_empty()
+            if !plans.is_empty()
                 && !bars.bars.contains_key(&e.task_id)
                 && !not_children.contains(&e.task_id)
             {
                 // `None`: an Accepted before its snapshot; the task's next event asks again.
-                if let Some(s) = snapshot_of(live, &e).await? {
+                if let Some(s) = snapshot_of(&live, &e).await? {
                     match child_of_plans(&plans, &s) {
                         Some(child) => {
                             bars.add(e.kind, &e.subject, &e.task_id, Some(child));
@@ -248,16 +260,17 @@ pub async fn run(conn: &Conn, ids: Vec<TaskId>) -> anyhow::Result<ExitCode> {
             }
             bars.add(e.kind, &e.subject, &e.task_id, None);
         }
+        let goes_on = e.event == EventType::Cancelled && reverted_next(&live, &e).await?;
         let b = bars.bars.get_mut(&e.task_id).expect("inserted above");
         update(b, &e);
-        if e.event.is_final() {
+        if goes_on {
+            b.bar.set_message("Cancelled: its revert follows");
+        } else if e.event.is_final() {
             let ok = e.event == EventType::Succeeded || (e.event == EventType::Reverted && !b.step_failed);
             failed |= !ok;
             b.bar.finish_with_message(format!("{}{}", name(&e.event), e.message.as_deref().map(|m| format!(": {m}")).unwrap_or_default()));
-            if plans.contains(&e.task_id)
-                && let Some(live) = &live
-            {
-                children_ended(&mut bars, live, &e.task_id).await?;
+            if plans.contains(&e.task_id) {
+                children_ended(&mut bars, &live, &e.task_id).await?;
             }
             bars.multi.suspend(|| println!("{} {} {} {}", e.task_id, e.kind, e.subject, name(&e.event)));
             waiting.remove(&e.task_id);

@@ -72,6 +72,63 @@ impl Env {
         std::fs::write(&p, body).unwrap();
         p.display().to_string()
     }
+
+    /// `ferry worker plan` on the broker (killed when dropped).
+    fn plan_worker(&self) -> tokio::process::Child {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .args(["worker", "plan", "--brokers", &self.bootstrap, "--kafka-property", "fetch.wait.max.ms=5", "--http", "127.0.0.1:0"])
+            .env("RUST_LOG", "error")
+            .stdout(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap()
+    }
+
+    /// `ferry tasks watch ID` in the background, once it follows the task (its "watching"
+    /// line read).
+    async fn watch(&self, id: &str) -> Watch {
+        use tokio::io::AsyncBufReadExt;
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .args(["tasks", "watch", id, "--brokers", &self.bootstrap, "--kafka-property", "fetch.wait.max.ms=5"])
+            .env("RUST_LOG", "error")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        let mut w = Watch { child, stdout, lines, stderr: Vec::new(), deadline: tokio::time::Instant::now() + Duration::from_secs(120) };
+        while !w.stderr.iter().any(|l| l.starts_with("watching 1 task(s) until they end")) {
+            let line = tokio::time::timeout_at(w.deadline, w.lines.next_line()).await.expect("the watch starts").unwrap();
+            w.stderr.push(line.unwrap_or_else(|| panic!("the watch ended before it started: {:?}", w.stderr)));
+        }
+        w
+    }
+}
+
+/// A `ferry tasks watch` running in the background.
+struct Watch {
+    child: tokio::process::Child,
+    stdout: tokio::process::ChildStdout,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStderr>>,
+    /// The stderr lines read so far.
+    stderr: Vec<String>,
+    deadline: tokio::time::Instant,
+}
+
+impl Watch {
+    /// Waits for the watch to end: its exit code, stdout and stderr lines.
+    async fn end(mut self) -> (Option<i32>, String, Vec<String>) {
+        use tokio::io::AsyncReadExt;
+        while let Some(line) = tokio::time::timeout_at(self.deadline, self.lines.next_line()).await.expect("the watch ends").unwrap() {
+            self.stderr.push(line);
+        }
+        let code = tokio::time::timeout_at(self.deadline, self.child.wait()).await.expect("the watch ends").unwrap().code();
+        let mut out = String::new();
+        self.stdout.read_to_string(&mut out).await.unwrap();
+        (code, out, self.stderr)
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -203,13 +260,7 @@ async fn cancel_and_revert_through_the_cli() {
 async fn a_plans_children_are_listed_and_its_revert_dry_run_names_them() {
     let env = env().await;
     let mut events = env.client.events(true).await.unwrap();
-    let mut plans = tokio::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
-        .args(["worker", "plan", "--brokers", &env.bootstrap, "--kafka-property", "fetch.wait.max.ms=5", "--http", "127.0.0.1:0"])
-        .env("RUST_LOG", "error")
-        .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut plans = env.plan_worker();
     let plan = env.spec("plan.yaml", "subject: kids\nspec:\n  steps:\n    - {name: one, kind: test, subject: kids/one, keep: true, spec: {steps: 1, fail_transient: 0, step_ms: 0}}\n    - {name: two, kind: test, subject: kids/two, spec: {steps: 1, fail_transient: 0, step_ms: 0}}\n    - {name: three, kind: test, subject: kids/three, spec: {steps: 2, block_at: 1, fail_transient: 0, step_ms: 0}}\n");
     let out = env.ferry(&["submit", "plan", "-f", &plan]).await;
     assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
@@ -265,35 +316,16 @@ async fn a_plans_children_are_listed_and_its_revert_dry_run_names_them() {
 /// while the undo went on unwatched).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_follows_a_running_tasks_revert_to_its_end() {
-    use tokio::io::{AsyncBufReadExt, AsyncReadExt};
     let env = env().await;
     let mut events = env.client.events(true).await.unwrap();
     let blocked = env.spec("blocked.yaml", "subject: undone\nspec: {steps: 2, block_at: 2, fail_transient: 0, step_ms: 0}\n");
     let id = env.ferry(&["submit", "test", "-f", &blocked]).await.stdout.trim().to_owned();
     events.until(id.parse().unwrap(), Duration::from_secs(120), |e| e.event == EventType::StepProgress).await.unwrap();
-    let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
-        .args(["tasks", "watch", &id, "--brokers", &env.bootstrap, "--kafka-property", "fetch.wait.max.ms=5"])
-        .env("RUST_LOG", "error")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut stdout = watch.stdout.take().unwrap();
-    let mut lines = tokio::io::BufReader::new(watch.stderr.take().unwrap()).lines();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    loop {
-        let line = tokio::time::timeout_at(deadline, lines.next_line()).await.expect("the watch starts").unwrap().expect("the watch runs");
-        if line.starts_with("watching 1 task(s) until they end") {
-            break;
-        }
-    }
+    let watch = env.watch(&id).await;
     let out = env.ferry(&["tasks", "revert", &id]).await;
     assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
-    let code = tokio::time::timeout_at(deadline, watch.wait()).await.expect("the watch ends with the revert").unwrap().code();
-    let mut out = String::new();
-    stdout.read_to_string(&mut out).await.unwrap();
-    assert_eq!((code, out.trim()), (Some(0), format!("{id} test undone Reverted").as_str()));
+    let (code, out, stderr) = watch.end().await;
+    assert_eq!((code, out.trim()), (Some(0), format!("{id} test undone Reverted").as_str()), "{stderr:#?}");
     env.shutdown().await;
 }
 
@@ -303,45 +335,18 @@ async fn a_watch_follows_a_running_tasks_revert_to_its_end() {
 /// code stays the plan's (before, a plan's watch showed the plan's own bar only).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watching_a_plan_follows_its_children() {
-    use tokio::io::{AsyncBufReadExt, AsyncReadExt};
     let env = env().await;
-    let mut plans = tokio::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
-        .args(["worker", "plan", "--brokers", &env.bootstrap, "--kafka-property", "fetch.wait.max.ms=5", "--http", "127.0.0.1:0"])
-        .env("RUST_LOG", "error")
-        .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut plans = env.plan_worker();
     // The plan's id follows from its key: the watch starts before the plan is sent.
     let id = TaskId::for_idempotency_key(TaskKind::PLAN, "watched-kids");
     let child = |step: &str| TaskId::for_idempotency_key(TaskKind::TEST, &format!("plan/{id}/{step}")).to_string();
     let (one, two) = (child("one"), child("two"));
-    let mut watch = tokio::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
-        .args(["tasks", "watch", &id.to_string(), "--brokers", &env.bootstrap, "--kafka-property", "fetch.wait.max.ms=5"])
-        .env("RUST_LOG", "error")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut stdout = watch.stdout.take().unwrap();
-    let mut lines = tokio::io::BufReader::new(watch.stderr.take().unwrap()).lines();
-    let mut stderr = Vec::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    while !stderr.iter().any(|l: &String| l.starts_with("watching 1 task(s) until they end")) {
-        let line = tokio::time::timeout_at(deadline, lines.next_line()).await.expect("the watch starts").unwrap();
-        stderr.push(line.unwrap_or_else(|| panic!("the watch ended before it started: {stderr:?}")));
-    }
+    let watch = env.watch(&id.to_string()).await;
     // Step two's child fails: the plan fails, and its undo reverts step one's child.
     let plan = env.spec("plan.yaml", "subject: watched\nspec:\n  steps:\n    - {name: one, kind: test, subject: watched/one, spec: {steps: 1, fail_transient: 0, step_ms: 0}}\n    - {name: two, kind: test, subject: watched/two, spec: {steps: 2, fail_at: 2, fail_transient: 0, step_ms: 0}}\n");
     let out = env.ferry(&["submit", "plan", "-f", &plan, "--idempotency-key", "watched-kids"]).await;
     assert_eq!((out.code, out.stdout.trim()), (0, id.to_string().as_str()), "{}", out.stderr);
-    while let Some(line) = tokio::time::timeout_at(deadline, lines.next_line()).await.expect("the watch ends with its plan").unwrap() {
-        stderr.push(line);
-    }
-    let code = watch.wait().await.unwrap().code();
-    let mut out = String::new();
-    stdout.read_to_string(&mut out).await.unwrap();
+    let (code, out, stderr) = watch.end().await;
     assert_eq!(code, Some(1), "the plan failed: {out}{stderr:#?}");
     assert!(out.contains(&format!("{id} plan watched Reverted")), "{out}");
     let said = |stderr: &[String], child: &str, step: &str, state: &str| {

@@ -272,6 +272,11 @@ fn readme_examples_run_verbatim_on_ferry_dev() {
             let id = submitted.clone().expect("a test task submitted first");
             let out = dev.ok(&line.replace("tsk_...", &id));
             assert!(!cmd.contains("--dry-run") || out.contains("dry run: nothing sent"), "{line}: {out}");
+        } else if cmd.starts_with("tasks watch tsk_...") {
+            // Until it ends: the test task ended already, so its end is printed at once.
+            let id = submitted.clone().expect("a test task submitted first");
+            let out = dev.ok(&line.replace("tsk_...", &id));
+            assert!(out.contains(&format!("{id} test ")), "{line}: {out}");
         } else if cmd.starts_with("tasks cancel tsk_...") {
             // A task that runs until cancelled; it must end Cancelled, with the reason given.
             let id = dev.blocker("readme/cancel");

@@ -65,6 +65,15 @@ pub fn reverted_by_undo<'c>(spec: Option<&PlanSpec>, children: &'c [ChildView], 
     Undo::Reverts(reverts)
 }
 
+/// What a child runs for, as `tasks get` and `tasks watch` say it: `step S`, or `step S,
+/// cluster C` for a fanned-out step's child.
+pub fn runs_for(step: &str, cluster: Option<&str>) -> String {
+    match cluster {
+        Some(c) => format!("step {step}, cluster {c}"),
+        None => format!("step {step}"),
+    }
+}
+
 /// What a plan step's undo does with its children.
 pub enum Undo<'c> {
     /// Reverts these, in this order.

@@ -320,7 +320,7 @@ fn print_view(v: &TaskView, controls: &[ControlView], children: &[ChildView]) {
         fields.push(("Deadline:", d.clone()));
     }
     if let Some(p) = &v.plan {
-        fields.push(("Plan:", format!("{} ({})", p.task_id, super::watch::runs_for(&p.step, p.cluster.as_deref()))));
+        fields.push(("Plan:", format!("{} ({})", p.task_id, plan_children::runs_for(&p.step, p.cluster.as_deref()))));
     }
     if let Some(e) = &v.error {
         let mut notes: Vec<String> = e.step.map(|s| format!("step {s}")).into_iter().collect();

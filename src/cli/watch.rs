@@ -16,6 +16,7 @@ use ferry_runtime::{EventType, ProgressEvent, TaskId, TaskKind, TaskSnapshot, Ta
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::common::Conn;
+use super::plan_children::runs_for;
 use super::table::name;
 
 struct Bar {
@@ -109,12 +110,9 @@ fn child_of_plans(plans: &BTreeSet<String>, snap: &TaskSnapshot) -> Option<Child
     plans.contains(&plan).then(|| ChildOf { plan, label: runs_for(step, cluster) })
 }
 
-/// `step S`, or `step S, cluster C`.
-pub fn runs_for(step: &str, cluster: Option<&str>) -> String {
-    match cluster {
-        Some(c) => format!("step {step}, cluster {c}"),
-        None => format!("step {step}"),
-    }
+/// An end event as a bar says it: its name, and its message if any.
+fn end_message(e: &ProgressEvent) -> String {
+    format!("{}{}", name(&e.event), e.message.as_deref().map(|m| format!(": {m}")).unwrap_or_default())
 }
 
 /// Whether a task is over: in a final state, and not cancelled for a Revert still to come.
@@ -180,13 +178,12 @@ pub async fn run(conn: &Conn, ids: Vec<TaskId>) -> anyhow::Result<ExitCode> {
         b.step_failed = s.error.is_some();
     }
     // The children the watched plans have so far, oldest first.
-    let mut known: Vec<&TaskSnapshot> = snapshots.iter().filter(|s| !bars.bars.contains_key(&s.task_id) && child_of_plans(&plans, s).is_some()).collect();
-    known.sort_by_key(|s| (s.created_at_ms, s.task_id.clone()));
-    for s in known {
-        let child = child_of_plans(&plans, s);
-        let b = bars.add(s.kind, &s.subject, &s.task_id, child);
+    let mut known: Vec<(&TaskSnapshot, ChildOf)> =
+        snapshots.iter().filter(|s| !bars.bars.contains_key(&s.task_id)).filter_map(|s| Some((s, child_of_plans(&plans, s)?))).collect();
+    known.sort_by_key(|(s, _)| (s.created_at_ms, s.task_id.clone()));
+    for (s, child) in known {
+        let b = bars.add(s.kind, &s.subject, &s.task_id, Some(child));
         b.bar.set_message(name(&s.state));
-        b.step_failed = s.error.is_some();
         if s.state.is_terminal() {
             b.bar.set_position(100);
             bars.child_line(&s.task_id, s.kind, &s.subject, s.state, None);
@@ -268,7 +265,7 @@ pub async fn run(conn: &Conn, ids: Vec<TaskId>) -> anyhow::Result<ExitCode> {
         } else if e.event.is_final() {
             let ok = e.event == EventType::Succeeded || (e.event == EventType::Reverted && !b.step_failed);
             failed |= !ok;
-            b.bar.finish_with_message(format!("{}{}", name(&e.event), e.message.as_deref().map(|m| format!(": {m}")).unwrap_or_default()));
+            b.bar.finish_with_message(end_message(&e));
             if plans.contains(&e.task_id) {
                 children_ended(&mut bars, &live, &e.task_id).await?;
             }
@@ -290,7 +287,7 @@ fn child_event(bars: &mut Bars, e: &ProgressEvent) {
     update(b, e);
     if e.event.is_final() {
         b.bar.set_position(100);
-        b.bar.set_message(format!("{}{}", name(&e.event), e.message.as_deref().map(|m| format!(": {m}")).unwrap_or_default()));
+        b.bar.set_message(end_message(e));
         if let Some(state) = e.event.state_after() {
             bars.child_line(&e.task_id, e.kind, &e.subject, state, e.message.as_deref());
         }

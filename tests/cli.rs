@@ -1042,9 +1042,9 @@ async fn a_plan_dry_run_on_the_hub_previews_each_child_of_a_fanned_out_deploy_an
     // text went unchecked and the dry run passed a plan whose children were all Rejected).
     // Of clusters a set chooses, by the preview of each child; of clusters the plan names,
     // by the plan's own rules before anything else (as the plan worker refuses it).
-    let subject_plan = |subject: &str, for_each: serde_json::Value| {
+    let subject_plan = |subject: Option<&str>, name: &str, for_each: serde_json::Value| {
         let plan = serde_json::json!({"subject": "demo/agents", "spec": {"steps": [
-            {"name": "agents", "kind": "deploy", "subject": subject, "spec": {"name": "agent-${cluster}", "namespace": "shop", "owner": "team-demo",
+            {"name": "agents", "kind": "deploy", "subject": subject, "spec": {"name": name, "namespace": "shop", "owner": "team-demo",
                 "components": [{"name": "agent", "image": "ghcr.io/ferry/agent:1", "cluster": "${cluster}"}]},
              "for_each": for_each},
         ]}});
@@ -1062,17 +1062,28 @@ async fn a_plan_dry_run_on_the_hub_previews_each_child_of_a_fanned_out_deploy_an
         let p = &report["steps"][0]["preview"];
         (code, p["verdict"].as_str().map(str::to_owned), p["reason"].as_str().map(str::to_owned))
     };
-    let (code, verdict, reason) = preview(subject_plan("${cluster}/agent", serde_json::json!({"cluster_set": "demo"})).await);
+    let (code, verdict, reason) = preview(subject_plan(Some("${cluster}/agent"), "agent-${cluster}", serde_json::json!({"cluster_set": "demo"})).await);
     assert_eq!((code, verdict.as_deref()), (Some(2), Some("rejected")), "{reason:?}");
     assert_eq!(reason.as_deref(), Some(r#"the subject of a deploy task must be <namespace>/<name> = "shop/agent-member-1", got "member-1/agent""#));
-    let (code, _, stderr) = subject_plan("${cluster}/agent", serde_json::json!({"clusters": ["member-1"]})).await;
+    let (code, _, stderr) = subject_plan(Some("${cluster}/agent"), "agent-${cluster}", serde_json::json!({"clusters": ["member-1"]})).await;
     assert_eq!(code, Some(2), "{stderr}");
     assert!(
         stderr.contains(r#"steps[0] (agents) for member-1: the deploy kind refuses this child: the subject of a deploy task must be <namespace>/<name> = "shop/agent-member-1", got "member-1/agent""#),
         "{stderr}"
     );
-    let (code, verdict, reason) = preview(subject_plan("shop/agent-${cluster}", serde_json::json!({"clusters": ["member-1"]})).await);
+    let (code, verdict, reason) = preview(subject_plan(Some("shop/agent-${cluster}"), "agent-${cluster}", serde_json::json!({"clusters": ["member-1"]})).await);
     assert_eq!((code, verdict.as_deref()), (Some(0), Some("passes")), "{reason:?}");
+    // Children that would share a subject (one app `shop/agent` for every cluster: the
+    // second deploy would find the first's app): refused as the run refuses them, once the
+    // set's clusters are known, instead of each child passing on its own.
+    let (code, stdout, stderr) = subject_plan(None, "agent", serde_json::json!({"cluster_set": "demo"})).await;
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}{stderr}"));
+    assert_eq!(code, Some(2), "{report}");
+    assert_eq!(
+        report["steps"][0]["note"].as_str(),
+        Some(r#"REFUSED (CHILD_SPEC): its children for member-1 and member-2 would both act on subject "shop/agent", one deploy task after the other on the same thing; a deploy task's subject is `<namespace>/<name>`: put ${cluster} in one of its parts in the spec"#),
+        "{report}"
+    );
     let works: kube::Api<ferry_kube::kinds::ManifestWork> = kube::Api::all(bed.hub().await);
     assert!(works.list(&Default::default()).await.unwrap().items.is_empty(), "the dry run wrote a ManifestWork");
     // Without --kubeconfig and --brokers, the running `ferry dev`'s hub (its state names it)

@@ -212,6 +212,16 @@ async fn plan_dry_run(conn: &Conn, plan: &ferry_plan::spec::PlanSpec, clusters: 
                 for (cluster, why) in &chosen.left_out {
                     entries.push(StepPreview { step: step.name.clone(), cluster: Some(cluster.clone()), preview: None, note: Some(format!("left out, as a Placement would leave it: {why}")) });
                 }
+                // As the run refuses them once the clusters are chosen (not when the step
+                // uses earlier outputs, known only then): children on one subject. Each
+                // child is then previewed as its kind checks it.
+                let uses_outputs = !matches!(ferry_plan::refs::in_value(&step.spec_value()?, "spec").map(|r| r.len()), Ok(0))
+                    || step.subject.as_deref().is_some_and(|s| !matches!(ferry_plan::refs::in_text(s).map(|r| r.len()), Ok(0)));
+                if !uses_outputs && let Err(e) = ferry_plan::steps::waves::check_subjects(step, each, &chosen.clusters) {
+                    entries.push(StepPreview { step: step.name.clone(), cluster: None, preview: None, note: Some(format!("REFUSED ({}): {}", e.code, e.message.strip_prefix(&format!("step {}: ", step.name)).unwrap_or(&e.message))) });
+                    exit = ExitCode::from(2);
+                    continue;
+                }
                 chosen
                     .clusters
                     .into_iter()

@@ -123,7 +123,7 @@ impl TaskHandler for PlanHandler {
                     Err(e) => unplannable(&s.name, e),
                 }),
                 Some(each) => {
-                    steps.push(Arc::new(SelectStep::new(&s.name, each.clone(), self.cfg.clone())));
+                    steps.push(Arc::new(SelectStep::new(s.clone(), each.clone(), self.cfg.clone())));
                     steps.push(match WaveStep::new(s.clone(), each.clone(), self.cfg.clone()) {
                         Ok(step) => Arc::new(step),
                         Err(e) => unplannable(&s.name, e),

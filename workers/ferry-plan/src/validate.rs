@@ -78,10 +78,12 @@ pub fn validate(spec: &PlanSpec) -> Result<(), Rejection> {
             match &s.for_each {
                 None => child(&at, info, s.subject.as_deref(), &value)?,
                 Some(each) => {
+                    let mut children = Vec::new();
                     for c in &each.clusters {
                         let spec = waves::spec_for(s, each, c).map_err(|e| Rejection::new(format!("{at}: {}", e.message)))?;
-                        child(&format!("{at} for {c}"), info, waves::subject_for(s, c).as_deref(), &spec)?;
+                        children.push((c.clone(), waves::subject_for(s, c), spec));
                     }
+                    fanned_children(&at, info, &children)?;
                 }
             }
         }
@@ -111,6 +113,38 @@ fn child(at: &str, info: &KindInfo, subject: Option<&str>, spec: &serde_json::Va
     (info.encode)(&REGISTRY, spec.clone()).map_err(|e| Rejection::new(format!("{at}.spec: {e}")))?;
     if let Some(subject) = subject.map(str::to_owned).or_else(|| (info.subject_of)(spec)) {
         (info.check)(&subject, spec).map_err(|r| Rejection::new(format!("{at}: the {} kind refuses this child: {}", info.kind, r.reason)))?;
+    }
+    Ok(())
+}
+
+/// A fanned-out step's children (cluster, the subject given, the spec; earlier outputs put
+/// in), checked before any is sent: each as its kind will check it ([`child`]), and no two
+/// on one subject. A subject names what a task acts on: two children on one would act on
+/// the same thing, and the second would find the first's work (a deploy's app is one per
+/// `<namespace>/<name>` on the hub, whatever its clusters).
+pub(crate) fn fanned_children(at: &str, info: &KindInfo, children: &[waves::ChildAt]) -> Result<(), Rejection> {
+    for (cluster, subject, spec) in children {
+        child(&format!("{at} for {cluster}"), info, subject.as_deref(), spec)?;
+    }
+    shared_subject(at, info, children)
+}
+
+/// Refuses children of one fanned-out step that would act on one subject (see
+/// [`fanned_children`]), saying where `${cluster}` goes.
+pub(crate) fn shared_subject(at: &str, info: &KindInfo, children: &[waves::ChildAt]) -> Result<(), Rejection> {
+    let mut subjects: HashMap<String, &str> = HashMap::new();
+    for (cluster, subject, spec) in children {
+        let Some(subject) = subject.clone().or_else(|| (info.subject_of)(spec)) else { continue };
+        if let Some(first) = subjects.insert(subject.clone(), cluster) {
+            let put = match (info.derived_subject, children.iter().any(|(_, s, _)| s.is_some())) {
+                (Some(derived), false) => format!("a {} task's subject is {derived}: put {} in one of its parts in the spec", info.kind, refs::CLUSTER),
+                _ => format!("put {} in the step's subject", refs::CLUSTER),
+            };
+            return Err(Rejection::new(format!(
+                "{at}: its children for {first} and {cluster} would both act on subject {subject:?}, one {} task after the other on the same thing; {put}",
+                info.kind
+            )));
+        }
     }
     Ok(())
 }
@@ -220,6 +254,7 @@ mod tests {
                 (_, Some(n)) if *n == 0 => Err(Rejection::new("steps must be 1 to 100, got 0")),
                 _ => Ok(()),
             },
+            subject_of: |spec| spec.get("name").and_then(serde_json::Value::as_str).map(|n| format!("fleet/{n}")),
             ..KindInfo::bare(kind)
         }
     }
@@ -296,6 +331,23 @@ mod tests {
             {"name": "roll", "kind": "test", "subject": "${cluster}", "spec": {"steps": 0}, "for_each": {"labels": {"env": "prod"}}},
         ])))
         .unwrap();
+    }
+
+    /// A fanned-out step whose children would share a subject is refused, and the message
+    /// says where `${cluster}` goes: the given subject, or the spec a kind derives it from.
+    #[test]
+    fn fanned_out_children_on_one_subject_refuse_the_plan() {
+        let given = reason(json!([{"name": "roll", "kind": "test", "subject": "shared", "spec": {"note": "${cluster}"}, "for_each": {"clusters": ["c1", "c2"]}}]));
+        assert_eq!(
+            given,
+            "steps[0] (roll): its children for c1 and c2 would both act on subject \"shared\", one test task after the other on the same thing; put ${cluster} in the step's subject"
+        );
+        let derived = reason(json!([{"name": "roll", "kind": "create-cluster", "spec": {"name": "edge", "note": "${cluster}"}, "for_each": {"clusters": ["c1", "c2", "c3"]}}]));
+        assert_eq!(
+            derived,
+            "steps[0] (roll): its children for c1 and c2 would both act on subject \"fleet/edge\", one create-cluster task after the other on the same thing; a create-cluster task's subject is <namespace>/<name>: put ${cluster} in one of its parts in the spec"
+        );
+        validate(&plan(json!([{"name": "roll", "kind": "create-cluster", "spec": {"name": "edge-${cluster}"}, "for_each": {"clusters": ["c1", "c2"]}}]))).unwrap();
     }
 
     #[test]

@@ -160,6 +160,18 @@ async fn a_step_fans_out_over_the_clusters_its_labels_or_cluster_set_choose() {
     let last = evs.last().unwrap();
     assert_eq!((last.event, last.code.as_deref()), (EventType::Rejected, Some("CLUSTERS_UNCHOSEN")), "{evs:#?}");
     assert_eq!(last.message.as_deref(), Some("step roll: ManagedClusterSet \"green\" does not exist on the hub"));
+
+    // A child its kind refuses, of a cluster only the hub's labels choose: the choice
+    // checks every child once it knows them, so the plan is Rejected before its first
+    // wave sends any (before, edge-01 .. edge-06 ran and were reverted first).
+    let bad = json!({"labels": {"env": "prod"}, "waves": {"size": 6}, "overrides": [{"clusters": ["edge-07"], "spec": {"steps": 0}}]});
+    let id = run(&client, bad, "rollout/refused").await;
+    let evs = events.until(id, WAIT, |e| e.event.is_final()).await.unwrap_or_else(|e| panic!("{e}"));
+    let last = evs.last().unwrap();
+    assert_eq!((last.event, last.code.as_deref()), (EventType::Rejected, Some("CHILD_SPEC")), "{evs:#?}");
+    let why = last.message.as_deref().unwrap_or_default();
+    assert!(why.starts_with("step roll for edge-07: the test kind refuses this child: "), "{why}");
+    assert!(!evs.iter().any(|e| e.event == EventType::StepStarted && e.step_name.as_deref() == Some("roll")), "a wave started: {evs:#?}");
     bed.stop().await;
 }
 

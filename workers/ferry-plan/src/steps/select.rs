@@ -1,6 +1,9 @@
 //! The first half of a fanned-out step (`<step>.clusters`): choose its clusters once and
 //! record them as its output, so that the waves, a resumed run and the undo all work on
-//! the same list even if the hub's labels change meanwhile.
+//! the same list even if the hub's labels change meanwhile. It also checks every child
+//! the waves will send, as its kind will read it, and that no two share a subject
+//! ([`crate::steps::waves::check_children`]): a bad child fails the step before the first
+//! wave, not after some waves ran.
 //!
 //! # Which clusters
 //! - `clusters`: those names, in that order (no hub needed; each child's worker refuses a
@@ -35,7 +38,8 @@ use kube::core::Selector;
 use serde_json::{Value, json};
 
 use crate::handler::PlanConfig;
-use crate::spec::{ForEach, PlanSpec};
+use crate::spec::{ForEach, PlanSpec, PlanStep};
+use crate::steps::{child, waves};
 
 /// Clusters one step may fan out over: each child is a journal line of the step's output,
 /// which rides in the plan's snapshot.
@@ -55,19 +59,19 @@ pub fn chosen(output: &Value) -> Option<Vec<String>> {
 /// Chooses a fanned-out step's clusters.
 pub struct SelectStep {
     name: String,
-    step: String,
+    step: PlanStep,
     each: ForEach,
     cfg: PlanConfig,
 }
 
 impl SelectStep {
     /// The choice of `step`'s clusters by `each`.
-    pub fn new(step: &str, each: ForEach, cfg: PlanConfig) -> Self {
-        Self { name: step_name(step), step: step.to_owned(), each, cfg }
+    pub fn new(step: PlanStep, each: ForEach, cfg: PlanConfig) -> Self {
+        Self { name: step_name(&step.name), step, each, cfg }
     }
 
     async fn choose(&self) -> Result<Chosen, StepError> {
-        choose(&self.step, &self.each, self.cfg.hub.as_ref()).await
+        choose(&self.step.name, &self.each, self.cfg.hub.as_ref()).await
     }
 }
 
@@ -165,8 +169,15 @@ impl Step<PlanSpec> for SelectStep {
         async move {
             let Chosen { clusters: names, left_out } = self.choose().await?;
             if names.len() > MAX_CLUSTERS {
-                return Err(StepError::rejected(codes::CLUSTERS_UNCHOSEN, format!("step {}: {} clusters chosen; a step fans out over at most {MAX_CLUSTERS}", self.step, names.len())));
+                return Err(StepError::rejected(codes::CLUSTERS_UNCHOSEN, format!("step {}: {} clusters chosen; a step fans out over at most {MAX_CLUSTERS}", self.step.name, names.len())));
             }
+            // Each child as its kind will read it, before the first wave sends any: a child
+            // refused (or two on one subject) fails the step now, not after a wave ran.
+            let kind = self.step.kind.parse().map_err(|e: ferry_task::kind::UnknownKind| StepError::permanent(codes::INTERNAL, e.to_string()))?;
+            waves::check_children(&self.step, &self.each, &names, |subject, spec| {
+                let c = child::command(cx, kind, &self.step.name, String::new(), subject.as_deref(), &spec)?;
+                Ok((c.subject, c.spec))
+            })?;
             if !left_out.is_empty() {
                 cx.progress(50, format!("left out as a Placement would leave them: {}", shown(&left_out)));
             }

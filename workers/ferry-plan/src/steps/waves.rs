@@ -94,6 +94,47 @@ pub fn subject_for(step: &PlanStep, cluster: &str) -> Option<String> {
     step.subject.as_ref().map(|s| s.replace(refs::CLUSTER, cluster))
 }
 
+/// Checks the children `step` sends to `clusters` before any is sent, as its kind will check
+/// each, and that no two share a subject ([`crate::validate::fanned_children`]); `resolve`
+/// puts earlier steps' outputs in a child's subject and spec. Clusters chosen on the hub
+/// are known only when the step runs, so its choice of clusters checks them then.
+pub fn check_children(
+    step: &PlanStep,
+    each: &ForEach,
+    clusters: &[String],
+    resolve: impl Fn(Option<String>, Value) -> Result<(Option<String>, Value), StepError>,
+) -> Result<(), StepError> {
+    let Some((info, children)) = resolved_children(step, each, clusters, resolve)? else { return Ok(()) };
+    crate::validate::fanned_children(&format!("step {}", step.name), info, &children).map_err(|r| StepError::rejected(codes::CHILD_SPEC, r.reason))
+}
+
+/// Only that no two of the children `step` sends to `clusters` share a subject (a dry run,
+/// which previews each child as its kind does, of a step that uses no earlier outputs).
+pub fn check_subjects(step: &PlanStep, each: &ForEach, clusters: &[String]) -> Result<(), StepError> {
+    let Some((info, children)) = resolved_children(step, each, clusters, |subject, spec| Ok((subject, spec)))? else { return Ok(()) };
+    crate::validate::shared_subject(&format!("step {}", step.name), info, &children).map_err(|r| StepError::rejected(codes::CHILD_SPEC, r.reason))
+}
+
+/// A cluster's child: the cluster, the subject given (`None`: the kind derives it), the spec.
+pub(crate) type ChildAt = (String, Option<String>, Value);
+
+/// Each cluster's child of `step`, earlier outputs put in, with its
+/// kind (`None`: a kind this program does not know, which the child's worker checks).
+fn resolved_children(
+    step: &PlanStep,
+    each: &ForEach,
+    clusters: &[String],
+    resolve: impl Fn(Option<String>, Value) -> Result<(Option<String>, Value), StepError>,
+) -> Result<Option<(&'static ferry_task::kind::KindInfo, Vec<ChildAt>)>, StepError> {
+    let Some(info) = step.kind.parse().ok().and_then(ferry_task::kind::info) else { return Ok(None) };
+    let mut children = Vec::with_capacity(clusters.len());
+    for c in clusters {
+        let (subject, spec) = resolve(subject_for(step, c), spec_for(step, each, c)?)?;
+        children.push((c.clone(), subject, spec));
+    }
+    Ok(Some((info, children)))
+}
+
 /// What became of one child of a wave.
 enum Outcome {
     /// It ended Succeeded.

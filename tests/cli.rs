@@ -87,9 +87,15 @@ impl Env {
     /// `ferry tasks watch ID` in the background, once it follows the task (its "watching"
     /// line read).
     async fn watch(&self, id: &str) -> Watch {
+        self.follow(&["tasks", "watch", id], "watching 1 task(s) until they end").await
+    }
+
+    /// `ferry ARGS` in the background, once it has said `ready` (a line of stderr starting so).
+    async fn follow(&self, args: &[&str], ready: &str) -> Watch {
         use tokio::io::AsyncBufReadExt;
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
-            .args(["tasks", "watch", id, "--brokers", &self.bootstrap, "--kafka-property", "fetch.wait.max.ms=5"])
+            .args(args)
+            .args(["--brokers", &self.bootstrap, "--kafka-property", "fetch.wait.max.ms=5"])
             .env("RUST_LOG", "error")
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
@@ -99,15 +105,15 @@ impl Env {
         let stdout = child.stdout.take().unwrap();
         let lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
         let mut w = Watch { child, stdout, lines, stderr: Vec::new(), deadline: tokio::time::Instant::now() + Duration::from_secs(120) };
-        while !w.stderr.iter().any(|l| l.starts_with("watching 1 task(s) until they end")) {
-            let line = tokio::time::timeout_at(w.deadline, w.lines.next_line()).await.expect("the watch starts").unwrap();
-            w.stderr.push(line.unwrap_or_else(|| panic!("the watch ended before it started: {:?}", w.stderr)));
+        while !w.stderr.iter().any(|l| l.starts_with(ready)) {
+            let line = tokio::time::timeout_at(w.deadline, w.lines.next_line()).await.expect("it starts").unwrap();
+            w.stderr.push(line.unwrap_or_else(|| panic!("ferry {args:?} ended before it said {ready:?}: {:?}", w.stderr)));
         }
         w
     }
 }
 
-/// A `ferry tasks watch` running in the background.
+/// A `ferry tasks watch` (or another command that follows tasks) running in the background.
 struct Watch {
     child: tokio::process::Child,
     stdout: tokio::process::ChildStdout,
@@ -326,6 +332,29 @@ async fn a_watch_follows_a_running_tasks_revert_to_its_end() {
     assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
     let (code, out, stderr) = watch.end().await;
     assert_eq!((code, out.trim()), (Some(0), format!("{id} test undone Reverted").as_str()), "{stderr:#?}");
+    env.shutdown().await;
+}
+
+/// `submit --wait` of a task someone reverts while it runs follows the undo to its end:
+/// the Cancelled that starts the revert, then Reverted, exit 1 (it did not succeed).
+/// Before, it ended at that Cancelled while the undo went on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submit_wait_follows_a_revert_of_its_task_to_the_end() {
+    let env = env().await;
+    let mut events = env.client.events(true).await.unwrap();
+    let blocked = env.spec("blocked.yaml", "subject: undone-wait\nspec: {steps: 2, block_at: 2, fail_transient: 0, step_ms: 0}\n");
+    let wait = env.follow(&["submit", "test", "-f", &blocked, "--wait"], "task ").await;
+    let id = wait.stderr.iter().find_map(|l| l.strip_prefix("task ")?.strip_suffix(" submitted; following its progress")).expect("the task's id").to_owned();
+    events.until(id.parse().unwrap(), Duration::from_secs(120), |e| e.event == EventType::StepProgress).await.unwrap();
+    let out = env.ferry(&["tasks", "revert", &id]).await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    let (code, out, stderr) = wait.end().await;
+    assert_eq!(code, Some(1), "{out}{stderr:#?}");
+    let said: Vec<&str> = out.lines().filter_map(|l| Some(l.split_whitespace().nth(1)?.trim_end_matches(':'))).collect();
+    let cancelled = said.iter().position(|e| *e == "Cancelled").unwrap_or_else(|| panic!("no Cancelled: {out}"));
+    assert_eq!(said.last(), Some(&"Reverted"), "{out}");
+    assert!(cancelled < said.len() - 1, "{out}");
+    assert!(stderr.iter().any(|l| l == &format!("task {id} was cancelled for a revert; following its undo until it ends")), "{stderr:#?}");
     env.shutdown().await;
 }
 

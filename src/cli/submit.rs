@@ -187,7 +187,8 @@ fn read_spec(a: &SubmitArgs) -> anyhow::Result<SpecFile> {
 }
 
 /// Prints events of `id` until a final one, then (json/yaml) the snapshot; exit 0 only
-/// when that final event is `success`.
+/// when that final event is `success`. A Cancelled that starts a Revert is followed on
+/// to the undo's end.
 #[allow(clippy::too_many_arguments)]
 pub async fn wait_for_end(
     client: &ferry_runtime::Client,
@@ -227,6 +228,30 @@ pub async fn wait_for_end(
             events.until(id, timeout.saturating_sub(started.elapsed()), show).await
         }
         Err(e) => Err(e),
+    };
+    // A Revert of a running task cancels it first, then undoes it: that Cancelled is not the
+    // end the caller waits for (the clusters are still being put back). Its snapshot is
+    // acknowledged before the event is published, so it already says so.
+    let r = match r {
+        Ok(evs) if success != EventType::Cancelled && evs.last().is_some_and(|e| e.event == EventType::Cancelled) => {
+            let cancelled = evs.last().map_or(0, |e| e.seq);
+            match client.snapshot(id).await? {
+                Some(s) if s.revert_requested || s.seq > cancelled => {
+                    if output == Output::Table {
+                        eprintln!("task {id} was cancelled for a revert; following its undo until it ends");
+                    }
+                    let undone = |e: &ferry_runtime::ProgressEvent| {
+                        if output == Output::Table {
+                            print_event(e);
+                        }
+                        matches!(e.event, EventType::Reverted | EventType::RevertFailed)
+                    };
+                    events.until(id, timeout.saturating_sub(started.elapsed()), undone).await
+                }
+                _ => Ok(evs),
+            }
+        }
+        r => r,
     };
     let last = match r {
         Ok(evs) => evs.last().map(|e| e.event),

@@ -27,6 +27,7 @@ use axum::{Json, Router};
 use clap::Args;
 use ferry_runtime::live::{Follower, LiveState};
 use ferry_runtime::protocol::TaskSnapshot;
+use ferry_runtime::tenants::tenant_of;
 use ferry_runtime::{Client, CommandAction, TaskId, TaskKind};
 use ferry_score::spec::ClusterScore;
 use futures::Stream;
@@ -122,16 +123,27 @@ async fn caught_up<V>(view: &Follower<V>) -> Result<(), Response> {
     view.ready(READY_WAIT).await.map_err(|e| error(StatusCode::SERVICE_UNAVAILABLE, e))
 }
 
-/// The newest `n` of `tasks`, newest first, as the page shows them.
+/// The newest `n` of `tasks`, newest first, as the page shows them. A task's plan is
+/// kept only where that plan was asked for by the task's tenant, or both by operators
+/// (`plan_children::child_of`): the page puts a plan's children under it.
 fn newest(tasks: &mut dyn Iterator<Item = &TaskSnapshot>, n: usize) -> Vec<TaskView> {
     let newest_first = |a: &&TaskSnapshot, b: &&TaskSnapshot| b.created_at_ms.cmp(&a.created_at_ms).then_with(|| b.task_id.cmp(&a.task_id));
     let mut v: Vec<&TaskSnapshot> = tasks.collect();
+    let plans: std::collections::HashMap<&str, Option<&str>> = v.iter().filter(|s| s.kind == TaskKind::PLAN).map(|s| (s.task_id.as_str(), tenant_of(&s.requested_by))).collect();
     if v.len() > n && n > 0 {
         v.select_nth_unstable_by(n - 1, newest_first);
     }
     v.truncate(n);
     v.sort_by(newest_first);
-    v.into_iter().map(TaskView::from).collect()
+    v.into_iter()
+        .map(|s| {
+            let mut view = TaskView::from(s);
+            if view.plan.as_ref().is_some_and(|p| plans.get(p.task_id.as_str()) != Some(&tenant_of(&s.requested_by))) {
+                view.plan = None;
+            }
+            view
+        })
+        .collect()
 }
 
 async fn tasks(State(app): State<Shared>) -> Response {

@@ -1,10 +1,12 @@
 //! A plan's child tasks as `ferry tasks` shows them: found among every kind's task state by
-//! their idempotency keys (`plan/<plan>/<step>[/<cluster>]`, `ferry_plan`'s `child_key`);
+//! their idempotency keys (`plan/<plan>/<step>[/<cluster>]`, `ferry_plan`'s `child_key`, in
+//! the key space of whoever asked) and who asked ([`claimed_plan`]);
 //! `tasks get` lists them, `tasks revert --dry-run` says which a revert would revert.
 
 use ferry_plan::spec::PlanSpec;
-use ferry_plan::steps::child::child_of;
+use ferry_plan::steps::child::plan_of;
 use ferry_runtime::protocol::TaskSnapshot;
+use ferry_runtime::tenants::tenant_of;
 use ferry_runtime::{Client, TaskId, TaskKind, TaskState};
 use serde::Serialize;
 
@@ -25,18 +27,40 @@ pub struct ChildView {
     pub created_at_ms: i64,
 }
 
+/// The plan a task says it runs for (plan, step, cluster), by its idempotency key, where
+/// it was sent as that plan's children are: an operator's plan sends them as
+/// `plan/<id>` (`ferry_runtime::child_tasks`), in the operator's key space; a tenant's
+/// plan as the tenant, whose keys are `<tenant>/<key>` (`tenants::tenant_key`) and whom
+/// the workers record as the broker established it. So no tenant places its task under
+/// an operator's plan by the key it chooses; under a plan of its own tenant only if that
+/// plan is the tenant's too, which [`child_of`] checks (it reads the plan).
+pub fn claimed_plan(s: &TaskSnapshot) -> Option<(TaskId, &str, Option<&str>)> {
+    let key = s.idempotency_key.as_deref()?;
+    match tenant_of(&s.requested_by) {
+        Some(t) => plan_of(key.strip_prefix(t)?.strip_prefix('/')?),
+        None => plan_of(key).filter(|(p, ..)| s.requested_by == format!("plan/{p}")),
+    }
+}
+
+/// The step (and cluster) of `plan` that `task` runs for, if it is one of its children: it
+/// says so ([`claimed_plan`]) and was asked for by the plan's tenant (or, for an
+/// operator's plan, by the plan).
+pub fn child_of<'t>(plan: &TaskSnapshot, task: &'t TaskSnapshot) -> Option<(&'t str, Option<&'t str>)> {
+    let (p, step, cluster) = claimed_plan(task)?;
+    (p.to_string() == plan.task_id && tenant_of(&plan.requested_by) == tenant_of(&task.requested_by)).then_some((step, cluster))
+}
+
 /// The children of `plan` (an operator's read: every kind's task state), oldest first.
 pub async fn children(client: &Client, plan: &TaskSnapshot) -> anyhow::Result<Vec<ChildView>> {
-    let id: TaskId = plan.task_id.parse()?;
     let mut found: Vec<ChildView> = client
         .snapshots_of(None)
         .await?
         .into_iter()
         .filter_map(|s| {
-            let (step, cluster) = child_of(&id, s.idempotency_key.as_deref()?)?;
+            let (step, cluster) = child_of(plan, &s).map(|(step, cluster)| (step.to_owned(), cluster.map(str::to_owned)))?;
             Some(ChildView {
-                step: step.to_owned(),
-                cluster: cluster.map(str::to_owned),
+                step,
+                cluster,
                 task_id: s.task_id,
                 kind: s.kind.to_string(),
                 subject: s.subject,
@@ -85,4 +109,48 @@ pub enum Undo<'c> {
 /// The plan's spec, where the snapshot is a plan's and it reads (a step's `keep`).
 pub fn plan_spec(client: &Client, snap: &TaskSnapshot) -> Option<PlanSpec> {
     (snap.kind == TaskKind::PLAN).then(|| client.registry().decode::<PlanSpec>(&snap.spec.0).ok()).flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use ferry_runtime::testkind::TestTaskSpec;
+
+    use super::*;
+
+    /// A task snapshot asked for by `requested_by` with idempotency key `key`.
+    fn task(n: i64, kind: TaskKind, requested_by: &str, key: Option<String>) -> TaskSnapshot {
+        let r = ferry_runtime::wire::Registry::embedded();
+        let mut s = super::super::fleet_view::tests::snap(&r, n, kind, "s", &TestTaskSpec::steps(1), TaskState::Running, vec![]);
+        s.task_id = TaskId::for_idempotency_key(kind, &format!("task-{n}")).to_string();
+        s.requested_by = requested_by.into();
+        s.idempotency_key = key;
+        s
+    }
+
+    /// Whose children are a plan's: an operator's plan's are sent as `plan/<id>` in the
+    /// operator's key space; a tenant's plan's as the tenant, keys in the tenant's space. A
+    /// key that merely looks like a plan child's places no task under that plan: an
+    /// operator's own key, another tenant's, or a tenant's under an operator's plan.
+    #[test]
+    fn a_plans_children_are_those_sent_as_its_children_are() {
+        let ops = task(1, TaskKind::PLAN, "alice", None);
+        let acme = task(2, TaskKind::PLAN, "tenant:acme", None);
+        let (op_id, acme_id) = (ops.task_id.clone(), acme.task_id.clone());
+        let child = task(3, TaskKind::TEST, &format!("plan/{op_id}"), Some(format!("plan/{op_id}/roll/member-1")));
+        assert_eq!(claimed_plan(&child).map(|(p, s, c)| (p.to_string(), s, c)), Some((op_id.clone(), "roll", Some("member-1"))));
+        assert_eq!(child_of(&ops, &child), Some(("roll", Some("member-1"))));
+        assert_eq!(child_of(&acme, &child), None, "another plan's child");
+        let tenant_child = task(4, TaskKind::TEST, "tenant:acme", Some(format!("acme/plan/{acme_id}/one")));
+        assert_eq!(child_of(&acme, &tenant_child), Some(("one", None)));
+        // Keys that look like a plan child's, chosen by whoever sent the task.
+        let by_hand = task(5, TaskKind::TEST, "bob", Some(format!("plan/{op_id}/roll")));
+        assert_eq!(claimed_plan(&by_hand), None, "an operator's own key: not sent by the plan");
+        let globex = task(6, TaskKind::TEST, "tenant:globex", Some(format!("globex/plan/{acme_id}/one")));
+        assert!(claimed_plan(&globex).is_some());
+        assert_eq!(child_of(&acme, &globex), None, "another tenant's task under acme's plan");
+        let under_ops = task(7, TaskKind::TEST, "tenant:globex", Some(format!("globex/plan/{op_id}/roll")));
+        assert_eq!(child_of(&ops, &under_ops), None, "a tenant's task under an operator's plan");
+        let unprefixed = task(8, TaskKind::TEST, "tenant:acme", Some(format!("plan/{acme_id}/one")));
+        assert_eq!(claimed_plan(&unprefixed), None, "a tenant's key is always in its own space");
+    }
 }

@@ -5,7 +5,6 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Subcommand;
-use ferry_plan::steps::child::plan_of;
 use ferry_runtime::protocol::{CommandEnvelope, JournalEntry, StepStatus, TaskSnapshot, now_ms};
 use ferry_runtime::{ClientError, CommandAction, EventType, ProgressEvent, TaskId, TaskKind, TaskState};
 use serde::Serialize;
@@ -176,7 +175,7 @@ impl From<&TaskSnapshot> for TaskView {
             steps,
             error: s.error.clone(),
             revert_would_undo,
-            plan: s.idempotency_key.as_deref().and_then(plan_of).map(|(plan, step, cluster)| PlanRef {
+            plan: plan_children::claimed_plan(s).map(|(plan, step, cluster)| PlanRef {
                 task_id: plan.to_string(),
                 step: step.to_owned(),
                 cluster: cluster.map(str::to_owned),

@@ -3,20 +3,19 @@
 //! each Succeeded (or was Reverted on request, not after a failure), 1 otherwise. Each end is also
 //! printed as one plain line on stdout, so scripts and logs see it without a terminal. A
 //! watched plan's child tasks are followed under its bar, and without a terminal each of
-//! their ends is printed as a `child ...` line on stderr (found by their idempotency keys, [`plan_of`], in a live view
+//! their ends is printed as a `child ...` line on stderr (found by their idempotency keys and who asked, [`child_of`], in a live view
 //! of the task state); they do not change the exit code, their plan's end does.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use ferry_plan::steps::child::plan_of;
 use ferry_runtime::live::LiveState;
 use ferry_runtime::{EventType, ProgressEvent, TaskId, TaskKind, TaskSnapshot, TaskState};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::common::Conn;
-use super::plan_children::runs_for;
+use super::plan_children::{child_of, claimed_plan, runs_for};
 use super::table::name;
 
 struct Bar {
@@ -103,11 +102,16 @@ impl Bars {
     }
 }
 
-/// What a child runs for, from its idempotency key, where it is a child of one of `plans`.
-fn child_of_plans(plans: &BTreeSet<String>, snap: &TaskSnapshot) -> Option<ChildOf> {
-    let (plan, step, cluster) = plan_of(snap.idempotency_key.as_deref()?)?;
-    let plan = plan.to_string();
-    plans.contains(&plan).then(|| ChildOf { plan, label: runs_for(step, cluster) })
+/// What a child runs for, where it is a child of one of `plans` (`plan` gives a plan's
+/// snapshot: who asked for it decides whose children are its, [`child_of`]).
+fn child_of_plans(plans: &BTreeSet<String>, plan: impl Fn(TaskId) -> Option<TaskSnapshot>, snap: &TaskSnapshot) -> Option<ChildOf> {
+    let (id, ..) = claimed_plan(snap)?;
+    if !plans.contains(&id.to_string()) {
+        return None;
+    }
+    let plan = plan(id)?;
+    let (step, cluster) = child_of(&plan, snap)?;
+    Some(ChildOf { plan: plan.task_id, label: runs_for(step, cluster) })
 }
 
 /// An end event as a bar says it: its name, and its message if any.
@@ -178,8 +182,13 @@ pub async fn run(conn: &Conn, ids: Vec<TaskId>) -> anyhow::Result<ExitCode> {
         b.step_failed = s.error.is_some();
     }
     // The children the watched plans have so far, oldest first.
+    let plan_snapshots: BTreeMap<&String, &TaskSnapshot> = snapshots.iter().filter(|s| plans.contains(&s.task_id)).map(|s| (&s.task_id, s)).collect();
     let mut known: Vec<(&TaskSnapshot, ChildOf)> =
-        snapshots.iter().filter(|s| !bars.bars.contains_key(&s.task_id)).filter_map(|s| Some((s, child_of_plans(&plans, s)?))).collect();
+        snapshots
+            .iter()
+            .filter(|s| !bars.bars.contains_key(&s.task_id))
+            .filter_map(|s| Some((s, child_of_plans(&plans, |p| plan_snapshots.get(&p.to_string()).map(|x| (*x).clone()), s)?)))
+            .collect();
     known.sort_by_key(|(s, _)| (s.created_at_ms, s.task_id.clone()));
     for (s, child) in known {
         let b = bars.add(s.kind, &s.subject, &s.task_id, Some(child));
@@ -238,7 +247,7 @@ pub async fn run(conn: &Conn, ids: Vec<TaskId>) -> anyhow::Result<ExitCode> {
             {
                 // `None`: an Accepted before its snapshot; the task's next event asks again.
                 if let Some(s) = snapshot_of(&live, &e).await? {
-                    match child_of_plans(&plans, &s) {
+                    match child_of_plans(&plans, |p| live.get(p), &s) {
                         Some(child) => {
                             bars.add(e.kind, &e.subject, &e.task_id, Some(child));
                             child_event(&mut bars, &e);

@@ -499,7 +499,8 @@ impl<H: TaskHandler> Scheduler<H> {
 
     /// Starts the next task of `subject` when none runs.
     fn pump(&mut self, subject: &str) {
-        if self.running.contains_key(subject) {
+        // A newer Ferry writes this kind's state: nothing starts here (the worker stops).
+        if self.running.contains_key(subject) || self.view.is_outdated() {
             return;
         }
         let Some(queue) = self.queues.get_mut(subject) else { return };

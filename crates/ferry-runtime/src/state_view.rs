@@ -70,6 +70,37 @@ struct Table {
     /// unsettled ([`StateView::take_unsettled_read`]): one a former owner wrote after this
     /// worker took its partition is nobody's unless the owner takes it up.
     unsettled_read: HashSet<TaskId>,
+    /// The first snapshot read in a record version newer than this program knows.
+    outdated: Option<Outdated>,
+}
+
+/// A snapshot on the task-state topic in a record version newer than this program knows:
+/// a newer Ferry's worker wrote it (a rolling upgrade across a protocol version). This
+/// worker cannot know that task's state, and resuming it from an older snapshot would run
+/// its steps again, so it stops ([`StateView::outdated`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outdated {
+    /// The topic.
+    pub topic: String,
+    /// The task the record is of (its key), where the key is a task id.
+    pub task: Option<String>,
+    /// The record's schema id.
+    pub schema_id: u32,
+    /// The id of the newest snapshot version this program knows.
+    pub newest_known: u32,
+}
+
+impl std::fmt::Display for Outdated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} holds a snapshot{} in record version (schema id) {}, newer than this program knows ({}): a newer Ferry's worker writes there; upgrade this one",
+            self.topic,
+            self.task.as_deref().map(|t| format!(" of task {t}")).unwrap_or_default(),
+            self.schema_id,
+            self.newest_known
+        )
+    }
 }
 
 /// A running task's guard: falls when a snapshot of the task that this process did not
@@ -97,6 +128,8 @@ pub struct StateView {
     /// Told when an unsettled snapshot is read from the topic (decoded: not one this
     /// process wrote and knows already).
     unsettled_landed: tokio::sync::Notify,
+    /// Falls when a snapshot in a newer record version is read ([`Outdated`]).
+    outdated: CancellationToken,
     stop: AtomicBool,
 }
 
@@ -138,6 +171,7 @@ impl StateView {
             changed,
             stale_landed: tokio::sync::Notify::new(),
             unsettled_landed: tokio::sync::Notify::new(),
+            outdated: CancellationToken::new(),
             stop: AtomicBool::new(false),
         });
         let v = view.clone();
@@ -149,6 +183,7 @@ impl StateView {
     }
 
     fn read_loop(&self, registry: &Registry) {
+        let newest_known = registry.id_of::<TaskSnapshot>().unwrap_or(u32::MAX);
         while !self.stop.load(Ordering::Relaxed) {
             match self.consumer.poll(Duration::from_millis(100)) {
                 Some(Ok(m)) => {
@@ -175,6 +210,23 @@ impl StateView {
                                 t.unsettled_read.insert(id);
                                 self.unsettled_landed.notify_one();
                             }
+                        }
+                        // Only snapshots are written here, and a newer version of a record
+                        // gets a higher id (`docs/PROTOCOL.md`): an unknown id above the
+                        // snapshot's own is a newer program's snapshot.
+                        Some(Err(crate::wire::WireError::UnknownSchemaId(id))) if id > newest_known => {
+                            t.undecodable += 1;
+                            let task = m.key().and_then(|k| std::str::from_utf8(k).ok()).map(str::to_owned);
+                            // Another writer's newer state of this task: a run of it here
+                            // stops at once, as for any other writer's newer snapshot.
+                            if let Some(g) = task.as_deref().and_then(|k| k.parse::<TaskId>().ok()).and_then(|id| t.guards.get(&id)) {
+                                g.overtaken.store(true, Ordering::Relaxed);
+                                g.fence.cancel();
+                            }
+                            let newer = Outdated { topic: self.topic.clone(), task, schema_id: id, newest_known };
+                            tracing::error!(offset = m.offset(), "{newer}");
+                            t.outdated.get_or_insert(newer);
+                            self.outdated.cancel();
                         }
                         Some(Err(e)) => {
                             t.undecodable += 1;
@@ -299,6 +351,22 @@ impl StateView {
     pub(crate) fn guard(&self, id: TaskId, run: u64, me: &str, from_seq: i64, fence: CancellationToken, overtaken: Arc<AtomicBool>) {
         let mut t = self.table.write().expect("view lock");
         t.guards.insert(id, Guard { run, me: me.to_owned(), from_seq, fence, overtaken });
+    }
+
+    /// The first snapshot read in a record version newer than this program knows, if any:
+    /// no run starts once there is one, and the worker stops.
+    pub fn outdated(&self) -> Option<Outdated> {
+        self.table.read().expect("view lock").outdated.clone()
+    }
+
+    /// Whether a snapshot in a newer record version was read ([`Self::outdated`]).
+    pub fn is_outdated(&self) -> bool {
+        self.outdated.is_cancelled()
+    }
+
+    /// Resolves once a snapshot in a newer record version is read ([`Self::outdated`]).
+    pub async fn outdated_read(&self) {
+        self.outdated.cancelled().await;
     }
 
     /// Drops the guard of run `run` of a task (a later run's stays).

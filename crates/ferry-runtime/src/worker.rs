@@ -7,6 +7,10 @@
 //! - On assignment the worker catches up with the task-state topic and resumes unsettled
 //!   tasks of its partitions from their first unfinished step; on revoke and shutdown it
 //!   stops them at a safe point within the grace period.
+//! - A task snapshot in a record version newer than this program knows (a newer Ferry's
+//!   worker wrote it, in a rolling upgrade across a protocol version) stops the worker
+//!   ([`WorkerError::Outdated`]): its run of that task at once, without a write, and no
+//!   run starts after it. It never resumes a task from an older snapshot than the newest.
 //!
 //! # Limits
 //! A step may run twice (after a crash between its effect and its journal entry), so steps
@@ -109,6 +113,11 @@ pub enum WorkerError {
     /// The schema registry could not be used.
     #[error(transparent)]
     SchemaRegistry(#[from] crate::schema_registry::RegistryError),
+    /// A newer Ferry's worker writes this kind's task state: this one stopped, so that it
+    /// never runs a task from an older snapshot than the newest (a rolling upgrade across
+    /// a protocol version ends with the old workers stopped, their partitions with the new).
+    #[error("worker stopped: {0}")]
+    Outdated(crate::state_view::Outdated),
     /// The probe server could not bind.
     #[error("serving probes on {addr}: {source}")]
     Http {
@@ -153,7 +162,9 @@ impl<H: TaskHandler> Worker<H> {
     }
 
     /// Runs until `shutdown` fires, then stops taking commands, brings running steps to a
-    /// safe point within the grace period and flushes the producer.
+    /// safe point within the grace period and flushes the producer. It stops so of itself,
+    /// with [`WorkerError::Outdated`], once it reads a task snapshot in a record version
+    /// newer than it knows.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), WorkerError> {
         self.run_with(shutdown, |_| {}).await
     }
@@ -162,6 +173,8 @@ impl<H: TaskHandler> Worker<H> {
     pub async fn run_with(self, shutdown: CancellationToken, started: impl FnOnce(WorkerHandle)) -> Result<(), WorkerError> {
         let Self { opts, handler } = self;
         let kind = handler.kind();
+        // Falls at `shutdown`, or when the worker stops of itself (a newer Ferry writes here).
+        let stopping = shutdown.child_token();
         let registry = Arc::new(match &opts.schema_registry {
             Some(url) => crate::schema_registry::confluent(url).await?,
             None => Registry::embedded(),
@@ -202,7 +215,7 @@ impl<H: TaskHandler> Worker<H> {
 
         let http = match opts.http {
             Some(addr) => Some(
-                crate::http::serve(addr, ready.clone(), metrics.clone(), shutdown.clone())
+                crate::http::serve(addr, ready.clone(), metrics.clone(), stopping.clone())
                     .await
                     .map_err(|source| WorkerError::Http { addr, source })?,
             ),
@@ -237,14 +250,16 @@ impl<H: TaskHandler> Worker<H> {
         let lag_kafka = opts.kafka.clone();
         let lag_group = group.clone();
         let lag_topic = topic.clone();
-        let lag_stop = shutdown.clone();
+        let lag_stop = stopping.clone();
         let lag = tokio::spawn(async move { crate::lag::report(lag_kafka, lag_group, lag_topic, lag_metrics, lag_stop).await });
 
         let mut intake_done = intake_done;
         let intake_result = tokio::select! {
             () = shutdown.cancelled() => None,
+            () = view.outdated_read() => None,
             r = &mut intake_done => Some(r),
         };
+        stopping.cancel();
         stop.store(true, Ordering::Relaxed);
         let intake_result = match intake_result {
             Some(r) => r.ok(),
@@ -278,6 +293,9 @@ impl<H: TaskHandler> Worker<H> {
             let _ = tokio::time::timeout(opts.shutdown_grace + Duration::from_secs(15), tokio::task::spawn_blocking(move || gateway.join())).await;
         }
         tracing::info!(%kind, "worker stopped");
+        if let Some(newer) = view.outdated() {
+            return Err(WorkerError::Outdated(newer));
+        }
         match intake_result {
             Some(Err(e)) => Err(e.into()),
             _ => Ok(()),

@@ -1117,6 +1117,49 @@ async fn a_task_another_worker_writes_ahead_is_stopped_and_goes_on_from_the_newe
     worker.await.unwrap();
 }
 
+/// A snapshot in a record version newer than this worker knows (a newer Ferry's worker
+/// took the task over, in a rolling upgrade across a protocol version): the worker stops
+/// its run of that task at once, without a write, and stops itself with an error naming
+/// the version, instead of resuming the task from the older snapshot it can read (which
+/// ran its steps again, under seqs the newer worker had used). A record it cannot read for
+/// another reason is skipped, as before, and the worker goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_in_a_newer_record_version_stops_the_worker_instead_of_a_rerun() {
+    let broker = TestBroker::embedded();
+    let client = broker.client();
+    let mut events = client.events(true).await.unwrap();
+    let opts = broker.worker_options();
+    let me = opts.worker_id.clone();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let handler = ferry_runtime::testkind::TestHandler { min_delay: Some(Duration::from_millis(10)), effects: None };
+    let mut worker = tokio::spawn(ferry_runtime::Worker::new(opts, handler).run(stop.clone()));
+    let spec = TestTaskSpec { block_at: Some(2), ..TestTaskSpec::steps(3) };
+    let id = submit(&client, "upgraded", &spec).await;
+    until_event(&mut events, id, EventType::StepProgress).await;
+    let was = client.snapshot(id).await.unwrap().unwrap().seq;
+    let topic = broker.topics.task_state(TaskKind::TEST).name.clone();
+    let key = id.to_string();
+
+    // Garbage (not the wire format's magic byte): skipped; the task still runs here.
+    client.send_raw(&topic, Some(key.as_bytes()), &[7, 0, 0, 0, 1, 2], OwnedHeaders::new()).await.unwrap();
+    let other = submit(&client, "still-here", &TestTaskSpec::steps(1)).await;
+    assert_eq!(until_final(&mut events, other).await.last().unwrap().event, EventType::Succeeded);
+    assert!(!worker.is_finished(), "a garbage record stopped the worker");
+
+    // The newer worker's snapshot of the blocked task: the next schema id, and a datum.
+    let newer = client.registry().id_of::<ferry_runtime::TaskSnapshot>().unwrap() + 1;
+    let mut record = vec![0];
+    record.extend_from_slice(&newer.to_be_bytes());
+    record.extend_from_slice(&[2, 4, 6, 8]);
+    client.send_raw(&topic, Some(key.as_bytes()), &record, OwnedHeaders::new()).await.unwrap();
+    let ended = tokio::time::timeout(WAIT, &mut worker).await.expect("the worker stops of itself").unwrap();
+    let err = ended.expect_err("it stops with an error");
+    assert!(matches!(&err, ferry_runtime::worker::WorkerError::Outdated(o) if o.schema_id == newer && o.task.as_deref() == Some(key.as_str())), "{err}");
+    assert!(err.to_string().contains(&format!("of task {id} in record version (schema id) {newer}, newer than this program knows")), "{err}");
+    let after: Vec<String> = client.history(id).await.unwrap().iter().filter(|e| e.seq > was).map(|e| format!("{} {:?} by {}", e.seq, e.event, e.worker)).collect();
+    assert!(after.is_empty(), "the old worker wrote the task after the newer version's snapshot (worker {me}): {after:?}");
+}
+
 /// A former owner's write that lands after this worker took the partition and caught up
 /// (it lost the partition without knowing yet): a finished task it began to revert, say.
 /// The owner holds no such task and nobody runs it; before, it stayed `Reverting` until

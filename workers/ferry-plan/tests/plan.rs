@@ -465,6 +465,17 @@ async fn a_step_fanned_out_runs_in_waves_and_revert_wave_puts_back_only_the_fail
     assert!(message.starts_with("step roll: wave 2/3 failed: c3: child ") && message.contains("INJECTED_FAILURE"), "{message}");
     assert!(message.contains("on_failure: revert-wave: 1 of its children reverted; the waves before it (1) stay"), "{message}");
     assert!(!evs.iter().any(|e| e.event == EventType::StepReverted), "the plan itself undid nothing");
+    // Each child's end moves the step on, by the share of its children ended; it never
+    // goes back (before, it stood at 0 % through the first wave).
+    let progress: Vec<(i32, String)> =
+        evs.iter().filter(|e| e.event == EventType::StepProgress && e.step == Some(2)).map(|e| (e.percent.unwrap_or(-1), e.message.clone().unwrap_or_default())).collect();
+    assert!(progress.windows(2).all(|p| p[0].0 <= p[1].0), "{progress:#?}");
+    let ended: Vec<&(i32, String)> = progress.iter().filter(|(_, m)| m.contains("'s child ")).collect();
+    assert_eq!(ended.len(), 4, "c1 .. c4's ends: {progress:#?}");
+    assert!(ended.iter().any(|(p, m)| *p == 16 && (m == "wave 1/3: c1's child succeeded (1 of 2 ended)" || m == "wave 1/3: c2's child succeeded (1 of 2 ended)")), "{progress:#?}");
+    // c3 and c4 end in either order: c3's is the third or the fourth end of six.
+    let c3 = ended.iter().find(|(_, m)| m.starts_with("wave 2/3: c3's child failed (")).expect("c3's end");
+    assert!(matches!((c3.0, c3.1.ends_with("(1 of 2 ended)")), (50, true) | (66, false)), "{progress:#?}");
     // The failed step's record of what it started, kept in its journal for its undo.
     let record: Value = serde_json::from_str(bed.snapshot(id).await.journal[1].output.as_deref().expect("the failed step's record")).unwrap();
     assert_eq!(record["waves_started"], json!(2), "{record}");

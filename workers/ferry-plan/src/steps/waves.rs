@@ -48,6 +48,7 @@
 //! through.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use ferry_kube::kinds::{AddOnPlacementScore, ManagedCluster};
@@ -251,18 +252,18 @@ impl WaveStep {
     /// Before wave `w` (from 0, not the first): its approval when the waves ask for one,
     /// then no pause outstanding. Each waits for the person's Signal (bounded by the step's
     /// timeout and the plan's deadline; a Cancel or Revert of the plan ends it).
-    async fn await_people(&self, cx: &StepContext<'_, PlanSpec>, w: usize, n: usize, failed_and_resumed: usize) {
+    async fn await_people(&self, cx: &StepContext<'_, PlanSpec>, (w, n, at): (usize, usize, u8), failed_and_resumed: usize) {
         let plan = cx.task_id;
         if self.each.waves.approve && count(&cx.signals(), APPROVE) < w {
-            cx.progress(percent(w, n), format!("wave {}/{n} waits for approval: `ferry tasks signal {plan} approve`", w + 1));
+            cx.progress(at, format!("wave {}/{n} waits for approval: `ferry tasks signal {plan} approve`", w + 1));
             cx.wait_for_signals(|s| count(s, APPROVE) >= w).await;
-            cx.progress(percent(w, n), format!("wave {}/{n} approved", w + 1));
+            cx.progress(at, format!("wave {}/{n} approved", w + 1));
         }
         let paused = |s: &[String]| count(s, RESUME) < count(s, PAUSE) + failed_and_resumed;
         if paused(&cx.signals()) {
-            cx.progress(percent(w, n), format!("paused before wave {}/{n} (signal pause): `ferry tasks signal {plan} resume` goes on", w + 1));
+            cx.progress(at, format!("paused before wave {}/{n} (signal pause): `ferry tasks signal {plan} resume` goes on", w + 1));
             cx.wait_for_signals(|s| !paused(s)).await;
-            cx.progress(percent(w, n), format!("resumed before wave {}/{n}", w + 1));
+            cx.progress(at, format!("resumed before wave {}/{n}", w + 1));
         }
     }
 
@@ -357,7 +358,8 @@ impl WaveStep {
                 .keeping_done()
                 .with_output(&record),
             OnFailure::RevertWave => {
-                cx.progress(percent(w, n), format!("wave {}/{n} failed: reverting its children (on_failure: revert-wave)", w + 1));
+                let total = waves.iter().map(|x| x.len()).sum();
+                cx.progress(percent(waves[..=w].iter().map(|x| x.len()).sum(), total), format!("wave {}/{n} failed: reverting its children (on_failure: revert-wave)", w + 1));
                 match self.revert_all(cx, waves[w], "reverts a failed wave").await {
                     Ok(count) => StepError::permanent(
                         codes::CHILD_FAILED,
@@ -419,8 +421,9 @@ fn summary(failed: Vec<String>) -> String {
 }
 
 /// The share of `w` waves out of `n`.
-fn percent(w: usize, n: usize) -> u8 {
-    (w * 100 / n.max(1)).min(99) as u8
+/// `done` of `n` as a percent, below 100 until the step ends.
+fn percent(done: usize, n: usize) -> u8 {
+    (done * 100 / n.max(1)).min(99) as u8
 }
 
 /// `1 child`, `3 children`.
@@ -458,23 +461,40 @@ impl Step<PlanSpec> for WaveStep {
             // Waves that failed under `on_failure: pause` and were resumed by a person.
             let mut failed_waves: Vec<usize> = Vec::new();
             for (w, wave) in waves.iter().enumerate() {
+                // Progress is the share of the step's children ended (and their waves passed).
+                let before: usize = waves[..w].iter().map(|x| x.len()).sum();
+                let total = clusters.len();
+                let (at, past) = (percent(before, total), percent(before + wave.len(), total));
                 // The wave's children's snapshots, read once (one catch-up of the live view).
                 // A wave a resumed run finds started was approved and waited for before; one
                 // not started has no child while this run waits (only the task's one owner
                 // submits them), so what was read holds after the wait.
                 let mut known = self.known(cx, wave).await?;
                 if w > 0 && known.values().all(Option::is_none) {
-                    self.await_people(cx, w, n, failed_waves.len()).await;
+                    self.await_people(cx, (w, n, at), failed_waves.len()).await;
                     if !self.pause().is_zero() {
-                        cx.progress(percent(w, n), format!("wave {}/{n}: pausing {}s before it", w + 1, self.pause().as_secs()));
+                        cx.progress(at, format!("wave {}/{n}: pausing {}s before it", w + 1, self.pause().as_secs()));
                         tokio::time::sleep(self.pause()).await;
                     }
                 }
-                cx.progress(percent(w, n), format!("wave {}/{n}: {}: {}", w + 1, children(wave.len()), wave.join(", ")));
+                cx.progress(at, format!("wave {}/{n}: {}: {}", w + 1, children(wave.len()), wave.join(", ")));
+                let ended = AtomicUsize::new(0);
                 let outcomes: Vec<(String, Result<Outcome, StepError>)> = stream::iter(wave.iter().cloned())
                     .map(|c| {
                         let snap = known.remove(&c).flatten();
-                        self.run_child(cx, c, snap)
+                        let ended = &ended;
+                        async move {
+                            let (cluster, outcome) = self.run_child(cx, c, snap).await;
+                            // Each child's end moves the step on (a wave of many is long).
+                            let k = ended.fetch_add(1, Ordering::Relaxed) + 1;
+                            let how = match &outcome {
+                                Ok(Outcome::Succeeded(_)) => "succeeded",
+                                Ok(Outcome::Failed(..)) => "failed",
+                                Err(_) => "could not be followed",
+                            };
+                            cx.progress(percent(before + k, total), format!("wave {}/{n}: {cluster}'s child {how} ({k} of {} ended)", w + 1, wave.len()));
+                            (cluster, outcome)
+                        }
                     })
                     .buffer_unordered(self.in_flight(wave.len()))
                     .collect()
@@ -500,7 +520,7 @@ impl Step<PlanSpec> for WaveStep {
                     return Err(e);
                 }
                 if failed.is_empty() && !self.soak().is_zero() {
-                    cx.progress(percent(w, n), format!("wave {}/{n}: its children succeeded; soaking {}s", w + 1, self.soak().as_secs()));
+                    cx.progress(past, format!("wave {}/{n}: its children succeeded; soaking {}s", w + 1, self.soak().as_secs()));
                     tokio::time::sleep(self.soak()).await;
                     failed = self.soaked(cx, wave).await?;
                 }
@@ -509,7 +529,7 @@ impl Step<PlanSpec> for WaveStep {
                 {
                     failed = self.gated(gate, wave).await?;
                     if failed.is_empty() {
-                        cx.progress(percent(w, n), format!("wave {}/{n}: the hub's gate passed", w + 1));
+                        cx.progress(past, format!("wave {}/{n}: the hub's gate passed", w + 1));
                     }
                 }
                 if !failed.is_empty() {
@@ -517,7 +537,7 @@ impl Step<PlanSpec> for WaveStep {
                     if self.on_failure == OnFailure::Pause {
                         failed_waves.push(w + 1);
                         cx.progress(
-                            percent(w, n),
+                            past,
                             format!(
                                 "wave {}/{n} failed: {}; paused (on_failure: pause): `ferry tasks signal {} resume` goes on, `ferry tasks revert {}` undoes it all",
                                 w + 1,
@@ -533,14 +553,14 @@ impl Step<PlanSpec> for WaveStep {
                         if !next_started {
                             let paused = failed_waves.len();
                             cx.wait_for_signals(|s| count(s, RESUME) >= count(s, PAUSE) + paused).await;
-                            cx.progress(percent(w + 1, n), format!("wave {}/{n} failed and was let stand: resumed", w + 1));
+                            cx.progress(past, format!("wave {}/{n} failed and was let stand: resumed", w + 1));
                         }
                         continue;
                     }
                     let record = self.record(&ids, &waves, w + 1);
                     return Err(self.wave_failed(cx, w, &waves, failed, record).await);
                 }
-                cx.progress(percent(w + 1, n), format!("wave {}/{n} passed", w + 1));
+                cx.progress(past, format!("wave {}/{n} passed", w + 1));
             }
             let mut out = self.record(&ids, &waves, n);
             out["failed_waves"] = json!(failed_waves);

@@ -75,8 +75,14 @@ impl Env {
 
     /// `ferry worker plan` on the broker (killed when dropped).
     fn plan_worker(&self) -> tokio::process::Child {
+        self.plan_worker_with(&[])
+    }
+
+    /// [`Self::plan_worker`] with more arguments (`--policy FILE`).
+    fn plan_worker_with(&self, more: &[&str]) -> tokio::process::Child {
         tokio::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
             .args(["worker", "plan", "--brokers", &self.bootstrap, "--kafka-property", "fetch.wait.max.ms=5", "--http", "127.0.0.1:0"])
+            .args(more)
             .env("RUST_LOG", "error")
             .stdout(std::process::Stdio::null())
             .kill_on_drop(true)
@@ -506,6 +512,67 @@ async fn submit_exports_its_span_over_otlp() {
     let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
     let tp = format!("00-{}-{}-01", hex(&submit.trace_id), hex(&submit.span_id));
     assert_eq!(task["trace_parent"], serde_json::json!(tp), "the task carries the exported span as its trace parent");
+    env.shutdown().await;
+}
+
+/// An operator's `tasks get` of a tenant's plan lists its children (a tenant's keys are in
+/// its own space, `web/plan/<id>/<step>`: before, no child was found), and only those the
+/// plan sent: a task of another tenant, or an operator's, whose key merely names the plan
+/// is not one, in `tasks get` nor in the child's own `plan`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_plan_lists_its_children_and_no_task_that_only_names_it() {
+    let topics = Topics::standard();
+    let broker = EmbeddedBroker::start(1, &topics).unwrap();
+    let rules = "tenants: {web: {plan: {}, test: {clusters: ['web-*']}}, ops: {test: {clusters: ['*']}}}";
+    let policy = ferry_runtime::tenants::Policy::parse(rules).unwrap();
+    for t in topics.tenant_topics(&policy) {
+        broker.create_topic(&t.name, t.partitions, 1).unwrap();
+    }
+    let bootstrap = broker.bootstrap();
+    let kafka = KafkaConfig::for_embedded(bootstrap.clone());
+    let mut opts = WorkerOptions::new(kafka.clone());
+    opts.shutdown_grace = Duration::from_secs(1);
+    opts.policy = Some(std::sync::Arc::new(policy));
+    let stop = CancellationToken::new();
+    let handler = TestHandler { min_delay: Some(Duration::from_millis(10)), effects: None };
+    let worker = tokio::spawn(Worker::new(opts, handler).run(stop.clone()));
+    let client = Client::new(kafka, topics).unwrap();
+    let env = Env { bootstrap, client, dir: tempfile::tempdir().unwrap(), stop, worker: Some(worker), _broker: broker };
+    let policy_file = env.spec("policy.yaml", rules);
+    let mut plans = env.plan_worker_with(&["--policy", &policy_file]);
+
+    let plan = env.spec("plan.yaml", "subject: web-rollout\nspec:\n  steps:\n    - {name: one, kind: test, subject: web-1, spec: {steps: 1, fail_transient: 0, step_ms: 0}}\n    - {name: two, kind: test, subject: web-2, spec: {steps: 1, fail_transient: 0, step_ms: 0}}\n");
+    let out = env.ferry(&["submit", "plan", "-f", &plan, "--tenant", "web", "--wait", "--output", "json"]).await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    let id = serde_json::from_str::<serde_json::Value>(&out.stdout).unwrap()["task_id"].as_str().unwrap().to_owned();
+    // Tasks that only name the plan in their keys: another tenant's, and an operator's.
+    let fake = env.spec("fake.yaml", "subject: web-9\nspec: {steps: 1, fail_transient: 0, step_ms: 0}\n");
+    for tenant in [&["--tenant", "ops"][..], &[]] {
+        let key = format!("plan/{id}/one");
+        let out = env.ferry(&[&["submit", "test", "-f", &fake, "--idempotency-key", &key, "--wait"][..], tenant].concat()).await;
+        assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    }
+    let out = env.ferry(&["tasks", "get", &id, "--output", "json"]).await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    let got: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let children: Vec<(&str, &str, &str)> = got["children"]
+        .as_array()
+        .expect("children")
+        .iter()
+        .map(|c| (c["step"].as_str().unwrap(), c["subject"].as_str().unwrap(), c["state"].as_str().unwrap()))
+        .collect();
+    assert_eq!(children, [("one", "web-1", "Succeeded"), ("two", "web-2", "Succeeded")], "{got}");
+    let listed: Vec<serde_json::Value> = serde_json::from_str(&env.ferry(&["tasks", "list", "--output", "json"]).await.stdout).unwrap();
+    let under: Vec<(&str, Option<&str>)> = listed
+        .iter()
+        .filter(|t| t["kind"] == "test")
+        .map(|t| (t["subject"].as_str().unwrap(), t["plan"]["task_id"].as_str()))
+        .collect::<Vec<_>>();
+    for (subject, plan) in &under {
+        assert_eq!(*plan == Some(id.as_str()), subject.starts_with("web-") && *subject != "web-9", "{subject}: {under:?}");
+    }
+    assert_eq!(under.len(), 4, "{under:?}");
+    plans.kill().await.unwrap();
     env.shutdown().await;
 }
 

@@ -27,7 +27,6 @@ use axum::{Json, Router};
 use clap::Args;
 use ferry_runtime::live::{Follower, LiveState};
 use ferry_runtime::protocol::TaskSnapshot;
-use ferry_runtime::tenants::tenant_of;
 use ferry_runtime::{Client, CommandAction, TaskId, TaskKind};
 use ferry_score::spec::ClusterScore;
 use futures::Stream;
@@ -124,26 +123,20 @@ async fn caught_up<V>(view: &Follower<V>) -> Result<(), Response> {
 }
 
 /// The newest `n` of `tasks`, newest first, as the page shows them. A task's plan is
-/// kept only where that plan was asked for by the task's tenant, or both by operators
-/// (`plan_children::child_of`): the page puts a plan's children under it.
+/// kept only where its claim holds (`plan_children::claim_holds`): the page puts a plan's
+/// children under it.
 fn newest(tasks: &mut dyn Iterator<Item = &TaskSnapshot>, n: usize) -> Vec<TaskView> {
     let newest_first = |a: &&TaskSnapshot, b: &&TaskSnapshot| b.created_at_ms.cmp(&a.created_at_ms).then_with(|| b.task_id.cmp(&a.task_id));
     let mut v: Vec<&TaskSnapshot> = tasks.collect();
-    let plans: std::collections::HashMap<&str, Option<&str>> = v.iter().filter(|s| s.kind == TaskKind::PLAN).map(|s| (s.task_id.as_str(), tenant_of(&s.requested_by))).collect();
+    let plans: std::collections::HashMap<String, String> = v.iter().filter(|s| s.kind == TaskKind::PLAN).map(|s| (s.task_id.clone(), s.requested_by.clone())).collect();
     if v.len() > n && n > 0 {
         v.select_nth_unstable_by(n - 1, newest_first);
     }
     v.truncate(n);
     v.sort_by(newest_first);
-    v.into_iter()
-        .map(|s| {
-            let mut view = TaskView::from(s);
-            if view.plan.as_ref().is_some_and(|p| plans.get(p.task_id.as_str()) != Some(&tenant_of(&s.requested_by))) {
-                view.plan = None;
-            }
-            view
-        })
-        .collect()
+    let mut views: Vec<TaskView> = v.into_iter().map(TaskView::from).collect();
+    super::plan_children::check_claims(&mut views, &plans);
+    views
 }
 
 async fn tasks(State(app): State<Shared>) -> Response {

@@ -47,7 +47,28 @@ pub fn claimed_plan(s: &TaskSnapshot) -> Option<(TaskId, &str, Option<&str>)> {
 /// operator's plan, by the plan).
 pub fn child_of<'t>(plan: &TaskSnapshot, task: &'t TaskSnapshot) -> Option<(&'t str, Option<&'t str>)> {
     let (p, step, cluster) = claimed_plan(task)?;
-    (p.to_string() == plan.task_id && tenant_of(&plan.requested_by) == tenant_of(&task.requested_by)).then_some((step, cluster))
+    (p.to_string() == plan.task_id && claim_holds(&task.requested_by, Some(&plan.requested_by))).then_some((step, cluster))
+}
+
+/// Whether a task asked for by `task_requested_by` runs for the plan its key names
+/// ([`claimed_plan`]), the plan asked for by `plan_requested_by` (`None`: not read here):
+/// both a tenant's, the same, or both an operator's. Unread, an operator's claim holds
+/// (only the plan worker sends as `plan/<id>`) and a tenant's does not.
+pub fn claim_holds(task_requested_by: &str, plan_requested_by: Option<&str>) -> bool {
+    match plan_requested_by {
+        Some(p) => tenant_of(p) == tenant_of(task_requested_by),
+        None => tenant_of(task_requested_by).is_none(),
+    }
+}
+
+/// Drops the `plan` of each view whose claim does not hold ([`claim_holds`]); `plans`
+/// gives who asked for each plan it knows (by id).
+pub fn check_claims(views: &mut [super::tasks::TaskView], plans: &std::collections::HashMap<String, String>) {
+    for v in views {
+        if v.plan.as_ref().is_some_and(|p| !claim_holds(&v.requested_by, plans.get(&p.task_id).map(String::as_str))) {
+            v.plan = None;
+        }
+    }
 }
 
 /// The children of `plan` (an operator's read: every kind's task state), oldest first.
@@ -152,5 +173,7 @@ mod tests {
         assert_eq!(child_of(&ops, &under_ops), None, "a tenant's task under an operator's plan");
         let unprefixed = task(8, TaskKind::TEST, "tenant:acme", Some(format!("plan/{acme_id}/one")));
         assert_eq!(claimed_plan(&unprefixed), None, "a tenant's key is always in its own space");
+        // A plan not read (a listing of one kind): an operator's claim holds, a tenant's not.
+        assert!(claim_holds(&child.requested_by, None) && !claim_holds(&tenant_child.requested_by, None));
     }
 }

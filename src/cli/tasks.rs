@@ -435,8 +435,21 @@ pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
                             let children = async {
                                 if snap.kind == TaskKind::PLAN { plan_children::children(&client, &snap).await } else { Ok(Vec::new()) }
                             };
-                            let (controls, children) = tokio::join!(controls(conn, &client, &snap), children);
-                            Ok::<_, anyhow::Error>((Some(TaskView::from(&snap)), controls?, children?))
+                            // The plan it says it runs for, read where the claim needs it.
+                            let plan = async {
+                                let mut plans = std::collections::HashMap::new();
+                                if let Some((p, ..)) = plan_children::claimed_plan(&snap)
+                                    && let Some(plan) = client.snapshot(p).await?
+                                {
+                                    plans.insert(plan.task_id, plan.requested_by);
+                                }
+                                Ok::<_, anyhow::Error>(plans)
+                            };
+                            let (controls, children, plans) = tokio::join!(controls(conn, &client, &snap), children, plan);
+                            let mut view = [TaskView::from(&snap)];
+                            plan_children::check_claims(&mut view, &plans?);
+                            let [view] = view;
+                            Ok::<_, anyhow::Error>((Some(view), controls?, children?))
                         }
                         None => Ok((None, Vec::new(), Vec::new())),
                     }
@@ -483,7 +496,10 @@ pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
                 // `--kind`: only that kind's task-state topic is read.
                 let mut snaps = client.snapshots_of(kind).await?;
                 snaps.sort_by_key(|s| std::cmp::Reverse(s.created_at_ms));
-                snaps.iter().map(TaskView::from).collect()
+                let plans = snaps.iter().filter(|s| s.kind == TaskKind::PLAN).map(|s| (s.task_id.clone(), s.requested_by.clone())).collect();
+                let mut views: Vec<TaskView> = snaps.iter().map(TaskView::from).collect();
+                plan_children::check_claims(&mut views, &plans);
+                views
             };
             let views: Vec<TaskView> = all
                 .into_iter()

@@ -22,12 +22,25 @@ struct Env {
 }
 
 async fn env() -> Env {
+    env_with_policy(None)
+}
+
+/// A broker and a `test` worker; with tenant `rules` (a policy), the tenants' topics too
+/// and the worker held to them.
+fn env_with_policy(rules: Option<&str>) -> Env {
     let topics = Topics::standard();
     let broker = EmbeddedBroker::start(1, &topics).unwrap();
     let bootstrap = broker.bootstrap();
     let kafka = KafkaConfig::for_embedded(bootstrap.clone());
     let mut opts = WorkerOptions::new(kafka.clone());
     opts.shutdown_grace = Duration::from_secs(1);
+    if let Some(rules) = rules {
+        let policy = ferry_runtime::tenants::Policy::parse(rules).unwrap();
+        for t in topics.tenant_topics(&policy) {
+            broker.create_topic(&t.name, t.partitions, 1).unwrap();
+        }
+        opts.policy = Some(std::sync::Arc::new(policy));
+    }
     let stop = CancellationToken::new();
     let handler = TestHandler { min_delay: Some(Duration::from_millis(10)), effects: None };
     let worker = tokio::spawn(Worker::new(opts, handler).run(stop.clone()));
@@ -521,23 +534,8 @@ async fn submit_exports_its_span_over_otlp() {
 /// is not one, in `tasks get` nor in the child's own `plan`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_plan_lists_its_children_and_no_task_that_only_names_it() {
-    let topics = Topics::standard();
-    let broker = EmbeddedBroker::start(1, &topics).unwrap();
     let rules = "tenants: {web: {plan: {}, test: {clusters: ['web-*']}}, ops: {test: {clusters: ['*']}}}";
-    let policy = ferry_runtime::tenants::Policy::parse(rules).unwrap();
-    for t in topics.tenant_topics(&policy) {
-        broker.create_topic(&t.name, t.partitions, 1).unwrap();
-    }
-    let bootstrap = broker.bootstrap();
-    let kafka = KafkaConfig::for_embedded(bootstrap.clone());
-    let mut opts = WorkerOptions::new(kafka.clone());
-    opts.shutdown_grace = Duration::from_secs(1);
-    opts.policy = Some(std::sync::Arc::new(policy));
-    let stop = CancellationToken::new();
-    let handler = TestHandler { min_delay: Some(Duration::from_millis(10)), effects: None };
-    let worker = tokio::spawn(Worker::new(opts, handler).run(stop.clone()));
-    let client = Client::new(kafka, topics).unwrap();
-    let env = Env { bootstrap, client, dir: tempfile::tempdir().unwrap(), stop, worker: Some(worker), _broker: broker };
+    let env = env_with_policy(Some(rules));
     let policy_file = env.spec("policy.yaml", rules);
     let mut plans = env.plan_worker_with(&["--policy", &policy_file]);
 
@@ -580,22 +578,7 @@ async fn a_tenants_plan_lists_its_children_and_no_task_that_only_names_it() {
 /// there, the task is the tenant's (whatever `$USER` says) and the policy holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_submits_on_its_own_topic_and_is_held_to_its_policy() {
-    let topics = Topics::standard();
-    let broker = EmbeddedBroker::start(1, &topics).unwrap();
-    let policy = ferry_runtime::tenants::Policy::parse("tenants: {web: {test: {clusters: ['web-*']}}}").unwrap();
-    for t in topics.tenant_topics(&policy) {
-        broker.create_topic(&t.name, t.partitions, 1).unwrap();
-    }
-    let bootstrap = broker.bootstrap();
-    let kafka = KafkaConfig::for_embedded(bootstrap.clone());
-    let mut opts = WorkerOptions::new(kafka.clone());
-    opts.shutdown_grace = Duration::from_secs(1);
-    opts.policy = Some(std::sync::Arc::new(policy));
-    let stop = CancellationToken::new();
-    let handler = TestHandler { min_delay: Some(Duration::from_millis(10)), effects: None };
-    let worker = tokio::spawn(Worker::new(opts, handler).run(stop.clone()));
-    let client = Client::new(kafka, topics).unwrap();
-    let env = Env { bootstrap, client, dir: tempfile::tempdir().unwrap(), stop, worker: Some(worker), _broker: broker };
+    let env = env_with_policy(Some("tenants: {web: {test: {clusters: ['web-*']}}}"));
 
     let ok = env.spec("ok.yaml", "subject: web-1\nspec: {steps: 3, fail_transient: 1, step_ms: 0}\n");
     let out = env.ferry(&["submit", "test", "-f", &ok, "--tenant", "web", "--wait", "--output", "json"]).await;

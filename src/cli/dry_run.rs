@@ -197,6 +197,13 @@ struct StepPreview {
     note: Option<String>,
 }
 
+/// Whether a plan step's spec or subject refers to an earlier step's outputs (or could not
+/// be read for references): known only at run time, so not previewed.
+fn uses_outputs(spec: &Value, subject: Option<&str>) -> bool {
+    let refers = |refs: Result<usize, _>| !matches!(refs, Ok(0));
+    refers(ferry_plan::refs::in_value(spec, "spec").map(|r| r.len())) || subject.is_some_and(|s| refers(ferry_plan::refs::in_text(s).map(|r| r.len())))
+}
+
 /// A plan's dry run on the hub: each step (each child of a fanned-out one, its clusters
 /// chosen on the hub as the run chooses them, overrides merged in) previewed as its kind
 /// is; specs that use an earlier step's outputs (known only at run time) are named and not
@@ -215,9 +222,8 @@ async fn plan_dry_run(conn: &Conn, plan: &ferry_plan::spec::PlanSpec, clusters: 
                 // As the run refuses them once the clusters are chosen (not when the step
                 // uses earlier outputs, known only then): children on one subject. Each
                 // child is then previewed as its kind checks it.
-                let uses_outputs = !matches!(ferry_plan::refs::in_value(&step.spec_value()?, "spec").map(|r| r.len()), Ok(0))
-                    || step.subject.as_deref().is_some_and(|s| !matches!(ferry_plan::refs::in_text(s).map(|r| r.len()), Ok(0)));
-                if !uses_outputs && let Err(e) = ferry_plan::steps::waves::check_subjects(step, each, &chosen.clusters) {
+                if !uses_outputs(&step.spec_value()?, step.subject.as_deref())
+                    && let Err(e) = ferry_plan::steps::waves::check_subjects(step, each, &chosen.clusters) {
                     entries.push(StepPreview { step: step.name.clone(), cluster: None, preview: None, note: Some(format!("REFUSED ({}): {}", e.code, e.message.strip_prefix(&format!("step {}: ", step.name)).unwrap_or(&e.message))) });
                     exit = ExitCode::from(2);
                     continue;
@@ -238,10 +244,7 @@ async fn plan_dry_run(conn: &Conn, plan: &ferry_plan::spec::PlanSpec, clusters: 
                 None => step.subject.clone(),
             };
             let mut entry = StepPreview { step: step.name.clone(), cluster, preview: None, note: None };
-            let refers = |refs: Result<usize, _>| !matches!(refs, Ok(0));
-            if refers(ferry_plan::refs::in_value(&spec, "spec").map(|r| r.len()))
-                || given.as_deref().is_some_and(|s| refers(ferry_plan::refs::in_text(s).map(|r| r.len())))
-            {
+            if uses_outputs(&spec, given.as_deref()) {
                 entry.note = Some("uses an earlier step's outputs, known only at run time: not previewed".into());
             } else {
                 let kind: TaskKind = step.kind.parse().map_err(|e| anyhow::anyhow!("step {}: {e}", step.name))?;

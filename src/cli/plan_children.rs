@@ -61,13 +61,20 @@ pub fn claim_holds(task_requested_by: &str, plan_requested_by: Option<&str>) -> 
     }
 }
 
-/// Drops the `plan` of each view whose claim does not hold ([`claim_holds`]); `plans`
+/// Drops the `plan` of each view whose claim does not hold ([`check_claim`]); `plans`
 /// gives who asked for each plan it knows (by id).
 pub fn check_claims(views: &mut [super::tasks::TaskView], plans: &std::collections::HashMap<String, String>) {
     for v in views {
-        if v.plan.as_ref().is_some_and(|p| !claim_holds(&v.requested_by, plans.get(&p.task_id).map(String::as_str))) {
-            v.plan = None;
-        }
+        let plan_requested_by = v.plan.as_ref().and_then(|p| plans.get(&p.task_id)).cloned();
+        check_claim(v, plan_requested_by.as_deref());
+    }
+}
+
+/// Drops the view's `plan` unless its claim holds ([`claim_holds`]), the plan asked for by
+/// `plan_requested_by` (`None`: not read).
+pub fn check_claim(v: &mut super::tasks::TaskView, plan_requested_by: Option<&str>) {
+    if v.plan.is_some() && !claim_holds(&v.requested_by, plan_requested_by) {
+        v.plan = None;
     }
 }
 

@@ -435,20 +435,16 @@ pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
                             let children = async {
                                 if snap.kind == TaskKind::PLAN { plan_children::children(&client, &snap).await } else { Ok(Vec::new()) }
                             };
-                            // The plan it says it runs for, read where the claim needs it.
-                            let plan = async {
-                                let mut plans = std::collections::HashMap::new();
-                                if let Some((p, ..)) = plan_children::claimed_plan(&snap)
-                                    && let Some(plan) = client.snapshot(p).await?
-                                {
-                                    plans.insert(plan.task_id, plan.requested_by);
+                            // Who asked for the plan it says it runs for: the claim needs it.
+                            let plan_requested_by = async {
+                                match plan_children::claimed_plan(&snap) {
+                                    Some((p, ..)) => Ok::<_, anyhow::Error>(client.snapshot(p).await?.map(|plan| plan.requested_by)),
+                                    None => Ok(None),
                                 }
-                                Ok::<_, anyhow::Error>(plans)
                             };
-                            let (controls, children, plans) = tokio::join!(controls(conn, &client, &snap), children, plan);
-                            let mut view = [TaskView::from(&snap)];
-                            plan_children::check_claims(&mut view, &plans?);
-                            let [view] = view;
+                            let (controls, children, plan_requested_by) = tokio::join!(controls(conn, &client, &snap), children, plan_requested_by);
+                            let mut view = TaskView::from(&snap);
+                            plan_children::check_claim(&mut view, plan_requested_by?.as_deref());
                             Ok::<_, anyhow::Error>((Some(view), controls?, children?))
                         }
                         None => Ok((None, Vec::new(), Vec::new())),

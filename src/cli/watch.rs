@@ -3,7 +3,7 @@
 //! each Succeeded (or was Reverted on request, not after a failure), 1 otherwise. Each end is also
 //! printed as one plain line on stdout, so scripts and logs see it without a terminal. A
 //! watched plan's child tasks are followed under its bar, and without a terminal each of
-//! their ends is printed as a `child ...` line on stderr (found by their idempotency keys and who asked, [`child_of`], in a live view
+//! their ends is printed as a `child ...` line on stderr (found by their idempotency keys and who asked, [`claim_holds`], in a live view
 //! of the task state); they do not change the exit code, their plan's end does.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -15,7 +15,7 @@ use ferry_runtime::{EventType, ProgressEvent, TaskId, TaskKind, TaskSnapshot, Ta
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::common::Conn;
-use super::plan_children::{child_of, claimed_plan, runs_for};
+use super::plan_children::{claim_holds, claimed_plan, runs_for};
 use super::table::name;
 
 struct Bar {
@@ -102,16 +102,15 @@ impl Bars {
     }
 }
 
-/// What a child runs for, where it is a child of one of `plans` (`plan` gives a plan's
-/// snapshot: who asked for it decides whose children are its, [`child_of`]).
-fn child_of_plans(plans: &BTreeSet<String>, plan: impl Fn(TaskId) -> Option<TaskSnapshot>, snap: &TaskSnapshot) -> Option<ChildOf> {
-    let (id, ..) = claimed_plan(snap)?;
-    if !plans.contains(&id.to_string()) {
+/// What a child runs for, where it is a child of one of `plans` (`requested_by` gives who
+/// asked for a plan: that decides whose children are its, [`claim_holds`]).
+fn child_of_plans(plans: &BTreeSet<String>, requested_by: impl Fn(TaskId) -> Option<String>, snap: &TaskSnapshot) -> Option<ChildOf> {
+    let (id, step, cluster) = claimed_plan(snap)?;
+    let plan = id.to_string();
+    if !plans.contains(&plan) || !claim_holds(&snap.requested_by, Some(&requested_by(id)?)) {
         return None;
     }
-    let plan = plan(id)?;
-    let (step, cluster) = child_of(&plan, snap)?;
-    Some(ChildOf { plan: plan.task_id, label: runs_for(step, cluster) })
+    Some(ChildOf { plan, label: runs_for(step, cluster) })
 }
 
 /// An end event as a bar says it: its name, and its message if any.
@@ -182,13 +181,12 @@ pub async fn run(conn: &Conn, ids: Vec<TaskId>) -> anyhow::Result<ExitCode> {
         b.step_failed = s.error.is_some();
     }
     // The children the watched plans have so far, oldest first.
-    let plan_snapshots: BTreeMap<&String, &TaskSnapshot> = snapshots.iter().filter(|s| plans.contains(&s.task_id)).map(|s| (&s.task_id, s)).collect();
-    let mut known: Vec<(&TaskSnapshot, ChildOf)> =
-        snapshots
-            .iter()
-            .filter(|s| !bars.bars.contains_key(&s.task_id))
-            .filter_map(|s| Some((s, child_of_plans(&plans, |p| plan_snapshots.get(&p.to_string()).map(|x| (*x).clone()), s)?)))
-            .collect();
+    let plan_requested_by: BTreeMap<&String, &String> = snapshots.iter().filter(|s| plans.contains(&s.task_id)).map(|s| (&s.task_id, &s.requested_by)).collect();
+    let mut known: Vec<(&TaskSnapshot, ChildOf)> = snapshots
+        .iter()
+        .filter(|s| !bars.bars.contains_key(&s.task_id))
+        .filter_map(|s| Some((s, child_of_plans(&plans, |p| plan_requested_by.get(&p.to_string()).map(|r| (*r).clone()), s)?)))
+        .collect();
     known.sort_by_key(|(s, _)| (s.created_at_ms, s.task_id.clone()));
     for (s, child) in known {
         let b = bars.add(s.kind, &s.subject, &s.task_id, Some(child));
@@ -247,7 +245,7 @@ pub async fn run(conn: &Conn, ids: Vec<TaskId>) -> anyhow::Result<ExitCode> {
             {
                 // `None`: an Accepted before its snapshot; the task's next event asks again.
                 if let Some(s) = snapshot_of(&live, &e).await? {
-                    match child_of_plans(&plans, |p| live.get(p), &s) {
+                    match child_of_plans(&plans, |p| live.follower().with(&p.to_string(), |plan| plan.requested_by.clone()), &s) {
                         Some(child) => {
                             bars.add(e.kind, &e.subject, &e.task_id, Some(child));
                             child_event(&mut bars, &e);

@@ -209,6 +209,37 @@ async fn submit_wait_exit_codes_and_json_output() {
     env.shutdown().await;
 }
 
+/// A task whose last snapshot a newer Ferry's worker wrote (a record version this ferry
+/// does not know, as in a rolling upgrade): `tasks get` says to upgrade instead of showing
+/// the older snapshot as the task's state, and `tasks list` leaves it out and names it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_a_newer_ferry_wrote_last_is_named_not_shown_stale() {
+    let mut env = env().await;
+    let ok = env.spec("ok.yaml", "subject: n\nspec: {steps: 1, fail_transient: 0, step_ms: 0}\n");
+    let out = env.ferry(&["submit", "test", "-f", &ok, "--wait", "--output", "json"]).await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    let id = serde_json::from_str::<serde_json::Value>(&out.stdout).unwrap()["task_id"].as_str().unwrap().to_owned();
+    // A worker stops on such a record (an old worker in an upgrade): this one first.
+    env.stop.cancel();
+    env.worker.take().unwrap().await.unwrap().unwrap();
+    let topic = Topics::standard().task_state(TaskKind::TEST).name.clone();
+    let newer = env.client.registry().id_of::<ferry_runtime::TaskSnapshot>().unwrap() + 1;
+    let mut record = vec![0];
+    record.extend_from_slice(&newer.to_be_bytes());
+    record.extend_from_slice(&[2, 4, 6, 8]);
+    env.client.send_raw(&topic, Some(id.as_bytes()), &record, rdkafka::message::OwnedHeaders::new()).await.unwrap();
+
+    let get = env.ferry(&["tasks", "get", &id]).await;
+    assert_eq!(get.code, 2, "{}{}", get.stdout, get.stderr);
+    assert!(get.stdout.is_empty(), "the older state was shown: {}", get.stdout);
+    assert!(get.stderr.contains(&format!("task {id}'s state is in record version (schema id) {newer}, newer than this ferry knows")) && get.stderr.contains("upgrade this ferry"), "{}", get.stderr);
+    let list = env.ferry(&["tasks", "list"]).await;
+    assert_eq!(list.code, 0, "{}", list.stderr);
+    assert!(!list.stdout.contains(&id), "{}", list.stdout);
+    assert!(list.stderr.contains(&format!("warning: 1 task(s) left out ({id}): their state is in a record version newer than this ferry knows")), "{}", list.stderr);
+    env.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_and_revert_through_the_cli() {
     let env = env().await;

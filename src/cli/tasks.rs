@@ -490,7 +490,21 @@ pub async fn run(conn: &Conn, cmd: TasksCommand) -> anyhow::Result<ExitCode> {
                 tenant_views(&client).await?
             } else {
                 // `--kind`: only that kind's task-state topic is read.
-                let mut snaps = client.snapshots_of(kind).await?;
+                let states = client.task_states(kind).await?;
+                // Tasks a newer Ferry wrote last: left out, and said (an older state of
+                // them would be shown as if current).
+                if !states.newer.is_empty() {
+                    let ids: Vec<&str> = states.newer.iter().take(3).map(|(t, _)| t.as_str()).collect();
+                    let highest = states.newer.iter().map(|(_, s)| *s).max().unwrap_or_default();
+                    eprintln!(
+                        "warning: {} task(s) left out ({}{}): their state is in a record version newer than this ferry knows (schema id {highest} > {}); upgrade this ferry to see them",
+                        states.newer.len(),
+                        ids.join(", "),
+                        if states.newer.len() > ids.len() { ", ..." } else { "" },
+                        states.newest_known
+                    );
+                }
+                let mut snaps = states.snapshots;
                 snaps.sort_by_key(|s| std::cmp::Reverse(s.created_at_ms));
                 let plans = snaps.iter().filter(|s| s.kind == TaskKind::PLAN).map(|s| (s.task_id.clone(), s.requested_by.clone())).collect();
                 let mut views: Vec<TaskView> = snaps.iter().map(TaskView::from).collect();

@@ -25,6 +25,18 @@ use crate::state_view::ViewError;
 use crate::topics::Topics;
 use crate::wire::{Registry, WireError};
 
+/// Every task's latest snapshot as one read found them ([`Client::task_states`]).
+#[derive(Debug, Clone)]
+pub struct TaskStates {
+    /// The tasks' snapshots, but for those in [`Self::newer`].
+    pub snapshots: Vec<TaskSnapshot>,
+    /// Tasks (ids) whose last snapshot is in a record version newer than this program
+    /// knows, with its schema id.
+    pub newer: Vec<(String, u32)>,
+    /// The id of the newest snapshot version this program knows.
+    pub newest_known: u32,
+}
+
 /// Why a client call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -49,6 +61,17 @@ pub enum ClientError {
     /// No snapshot of the task exists.
     #[error("no task {0} on the task-state topic")]
     UnknownTask(TaskId),
+    /// The task's last snapshot is in a record version newer than this program knows: a
+    /// newer Ferry's worker wrote it, and what this program could read of it is older.
+    #[error("task {task}'s state is in record version (schema id) {schema_id}, newer than this ferry knows ({newest_known}): a newer Ferry's worker wrote it; upgrade this ferry to read it")]
+    NewerRecord {
+        /// The task.
+        task: TaskId,
+        /// The schema id of its last snapshot.
+        schema_id: u32,
+        /// The id of the newest snapshot version this program knows.
+        newest_known: u32,
+    },
     /// A tenant's client found no event of the task on the tenant's own progress topic: the
     /// task is another's (a tenant sees only its own), or there is none.
     #[error("no task {id} among tenant {tenant:?}'s tasks (no event of it on {topic}; a tenant sees only its own tasks)")]
@@ -525,28 +548,48 @@ impl Client {
     /// [`Self::snapshots`] of one kind's tasks (`Some`): without a live view, only that
     /// kind's task-state topic is read.
     pub async fn snapshots_of(&self, kind: Option<TaskKind>) -> Result<Vec<TaskSnapshot>, ClientError> {
+        Ok(self.task_states(kind).await?.snapshots)
+    }
+
+    /// [`Self::snapshots_of`], and the tasks whose last snapshot is in a record version
+    /// newer than this program knows (their snapshots are left out: what it could read
+    /// of them is older than their state).
+    pub async fn task_states(&self, kind: Option<TaskKind>) -> Result<TaskStates, ClientError> {
+        let states = |live: &LiveState| {
+            let newer = live.newer_all();
+            let mut snapshots = live.all();
+            snapshots.retain(|s| kind.is_none_or(|k| s.kind == k) && !newer.iter().any(|(t, _)| *t == s.task_id));
+            TaskStates { snapshots, newer, newest_known: live.newest_known() }
+        };
         if let Some(live) = self.live() {
             live.caught_up(READ_LIMIT).await?;
-            let mut all = live.all();
-            all.retain(|s| kind.is_none_or(|k| s.kind == k));
-            return Ok(all);
+            return Ok(states(&live));
         }
+        Ok(states(&self.read_states(kind).await?))
+    }
+
+    /// Reads the task-state topics (of one kind, `Some`) to their ends once; the reader
+    /// stops when the value is dropped.
+    async fn read_states(&self, kind: Option<TaskKind>) -> Result<LiveState, ClientError> {
         let (kafka, topics, registry) = (self.kafka.clone(), self.topics.clone(), self.registry.clone());
-        // One reader for every topic read; it stops when dropped here.
         let once = tokio::task::spawn_blocking(move || LiveState::start_of(&kafka, &topics, registry, kind)).await.expect("task-state reader start task")?;
         once.follower().ready(READ_LIMIT).await?;
-        Ok(once.all())
+        Ok(once)
     }
 
     /// The latest snapshot of one task, as of the topics' ends at the call (see
-    /// [`Self::snapshots`]).
+    /// [`Self::snapshots`]); [`ClientError::NewerRecord`] when it is in a record version
+    /// newer than this program knows.
     pub async fn snapshot(&self, id: TaskId) -> Result<Option<TaskSnapshot>, ClientError> {
+        let of = |live: &LiveState| match live.newer(id) {
+            Some(schema_id) => Err(ClientError::NewerRecord { task: id, schema_id, newest_known: live.newest_known() }),
+            None => Ok(live.get(id)),
+        };
         if let Some(live) = self.live() {
             live.caught_up(READ_LIMIT).await?;
-            return Ok(live.get(id));
+            return of(&live);
         }
-        let key = id.to_string();
-        Ok(self.snapshots().await?.into_iter().find(|s| s.task_id == key))
+        of(&self.read_states(None).await?)
     }
 
     /// The snapshot a Cancel or Revert takes the task's kind and subject from (neither
@@ -669,6 +712,12 @@ impl EventStream {
             match m {
                 Ok(m) => match m.payload().map(|p| self.registry.decode::<ProgressEvent>(p)) {
                     Some(Ok(ev)) => return Some(ev),
+                    // A newer Ferry's event (a newer version of a record gets a higher id):
+                    // a follower of its task would wait for it in vain, so say what to do.
+                    Some(Err(WireError::UnknownSchemaId(id))) if self.registry.id_of::<ProgressEvent>().is_ok_and(|known| id > known) => {
+                        let task = m.key().map(String::from_utf8_lossy).unwrap_or_default();
+                        tracing::warn!(task = %task, schema_id = id, "progress event in a record version newer than this ferry knows skipped: a newer Ferry's worker wrote it; upgrade this ferry to follow its task");
+                    }
                     Some(Err(e)) => tracing::warn!(error = %e, "undecodable progress event skipped"),
                     None => {}
                 },

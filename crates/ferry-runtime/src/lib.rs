@@ -51,7 +51,7 @@ pub mod testkind;
 pub mod topics;
 pub mod worker;
 
-pub use client::{Client, ClientError, EventStream, SubmitOptions, Target};
+pub use client::{Client, ClientError, EventStream, SubmitOptions, Target, TaskStates};
 pub use embedded::EmbeddedBroker;
 pub use ferry_task::register_kind;
 pub use ferry_task::{CheckStep, CommandAction, EventType, Output, ProgressEvent, Rejection, Step, StepContext, StepError, StepPolicy, TaskHandler, TaskId, TaskKind};

@@ -107,6 +107,9 @@ struct Table<V> {
     /// Next offset to read, by (topic index, partition).
     positions: HashMap<(usize, i32), i64>,
     undecodable: u64,
+    /// Keys whose last record has a schema id this program does not know, with that id:
+    /// a newer program's record ([`Follower::unknown_schema`]).
+    unknown: HashMap<String, u32>,
 }
 
 struct Shared<V> {
@@ -224,7 +227,7 @@ impl<V: Send + Sync + 'static> Follower<V> {
         let shared = Arc::new(Shared {
             topics,
             version,
-            table: RwLock::new(Table { entries: HashMap::new(), positions: HashMap::new(), undecodable: 0 }),
+            table: RwLock::new(Table { entries: HashMap::new(), positions: HashMap::new(), undecodable: 0, unknown: HashMap::new() }),
             consumer,
             partitions,
             changed: watch::channel(0).0,
@@ -273,16 +276,25 @@ impl<V> Shared<V> {
                         (Some(key), Some(Ok(Some(value)))) => {
                             let older = self.version.is_some_and(|v| table.entries.get(&key).is_some_and(|held| v(&held.value) > v(&value)));
                             if !older {
+                                table.unknown.remove(&key);
                                 table.entries.insert(key, Entry { topic: t, value });
                             }
                         }
                         (Some(_), Some(Ok(None))) => {}
+                        // A schema this program does not know: the key's value is now one
+                        // it cannot read, which a reader is told rather than shown an older one.
+                        (Some(key), Some(Err(WireError::UnknownSchemaId(id)))) => {
+                            table.undecodable += 1;
+                            tracing::warn!(topic = m.topic(), key, offset = m.offset(), schema_id = id, "record in a schema this program does not know (a newer program's?) skipped");
+                            table.unknown.insert(key, id);
+                        }
                         (Some(key), Some(Err(e))) => {
                             table.undecodable += 1;
                             tracing::error!(topic = m.topic(), key, offset = m.offset(), error = %e, "undecodable record skipped");
                         }
                         // A tombstone: the key is deleted (compaction removes it too).
                         (Some(key), None) => {
+                            table.unknown.remove(&key);
                             if table.entries.get(&key).is_some_and(|e| e.topic == t) {
                                 table.entries.remove(&key);
                             }
@@ -341,6 +353,20 @@ impl<V> Follower<V> {
     /// Records that could not be decoded (or had no key) so far.
     pub fn undecodable(&self) -> u64 {
         self.shared.table.read().expect("live table lock").undecodable
+    }
+
+    /// The schema id of `key`'s last record, where this program does not know it (a
+    /// newer program's record; the table keeps the value before it, if any).
+    pub fn unknown_schema(&self, key: &str) -> Option<u32> {
+        self.shared.table.read().expect("live table lock").unknown.get(key).copied()
+    }
+
+    /// Every key whose last record has a schema id this program does not know, with the id.
+    pub fn unknown_schemas(&self) -> Vec<(String, u32)> {
+        let table = self.shared.table.read().expect("live table lock");
+        let mut all: Vec<(String, u32)> = table.unknown.iter().map(|(k, id)| (k.clone(), *id)).collect();
+        all.sort();
+        all
     }
 
     /// How many keys the table holds.
@@ -432,6 +458,9 @@ impl<V: Clone> Follower<V> {
 #[derive(Clone, Debug)]
 pub struct LiveState {
     tasks: Follower<TaskSnapshot>,
+    /// The id of the newest snapshot version this program knows: a task whose last
+    /// snapshot has a higher one was written by a newer Ferry ([`Self::newer`]).
+    newest_known: u32,
 }
 
 impl LiveState {
@@ -452,6 +481,7 @@ impl LiveState {
         };
         let kinds: HashMap<String, Option<TaskKind>> = defs.iter().map(|t| (t.name.clone(), t.kind)).collect();
         let names = defs.into_iter().map(|t| t.name).collect();
+        let newest_known = registry.id_of::<TaskSnapshot>().unwrap_or(u32::MAX);
         let decode: Decoder<TaskSnapshot> = Box::new(move |topic, payload| {
             let snap = registry.decode::<TaskSnapshot>(payload)?;
             Ok(match kinds.get(topic) {
@@ -460,7 +490,25 @@ impl LiveState {
             })
         });
         // A task's newest snapshot is the one with the highest seq (seqs only grow).
-        Ok(Self { tasks: Follower::start_versioned(kafka, names, decode, |s| s.seq)? })
+        Ok(Self { tasks: Follower::start_versioned(kafka, names, decode, |s| s.seq)?, newest_known })
+    }
+
+    /// The schema id of a task's last snapshot, where it is a record version newer than
+    /// this program knows (only snapshots are written to the task-state topics, and a
+    /// newer version of a record gets a higher id: `docs/PROTOCOL.md`). [`Self::get`]
+    /// then gives the snapshot before it, if any, which is not the task's state.
+    pub fn newer(&self, id: TaskId) -> Option<u32> {
+        self.tasks.unknown_schema(&id.to_string()).filter(|s| *s > self.newest_known)
+    }
+
+    /// Every task whose last snapshot is in a newer record version ([`Self::newer`]).
+    pub fn newer_all(&self) -> Vec<(String, u32)> {
+        self.tasks.unknown_schemas().into_iter().filter(|(_, s)| *s > self.newest_known).collect()
+    }
+
+    /// The id of the newest snapshot version this program knows.
+    pub fn newest_known(&self) -> u32 {
+        self.newest_known
     }
 
     /// The follower underneath (readiness, waits, scans).

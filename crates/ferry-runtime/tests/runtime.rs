@@ -1158,6 +1158,15 @@ async fn a_snapshot_in_a_newer_record_version_stops_the_worker_instead_of_a_reru
     assert!(err.to_string().contains(&format!("of task {id} in record version (schema id) {newer}, newer than this program knows")), "{err}");
     let after: Vec<String> = client.history(id).await.unwrap().iter().filter(|e| e.seq > was).map(|e| format!("{} {:?} by {}", e.seq, e.event, e.worker)).collect();
     assert!(after.is_empty(), "the old worker wrote the task after the newer version's snapshot (worker {me}): {after:?}");
+
+    // An old reader (the CLI) says so instead of showing the older snapshot as the
+    // task's state, and a list leaves the task out and names it.
+    let read = client.snapshot(id).await;
+    assert!(matches!(&read, Err(ferry_runtime::ClientError::NewerRecord { task, schema_id, .. }) if *task == id && *schema_id == newer), "{read:?}");
+    assert!(read.unwrap_err().to_string().contains("upgrade this ferry"));
+    let states = client.task_states(None).await.unwrap();
+    assert_eq!(states.newer, vec![(key.clone(), newer)]);
+    assert!(states.snapshots.iter().all(|s| s.task_id != key) && states.snapshots.iter().any(|s| s.task_id == other.to_string()), "{:?}", states.snapshots.iter().map(|s| &s.task_id).collect::<Vec<_>>());
 }
 
 /// A former owner's write that lands after this worker took the partition and caught up

@@ -370,11 +370,21 @@ async fn the_api_answers_every_task_written_before_it_started_and_none_deleted()
         let (id, _) = client.submit_and_wait(ferry_runtime::TaskKind::TEST, &format!("api/{i}"), &TestTaskSpec::steps(1), Default::default(), WAIT).await.unwrap();
         ids.push(id.to_string());
     }
-    // The first task is deleted (a tombstone on its kind's task-state topic).
+    // A worker stops on a newer Ferry's record (below): this one first.
+    stop.cancel();
+    worker.await.unwrap().unwrap();
+    // The first task is deleted (a tombstone on its kind's task-state topic); a newer
+    // Ferry's worker wrote the second last (a schema id this program does not know): not
+    // shown at its older state.
     let producer: FutureProducer = kafka.producer().create().unwrap();
     let topic = topics.task_state(ferry_runtime::TaskKind::TEST).name.clone();
     producer.send(FutureRecord::<str, [u8]>::to(&topic).key(&ids[0]), Duration::from_secs(30)).await.map_err(|(e, _)| e).unwrap();
-    let kept: std::collections::BTreeSet<String> = ids[1..].iter().cloned().collect();
+    let newer = client.registry().id_of::<ferry_runtime::TaskSnapshot>().unwrap() + 1;
+    let mut record = vec![0];
+    record.extend_from_slice(&newer.to_be_bytes());
+    record.extend_from_slice(&[2, 4, 6, 8]);
+    producer.send(FutureRecord::to(&topic).key(&ids[1]).payload(&record), Duration::from_secs(30)).await.map_err(|(e, _)| e).unwrap();
+    let kept: std::collections::BTreeSet<String> = ids[2..].iter().cloned().collect();
 
     let token_file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(token_file.path(), "an-operator-token-of-32-characters").unwrap();
@@ -384,14 +394,11 @@ async fn the_api_answers_every_task_written_before_it_started_and_none_deleted()
     assert_eq!(status, 200, "{body}");
     let rows: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
     let shown: std::collections::BTreeSet<String> = rows.iter().map(|r| r["task_id"].as_str().unwrap().to_owned()).collect();
-    assert_eq!(shown, kept, "every task written before the dashboard started, and not the deleted one");
+    assert_eq!(shown, kept, "every task written before the dashboard started, and not the deleted one nor the newer Ferry's");
     let (status, body) = get(&format!("{url}api/fleet")).await;
     assert_eq!(status, 200, "{body}");
     // Both views have caught up once (the two answers above waited for it): ready.
     assert_eq!(get(&format!("{url}readyz")).await, (200, "ok".to_owned()));
-
-    stop.cancel();
-    worker.await.unwrap().unwrap();
 }
 
 /// The API's Signal (a running plan's Approve, Pause and Resume buttons): guarded as

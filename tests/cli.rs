@@ -578,8 +578,10 @@ async fn a_tenants_plan_lists_its_children_and_no_task_that_only_names_it() {
     let fake = env.spec("fake.yaml", "subject: web-9\nspec: {steps: 1, fail_transient: 0, step_ms: 0}\n");
     for tenant in [&["--tenant", "ops"][..], &[]] {
         let key = format!("plan/{id}/one");
-        let out = env.ferry(&[&["submit", "test", "-f", &fake, "--idempotency-key", &key, "--wait"][..], tenant].concat()).await;
+        let out = env.ferry(&[&["submit", "test", "-f", &fake, "--idempotency-key", &key, "--wait", "--output", "json"][..], tenant].concat()).await;
         assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+        let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+        assert!(v["plan"].is_null(), "a task that only names the plan is shown as its child: {v}");
     }
     let out = env.ferry(&["tasks", "get", &id, "--output", "json"]).await;
     assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);

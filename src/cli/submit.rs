@@ -139,7 +139,7 @@ pub async fn run(conn: &Conn, a: SubmitArgs) -> anyhow::Result<ExitCode> {
                     eprintln!("task {id} (idempotency key {key:?}) had already ended: {}", super::table::name(&state));
                     client.history(id).await?.iter().filter(|e| e.seq > 0).for_each(print_event);
                 } else if let Some(s) = client.snapshot(id).await? {
-                    print_snapshot(&s, a.output)?;
+                    print_snapshot(&client, &s, a.output).await?;
                 }
                 return Ok(if state == TaskState::Succeeded { ExitCode::SUCCESS } else { ExitCode::from(1) });
             }
@@ -267,7 +267,7 @@ pub async fn wait_for_end(
     if output != Output::Table
         && let Some(s) = client.snapshot(id).await?
     {
-        print_snapshot(&s, output)?;
+        print_snapshot(client, &s, output).await?;
     }
     Ok(if last == Some(success) { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }

@@ -293,8 +293,13 @@ fn event_json(e: &ProgressEvent) -> anyhow::Result<serde_json::Value> {
     Ok(v)
 }
 
-pub fn print_snapshot(s: &TaskSnapshot, output: Output) -> anyhow::Result<()> {
-    let v = TaskView::from(s);
+pub async fn print_snapshot(client: &ferry_runtime::Client, s: &TaskSnapshot, output: Output) -> anyhow::Result<()> {
+    let mut v = TaskView::from(s);
+    // The plan it says it runs for, only where that plan's requester sent it.
+    if let Some((plan, ..)) = plan_children::claimed_plan(s) {
+        let by = client.snapshot(plan).await?.map(|p| p.requested_by);
+        plan_children::check_claim(&mut v, by.as_deref());
+    }
     match output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&v)?),
         Output::Yaml => print!("{}", serde_yaml_ng::to_string(&v)?),

@@ -447,6 +447,61 @@ async fn watching_a_plan_follows_its_children() {
     env.shutdown().await;
 }
 
+/// A plan worker in a rolling upgrade across a protocol version: a child a newer Ferry's
+/// worker wrote last has a state this one cannot know. It stops ("upgrade this one") with
+/// nothing more written for the plan, rather than wait on the child's older state until
+/// the child timeout and fail (and undo) the plan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_worker_stops_on_a_child_a_newer_ferry_wrote() {
+    use tokio::io::AsyncReadExt;
+    let mut env = env().await;
+    let mut plans = tokio::process::Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(["worker", "plan", "--brokers", &env.bootstrap, "--kafka-property", "fetch.wait.max.ms=5", "--http", "127.0.0.1:0"])
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let id = TaskId::for_idempotency_key(TaskKind::PLAN, "upgraded-kids");
+    let child = TaskId::for_idempotency_key(TaskKind::TEST, &format!("plan/{id}/one"));
+    let mut events = env.client.events(true).await.unwrap();
+    let plan = env.spec("plan.yaml", "subject: upgraded\nspec:\n  steps:\n    - {name: one, kind: test, subject: upgraded/one, spec: {steps: 2, block_at: 1, fail_transient: 0, step_ms: 0}}\n");
+    let out = env.ferry(&["submit", "plan", "-f", &plan, "--idempotency-key", "upgraded-kids"]).await;
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    // The child runs (held at its first step) and the plan waits on it.
+    events.until(child, Duration::from_secs(60), |e| e.event == EventType::StepStarted).await.unwrap();
+
+    // A newer worker of the child's kind wrote it last.
+    let topic = Topics::standard().task_state(TaskKind::TEST).name.clone();
+    let newer = env.client.registry().id_of::<ferry_runtime::TaskSnapshot>().unwrap() + 1;
+    let mut record = vec![0];
+    record.extend_from_slice(&newer.to_be_bytes());
+    record.extend_from_slice(&[2, 4, 6, 8]);
+    env.client.send_raw(&topic, Some(child.to_string().as_bytes()), &record, rdkafka::message::OwnedHeaders::new()).await.unwrap();
+    let stopped = tokio::time::timeout(Duration::from_secs(120), plans.wait()).await.expect("the plan worker stops of itself").unwrap();
+    let mut stderr = String::new();
+    plans.stderr.take().unwrap().read_to_string(&mut stderr).await.unwrap();
+    assert_eq!(stopped.code(), Some(2), "{stderr}");
+    assert!(stderr.contains(&format!("of task {child} in record version (schema id) {newer}, newer than this program knows")) && stderr.contains("upgrade this one"), "{stderr}");
+    // The old test worker (the child's kind) stops on it too.
+    let worker = tokio::time::timeout(Duration::from_secs(120), env.worker.take().unwrap()).await.expect("the test worker stops of itself").unwrap();
+    assert!(matches!(worker, Err(ferry_runtime::WorkerError::Outdated(_))), "{worker:?}");
+    // The plan was left running, to be resumed by a newer plan worker: nothing failed,
+    // retried or ended (its progress lines about the child may have gone on until the stop).
+    let went_on: Vec<String> = env
+        .client
+        .history(id)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|e| !matches!(e.event, EventType::Accepted | EventType::StepStarted | EventType::StepProgress))
+        .map(|e| format!("{} {:?} {}", e.seq, e.event, e.message.as_deref().unwrap_or_default()))
+        .collect();
+    assert!(went_on.is_empty(), "the plan went on past its child's newer state: {went_on:?}");
+    env.shutdown().await;
+}
+
 /// A resubmission with a key already used names the same task; `--wait` answers it from
 /// what the task did (the worker republishes only its state, no event: it waited its whole
 /// timeout before), with the task's exit code.

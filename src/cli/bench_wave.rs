@@ -84,7 +84,8 @@ pub async fn run(a: WaveArgs) -> anyhow::Result<std::process::ExitCode> {
     let shutdown = CancellationToken::new();
     let children = tokio::spawn(Worker::new(opts.clone(), TestHandler { min_delay: Some(Duration::from_millis(10)), effects: None }).run(shutdown.clone()));
     let client = Client::new(kafka.clone(), topics.clone())?;
-    let plan_handler = super::workers::plan_handler(Client::new(kafka.clone(), topics.clone())?, Duration::from_secs(600), Some(hub.clone())).await?;
+    let mut opts = opts;
+    let plan_handler = super::workers::plan_handler(Client::new(kafka.clone(), topics.clone())?, Duration::from_secs(600), Some(hub.clone()), &mut opts).await?;
     let plans = tokio::spawn(Worker::new(opts, plan_handler).run(shutdown.clone()));
     let mut events = client.events(false).await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(1800);

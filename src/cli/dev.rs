@@ -120,10 +120,11 @@ pub async fn run(a: DevArgs) -> anyhow::Result<ExitCode> {
     opts.shutdown_grace = Duration::from_secs(5);
     opts.policy = policy;
     let hub = bed.as_ref().map(|b| b.clusters.hub().clone());
-    let plans = super::workers::plan_handler(Client::new(kafka.clone(), topics.clone())?, Duration::from_secs(3600), hub).await?;
+    let mut plan_opts = opts.clone();
+    let plans = super::workers::plan_handler(Client::new(kafka.clone(), topics.clone())?, Duration::from_secs(3600), hub, &mut plan_opts).await?;
     let mut workers = vec![
         tokio::spawn(super::workers::serve(opts.clone(), TestHandler::default(), shutdown.clone())),
-        tokio::spawn(super::workers::serve(opts.clone(), plans, shutdown.clone())),
+        tokio::spawn(super::workers::serve(plan_opts, plans, shutdown.clone())),
     ];
     let mut names = vec!["test", "plan"];
     if let Some(bed) = &bed {

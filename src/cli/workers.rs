@@ -97,8 +97,11 @@ pub async fn serve<H: TaskHandler>(opts: WorkerOptions, handler: H, shutdown: Ca
 
 /// The plan handler: children submitted with `client` (the operator's), their specs
 /// encoded as `ferry submit` encodes them; fanned-out steps choose their clusters on `hub`.
-pub async fn plan_handler(client: ferry_runtime::Client, child_timeout: std::time::Duration, hub: Option<kube::Client>) -> anyhow::Result<ferry_plan::PlanHandler> {
+/// The view its children are read in goes into `opts.reads` (a child a newer Ferry wrote
+/// stops the worker).
+pub async fn plan_handler(client: ferry_runtime::Client, child_timeout: std::time::Duration, hub: Option<kube::Client>, opts: &mut WorkerOptions) -> anyhow::Result<ferry_plan::PlanHandler> {
     let children = ferry_runtime::child_tasks::KafkaChildren::new(client, Arc::new(ferry_runtime::child_tasks::encode_registered)).await?;
+    opts.reads.push(children.view());
     let mut cfg = ferry_plan::PlanConfig::new(Arc::new(children));
     cfg.child_timeout = child_timeout;
     cfg.hub = hub;
@@ -177,7 +180,8 @@ pub async fn run(conn: &common::Conn, a: WorkerArgs) -> anyhow::Result<ExitCode>
                     None
                 }
             };
-            serve(opts, plan_handler(conn.client().await?, a.child_timeout, hub).await?, shutdown).await?
+            let handler = plan_handler(conn.client().await?, a.child_timeout, hub, &mut opts).await?;
+            serve(opts, handler, shutdown).await?
         }
         other => anyhow::bail!("`ferry worker` has no handler for the {other} kind (a crate registers it, but this binary does not run its worker)"),
     }

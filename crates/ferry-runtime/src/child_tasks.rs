@@ -64,6 +64,13 @@ impl KafkaChildren {
         let live = client.live_view().await?;
         Ok(Self { client, live, encode })
     }
+
+    /// The live view the children are read in: a worker that uses these children puts it
+    /// in its [`crate::WorkerOptions::reads`], so that a child a newer Ferry wrote last
+    /// stops it rather than leave a plan waiting on the child's older state.
+    pub fn view(&self) -> LiveState {
+        self.live.clone()
+    }
 }
 
 /// Who a child's commands are from: its parent, `plan/<parent>` (its Start, Cancel and

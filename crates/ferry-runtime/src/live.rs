@@ -108,8 +108,9 @@ struct Table<V> {
     positions: HashMap<(usize, i32), i64>,
     undecodable: u64,
     /// Keys whose last record has a schema id this program does not know, with that id:
-    /// a newer program's record ([`Follower::unknown_schema`]).
-    unknown: HashMap<String, u32>,
+    /// a newer program's record ([`Follower::unknown_schema`]), and the index of the
+    /// topic it was read from.
+    unknown: HashMap<String, (u32, usize)>,
 }
 
 struct Shared<V> {
@@ -286,7 +287,7 @@ impl<V> Shared<V> {
                         (Some(key), Some(Err(WireError::UnknownSchemaId(id)))) => {
                             table.undecodable += 1;
                             tracing::warn!(topic = m.topic(), key, offset = m.offset(), schema_id = id, "record in a schema this program does not know (a newer program's?) skipped");
-                            table.unknown.insert(key, id);
+                            table.unknown.insert(key, (id, t));
                         }
                         (Some(key), Some(Err(e))) => {
                             table.undecodable += 1;
@@ -358,13 +359,18 @@ impl<V> Follower<V> {
     /// The schema id of `key`'s last record, where this program does not know it (a
     /// newer program's record; the table keeps the value before it, if any).
     pub fn unknown_schema(&self, key: &str) -> Option<u32> {
-        self.shared.table.read().expect("live table lock").unknown.get(key).copied()
+        self.shared.table.read().expect("live table lock").unknown.get(key).map(|(id, _)| *id)
     }
 
     /// Every key whose last record has a schema id this program does not know, with the id.
     pub fn unknown_schemas(&self) -> Vec<(String, u32)> {
+        self.unknown_records().into_iter().map(|(k, id, _)| (k, id)).collect()
+    }
+
+    /// [`Self::unknown_schemas`] with the topic each record was read from.
+    pub fn unknown_records(&self) -> Vec<(String, u32, String)> {
         let table = self.shared.table.read().expect("live table lock");
-        let mut all: Vec<(String, u32)> = table.unknown.iter().map(|(k, id)| (k.clone(), *id)).collect();
+        let mut all: Vec<(String, u32, String)> = table.unknown.iter().map(|(k, (id, t))| (k.clone(), *id, self.shared.topics[*t].clone())).collect();
         all.sort();
         all
     }
@@ -509,6 +515,25 @@ impl LiveState {
     /// The id of the newest snapshot version this program knows.
     pub fn newest_known(&self) -> u32 {
         self.newest_known
+    }
+
+    /// Resolves once the view reads a task's snapshot in a record version newer than this
+    /// program knows ([`Self::newer`]), with it: a worker that reads this view (the plan
+    /// worker, its children) cannot know that task's state and stops as it does on its own
+    /// topic ([`crate::worker::WorkerError::Outdated`]). Never resolves once the reader has
+    /// stopped.
+    pub async fn newer_read(&self) -> crate::state_view::Outdated {
+        let mut rx = self.tasks.shared.changed.subscribe();
+        loop {
+            rx.borrow_and_update();
+            let found = self.tasks.unknown_records().into_iter().find(|(_, s, _)| *s > self.newest_known);
+            if let Some((task, schema_id, topic)) = found {
+                return crate::state_view::Outdated { topic, task: Some(task), schema_id, newest_known: self.newest_known };
+            }
+            if rx.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
     }
 
     /// The follower underneath (readiness, waits, scans).

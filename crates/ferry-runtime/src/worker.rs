@@ -11,6 +11,8 @@
 //!   worker wrote it, in a rolling upgrade across a protocol version) stops the worker
 //!   ([`WorkerError::Outdated`]): its run of that task at once, without a write, and no
 //!   run starts after it. It never resumes a task from an older snapshot than the newest.
+//!   So does one in a view of other kinds' tasks its handler reads
+//!   ([`WorkerOptions::reads`]: the plan worker's children), which it cannot know either.
 //!
 //! # Limits
 //! A step may run twice (after a crash between its effect and its journal entry), so steps
@@ -65,6 +67,11 @@ pub struct WorkerOptions {
     /// The tenants and what each may target: with one, the worker forwards its tenants'
     /// command topics to its own (the gateway) and enforces the policy on their commands.
     pub policy: Option<Arc<crate::tenants::Policy>>,
+    /// Live views of other kinds' task states that the handler reads (the plan worker's
+    /// of its children): a task there that a newer Ferry wrote last stops the worker as
+    /// one on its own topic does ([`WorkerError::Outdated`]), since the handler cannot
+    /// know that task's state.
+    pub reads: Vec<crate::live::LiveState>,
 }
 
 impl WorkerOptions {
@@ -82,6 +89,7 @@ impl WorkerOptions {
             schema_registry: None,
             preflight_limit: Duration::from_secs(60),
             policy: None,
+            reads: Vec::new(),
         }
     }
 }
@@ -113,9 +121,10 @@ pub enum WorkerError {
     /// The schema registry could not be used.
     #[error(transparent)]
     SchemaRegistry(#[from] crate::schema_registry::RegistryError),
-    /// A newer Ferry's worker writes this kind's task state: this one stopped, so that it
-    /// never runs a task from an older snapshot than the newest (a rolling upgrade across
-    /// a protocol version ends with the old workers stopped, their partitions with the new).
+    /// A newer Ferry's worker writes this kind's task state (or that of tasks the handler
+    /// reads: [`WorkerOptions::reads`]): this one stopped, so that it never runs a task
+    /// from an older snapshot than the newest (a rolling upgrade across a protocol version
+    /// ends with the old workers stopped, their partitions with the new).
     #[error("worker stopped: {0}")]
     Outdated(crate::state_view::Outdated),
     /// The probe server could not bind.
@@ -254,9 +263,23 @@ impl<H: TaskHandler> Worker<H> {
         let lag = tokio::spawn(async move { crate::lag::report(lag_kafka, lag_group, lag_topic, lag_metrics, lag_stop).await });
 
         let mut intake_done = intake_done;
+        // A newer Ferry's snapshot in a view the handler reads (its children's).
+        let reads = opts.reads.clone();
+        let read_newer = async move {
+            if reads.is_empty() {
+                return std::future::pending().await;
+            }
+            futures::future::select_all(reads.iter().map(|r| Box::pin(r.newer_read()))).await.0
+        };
+        let mut newer_read = None;
         let intake_result = tokio::select! {
             () = shutdown.cancelled() => None,
             () = view.outdated_read() => None,
+            newer = read_newer => {
+                tracing::error!("{newer}");
+                newer_read = Some(newer);
+                None
+            }
             r = &mut intake_done => Some(r),
         };
         stopping.cancel();
@@ -293,7 +316,7 @@ impl<H: TaskHandler> Worker<H> {
             let _ = tokio::time::timeout(opts.shutdown_grace + Duration::from_secs(15), tokio::task::spawn_blocking(move || gateway.join())).await;
         }
         tracing::info!(%kind, "worker stopped");
-        if let Some(newer) = view.outdated() {
+        if let Some(newer) = view.outdated().or(newer_read) {
             return Err(WorkerError::Outdated(newer));
         }
         match intake_result {
